@@ -1,0 +1,385 @@
+//! Command-line parsing (clap) and dispatch. Logic lives in the library modules.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::error::InputError;
+use crate::gpu::config::AllocatorConfig;
+use crate::gpu::device::H100_CAPACITY_BYTES;
+use crate::gpu::replay::OnOom;
+use crate::gpu_run::{self, build_sim_allocator, GPU_ALLOCATORS};
+use crate::input::Source;
+use crate::results::{write_jsonl, ResultRecord};
+use crate::trace::TraceWriter;
+use crate::units::parse_bytes;
+
+const ABOUT: &str = "Benchmarks CPU and GPU memory allocators on the allocation patterns of real ML jobs, and explains fragmentation.
+
+Inputs are workload definitions (workloads/*.toml: transformer training, model switching, serving,
+textbook scenarios) or event traces (CSV: op,id,bytes,stream). GPU replays run PyTorch's CUDA
+caching-allocator policy on a simulated device, so no GPU is needed.
+
+Run with no arguments for the demo: the embedded GPT-3 XL (1.3B) training workload replayed under
+PyTorch's default allocator settings, expandable segments, a tuned max_split_size_mb, no caching,
+and the ideal bound.";
+
+#[derive(Parser, Debug)]
+#[command(name = "allocbench", version, about = ABOUT, long_about = ABOUT)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the default job: the embedded 1.3B transformer workload under several GPU allocator configurations.
+    Demo(DemoArgs),
+    /// Write a workload's (or trace's) events as a CSV trace.
+    Trace(TraceArgs),
+    /// Replay a trace or workload through one GPU allocator and print what happened.
+    Replay(ReplayArgs),
+    /// Replay a workload through every allocator x conf and print a comparison table.
+    Run(RunArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DemoArgs {
+    /// Where to write the results (JSON Lines).
+    #[arg(long, default_value = "results/demo.jsonl")]
+    pub jsonl: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    /// A workload (.toml) or trace (.csv).
+    pub input: PathBuf,
+    /// Output CSV file ('-' = standard output).
+    #[arg(short, long, default_value = "-")]
+    pub output: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Device memory, e.g. 80GiB, 24GB, 81559MiB (default: an H100 80 GB card, 81,559 MiB).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// What to do at an out-of-memory: stop the replay, or skip the allocation and continue.
+    #[arg(long, value_enum, default_value = "stop")]
+    pub on_oom: OnOom,
+    /// Also sample the memory timeline every N events (it is always sampled at every step).
+    #[arg(long)]
+    pub sample_every: Option<u64>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// A trace (.csv) or workload (.toml).
+    pub input: PathBuf,
+    /// GPU allocator policy: pytorch, nocache or ideal.
+    #[arg(long, default_value = "pytorch")]
+    pub allocator: String,
+    /// PYTORCH_CUDA_ALLOC_CONF string (default: the environment variable, else PyTorch's defaults).
+    #[arg(long)]
+    pub conf: Option<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Write the results as JSON to this file ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A trace (.csv) or workload (.toml); default: the embedded 1.3B transformer workload.
+    pub input: Option<PathBuf>,
+    /// Comma-separated GPU allocators.
+    #[arg(long, default_value = "pytorch,nocache,ideal", value_delimiter = ',')]
+    pub allocators: Vec<String>,
+    /// PYTORCH_CUDA_ALLOC_CONF strings to try with the pytorch allocator (repeatable; "" = defaults).
+    #[arg(long = "conf")]
+    pub confs: Vec<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Append every run's results to this JSON Lines file as it finishes.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+}
+
+fn parse_capacity(s: &str) -> Result<u64, String> {
+    let b = parse_bytes(s)?;
+    if b == 0 {
+        return Err("capacity must be > 0".into());
+    }
+    if b > crate::units::MAX_SANE_BYTES {
+        return Err("capacity over 1 PiB is not a device".into());
+    }
+    Ok(b)
+}
+
+/// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
+pub fn main_with(cli: Cli) -> i32 {
+    let _ = ctrlc::set_handler(|| {
+        crate::gpu::replay::INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst)
+    });
+    let result = match cli.command.unwrap_or(Command::Demo(DemoArgs {
+        jsonl: PathBuf::from("results/demo.jsonl"),
+    })) {
+        Command::Demo(a) => demo(&a),
+        Command::Trace(a) => trace(&a),
+        Command::Replay(a) => replay(&a),
+        Command::Run(a) => run(&a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            if e.downcast_ref::<InputError>().is_some() {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+fn progress(quiet: bool, label: &str) -> Option<indicatif::ProgressBar> {
+    if quiet {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {msg} {pos} events ({per_sec}) {elapsed}",
+        )
+        .expect("valid template"),
+    );
+    pb.set_message(label.to_string());
+    Some(pb)
+}
+
+fn open_output(path: &str) -> anyhow::Result<Box<dyn Write>> {
+    if path == "-" {
+        return Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock())));
+    }
+    if let Some(parent) = Path::new(path)
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| InputError::new(path, format!("cannot create folder: {e}")))?;
+    }
+    let f = std::fs::File::create(path)
+        .map_err(|e| InputError::new(path, format!("cannot create: {e}")))?;
+    Ok(Box::new(std::io::BufWriter::new(f)))
+}
+
+fn trace(a: &TraceArgs) -> anyhow::Result<()> {
+    let source = Source::open(Some(&a.input))?;
+    let info = source.info()?;
+    let comments = vec![
+        "allocbench trace v1".to_string(),
+        format!(
+            "source: {} ({}), sha256 {}",
+            info.origin, info.kind, info.sha256
+        ),
+        format!(
+            "workload: {}{}",
+            info.name,
+            if info.description.is_empty() {
+                String::new()
+            } else {
+                format!(" - {}", info.description)
+            }
+        ),
+    ];
+    let mut w = TraceWriter::new(open_output(&a.output)?, &comments)?;
+    let mut n = 0u64;
+    for ev in source.events()? {
+        w.write(&ev?)?;
+        n += 1;
+    }
+    w.finish()?;
+    if a.output != "-" {
+        eprintln!("wrote {n} events to {}", a.output);
+    }
+    Ok(())
+}
+
+fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
+    let source = Source::open(Some(&a.input))?;
+    let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
+    let capacity = a.device.capacity.unwrap_or(H100_CAPACITY_BYTES);
+    let mut alloc = build_sim_allocator(&a.allocator, &conf, capacity)?;
+    let pb = progress(
+        a.device.quiet || a.json.as_deref() == Some("-"),
+        &format!("replaying through {}", a.allocator),
+    );
+    let opts = gpu_run::replay_options(a.device.on_oom, a.device.sample_every, pb.clone());
+    let result = gpu_run::run_one(&source, alloc.as_mut(), &conf, capacity, &opts, "sim")?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    match a.json.as_deref() {
+        Some("-") => {
+            let mut out = std::io::stdout().lock();
+            serde_json::to_writer_pretty(&mut out, &ResultRecord::GpuReplay(Box::new(result)))?;
+            writeln!(out)?;
+        }
+        Some(path) => {
+            let mut out = open_output(path)?;
+            serde_json::to_writer_pretty(
+                &mut out,
+                &ResultRecord::GpuReplay(Box::new(result.clone())),
+            )?;
+            writeln!(out)?;
+            out.flush()?;
+            print!("{}", gpu_run::describe(&result));
+            print_histogram(&result.size_histogram);
+            eprintln!("results written to {path}");
+        }
+        None => {
+            print!("{}", gpu_run::describe(&result));
+            print_histogram(&result.size_histogram);
+        }
+    }
+    Ok(())
+}
+
+fn print_histogram(h: &[(u64, u64)]) {
+    let total: u64 = h.iter().map(|(_, c)| c).sum();
+    if total == 0 {
+        return;
+    }
+    println!("allocation sizes (log2 buckets):");
+    let max = h.iter().map(|(_, c)| *c).max().unwrap_or(1);
+    for (lo, c) in h {
+        let bar = "#".repeat(((*c as f64 / max as f64) * 40.0).ceil() as usize);
+        println!(
+            "  >= {:>10} {:>10} {:>5.1}% {bar}",
+            crate::units::format_bytes(*lo),
+            c,
+            100.0 * *c as f64 / total as f64
+        );
+    }
+}
+
+fn run(a: &RunArgs) -> anyhow::Result<()> {
+    let source = Source::open(a.input.as_deref())?;
+    run_comparison(
+        &source,
+        &a.allocators,
+        &a.confs,
+        &a.device,
+        a.jsonl.as_deref(),
+    )
+}
+
+/// Replays `source` under each allocator (and each conf for pytorch), writing each result as it
+/// finishes, then prints the comparison table.
+fn run_comparison(
+    source: &Source,
+    allocators: &[String],
+    confs: &[String],
+    dev: &DeviceArgs,
+    jsonl: Option<&Path>,
+) -> anyhow::Result<()> {
+    let capacity = dev.capacity.unwrap_or(H100_CAPACITY_BYTES);
+    let confs: Vec<AllocatorConfig> = if confs.is_empty() {
+        vec![AllocatorConfig::from_env()?]
+    } else {
+        confs
+            .iter()
+            .map(|c| AllocatorConfig::parse(c))
+            .collect::<Result<_, _>>()?
+    };
+    for name in allocators {
+        if !GPU_ALLOCATORS.iter().any(|(n, _)| n == name) {
+            return Err(gpu_run::unknown_allocator(name).into());
+        }
+    }
+    let mut out = match jsonl {
+        Some(p) => Some(open_output(&p.display().to_string())?),
+        None => None,
+    };
+    let mut rows = Vec::new();
+    for name in allocators {
+        let confs_for: Vec<&AllocatorConfig> = if name == "pytorch" {
+            confs.iter().collect()
+        } else {
+            vec![&confs[0]]
+        };
+        for conf in confs_for {
+            let mut alloc = build_sim_allocator(name, conf, capacity)?;
+            let label = format!(
+                "{name} {}",
+                if name == "pytorch" {
+                    conf.to_string()
+                } else {
+                    String::new()
+                }
+            );
+            let pb = progress(dev.quiet, &label);
+            let opts = gpu_run::replay_options(dev.on_oom, dev.sample_every, pb.clone());
+            let r = gpu_run::run_one(source, alloc.as_mut(), conf, capacity, &opts, "sim")?;
+            if let Some(pb) = pb {
+                pb.finish_and_clear();
+            }
+            if let Some(o) = out.as_mut() {
+                write_jsonl(o.as_mut(), &ResultRecord::GpuReplay(Box::new(r.clone())))?;
+            }
+            let interrupted = r.summary.interrupted;
+            rows.push(r);
+            if interrupted {
+                break;
+            }
+        }
+    }
+    let info = source.info()?;
+    println!(
+        "{} ({}), {} events, capacity {}",
+        info.name,
+        info.kind,
+        rows.first().map(|r| r.work.events).unwrap_or(0),
+        crate::units::format_bytes(capacity)
+    );
+    print!("{}", gpu_run::comparison_table(&rows));
+    if let Some(p) = jsonl {
+        eprintln!("results written to {}", p.display());
+    }
+    Ok(())
+}
+
+fn demo(a: &DemoArgs) -> anyhow::Result<()> {
+    let source = Source::open(None)?;
+    let confs = vec![
+        String::new(),
+        "expandable_segments:True".to_string(),
+        "max_split_size_mb:512,roundup_power2_divisions:[256:1,512:2,>:4]".to_string(),
+        "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95".to_string(),
+    ];
+    println!(
+        "allocbench demo: {} (embedded default workload)\n",
+        Source::open(None)?.info()?.description
+    );
+    let dev = DeviceArgs {
+        capacity: None,
+        on_oom: OnOom::Stop,
+        sample_every: None,
+        quiet: false,
+    };
+    run_comparison(
+        &source,
+        &["pytorch".into(), "nocache".into(), "ideal".into()],
+        &confs,
+        &dev,
+        Some(&a.jsonl),
+    )?;
+    println!("\nNext: `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest.");
+    Ok(())
+}

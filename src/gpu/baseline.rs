@@ -1,0 +1,238 @@
+//! Baselines for the caching allocator: `nocache` (PYTORCH_NO_CUDA_MEMORY_CACHING: every
+//! allocation a device malloc of the exact size, every free a device free) and `ideal` (reserves
+//! exactly the live bytes: the physical lower bound that ratios are measured against).
+//!
+//! PyTorch's no-cache mode bypasses its stats (memory_stats() stays all zero); ours records
+//! what the device saw, so that the modes can be compared on the same keys.
+
+use rustc_hash::FxHashMap;
+
+use super::device::{Device, DeviceError};
+use super::stats::{DeviceStats, PoolKind};
+use super::{AllocError, BlockSnapshot, GpuAllocator, Handle, OomInfo, SegmentSnapshot};
+use crate::gpu::caching::pool_for;
+
+/// Stats for an allocation that is also its own segment.
+/// `device_call` is false for the ideal bound, which makes none.
+fn count_alloc(
+    stats: &mut DeviceStats,
+    pool: PoolKind,
+    bytes: u64,
+    requested: u64,
+    device_call: bool,
+) {
+    if device_call {
+        stats.segment.increase(pool, 1);
+        stats.num_device_alloc += 1;
+    }
+    stats.reserved_bytes.increase(pool, bytes);
+    stats.allocation.increase(pool, 1);
+    stats.allocated_bytes.increase(pool, bytes);
+    stats.active.increase(pool, 1);
+    stats.active_bytes.increase(pool, bytes);
+    stats.requested_bytes.increase(pool, requested);
+}
+
+fn count_free(
+    stats: &mut DeviceStats,
+    pool: PoolKind,
+    bytes: u64,
+    requested: u64,
+    device_call: bool,
+) {
+    if device_call {
+        stats.segment.decrease(pool, 1);
+        stats.num_device_free += 1;
+    }
+    stats.reserved_bytes.decrease(pool, bytes);
+    stats.allocation.decrease(pool, 1);
+    stats.allocated_bytes.decrease(pool, bytes);
+    stats.active.decrease(pool, 1);
+    stats.active_bytes.decrease(pool, bytes);
+    stats.requested_bytes.decrease(pool, requested);
+}
+
+struct Live {
+    ptr: u64,
+    bytes: u64,
+    stream: u64,
+}
+
+/// Every allocation is a device malloc of exactly the requested size.
+pub struct NoCacheAllocator<D: Device> {
+    device: D,
+    live: FxHashMap<Handle, Live>,
+    next: Handle,
+    stats: DeviceStats,
+}
+
+impl<D: Device> NoCacheAllocator<D> {
+    pub fn new(device: D) -> Self {
+        NoCacheAllocator {
+            device,
+            live: FxHashMap::default(),
+            next: 0,
+            stats: DeviceStats {
+                max_split_size: -1,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
+    fn name(&self) -> String {
+        "nocache".into()
+    }
+
+    fn malloc(&mut self, bytes: u64, stream: u64) -> Result<Handle, AllocError> {
+        match self.device.malloc(bytes, stream) {
+            Ok(ptr) => {
+                count_alloc(&mut self.stats, pool_for(bytes), bytes, bytes, true);
+                let h = self.next;
+                self.next = self.next.wrapping_add(1);
+                self.live.insert(h, Live { ptr, bytes, stream });
+                Ok(h)
+            }
+            Err(DeviceError::OutOfMemory) => {
+                self.stats.num_ooms += 1;
+                let reserved = self.stats.reserved_bytes.all.current as u64;
+                Err(AllocError::OutOfMemory(OomInfo {
+                    requested: bytes,
+                    rounded: bytes,
+                    alloc_size: bytes,
+                    device_free: self.device.free_memory(),
+                    cached_free: 0,
+                    largest_free_block: 0,
+                    reserved,
+                    allocated: reserved,
+                }))
+            }
+            Err(e) => Err(AllocError::Device(e)),
+        }
+    }
+
+    fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        let l = self.live.remove(&handle).expect("free of a live handle");
+        self.device.free(l.ptr, l.bytes)?;
+        count_free(&mut self.stats, pool_for(l.bytes), l.bytes, l.bytes, true);
+        Ok(())
+    }
+
+    fn empty_cache(&mut self) -> Result<(), DeviceError> {
+        self.stats.num_sync_all_streams += 1;
+        Ok(())
+    }
+
+    fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        let mut v: Vec<SegmentSnapshot> = self
+            .live
+            .values()
+            .map(|l| SegmentSnapshot {
+                address: l.ptr,
+                total_size: l.bytes,
+                stream: l.stream,
+                segment_type: super::pool_name(pool_for(l.bytes)),
+                is_expandable: false,
+                blocks: vec![BlockSnapshot {
+                    size: l.bytes,
+                    requested_size: l.bytes,
+                    state: "active_allocated".into(),
+                }],
+            })
+            .collect();
+        v.sort_by_key(|s| s.address);
+        v
+    }
+
+    fn largest_free_block(&self) -> u64 {
+        0
+    }
+
+    fn device_description(&self) -> String {
+        self.device.describe()
+    }
+}
+
+/// Reserves exactly the live bytes: the lower bound no allocator can beat.
+pub struct IdealAllocator {
+    capacity: u64,
+    live: FxHashMap<Handle, u64>,
+    next: Handle,
+    stats: DeviceStats,
+}
+
+impl IdealAllocator {
+    pub fn new(capacity: u64) -> Self {
+        IdealAllocator {
+            capacity,
+            live: FxHashMap::default(),
+            next: 0,
+            stats: DeviceStats {
+                max_split_size: -1,
+                ..Default::default()
+            },
+        }
+    }
+}
+
+impl GpuAllocator for IdealAllocator {
+    fn name(&self) -> String {
+        "ideal".into()
+    }
+
+    fn malloc(&mut self, bytes: u64, _stream: u64) -> Result<Handle, AllocError> {
+        let reserved = self.stats.reserved_bytes.all.current as u64;
+        if reserved + bytes > self.capacity {
+            self.stats.num_ooms += 1;
+            return Err(AllocError::OutOfMemory(OomInfo {
+                requested: bytes,
+                rounded: bytes,
+                alloc_size: bytes,
+                device_free: self.capacity - reserved,
+                cached_free: 0,
+                largest_free_block: 0,
+                reserved,
+                allocated: reserved,
+            }));
+        }
+        count_alloc(&mut self.stats, pool_for(bytes), bytes, bytes, false);
+        let h = self.next;
+        self.next = self.next.wrapping_add(1);
+        self.live.insert(h, bytes);
+        Ok(h)
+    }
+
+    fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        let bytes = self.live.remove(&handle).expect("free of a live handle");
+        count_free(&mut self.stats, pool_for(bytes), bytes, bytes, false);
+        Ok(())
+    }
+
+    fn empty_cache(&mut self) -> Result<(), DeviceError> {
+        Ok(())
+    }
+
+    fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        Vec::new()
+    }
+
+    fn largest_free_block(&self) -> u64 {
+        0
+    }
+
+    fn device_description(&self) -> String {
+        format!(
+            "ideal bound, {} capacity",
+            crate::units::format_bytes(self.capacity)
+        )
+    }
+}

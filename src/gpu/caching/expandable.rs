@@ -1,0 +1,296 @@
+//! `expandable_segments:True`: one VA reservation per (stream, pool), mapped page by page
+//! (PR #96995; CUDACachingAllocator.cpp `ExpandableSegment`, `try_allocate_expandable_block`,
+//! `map_block`, `unmap_block`, `release_expandable_segment`).
+
+use super::{Block, CachingAllocator, NIL, SMALL_BUFFER_BYTES};
+use crate::gpu::device::{Device, DeviceError};
+use crate::gpu::stats::PoolKind;
+
+/// A reserved VA range of `pages` pages of `page_size` bytes, some of them mapped.
+pub(super) struct ExpandableSegment {
+    pub base: u64,
+    pub page_size: u64,
+    pub mapped: Vec<bool>,
+}
+
+impl ExpandableSegment {
+    fn va_size(&self) -> u64 {
+        self.page_size * self.mapped.len() as u64
+    }
+}
+
+impl<D: Device> CachingAllocator<D> {
+    /// find_expandable_block: the lowest-address run of free-or-unmapped blocks on this stream
+    /// that covers `size` (starting at a free mapped block just before an unmapped one when there
+    /// is one), else a new segment.
+    fn find_expandable_block(
+        &mut self,
+        stream: u32,
+        pool: PoolKind,
+        size: u64,
+    ) -> Result<u32, DeviceError> {
+        let allocatable = |s: &Self, i: u32| i != NIL && !s.blocks[i as usize].allocated;
+        let unmapped: Vec<u32> = self.pools[pool as usize]
+            .unmapped
+            .range((stream, 0)..)
+            .take_while(|(k, _)| k.0 == stream)
+            .map(|(_, &i)| i)
+            .collect();
+        for u in unmapped {
+            let mut c = u;
+            let prev = self.blocks[u as usize].prev;
+            if allocatable(self, prev) {
+                c = prev;
+            }
+            let mut bytes = 0u64;
+            let mut b = c;
+            while bytes < size && allocatable(self, b) {
+                bytes += self.blocks[b as usize].size;
+                b = self.blocks[b as usize].next;
+            }
+            if bytes >= size {
+                return Ok(c);
+            }
+        }
+        // A new segment: G × ceil(1.125 × totalGlobalMem / G) of address space, all unmapped.
+        let page_size = if pool == PoolKind::Small {
+            SMALL_BUFFER_BYTES
+        } else {
+            self.cfg.large_segment_size
+        };
+        let total = self.device.capacity();
+        let pages = (total + total / 8).div_ceil(page_size);
+        let base = self.device.reserve_address(pages * page_size)?;
+        let seg = ExpandableSegment {
+            base,
+            page_size,
+            mapped: vec![false; pages as usize],
+        };
+        let va = seg.va_size();
+        let seg_index = match self.expandable_segments.iter().position(Option::is_none) {
+            Some(free) => {
+                self.expandable_segments[free] = Some(seg);
+                free
+            }
+            None => {
+                self.expandable_segments.push(Some(seg));
+                self.expandable_segments.len() - 1
+            }
+        } as u32;
+        let i = self.new_block(Block {
+            ptr: base,
+            size: va,
+            requested: 0,
+            prev: NIL,
+            next: NIL,
+            stream,
+            pool,
+            allocated: false,
+            mapped: false,
+            segment: seg_index,
+            gc_count_base: 0,
+        });
+        self.pools[pool as usize].unmapped.insert((stream, base), i);
+        Ok(i)
+    }
+
+    /// try_allocate_expandable_block: map what the chosen run needs, merging as it goes.
+    pub(super) fn try_allocate_expandable_block(
+        &mut self,
+        stream: u32,
+        pool: PoolKind,
+        size: u64,
+    ) -> Result<Option<u32>, DeviceError> {
+        let mut candidate = self.find_expandable_block(stream, pool, size)?;
+        if !self.blocks[candidate as usize].mapped {
+            let n = self.blocks[candidate as usize].size.min(size);
+            if !self.map_block(candidate, n)? {
+                return Ok(None);
+            }
+        }
+        while self.blocks[candidate as usize].size < size {
+            let remaining = size - self.blocks[candidate as usize].size;
+            let next = self.blocks[candidate as usize].next;
+            let n = remaining.min(self.blocks[next as usize].size);
+            if !self.map_block(next, n)? {
+                return Ok(None);
+            }
+            candidate = next;
+        }
+        self.remove_free(candidate);
+        Ok(Some(candidate))
+    }
+
+    /// map_block: map the pages covering [ptr, ptr + size) of an unmapped block; the mapped part
+    /// becomes a free block merged with free neighbours, the rest stays unmapped.
+    fn map_block(&mut self, i: u32, size: u64) -> Result<bool, DeviceError> {
+        let (ptr, block_size, seg_index, pool, stream) = {
+            let b = &self.blocks[i as usize];
+            (b.ptr, b.size, b.segment as usize, b.pool, b.stream)
+        };
+        let (base, page) = {
+            let seg = self.expandable_segments[seg_index]
+                .as_ref()
+                .expect("live segment");
+            (seg.base, seg.page_size)
+        };
+        let begin = (ptr - base) / page;
+        let end = (ptr + size - base).div_ceil(page);
+        let mut done = Vec::new();
+        for p in begin..end {
+            match self.device.map_page(base + p * page, page) {
+                Ok(()) => done.push(p),
+                Err(DeviceError::OutOfMemory) => {
+                    // Handles created by this call are released; earlier calls' pages stay.
+                    for q in done {
+                        self.device.unmap_page(base + q * page, page)?;
+                    }
+                    return Ok(false);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let seg = self.expandable_segments[seg_index]
+            .as_mut()
+            .expect("live segment");
+        for p in begin..end {
+            seg.mapped[p as usize] = true;
+        }
+        let mapped_size = (end - begin) * page;
+        self.pools[pool as usize].unmapped.remove(&(stream, ptr));
+        self.blocks[i as usize].mapped = true;
+        if mapped_size < block_size {
+            let old_next = self.blocks[i as usize].next;
+            let rest = self.new_block(Block {
+                ptr: ptr + mapped_size,
+                size: block_size - mapped_size,
+                requested: 0,
+                prev: i,
+                next: old_next,
+                stream,
+                pool,
+                allocated: false,
+                mapped: false,
+                segment: seg_index as u32,
+                gc_count_base: 0,
+            });
+            if old_next != NIL {
+                self.blocks[old_next as usize].prev = rest;
+            }
+            self.blocks[i as usize].next = rest;
+            self.blocks[i as usize].size = mapped_size;
+            self.pools[pool as usize]
+                .unmapped
+                .insert((stream, ptr + mapped_size), rest);
+        }
+        let prev = self.blocks[i as usize].prev;
+        self.try_merge(i, prev);
+        let next = self.blocks[i as usize].next;
+        self.try_merge(i, next);
+        self.insert_free(i);
+        self.stats.reserved_bytes.increase(pool, mapped_size);
+        self.stats.num_device_alloc += 1;
+        Ok(true)
+    }
+
+    /// unmap_block: unmap every whole page inside a free expandable block; partial edge pages
+    /// stay as free mapped blocks.
+    pub(super) fn unmap_block(&mut self, i: u32) -> Result<(), DeviceError> {
+        let (ptr, size, seg_index, pool, stream) = {
+            let b = &self.blocks[i as usize];
+            (b.ptr, b.size, b.segment as usize, b.pool, b.stream)
+        };
+        let (base, page) = {
+            let seg = self.expandable_segments[seg_index]
+                .as_ref()
+                .expect("live segment");
+            (seg.base, seg.page_size)
+        };
+        let begin = (ptr - base).div_ceil(page);
+        let end = (ptr + size - base) / page;
+        if begin >= end {
+            return Ok(());
+        }
+        for p in begin..end {
+            self.device.unmap_page(base + p * page, page)?;
+        }
+        let seg = self.expandable_segments[seg_index]
+            .as_mut()
+            .expect("live segment");
+        for p in begin..end {
+            seg.mapped[p as usize] = false;
+        }
+        let un_ptr = base + begin * page;
+        let un_size = (end - begin) * page;
+        self.remove_free(i);
+        let template = Block {
+            requested: 0,
+            allocated: false,
+            mapped: true,
+            gc_count_base: 0,
+            ..self.blocks[i as usize].clone()
+        };
+        let before = un_ptr - ptr;
+        if before > 0 {
+            let prev = self.blocks[i as usize].prev;
+            let bi = self.new_block(Block {
+                ptr,
+                size: before,
+                prev,
+                next: i,
+                ..template.clone()
+            });
+            if prev != NIL {
+                self.blocks[prev as usize].next = bi;
+            }
+            self.blocks[i as usize].prev = bi;
+            self.insert_free(bi);
+        }
+        let after = size - before - un_size;
+        if after > 0 {
+            let next = self.blocks[i as usize].next;
+            let ai = self.new_block(Block {
+                ptr: un_ptr + un_size,
+                size: after,
+                prev: i,
+                next,
+                ..template
+            });
+            if next != NIL {
+                self.blocks[next as usize].prev = ai;
+            }
+            self.blocks[i as usize].next = ai;
+            self.insert_free(ai);
+        }
+        {
+            let b = &mut self.blocks[i as usize];
+            b.ptr = un_ptr;
+            b.size = un_size;
+            b.mapped = false;
+        }
+        let prev = self.blocks[i as usize].prev;
+        self.try_merge(i, prev);
+        let next = self.blocks[i as usize].next;
+        self.try_merge(i, next);
+        let key = (stream, self.blocks[i as usize].ptr);
+        self.pools[pool as usize].unmapped.insert(key, i);
+        self.stats.reserved_bytes.decrease(pool, un_size);
+        self.stats.num_device_free += 1;
+        Ok(())
+    }
+
+    /// release_expandable_segment: the whole VA range is one unmapped block: free the reservation.
+    pub(super) fn release_expandable_segment(&mut self, i: u32) -> Result<(), DeviceError> {
+        let b = self.blocks[i as usize].clone();
+        let seg = self.expandable_segments[b.segment as usize]
+            .take()
+            .expect("live segment");
+        debug_assert_eq!(b.size, seg.va_size());
+        self.device.release_address(seg.base, seg.va_size())?;
+        self.pools[b.pool as usize]
+            .unmapped
+            .remove(&(b.stream, b.ptr));
+        self.kill(i);
+        Ok(())
+    }
+}

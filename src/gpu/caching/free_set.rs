@@ -1,0 +1,249 @@
+//! The free-block set of a pool, ordered by (stream, size, address) exactly as PyTorch's
+//! `std::set<Block*, BlockComparatorSize>`, but built for speed: per stream, blocks sit in
+//! size-class bins (four classes per power of two; class order follows size order) kept sorted,
+//! with a bitmap of non-empty bins. Best fit is a binary search in one small bin, else the first
+//! entry of the next non-empty bin: the same answer as a lower_bound on the ordered set.
+
+/// The order (stream, size, address) packed into one u128: stream in the top 13 bits, size in
+/// the next 51 (sizes stay ≤ 1 PiB), address in the low 64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FreeKey(u128);
+
+impl FreeKey {
+    #[inline]
+    pub fn new(stream: u32, size: u64, ptr: u64) -> Self {
+        FreeKey(((stream as u128) << 115) | ((size as u128) << 64) | ptr as u128)
+    }
+    #[inline]
+    pub fn stream(self) -> u32 {
+        (self.0 >> 115) as u32
+    }
+    #[inline]
+    pub fn size(self) -> u64 {
+        ((self.0 >> 64) as u64) & ((1 << 51) - 1)
+    }
+    #[inline]
+    pub fn ptr(self) -> u64 {
+        self.0 as u64
+    }
+}
+
+const BINS: usize = 256;
+
+/// Monotonic in size: a ≤ b implies class(a) ≤ class(b).
+#[inline]
+fn class_of(size: u64) -> usize {
+    let l = size.max(1).ilog2() as usize;
+    if l < 2 {
+        l * 4
+    } else {
+        l * 4 + ((size >> (l - 2)) & 3) as usize
+    }
+}
+
+#[derive(Clone)]
+struct StreamBins {
+    bins: Vec<Vec<(FreeKey, u32)>>,
+    nonempty: [u64; BINS / 64],
+}
+
+impl Default for StreamBins {
+    fn default() -> Self {
+        StreamBins {
+            bins: vec![Vec::new(); BINS],
+            nonempty: [0; BINS / 64],
+        }
+    }
+}
+
+impl StreamBins {
+    /// The first non-empty bin at or after `from`.
+    #[inline]
+    fn next_bin(&self, from: usize) -> Option<usize> {
+        let mut word = from / 64;
+        if word >= self.nonempty.len() {
+            return None;
+        }
+        let mut bits = self.nonempty[word] & (!0u64 << (from % 64));
+        loop {
+            if bits != 0 {
+                return Some(word * 64 + bits.trailing_zeros() as usize);
+            }
+            word += 1;
+            if word >= self.nonempty.len() {
+                return None;
+            }
+            bits = self.nonempty[word];
+        }
+    }
+}
+
+/// Free blocks of one pool: key → block index.
+#[derive(Default)]
+pub struct FreeSet {
+    streams: Vec<StreamBins>,
+    len: usize,
+}
+
+impl FreeSet {
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub fn insert(&mut self, k: FreeKey, block: u32) {
+        let s = k.stream() as usize;
+        if self.streams.len() <= s {
+            self.streams.resize_with(s + 1, StreamBins::default);
+        }
+        let sb = &mut self.streams[s];
+        let c = class_of(k.size());
+        let bin = &mut sb.bins[c];
+        let pos = bin.partition_point(|e| e.0 < k);
+        debug_assert!(bin.get(pos).is_none_or(|e| e.0 != k), "duplicate free key");
+        bin.insert(pos, (k, block));
+        sb.nonempty[c / 64] |= 1 << (c % 64);
+        self.len += 1;
+    }
+
+    /// Removes `k`; returns whether it was there.
+    #[inline]
+    pub fn remove(&mut self, k: FreeKey) -> bool {
+        let Some(sb) = self.streams.get_mut(k.stream() as usize) else {
+            return false;
+        };
+        let c = class_of(k.size());
+        let bin = &mut sb.bins[c];
+        let pos = bin.partition_point(|e| e.0 < k);
+        if bin.get(pos).is_none_or(|e| e.0 != k) {
+            return false;
+        }
+        bin.remove(pos);
+        if bin.is_empty() {
+            sb.nonempty[c / 64] &= !(1 << (c % 64));
+        }
+        self.len -= 1;
+        true
+    }
+
+    /// lower_bound(stream, size, 0) restricted to `stream`: the smallest block ≥ size, lowest address first.
+    #[inline]
+    pub fn first_at_least(&self, stream: u32, size: u64) -> Option<(FreeKey, u32)> {
+        let sb = self.streams.get(stream as usize)?;
+        let bound = FreeKey::new(stream, size, 0);
+        let c = class_of(size);
+        let bin = &sb.bins[c];
+        let pos = bin.partition_point(|e| e.0 < bound);
+        if let Some(&e) = bin.get(pos) {
+            return Some(e);
+        }
+        let next = sb.next_bin(c + 1)?;
+        sb.bins[next].first().copied()
+    }
+
+    /// The entry after `k` in set order, on the same stream.
+    pub fn next_after(&self, k: FreeKey) -> Option<(FreeKey, u32)> {
+        let sb = self.streams.get(k.stream() as usize)?;
+        let c = class_of(k.size());
+        let bin = &sb.bins[c];
+        let pos = bin.partition_point(|e| e.0 <= k);
+        if let Some(&e) = bin.get(pos) {
+            return Some(e);
+        }
+        let next = sb.next_bin(c + 1)?;
+        sb.bins[next].first().copied()
+    }
+
+    /// Entries of `stream` below (stream, size, 0), largest first.
+    pub fn below_descending(&self, stream: u32, size: u64) -> Vec<(FreeKey, u32)> {
+        let Some(sb) = self.streams.get(stream as usize) else {
+            return Vec::new();
+        };
+        let bound = FreeKey::new(stream, size, 0);
+        sb.bins
+            .iter()
+            .rev()
+            .flat_map(|b| b.iter().rev())
+            .filter(|e| e.0 < bound)
+            .copied()
+            .collect()
+    }
+
+    /// All entries in set order (stream, size, address).
+    pub fn iter(&self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
+        self.streams
+            .iter()
+            .flat_map(|sb| sb.bins.iter().flat_map(|b| b.iter().copied()))
+    }
+
+    /// The block indices in set order, collected (callers mutate the set while walking).
+    pub fn blocks_in_order(&self) -> Vec<u32> {
+        self.iter().map(|(_, i)| i).collect()
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.streams
+            .iter()
+            .filter_map(|sb| {
+                let top = (0..BINS)
+                    .rev()
+                    .find(|&c| sb.nonempty[c / 64] & (1 << (c % 64)) != 0)?;
+                sb.bins[top].last().map(|e| e.0.size())
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn classes_are_monotonic() {
+        let mut last = 0;
+        for s in (1..100_000u64)
+            .step_by(7)
+            .chain([1 << 20, 3 << 20, 1 << 40, (1 << 50) + 1])
+        {
+            let c = class_of(s);
+            assert!(c >= last || s < 100_000, "class order");
+            last = c;
+            assert!(c < BINS);
+        }
+    }
+
+    proptest! {
+        /// Every query answers exactly as the ordered set (a BTreeMap) does.
+        #[test]
+        fn agrees_with_an_ordered_map(ops in proptest::collection::vec((0u32..3, 1u64..5000, 0u64..64, any::<bool>()), 1..300),
+                                      queries in proptest::collection::vec((0u32..3, 1u64..6000), 1..50)) {
+            let mut set = FreeSet::default();
+            let mut map: BTreeMap<FreeKey, u32> = BTreeMap::new();
+            for (i, (s, size, ptr, insert)) in ops.into_iter().enumerate() {
+                let k = FreeKey::new(s, size * 512, ptr << 21);
+                if insert && !map.contains_key(&k) {
+                    set.insert(k, i as u32);
+                    map.insert(k, i as u32);
+                } else if !insert {
+                    prop_assert_eq!(set.remove(k), map.remove(&k).is_some());
+                }
+            }
+            prop_assert_eq!(set.len(), map.len());
+            prop_assert_eq!(set.iter().collect::<Vec<_>>(), map.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
+            for (s, size) in queries {
+                let want = map.range(FreeKey::new(s, size * 512, 0)..).next().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v));
+                let got = set.first_at_least(s, size * 512);
+                prop_assert_eq!(got, want);
+                if let Some((k, _)) = got {
+                    let want_next = map.range(k..).nth(1).filter(|(n, _)| n.stream() == s).map(|(k, v)| (*k, *v));
+                    prop_assert_eq!(set.next_after(k), want_next);
+                }
+                let want_below: Vec<_> = map.range(..FreeKey::new(s, size * 512, 0)).rev().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v)).collect();
+                prop_assert_eq!(set.below_descending(s, size * 512), want_below);
+            }
+        }
+    }
+}

@@ -1,0 +1,879 @@
+//! PyTorch's CUDA caching allocator policy (`c10/cuda/CUDACachingAllocator.cpp`, torch 2.x),
+//! re-implemented over the [`Device`] trait. Rules cite the function they come from;
+//! `shared/pytorch-allocator.md` has the full specification.
+//!
+//! Note [What is not modelled]: cross-stream uses (`record_stream`) and CUDA events, CUDA-graph
+//! private pools and MemPools, free-memory callbacks (IPC). Traces carry no such operations, so
+//! `active_bytes == allocated_bytes` here and every free completes at once.
+
+mod expandable;
+mod free_set;
+
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
+use super::config::AllocatorConfig;
+use super::device::{Device, DeviceError};
+use super::stats::{DeviceStats, PoolKind};
+use super::{pool_name, AllocError, BlockSnapshot, GpuAllocator, Handle, OomInfo, SegmentSnapshot};
+use crate::units::MIB;
+use expandable::ExpandableSegment;
+use free_set::{FreeKey, FreeSet};
+
+/// kMinBlockSize: every request is rounded to a multiple of 512 bytes.
+pub const MIN_BLOCK_SIZE_BYTES: u64 = 512;
+/// kSmallSize: rounded sizes up to 1 MiB go to the small pool.
+pub const SMALL_SIZE_BYTES: u64 = MIB;
+/// kSmallBuffer: small-pool segments are 2 MiB.
+pub const SMALL_BUFFER_BYTES: u64 = 2 * MIB;
+/// kMinLargeAlloc: large requests under 10 MiB share a `large_segment_size` segment.
+pub const MIN_LARGE_ALLOC_BYTES: u64 = 10 * MIB;
+/// kRoundLarge: larger segments are rounded up to 2 MiB.
+pub const ROUND_LARGE_BYTES: u64 = 2 * MIB;
+
+const NIL: u32 = u32::MAX;
+
+/// round_size(n): 512-byte rounding, or the next power-2 division for sizes above 512·d.
+pub fn round_size(cfg: &AllocatorConfig, n: u64) -> u64 {
+    if n < MIN_BLOCK_SIZE_BYTES {
+        return MIN_BLOCK_SIZE_BYTES;
+    }
+    let divisions = roundup_divisions(cfg, n);
+    if divisions > 1 && n > MIN_BLOCK_SIZE_BYTES * divisions {
+        roundup_power2_next_division(n, divisions)
+    } else {
+        n.div_ceil(MIN_BLOCK_SIZE_BYTES) * MIN_BLOCK_SIZE_BYTES
+    }
+}
+
+/// The divisions of n's bucket: idx = clamp(floor(log2 n) − 20, 0, 15).
+fn roundup_divisions(cfg: &AllocatorConfig, n: u64) -> u64 {
+    let idx = (n.ilog2() as i64 - 20).clamp(0, 15) as usize;
+    cfg.roundup_power2_divisions[idx]
+}
+
+/// roundup_power2_next_division: n rounded up to a multiple of (largest power of two ≤ n) / d.
+fn roundup_power2_next_division(n: u64, divisions: u64) -> u64 {
+    if n.is_power_of_two() {
+        return n;
+    }
+    let floor = 1u64 << n.ilog2();
+    let step = floor >> divisions.ilog2();
+    if step == 0 {
+        return floor << 1;
+    }
+    n.div_ceil(step) * step
+}
+
+/// get_allocation_size(rs): 2 MiB for the small pool, `large_segment_size` below 10 MiB, else
+/// rounded up to 2 MiB.
+pub fn allocation_size(cfg: &AllocatorConfig, rounded: u64) -> u64 {
+    if rounded <= SMALL_SIZE_BYTES {
+        SMALL_BUFFER_BYTES
+    } else if rounded < MIN_LARGE_ALLOC_BYTES {
+        cfg.large_segment_size
+    } else {
+        rounded.div_ceil(ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+    }
+}
+
+pub fn pool_for(rounded: u64) -> PoolKind {
+    if rounded <= SMALL_SIZE_BYTES {
+        PoolKind::Small
+    } else {
+        PoolKind::Large
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    ptr: u64,
+    /// 0 marks a dead slab slot.
+    size: u64,
+    requested: u64,
+    prev: u32,
+    next: u32,
+    stream: u32,
+    pool: PoolKind,
+    allocated: bool,
+    mapped: bool,
+    /// Index into `expandable_segments`, or NIL for an ordinary segment.
+    segment: u32,
+    gc_count_base: i64,
+}
+
+impl Block {
+    fn is_split(&self) -> bool {
+        self.prev != NIL || self.next != NIL
+    }
+    fn expandable(&self) -> bool {
+        self.segment != NIL
+    }
+}
+
+/// BlockPool: free mapped blocks ordered by (stream, size, address), unmapped expandable blocks
+/// ordered by (stream, address), and the GC's lookup counter.
+#[derive(Default)]
+struct BlockPool {
+    blocks: FreeSet,
+    unmapped: BTreeMap<(u32, u64), u32>,
+    get_free_blocks_call_count: i64,
+}
+
+/// The caching allocator over device `D`.
+pub struct CachingAllocator<D: Device> {
+    cfg: AllocatorConfig,
+    device: D,
+    blocks: Vec<Block>,
+    dead: Vec<u32>,
+    pools: [BlockPool; 2],
+    stats: DeviceStats,
+    /// floor(fraction × capacity) when a memory fraction below 1 is set.
+    allowed: Option<u64>,
+    /// Raw stream handles → dense ids in order of first use (the default stream 0 first).
+    streams: FxHashMap<u64, u32>,
+    raw_streams: Vec<u64>,
+    expandable_segments: Vec<Option<ExpandableSegment>>,
+}
+
+/// Dense stream ids fit in 13 bits of the packed free-set key.
+pub const MAX_STREAMS: usize = 1 << 13;
+
+#[inline]
+fn key(b: &Block) -> FreeKey {
+    FreeKey::new(b.stream, b.size, b.ptr)
+}
+
+impl<D: Device> CachingAllocator<D> {
+    pub fn new(cfg: AllocatorConfig, device: D) -> Self {
+        let allowed = (cfg.per_process_memory_fraction < 1.0)
+            .then(|| (cfg.per_process_memory_fraction * device.capacity() as f64).floor() as u64);
+        let stats = DeviceStats {
+            max_split_size: if cfg.max_split_size == u64::MAX {
+                -1
+            } else {
+                cfg.max_split_size as i64
+            },
+            ..Default::default()
+        };
+        let mut streams = FxHashMap::default();
+        streams.insert(0, 0);
+        CachingAllocator {
+            cfg,
+            device,
+            blocks: Vec::new(),
+            dead: Vec::new(),
+            pools: [BlockPool::default(), BlockPool::default()],
+            stats,
+            allowed,
+            streams,
+            raw_streams: vec![0],
+            expandable_segments: Vec::new(),
+        }
+    }
+
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.cfg
+    }
+
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    fn stream_id(&mut self, raw: u64) -> Result<u32, DeviceError> {
+        if raw == 0 {
+            return Ok(0);
+        }
+        if let Some(&s) = self.streams.get(&raw) {
+            return Ok(s);
+        }
+        if self.raw_streams.len() >= MAX_STREAMS {
+            return Err(DeviceError::Other(format!(
+                "more than {MAX_STREAMS} distinct streams"
+            )));
+        }
+        let s = self.raw_streams.len() as u32;
+        self.streams.insert(raw, s);
+        self.raw_streams.push(raw);
+        Ok(s)
+    }
+
+    fn new_block(&mut self, b: Block) -> u32 {
+        if let Some(i) = self.dead.pop() {
+            self.blocks[i as usize] = b;
+            i
+        } else {
+            self.blocks.push(b);
+            (self.blocks.len() - 1) as u32
+        }
+    }
+
+    fn kill(&mut self, i: u32) {
+        self.blocks[i as usize].size = 0;
+        self.dead.push(i);
+    }
+
+    fn pool(&mut self, p: PoolKind) -> &mut BlockPool {
+        &mut self.pools[p as usize]
+    }
+
+    /// insert_into_blocks: also stamps the block with the pool's GC lookup count.
+    fn insert_free(&mut self, i: u32) {
+        let b = &self.blocks[i as usize];
+        let (k, p) = (key(b), b.pool);
+        let count = self.pools[p as usize].get_free_blocks_call_count;
+        self.blocks[i as usize].gc_count_base = count;
+        self.pool(p).blocks.insert(k, i);
+    }
+
+    fn remove_free(&mut self, i: u32) {
+        let b = &self.blocks[i as usize];
+        let (k, p) = (key(b), b.pool);
+        self.pool(p).blocks.remove(k);
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.allowed.is_some() && self.cfg.garbage_collection_threshold > 0.0
+    }
+
+    /// get_free_block: best fit on the stream, with the expandable and oversize rules.
+    fn get_free_block(&mut self, stream: u32, rounded: u64, pool: PoolKind) -> Option<u32> {
+        if self.gc_enabled() {
+            self.pool(pool).get_free_blocks_call_count += 1;
+        }
+        let m = self.cfg.max_split_size;
+        let mut candidate = self.pools[pool as usize]
+            .blocks
+            .first_at_least(stream, rounded)?
+            .1;
+        if self.blocks[candidate as usize].expandable() {
+            // Prefer a fitting block whose expandable size (size + unmapped tail) is smaller:
+            // a non-tail free block beats growing the tail.
+            let expandable_size = |s: &Self, i: u32| {
+                let b = &s.blocks[i as usize];
+                b.size
+                    + if b.next != NIL && !s.blocks[b.next as usize].mapped {
+                        s.blocks[b.next as usize].size
+                    } else {
+                        0
+                    }
+            };
+            let mut at = key(&self.blocks[candidate as usize]);
+            while self.blocks[candidate as usize].expandable() {
+                match self.pools[pool as usize].blocks.next_after(at) {
+                    Some((k, next))
+                        if expandable_size(self, next) < expandable_size(self, candidate) =>
+                    {
+                        candidate = next;
+                        at = k;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        let size = self.blocks[candidate as usize].size;
+        // Do not return an oversize block for a small request; an oversize request takes a
+        // cached block only if it wastes less than max_non_split_rounding_size.
+        if rounded < m && size >= m {
+            return None;
+        }
+        if rounded >= m && size >= rounded.saturating_add(self.cfg.max_non_split_rounding_size) {
+            return None;
+        }
+        self.remove_free(candidate);
+        Some(candidate)
+    }
+
+    /// alloc_block: a new segment (or mapped expandable range) for the request.
+    fn alloc_block(
+        &mut self,
+        stream: u32,
+        rounded: u64,
+        alloc_size: u64,
+        pool: PoolKind,
+        is_retry: bool,
+    ) -> Result<Option<u32>, DeviceError> {
+        if is_retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if let Some(allowed) = self.allowed {
+            if self.stats.reserved_bytes.all.current as u64 + alloc_size > allowed {
+                return Ok(None);
+            }
+        }
+        if self.cfg.expandable_segments {
+            return self.try_allocate_expandable_block(stream, pool, rounded);
+        }
+        let raw_stream = self.raw_streams[stream as usize];
+        let ptr = match self.device.malloc(alloc_size, raw_stream) {
+            Ok(p) => p,
+            Err(DeviceError::OutOfMemory) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let i = self.new_block(Block {
+            ptr,
+            size: alloc_size,
+            requested: 0,
+            prev: NIL,
+            next: NIL,
+            stream,
+            pool,
+            allocated: false,
+            mapped: true,
+            segment: NIL,
+            gc_count_base: 0,
+        });
+        self.stats.segment.increase(pool, 1);
+        self.stats.reserved_bytes.increase(pool, alloc_size);
+        if alloc_size >= self.cfg.max_split_size {
+            self.stats.oversize_segments.increase(1);
+        }
+        self.stats.num_device_alloc += 1;
+        Ok(Some(i))
+    }
+
+    /// release_block: cudaFree a whole free segment.
+    fn release_block(&mut self, i: u32) -> Result<(), DeviceError> {
+        let b = self.blocks[i as usize].clone();
+        debug_assert!(!b.is_split() && !b.allocated && !b.expandable());
+        self.device.free(b.ptr, b.size)?;
+        self.remove_free(i);
+        self.stats.segment.decrease(b.pool, 1);
+        self.stats.reserved_bytes.decrease(b.pool, b.size);
+        if b.size >= self.cfg.max_split_size {
+            self.stats.oversize_segments.decrease(1);
+        }
+        self.stats.num_device_free += 1;
+        self.kill(i);
+        Ok(())
+    }
+
+    /// release_available_cached_blocks: with max_split_size set, free one big-enough oversize
+    /// block, or free oversize blocks from the largest down until enough was released.
+    fn release_available_cached_blocks(
+        &mut self,
+        stream: u32,
+        rounded: u64,
+        pool: PoolKind,
+    ) -> Result<bool, DeviceError> {
+        let m = self.cfg.max_split_size;
+        if m == u64::MAX {
+            return Ok(false);
+        }
+        let key_size = rounded.max(m);
+        if let Some((_, i)) = self.pools[pool as usize]
+            .blocks
+            .first_at_least(stream, key_size)
+        {
+            let b = &self.blocks[i as usize];
+            if !b.expandable() && !b.is_split() {
+                self.release_block(i)?;
+                return Ok(true);
+            }
+        }
+        // No single block is large enough: free oversize blocks, largest first.
+        let candidates: Vec<u32> = self.pools[pool as usize]
+            .blocks
+            .below_descending(stream, key_size)
+            .into_iter()
+            .take_while(|(k, _)| k.size() >= m)
+            .map(|(_, i)| i)
+            .collect();
+        let mut released = 0u64;
+        for i in candidates {
+            if released >= key_size {
+                break;
+            }
+            let b = &self.blocks[i as usize];
+            if !b.expandable() && !b.is_split() {
+                released += b.size;
+                self.release_block(i)?;
+            }
+        }
+        Ok(released >= key_size)
+    }
+
+    /// garbage_collect_cached_blocks: free whole, non-expandable large-pool segments older than
+    /// the average age until reserved drops below threshold × allowed.
+    fn garbage_collect_cached_blocks(&mut self) -> Result<(), DeviceError> {
+        let allowed = self.allowed.unwrap_or(u64::MAX);
+        let threshold = (self.cfg.garbage_collection_threshold * allowed as f64) as u64;
+        let reserved = self.stats.reserved_bytes.all.current as u64;
+        if reserved <= threshold {
+            return Ok(());
+        }
+        let target = reserved - threshold;
+        let count = self.pools[PoolKind::Large as usize].get_free_blocks_call_count;
+        let age = |b: &Block| count - b.gc_count_base;
+        let freeable = |b: &Block| !b.is_split() && !b.expandable();
+        let mut total_age: i64 = 0;
+        let mut freeable_count: i64 = 0;
+        for i in self.pools[PoolKind::Large as usize]
+            .blocks
+            .blocks_in_order()
+        {
+            let b = &self.blocks[i as usize];
+            if freeable(b) {
+                total_age += age(b);
+                freeable_count += 1;
+            }
+        }
+        let mut reclaimed = 0u64;
+        let mut freed_any = true;
+        while reclaimed < target && freed_any && freeable_count > 0 {
+            let age_threshold = total_age as f64 / freeable_count as f64;
+            freed_any = false;
+            let pass = self.pools[PoolKind::Large as usize]
+                .blocks
+                .blocks_in_order();
+            for i in pass {
+                let b = &self.blocks[i as usize];
+                if freeable(b) && age(b) as f64 >= age_threshold {
+                    freed_any = true;
+                    reclaimed += b.size;
+                    total_age -= age(b);
+                    freeable_count -= 1;
+                    self.release_block(i)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// release_cached_blocks (empty_cache, and the last resort before an OOM).
+    fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
+        self.stats.num_sync_all_streams += 1; // synchronize_and_free_events
+        self.release_blocks(PoolKind::Large)?;
+        self.release_blocks(PoolKind::Small)
+    }
+
+    /// release_blocks: cudaFree every whole free segment; unmap the free pages of expandable ones.
+    fn release_blocks(&mut self, pool: PoolKind) -> Result<(), DeviceError> {
+        let all = self.pools[pool as usize].blocks.blocks_in_order();
+        let mut to_unmap = Vec::new();
+        for i in all {
+            let b = &self.blocks[i as usize];
+            if b.expandable() {
+                to_unmap.push(i);
+            } else if !b.is_split() {
+                self.release_block(i)?;
+            }
+        }
+        for i in to_unmap {
+            self.unmap_block(i)?;
+            let b = &self.blocks[i as usize];
+            if !b.is_split() && !b.mapped {
+                self.release_expandable_segment(i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// try_merge_blocks: absorb a free neighbour with the same mapped state; returns its size.
+    fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
+        if src == NIL {
+            return 0;
+        }
+        let s = self.blocks[src as usize].clone();
+        if s.allocated || s.mapped != self.blocks[dst as usize].mapped {
+            return 0;
+        }
+        if s.mapped {
+            self.remove_free(src);
+        } else {
+            let k = (s.stream, s.ptr);
+            self.pool(s.pool).unmapped.remove(&k);
+        }
+        let d = &mut self.blocks[dst as usize];
+        if d.prev == src {
+            d.ptr = s.ptr;
+            d.prev = s.prev;
+            if s.prev != NIL {
+                self.blocks[s.prev as usize].next = dst;
+            }
+        } else {
+            d.next = s.next;
+            if s.next != NIL {
+                self.blocks[s.next as usize].prev = dst;
+            }
+        }
+        self.blocks[dst as usize].size += s.size;
+        self.kill(src);
+        s.size
+    }
+
+    /// should_split: small pool or expandable: remainder ≥ 512; large pool: rounded < max_split
+    /// and remainder > 1 MiB (strictly).
+    fn should_split(&self, i: u32, rounded: u64) -> bool {
+        let b = &self.blocks[i as usize];
+        let remaining = b.size - rounded;
+        if b.pool == PoolKind::Small || self.cfg.expandable_segments {
+            remaining >= MIN_BLOCK_SIZE_BYTES
+        } else {
+            rounded < self.cfg.max_split_size && remaining > SMALL_SIZE_BYTES
+        }
+    }
+
+    /// alloc_found_block: split off the low part if worth it; update the stats.
+    fn alloc_found_block(&mut self, found: u32, requested: u64, rounded: u64) -> u32 {
+        let already_split = self.blocks[found as usize].is_split();
+        let expandable = self.blocks[found as usize].expandable();
+        let pool = self.blocks[found as usize].pool;
+        let mut block = found;
+        if self.should_split(found, rounded) {
+            let r = self.blocks[found as usize].clone();
+            block = self.new_block(Block {
+                size: rounded,
+                next: found,
+                allocated: false,
+                requested: 0,
+                ..r.clone()
+            });
+            if r.prev != NIL {
+                self.blocks[r.prev as usize].next = block;
+            }
+            let rem = &mut self.blocks[found as usize];
+            rem.prev = block;
+            rem.ptr += rounded;
+            rem.size -= rounded;
+            let rem_size = rem.size;
+            self.insert_free(found);
+            if !expandable {
+                if already_split {
+                    self.stats.inactive_split_bytes.decrease(pool, rounded);
+                } else {
+                    self.stats.inactive_split_bytes.increase(pool, rem_size);
+                    self.stats.inactive_split.increase(pool, 1);
+                }
+            }
+        } else if already_split && !expandable {
+            let size = self.blocks[found as usize].size;
+            self.stats.inactive_split_bytes.decrease(pool, size);
+            self.stats.inactive_split.decrease(pool, 1);
+        }
+        let b = &mut self.blocks[block as usize];
+        b.allocated = true;
+        b.requested = requested;
+        let size = b.size;
+        self.stats.allocation.increase(pool, 1);
+        self.stats.allocated_bytes.increase(pool, size);
+        self.stats.active.increase(pool, 1);
+        self.stats.active_bytes.increase(pool, size);
+        self.stats.requested_bytes.increase(pool, requested);
+        if size >= self.cfg.max_split_size {
+            self.stats.oversize_allocations.increase(1);
+        }
+        block
+    }
+
+    /// free_block: merge with prev then next, return to the pool, update inactive_split.
+    fn free_block(&mut self, i: u32) {
+        let (original_size, requested, pool, prev, next, expandable) = {
+            let b = &self.blocks[i as usize];
+            (b.size, b.requested, b.pool, b.prev, b.next, b.expandable())
+        };
+        let mut net_blocks: i64 = 0;
+        let mut net_bytes: i64 = 0;
+        for cand in [prev, next] {
+            let subsumed = self.try_merge(i, cand);
+            if subsumed > 0 {
+                net_blocks -= 1;
+                net_bytes -= subsumed as i64;
+            }
+        }
+        self.insert_free(i);
+        if self.blocks[i as usize].is_split() {
+            net_blocks += 1;
+            net_bytes += self.blocks[i as usize].size as i64;
+        }
+        if !expandable {
+            apply_net(&mut self.stats.inactive_split, pool, net_blocks);
+            apply_net(&mut self.stats.inactive_split_bytes, pool, net_bytes);
+        }
+        self.stats.active.decrease(pool, 1);
+        self.stats.active_bytes.decrease(pool, original_size);
+        self.stats.requested_bytes.decrease(pool, requested);
+    }
+
+    fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64) -> OomInfo {
+        let reserved = self.stats.reserved_bytes.all.current as u64;
+        let allocated = self.stats.allocated_bytes.all.current as u64;
+        let mut device_free = self.device.free_memory();
+        if let Some(allowed) = self.allowed {
+            device_free = device_free.min(allowed.saturating_sub(reserved));
+        }
+        OomInfo {
+            requested,
+            rounded,
+            alloc_size,
+            device_free,
+            cached_free: reserved - allocated,
+            largest_free_block: self.largest_free_block(),
+            reserved,
+            allocated,
+        }
+    }
+
+    /// Recounts the stats from the block lists and checks the structural invariants; returns
+    /// the first violation. Used by tests (PyTorch checks its stats against its snapshot too).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut allocated = 0u64;
+        let mut reserved = 0u64;
+        let mut inactive_split_bytes = 0u64;
+        let mut inactive_split = 0i64;
+        let mut segments = 0i64;
+        let mut free_in_sets = 0usize;
+        for seg in self.segments() {
+            let mut prev_end = seg.address;
+            let mut live_in_seg = false;
+            let _ = &mut prev_end;
+            for b in &seg.blocks {
+                if b.state == "active_allocated" {
+                    allocated += b.size;
+                    live_in_seg = true;
+                }
+            }
+            let mapped: u64 = seg.blocks.iter().map(|b| b.size).sum();
+            if mapped != seg.total_size {
+                return Err(format!(
+                    "segment {:#x}: blocks sum to {mapped}, total_size {}",
+                    seg.address, seg.total_size
+                ));
+            }
+            reserved += seg.total_size;
+            if !seg.is_expandable {
+                segments += 1;
+                if seg.blocks.len() > 1 {
+                    for b in seg.blocks.iter().filter(|b| b.state == "inactive") {
+                        inactive_split_bytes += b.size;
+                        inactive_split += 1;
+                    }
+                }
+            }
+            let _ = live_in_seg;
+        }
+        for (p, pool) in self.pools.iter().enumerate() {
+            if pool.blocks.len() != pool.blocks.iter().count() {
+                return Err("free set length disagrees with its entries".into());
+            }
+            for (k, i) in pool.blocks.iter() {
+                let (s, size, ptr) = (k.stream(), k.size(), k.ptr());
+                let b = &self.blocks[i as usize];
+                if b.size != size
+                    || b.ptr != ptr
+                    || b.stream != s
+                    || b.allocated
+                    || !b.mapped
+                    || b.pool as usize != p
+                {
+                    return Err(format!(
+                        "free set entry ({s}, {size}, {ptr:#x}) disagrees with its block"
+                    ));
+                }
+                free_in_sets += 1;
+            }
+        }
+        let live_free = self
+            .blocks
+            .iter()
+            .filter(|b| b.size > 0 && !b.allocated && b.mapped)
+            .count();
+        if live_free != free_in_sets {
+            return Err(format!(
+                "{live_free} free mapped blocks but {free_in_sets} in the free sets"
+            ));
+        }
+        // Neighbours are linked both ways and contiguous; no two free mapped neighbours remain.
+        for (i, b) in self.blocks.iter().enumerate().filter(|(_, b)| b.size > 0) {
+            if b.next != NIL {
+                let n = &self.blocks[b.next as usize];
+                if n.prev != i as u32 || n.ptr != b.ptr + b.size {
+                    return Err(format!("block {:#x}: broken link to next", b.ptr));
+                }
+                if !b.allocated && !n.allocated && b.mapped == n.mapped {
+                    return Err(format!(
+                        "blocks {:#x} and {:#x} are free neighbours that were not merged",
+                        b.ptr, n.ptr
+                    ));
+                }
+            }
+        }
+        let s = &self.stats;
+        let checks = [
+            (
+                "allocated_bytes",
+                s.allocated_bytes.all.current,
+                allocated as i64,
+            ),
+            (
+                "reserved_bytes",
+                s.reserved_bytes.all.current,
+                reserved as i64,
+            ),
+            (
+                "inactive_split_bytes",
+                s.inactive_split_bytes.all.current,
+                inactive_split_bytes as i64,
+            ),
+            (
+                "inactive_split",
+                s.inactive_split.all.current,
+                inactive_split,
+            ),
+            ("segment", s.segment.all.current, segments),
+            ("active_bytes", s.active_bytes.all.current, allocated as i64),
+        ];
+        for (name, stat, recount) in checks {
+            if stat != recount {
+                return Err(format!(
+                    "{name}.all.current is {stat} but the blocks add up to {recount}"
+                ));
+            }
+        }
+        if s.allocated_bytes.all.current > s.reserved_bytes.all.current {
+            return Err("allocated > reserved".into());
+        }
+        if s.reserved_bytes.all.current as u64 > self.device.capacity() {
+            return Err("reserved > capacity".into());
+        }
+        Ok(())
+    }
+}
+
+fn apply_net(arr: &mut super::stats::StatArray, pool: PoolKind, net: i64) {
+    match net.cmp(&0) {
+        std::cmp::Ordering::Greater => arr.increase(pool, net as u64),
+        std::cmp::Ordering::Less => arr.decrease(pool, net.unsigned_abs()),
+        std::cmp::Ordering::Equal => {}
+    }
+}
+
+impl<D: Device> GpuAllocator for CachingAllocator<D> {
+    fn name(&self) -> String {
+        "pytorch".into()
+    }
+
+    /// malloc, in PyTorch's order: cache hit; else GC, new segment, release oversize cached
+    /// blocks and retry, flush the whole cache and retry (a "retry"); else OOM.
+    fn malloc(&mut self, bytes: u64, raw_stream: u64) -> Result<Handle, AllocError> {
+        let stream = self.stream_id(raw_stream)?;
+        let rounded = round_size(&self.cfg, bytes);
+        let pool = pool_for(rounded);
+        let alloc_size = allocation_size(&self.cfg, rounded);
+        let mut found = self.get_free_block(stream, rounded, pool);
+        if found.is_none() {
+            if self.gc_enabled() {
+                self.garbage_collect_cached_blocks()?;
+            }
+            found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
+            if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
+                found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
+            }
+            if found.is_none() {
+                self.release_cached_blocks()?;
+                found = self.alloc_block(stream, rounded, alloc_size, pool, true)?;
+            }
+        }
+        match found {
+            Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
+            None => {
+                self.stats.num_ooms += 1;
+                Err(AllocError::OutOfMemory(
+                    self.oom_info(bytes, rounded, alloc_size),
+                ))
+            }
+        }
+    }
+
+    fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        let b = &mut self.blocks[handle as usize];
+        debug_assert!(
+            b.allocated && b.size > 0,
+            "free of a block that is not allocated"
+        );
+        b.allocated = false;
+        let (size, pool) = (b.size, b.pool);
+        self.stats.allocation.decrease(pool, 1);
+        self.stats.allocated_bytes.decrease(pool, size);
+        if size >= self.cfg.max_split_size {
+            self.stats.oversize_allocations.decrease(1);
+        }
+        self.free_block(handle);
+        Ok(())
+    }
+
+    fn empty_cache(&mut self) -> Result<(), DeviceError> {
+        self.release_cached_blocks()
+    }
+
+    fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        let mut heads: Vec<u32> = (0..self.blocks.len() as u32)
+            .filter(|&i| {
+                let b = &self.blocks[i as usize];
+                b.size > 0 && b.prev == NIL
+            })
+            .collect();
+        heads.sort_by_key(|&i| self.blocks[i as usize].ptr);
+        let mut out = Vec::new();
+        for h in heads {
+            let head = &self.blocks[h as usize];
+            // Expandable segments show one entry per contiguous mapped range.
+            let mut cur = h;
+            let mut seg: Option<SegmentSnapshot> = None;
+            loop {
+                let b = &self.blocks[cur as usize];
+                if b.mapped {
+                    let s = seg.get_or_insert_with(|| SegmentSnapshot {
+                        address: b.ptr,
+                        total_size: 0,
+                        stream: self.raw_streams[head.stream as usize],
+                        segment_type: pool_name(head.pool),
+                        is_expandable: head.expandable(),
+                        blocks: Vec::new(),
+                    });
+                    s.total_size += b.size;
+                    s.blocks.push(BlockSnapshot {
+                        size: b.size,
+                        requested_size: b.requested,
+                        state: if b.allocated {
+                            "active_allocated"
+                        } else {
+                            "inactive"
+                        }
+                        .into(),
+                    });
+                } else if let Some(s) = seg.take() {
+                    out.push(s);
+                }
+                if b.next == NIL {
+                    break;
+                }
+                cur = b.next;
+            }
+            if let Some(s) = seg.take() {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    fn largest_free_block(&self) -> u64 {
+        self.pools
+            .iter()
+            .map(|p| p.blocks.max_size())
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn device_description(&self) -> String {
+        self.device.describe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,376 @@
+//! The test vectors of shared/pytorch-allocator.md §10, and rule-level checks.
+
+use super::*;
+use crate::gpu::device::SimDevice;
+use crate::units::{GIB, MIB};
+
+fn alloc(cfg: &str, capacity: u64) -> CachingAllocator<SimDevice> {
+    CachingAllocator::new(
+        AllocatorConfig::parse(cfg).unwrap(),
+        SimDevice::new(capacity),
+    )
+}
+
+fn default_alloc() -> CachingAllocator<SimDevice> {
+    alloc("", 80 * GIB)
+}
+
+/// (allocated, reserved, segments, device allocs, inactive_split, inactive_split_bytes)
+fn state(a: &CachingAllocator<SimDevice>) -> (i64, i64, i64, i64, i64, i64) {
+    let s = a.stats();
+    a.check_invariants().unwrap();
+    (
+        s.allocated_bytes.all.current,
+        s.reserved_bytes.all.current,
+        s.segment.all.current,
+        s.num_device_alloc,
+        s.inactive_split.all.current,
+        s.inactive_split_bytes.all.current,
+    )
+}
+
+#[test]
+fn round_size_rules() {
+    let d = AllocatorConfig::default();
+    assert_eq!(round_size(&d, 1), 512);
+    assert_eq!(round_size(&d, 1000), 1024);
+    assert_eq!(round_size(&d, 1200), 1536);
+    assert_eq!(round_size(&d, 1_048_577), 1_049_088);
+    let four = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
+    // TV-G
+    assert_eq!(round_size(&four, 1200), 1536);
+    assert_eq!(round_size(&four, 4500), 5120);
+    assert_eq!(round_size(&four, 1_100_000), 1_310_720);
+    assert_eq!(round_size(&four, 5_000_000), 5_242_880);
+    let two = AllocatorConfig::parse("roundup_power2_divisions:[>:2]").unwrap();
+    assert_eq!(round_size(&two, 514 * MIB), 805_306_368);
+    let one = AllocatorConfig::parse("roundup_power2_divisions:[>:1]").unwrap();
+    assert_eq!(round_size(&one, 514 * MIB), 538_968_064);
+}
+
+#[test]
+fn allocation_size_rules() {
+    let d = AllocatorConfig::default();
+    for (rs, seg) in [
+        (1024, 2 * MIB),
+        (5 * MIB, 20 * MIB),
+        (10_000_384, 20 * MIB),
+        (10 * MIB, 10 * MIB),
+        (11 * MIB, 12 * MIB),
+        (514 * MIB, 514 * MIB),
+    ] {
+        assert_eq!(allocation_size(&d, rs), seg, "rs {rs}");
+    }
+    assert_eq!(pool_for(1_048_576), PoolKind::Small);
+    assert_eq!(pool_for(1_049_088), PoolKind::Large);
+}
+
+#[test]
+fn tv_a_small_pool_split_and_merge() {
+    let mut a = default_alloc();
+    let h_a = a.malloc(1000, 0).unwrap();
+    assert_eq!(state(&a), (1024, 2 * MIB as i64, 1, 1, 1, 2_096_128));
+    let h_b = a.malloc(1000, 0).unwrap();
+    assert_eq!(state(&a), (2048, 2 * MIB as i64, 1, 1, 1, 2_095_104));
+    assert_eq!(a.stats().requested_bytes.all.current, 2000);
+    a.free(h_a).unwrap();
+    assert_eq!(state(&a), (1024, 2 * MIB as i64, 1, 1, 2, 2_096_128));
+    let h_c = a.malloc(512, 0).unwrap();
+    assert_eq!(state(&a), (1536, 2 * MIB as i64, 1, 1, 2, 2_095_616));
+    a.free(h_b).unwrap();
+    assert_eq!(state(&a), (512, 2 * MIB as i64, 1, 1, 1, 2_096_640));
+    a.free(h_c).unwrap();
+    assert_eq!(state(&a), (0, 2 * MIB as i64, 1, 1, 0, 0));
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a), (0, 0, 0, 1, 0, 0));
+    let s = a.stats();
+    assert_eq!((s.num_device_free, s.num_sync_all_streams), (1, 1));
+    assert_eq!(s.allocated_bytes.all.peak, 2048);
+    assert_eq!(s.reserved_bytes.all.peak, 2 * MIB as i64);
+    assert_eq!(s.allocated_bytes.small.peak, 2048);
+    assert_eq!(s.allocated_bytes.large.peak, 0);
+}
+
+#[test]
+fn tv_b_one_to_ten_mib_share_20_mib_segments() {
+    let mut a = default_alloc();
+    let five = 5 * MIB;
+    a.malloc(five, 0).unwrap();
+    assert_eq!(state(&a), (5_242_880, 20_971_520, 1, 1, 1, 15_728_640));
+    a.malloc(five, 0).unwrap();
+    assert_eq!(state(&a).5, 10_485_760);
+    a.malloc(five, 0).unwrap();
+    assert_eq!(state(&a).5, 5_242_880);
+    a.malloc(five, 0).unwrap();
+    assert_eq!(state(&a), (20_971_520, 20_971_520, 1, 1, 0, 0));
+    a.malloc(five, 0).unwrap();
+    assert_eq!(state(&a).1, 41_943_040);
+    assert_eq!(state(&a).2, 2);
+    assert_eq!(state(&a).3, 2);
+    a.malloc(1000, 0).unwrap();
+    assert_eq!(state(&a).1, 44_040_192);
+    assert_eq!(state(&a).2, 3);
+}
+
+#[test]
+fn tv_c_pool_boundary() {
+    let mut a = default_alloc();
+    a.malloc(MIB, 0).unwrap();
+    a.malloc(MIB, 0).unwrap();
+    assert_eq!(state(&a), (2 * MIB as i64, 2 * MIB as i64, 1, 1, 0, 0));
+    a.malloc(MIB, 0).unwrap();
+    assert_eq!(state(&a).1, 4_194_304);
+    a.malloc(MIB + 1, 0).unwrap();
+    let s = a.stats();
+    assert_eq!(s.reserved_bytes.large.current, 20 * MIB as i64);
+    assert_eq!(s.inactive_split_bytes.large.current, 19_922_432);
+}
+
+#[test]
+fn tv_d_segment_rounding_for_large_requests() {
+    // (request, segment, allocated afterwards, inactive_split_bytes)
+    for (req, seg, allocated, split) in [
+        (11 * MIB, 12_582_912, 12_582_912, 0),
+        (11_010_048, 12_582_912, 11_010_048, 1_572_864),
+        (10 * MIB, 10_485_760, 10_485_760, 0),
+        (10_000_000, 20_971_520, 10_000_384, 10_971_136),
+    ] {
+        let mut a = default_alloc();
+        a.malloc(req, 0).unwrap();
+        let (al, rs, _, _, _, isb) = state(&a);
+        assert_eq!((al, rs, isb), (allocated, seg, split), "request {req}");
+        assert_eq!(a.stats().requested_bytes.all.current, req as i64);
+    }
+}
+
+#[test]
+fn tv_g_power2_divisions_segments() {
+    let mut a = alloc("roundup_power2_divisions:[>:2]", 80 * GIB);
+    a.malloc(514 * MIB, 0).unwrap();
+    assert_eq!(state(&a).1, 805_306_368);
+    assert_eq!(a.stats().requested_bytes.all.current, 514 * MIB as i64);
+    let mut b = alloc("roundup_power2_divisions:[>:1]", 80 * GIB);
+    b.malloc(514 * MIB, 0).unwrap();
+    assert_eq!(state(&b).1, 538_968_064);
+}
+
+#[test]
+fn tv_h_blocks_are_per_stream() {
+    let mut a = default_alloc();
+    let h = a.malloc(1000, 1).unwrap();
+    a.free(h).unwrap();
+    a.malloc(1000, 0).unwrap();
+    assert_eq!(state(&a).1, 4_194_304);
+    assert_eq!(state(&a).3, 2);
+}
+
+#[test]
+fn tv_j_expandable_segments() {
+    let mut a = alloc("expandable_segments:True", 80 * GIB);
+    let x = a.malloc(5 * MIB, 0).unwrap();
+    // reserved 20 MiB, no cudaMalloc segment, one map, nothing counted as inactive_split.
+    assert_eq!(state(&a), (5_242_880, 20_971_520, 0, 1, 0, 0));
+    let segs = a.segments();
+    assert_eq!(segs.len(), 1);
+    assert!(segs[0].is_expandable);
+    assert_eq!(segs[0].total_size, 20 * MIB);
+    assert_eq!(
+        segs[0]
+            .blocks
+            .iter()
+            .map(|b| (b.size, b.state.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(5 * MIB, "active_allocated"), (15 * MIB, "inactive")]
+    );
+    let y = a.malloc(30 * MIB, 0).unwrap();
+    assert_eq!(state(&a).1, 41_943_040);
+    assert_eq!(state(&a).3, 2);
+    assert_eq!(state(&a).0, 36_700_160);
+    let segs = a.segments();
+    assert_eq!(
+        segs[0].blocks.iter().map(|b| b.size).collect::<Vec<_>>(),
+        vec![5 * MIB, 30 * MIB, 5 * MIB]
+    );
+    a.free(x).unwrap();
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a).1, 0);
+    assert_eq!(a.stats().num_device_free, 1);
+    assert_eq!(a.stats().num_sync_all_streams, 1);
+    assert_eq!(a.device().used(), 0);
+    // Small pool: a 2 MiB page.
+    let mut b = alloc("expandable_segments:True", 80 * GIB);
+    b.malloc(1000, 0).unwrap();
+    assert_eq!(state(&b).1, 2 * MIB as i64);
+}
+
+#[test]
+fn non_expandable_comparison_for_tv_j() {
+    let mut a = default_alloc();
+    a.malloc(5 * MIB, 0).unwrap();
+    a.malloc(30 * MIB, 0).unwrap();
+    assert_eq!(state(&a).1, 52_428_800);
+}
+
+#[test]
+fn textbook_1_2_1_gib_then_3_gib() {
+    let mut a = default_alloc();
+    a.malloc(GIB, 0).unwrap();
+    let two = a.malloc(2 * GIB, 0).unwrap();
+    a.malloc(GIB, 0).unwrap();
+    a.free(two).unwrap();
+    a.malloc(3 * GIB, 0).unwrap();
+    assert_eq!(state(&a).1, 7 * GIB as i64);
+    assert_eq!(state(&a).0, 5 * GIB as i64);
+    assert_eq!(a.stats().num_alloc_retries, 0);
+    // On a 6 GiB device the cached 2 GiB segment is released and the malloc retried.
+    let mut b = alloc("", 6 * GIB);
+    b.malloc(GIB, 0).unwrap();
+    let two = b.malloc(2 * GIB, 0).unwrap();
+    b.malloc(GIB, 0).unwrap();
+    b.free(two).unwrap();
+    b.malloc(3 * GIB, 0).unwrap();
+    assert_eq!(state(&b).1, 5 * GIB as i64);
+    assert_eq!(b.stats().num_alloc_retries, 1);
+    assert_eq!(b.stats().num_ooms, 0);
+}
+
+#[test]
+fn oom_reports_fragmentation_or_capacity() {
+    // 4 x 1 GiB live on a 5 GiB card, every other one freed: 2 GiB cached free but in 1 GiB
+    // segments that can be released, so a 2 GiB request succeeds after the flush.
+    let mut a = alloc("", 5 * GIB);
+    let hs: Vec<_> = (0..4).map(|_| a.malloc(GIB, 0).unwrap()).collect();
+    a.free(hs[0]).unwrap();
+    a.free(hs[2]).unwrap();
+    assert!(a.malloc(2 * GIB, 0).is_ok());
+    // Pinned free space: a 20 MiB segment split by live 5 MiB blocks cannot serve 8 MiB when the
+    // device is full: that is fragmentation.
+    let mut b = alloc("", 20 * MIB);
+    let xs: Vec<_> = (0..4).map(|_| b.malloc(5 * MIB, 0).unwrap()).collect();
+    b.free(xs[0]).unwrap();
+    b.free(xs[2]).unwrap();
+    match b.malloc(8 * MIB, 0) {
+        Err(AllocError::OutOfMemory(info)) => {
+            assert_eq!(info.cause(), "fragmentation");
+            assert_eq!(info.cached_free, 10 * MIB);
+            assert_eq!(info.largest_free_block, 5 * MIB);
+        }
+        other => panic!("expected an OOM, got {other:?}"),
+    }
+    assert_eq!(b.stats().num_ooms, 1);
+    assert_eq!(b.stats().num_alloc_retries, 1);
+    // Real exhaustion.
+    let mut c = alloc("", GIB);
+    match c.malloc(2 * GIB, 0) {
+        Err(AllocError::OutOfMemory(info)) => assert_eq!(info.cause(), "capacity"),
+        other => panic!("expected an OOM, got {other:?}"),
+    }
+}
+
+#[test]
+fn max_split_size_makes_oversize_blocks() {
+    let mut a = alloc("max_split_size_mb:100", 80 * GIB);
+    let big = a.malloc(200 * MIB, 0).unwrap();
+    a.free(big).unwrap();
+    // A small request must not take the oversize block (rule 4a): a new 20 MiB segment.
+    a.malloc(5 * MIB, 0).unwrap();
+    assert_eq!(state(&a).2, 2);
+    // An oversize request reuses it only if it wastes < 20 MiB (rule 4b).
+    a.malloc(150 * MIB, 0).unwrap();
+    assert_eq!(state(&a).2, 3);
+    let s = a.stats();
+    assert_eq!(s.oversize_segments.current, 2);
+    assert_eq!(s.oversize_allocations.current, 1);
+    assert_eq!(s.max_split_size, 100 * MIB as i64);
+    let mut b = alloc("max_split_size_mb:100", 80 * GIB);
+    let big = b.malloc(200 * MIB, 0).unwrap();
+    b.free(big).unwrap();
+    b.malloc(190 * MIB, 0).unwrap();
+    assert_eq!(
+        state(&b).2,
+        1,
+        "190 MiB reuses the 200 MiB block (10 MiB < 20 MiB waste)"
+    );
+    // Oversize blocks are never split.
+    assert_eq!(state(&b).0, 200 * MIB as i64);
+}
+
+#[test]
+fn release_available_cached_blocks_frees_oversize_first() {
+    // 3 cached oversize segments of 100 MiB on a 350 MiB device; a 200 MiB request frees two
+    // of them (largest first) without a full flush: no retry counted.
+    let mut a = alloc("max_split_size_mb:50", 350 * MIB);
+    let hs: Vec<_> = (0..3).map(|_| a.malloc(100 * MIB, 0).unwrap()).collect();
+    for h in hs {
+        a.free(h).unwrap();
+    }
+    a.malloc(200 * MIB, 0).unwrap();
+    assert_eq!(a.stats().num_alloc_retries, 0);
+    assert_eq!(a.stats().num_device_free, 2);
+    assert_eq!(state(&a).1, 300 * MIB as i64);
+}
+
+#[test]
+fn garbage_collection_needs_a_fraction_and_frees_old_segments() {
+    let run = |conf: &str| {
+        let mut a = alloc(conf, GIB);
+        let hs: Vec<_> = (0..6).map(|_| a.malloc(100 * MIB, 0).unwrap()).collect();
+        for h in hs {
+            a.free(h).unwrap();
+        }
+        // A different size misses the cache and triggers GC when reserved > threshold × allowed.
+        a.malloc(300 * MIB, 0).unwrap();
+        a.check_invariants().unwrap();
+        (
+            a.stats().reserved_bytes.all.current,
+            a.stats().num_device_free,
+        )
+    };
+    let (reserved_off, frees_off) = run("garbage_collection_threshold:0.5");
+    assert_eq!((reserved_off, frees_off), (900 * MIB as i64, 0));
+    let (reserved_on, frees_on) =
+        run("garbage_collection_threshold:0.5,per_process_memory_fraction:0.99");
+    assert!(frees_on > 0, "GC freed nothing");
+    assert!(reserved_on < reserved_off);
+}
+
+#[test]
+fn memory_fraction_caps_reserved() {
+    let mut a = alloc("per_process_memory_fraction:0.5", GIB);
+    assert!(a.malloc(400 * MIB, 0).is_ok());
+    match a.malloc(200 * MIB, 0) {
+        Err(AllocError::OutOfMemory(info)) => assert_eq!(info.device_free, 112 * MIB),
+        other => panic!("expected the cap to refuse, got {other:?}"),
+    }
+}
+
+#[test]
+fn expandable_unmaps_partial_pages_only() {
+    let mut a = alloc("expandable_segments:True", 80 * GIB);
+    let x = a.malloc(30 * MIB, 0).unwrap();
+    let y = a.malloc(5 * MIB, 0).unwrap();
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    a.check_invariants().unwrap();
+    // Pages 0..1 (30 MiB at offset 0 spans page 0 fully and half of page 1) : page 0 is unmapped,
+    // the partial page 1 stays with y.
+    assert_eq!(a.stats().reserved_bytes.all.current, 20 * MIB as i64);
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(a.stats().reserved_bytes.all.current, 0);
+    assert_eq!(a.device().used(), 0);
+}
+
+#[test]
+fn empty_cache_never_frees_split_segments() {
+    let mut a = default_alloc();
+    let x = a.malloc(5 * MIB, 0).unwrap();
+    let y = a.malloc(5 * MIB, 0).unwrap();
+    a.free(x).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a).1, 20 * MIB as i64);
+    a.free(y).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a).1, 0);
+}

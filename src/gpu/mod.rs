@@ -1,0 +1,126 @@
+//! The GPU side: allocator policies (PyTorch's caching allocator, no-cache, ideal) over a
+//! [`device::Device`] (simulated everywhere, CUDA where present), and the replay engine.
+
+pub mod baseline;
+pub mod caching;
+pub mod config;
+pub mod device;
+pub mod replay;
+pub mod stats;
+
+use crate::units::format_bytes;
+use device::DeviceError;
+use stats::{DeviceStats, PoolKind};
+
+/// Why an allocation failed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AllocError {
+    /// The policy could not find or create memory for the request: an OOM, which is data.
+    OutOfMemory(OomInfo),
+    /// The device failed in a way that is not out-of-memory: fatal for the run.
+    Device(DeviceError),
+}
+
+impl From<DeviceError> for AllocError {
+    fn from(e: DeviceError) -> Self {
+        AllocError::Device(e)
+    }
+}
+
+/// What the allocator knew when it gave up on a request.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OomInfo {
+    /// The user's byte count.
+    pub requested: u64,
+    /// The rounded size the policy searched for.
+    pub rounded: u64,
+    /// The device allocation it tried ("Tried to allocate X" in PyTorch's message).
+    pub alloc_size: u64,
+    /// Device memory free (or below the memory-fraction cap), after the caches were flushed.
+    pub device_free: u64,
+    /// Free bytes inside the allocator's segments (reserved − allocated).
+    pub cached_free: u64,
+    /// The largest free block inside a segment.
+    pub largest_free_block: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+}
+
+impl OomInfo {
+    /// `fragmentation` when the free bytes (device free + cached free) would have covered the
+    /// request, else `capacity`.
+    pub fn cause(&self) -> &'static str {
+        if self.device_free.saturating_add(self.cached_free) >= self.rounded {
+            "fragmentation"
+        } else {
+            "capacity"
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "Tried to allocate {} ({} requested); {} allocated, {} reserved, {} free in the cache (largest block {}), {} free on the device",
+            format_bytes(self.alloc_size),
+            format_bytes(self.requested),
+            format_bytes(self.allocated),
+            format_bytes(self.reserved),
+            format_bytes(self.cached_free),
+            format_bytes(self.largest_free_block),
+            format_bytes(self.device_free)
+        )
+    }
+}
+
+/// A live allocation's handle inside a policy.
+pub type Handle = u32;
+
+/// One segment as `torch.cuda.memory_snapshot()` shows it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SegmentSnapshot {
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: u64,
+    pub segment_type: String,
+    pub is_expandable: bool,
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct BlockSnapshot {
+    pub size: u64,
+    pub requested_size: u64,
+    /// "active_allocated" or "inactive".
+    pub state: String,
+}
+
+impl SegmentSnapshot {
+    pub fn allocated(&self) -> u64 {
+        self.blocks
+            .iter()
+            .filter(|b| b.state == "active_allocated")
+            .map(|b| b.size)
+            .sum()
+    }
+}
+
+/// A GPU allocation policy under test.
+pub trait GpuAllocator {
+    fn name(&self) -> String;
+    fn malloc(&mut self, bytes: u64, stream: u64) -> Result<Handle, AllocError>;
+    fn free(&mut self, handle: Handle) -> Result<(), DeviceError>;
+    /// `torch.cuda.empty_cache()`.
+    fn empty_cache(&mut self) -> Result<(), DeviceError>;
+    fn stats(&self) -> &DeviceStats;
+    /// Segments in address order with their blocks.
+    fn segments(&self) -> Vec<SegmentSnapshot>;
+    /// Bytes in the largest free block inside a segment.
+    fn largest_free_block(&self) -> u64;
+    fn device_description(&self) -> String;
+}
+
+pub(crate) fn pool_name(p: PoolKind) -> String {
+    match p {
+        PoolKind::Small => "small".into(),
+        PoolKind::Large => "large".into(),
+    }
+}

@@ -1,0 +1,304 @@
+//! Replays an event stream through a GPU allocator and measures it.
+//!
+//! Every allocator sees the identical stream: with `--on-oom continue` a failed allocation is
+//! remembered and its later free skipped, so an OOM never reshapes the stream.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use serde::{Deserialize, Serialize};
+
+use super::{AllocError, GpuAllocator, Handle, SegmentSnapshot};
+use crate::error::InputError;
+use crate::event::Event;
+use crate::results::SizeHistogram;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOom {
+    /// Stop at the first OOM (what a training job does).
+    Stop,
+    /// Record the OOM, skip the allocation (and its free) and go on.
+    Continue,
+}
+
+/// Set by Ctrl-C: replays stop at the next check and return what they measured so far.
+pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+pub struct ReplayOptions {
+    pub on_oom: OnOom,
+    /// Also sample the timeline every N events (besides every step).
+    pub sample_every_events: Option<u64>,
+    /// The timeline is thinned (every other point dropped) whenever it reaches twice this.
+    pub max_timeline_points: usize,
+    pub progress: Option<indicatif::ProgressBar>,
+}
+
+impl Default for ReplayOptions {
+    fn default() -> Self {
+        ReplayOptions {
+            on_oom: OnOom::Stop,
+            sample_every_events: None,
+            max_timeline_points: 2000,
+            progress: None,
+        }
+    }
+}
+
+/// The first OOM of a run (`"oom"` in the JSON results; a contract).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OomRecord {
+    /// 0-based index of the trace's data row (of the generated event).
+    pub event: u64,
+    /// The step the event belongs to (0 = before the first step marker).
+    pub step: u64,
+    /// The user's byte count.
+    pub requested: u64,
+    pub rounded: u64,
+    pub alloc_size: u64,
+    /// Free bytes inside the allocator's segments.
+    pub cached_free: u64,
+    pub device_free: u64,
+    pub largest_free_block: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+    /// "fragmentation" when device free + cached free would have covered the request, else "capacity".
+    pub cause: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    pub event: u64,
+    pub step: u64,
+    pub allocated: u64,
+    pub reserved: u64,
+    pub active: u64,
+    pub live: u64,
+}
+
+/// What a replay measured.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ReplayOutcome {
+    pub events: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub steps: u64,
+    pub last_step: u64,
+    pub bytes_requested: u64,
+    pub live_bytes_end: u64,
+    pub peak_live_bytes: u64,
+    pub peak_reserved: u64,
+    pub allocated_at_peak_reserved: u64,
+    pub ooms: u64,
+    pub oom: Option<OomRecord>,
+    pub interrupted: bool,
+    pub elapsed_s: f64,
+    pub timeline: Vec<TimelinePoint>,
+    pub segments_at_peak: Vec<SegmentSnapshot>,
+    /// (smallest size of the log2 bucket, allocations in it).
+    pub size_histogram: Vec<(u64, u64)>,
+}
+
+impl ReplayOutcome {
+    pub fn events_per_s(&self) -> f64 {
+        if self.elapsed_s > 0.0 {
+            self.events as f64 / self.elapsed_s
+        } else {
+            0.0
+        }
+    }
+
+    /// 1 − allocated/reserved at peak reserved.
+    pub fn fragmentation_at_peak(&self) -> f64 {
+        if self.peak_reserved == 0 {
+            0.0
+        } else {
+            1.0 - self.allocated_at_peak_reserved as f64 / self.peak_reserved as f64
+        }
+    }
+
+    /// Peak reserved ÷ peak live bytes (1.0 is the physical limit).
+    pub fn overhead(&self) -> f64 {
+        if self.peak_live_bytes == 0 {
+            0.0
+        } else {
+            self.peak_reserved as f64 / self.peak_live_bytes as f64
+        }
+    }
+}
+
+/// Events between snapshots of the segment map when reserved keeps reaching new peaks.
+const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
+const CHECK_EVERY_EVENTS: u64 = 1 << 16;
+
+/// Replays `events` through `alloc`. Bad input (a free of an id that is not live) is an error
+/// naming the event; an OOM is a result.
+pub fn replay<A: GpuAllocator + ?Sized>(
+    alloc: &mut A,
+    events: impl Iterator<Item = anyhow::Result<Event>>,
+    opts: &ReplayOptions,
+) -> anyhow::Result<ReplayOutcome> {
+    let start = Instant::now();
+    let mut out = ReplayOutcome::default();
+    let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
+    let mut failed: FxHashSet<u64> = FxHashSet::default();
+    let mut live: u64 = 0;
+    let mut step: u64 = 0;
+    let mut stride_steps: u64 = 1;
+    let mut stride_events = opts.sample_every_events.unwrap_or(0);
+    let mut last_snapshot_event: Option<u64> = None;
+    let mut snapshot_pending = false;
+    let mut index: u64 = 0;
+    let mut sizes = SizeHistogram::default();
+
+    let sample = |a: &A, index: u64, step: u64, live: u64| {
+        let s = a.stats();
+        TimelinePoint {
+            event: index,
+            step,
+            allocated: s.allocated_bytes.all.current as u64,
+            reserved: s.reserved_bytes.all.current as u64,
+            active: s.active_bytes.all.current as u64,
+            live,
+        }
+    };
+    out.timeline.push(sample(alloc, 0, 0, 0));
+
+    for ev in events {
+        let ev = ev?;
+        match ev {
+            Event::Alloc { id, bytes, stream } => {
+                out.allocs += 1;
+                out.bytes_requested += bytes;
+                sizes.record(bytes);
+                match alloc.malloc(bytes, stream) {
+                    Ok(h) => {
+                        if handles.insert(id, (h, bytes)).is_some() {
+                            return Err(InputError::new(
+                                format!("event {index}"),
+                                format!("alloc of id {id}, which is still live"),
+                            )
+                            .into());
+                        }
+                        live += bytes;
+                        out.peak_live_bytes = out.peak_live_bytes.max(live);
+                        let s = alloc.stats();
+                        let reserved = s.reserved_bytes.all.current as u64;
+                        // Fragmentation at peak reserved uses the fullest moment of the peak
+                        // plateau: the most that was allocated while reserved stood at its peak.
+                        let allocated = s.allocated_bytes.all.current as u64;
+                        if reserved > out.peak_reserved {
+                            snapshot_pending = true;
+                            out.peak_reserved = reserved;
+                            out.allocated_at_peak_reserved = allocated;
+                        } else if reserved == out.peak_reserved
+                            && allocated > out.allocated_at_peak_reserved
+                        {
+                            out.allocated_at_peak_reserved = allocated;
+                        }
+                        if snapshot_pending
+                            && last_snapshot_event.is_none_or(|e| index - e >= SNAPSHOT_GAP_EVENTS)
+                        {
+                            out.segments_at_peak = alloc.segments();
+                            last_snapshot_event = Some(index);
+                            snapshot_pending = false;
+                        }
+                    }
+                    Err(AllocError::OutOfMemory(info)) => {
+                        out.ooms += 1;
+                        if out.oom.is_none() {
+                            out.oom = Some(OomRecord {
+                                event: index,
+                                step,
+                                requested: info.requested,
+                                rounded: info.rounded,
+                                alloc_size: info.alloc_size,
+                                cached_free: info.cached_free,
+                                device_free: info.device_free,
+                                largest_free_block: info.largest_free_block,
+                                reserved: info.reserved,
+                                allocated: info.allocated,
+                                cause: info.cause().to_string(),
+                            });
+                        }
+                        if opts.on_oom == OnOom::Stop {
+                            out.events = index + 1;
+                            break;
+                        }
+                        failed.insert(id);
+                    }
+                    Err(AllocError::Device(e)) => {
+                        anyhow::bail!("device error at event {index}: {e}")
+                    }
+                }
+            }
+            Event::Free { id } => {
+                out.frees += 1;
+                match handles.remove(&id) {
+                    Some((h, bytes)) => {
+                        alloc
+                            .free(h)
+                            .map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?;
+                        live -= bytes;
+                    }
+                    None => {
+                        if !failed.remove(&id) {
+                            return Err(InputError::new(
+                                format!("event {index}"),
+                                format!("free of id {id}, which is not live"),
+                            )
+                            .into());
+                        }
+                    }
+                }
+            }
+            Event::EmptyCache => alloc
+                .empty_cache()
+                .map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?,
+            Event::Step { n } => {
+                out.steps += 1;
+                if snapshot_pending {
+                    out.segments_at_peak = alloc.segments();
+                    last_snapshot_event = Some(index);
+                    snapshot_pending = false;
+                }
+                if out.steps.is_multiple_of(stride_steps) {
+                    out.timeline.push(sample(alloc, index, step, live));
+                }
+                step = n;
+            }
+        }
+        index += 1;
+        if stride_events > 0 && index.is_multiple_of(stride_events) {
+            out.timeline.push(sample(alloc, index, step, live));
+        }
+        if out.timeline.len() >= 2 * opts.max_timeline_points.max(1) {
+            let thinned: Vec<TimelinePoint> = out.timeline.iter().step_by(2).copied().collect();
+            out.timeline = thinned;
+            stride_steps *= 2;
+            stride_events *= 2;
+        }
+        if index.is_multiple_of(CHECK_EVERY_EVENTS) {
+            if let Some(pb) = &opts.progress {
+                pb.set_position(index);
+            }
+            if INTERRUPTED.load(Ordering::Relaxed) {
+                out.interrupted = true;
+                break;
+            }
+        }
+    }
+    if out.events == 0 {
+        out.events = index;
+    }
+    if snapshot_pending || out.segments_at_peak.is_empty() {
+        out.segments_at_peak = alloc.segments();
+    }
+    out.timeline.push(sample(alloc, out.events, step, live));
+    out.last_step = step;
+    out.live_bytes_end = live;
+    out.size_histogram = sizes.buckets();
+    out.elapsed_s = start.elapsed().as_secs_f64();
+    Ok(out)
+}

@@ -1,0 +1,240 @@
+//! `torch.cuda.memory_stats()` bookkeeping, with PyTorch's key names and semantics.
+
+use std::collections::BTreeMap;
+
+/// One `{current, peak, allocated, freed}` counter. `increase` raises the peak; `decrease` never
+/// lowers it (c10 `Stat::increase/decrease`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stat {
+    pub current: i64,
+    pub peak: i64,
+    pub allocated: i64,
+    pub freed: i64,
+}
+
+impl Stat {
+    #[inline]
+    pub fn increase(&mut self, amount: u64) {
+        self.current += amount as i64;
+        self.peak = self.peak.max(self.current);
+        self.allocated += amount as i64;
+    }
+
+    #[inline]
+    pub fn decrease(&mut self, amount: u64) {
+        self.current -= amount as i64;
+        self.freed += amount as i64;
+    }
+
+    fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+
+    fn reset_accumulated(&mut self) {
+        self.allocated = 0;
+        self.freed = 0;
+    }
+}
+
+/// Which pool a counter update belongs to, besides `all`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PoolKind {
+    Small = 0,
+    Large = 1,
+}
+
+impl PoolKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            PoolKind::Small => "small_pool",
+            PoolKind::Large => "large_pool",
+        }
+    }
+}
+
+/// A StatArray: `all`, `small_pool`, `large_pool`. Every update applies to `all` and the pool.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatArray {
+    pub all: Stat,
+    pub small: Stat,
+    pub large: Stat,
+}
+
+impl StatArray {
+    #[inline]
+    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all.increase(amount);
+        self.pool_mut(pool).increase(amount);
+    }
+
+    #[inline]
+    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.all.decrease(amount);
+        self.pool_mut(pool).decrease(amount);
+    }
+
+    #[inline]
+    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
+        match pool {
+            PoolKind::Small => &mut self.small,
+            PoolKind::Large => &mut self.large,
+        }
+    }
+
+    fn each_mut(&mut self) -> [&mut Stat; 3] {
+        [&mut self.all, &mut self.small, &mut self.large]
+    }
+}
+
+/// The allocator's statistics, as `DeviceStats` in c10.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub allocation: StatArray,
+    pub segment: StatArray,
+    pub active: StatArray,
+    pub inactive_split: StatArray,
+    pub allocated_bytes: StatArray,
+    pub reserved_bytes: StatArray,
+    pub active_bytes: StatArray,
+    pub inactive_split_bytes: StatArray,
+    pub requested_bytes: StatArray,
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    pub num_sync_all_streams: i64,
+    pub num_device_alloc: i64,
+    pub num_device_free: i64,
+    /// `max_split_size` as captured at creation; SIZE_MAX shows as −1.
+    pub max_split_size: i64,
+}
+
+impl DeviceStats {
+    fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+        [
+            ("allocation", &self.allocation),
+            ("segment", &self.segment),
+            ("active", &self.active),
+            ("inactive_split", &self.inactive_split),
+            ("allocated_bytes", &self.allocated_bytes),
+            ("reserved_bytes", &self.reserved_bytes),
+            ("active_bytes", &self.active_bytes),
+            ("inactive_split_bytes", &self.inactive_split_bytes),
+            ("requested_bytes", &self.requested_bytes),
+        ]
+    }
+
+    /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (122 keys).
+    pub fn to_torch_map(&self) -> BTreeMap<String, i64> {
+        let mut out = BTreeMap::new();
+        let mut put_stat = |prefix: &str, s: &Stat| {
+            out.insert(format!("{prefix}.current"), s.current);
+            out.insert(format!("{prefix}.peak"), s.peak);
+            out.insert(format!("{prefix}.allocated"), s.allocated);
+            out.insert(format!("{prefix}.freed"), s.freed);
+        };
+        for (name, arr) in self.arrays() {
+            put_stat(&format!("{name}.all"), &arr.all);
+            put_stat(&format!("{name}.small_pool"), &arr.small);
+            put_stat(&format!("{name}.large_pool"), &arr.large);
+        }
+        put_stat("oversize_allocations", &self.oversize_allocations);
+        put_stat("oversize_segments", &self.oversize_segments);
+        out.insert("num_alloc_retries".into(), self.num_alloc_retries);
+        out.insert("num_ooms".into(), self.num_ooms);
+        out.insert("max_split_size".into(), self.max_split_size);
+        out.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
+        out.insert("num_device_alloc".into(), self.num_device_alloc);
+        out.insert("num_device_free".into(), self.num_device_free);
+        out
+    }
+
+    /// `torch.cuda.reset_peak_memory_stats()`.
+    pub fn reset_peak(&mut self) {
+        for arr in self.all_arrays_mut() {
+            for s in arr.each_mut() {
+                s.reset_peak();
+            }
+        }
+        self.oversize_allocations.reset_peak();
+        self.oversize_segments.reset_peak();
+    }
+
+    /// `torch.cuda.reset_accumulated_memory_stats()`.
+    pub fn reset_accumulated(&mut self) {
+        for arr in self.all_arrays_mut() {
+            for s in arr.each_mut() {
+                s.reset_accumulated();
+            }
+        }
+        self.oversize_allocations.reset_accumulated();
+        self.oversize_segments.reset_accumulated();
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
+    fn all_arrays_mut(&mut self) -> [&mut StatArray; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torch_map_has_all_122_keys() {
+        let m = DeviceStats {
+            max_split_size: -1,
+            ..Default::default()
+        }
+        .to_torch_map();
+        assert_eq!(m.len(), 122);
+        assert!(m.contains_key("allocated_bytes.all.current"));
+        assert!(m.contains_key("inactive_split_bytes.small_pool.freed"));
+        assert!(m.contains_key("oversize_segments.peak"));
+        assert_eq!(m["max_split_size"], -1);
+    }
+
+    #[test]
+    fn peak_survives_decrease_and_resets() {
+        let mut s = DeviceStats::default();
+        s.allocated_bytes.increase(PoolKind::Large, 100);
+        s.allocated_bytes.decrease(PoolKind::Large, 60);
+        assert_eq!(
+            s.allocated_bytes.all,
+            Stat {
+                current: 40,
+                peak: 100,
+                allocated: 100,
+                freed: 60
+            }
+        );
+        assert_eq!(s.allocated_bytes.small, Stat::default());
+        s.reset_peak();
+        assert_eq!(s.allocated_bytes.large.peak, 40);
+        s.reset_accumulated();
+        assert_eq!(
+            s.allocated_bytes.all,
+            Stat {
+                current: 40,
+                peak: 40,
+                allocated: 0,
+                freed: 0
+            }
+        );
+    }
+}

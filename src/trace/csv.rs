@@ -1,0 +1,378 @@
+//! The CSV trace format, v1 (a contract: other tools read and write it).
+//!
+//! ```text
+//! # comment lines start with '#'
+//! op,id,bytes,stream
+//! alloc,1,1048576,0
+//! step,1,,
+//! free,1,,
+//! empty_cache,,,
+//! ```
+//! `id` names a live allocation (reusable after its free); `bytes` is required for `alloc`;
+//! `stream` is optional (default 0). For `step`, the `id` column holds the step number.
+//! Reading is streamed: memory is bounded by the number of live ids, not the file's length.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+
+use rustc_hash::FxHashSet;
+
+use crate::error::InputError;
+use crate::event::Event;
+use crate::units::MAX_SANE_BYTES;
+
+pub const HEADER: &str = "op,id,bytes,stream";
+/// Lines longer than this are not a trace (a binary file, say); stop before reading gigabytes.
+const MAX_LINE_BYTES: usize = 4096;
+
+/// Streams events out of a CSV trace, checking each line; errors name `file:line`.
+pub struct TraceReader<R> {
+    input: R,
+    name: String,
+    line_no: u64,
+    seen_header: bool,
+    live: FxHashSet<u64>,
+    buf: Vec<u8>,
+    failed: bool,
+}
+
+/// Opens a trace file for streaming.
+pub fn read_trace(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
+    let file = File::open(path).map_err(|e| {
+        InputError::new(
+            path.display().to_string(),
+            format!("cannot open trace: {e}"),
+        )
+    })?;
+    Ok(TraceReader::new(
+        BufReader::with_capacity(1 << 16, file),
+        path.display().to_string(),
+    ))
+}
+
+impl<R: BufRead> TraceReader<R> {
+    pub fn new(input: R, name: impl Into<String>) -> Self {
+        TraceReader {
+            input,
+            name: name.into(),
+            line_no: 0,
+            seen_header: false,
+            live: FxHashSet::default(),
+            buf: Vec::with_capacity(128),
+            failed: false,
+        }
+    }
+
+    fn err(&self, msg: impl Into<String>) -> anyhow::Error {
+        InputError::new(format!("{}:{}", self.name, self.line_no), msg).into()
+    }
+
+    /// Ids allocated and not yet freed when the trace ended (or so far).
+    pub fn live_ids(&self) -> usize {
+        self.live.len()
+    }
+
+    fn next_line(&mut self) -> Result<Option<()>, anyhow::Error> {
+        self.buf.clear();
+        let n = (&mut self.input)
+            .take(MAX_LINE_BYTES as u64 + 1)
+            .read_until(b'\n', &mut self.buf)
+            .map_err(|e| InputError::new(&self.name, format!("read error: {e}")))?;
+        if n == 0 {
+            return Ok(None);
+        }
+        self.line_no += 1;
+        if self.buf.len() > MAX_LINE_BYTES && !self.buf.ends_with(b"\n") {
+            return Err(self.err(format!(
+                "line longer than {MAX_LINE_BYTES} bytes: not a trace file"
+            )));
+        }
+        Ok(Some(()))
+    }
+
+    fn parse_line(&mut self) -> Result<Option<Event>, anyhow::Error> {
+        let text = match std::str::from_utf8(&self.buf) {
+            Ok(t) => t.trim_end_matches(['\n', '\r']).trim(),
+            Err(_) => return Err(self.err("not valid UTF-8 text")),
+        };
+        if text.is_empty() || text.starts_with('#') {
+            return Ok(None);
+        }
+        if !self.seen_header {
+            let normalized: String = text.chars().filter(|c| !c.is_whitespace()).collect();
+            if normalized != HEADER {
+                return Err(self.err(format!(
+                    "expected the header '{HEADER}', found '{}'",
+                    clip(text)
+                )));
+            }
+            self.seen_header = true;
+            return Ok(None);
+        }
+        let mut fields = text.split(',').map(str::trim);
+        let op = fields.next().unwrap_or("");
+        let id = fields.next().unwrap_or("");
+        let bytes = fields.next().unwrap_or("");
+        let stream = fields.next().unwrap_or("");
+        if fields.next().is_some() {
+            return Err(self.err(format!("more than 4 fields in '{}'", clip(text))));
+        }
+        let event = match op {
+            "alloc" => {
+                let id = self.number(id, "id")?;
+                if bytes.is_empty() {
+                    return Err(self.err("alloc needs a 'bytes' value"));
+                }
+                let bytes = self.number(bytes, "bytes")?;
+                if bytes == 0 {
+                    return Err(self.err("alloc of 0 bytes (sizes must be > 0)"));
+                }
+                if bytes > MAX_SANE_BYTES {
+                    return Err(self.err(format!(
+                        "alloc of {bytes} bytes is over 1 PiB: not a real size"
+                    )));
+                }
+                let stream = if stream.is_empty() {
+                    0
+                } else {
+                    self.number(stream, "stream")?
+                };
+                if !self.live.insert(id) {
+                    return Err(self.err(format!(
+                        "alloc of id {id}, which is still live (free it first)"
+                    )));
+                }
+                Event::Alloc { id, bytes, stream }
+            }
+            "free" => {
+                let id = self.number(id, "id")?;
+                if !self.live.remove(&id) {
+                    return Err(self.err(format!("free of id {id}, which is not live")));
+                }
+                Event::Free { id }
+            }
+            "step" => Event::Step {
+                n: self.number(id, "step number (id column)")?,
+            },
+            "empty_cache" => Event::EmptyCache,
+            other => {
+                return Err(self.err(format!(
+                    "unknown op '{}' (expected alloc, free, step or empty_cache)",
+                    clip(other)
+                )))
+            }
+        };
+        Ok(Some(event))
+    }
+
+    fn number(&self, field: &str, what: &str) -> Result<u64, anyhow::Error> {
+        if field.is_empty() {
+            return Err(self.err(format!("missing {what}")));
+        }
+        field.parse::<u64>().map_err(|_| {
+            self.err(format!(
+                "bad {what} '{}': expected a non-negative integer",
+                clip(field)
+            ))
+        })
+    }
+}
+
+fn clip(s: &str) -> String {
+    if s.chars().count() > 40 {
+        format!("{}…", s.chars().take(40).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+impl<R: BufRead> Iterator for TraceReader<R> {
+    type Item = anyhow::Result<Event>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        loop {
+            let step = self.next_line().and_then(|more| match more {
+                None => Ok(None),
+                Some(()) => self.parse_line().map(Some),
+            });
+            match step {
+                Ok(None) => {
+                    if !self.seen_header {
+                        self.failed = true;
+                        return Some(Err(InputError::new(
+                            &self.name,
+                            format!("empty trace: no '{HEADER}' header"),
+                        )
+                        .into()));
+                    }
+                    return None;
+                }
+                Ok(Some(None)) => continue,
+                Ok(Some(Some(ev))) => return Some(Ok(ev)),
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}
+
+/// Writes events as a v1 CSV trace.
+pub struct TraceWriter<W: Write> {
+    out: W,
+}
+
+impl<W: Write> TraceWriter<W> {
+    /// Writes the comment lines (each prefixed with `# `) and the header.
+    pub fn new(mut out: W, comments: &[String]) -> std::io::Result<Self> {
+        for c in comments {
+            for line in c.lines() {
+                writeln!(out, "# {line}")?;
+            }
+        }
+        writeln!(out, "{HEADER}")?;
+        Ok(TraceWriter { out })
+    }
+
+    pub fn write(&mut self, ev: &Event) -> std::io::Result<()> {
+        match *ev {
+            Event::Alloc { id, bytes, stream } => writeln!(self.out, "alloc,{id},{bytes},{stream}"),
+            Event::Free { id } => writeln!(self.out, "free,{id},,"),
+            Event::EmptyCache => writeln!(self.out, "empty_cache,,,"),
+            Event::Step { n } => writeln!(self.out, "step,{n},,"),
+        }
+    }
+
+    pub fn finish(mut self) -> std::io::Result<W> {
+        self.out.flush()?;
+        Ok(self.out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Vec<anyhow::Result<Event>> {
+        TraceReader::new(text.as_bytes(), "t.csv").collect()
+    }
+
+    #[test]
+    fn reads_the_documented_example() {
+        let evs: Vec<Event> = parse(
+            "# c\nop,id,bytes,stream\nalloc,1,1048576,0\nstep,1,,\nfree,1,,\nempty_cache,,,\n",
+        )
+        .into_iter()
+        .map(|e| e.unwrap())
+        .collect();
+        assert_eq!(
+            evs,
+            vec![
+                Event::Alloc {
+                    id: 1,
+                    bytes: 1 << 20,
+                    stream: 0
+                },
+                Event::Step { n: 1 },
+                Event::Free { id: 1 },
+                Event::EmptyCache
+            ]
+        );
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let cases = [
+            ("op,id,bytes,stream\nfree,7,,\n", "t.csv:2: free of id 7"),
+            (
+                "op,id,bytes,stream\nalloc,1,10,\nalloc,1,10,\n",
+                "t.csv:3: alloc of id 1, which is still live",
+            ),
+            (
+                "op,id,bytes,stream\nalloc,1,-5,\n",
+                "t.csv:2: bad bytes '-5'",
+            ),
+            (
+                "op,id,bytes,stream\nmalloc,1,5,\n",
+                "t.csv:2: unknown op 'malloc'",
+            ),
+            (
+                "op,id,bytes,stream\nalloc,1,0,\n",
+                "t.csv:2: alloc of 0 bytes",
+            ),
+            (
+                "op,id,bytes,stream\nalloc,1,,\n",
+                "t.csv:2: alloc needs a 'bytes' value",
+            ),
+            (
+                "op,id,bytes,stream\nalloc,1,2000000000000000000,\n",
+                "t.csv:2: alloc of 2000000000000000000 bytes is over 1 PiB",
+            ),
+            ("id,op\n", "t.csv:1: expected the header"),
+            ("", "t.csv: empty trace"),
+        ];
+        for (text, want) in cases {
+            let err = parse(text)
+                .into_iter()
+                .find_map(|r| r.err())
+                .unwrap_or_else(|| panic!("no error for {text:?}"));
+            let msg = err.to_string();
+            assert!(msg.starts_with(want), "{msg:?} should start with {want:?}");
+        }
+    }
+
+    #[test]
+    fn non_utf8_is_an_error_not_a_panic() {
+        let bytes = b"op,id,bytes,stream\nalloc,1,\xff\xfe,0\n";
+        let res: Vec<_> = TraceReader::new(&bytes[..], "x.csv").collect();
+        assert!(res
+            .last()
+            .unwrap()
+            .as_ref()
+            .unwrap_err()
+            .to_string()
+            .contains("x.csv:2: not valid UTF-8"));
+    }
+
+    #[test]
+    fn ids_can_be_reused_after_free() {
+        let res = parse("op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nalloc,1,20,3\n");
+        assert!(res.iter().all(|r| r.is_ok()));
+        assert_eq!(
+            res[2].as_ref().unwrap(),
+            &Event::Alloc {
+                id: 1,
+                bytes: 20,
+                stream: 3
+            }
+        );
+    }
+
+    #[test]
+    fn write_then_read_is_identical() {
+        let evs = vec![
+            Event::Step { n: 0 },
+            Event::Alloc {
+                id: 5,
+                bytes: 999,
+                stream: 2,
+            },
+            Event::EmptyCache,
+            Event::Free { id: 5 },
+        ];
+        let mut w = TraceWriter::new(Vec::new(), &["hello\nworld".to_string()]).unwrap();
+        for e in &evs {
+            w.write(e).unwrap();
+        }
+        let buf = w.finish().unwrap();
+        let back: Vec<Event> = TraceReader::new(&buf[..], "rt")
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(back, evs);
+    }
+}

@@ -1,0 +1,5 @@
+//! Reading and writing event traces: our CSV format (v1), and imports from other tools.
+
+pub mod csv;
+
+pub use csv::{read_trace, TraceReader, TraceWriter};

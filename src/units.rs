@@ -1,0 +1,139 @@
+//! Byte quantities: parsing `80GiB`-style strings and printing them for people.
+
+use serde::{Deserialize, Deserializer};
+
+pub const KIB: u64 = 1 << 10;
+pub const MIB: u64 = 1 << 20;
+pub const GIB: u64 = 1 << 30;
+pub const TIB: u64 = 1 << 40;
+pub const PIB: u64 = 1 << 50;
+
+/// Largest size any input may name: anything above 1 PiB is a typo, not a workload.
+pub const MAX_SANE_BYTES: u64 = PIB;
+
+/// Parses `1048576`, `512B`, `4KiB`, `1.5GiB`, `80GB` (SI), `2MB`… into bytes.
+/// Binary units (KiB, MiB, GiB, TiB) are powers of 1024; SI units (kB, MB, GB, TB) powers of 1000.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t.is_empty() {
+        return Err("empty size".into());
+    }
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let num = num.replace('_', "");
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => KIB,
+        "m" | "mib" => MIB,
+        "g" | "gib" => GIB,
+        "t" | "tib" => TIB,
+        "p" | "pib" => PIB,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        "tb" => 1_000_000_000_000,
+        other => return Err(format!(
+            "unknown unit '{other}' in size '{t}' (use B, KiB, MiB, GiB, TiB, or kB, MB, GB, TB)"
+        )),
+    };
+    if num.is_empty() {
+        return Err(format!("size '{t}' has no number"));
+    }
+    let bytes = if num.contains('.') {
+        let v: f64 = num.parse().map_err(|_| format!("'{t}' is not a size"))?;
+        let b = v * mult as f64;
+        if !b.is_finite() || b > u64::MAX as f64 {
+            return Err(format!("size '{t}' is too large"));
+        }
+        b.round() as u64
+    } else {
+        let v: u64 = num.parse().map_err(|_| format!("'{t}' is not a size"))?;
+        v.checked_mul(mult)
+            .ok_or_else(|| format!("size '{t}' is too large"))?
+    };
+    Ok(bytes)
+}
+
+/// Prints bytes with a binary unit and three significant digits: `1.50 GiB`, `512 B`.
+pub fn format_bytes(bytes: u64) -> String {
+    format_bytes_signed(bytes as i128)
+}
+
+pub fn format_bytes_signed(bytes: i128) -> String {
+    let neg = bytes < 0;
+    let b = bytes.unsigned_abs() as f64;
+    let (v, unit) = if b >= PIB as f64 {
+        (b / PIB as f64, "PiB")
+    } else if b >= TIB as f64 {
+        (b / TIB as f64, "TiB")
+    } else if b >= GIB as f64 {
+        (b / GIB as f64, "GiB")
+    } else if b >= MIB as f64 {
+        (b / MIB as f64, "MiB")
+    } else if b >= KIB as f64 {
+        (b / KIB as f64, "KiB")
+    } else {
+        return format!("{}{} B", if neg { "-" } else { "" }, b as u64);
+    };
+    let s = if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    };
+    format!("{}{s} {unit}", if neg { "-" } else { "" })
+}
+
+/// A byte count in a data file: an integer, or a string with a unit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default, serde::Serialize)]
+#[serde(transparent)]
+pub struct Bytes(pub u64);
+
+impl<'de> Deserialize<'de> for Bytes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(i64),
+            Text(String),
+        }
+        match Raw::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(
+                "expected a size: an integer byte count or a string such as \"512MiB\"",
+            )
+        })? {
+            Raw::Int(v) if v < 0 => Err(serde::de::Error::custom(format!(
+                "size must not be negative (got {v})"
+            ))),
+            Raw::Int(v) => Ok(Bytes(v as u64)),
+            Raw::Text(s) => parse_bytes(&s).map(Bytes).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_units() {
+        assert_eq!(parse_bytes("80GiB").unwrap(), 80 * GIB);
+        assert_eq!(parse_bytes("81559MiB").unwrap(), 81_559 * MIB);
+        assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 * GIB / 2);
+        assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_bytes("512").unwrap(), 512);
+        assert!(parse_bytes("12 parsecs").is_err());
+        assert!(parse_bytes("GiB").is_err());
+        assert!(parse_bytes("99999999999999999999GiB").is_err());
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(format_bytes(512), "512 B");
+        assert_eq!(format_bytes(3 * GIB / 2), "1.50 GiB");
+        assert_eq!(format_bytes(20 * MIB), "20.0 MiB");
+    }
+}

@@ -1,0 +1,299 @@
+//! Shared pieces of the model-shaped generators: the event emitter, parameter layouts in
+//! state-dict order, and one transformer block's forward pass as eager PyTorch allocates it.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use rand::RngExt;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, LogNormal};
+
+use super::spec::{Attention, FfnKind, LengthDist, ModelSpec};
+use crate::event::Event;
+
+/// Buffers the events of one phase (a step, a load) so generators stay lazy: memory is bounded
+/// by one phase, never by the workload's length. Ids are handed out in increasing order.
+#[derive(Default)]
+pub struct Emitter {
+    pub queue: VecDeque<Event>,
+    next_id: u64,
+}
+
+impl Emitter {
+    pub fn alloc(&mut self, bytes: u64) -> u64 {
+        self.alloc_on(bytes, 0)
+    }
+
+    pub fn alloc_on(&mut self, bytes: u64, stream: u64) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.queue.push_back(Event::Alloc {
+            id,
+            bytes: bytes.max(1),
+            stream,
+        });
+        id
+    }
+
+    pub fn free(&mut self, id: u64) {
+        self.queue.push_back(Event::Free { id });
+    }
+
+    pub fn free_all(&mut self, ids: impl IntoIterator<Item = u64>) {
+        for id in ids {
+            self.free(id);
+        }
+    }
+
+    pub fn step(&mut self, n: u64) {
+        self.queue.push_back(Event::Step { n });
+    }
+
+    pub fn pop(&mut self) -> Option<Event> {
+        self.queue.pop_front()
+    }
+}
+
+/// Parameter tensors (element counts) in state-dict order, grouped by where they live.
+pub struct ParamLayout {
+    pub elems: Vec<u64>,
+    /// Token (and position) embeddings.
+    pub embed: Range<usize>,
+    /// One range per transformer block.
+    pub layers: Vec<Range<usize>>,
+    /// Final norm and (untied) output projection.
+    pub head: Range<usize>,
+    /// Which tensors are matrices that autocast casts to the compute dtype in forward.
+    pub is_matrix: Vec<bool>,
+}
+
+impl ParamLayout {
+    pub fn new(m: &ModelSpec) -> Self {
+        let (d, f, v) = (m.d_model, m.ffn, m.vocab);
+        let mut t = Tensors {
+            elems: Vec::new(),
+            is_matrix: Vec::new(),
+            lora_rank: m.lora_rank,
+        };
+        t.push(v * d, true);
+        if m.max_positions > 0 {
+            t.push(m.max_positions * d, false);
+        }
+        let embed = 0..t.elems.len();
+        let mut layers = Vec::with_capacity(m.layers as usize);
+        for _ in 0..m.layers {
+            let start = t.elems.len();
+            match m.ffn_kind {
+                FfnKind::Gelu => {
+                    // GPT-2 names: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj.
+                    t.push(d, false);
+                    t.push(d, false);
+                    t.linear(3 * d, d, true);
+                    t.linear(d, d, true);
+                    t.push(d, false);
+                    t.push(d, false);
+                    t.linear(f, d, true);
+                    t.linear(d, f, true);
+                }
+                FfnKind::Swiglu => {
+                    // Llama names: q/k/v/o_proj, gate/up/down_proj, two RMSNorm weights.
+                    for _ in 0..4 {
+                        t.linear(d, d, false);
+                    }
+                    t.linear(f, d, false);
+                    t.linear(f, d, false);
+                    t.linear(d, f, false);
+                    t.push(d, false);
+                    t.push(d, false);
+                }
+            }
+            layers.push(start..t.elems.len());
+        }
+        let head_start = t.elems.len();
+        t.push(d, false);
+        if m.ffn_kind == FfnKind::Gelu {
+            t.push(d, false);
+        }
+        if !m.tied_embeddings {
+            t.push(v * d, true);
+        }
+        let head = head_start..t.elems.len();
+        ParamLayout {
+            elems: t.elems,
+            embed,
+            layers,
+            head,
+            is_matrix: t.is_matrix,
+        }
+    }
+
+    pub fn total_elems(&self) -> u64 {
+        self.elems.iter().sum()
+    }
+}
+
+struct Tensors {
+    elems: Vec<u64>,
+    is_matrix: Vec<bool>,
+    lora_rank: u64,
+}
+
+impl Tensors {
+    fn push(&mut self, elems: u64, matrix: bool) {
+        self.elems.push(elems);
+        self.is_matrix.push(matrix);
+    }
+
+    /// A Linear layer, with LoRA adapters A (r × in) and B (out × r) as PEFT adds them.
+    fn linear(&mut self, out: u64, inp: u64, bias: bool) {
+        self.push(out * inp, true);
+        if bias {
+            self.push(out, false);
+        }
+        if self.lora_rank > 0 {
+            self.push(self.lora_rank * inp, true);
+            self.push(out * self.lora_rank, true);
+        }
+    }
+}
+
+/// Draws sequence lengths; deterministic for a seeded rng.
+pub struct LengthSampler {
+    dist: LengthDist,
+    lognormal: Option<LogNormal<f64>>,
+    cursor: usize,
+}
+
+impl LengthSampler {
+    pub fn new(dist: &LengthDist) -> Self {
+        let lognormal = match dist {
+            LengthDist::Lognormal { median, sigma, .. } => LogNormal::new(median.ln(), *sigma).ok(),
+            _ => None,
+        };
+        LengthSampler {
+            dist: dist.clone(),
+            lognormal,
+            cursor: 0,
+        }
+    }
+
+    pub fn sample(&mut self, rng: &mut ChaCha8Rng) -> u64 {
+        match &self.dist {
+            LengthDist::Uniform { min, max } => rng.random_range(*min..=*max),
+            LengthDist::Lognormal { min, max, .. } => {
+                let x = self
+                    .lognormal
+                    .as_ref()
+                    .map(|d| d.sample(rng))
+                    .unwrap_or(*min as f64);
+                (x.round() as u64).clamp(*min, *max)
+            }
+            LengthDist::List { values } => {
+                let v = values[self.cursor % values.len()];
+                self.cursor += 1;
+                v
+            }
+            LengthDist::Fixed { value } => *value,
+        }
+    }
+}
+
+/// What one block's forward pass keeps for backward.
+pub struct LayerForward {
+    /// (id, bytes) of tensors saved for backward, in allocation order.
+    pub saved: Vec<(u64, u64)>,
+    /// The block's output (the next block's input).
+    pub output: u64,
+}
+
+/// Shapes of one forward pass through a block.
+#[derive(Clone, Copy)]
+pub struct BlockShape<'a> {
+    pub model: &'a ModelSpec,
+    pub batch: u64,
+    pub seq: u64,
+    pub act_bytes: u64,
+    pub attention: Attention,
+    pub dropout: bool,
+}
+
+/// Emits one transformer block's forward pass as eager PyTorch allocates it (WORKLOADS.md):
+/// norm output and statistics, QKV, attention (math: B·H·S² scores, masked scores and softmax;
+/// flash: output and logsumexp), output projection and residual, norm, MLP, residual.
+/// Tensors autograd saves are returned; short-lived temporaries are freed where torch frees them.
+pub fn forward_block(e: &mut Emitter, s: BlockShape<'_>) -> LayerForward {
+    let m = s.model;
+    let (d, f, h) = (m.d_model, m.ffn, m.heads);
+    let t = s.batch * s.seq;
+    let a = s.act_bytes;
+    let mut saved = Vec::with_capacity(20);
+    let mut keep = |e: &mut Emitter, bytes: u64| {
+        let id = e.alloc(bytes);
+        saved.push((id, bytes));
+        id
+    };
+    let layer_norm_stats = |e: &mut Emitter, keep: &mut dyn FnMut(&mut Emitter, u64) -> u64| {
+        if m.ffn_kind == FfnKind::Gelu {
+            keep(e, t * 4); // mean (fp32)
+        }
+        keep(e, t * 4); // rstd (fp32)
+    };
+    keep(e, t * d * a); // norm 1 output
+    layer_norm_stats(e, &mut keep);
+    match m.ffn_kind {
+        FfnKind::Gelu => {
+            keep(e, t * 3 * d * a); // fused QKV projection
+        }
+        FfnKind::Swiglu => {
+            let q = e.alloc(t * d * a);
+            let k = e.alloc(t * d * a);
+            keep(e, t * d * a); // v
+            keep(e, t * d * a); // rotary q
+            keep(e, t * d * a); // rotary k
+            e.free(q);
+            e.free(k);
+        }
+    }
+    match s.attention {
+        Attention::Math => {
+            let scores_bytes = s.batch * h * s.seq * s.seq * a;
+            let scores = e.alloc(scores_bytes);
+            let masked = e.alloc(scores_bytes);
+            e.free(scores);
+            keep(e, scores_bytes); // softmax output
+            e.free(masked);
+            if s.dropout {
+                keep(e, s.batch * h * s.seq * s.seq); // bool dropout mask
+                keep(e, scores_bytes); // dropped probabilities
+            }
+            let ctx = e.alloc(t * d * a);
+            keep(e, t * d * a); // transpose(1, 2).contiguous()
+            e.free(ctx);
+        }
+        Attention::Flash => {
+            keep(e, t * d * a); // output
+            keep(e, s.batch * h * s.seq * 4); // logsumexp (fp32)
+        }
+    }
+    let proj = e.alloc(t * d * a);
+    keep(e, t * d * a); // residual sum
+    e.free(proj);
+    keep(e, t * d * a); // norm 2 output
+    layer_norm_stats(e, &mut keep);
+    match m.ffn_kind {
+        FfnKind::Gelu => {
+            keep(e, t * f * a); // up
+            keep(e, t * f * a); // gelu
+        }
+        FfnKind::Swiglu => {
+            keep(e, t * f * a); // gate
+            keep(e, t * f * a); // up
+            keep(e, t * f * a); // silu(gate)
+            keep(e, t * f * a); // silu(gate) * up
+        }
+    }
+    let down = e.alloc(t * d * a);
+    let output = e.alloc(t * d * a);
+    e.free(down);
+    LayerForward { saved, output }
+}

@@ -1,0 +1,424 @@
+//! The TOML workload format: serde types, loading, and validation with `file:line` errors.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::InputError;
+use crate::units::{Bytes, MAX_SANE_BYTES};
+
+/// A workload definition file (`workloads/*.toml`). Exactly one family table must be present.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkloadFile {
+    pub name: String,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub seed: u64,
+    /// The device this workload is sized for; generators keep peak live bytes under 90 % of it.
+    pub sized_for: Option<Bytes>,
+    pub transformer: Option<TransformerSpec>,
+    pub model_switch: Option<ModelSwitchSpec>,
+    pub serving: Option<ServingSpec>,
+    pub scenario: Option<ScenarioSpec>,
+    pub python_objects: Option<PythonObjectsSpec>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    Fp32,
+    Bf16,
+    Fp16,
+    Int8,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> u64 {
+        match self {
+            Dtype::Fp32 => 4,
+            Dtype::Bf16 | Dtype::Fp16 => 2,
+            Dtype::Int8 => 1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FfnKind {
+    /// GPT-style: up (F×D), GELU, down (D×F), with biases and LayerNorm.
+    Gelu,
+    /// Llama-style: gate and up (F×D), SiLU, down (D×F), no biases, RMSNorm, RoPE.
+    Swiglu,
+}
+
+/// A decoder-only transformer's shape (public configurations; see WORKLOADS.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSpec {
+    #[serde(default)]
+    pub name: String,
+    pub layers: u64,
+    pub d_model: u64,
+    pub heads: u64,
+    pub ffn: u64,
+    pub vocab: u64,
+    #[serde(default = "default_ffn_kind")]
+    pub ffn_kind: FfnKind,
+    /// Learned position embeddings (GPT); 0 for rotary (Llama).
+    #[serde(default)]
+    pub max_positions: u64,
+    /// Output projection shares the token embedding (GPT-2/3) or has its own (Llama).
+    #[serde(default)]
+    pub tied_embeddings: bool,
+    /// LoRA rank: adds A (r×D) and B (D×r) adapter tensors to every attention/MLP matrix.
+    #[serde(default)]
+    pub lora_rank: u64,
+}
+
+fn default_ffn_kind() -> FfnKind {
+    FfnKind::Gelu
+}
+
+/// A sequence-length (or token-count) distribution.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "dist", rename_all = "lowercase", deny_unknown_fields)]
+pub enum LengthDist {
+    Uniform {
+        min: u64,
+        max: u64,
+    },
+    /// Lognormal with the given median and log-space sigma, clamped to [min, max].
+    Lognormal {
+        median: f64,
+        sigma: f64,
+        min: u64,
+        max: u64,
+    },
+    /// Cycles through the list.
+    List {
+        values: Vec<u64>,
+    },
+    Fixed {
+        value: u64,
+    },
+}
+
+impl LengthDist {
+    pub fn max_value(&self) -> u64 {
+        match self {
+            LengthDist::Uniform { max, .. } | LengthDist::Lognormal { max, .. } => *max,
+            LengthDist::List { values } => values.iter().copied().max().unwrap_or(0),
+            LengthDist::Fixed { value } => *value,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Attention {
+    /// Eager math path: scores and softmax of B·H·S·S are materialised and kept.
+    Math,
+    /// Fused SDPA / flash attention: only the output and a B·H·S logsumexp are kept.
+    Flash,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// torch.optim.AdamW(foreach=True): exp_avg/exp_avg_sq plus per-step temporaries.
+    AdamForeach,
+    /// torch.optim.AdamW(fused=True): state only, no temporaries.
+    AdamFused,
+    /// SGD with momentum: one buffer per parameter.
+    SgdMomentum,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformerSpec {
+    pub model: ModelSpec,
+    pub steps: u64,
+    pub batch: u64,
+    pub seq_len: LengthDist,
+    /// Storage dtype of parameters (fp32 under AMP autocast; bf16 for pure-bf16 training).
+    pub param_dtype: Dtype,
+    /// Dtype of activations (autocast's compute dtype).
+    pub activation_dtype: Dtype,
+    /// Dtype of gradients; defaults to the parameter dtype.
+    pub grad_dtype: Option<Dtype>,
+    pub optimizer: Optimizer,
+    /// Dtype of optimizer state (exp_avg, exp_avg_sq, momentum).
+    #[serde(default = "fp32")]
+    pub optimizer_state_dtype: Dtype,
+    /// fp32 master copy of each parameter (classic mixed precision with low-precision params).
+    #[serde(default)]
+    pub master_weights: bool,
+    pub attention: Attention,
+    /// Attention dropout probability > 0 keeps a bool mask and the dropped probabilities.
+    #[serde(default)]
+    pub attention_dropout: f64,
+    /// Activation checkpointing: keep each layer's input, recompute in backward.
+    #[serde(default)]
+    pub checkpointing: bool,
+    /// `zero_grad(set_to_none=True)` (the default since torch 2.0): grads are freed after every
+    /// optimizer step and re-created by the next backward.
+    #[serde(default = "yes")]
+    pub grads_set_to_none: bool,
+    /// Upcast logits to fp32 before the loss (the classic loss-time peak).
+    #[serde(default = "yes")]
+    pub logits_fp32: bool,
+}
+
+fn fp32() -> Dtype {
+    Dtype::Fp32
+}
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    RoundRobin,
+    Random,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSwitchSpec {
+    pub models: Vec<ModelSpec>,
+    pub schedule: Schedule,
+    /// How many times a model is loaded (one residency each).
+    pub switches: u64,
+    /// Inference steps per residency.
+    pub steps_per_model: u64,
+    pub batch: u64,
+    pub seq_len: LengthDist,
+    pub dtype: Dtype,
+    pub attention: Attention,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCache {
+    /// `torch.cat` of the past K/V per layer per token: allocate one token larger, free the old.
+    NaiveCat,
+    /// One max-length K and V buffer per layer per request, allocated at admission.
+    Preallocated,
+    /// Fixed pages of `page_tokens` tokens per layer, allocated as the sequence grows.
+    Paged,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingSpec {
+    pub model: ModelSpec,
+    pub dtype: Dtype,
+    /// Decode iterations to simulate; each is one `step`.
+    pub steps: u64,
+    pub max_batch: u64,
+    /// Mean arrivals per decode step in the calm and burst phases (Poisson).
+    pub calm_rate: f64,
+    pub burst_rate: f64,
+    /// Mean phase lengths in steps (geometric switching between calm and burst).
+    pub mean_calm_steps: f64,
+    pub mean_burst_steps: f64,
+    pub prompt_len: LengthDist,
+    pub output_len: LengthDist,
+    pub kv_cache: KvCache,
+    #[serde(default = "sixteen")]
+    pub page_tokens: u64,
+}
+
+fn sixteen() -> u64 {
+    16
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScenarioSpec {
+    pub events: Vec<ScenarioEvent>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ScenarioEvent {
+    Alloc {
+        id: u64,
+        bytes: Bytes,
+        #[serde(default)]
+        stream: u64,
+    },
+    Free {
+        id: u64,
+    },
+    EmptyCache,
+    Step {
+        n: u64,
+    },
+}
+
+/// The Python-serving-like CPU workload from the allocator literature: many objects of a few
+/// size classes; each iteration allocates `per_iteration`, keeps `keep`, and trims the kept set
+/// to the most recent `trim_to` once it passes `trim_above`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PythonObjectsSpec {
+    pub sizes: Vec<Bytes>,
+    pub iterations: u64,
+    pub per_iteration: u64,
+    pub keep: u64,
+    pub trim_above: u64,
+    pub trim_to: u64,
+}
+
+/// Where a key appears in the source, for error messages: the first line that assigns it.
+pub fn locate_key(source: &str, key: &str) -> Option<usize> {
+    source
+        .lines()
+        .position(|line| {
+            let t = line.trim_start();
+            t.strip_prefix(key)
+                .map(|rest| rest.trim_start().starts_with('='))
+                .unwrap_or(false)
+                || t.contains(&format!("{key} ="))
+                || t.contains(&format!("{key}="))
+        })
+        .map(|i| i + 1)
+}
+
+/// Turns a toml error into one line `file:line: message`.
+pub fn toml_error(file: &str, source: &str, err: &toml::de::Error) -> InputError {
+    let line = err
+        .span()
+        .map(|s| source[..s.start.min(source.len())].matches('\n').count() + 1);
+    let msg = err.message().replace('\n', " ");
+    match line {
+        Some(l) => InputError::new(format!("{file}:{l}"), msg),
+        None => InputError::new(file, msg),
+    }
+}
+
+pub(crate) struct Validator<'a> {
+    pub file: &'a str,
+    pub source: &'a str,
+}
+
+impl Validator<'_> {
+    pub fn fail(&self, field: &str, msg: impl std::fmt::Display) -> InputError {
+        let key = field.rsplit('.').next().unwrap_or(field);
+        let loc = match locate_key(self.source, key) {
+            Some(l) => format!("{}:{l}", self.file),
+            None => self.file.to_string(),
+        };
+        InputError::new(loc, format!("field `{field}`: {msg}"))
+    }
+
+    pub fn positive(&self, field: &str, v: u64, max: u64) -> Result<(), InputError> {
+        if v == 0 {
+            return Err(self.fail(field, "must be > 0"));
+        }
+        if v > max {
+            return Err(self.fail(field, format!("{v} is absurdly large (limit {max})")));
+        }
+        Ok(())
+    }
+
+    pub fn size(&self, field: &str, bytes: u128) -> Result<(), InputError> {
+        if bytes > MAX_SANE_BYTES as u128 {
+            return Err(self.fail(
+                field,
+                format!("implies a tensor of {bytes} bytes, over 1 PiB"),
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn length(&self, field: &str, d: &LengthDist) -> Result<(), InputError> {
+        const LIMIT: u64 = 1 << 24;
+        match d {
+            LengthDist::Uniform { min, max } => {
+                self.positive(field, *min, LIMIT)?;
+                self.positive(field, *max, LIMIT)?;
+                if min > max {
+                    return Err(self.fail(field, format!("min {min} > max {max}")));
+                }
+            }
+            LengthDist::Lognormal {
+                median,
+                sigma,
+                min,
+                max,
+            } => {
+                self.positive(field, *min, LIMIT)?;
+                self.positive(field, *max, LIMIT)?;
+                if min > max {
+                    return Err(self.fail(field, format!("min {min} > max {max}")));
+                }
+                if !(median.is_finite() && *median > 0.0 && sigma.is_finite() && *sigma >= 0.0) {
+                    return Err(self.fail(field, "lognormal needs median > 0 and sigma >= 0"));
+                }
+            }
+            LengthDist::List { values } => {
+                if values.is_empty() {
+                    return Err(self.fail(field, "list needs at least one value"));
+                }
+                for v in values {
+                    self.positive(field, *v, LIMIT)?;
+                }
+            }
+            LengthDist::Fixed { value } => self.positive(field, *value, LIMIT)?,
+        }
+        Ok(())
+    }
+
+    pub fn model(&self, prefix: &str, m: &ModelSpec) -> Result<(), InputError> {
+        self.positive(&format!("{prefix}.layers"), m.layers, 10_000)?;
+        self.positive(&format!("{prefix}.d_model"), m.d_model, 1 << 20)?;
+        self.positive(&format!("{prefix}.heads"), m.heads, 1 << 14)?;
+        self.positive(&format!("{prefix}.ffn"), m.ffn, 1 << 22)?;
+        self.positive(&format!("{prefix}.vocab"), m.vocab, 1 << 24)?;
+        if !m.d_model.is_multiple_of(m.heads) {
+            return Err(self.fail(
+                &format!("{prefix}.heads"),
+                format!(
+                    "d_model {} is not divisible by {} heads",
+                    m.d_model, m.heads
+                ),
+            ));
+        }
+        if m.max_positions > 1 << 24 || m.lora_rank > m.d_model {
+            return Err(self.fail(
+                &format!("{prefix}.max_positions"),
+                "max_positions ≤ 2^24 and lora_rank ≤ d_model",
+            ));
+        }
+        self.size(
+            &format!("{prefix}.vocab"),
+            m.vocab as u128 * m.d_model as u128 * 4,
+        )?;
+        self.size(
+            &format!("{prefix}.ffn"),
+            m.ffn as u128 * m.d_model as u128 * 4,
+        )
+    }
+}
+
+/// Reads a workload file from disk.
+pub fn read_source(path: &Path) -> Result<String, InputError> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        InputError::new(
+            path.display().to_string(),
+            format!("cannot read workload: {e}"),
+        )
+    })?;
+    String::from_utf8(bytes).map_err(|e| {
+        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        InputError::new(format!("{}:{line}", path.display()), "not valid UTF-8 text")
+    })
+}

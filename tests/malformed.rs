@@ -1,0 +1,70 @@
+//! Bad input: one clear line naming the file, line and field; never a panic.
+
+use allocbench::workload::Workload;
+
+const GOOD: &str = r#"
+name = "t"
+seed = 1
+
+[transformer]
+steps = 2
+batch = 1
+seq_len = { dist = "uniform", min = 16, max = 32 }
+param_dtype = "fp32"
+activation_dtype = "bf16"
+optimizer = "adam_foreach"
+attention = "math"
+
+[transformer.model]
+layers = 2
+d_model = 64
+heads = 4
+ffn = 256
+vocab = 100
+"#;
+
+fn err(src: &str) -> String {
+    Workload::parse(src, "w.toml")
+        .expect_err("should be rejected")
+        .to_string()
+}
+
+#[test]
+fn good_workload_parses() {
+    let w = Workload::parse(GOOD, "w.toml").unwrap();
+    assert!(w.events().count() > 100);
+}
+
+#[test]
+fn errors_name_file_line_and_field() {
+    let cases: Vec<(String, &str)> = vec![
+        (GOOD.replace("steps = 2", "steps = 2\nstepz = 3"), "w.toml:7: unknown field `stepz`"),
+        (GOOD.replace("layers = 2", "layers = 0"), "w.toml:15: field `transformer.model.layers`: must be > 0"),
+        (GOOD.replace("batch = 1", "batch = -1"), "w.toml:7: invalid value: integer `-1`"),
+        (GOOD.replace("min = 16, max = 32", "min = 64, max = 32"), "w.toml:8: field `transformer.seq_len`: min 64 > max 32"),
+        (GOOD.replace("d_model = 64", "d_model = 2000000"), "w.toml:16: field `transformer.model.d_model`: 2000000 is absurdly large"),
+        (GOOD.replace("max = 32", "max = 16000000"), "w.toml:8: field `transformer.seq_len`: implies a tensor of"),
+        (GOOD.replace("optimizer = \"adam_foreach\"", "optimizer = \"lion\""), "w.toml:11: unknown variant `lion`"),
+        (GOOD.replace("[transformer]", "[transformer"), "w.toml:5:"),
+        (GOOD[..GOOD.len() / 2].to_string(), "w.toml:"),
+        ("name = \"x\"\n".to_string(), "expected exactly one of the tables"),
+        ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = 0 }]\n".to_string(), "scenario.events[0]: alloc of 0 bytes"),
+        ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"2PiB\" }]\n".to_string(), "scenario.events[0]: alloc of"),
+        ("name = \"x\"\n[scenario]\nevents = [{ op = \"free\", id = 9 }]\n".to_string(), "scenario.events[0]: free of id 9"),
+        ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"5 parsecs\" }]\n".to_string(), "unknown unit"),
+    ];
+    for (src, want) in cases {
+        let e = err(&src);
+        assert!(e.contains(want), "expected {want:?} in {e:?}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}
+
+#[test]
+fn non_utf8_workload_file_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("bad.toml");
+    std::fs::write(&p, b"name = \"x\"\n\xff\xfe\n").unwrap();
+    let e = Workload::load(&p).unwrap_err().to_string();
+    assert!(e.contains("bad.toml:2: not valid UTF-8"), "{e}");
+}

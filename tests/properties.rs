@@ -1,0 +1,159 @@
+//! Property tests: the trace reader never panics; the caching allocator keeps its invariants on
+//! random traces under every configuration family.
+
+use allocbench::event::Event;
+use allocbench::gpu::caching::CachingAllocator;
+use allocbench::gpu::config::AllocatorConfig;
+use allocbench::gpu::device::SimDevice;
+use allocbench::gpu::replay::{replay, OnOom, ReplayOptions};
+use allocbench::gpu::{AllocError, GpuAllocator};
+use allocbench::trace::TraceReader;
+use proptest::prelude::*;
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn trace_reader_never_panics_on_random_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        for r in TraceReader::new(&bytes[..], "fuzz.csv") {
+            if let Err(e) = r {
+                let msg = e.to_string();
+                prop_assert!(msg.starts_with("fuzz.csv"), "{}", msg);
+                prop_assert!(!msg.contains('\n'));
+            }
+        }
+    }
+
+    #[test]
+    fn trace_reader_never_panics_on_mangled_traces(lines in proptest::collection::vec(
+        (prop_oneof!["alloc", "free", "step", "empty_cache", "", "x"], "[0-9-]{0,22}", "[0-9a-z-]{0,22}", "[0-9]{0,3}"), 0..40)) {
+        let mut text = String::from("op,id,bytes,stream\n");
+        for (op, id, bytes, stream) in lines {
+            text += &format!("{op},{id},{bytes},{stream}\n");
+        }
+        let _ = TraceReader::new(text.as_bytes(), "m.csv").count();
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Alloc(u64, u64),
+    Free(usize),
+    EmptyCache,
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let size = prop_oneof![
+        1u64..4096,
+        4096u64..(1 << 20),
+        (1u64 << 20)..(12 << 20),
+        (12u64 << 20)..(300 << 20),
+    ];
+    proptest::collection::vec(
+        prop_oneof![
+            6 => (size, 0u64..3).prop_map(|(b, s)| Op::Alloc(b, s)),
+            5 => any::<usize>().prop_map(Op::Free),
+            1 => Just(Op::EmptyCache),
+        ],
+        1..120,
+    )
+}
+
+const CONFS: [&str; 6] = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "roundup_power2_divisions:[64:8,256:4,>:2]",
+    "garbage_collection_threshold:0.6,per_process_memory_fraction:0.8",
+    "max_split_size_mb:100,expandable_segments:True,max_non_split_rounding_mb:40",
+];
+
+fn run(
+    conf: &str,
+    capacity: u64,
+    ops: &[Op],
+) -> Result<CachingAllocator<SimDevice>, TestCaseError> {
+    let mut a = CachingAllocator::new(
+        AllocatorConfig::parse(conf).unwrap(),
+        SimDevice::new(capacity),
+    );
+    let mut live = Vec::new();
+    for op in ops {
+        match *op {
+            Op::Alloc(bytes, stream) => match a.malloc(bytes, stream) {
+                Ok(h) => live.push(h),
+                Err(AllocError::OutOfMemory(_)) => {}
+                Err(e) => return Err(TestCaseError::fail(format!("{e:?}"))),
+            },
+            Op::Free(i) if !live.is_empty() => {
+                let h = live.swap_remove(i % live.len());
+                a.free(h).unwrap();
+            }
+            Op::Free(_) => {}
+            Op::EmptyCache => {
+                a.empty_cache().unwrap();
+                // After empty_cache no fully free ordinary segment remains.
+                for s in a.segments().iter().filter(|s| !s.is_expandable) {
+                    prop_assert!(
+                        s.blocks.iter().any(|b| b.state == "active_allocated"),
+                        "free segment survived empty_cache"
+                    );
+                }
+            }
+        }
+        a.check_invariants().map_err(TestCaseError::fail)?;
+        // No two live blocks overlap and every block lies inside its segment (address order).
+        let mut spans: Vec<(u64, u64)> = Vec::new();
+        for s in a.segments() {
+            let mut addr = s.address;
+            for b in &s.blocks {
+                spans.push((addr, addr + b.size));
+                addr += b.size;
+            }
+            prop_assert_eq!(addr, s.address + s.total_size);
+        }
+        spans.sort();
+        for w in spans.windows(2) {
+            prop_assert!(w[0].1 <= w[1].0, "overlap {:?}", w);
+        }
+    }
+    // Freeing everything then empty_cache returns reserved to 0.
+    for h in live.drain(..) {
+        a.free(h).unwrap();
+    }
+    a.empty_cache().unwrap();
+    prop_assert_eq!(a.stats().reserved_bytes.all.current, 0);
+    prop_assert_eq!(a.device().used(), 0);
+    Ok(a)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn caching_allocator_invariants(ops in ops(), conf in 0usize..CONFS.len(), small_device in any::<bool>()) {
+        let capacity = if small_device { 400 << 20 } else { 80 << 30 };
+        let a = run(CONFS[conf], capacity, &ops)?;
+        let b = run(CONFS[conf], capacity, &ops)?;
+        // The same trace gives the same stats twice.
+        prop_assert_eq!(a.stats().to_torch_map(), b.stats().to_torch_map());
+    }
+
+    #[test]
+    fn replay_on_oom_continue_never_reshapes_the_stream(ops in ops()) {
+        let mut events = Vec::new();
+        let mut live: Vec<u64> = Vec::new();
+        for (id, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Alloc(bytes, stream) => { events.push(Event::Alloc { id: id as u64, bytes, stream }); live.push(id as u64); }
+                Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); events.push(Event::Free { id }); }
+                _ => events.push(Event::EmptyCache),
+            }
+        }
+        let mut a = CachingAllocator::new(AllocatorConfig::default(), SimDevice::new(200 << 20));
+        let opts = ReplayOptions { on_oom: OnOom::Continue, ..Default::default() };
+        let out = replay(&mut a, events.iter().copied().map(Ok), &opts).unwrap();
+        prop_assert_eq!(out.events, events.len() as u64);
+        prop_assert_eq!(out.ooms as i64, a.stats().num_ooms);
+    }
+}

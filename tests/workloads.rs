@@ -1,0 +1,231 @@
+//! Every shipped workload: valid events, determinism per seed, the documented end state,
+//! the documented peak-live budget, and a lossless CSV round trip.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+
+use allocbench::event::Event;
+use allocbench::trace::{TraceReader, TraceWriter};
+use allocbench::workload::Workload;
+use rustc_hash::FxHashMap;
+
+fn shipped() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "toml"))
+        .collect();
+    v.sort();
+    assert!(v.len() >= 6, "expected the shipped workloads, found {v:?}");
+    v
+}
+
+struct Walk {
+    events: u64,
+    live_end: u64,
+    live_count_end: usize,
+    peak_live: u64,
+    hash: u64,
+    steps: u64,
+}
+
+/// Checks every event against the live set (no double alloc, no free of a dead id).
+fn walk(w: &Workload) -> Walk {
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut cur = 0u64;
+    let mut peak = 0u64;
+    let mut h = DefaultHasher::new();
+    let mut n = 0u64;
+    let mut steps = 0u64;
+    for ev in w.events() {
+        ev.hash(&mut h);
+        n += 1;
+        match ev {
+            Event::Alloc { id, bytes, .. } => {
+                assert!(
+                    bytes > 0 && bytes <= 1 << 50,
+                    "{}: bad size {bytes}",
+                    w.file.name
+                );
+                assert!(
+                    live.insert(id, bytes).is_none(),
+                    "{}: id {id} allocated twice",
+                    w.file.name
+                );
+                cur += bytes;
+                peak = peak.max(cur);
+            }
+            Event::Free { id } => {
+                let b = live
+                    .remove(&id)
+                    .unwrap_or_else(|| panic!("{}: free of dead id {id}", w.file.name));
+                cur -= b;
+            }
+            Event::Step { .. } => steps += 1,
+            Event::EmptyCache => {}
+        }
+    }
+    Walk {
+        events: n,
+        live_end: cur,
+        live_count_end: live.len(),
+        peak_live: peak,
+        hash: h.finish(),
+        steps,
+    }
+}
+
+#[test]
+fn shipped_workloads_are_valid_deterministic_and_within_budget() {
+    for path in shipped() {
+        let w = Workload::load(&path).unwrap();
+        let a = walk(&w);
+        let b = walk(&w);
+        assert!(a.events > 0, "{path:?} produced no events");
+        assert_eq!(a.hash, b.hash, "{path:?} is not deterministic");
+        if let Some(budget) = w.file.sized_for {
+            let limit = budget.0 / 10 * 9;
+            assert!(
+                a.peak_live <= limit,
+                "{path:?}: peak live {} over 90% of {}",
+                a.peak_live,
+                budget.0
+            );
+        }
+        // Documented end states.
+        match w.kind() {
+            "transformer" => {
+                let t = w.file.transformer.as_ref().unwrap();
+                let layout = allocbench::workload::model::ParamLayout::new(&t.model);
+                let params = layout.total_elems();
+                let state_per = match t.optimizer {
+                    allocbench::workload::spec::Optimizer::SgdMomentum => 1,
+                    _ => 2,
+                } * t.optimizer_state_dtype.bytes();
+                let mut expect = params
+                    * (t.param_dtype.bytes() + state_per + if t.master_weights { 4 } else { 0 });
+                if !t.grads_set_to_none {
+                    expect += params * t.grad_dtype.unwrap_or(t.param_dtype).bytes();
+                }
+                assert_eq!(
+                    a.live_end, expect,
+                    "{path:?}: only parameters and optimizer state stay live"
+                );
+                assert_eq!(a.steps, t.steps);
+            }
+            "model_switch" => assert_eq!(a.live_count_end, 0, "{path:?}: everything is unloaded"),
+            "serving" => {
+                let s = w.file.serving.as_ref().unwrap();
+                let weights = allocbench::workload::model::ParamLayout::new(&s.model).total_elems()
+                    * s.dtype.bytes();
+                assert_eq!(a.live_end, weights, "{path:?}: only the weights stay live");
+            }
+            "python_objects" => {
+                let p = w.file.python_objects.as_ref().unwrap();
+                assert!(
+                    a.live_count_end as u64 <= p.trim_above,
+                    "{path:?}: kept set bounded"
+                );
+                assert!(a.live_count_end > 0);
+            }
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn seven_b_preset_matches_its_documented_numbers() {
+    let w = Workload::load(&PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/workloads/llama2-7b-80g.toml"
+    )))
+    .unwrap();
+    let t = w.file.transformer.as_ref().unwrap();
+    let params = allocbench::workload::model::ParamLayout::new(&t.model).total_elems();
+    assert!(
+        (6.7e9..6.8e9).contains(&(params as f64)),
+        "Llama-2-7B has 6.74e9 parameters, got {params}"
+    );
+    let peak = walk(&w).peak_live;
+    // Persistent 8 B/param ≈ 50.2 GiB; the file documents a peak of about 58 GiB.
+    let gib = (1u64 << 30) as f64;
+    assert!(
+        peak as f64 / gib > 50.0 && (peak as f64 / gib) < 72.0,
+        "peak live {:.1} GiB",
+        peak as f64 / gib
+    );
+}
+
+#[test]
+fn seeds_change_randomised_workloads() {
+    for name in [
+        "gpt3-xl-1.3b.toml",
+        "serving-llama7b.toml",
+        "model-switch.toml",
+        "python-objects.toml",
+    ] {
+        let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads")).join(name);
+        let src = std::fs::read_to_string(&path).unwrap();
+        let a = Workload::parse(&src, name).unwrap();
+        let b = Workload::parse(&src.replacen("seed = ", "seed = 99", 1), name).unwrap();
+        assert_ne!(
+            walk(&a).hash,
+            walk(&b).hash,
+            "{name}: the seed has no effect"
+        );
+    }
+}
+
+#[test]
+fn trace_round_trip_is_identical() {
+    for path in shipped() {
+        let w = Workload::load(&path).unwrap();
+        let events: Vec<Event> = w.events().take(200_000).collect();
+        // A truncated generator may stop with ids live; the trace format allows that.
+        let mut writer = TraceWriter::new(Vec::new(), &["round trip".into()]).unwrap();
+        for e in &events {
+            writer.write(e).unwrap();
+        }
+        let bytes = writer.finish().unwrap();
+        let back: Vec<Event> = TraceReader::new(&bytes[..], "rt.csv")
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(back, events, "{path:?}");
+    }
+}
+
+#[test]
+fn textbook_scenarios_have_the_literature_shapes() {
+    let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads"));
+    let w = Workload::load(&dir.join("scenario-1-2-1-gib.toml")).unwrap();
+    let allocs: Vec<u64> = w
+        .events()
+        .filter_map(|e| {
+            if let Event::Alloc { bytes, .. } = e {
+                Some(bytes >> 30)
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(allocs, vec![1, 2, 1, 3]);
+    let w = Workload::load(&dir.join("scenario-sawtooth.toml")).unwrap();
+    let sizes: Vec<u64> = w
+        .events()
+        .filter_map(|e| {
+            if let Event::Alloc { bytes, .. } = e {
+                Some(bytes >> 20)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let pattern = [10, 50, 10, 100, 10, 200, 10, 50, 10, 100];
+    assert_eq!(&sizes[..30], &pattern.repeat(3)[..]);
+    assert_eq!(
+        walk(&w).live_count_end,
+        16,
+        "15 survivors and the large one"
+    );
+}
