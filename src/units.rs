@@ -34,9 +34,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "unknown unit '{other}' in size '{t}' (use B, KiB, MiB, GiB, TiB, or kB, MB, GB, TB)"
-        )),
+        ))
+        }
     };
     if num.is_empty() {
         return Err(format!("size '{t}' has no number"));
