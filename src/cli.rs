@@ -42,6 +42,69 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Replay a workload through every allocator x conf and print a comparison table.
     Run(RunArgs),
+    /// Drive real CPU allocators (glibc, jemalloc, mimalloc; tcmalloc via --preload) with a workload.
+    Cpu(CpuArgs),
+    /// Print which malloc really serves this process (JSON), e.g. under LD_PRELOAD.
+    MallocInfo,
+}
+
+#[derive(Args, Debug)]
+pub struct CpuArgs {
+    /// A workload (.toml) or trace (.csv).
+    pub input: PathBuf,
+    /// system (the process's malloc: glibc, or what LD_PRELOAD put there), jemalloc, mimalloc, or all.
+    #[arg(long, default_value = "all")]
+    pub allocator: String,
+    /// Worker threads, each replaying the workload.
+    #[arg(long, default_value_t = 1)]
+    pub threads: usize,
+    /// Producer/consumer: each worker's frees are done by the next worker (larson-style).
+    #[arg(long)]
+    pub cross_thread: bool,
+    /// Multiply every size by this (e.g. 1/256 to fit GPU-sized workloads in host memory).
+    #[arg(long, default_value = "1", value_parser = parse_scale)]
+    pub scale: f64,
+    /// Run for this many seconds, repeating the workload.
+    #[arg(long, conflicts_with = "iterations")]
+    pub duration: Option<f64>,
+    /// Run this many iterations (steps), repeating the workload.
+    #[arg(long)]
+    pub iterations: Option<u64>,
+    /// RSS sampling period in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub sample_ms: u64,
+    /// Do not write to the blocks: times the allocator alone (RSS then shows only what it maps).
+    #[arg(long)]
+    pub no_touch: bool,
+    /// Run under LD_PRELOAD of this allocator (jemalloc, tcmalloc, mimalloc, or a .so path).
+    #[arg(long)]
+    pub preload: Option<String>,
+    /// Refuse to run unless this allocator (glibc, jemalloc, tcmalloc, mimalloc) serves malloc.
+    #[arg(long)]
+    pub expect_malloc: Option<String>,
+    /// Write results: one JSON document for one allocator, JSON Lines for several ('-' = stdout).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Append each run's results to this JSON Lines file as it finishes.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+}
+
+fn parse_scale(s: &str) -> Result<f64, String> {
+    let v = match s.split_once('/') {
+        Some((a, b)) => {
+            let a: f64 = a.trim().parse().map_err(|_| format!("bad scale '{s}'"))?;
+            let b: f64 = b.trim().parse().map_err(|_| format!("bad scale '{s}'"))?;
+            a / b
+        }
+        None => s.trim().parse().map_err(|_| {
+            format!("bad scale '{s}': use a number such as 0.5 or a fraction such as 1/256")
+        })?,
+    };
+    if !(v > 0.0 && v <= 1.0) {
+        return Err(format!("scale {s} must be in (0, 1]"));
+    }
+    Ok(v)
 }
 
 #[derive(Args, Debug)]
@@ -123,9 +186,7 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
 
 /// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
 pub fn main_with(cli: Cli) -> i32 {
-    let _ = ctrlc::set_handler(|| {
-        crate::gpu::replay::INTERRUPTED.store(true, std::sync::atomic::Ordering::SeqCst)
-    });
+    crate::interrupt::install();
     let result = match cli.command.unwrap_or(Command::Demo(DemoArgs {
         jsonl: PathBuf::from("results/demo.jsonl"),
     })) {
@@ -133,6 +194,8 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Trace(a) => trace(&a),
         Command::Replay(a) => replay(&a),
         Command::Run(a) => run(&a),
+        Command::Cpu(a) => cpu(&a),
+        Command::MallocInfo => malloc_info(),
     };
     match result {
         Ok(()) => 0,
@@ -381,5 +444,102 @@ fn demo(a: &DemoArgs) -> anyhow::Result<()> {
         Some(&a.jsonl),
     )?;
     println!("\nNext: `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest.");
+    Ok(())
+}
+
+fn malloc_info() -> anyhow::Result<()> {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&crate::cpu::preload::live_malloc())?
+    );
+    Ok(())
+}
+
+const PRELOAD_CHILD_ENV: &str = "ALLOCBENCH_PRELOAD_CHILD";
+
+fn cpu(a: &CpuArgs) -> anyhow::Result<()> {
+    use crate::cpu::{allocators::CpuAllocator, driver::DriverOptions, preload, CpuRunOptions};
+    // --preload re-runs this command with LD_PRELOAD set, so the allocator serves every malloc.
+    if let Some(spec) = &a.preload {
+        if std::env::var_os(PRELOAD_CHILD_ENV).is_none() {
+            let lib = preload::resolve_preload(spec)?;
+            let exe = std::env::current_exe()?;
+            let status = std::process::Command::new(exe)
+                .args(std::env::args_os().skip(1))
+                .env("LD_PRELOAD", &lib)
+                .env(PRELOAD_CHILD_ENV, "1")
+                .status()?;
+            std::process::exit(status.code().unwrap_or(1));
+        }
+    }
+    let expect = a.expect_malloc.clone().or_else(|| {
+        a.preload
+            .as_deref()
+            .and_then(|p| preload::resolve_preload(p).ok())
+            .map(|p| preload::classify(&p.display().to_string()))
+    });
+    let source = Source::open(Some(&a.input))?;
+    let names: Vec<&str> = if a.allocator == "all" {
+        crate::cpu::allocators::CPU_ALLOCATORS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect()
+    } else {
+        a.allocator.split(',').collect()
+    };
+    let allocs: Vec<CpuAllocator> = names
+        .iter()
+        .map(|n| CpuAllocator::by_name(n))
+        .collect::<Result<_, _>>()?;
+    let live = preload::live_malloc();
+    if let Some(e) = expect.as_deref() {
+        // Under a preload, "system" must be the promised allocator.
+        if allocs.iter().any(|al| al.name == "system") {
+            crate::cpu::check_expected(Some(e), &live.name, &live)?;
+        }
+    }
+    let opts = CpuRunOptions {
+        driver: DriverOptions {
+            threads: a.threads,
+            cross_thread: a.cross_thread,
+            scale: a.scale,
+            iterations: a.iterations,
+            duration: a.duration.map(std::time::Duration::from_secs_f64),
+            touch: !a.no_touch,
+        },
+        sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)),
+    };
+    let mut jsonl = match &a.jsonl {
+        Some(p) => Some(open_output(&p.display().to_string())?),
+        None => None,
+    };
+    let mut records = Vec::new();
+    for al in allocs {
+        let r = crate::cpu::run(&source, al, &opts)?;
+        if a.json.as_deref() != Some("-") {
+            print!("{}", crate::cpu::describe(&r));
+        }
+        let rec = ResultRecord::CpuRun(Box::new(r));
+        if let Some(o) = jsonl.as_mut() {
+            write_jsonl(o.as_mut(), &rec)?;
+        }
+        let interrupted = matches!(&rec, ResultRecord::CpuRun(r) if r.interrupted);
+        records.push(rec);
+        if interrupted {
+            break;
+        }
+    }
+    if let Some(path) = &a.json {
+        let mut out = open_output(path)?;
+        if records.len() == 1 {
+            serde_json::to_writer_pretty(&mut out, &records[0])?;
+            writeln!(out)?;
+        } else {
+            for r in &records {
+                write_jsonl(out.as_mut(), r)?;
+            }
+        }
+        out.flush()?;
+    }
     Ok(())
 }

@@ -18,11 +18,13 @@
 //! - **pinned free**: free bytes inside segments that hold a live block (`inactive_split_bytes`).
 
 pub mod cli;
+pub mod cpu;
 pub mod error;
 pub mod event;
 pub mod gpu;
 pub mod gpu_run;
 pub mod input;
+pub mod interrupt;
 pub mod results;
 pub mod trace;
 pub mod units;

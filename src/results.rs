@@ -151,6 +151,7 @@ pub struct GpuRunResult {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResultRecord {
     GpuReplay(Box<GpuRunResult>),
+    CpuRun(Box<crate::cpu::CpuRunResult>),
 }
 
 impl ResultRecord {

@@ -3,7 +3,6 @@
 //! Every allocator sees the identical stream: with `--on-oom continue` a failed allocation is
 //! remembered and its later free skipped, so an OOM never reshapes the stream.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -22,9 +21,6 @@ pub enum OnOom {
     /// Record the OOM, skip the allocation (and its free) and go on.
     Continue,
 }
-
-/// Set by Ctrl-C: replays stop at the next check and return what they measured so far.
-pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub struct ReplayOptions {
     pub on_oom: OnOom,
@@ -283,7 +279,7 @@ pub fn replay<A: GpuAllocator + ?Sized>(
             if let Some(pb) = &opts.progress {
                 pb.set_position(index);
             }
-            if INTERRUPTED.load(Ordering::Relaxed) {
+            if crate::interrupt::interrupted() {
                 out.interrupted = true;
                 break;
             }

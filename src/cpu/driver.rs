@@ -1,0 +1,430 @@
+//! Replays an event stream with real malloc/free on N threads and measures it.
+//!
+//! Every allocated block is written to (one byte per page, and its last byte), so RSS is real.
+//! Events are compiled in chunks to slot-indexed ops outside the timed region, so the replay loop
+//! costs a few ns per op; one op in [`LATENCY_SAMPLE_EVERY`] is timed with the TSC (calibrated
+//! against the monotonic clock) into an HDR histogram. With `cross_thread`, worker i hands every block it
+//! frees to worker i+1, which frees it (the larson pattern: where allocators differ most).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use rustc_hash::FxHashMap;
+
+use super::allocators::CpuAllocator;
+use crate::error::InputError;
+use crate::event::Event;
+use crate::input::Source;
+
+pub struct DriverOptions {
+    pub threads: usize,
+    pub cross_thread: bool,
+    /// Multiplies every allocation size (GPU-sized workloads at e.g. 1/256).
+    pub scale: f64,
+    /// Stop after this many steps (iterations) per worker, repeating the workload if needed.
+    pub iterations: Option<u64>,
+    /// Stop after this long, repeating the workload if needed.
+    pub duration: Option<Duration>,
+    /// Write every page of each block (real RSS). Off only to time the allocator alone.
+    pub touch: bool,
+}
+
+/// What the workers measured.
+pub struct DriverOutcome {
+    pub allocs: u64,
+    pub frees: u64,
+    pub events: u64,
+    pub iterations: u64,
+    pub passes: u64,
+    pub bytes_allocated: u64,
+    pub bytes_freed: u64,
+    pub alloc_ns: Histogram<u64>,
+    pub free_ns: Histogram<u64>,
+    /// Time in the replay of compiled ops (the slowest worker's): allocator calls, page
+    /// touching and the loop, without event generation.
+    pub replay_ns: u64,
+    pub wall_s: f64,
+    pub interrupted: bool,
+}
+
+#[inline]
+fn ticks() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        core::arch::x86_64::_rdtsc()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+    }
+}
+
+/// Nanoseconds per tick, measured once.
+pub fn ns_per_tick() -> f64 {
+    static CAL: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *CAL.get_or_init(|| {
+        let (t0, c0) = (Instant::now(), ticks());
+        std::thread::sleep(Duration::from_millis(20));
+        let (t1, c1) = (Instant::now(), ticks());
+        let ns = (t1 - t0).as_nanos() as f64;
+        let c = c1.wrapping_sub(c0).max(1) as f64;
+        ns / c
+    })
+}
+
+/// Scales a size, never to zero.
+#[inline]
+pub fn scaled(bytes: u64, scale: f64) -> usize {
+    if scale == 1.0 {
+        bytes as usize
+    } else {
+        ((bytes as f64 * scale).round() as usize).max(1)
+    }
+}
+
+/// Peak live bytes of one pass after scaling (a dry pass over the events).
+pub fn scaled_peak_live(source: &Source, scale: f64) -> anyhow::Result<u64> {
+    let mut live: FxHashMap<u64, usize> = FxHashMap::default();
+    let (mut cur, mut peak) = (0u64, 0u64);
+    for ev in source.events()? {
+        match ev? {
+            Event::Alloc { id, bytes, .. } => {
+                let b = scaled(bytes, scale);
+                live.insert(id, b);
+                cur += b as u64;
+                peak = peak.max(cur);
+            }
+            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0) as u64,
+            _ => {}
+        }
+    }
+    Ok(peak)
+}
+
+/// Touches every page of a fresh block so it counts in RSS.
+#[inline]
+unsafe fn touch(p: *mut u8, len: usize) {
+    let mut off = 0;
+    while off < len {
+        std::ptr::write_volatile(p.add(off), 1);
+        off += 4096;
+    }
+    std::ptr::write_volatile(p.add(len - 1), 1);
+}
+
+/// Latency is timed on one op in this many (a power of two): timing every op would cost more
+/// than the cheapest allocators' own per-op time (see benches/cpu_allocators.rs).
+pub const LATENCY_SAMPLE_EVERY: u64 = 16;
+/// Events are compiled to slot-indexed ops in chunks of this many, outside the timed replay.
+const CHUNK_EVENTS: usize = 4096;
+
+/// One compiled event: ids are already mapped to dense slots.
+#[derive(Clone, Copy)]
+enum Op {
+    Alloc { slot: u32, bytes: usize },
+    Free { slot: u32 },
+    Step,
+}
+
+/// Maps a pass's ids to reusable slots.
+#[derive(Default)]
+struct Compiler {
+    id_to_slot: FxHashMap<u64, u32>,
+    free_slots: Vec<u32>,
+    next_slot: u32,
+}
+
+impl Compiler {
+    fn compile(&mut self, ev: Event, scale: f64, ops: &mut Vec<Op>) {
+        match ev {
+            Event::Alloc { id, bytes, .. } => {
+                let slot = self.free_slots.pop().unwrap_or_else(|| {
+                    self.next_slot += 1;
+                    self.next_slot - 1
+                });
+                if let Some(old) = self.id_to_slot.insert(id, slot) {
+                    ops.push(Op::Free { slot: old });
+                    self.free_slots.push(old);
+                }
+                ops.push(Op::Alloc {
+                    slot,
+                    bytes: scaled(bytes, scale),
+                });
+            }
+            Event::Free { id } => {
+                if let Some(slot) = self.id_to_slot.remove(&id) {
+                    ops.push(Op::Free { slot });
+                    self.free_slots.push(slot);
+                }
+            }
+            Event::Step { .. } => ops.push(Op::Step),
+            Event::EmptyCache => {}
+        }
+    }
+}
+
+struct Worker {
+    alloc: CpuAllocator,
+    touch: bool,
+    alloc_ns: Histogram<u64>,
+    free_ns: Histogram<u64>,
+    ns_per_tick: f64,
+    allocs: u64,
+    frees: u64,
+    ops: u64,
+    replay_ns: u64,
+    handoff: Option<mpsc::Sender<(usize, usize)>>,
+    bytes_allocated: u64,
+    bytes_freed: u64,
+}
+
+impl Worker {
+    #[inline]
+    fn sampled(&mut self) -> bool {
+        self.ops += 1;
+        self.ops & (LATENCY_SAMPLE_EVERY - 1) == 0
+    }
+
+    #[inline]
+    fn malloc(&mut self, bytes: usize) -> anyhow::Result<*mut u8> {
+        let p = if self.sampled() {
+            let t0 = ticks();
+            let p = unsafe { self.alloc.malloc(bytes) };
+            let dt = ticks().wrapping_sub(t0);
+            let _ = self
+                .alloc_ns
+                .record(((dt as f64 * self.ns_per_tick) as u64).max(1));
+            p
+        } else {
+            unsafe { self.alloc.malloc(bytes) }
+        };
+        if p.is_null() {
+            anyhow::bail!(
+                "{} returned NULL for {bytes} bytes: the machine is out of memory (use --scale)",
+                self.alloc.name
+            );
+        }
+        self.allocs += 1;
+        self.bytes_allocated += bytes as u64;
+        if self.touch {
+            unsafe { touch(p, bytes) };
+        }
+        Ok(p)
+    }
+
+    #[inline]
+    fn free_here(&mut self, p: usize, bytes: usize) {
+        if self.sampled() {
+            let t0 = ticks();
+            unsafe { self.alloc.free(p as *mut u8, bytes) };
+            let dt = ticks().wrapping_sub(t0);
+            let _ = self
+                .free_ns
+                .record(((dt as f64 * self.ns_per_tick) as u64).max(1));
+        } else {
+            unsafe { self.alloc.free(p as *mut u8, bytes) };
+        }
+        self.frees += 1;
+        self.bytes_freed += bytes as u64;
+    }
+
+    #[inline]
+    fn free(&mut self, p: usize, bytes: usize) {
+        match &self.handoff {
+            Some(tx) => {
+                if tx.send((p, bytes)).is_err() {
+                    self.free_here(p, bytes);
+                }
+            }
+            None => self.free_here(p, bytes),
+        }
+    }
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
+}
+
+/// Runs the workload on `opts.threads` workers. `iteration` is published for the RSS sampler.
+pub fn drive(
+    source: &Source,
+    alloc: CpuAllocator,
+    opts: &DriverOptions,
+    iteration: &AtomicU64,
+) -> anyhow::Result<DriverOutcome> {
+    if opts.threads == 0 || opts.threads > 1024 {
+        return Err(InputError::new("--threads", "must be between 1 and 1024").into());
+    }
+    if !(opts.scale > 0.0 && opts.scale <= 1.0) {
+        return Err(InputError::new("--scale", "must be in (0, 1]").into());
+    }
+    let ns_per_tick = ns_per_tick();
+    let events_total = AtomicU64::new(0);
+    let iterations_total = AtomicU64::new(0);
+    let passes_total = AtomicU64::new(0);
+    let start = Instant::now();
+    let deadline = opts.duration.map(|d| start + d);
+    let n = opts.threads;
+    let (senders, receivers): (Vec<_>, Vec<_>) =
+        (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
+    let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> =
+        senders.into_iter().map(Some).collect();
+    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+
+    let results: Vec<anyhow::Result<Worker>> = std::thread::scope(|scope| {
+        let mut handles = Vec::new();
+        for (w, rx) in receivers.into_iter().enumerate() {
+            // Worker w frees into worker w+1's channel.
+            let tx = if opts.cross_thread && n > 1 {
+                senders[(w + 1) % n].take()
+            } else {
+                None
+            };
+            let (ev_total, it_total, passes) = (&events_total, &iterations_total, &passes_total);
+            let interrupted = interrupted.clone();
+            handles.push(scope.spawn(move || -> anyhow::Result<Worker> {
+                let mut worker = Worker {
+                    alloc,
+                    touch: opts.touch,
+                    alloc_ns: histogram(),
+                    free_ns: histogram(),
+                    ns_per_tick,
+                    allocs: 0,
+                    frees: 0,
+                    ops: 0,
+                    replay_ns: 0,
+                    handoff: tx,
+                    bytes_allocated: 0,
+                    bytes_freed: 0,
+                };
+                // Live blocks by slot: (address, bytes); address 0 = empty.
+                let mut slots: Vec<(usize, usize)> = Vec::new();
+                let mut ops: Vec<Op> = Vec::with_capacity(CHUNK_EVENTS);
+                let mut steps = 0u64;
+                let mut events = 0u64;
+                let mut done = false;
+                while !done {
+                    let mut compiler = Compiler::default();
+                    let mut stream = source.events()?;
+                    let mut exhausted = false;
+                    let mut saw_event = false;
+                    while !exhausted && !done {
+                        ops.clear();
+                        // Compile a chunk (untimed), then replay it (timed).
+                        while ops.len() < CHUNK_EVENTS {
+                            match stream.next() {
+                                Some(ev) => {
+                                    compiler.compile(ev?, opts.scale, &mut ops);
+                                    events += 1;
+                                    saw_event = true;
+                                }
+                                None => {
+                                    exhausted = true;
+                                    break;
+                                }
+                            }
+                        }
+                        if slots.len() < compiler.next_slot as usize {
+                            slots.resize(compiler.next_slot as usize, (0, 0));
+                        }
+                        let t0 = Instant::now();
+                        for &op in &ops {
+                            match op {
+                                Op::Alloc { slot, bytes } => {
+                                    let p = worker.malloc(bytes)?;
+                                    slots[slot as usize] = (p as usize, bytes);
+                                }
+                                Op::Free { slot } => {
+                                    let (p, b) = std::mem::take(&mut slots[slot as usize]);
+                                    if p != 0 {
+                                        worker.free(p, b);
+                                    }
+                                }
+                                Op::Step => {
+                                    steps += 1;
+                                    if w == 0 {
+                                        iteration.store(steps, Ordering::Relaxed);
+                                    }
+                                    if opts.iterations.is_some_and(|max| steps >= max) {
+                                        done = true;
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        worker.replay_ns += t0.elapsed().as_nanos() as u64;
+                        while let Ok((p, b)) = rx.try_recv() {
+                            worker.free_here(p, b);
+                        }
+                        if crate::interrupt::interrupted() {
+                            interrupted.store(true, Ordering::Relaxed);
+                            done = true;
+                        }
+                        if deadline.is_some_and(|d| Instant::now() >= d) {
+                            done = true;
+                        }
+                    }
+                    // End of a pass: what is still live is freed, ids start afresh.
+                    for (p, b) in slots.iter_mut().map(std::mem::take) {
+                        if p != 0 {
+                            worker.free_here(p, b);
+                        }
+                    }
+                    passes.fetch_add(1, Ordering::Relaxed);
+                    if !saw_event || (opts.iterations.is_none() && deadline.is_none()) {
+                        done = true;
+                    }
+                }
+                worker.handoff = None;
+                // Free what other workers handed over until they have all finished.
+                for (p, b) in rx.iter() {
+                    worker.free_here(p, b);
+                }
+                ev_total.fetch_add(events, Ordering::Relaxed);
+                it_total.fetch_max(steps, Ordering::Relaxed);
+                Ok(worker)
+            }));
+        }
+        drop(senders);
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))
+            })
+            .collect()
+    });
+    let wall_s = start.elapsed().as_secs_f64();
+    let mut alloc_ns = histogram();
+    let mut free_ns = histogram();
+    let (mut allocs, mut frees, mut replay_ns, mut bytes_allocated, mut bytes_freed) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
+    for r in results {
+        let w = r?;
+        alloc_ns.add(&w.alloc_ns).expect("same bounds");
+        free_ns.add(&w.free_ns).expect("same bounds");
+        allocs += w.allocs;
+        frees += w.frees;
+        replay_ns = replay_ns.max(w.replay_ns);
+        bytes_allocated += w.bytes_allocated;
+        bytes_freed += w.bytes_freed;
+    }
+    Ok(DriverOutcome {
+        allocs,
+        frees,
+        events: events_total.load(Ordering::Relaxed),
+        iterations: iterations_total.load(Ordering::Relaxed),
+        passes: passes_total.load(Ordering::Relaxed),
+        bytes_allocated,
+        bytes_freed,
+        alloc_ns,
+        free_ns,
+        replay_ns,
+        wall_s,
+        interrupted: interrupted.load(Ordering::Relaxed),
+    })
+}

@@ -1,0 +1,298 @@
+//! The CPU side: real allocators (in-process or interposed with LD_PRELOAD) driven with the
+//! workloads' event streams, measuring throughput, latency percentiles, RSS over time and its
+//! drift, and memory retained after everything is freed.
+//!
+//! Definitions (also in the README):
+//! - **ops/s**: (mallocs + frees) ÷ wall time of the run (event generation, the replay loop and
+//!   page touching included); **replay ops/s**: per thread, ÷ the time in the replay of compiled
+//!   ops (allocator calls, page touching and a loop of a few ns per op; `--no-touch` leaves the
+//!   allocator alone).
+//! - **peak RSS**: the highest RSS during the run (VmHWM, reset before the run where the kernel
+//!   allows, else the sampled maximum).
+//! - **drift**: the least-squares slope of RSS over the steady-state part of the run (after its
+//!   first quarter), per 1,000 iterations (steps) and per minute.
+//! - **retained**: RSS after every block is freed minus RSS before the workload started;
+//!   **retained after trim**: the same after the allocator's trim call (glibc `malloc_trim(0)`,
+//!   mimalloc `mi_collect(true)`, jemalloc arena purge).
+
+pub mod allocators;
+pub mod driver;
+pub mod preload;
+pub mod rss;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InputError;
+use crate::input::{Source, WorkloadInfo};
+use crate::results::{MachineInfo, WorkDone, SCHEMA_VERSION};
+use allocators::CpuAllocator;
+use driver::{drive, DriverOptions};
+use preload::LiveMalloc;
+use rss::{RssSample, RssSampler};
+
+/// Latency percentiles in nanoseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: u64,
+    pub p99: u64,
+    pub p999: u64,
+    pub max: u64,
+}
+
+impl Latency {
+    fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Latency::default();
+        }
+        Latency {
+            count: h.len(),
+            mean: h.mean(),
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            max: h.max(),
+        }
+    }
+}
+
+/// One CPU run (`allocbench cpu`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuRunResult {
+    pub schema_version: u32,
+    /// The allocator this run measured, by what really served it: for `system` under LD_PRELOAD
+    /// that is the preloaded allocator's name.
+    pub allocator: String,
+    /// "in-process" (called through GlobalAlloc) or "preload" (the process's malloc).
+    pub mode: String,
+    pub live_malloc: LiveMalloc,
+    pub workload: WorkloadInfo,
+    pub machine: MachineInfo,
+    pub work: WorkDone,
+    pub threads: usize,
+    pub cross_thread: bool,
+    pub scale: f64,
+    pub iterations: u64,
+    pub passes: u64,
+    pub bytes_allocated: u64,
+    pub bytes_freed: u64,
+    pub wall_s: f64,
+    pub ops_per_s: f64,
+    /// Ops per second per thread inside the replay of compiled ops (no event generation).
+    pub replay_ops_per_s: f64,
+    pub alloc_ns: Latency,
+    pub free_ns: Latency,
+    pub rss_before: u64,
+    pub peak_rss: u64,
+    pub rss_after_free: u64,
+    pub retained: i64,
+    pub trim_call: Option<String>,
+    pub retained_after_trim: Option<i64>,
+    pub drift_mib_per_1k_iterations: Option<f64>,
+    pub drift_mib_per_minute: Option<f64>,
+    pub rss_timeline: Vec<RssSample>,
+    pub native_stats: BTreeMap<String, u64>,
+    pub interrupted: bool,
+}
+
+/// How to run.
+pub struct CpuRunOptions {
+    pub driver: DriverOptions,
+    pub sample_interval: Duration,
+}
+
+/// The label a run gets: an in-process allocator's own name, or what really serves malloc.
+pub fn label(alloc: &CpuAllocator, live: &LiveMalloc) -> (String, String) {
+    if alloc.name == "system" {
+        (
+            live.name.clone(),
+            if live.ld_preload.is_some() {
+                "preload"
+            } else {
+                "in-process"
+            }
+            .into(),
+        )
+    } else {
+        (alloc.name.to_string(), "in-process".into())
+    }
+}
+
+/// Refuses a run whose label would lie: `expect` names the allocator the caller promised.
+pub fn check_expected(
+    expect: Option<&str>,
+    actual: &str,
+    live: &LiveMalloc,
+) -> Result<(), InputError> {
+    match expect {
+        Some(e) if e != actual => Err(InputError::new(
+            "--expect-malloc",
+            format!("expected {e} to serve malloc, but {actual} does ({}; LD_PRELOAD={}): refusing to label this run {e}", live.library, live.ld_preload.as_deref().unwrap_or("unset")),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks before starting that the scaled workload fits in this machine's memory.
+pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> {
+    let peak = driver::scaled_peak_live(source, opts.scale)?.saturating_mul(opts.threads as u64);
+    let available = rss::mem_available_bytes();
+    if peak as f64 > available as f64 * 0.8 {
+        let needed_scale = (available as f64 * 0.5 / peak as f64 * opts.scale).max(1e-9);
+        return Err(InputError::new(
+            "--scale",
+            format!(
+                "this run needs about {} (peak live bytes x scale x threads) but only {} is available: try --scale 1/{}",
+                crate::units::format_bytes(peak),
+                crate::units::format_bytes(available),
+                (1.0 / needed_scale).ceil() as u64
+            ),
+        )
+        .into());
+    }
+    Ok(peak)
+}
+
+/// Runs one allocator over the workload and measures it.
+pub fn run(
+    source: &Source,
+    alloc: CpuAllocator,
+    opts: &CpuRunOptions,
+) -> anyhow::Result<CpuRunResult> {
+    let live = preload::live_malloc();
+    let (name, mode) = label(&alloc, &live);
+    check_fits(source, &opts.driver)?;
+    let rss_before = rss::rss_bytes();
+    let vmhwm_reset = rss::reset_peak_rss();
+    let sampler = RssSampler::start(opts.sample_interval);
+    let iteration = sampler.iteration.clone();
+    let outcome = drive(source, alloc, &opts.driver, &iteration);
+    let samples = sampler.finish();
+    let out = outcome?;
+    let rss_after_free = rss::rss_bytes();
+    let sampled_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
+    let peak_rss = if vmhwm_reset {
+        rss::peak_rss_bytes().max(sampled_peak)
+    } else {
+        sampled_peak
+    };
+    let native_stats = alloc.native_stats(&live.name);
+    let trim_call = alloc.trim(&live.name);
+    let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
+    let (drift_iter, drift_min) = rss::drift(&samples);
+    let ops = (out.allocs + out.frees) as f64;
+    Ok(CpuRunResult {
+        schema_version: SCHEMA_VERSION,
+        allocator: name,
+        mode,
+        live_malloc: live,
+        workload: source.info()?,
+        machine: MachineInfo::current(),
+        work: WorkDone {
+            events: out.events,
+            allocs: out.allocs,
+            frees: out.frees,
+            steps: out.iterations,
+            bytes_requested: out.bytes_allocated,
+            live_bytes_end: out.bytes_allocated - out.bytes_freed,
+            peak_live_bytes: driver::scaled_peak_live(source, opts.driver.scale)?,
+        },
+        threads: opts.driver.threads,
+        cross_thread: opts.driver.cross_thread,
+        scale: opts.driver.scale,
+        iterations: out.iterations,
+        passes: out.passes,
+        bytes_allocated: out.bytes_allocated,
+        bytes_freed: out.bytes_freed,
+        wall_s: out.wall_s,
+        ops_per_s: if out.wall_s > 0.0 {
+            ops / out.wall_s
+        } else {
+            0.0
+        },
+        replay_ops_per_s: if out.replay_ns > 0 {
+            ops * 1e9 / out.replay_ns as f64 / opts.driver.threads as f64
+        } else {
+            0.0
+        },
+        alloc_ns: Latency::of(&out.alloc_ns),
+        free_ns: Latency::of(&out.free_ns),
+        rss_before,
+        peak_rss,
+        rss_after_free,
+        retained: rss_after_free as i64 - rss_before as i64,
+        trim_call: trim_call.map(str::to_string),
+        retained_after_trim,
+        drift_mib_per_1k_iterations: drift_iter,
+        drift_mib_per_minute: drift_min,
+        rss_timeline: samples,
+        native_stats,
+        interrupted: out.interrupted,
+    })
+}
+
+/// A human summary of one CPU run.
+pub fn describe(r: &CpuRunResult) -> String {
+    use crate::units::{format_bytes, format_bytes_signed};
+    let opt = |v: Option<f64>| {
+        v.map(|x| format!("{x:+.3}"))
+            .unwrap_or_else(|| "n/a".into())
+    };
+    let mut s = format!(
+        "{:<9} ({}; malloc from {}) {} thread(s){} scale {} on {} ({})\n",
+        r.allocator,
+        r.mode,
+        r.live_malloc.library,
+        r.threads,
+        if r.cross_thread {
+            ", cross-thread frees"
+        } else {
+            ""
+        },
+        r.scale,
+        r.workload.name,
+        r.workload.kind
+    );
+    s += &format!(
+        "  {} mallocs, {} frees, {} iterations in {:.2} s: {:.2} M ops/s wall, {:.2} M ops/s per thread in the replay loop\n",
+        r.work.allocs,
+        r.work.frees,
+        r.iterations,
+        r.wall_s,
+        r.ops_per_s / 1e6,
+        r.replay_ops_per_s / 1e6
+    );
+    s += &format!(
+        "  malloc ns p50 {} p99 {} p99.9 {}; free ns p50 {} p99 {} p99.9 {}\n",
+        r.alloc_ns.p50,
+        r.alloc_ns.p99,
+        r.alloc_ns.p999,
+        r.free_ns.p50,
+        r.free_ns.p99,
+        r.free_ns.p999
+    );
+    s += &format!(
+        "  RSS before {}, peak {}, after free {}: retained {}{}\n",
+        format_bytes(r.rss_before),
+        format_bytes(r.peak_rss),
+        format_bytes(r.rss_after_free),
+        format_bytes_signed(r.retained as i128),
+        match (r.trim_call.as_deref(), r.retained_after_trim) {
+            (Some(c), Some(t)) => format!(", after {c} {}", format_bytes_signed(t as i128)),
+            _ => String::new(),
+        }
+    );
+    s += &format!(
+        "  drift {} MiB per 1,000 iterations, {} MiB per minute\n",
+        opt(r.drift_mib_per_1k_iterations),
+        opt(r.drift_mib_per_minute)
+    );
+    if r.interrupted {
+        s += "  interrupted (Ctrl-C): numbers cover the part that ran\n";
+    }
+    s
+}

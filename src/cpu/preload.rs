@@ -1,0 +1,257 @@
+//! Which malloc really serves this process: `dladdr(dlsym(RTLD_DEFAULT, "malloc"))` names the
+//! library that `malloc` resolves to (an LD_PRELOADed allocator wins the symbol lookup), and
+//! `/proc/self/maps` shows what is mapped. A run is labelled by what served it, never by what
+//! the environment variable asked for.
+
+use std::collections::BTreeMap;
+use std::ffi::{c_void, CStr};
+use std::path::PathBuf;
+
+use crate::error::InputError;
+
+/// The live malloc: a short name (glibc, jemalloc, tcmalloc, mimalloc, or the file name) and
+/// the library path that serves `malloc`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LiveMalloc {
+    pub name: String,
+    pub library: String,
+    /// Allocator libraries mapped into the process (from /proc/self/maps).
+    pub mapped: Vec<String>,
+    pub ld_preload: Option<String>,
+}
+
+pub fn classify(library: &str) -> String {
+    let file = library.rsplit('/').next().unwrap_or(library);
+    for (needle, name) in [
+        ("jemalloc", "jemalloc"),
+        ("tcmalloc", "tcmalloc"),
+        ("mimalloc", "mimalloc"),
+        ("libc.so", "glibc"),
+        ("libc-", "glibc"),
+    ] {
+        if file.contains(needle) {
+            return name.to_string();
+        }
+    }
+    file.to_string()
+}
+
+pub fn live_malloc() -> LiveMalloc {
+    let library = unsafe {
+        let sym = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if !sym.is_null()
+            && libc::dladdr(sym as *const c_void, &mut info) != 0
+            && !info.dli_fname.is_null()
+        {
+            CStr::from_ptr(info.dli_fname)
+                .to_string_lossy()
+                .into_owned()
+        } else {
+            String::from("unknown")
+        }
+    };
+    let mut mapped: Vec<String> = std::fs::read_to_string("/proc/self/maps")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .filter(|p| {
+            ["jemalloc", "tcmalloc", "mimalloc"]
+                .iter()
+                .any(|n| p.contains(n))
+        })
+        .map(str::to_string)
+        .collect();
+    mapped.sort();
+    mapped.dedup();
+    LiveMalloc {
+        name: classify(&library),
+        library,
+        mapped,
+        ld_preload: std::env::var("LD_PRELOAD").ok().filter(|s| !s.is_empty()),
+    }
+}
+
+/// Debian's packages for the LD_PRELOAD allocators (DEPENDENCIES.md).
+pub const PRELOAD_LIBRARIES: &[(&str, &str, &str)] = &[
+    (
+        "jemalloc",
+        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+        "libjemalloc2",
+    ),
+    (
+        "tcmalloc",
+        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+        "libtcmalloc-minimal4",
+    ),
+    (
+        "mimalloc",
+        "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
+        "libmimalloc2.0",
+    ),
+];
+
+/// Resolves `--preload NAME|PATH` to an existing library, or says how to get it.
+pub fn resolve_preload(spec: &str) -> Result<PathBuf, InputError> {
+    if let Some((_, path, package)) = PRELOAD_LIBRARIES.iter().find(|(n, _, _)| *n == spec) {
+        let p = PathBuf::from(path);
+        if p.exists() {
+            return Ok(p);
+        }
+        return Err(InputError::new(
+            "--preload",
+            format!("{path} not found: install it with `apt-get install {package}`"),
+        ));
+    }
+    let p = PathBuf::from(spec);
+    if p.exists() {
+        Ok(p)
+    } else {
+        Err(InputError::new(
+            "--preload",
+            format!("{spec} not found (known: jemalloc, tcmalloc, mimalloc, or a path to a .so)"),
+        ))
+    }
+}
+
+type MallctlFn = unsafe extern "C" fn(
+    *const libc::c_char,
+    *mut c_void,
+    *mut usize,
+    *mut c_void,
+    usize,
+) -> libc::c_int;
+type TcPropertyFn = unsafe extern "C" fn(*const libc::c_char, *mut usize) -> libc::c_int;
+
+unsafe fn symbol(name: &CStr) -> *mut c_void {
+    libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr())
+}
+
+/// Native stats of the malloc that serves the process (glibc `mallinfo2`, a preloaded jemalloc's
+/// `mallctl`, tcmalloc's `MallocExtension_GetNumericProperty`, mimalloc's `mi_process_info`).
+pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
+    let mut m = BTreeMap::new();
+    unsafe {
+        match live {
+            "glibc" => {
+                let mi = libc::mallinfo2();
+                m.insert("glibc.mallinfo2.arena".into(), mi.arena as u64);
+                m.insert("glibc.mallinfo2.hblkhd".into(), mi.hblkhd as u64);
+                m.insert("glibc.mallinfo2.uordblks".into(), mi.uordblks as u64);
+                m.insert("glibc.mallinfo2.fordblks".into(), mi.fordblks as u64);
+                m.insert("glibc.mallinfo2.keepcost".into(), mi.keepcost as u64);
+            }
+            "jemalloc" => {
+                let f = symbol(c"mallctl");
+                if !f.is_null() {
+                    let mallctl: MallctlFn = std::mem::transmute(f);
+                    let mut epoch: u64 = 1;
+                    let mut len = std::mem::size_of::<u64>();
+                    mallctl(
+                        c"epoch".as_ptr(),
+                        std::ptr::null_mut(),
+                        std::ptr::null_mut(),
+                        &mut epoch as *mut u64 as *mut c_void,
+                        len,
+                    );
+                    for key in [
+                        "stats.allocated",
+                        "stats.active",
+                        "stats.resident",
+                        "stats.mapped",
+                        "stats.retained",
+                        "stats.metadata",
+                    ] {
+                        let mut v: usize = 0;
+                        len = std::mem::size_of::<usize>();
+                        let ckey = std::ffi::CString::new(key).expect("no NUL");
+                        if mallctl(
+                            ckey.as_ptr(),
+                            &mut v as *mut usize as *mut c_void,
+                            &mut len,
+                            std::ptr::null_mut(),
+                            0,
+                        ) == 0
+                        {
+                            m.insert(format!("jemalloc.{key}"), v as u64);
+                        }
+                    }
+                }
+            }
+            "tcmalloc" => {
+                let f = symbol(c"MallocExtension_GetNumericProperty");
+                if !f.is_null() {
+                    let get: TcPropertyFn = std::mem::transmute(f);
+                    for key in [
+                        "generic.current_allocated_bytes",
+                        "generic.heap_size",
+                        "tcmalloc.pageheap_free_bytes",
+                        "tcmalloc.pageheap_unmapped_bytes",
+                    ] {
+                        let mut v: usize = 0;
+                        let ckey = std::ffi::CString::new(key).expect("no NUL");
+                        if get(ckey.as_ptr(), &mut v) != 0 {
+                            m.insert(format!("tcmalloc.{key}"), v as u64);
+                        }
+                    }
+                }
+            }
+            "mimalloc" => {
+                let f = symbol(c"mi_process_info");
+                if !f.is_null() {
+                    type InfoFn = unsafe extern "C" fn(
+                        *mut usize,
+                        *mut usize,
+                        *mut usize,
+                        *mut usize,
+                        *mut usize,
+                        *mut usize,
+                        *mut usize,
+                        *mut usize,
+                    );
+                    let info: InfoFn = std::mem::transmute(f);
+                    let mut v = [0usize; 8];
+                    let [a, b, c, d, e, f2, g, h] = &mut v;
+                    info(a, b, c, d, e, f2, g, h);
+                    m.insert("mimalloc.current_commit".into(), v[5] as u64);
+                    m.insert("mimalloc.peak_commit".into(), v[6] as u64);
+                    m.insert("mimalloc.page_faults".into(), v[7] as u64);
+                }
+            }
+            _ => {}
+        }
+    }
+    m
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_the_debian_libraries() {
+        assert_eq!(
+            classify("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
+            "jemalloc"
+        );
+        assert_eq!(
+            classify("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
+            "tcmalloc"
+        );
+        assert_eq!(
+            classify("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
+            "mimalloc"
+        );
+        assert_eq!(classify("/lib/x86_64-linux-gnu/libc.so.6"), "glibc");
+    }
+
+    #[test]
+    fn without_preload_glibc_serves_malloc() {
+        if std::env::var("LD_PRELOAD").is_ok() {
+            return;
+        }
+        let live = live_malloc();
+        assert_eq!(live.name, "glibc", "{live:?}");
+        assert!(live.library.contains("libc.so"));
+    }
+}

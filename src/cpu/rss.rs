@@ -1,0 +1,195 @@
+//! Process RSS from /proc (the `psutil` crate cannot be used: see README), sampled on a
+//! background thread into a timeline.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+fn page_size() -> u64 {
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
+/// Resident set size now: `/proc/self/statm` field 2 × page size (exact, ~8 µs).
+pub fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .nth(1)
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map(|pages| pages * page_size())
+        .unwrap_or(0)
+}
+
+/// Peak RSS since start or the last [`reset_peak_rss`]: `VmHWM` in `/proc/self/status`.
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(0)
+}
+
+/// Resets VmHWM to the current RSS (writing 5 to /proc/self/clear_refs, Linux ≥ 4.0).
+pub fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// Bytes the kernel says can be allocated without swapping (`MemAvailable`).
+pub fn mem_available_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .map(|kib| kib * 1024)
+        .unwrap_or(u64::MAX)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RssSample {
+    pub t_s: f64,
+    pub iteration: u64,
+    pub rss: u64,
+}
+
+/// Samples RSS every `interval` until stopped; the driver publishes its iteration count.
+pub struct RssSampler {
+    stop: Arc<AtomicBool>,
+    samples: Arc<Mutex<Vec<RssSample>>>,
+    handle: Option<std::thread::JoinHandle<()>>,
+    pub iteration: Arc<AtomicU64>,
+}
+
+impl RssSampler {
+    pub fn start(interval: Duration) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let iteration = Arc::new(AtomicU64::new(0));
+        let (s2, st2, it2) = (samples.clone(), stop.clone(), iteration.clone());
+        let start = Instant::now();
+        let handle = std::thread::Builder::new()
+            .name("rss-sampler".into())
+            .spawn(move || loop {
+                let sample = RssSample {
+                    t_s: start.elapsed().as_secs_f64(),
+                    iteration: it2.load(Ordering::Relaxed),
+                    rss: rss_bytes(),
+                };
+                s2.lock().expect("sampler lock").push(sample);
+                if st2.load(Ordering::Relaxed) {
+                    break;
+                }
+                std::thread::sleep(interval);
+            })
+            .expect("spawn the RSS sampler");
+        RssSampler {
+            stop,
+            samples,
+            handle: Some(handle),
+            iteration,
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<RssSample> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+        std::mem::take(&mut *self.samples.lock().expect("sampler lock"))
+    }
+}
+
+/// Least-squares slope of y over x.
+pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
+    if points.len() < 3 {
+        return None;
+    }
+    let n = points.len() as f64;
+    let mx = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mx).powi(2)).sum();
+    if sxx == 0.0 {
+        return None;
+    }
+    let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    Some(sxy / sxx)
+}
+
+/// Drift: the slope of RSS over the steady-state part of the run, in MiB per 1,000 iterations
+/// and MiB per minute. Steady state is from a quarter of the way to the last iteration until the
+/// last iteration is reached (the warm-up and the final teardown are excluded).
+pub fn drift(samples: &[RssSample]) -> (Option<f64>, Option<f64>) {
+    const MIB: f64 = 1048576.0;
+    let Some(last_iter) = samples.iter().map(|s| s.iteration).max() else {
+        return (None, None);
+    };
+    let t_end = samples
+        .iter()
+        .find(|s| s.iteration == last_iter)
+        .map(|s| s.t_s)
+        .unwrap_or(0.0);
+    let steady: Vec<&RssSample> = samples
+        .iter()
+        .filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end)
+        .collect();
+    let per_iter = slope(
+        &steady
+            .iter()
+            .map(|s| (s.iteration as f64, s.rss as f64))
+            .collect::<Vec<_>>(),
+    )
+    .map(|b| b * 1000.0 / MIB);
+    let per_min = slope(
+        &steady
+            .iter()
+            .map(|s| (s.t_s, s.rss as f64))
+            .collect::<Vec<_>>(),
+    )
+    .map(|b| b * 60.0 / MIB);
+    (per_iter, per_min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rss_is_read_and_grows_when_pages_are_touched() {
+        let before = rss_bytes();
+        assert!(before > 0);
+        let mut v = vec![0u8; 64 << 20];
+        for i in (0..v.len()).step_by(4096) {
+            v[i] = 1;
+        }
+        std::hint::black_box(&v);
+        assert!(
+            rss_bytes() >= before + (48 << 20),
+            "RSS did not grow by the touched 64 MiB"
+        );
+        assert!(peak_rss_bytes() >= rss_bytes() - (1 << 20));
+    }
+
+    #[test]
+    fn slope_of_a_line() {
+        let pts: Vec<(f64, f64)> = (0..10).map(|i| (i as f64, 3.0 * i as f64 + 1.0)).collect();
+        assert!((slope(&pts).unwrap() - 3.0).abs() < 1e-9);
+        assert_eq!(slope(&pts[..2]), None);
+    }
+}
