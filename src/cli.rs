@@ -46,6 +46,21 @@ pub enum Command {
     Cpu(CpuArgs),
     /// Print which malloc really serves this process (JSON), e.g. under LD_PRELOAD.
     MallocInfo,
+    /// Render SVG charts and an index (README.md, index.html) from results files.
+    Report(ReportArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ReportArgs {
+    /// Results files (JSON or JSON Lines) written by replay, run, demo or cpu.
+    #[arg(required = true)]
+    pub results: Vec<PathBuf>,
+    /// Output folder, e.g. reports/NAME/.
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// Title of the report.
+    #[arg(long, default_value = "allocbench report")]
+    pub title: String,
 }
 
 #[derive(Args, Debug)]
@@ -196,6 +211,7 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Run(a) => run(&a),
         Command::Cpu(a) => cpu(&a),
         Command::MallocInfo => malloc_info(),
+        Command::Report(a) => report(&a),
     };
     match result {
         Ok(()) => 0,
@@ -541,5 +557,16 @@ fn cpu(a: &CpuArgs) -> anyhow::Result<()> {
         }
         out.flush()?;
     }
+    Ok(())
+}
+
+fn report(a: &ReportArgs) -> anyhow::Result<()> {
+    let records = crate::report::load(&a.results)?;
+    let charts = crate::report::render(&records, &a.output, &a.title)?;
+    println!(
+        "wrote {} charts, README.md and index.html to {}",
+        charts.len(),
+        a.output.display()
+    );
     Ok(())
 }

@@ -25,6 +25,7 @@ pub mod gpu;
 pub mod gpu_run;
 pub mod input;
 pub mod interrupt;
+pub mod report;
 pub mod results;
 pub mod trace;
 pub mod units;

@@ -67,10 +67,14 @@ pub struct OomRecord {
 pub struct TimelinePoint {
     pub event: u64,
     pub step: u64,
+    /// Values at the sample.
     pub allocated: u64,
     pub reserved: u64,
     pub active: u64,
     pub live: u64,
+    /// The most allocated and reserved since the previous sample (the step's peak).
+    pub allocated_max: u64,
+    pub reserved_max: u64,
 }
 
 /// What a replay measured.
@@ -148,18 +152,28 @@ pub fn replay<A: GpuAllocator + ?Sized>(
     let mut index: u64 = 0;
     let mut sizes = SizeHistogram::default();
 
-    let sample = |a: &A, index: u64, step: u64, live: u64| {
+    // Peaks since the last sample, so a per-step timeline shows each step's high-water mark.
+    let sample = |a: &A, index: u64, step: u64, live: u64, interval: &mut (u64, u64)| {
         let s = a.stats();
-        TimelinePoint {
+        let (allocated, reserved) = (
+            s.allocated_bytes.all.current as u64,
+            s.reserved_bytes.all.current as u64,
+        );
+        let p = TimelinePoint {
             event: index,
             step,
-            allocated: s.allocated_bytes.all.current as u64,
-            reserved: s.reserved_bytes.all.current as u64,
+            allocated,
+            reserved,
             active: s.active_bytes.all.current as u64,
             live,
-        }
+            allocated_max: interval.0.max(allocated),
+            reserved_max: interval.1.max(reserved),
+        };
+        *interval = (allocated, reserved);
+        p
     };
-    out.timeline.push(sample(alloc, 0, 0, 0));
+    let mut interval = (0u64, 0u64);
+    out.timeline.push(sample(alloc, 0, 0, 0, &mut interval));
 
     for ev in events {
         let ev = ev?;
@@ -184,6 +198,8 @@ pub fn replay<A: GpuAllocator + ?Sized>(
                         // Fragmentation at peak reserved uses the fullest moment of the peak
                         // plateau: the most that was allocated while reserved stood at its peak.
                         let allocated = s.allocated_bytes.all.current as u64;
+                        interval.0 = interval.0.max(allocated);
+                        interval.1 = interval.1.max(reserved);
                         if reserved > out.peak_reserved {
                             snapshot_pending = true;
                             out.peak_reserved = reserved;
@@ -260,17 +276,29 @@ pub fn replay<A: GpuAllocator + ?Sized>(
                     snapshot_pending = false;
                 }
                 if out.steps.is_multiple_of(stride_steps) {
-                    out.timeline.push(sample(alloc, index, step, live));
+                    out.timeline
+                        .push(sample(alloc, index, step, live, &mut interval));
                 }
                 step = n;
             }
         }
         index += 1;
         if stride_events > 0 && index.is_multiple_of(stride_events) {
-            out.timeline.push(sample(alloc, index, step, live));
+            out.timeline
+                .push(sample(alloc, index, step, live, &mut interval));
         }
         if out.timeline.len() >= 2 * opts.max_timeline_points.max(1) {
-            let thinned: Vec<TimelinePoint> = out.timeline.iter().step_by(2).copied().collect();
+            // Merge neighbours, keeping each pair's later values and both pairs' peaks.
+            let thinned: Vec<TimelinePoint> = out
+                .timeline
+                .chunks(2)
+                .map(|c| {
+                    let mut p = *c.last().expect("non-empty chunk");
+                    p.allocated_max = c.iter().map(|q| q.allocated_max).max().unwrap_or(0);
+                    p.reserved_max = c.iter().map(|q| q.reserved_max).max().unwrap_or(0);
+                    p
+                })
+                .collect();
             out.timeline = thinned;
             stride_steps *= 2;
             stride_events *= 2;
@@ -291,7 +319,8 @@ pub fn replay<A: GpuAllocator + ?Sized>(
     if snapshot_pending || out.segments_at_peak.is_empty() {
         out.segments_at_peak = alloc.segments();
     }
-    out.timeline.push(sample(alloc, out.events, step, live));
+    out.timeline
+        .push(sample(alloc, out.events, step, live, &mut interval));
     out.last_step = step;
     out.live_bytes_end = live;
     out.size_histogram = sizes.buckets();

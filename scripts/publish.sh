@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Regenerates the published report in reports/comparison/ with the project's own commands:
+#   1. GPU: the transformer (1.3B, 7B), model-switching and serving workloads replayed through
+#      PyTorch's caching-allocator policy under its default config, tuned configs and expandable
+#      segments, plus the no-cache baseline and the ideal bound, on a simulated 80 GB H100.
+#   2. CPU: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via scripts/compare.sh) on the
+#      Python-like and serving workloads.
+#   3. allocbench report renders the charts and the index.
+# Usage: scripts/publish.sh [--quick]   (--quick: one CPU repetition, for a smoke test)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+cargo build --release --quiet
+bin=target/release/allocbench
+work=results/publish
+rm -rf "$work"
+mkdir -p "$work"
+
+confs=(
+  --conf ""
+  --conf "expandable_segments:True"
+  --conf "max_split_size_mb:512"
+  --conf "roundup_power2_divisions:[256:1,512:2,>:4]"
+  --conf "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95"
+)
+for w in gpt3-xl-1.3b llama2-7b-80g model-switch serving-llama7b; do
+  echo "== GPU: $w"
+  "$bin" run "workloads/$w.toml" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
+done
+cat "$work"/gpu-*.jsonl > "$work/gpu.jsonl"
+
+reps=3
+[ "$quick" = 1 ] && reps=1
+scripts/compare.sh --reps "$reps" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
+
+rm -rf reports/comparison
+"$bin" report "$work/gpu.jsonl" "$work/cpu/cpu.jsonl" -o reports/comparison \
+  --title "allocbench: PyTorch caching allocator configs and CPU allocators on ML workloads"
+echo "published reports/comparison/ (index: reports/comparison/README.md)"

@@ -1,0 +1,471 @@
+//! The charts, each rendered to an SVG string with plotters' SVG backend (text is written as
+//! `<text>` elements: no system fonts are needed to render or to view them).
+
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+use super::style::{byte_unit, clip, color_for};
+
+pub type ChartResult = Result<String, String>;
+
+fn err<E: std::fmt::Debug>(e: E) -> String {
+    format!("chart rendering failed: {e:?}")
+}
+
+const W: u32 = 960;
+const H: u32 = 540;
+const FONT: &str = "sans-serif";
+
+/// One line of a line chart.
+pub struct Line {
+    pub label: String,
+    pub color_key: String,
+    pub points: Vec<(f64, f64)>,
+    pub dashed: bool,
+}
+
+/// A marker with a label (an OOM point).
+pub struct Marker {
+    pub label: String,
+    pub at: (f64, f64),
+}
+
+fn root(buf: &mut String, size: (u32, u32)) -> DrawingArea<SVGBackend<'_>, Shift> {
+    let root = SVGBackend::with_string(buf, size).into_drawing_area();
+    let _ = root.fill(&WHITE);
+    root
+}
+
+/// Where a chart's legend goes (chosen where the data leaves room).
+pub use plotters::chart::SeriesLabelPosition as LegendAt;
+
+/// Tick labels with as many decimals as the axis span needs.
+fn tick(v: f64, span: f64) -> String {
+    if span >= 20.0 {
+        format!("{v:.0}")
+    } else if span >= 2.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Lines over x; y in bytes (the unit is chosen from the data) unless `y_is_bytes` is false.
+pub fn lines(
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    y_is_bytes: bool,
+    series: &[Line],
+    markers: &[Marker],
+    legend_at: LegendAt,
+) -> ChartResult {
+    let mut buf = String::new();
+    {
+        let root = root(&mut buf, (W, H));
+        let xs = || series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+        let x_max = xs().fold(f64::MIN, f64::max);
+        let x_min = xs().fold(f64::MAX, f64::min).min(0.0);
+        let x_max = if x_max <= x_min { x_min + 1.0 } else { x_max };
+        let x_span = x_max - x_min;
+        let y_raw_max = series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.1))
+            .chain(markers.iter().map(|m| m.at.1))
+            .fold(1.0f64, f64::max);
+        let (div, unit) = if y_is_bytes {
+            byte_unit(y_raw_max)
+        } else {
+            (1.0, "")
+        };
+        // Headroom above the data for a legend placed at the top.
+        let headroom = match legend_at {
+            LegendAt::UpperLeft | LegendAt::UpperRight | LegendAt::UpperMiddle => {
+                1.08 + 0.055 * series.len() as f64
+            }
+            _ => 1.08,
+        };
+        let y_max = y_raw_max / div * headroom;
+        let y_label = if unit.is_empty() {
+            y_desc.to_string()
+        } else {
+            format!("{y_desc} ({unit})")
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 22))
+            .margin(16)
+            .x_label_area_size(44)
+            .y_label_area_size(72)
+            .build_cartesian_2d(x_min..x_max + x_span * 0.02, 0f64..y_max)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_label)
+            .label_style((FONT, 14))
+            .axis_desc_style((FONT, 15))
+            .x_label_formatter(&|v| tick(*v, x_span))
+            .y_label_formatter(&|v| tick(*v, y_max))
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        for s in series {
+            let color = color_for(&s.color_key);
+            let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x, y / div)).collect();
+            let style = ShapeStyle::from(&color).stroke_width(2);
+            let drawn = if s.dashed {
+                chart
+                    .draw_series(DashedLineSeries::new(pts, 6, 4, style))
+                    .map_err(err)?
+            } else {
+                chart
+                    .draw_series(LineSeries::new(pts, style))
+                    .map_err(err)?
+            };
+            drawn.label(clip(&s.label, 56)).legend(move |(x, y)| {
+                PathElement::new(
+                    vec![(x, y), (x + 20, y)],
+                    ShapeStyle::from(&color).stroke_width(3),
+                )
+            });
+        }
+        for m in markers {
+            let at = (m.at.0, m.at.1 / div);
+            chart
+                .draw_series(std::iter::once(Cross::new(
+                    at,
+                    8,
+                    ShapeStyle::from(&RED).stroke_width(3),
+                )))
+                .map_err(err)?;
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    clip(&m.label, 48),
+                    (at.0, at.1),
+                    (FONT, 14).into_font().color(&RED),
+                )))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(legend_at)
+            .label_font((FONT, 13))
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(200, 200, 200))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(buf)
+}
+
+/// One bar: (series label, colour key, value, optional (low, high) whisker).
+pub type Bar = (String, String, f64, Option<(f64, f64)>);
+
+/// One bar group: a category on the x axis and one value per series.
+pub struct BarGroup {
+    pub category: String,
+    pub bars: Vec<Bar>,
+}
+
+pub struct BarOptions<'a> {
+    pub title: &'a str,
+    pub y_desc: &'a str,
+    pub log: bool,
+    pub y_is_bytes: bool,
+    /// A horizontal reference line (e.g. 1.0 for the ideal ratio).
+    pub reference: Option<(f64, &'a str)>,
+}
+
+/// Grouped bars: categories along x, one coloured bar per series inside each group.
+pub fn bars(groups: &[BarGroup], o: &BarOptions) -> ChartResult {
+    let mut buf = String::new();
+    {
+        let root = root(&mut buf, (W, H));
+        draw_bars(&root, groups, o)?;
+        root.present().map_err(err)?;
+    }
+    Ok(buf)
+}
+
+/// Two bar charts side by side in one SVG.
+pub fn bars_pair(
+    left: (&[BarGroup], &BarOptions),
+    right: (&[BarGroup], &BarOptions),
+) -> ChartResult {
+    let mut buf = String::new();
+    {
+        let root = root(&mut buf, (W, H));
+        let (l, r) = root.split_horizontally(W / 2);
+        draw_bars(&l, left.0, left.1)?;
+        draw_bars(&r, right.0, right.1)?;
+        root.present().map_err(err)?;
+    }
+    Ok(buf)
+}
+
+fn draw_bars(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    groups: &[BarGroup],
+    o: &BarOptions,
+) -> Result<(), String> {
+    let values = groups.iter().flat_map(|g| {
+        g.bars
+            .iter()
+            .map(|b| b.3.map(|w| w.1).unwrap_or(b.2).max(b.2))
+    });
+    let y_raw_max = values
+        .fold(0.0f64, f64::max)
+        .max(o.reference.map(|r| r.0).unwrap_or(0.0));
+    let (div, unit) = if o.y_is_bytes {
+        byte_unit(y_raw_max.abs().max(1.0))
+    } else {
+        (1.0, "")
+    };
+    let y_min_raw = groups
+        .iter()
+        .flat_map(|g| g.bars.iter().map(|b| b.2))
+        .fold(0.0f64, f64::min);
+    let y_label = if unit.is_empty() {
+        o.y_desc.to_string()
+    } else {
+        format!("{} ({unit})", o.y_desc)
+    };
+    let n = groups.len().max(1) as f64;
+    let mut series_labels: Vec<(String, String)> = Vec::new();
+    for g in groups {
+        for b in &g.bars {
+            if !series_labels.iter().any(|s| s.0 == b.0) {
+                series_labels.push((b.0.clone(), b.1.clone()));
+            }
+        }
+    }
+    let categories: Vec<String> = groups.iter().map(|g| g.category.clone()).collect();
+    let label_len = (90.0 / n).clamp(8.0, 40.0) as usize;
+    let x_fmt = move |v: &f64| {
+        let i = v.round();
+        if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < categories.len() {
+            clip(&categories[i as usize], label_len)
+        } else {
+            String::new()
+        }
+    };
+    // Log scale is drawn in log10 space with labels printed back as plain numbers.
+    let (to_y, y_min, y_max): (Box<dyn Fn(f64) -> f64>, f64, f64) = if o.log {
+        let positive_min = groups
+            .iter()
+            .flat_map(|g| g.bars.iter().map(|b| b.2 / div))
+            .filter(|v| *v > 0.0)
+            .fold(f64::MAX, f64::min);
+        let lo = if positive_min == f64::MAX {
+            0.1
+        } else {
+            (positive_min / 2.0).max(0.1)
+        };
+        let hi = (y_raw_max / div * 3.0).max(lo * 10.0);
+        (
+            Box::new(move |v: f64| v.max(lo).log10()),
+            lo.log10().floor(),
+            hi.log10().ceil(),
+        )
+    } else {
+        let hi = (y_raw_max / div * 1.15).max(1e-9);
+        let lo = (y_min_raw / div * 1.15).min(0.0);
+        (Box::new(|v: f64| v), lo, hi)
+    };
+    let log = o.log;
+    let y_fmt = move |v: &f64| {
+        let x = if log { 10f64.powf(*v) } else { *v };
+        if log && (v - v.round()).abs() > 1e-6 {
+            String::new()
+        } else if x.abs() >= 1e6 {
+            format!("{:.0}M", x / 1e6)
+        } else if x.abs() >= 1e4 {
+            format!("{:.0}k", x / 1e3)
+        } else if x.abs() >= 100.0 || log {
+            format!("{x:.0}")
+        } else if x.abs() >= 1.0 {
+            format!("{x:.1}")
+        } else {
+            format!("{x:.2}")
+        }
+    };
+    let mut chart = ChartBuilder::on(area)
+        .caption(o.title, (FONT, 18))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(64)
+        .build_cartesian_2d(-0.6f64..(n - 0.4), y_min..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(groups.len().max(1) * 2 + 1)
+        .x_label_formatter(&x_fmt)
+        .y_labels(if log {
+            ((y_max - y_min) as usize + 1).max(2)
+        } else {
+            10
+        })
+        .y_label_formatter(&y_fmt)
+        .y_desc(y_label.as_str())
+        .label_style((FONT, 13))
+        .axis_desc_style((FONT, 14))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(err)?;
+    let base = to_y(0.0);
+    for (gi, g) in groups.iter().enumerate() {
+        let k = g.bars.len().max(1) as f64;
+        let width = 0.8 / k;
+        for (bi, (_, key, v, whisker)) in g.bars.iter().enumerate() {
+            let x0 = gi as f64 - 0.4 + bi as f64 * width;
+            let color = color_for(key);
+            if log && *v <= 0.0 {
+                continue; // nothing to draw on a log axis; the tables give the zero
+            }
+            let top = to_y(*v / div);
+            let (lo, hi) = if log {
+                (y_min, top)
+            } else if top < base {
+                (top, base)
+            } else {
+                (base, top)
+            };
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x0 + width * 0.08, lo), (x0 + width * 0.92, hi)],
+                    color.filled(),
+                )))
+                .map_err(err)?;
+            if let Some((a, b)) = whisker {
+                let xm = x0 + width / 2.0;
+                chart
+                    .draw_series(std::iter::once(PathElement::new(
+                        vec![(xm, to_y(a / div)), (xm, to_y(b / div))],
+                        ShapeStyle::from(&BLACK).stroke_width(2),
+                    )))
+                    .map_err(err)?;
+            }
+        }
+    }
+    if let Some((r, label)) = o.reference {
+        let r = to_y(r / div);
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(-0.6, r), (n - 0.4, r)],
+                6,
+                4,
+                ShapeStyle::from(&BLACK).stroke_width(1),
+            ))
+            .map_err(err)?
+            .label(label.to_string())
+            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ShapeStyle::from(&BLACK)));
+    }
+    for (label, key) in &series_labels {
+        let color = color_for(key);
+        chart
+            .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+            .map_err(err)?
+            .label(clip(label, 40))
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .label_font((FONT, 12))
+        .background_style(WHITE.mix(0.85))
+        .border_style(RGBColor(200, 200, 200))
+        .draw()
+        .map_err(err)?;
+    Ok(())
+}
+
+/// One segment row of a segment map: (label, [(bytes, allocated?)] in address order).
+pub struct SegmentRow {
+    pub label: String,
+    pub blocks: Vec<(u64, bool)>,
+}
+
+/// Segments as horizontal bars, live blocks coloured, free pieces grey (like PyTorch's
+/// "Allocator State History").
+pub fn segment_map(title: &str, color_key: &str, rows: &[SegmentRow]) -> ChartResult {
+    let mut buf = String::new();
+    {
+        let height = (120 + rows.len() as u32 * 18).clamp(240, 1400);
+        let root = root(&mut buf, (W, height));
+        let max = rows
+            .iter()
+            .map(|r| r.blocks.iter().map(|b| b.0).sum::<u64>())
+            .max()
+            .unwrap_or(1) as f64;
+        let (div, unit) = byte_unit(max);
+        let n = rows.len().max(1);
+        let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FONT, 18))
+            .margin(14)
+            .x_label_area_size(40)
+            .y_label_area_size(150)
+            .build_cartesian_2d(0f64..max / div * 1.02, -0.5f64..(n as f64 - 0.5))
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .disable_y_mesh()
+            .y_labels(n.min(80))
+            .y_label_formatter(&|v| {
+                let i = v.round();
+                // Row 0 is drawn at the top.
+                if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < labels.len() {
+                    labels[labels.len() - 1 - i as usize].clone()
+                } else {
+                    String::new()
+                }
+            })
+            .x_desc(format!("offset in segment ({unit})"))
+            .label_style((FONT, 12))
+            .axis_desc_style((FONT, 14))
+            .draw()
+            .map_err(err)?;
+        let live = color_for(color_key);
+        let free = RGBColor(215, 215, 215);
+        for (ri, row) in rows.iter().enumerate() {
+            let y = (n - 1 - ri) as f64;
+            let mut x = 0.0;
+            for &(size, allocated) in &row.blocks {
+                let w = size as f64 / div;
+                let c = if allocated { live } else { free };
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x, y - 0.38), (x + w, y + 0.38)],
+                        c.filled(),
+                    )))
+                    .map_err(err)?;
+                chart
+                    .draw_series(std::iter::once(Rectangle::new(
+                        [(x, y - 0.38), (x + w, y + 0.38)],
+                        ShapeStyle::from(&WHITE).stroke_width(1),
+                    )))
+                    .map_err(err)?;
+                x += w;
+            }
+        }
+        for (label, c) in [("live block", live), ("free (cached) piece", free)] {
+            chart
+                .draw_series(std::iter::empty::<Rectangle<(f64, f64)>>())
+                .map_err(err)?
+                .label(label)
+                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font((FONT, 12))
+            .background_style(WHITE.mix(0.9))
+            .border_style(RGBColor(200, 200, 200))
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(buf)
+}

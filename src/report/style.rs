@@ -1,0 +1,85 @@
+//! Colours (one per allocator, the same in every chart), units and labels.
+
+use plotters::style::RGBColor;
+
+/// A fixed colour per known allocator/config name; others get a stable colour from a palette.
+pub fn color_for(label: &str) -> RGBColor {
+    const KNOWN: &[(&str, RGBColor)] = &[
+        ("glibc", RGBColor(214, 39, 40)),
+        ("system", RGBColor(214, 39, 40)),
+        ("jemalloc", RGBColor(31, 119, 180)),
+        ("tcmalloc", RGBColor(255, 127, 14)),
+        ("mimalloc", RGBColor(44, 160, 44)),
+        ("pytorch", RGBColor(31, 119, 180)),
+        ("pytorch expandable_segments:True", RGBColor(44, 160, 44)),
+        ("nocache", RGBColor(127, 127, 127)),
+        ("ideal", RGBColor(23, 23, 23)),
+        ("allocated", RGBColor(110, 110, 110)),
+    ];
+    const PALETTE: [RGBColor; 8] = [
+        RGBColor(148, 103, 189),
+        RGBColor(140, 86, 75),
+        RGBColor(227, 119, 194),
+        RGBColor(188, 189, 34),
+        RGBColor(23, 190, 207),
+        RGBColor(255, 127, 14),
+        RGBColor(214, 39, 40),
+        RGBColor(174, 199, 232),
+    ];
+    if let Some((_, c)) = KNOWN.iter().find(|(n, _)| *n == label) {
+        return *c;
+    }
+    // FNV-1a: stable across runs and Rust versions.
+    let h = label.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    });
+    PALETTE[(h % PALETTE.len() as u64) as usize]
+}
+
+/// A byte unit that fits `max`: (divisor, name).
+pub fn byte_unit(max: f64) -> (f64, &'static str) {
+    const G: f64 = 1073741824.0;
+    const M: f64 = 1048576.0;
+    const K: f64 = 1024.0;
+    if max >= 4.0 * G {
+        (G, "GiB")
+    } else if max >= 4.0 * M {
+        (M, "MiB")
+    } else if max >= 4.0 * K {
+        (K, "KiB")
+    } else {
+        (1.0, "B")
+    }
+}
+
+/// Shortens a label for a legend.
+pub fn clip(s: &str, n: usize) -> String {
+    if s.chars().count() > n {
+        format!("{}…", s.chars().take(n - 1).collect::<String>())
+    } else {
+        s.to_string()
+    }
+}
+
+/// A file-name-safe slug.
+pub fn slug(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    while out.contains("--") {
+        out = out.replace("--", "-");
+    }
+    let t = out.trim_matches('-');
+    if t.is_empty() {
+        "default".into()
+    } else {
+        clip(t, 60).trim_end_matches('…').to_string()
+    }
+}
