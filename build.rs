@@ -3,12 +3,7 @@ use std::process::Command;
 
 fn main() {
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());
-    let version = Command::new(rustc)
-        .arg("--version")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .unwrap_or_default();
+    let version = Command::new(rustc).arg("--version").output().ok().and_then(|o| String::from_utf8(o.stdout).ok()).unwrap_or_default();
     println!("cargo:rustc-env=ALLOCBENCH_RUSTC={}", version.trim());
     let rev = Command::new("git")
         .args(["rev-parse", "--short=12", "HEAD"])

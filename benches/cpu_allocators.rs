@@ -14,14 +14,7 @@ use rand::{RngExt, SeedableRng};
 /// A fixed op sequence: allocate a size, or free the i-th live block; ~half the live set churns.
 fn ops(sizes: &[usize], n: usize) -> Vec<(usize, usize)> {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(42);
-    (0..n)
-        .map(|_| {
-            (
-                sizes[rng.random_range(0..sizes.len())],
-                rng.random_range(0..256),
-            )
-        })
-        .collect()
+    (0..n).map(|_| (sizes[rng.random_range(0..sizes.len())], rng.random_range(0..256))).collect()
 }
 
 fn run_mix(alloc: &(dyn GlobalAlloc + Sync), ops: &[(usize, usize)]) {
@@ -50,11 +43,7 @@ fn size_mixes(c: &mut Criterion) {
         ("python_100B_100KB", vec![100, 1000, 10_000, 100_000]),
         ("tensors_4KB_1MB", vec![4096, 65_536, 262_144, 1 << 20]),
     ];
-    let allocators: [(&str, &(dyn GlobalAlloc + Sync)); 3] = [
-        ("system", &System),
-        ("jemalloc", &JEMALLOC),
-        ("mimalloc", &MIMALLOC),
-    ];
+    let allocators: [(&str, &(dyn GlobalAlloc + Sync)); 3] = [("system", &System), ("jemalloc", &JEMALLOC), ("mimalloc", &MIMALLOC)];
     let mut group = c.benchmark_group("cpu_size_mix");
     for (mix, sizes) in &mixes {
         let seq = ops(sizes, 20_000);
@@ -62,20 +51,16 @@ fn size_mixes(c: &mut Criterion) {
             // malloc + free per op, on every thread.
             group.throughput(Throughput::Elements(2 * seq.len() as u64 * threads as u64));
             for (name, alloc) in allocators {
-                group.bench_with_input(
-                    BenchmarkId::new(format!("{name}/{threads}t"), mix),
-                    &seq,
-                    |b, seq| {
-                        b.iter(|| {
-                            std::thread::scope(|s| {
-                                for _ in 1..threads {
-                                    s.spawn(|| run_mix(alloc, seq));
-                                }
-                                run_mix(alloc, seq);
-                            })
+                group.bench_with_input(BenchmarkId::new(format!("{name}/{threads}t"), mix), &seq, |b, seq| {
+                    b.iter(|| {
+                        std::thread::scope(|s| {
+                            for _ in 1..threads {
+                                s.spawn(|| run_mix(alloc, seq));
+                            }
+                            run_mix(alloc, seq);
                         })
-                    },
-                );
+                    })
+                });
             }
         }
     }
@@ -83,21 +68,9 @@ fn size_mixes(c: &mut Criterion) {
 }
 
 fn harness_overhead(c: &mut Criterion) {
-    let path = format!(
-        "{}/workloads/python-objects.toml",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let source = Source::Workload(Box::new(
-        Workload::load(std::path::Path::new(&path)).unwrap(),
-    ));
-    let opts = DriverOptions {
-        threads: 1,
-        cross_thread: false,
-        scale: 1.0,
-        iterations: Some(200),
-        duration: None,
-        touch: false,
-    };
+    let path = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let source = Source::Workload(Box::new(Workload::load(std::path::Path::new(&path)).unwrap()));
+    let opts = DriverOptions { threads: 1, cross_thread: false, scale: 1.0, iterations: Some(200), duration: None, touch: false };
     let iteration = AtomicU64::new(0);
     let mut group = c.benchmark_group("cpu_harness_overhead");
     group.sample_size(10);
@@ -112,15 +85,7 @@ fn harness_overhead(c: &mut Criterion) {
         // Only the timed replay of compiled ops counts (what the driver reports as replay time);
         // event generation and compilation happen outside it.
         group.bench_function(format!("replay_loop/{}", alloc.name), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        std::time::Duration::from_nanos(
-                            drive(&source, alloc, &opts, &iteration).unwrap().replay_ns,
-                        )
-                    })
-                    .sum()
-            })
+            b.iter_custom(|iters| (0..iters).map(|_| std::time::Duration::from_nanos(drive(&source, alloc, &opts, &iteration).unwrap().replay_ns)).sum())
         });
     }
     group.finish();

@@ -12,43 +12,22 @@ use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughpu
 
 fn workload_events(file: &str) -> Vec<Event> {
     let path = format!("{}/workloads/{file}", env!("CARGO_MANIFEST_DIR"));
-    Workload::load(std::path::Path::new(&path))
-        .expect("shipped workload")
-        .events()
-        .collect()
+    Workload::load(std::path::Path::new(&path)).expect("shipped workload").events().collect()
 }
 
 fn policy_replay(c: &mut Criterion) {
     let mut group = c.benchmark_group("sim_policy_replay");
     group.sample_size(10);
-    for file in [
-        "gpt3-xl-1.3b.toml",
-        "serving-llama7b.toml",
-        "model-switch.toml",
-    ] {
+    for file in ["gpt3-xl-1.3b.toml", "serving-llama7b.toml", "model-switch.toml"] {
         let events = workload_events(file);
         group.throughput(Throughput::Elements(events.len() as u64));
-        for conf in [
-            "",
-            "expandable_segments:True",
-            "max_split_size_mb:512,roundup_power2_divisions:4",
-        ] {
+        for conf in ["", "expandable_segments:True", "max_split_size_mb:512,roundup_power2_divisions:4"] {
             let cfg = AllocatorConfig::parse(conf).unwrap();
-            let label = format!(
-                "{file}/pytorch[{}]",
-                if conf.is_empty() { "default" } else { conf }
-            );
+            let label = format!("{file}/pytorch[{}]", if conf.is_empty() { "default" } else { conf });
             group.bench_function(label, |b| {
                 b.iter_batched(
                     || CachingAllocator::new(cfg.clone(), SimDevice::new(H100_CAPACITY_BYTES)),
-                    |mut a| {
-                        replay(
-                            &mut a,
-                            events.iter().copied().map(Ok),
-                            &ReplayOptions::default(),
-                        )
-                        .unwrap()
-                    },
+                    |mut a| replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap(),
                     BatchSize::LargeInput,
                 )
             });
@@ -56,14 +35,7 @@ fn policy_replay(c: &mut Criterion) {
         group.bench_function(format!("{file}/ideal"), |b| {
             b.iter_batched(
                 || IdealAllocator::new(H100_CAPACITY_BYTES),
-                |mut a| {
-                    replay(
-                        &mut a,
-                        events.iter().copied().map(Ok),
-                        &ReplayOptions::default(),
-                    )
-                    .unwrap()
-                },
+                |mut a| replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap(),
                 BatchSize::LargeInput,
             )
         });

@@ -7,9 +7,8 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::error::InputError;
 use crate::gpu::config::AllocatorConfig;
-use crate::gpu::device::H100_CAPACITY_BYTES;
 use crate::gpu::replay::OnOom;
-use crate::gpu_run::{self, build_sim_allocator, GPU_ALLOCATORS};
+use crate::gpu_run::{self, build_allocator, Backend, GPU_ALLOCATORS};
 use crate::input::Source;
 use crate::results::{write_jsonl, ResultRecord};
 use crate::trace::TraceWriter;
@@ -48,6 +47,35 @@ pub enum Command {
     MallocInfo,
     /// Render SVG charts and an index (README.md, index.html) from results files.
     Report(ReportArgs),
+    /// Measure cuMemAlloc/cuMemFree latency by size (512 B ... 8 GiB) and a warm cuMemAllocAsync pool on a real GPU.
+    Devprobe(DevprobeArgs),
+    /// Compare the simulator's memory_stats() with PyTorch's on the same trace (from scripts/torch_replay.py).
+    Fidelity(FidelityArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DevprobeArgs {
+    /// Timings per size (fewer for sizes of 1 GiB and more).
+    #[arg(long, default_value_t = 50)]
+    pub reps: usize,
+    /// Write the results as JSON ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct FidelityArgs {
+    /// The trace (.csv) that torch_replay.py replayed.
+    pub trace: PathBuf,
+    /// torch_replay.py's JSON output.
+    #[arg(long)]
+    pub torch_json: PathBuf,
+    /// Override the conf (default: the one PyTorch ran with).
+    #[arg(long)]
+    pub conf: Option<String>,
+    /// Write the comparison as JSON ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
 }
 
 #[derive(Args, Debug)]
@@ -112,9 +140,7 @@ fn parse_scale(s: &str) -> Result<f64, String> {
             let b: f64 = b.trim().parse().map_err(|_| format!("bad scale '{s}'"))?;
             a / b
         }
-        None => s.trim().parse().map_err(|_| {
-            format!("bad scale '{s}': use a number such as 0.5 or a fraction such as 1/256")
-        })?,
+        None => s.trim().parse().map_err(|_| format!("bad scale '{s}': use a number such as 0.5 or a fraction such as 1/256"))?,
     };
     if !(v > 0.0 && v <= 1.0) {
         return Err(format!("scale {s} must be in (0, 1]"));
@@ -152,13 +178,25 @@ pub struct DeviceArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Where device memory comes from: the simulated device, or a real GPU (CUDA driver).
+    #[arg(long, value_enum, default_value = "sim")]
+    pub device: Backend,
+    /// Account simulated device time with latencies measured by `allocbench devprobe` (its results file).
+    #[arg(long)]
+    pub sim_latency: Option<PathBuf>,
+}
+
+impl DeviceArgs {
+    fn latency_model(&self) -> anyhow::Result<Option<crate::gpu::devprobe::LatencyModel>> {
+        self.sim_latency.as_deref().map(crate::gpu::devprobe::LatencyModel::load).transpose()
+    }
 }
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
     /// A trace (.csv) or workload (.toml).
     pub input: PathBuf,
-    /// GPU allocator policy: pytorch, nocache or ideal.
+    /// GPU allocator policy: pytorch, nocache, ideal, or async (CUDA's pool; --device cuda).
     #[arg(long, default_value = "pytorch")]
     pub allocator: String,
     /// PYTORCH_CUDA_ALLOC_CONF string (default: the environment variable, else PyTorch's defaults).
@@ -202,9 +240,7 @@ fn parse_capacity(s: &str) -> Result<u64, String> {
 /// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
 pub fn main_with(cli: Cli) -> i32 {
     crate::interrupt::install();
-    let result = match cli.command.unwrap_or(Command::Demo(DemoArgs {
-        jsonl: PathBuf::from("results/demo.jsonl"),
-    })) {
+    let result = match cli.command.unwrap_or(Command::Demo(DemoArgs { jsonl: PathBuf::from("results/demo.jsonl") })) {
         Command::Demo(a) => demo(&a),
         Command::Trace(a) => trace(&a),
         Command::Replay(a) => replay(&a),
@@ -212,6 +248,8 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Cpu(a) => cpu(&a),
         Command::MallocInfo => malloc_info(),
         Command::Report(a) => report(&a),
+        Command::Devprobe(a) => devprobe(&a),
+        Command::Fidelity(a) => fidelity(&a),
     };
     match result {
         Ok(()) => 0,
@@ -232,12 +270,7 @@ fn progress(quiet: bool, label: &str) -> Option<indicatif::ProgressBar> {
         return None;
     }
     let pb = indicatif::ProgressBar::new_spinner();
-    pb.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} {msg} {pos} events ({per_sec}) {elapsed}",
-        )
-        .expect("valid template"),
-    );
+    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {pos} events ({per_sec}) {elapsed}").expect("valid template"));
     pb.set_message(label.to_string());
     Some(pb)
 }
@@ -246,15 +279,10 @@ fn open_output(path: &str) -> anyhow::Result<Box<dyn Write>> {
     if path == "-" {
         return Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock())));
     }
-    if let Some(parent) = Path::new(path)
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-    {
-        std::fs::create_dir_all(parent)
-            .map_err(|e| InputError::new(path, format!("cannot create folder: {e}")))?;
+    if let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| InputError::new(path, format!("cannot create folder: {e}")))?;
     }
-    let f = std::fs::File::create(path)
-        .map_err(|e| InputError::new(path, format!("cannot create: {e}")))?;
+    let f = std::fs::File::create(path).map_err(|e| InputError::new(path, format!("cannot create: {e}")))?;
     Ok(Box::new(std::io::BufWriter::new(f)))
 }
 
@@ -263,19 +291,8 @@ fn trace(a: &TraceArgs) -> anyhow::Result<()> {
     let info = source.info()?;
     let comments = vec![
         "allocbench trace v1".to_string(),
-        format!(
-            "source: {} ({}), sha256 {}",
-            info.origin, info.kind, info.sha256
-        ),
-        format!(
-            "workload: {}{}",
-            info.name,
-            if info.description.is_empty() {
-                String::new()
-            } else {
-                format!(" - {}", info.description)
-            }
-        ),
+        format!("source: {} ({}), sha256 {}", info.origin, info.kind, info.sha256),
+        format!("workload: {}{}", info.name, if info.description.is_empty() { String::new() } else { format!(" - {}", info.description) }),
     ];
     let mut w = TraceWriter::new(open_output(&a.output)?, &comments)?;
     let mut n = 0u64;
@@ -293,14 +310,11 @@ fn trace(a: &TraceArgs) -> anyhow::Result<()> {
 fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
     let source = Source::open(Some(&a.input))?;
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
-    let capacity = a.device.capacity.unwrap_or(H100_CAPACITY_BYTES);
-    let mut alloc = build_sim_allocator(&a.allocator, &conf, capacity)?;
-    let pb = progress(
-        a.device.quiet || a.json.as_deref() == Some("-"),
-        &format!("replaying through {}", a.allocator),
-    );
+    let latency = a.device.latency_model()?;
+    let (mut alloc, backend, capacity) = build_allocator(&a.allocator, &conf, a.device.device, a.device.capacity, latency.as_ref())?;
+    let pb = progress(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
     let opts = gpu_run::replay_options(a.device.on_oom, a.device.sample_every, pb.clone());
-    let result = gpu_run::run_one(&source, alloc.as_mut(), &conf, capacity, &opts, "sim")?;
+    let result = gpu_run::run_one(&source, alloc.as_mut(), &conf, capacity, &opts, backend)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -312,10 +326,7 @@ fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
         }
         Some(path) => {
             let mut out = open_output(path)?;
-            serde_json::to_writer_pretty(
-                &mut out,
-                &ResultRecord::GpuReplay(Box::new(result.clone())),
-            )?;
+            serde_json::to_writer_pretty(&mut out, &ResultRecord::GpuReplay(Box::new(result.clone())))?;
             writeln!(out)?;
             out.flush()?;
             print!("{}", gpu_run::describe(&result));
@@ -339,44 +350,21 @@ fn print_histogram(h: &[(u64, u64)]) {
     let max = h.iter().map(|(_, c)| *c).max().unwrap_or(1);
     for (lo, c) in h {
         let bar = "#".repeat(((*c as f64 / max as f64) * 40.0).ceil() as usize);
-        println!(
-            "  >= {:>10} {:>10} {:>5.1}% {bar}",
-            crate::units::format_bytes(*lo),
-            c,
-            100.0 * *c as f64 / total as f64
-        );
+        println!("  >= {:>10} {:>10} {:>5.1}% {bar}", crate::units::format_bytes(*lo), c, 100.0 * *c as f64 / total as f64);
     }
 }
 
 fn run(a: &RunArgs) -> anyhow::Result<()> {
     let source = Source::open(a.input.as_deref())?;
-    run_comparison(
-        &source,
-        &a.allocators,
-        &a.confs,
-        &a.device,
-        a.jsonl.as_deref(),
-    )
+    run_comparison(&source, &a.allocators, &a.confs, &a.device, a.jsonl.as_deref())
 }
 
 /// Replays `source` under each allocator (and each conf for pytorch), writing each result as it
 /// finishes, then prints the comparison table.
-fn run_comparison(
-    source: &Source,
-    allocators: &[String],
-    confs: &[String],
-    dev: &DeviceArgs,
-    jsonl: Option<&Path>,
-) -> anyhow::Result<()> {
-    let capacity = dev.capacity.unwrap_or(H100_CAPACITY_BYTES);
-    let confs: Vec<AllocatorConfig> = if confs.is_empty() {
-        vec![AllocatorConfig::from_env()?]
-    } else {
-        confs
-            .iter()
-            .map(|c| AllocatorConfig::parse(c))
-            .collect::<Result<_, _>>()?
-    };
+fn run_comparison(source: &Source, allocators: &[String], confs: &[String], dev: &DeviceArgs, jsonl: Option<&Path>) -> anyhow::Result<()> {
+    let latency = dev.latency_model()?;
+    let confs: Vec<AllocatorConfig> =
+        if confs.is_empty() { vec![AllocatorConfig::from_env()?] } else { confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()? };
     for name in allocators {
         if !GPU_ALLOCATORS.iter().any(|(n, _)| n == name) {
             return Err(gpu_run::unknown_allocator(name).into());
@@ -388,24 +376,13 @@ fn run_comparison(
     };
     let mut rows = Vec::new();
     for name in allocators {
-        let confs_for: Vec<&AllocatorConfig> = if name == "pytorch" {
-            confs.iter().collect()
-        } else {
-            vec![&confs[0]]
-        };
+        let confs_for: Vec<&AllocatorConfig> = if name == "pytorch" { confs.iter().collect() } else { vec![&confs[0]] };
         for conf in confs_for {
-            let mut alloc = build_sim_allocator(name, conf, capacity)?;
-            let label = format!(
-                "{name} {}",
-                if name == "pytorch" {
-                    conf.to_string()
-                } else {
-                    String::new()
-                }
-            );
+            let (mut alloc, backend, capacity) = build_allocator(name, conf, dev.device, dev.capacity, latency.as_ref())?;
+            let label = format!("{name} {}", if name == "pytorch" { conf.to_string() } else { String::new() });
             let pb = progress(dev.quiet, &label);
             let opts = gpu_run::replay_options(dev.on_oom, dev.sample_every, pb.clone());
-            let r = gpu_run::run_one(source, alloc.as_mut(), conf, capacity, &opts, "sim")?;
+            let r = gpu_run::run_one(source, alloc.as_mut(), conf, capacity, &opts, backend)?;
             if let Some(pb) = pb {
                 pb.finish_and_clear();
             }
@@ -421,11 +398,11 @@ fn run_comparison(
     }
     let info = source.info()?;
     println!(
-        "{} ({}), {} events, capacity {}",
+        "{} ({}), {} events, {}",
         info.name,
         info.kind,
         rows.first().map(|r| r.work.events).unwrap_or(0),
-        crate::units::format_bytes(capacity)
+        rows.first().map(|r| r.device.clone()).unwrap_or_default()
     );
     print!("{}", gpu_run::comparison_table(&rows));
     if let Some(p) = jsonl {
@@ -442,32 +419,15 @@ fn demo(a: &DemoArgs) -> anyhow::Result<()> {
         "max_split_size_mb:512,roundup_power2_divisions:[256:1,512:2,>:4]".to_string(),
         "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95".to_string(),
     ];
-    println!(
-        "allocbench demo: {} (embedded default workload)\n",
-        Source::open(None)?.info()?.description
-    );
-    let dev = DeviceArgs {
-        capacity: None,
-        on_oom: OnOom::Stop,
-        sample_every: None,
-        quiet: false,
-    };
-    run_comparison(
-        &source,
-        &["pytorch".into(), "nocache".into(), "ideal".into()],
-        &confs,
-        &dev,
-        Some(&a.jsonl),
-    )?;
+    println!("allocbench demo: {} (embedded default workload)\n", Source::open(None)?.info()?.description);
+    let dev = DeviceArgs { capacity: None, on_oom: OnOom::Stop, sample_every: None, quiet: false, device: Backend::Sim, sim_latency: None };
+    run_comparison(&source, &["pytorch".into(), "nocache".into(), "ideal".into()], &confs, &dev, Some(&a.jsonl))?;
     println!("\nNext: `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest.");
     Ok(())
 }
 
 fn malloc_info() -> anyhow::Result<()> {
-    println!(
-        "{}",
-        serde_json::to_string_pretty(&crate::cpu::preload::live_malloc())?
-    );
+    println!("{}", serde_json::to_string_pretty(&crate::cpu::preload::live_malloc())?);
     Ok(())
 }
 
@@ -480,33 +440,18 @@ fn cpu(a: &CpuArgs) -> anyhow::Result<()> {
         if std::env::var_os(PRELOAD_CHILD_ENV).is_none() {
             let lib = preload::resolve_preload(spec)?;
             let exe = std::env::current_exe()?;
-            let status = std::process::Command::new(exe)
-                .args(std::env::args_os().skip(1))
-                .env("LD_PRELOAD", &lib)
-                .env(PRELOAD_CHILD_ENV, "1")
-                .status()?;
+            let status = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_PRELOAD", &lib).env(PRELOAD_CHILD_ENV, "1").status()?;
             std::process::exit(status.code().unwrap_or(1));
         }
     }
-    let expect = a.expect_malloc.clone().or_else(|| {
-        a.preload
-            .as_deref()
-            .and_then(|p| preload::resolve_preload(p).ok())
-            .map(|p| preload::classify(&p.display().to_string()))
-    });
+    let expect = a
+        .expect_malloc
+        .clone()
+        .or_else(|| a.preload.as_deref().and_then(|p| preload::resolve_preload(p).ok()).map(|p| preload::classify(&p.display().to_string())));
     let source = Source::open(Some(&a.input))?;
-    let names: Vec<&str> = if a.allocator == "all" {
-        crate::cpu::allocators::CPU_ALLOCATORS
-            .iter()
-            .map(|(n, _)| *n)
-            .collect()
-    } else {
-        a.allocator.split(',').collect()
-    };
-    let allocs: Vec<CpuAllocator> = names
-        .iter()
-        .map(|n| CpuAllocator::by_name(n))
-        .collect::<Result<_, _>>()?;
+    let names: Vec<&str> =
+        if a.allocator == "all" { crate::cpu::allocators::CPU_ALLOCATORS.iter().map(|(n, _)| *n).collect() } else { a.allocator.split(',').collect() };
+    let allocs: Vec<CpuAllocator> = names.iter().map(|n| CpuAllocator::by_name(n)).collect::<Result<_, _>>()?;
     let live = preload::live_malloc();
     if let Some(e) = expect.as_deref() {
         // Under a preload, "system" must be the promised allocator.
@@ -563,10 +508,63 @@ fn cpu(a: &CpuArgs) -> anyhow::Result<()> {
 fn report(a: &ReportArgs) -> anyhow::Result<()> {
     let records = crate::report::load(&a.results)?;
     let charts = crate::report::render(&records, &a.output, &a.title)?;
+    println!("wrote {} charts, README.md and index.html to {}", charts.len(), a.output.display());
+    Ok(())
+}
+
+fn devprobe(a: &DevprobeArgs) -> anyhow::Result<()> {
+    let device = crate::gpu::cuda::CudaDevice::open(0)?;
+    eprintln!("probing {} ...", crate::gpu::device::Device::describe(&device));
+    let r = crate::gpu::cuda::devprobe(device, a.reps.max(3)).map_err(|e| anyhow::anyhow!("devprobe failed: {e}"))?;
+    println!("{:>10} {:>12} {:>12} {:>12} {:>12} {:>14}", "size", "malloc p50", "malloc p99", "free p50", "free p99", "async pool p50");
+    for (i, m) in r.malloc.iter().enumerate() {
+        let f = &r.free[i];
+        let p = r.async_pool_alloc_free.get(i).map(|s| s.p50_ns).unwrap_or(0);
+        println!(
+            "{:>10} {:>10.1}us {:>10.1}us {:>10.1}us {:>10.1}us {:>12.2}us",
+            crate::units::format_bytes(m.bytes),
+            m.p50_ns as f64 / 1e3,
+            m.p99_ns as f64 / 1e3,
+            f.p50_ns as f64 / 1e3,
+            f.p99_ns as f64 / 1e3,
+            p as f64 / 1e3
+        );
+    }
+    if let Some(path) = &a.json {
+        let mut out = open_output(path)?;
+        serde_json::to_writer_pretty(&mut out, &ResultRecord::Devprobe(Box::new(r)))?;
+        writeln!(out)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+fn fidelity(a: &FidelityArgs) -> anyhow::Result<()> {
+    use crate::gpu::fidelity;
+    let torch = fidelity::load_torch(&a.torch_json)?;
+    let r = fidelity::check(&a.trace, &torch, a.conf.as_deref())?;
     println!(
-        "wrote {} charts, README.md and index.html to {}",
-        charts.len(),
-        a.output.display()
+        "fidelity of {} against PyTorch {} on {} [conf: {}]: {} snapshots x {} keys compared, {} mismatches",
+        a.trace.display(),
+        r.torch_version,
+        r.device,
+        if r.conf.is_empty() { "default" } else { &r.conf },
+        r.snapshots_compared,
+        r.keys_compared,
+        r.mismatches.len()
     );
+    for m in &r.mismatches {
+        println!("  {:<10} {:<40} sim {:>16}  torch {:>16}", m.at, m.key, m.sim, m.torch);
+    }
+    println!("target keys ({}) at the end: {}", fidelity::TARGET_KEYS.join(", "), if r.target_identical { "identical" } else { "DIFFERENT" });
+    if let Some(path) = &a.json {
+        let mut out = open_output(path)?;
+        serde_json::to_writer_pretty(&mut out, &r)?;
+        writeln!(out)?;
+        out.flush()?;
+    }
+    if !r.target_identical {
+        anyhow::bail!("the simulator disagrees with PyTorch on a target key");
+    }
     Ok(())
 }

@@ -11,10 +11,7 @@ pub struct InputError {
 
 impl InputError {
     pub fn new(location: impl Into<String>, message: impl Into<String>) -> Self {
-        InputError {
-            location: location.into(),
-            message: message.into(),
-        }
+        InputError { location: location.into(), message: message.into() }
     }
 }
 

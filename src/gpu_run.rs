@@ -13,44 +13,71 @@ use crate::units::format_bytes;
 
 /// Registered GPU policies: name → what it is.
 pub const GPU_ALLOCATORS: &[(&str, &str)] = &[
-    (
-        "pytorch",
-        "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)",
-    ),
-    (
-        "nocache",
-        "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor",
-    ),
-    (
-        "ideal",
-        "reserves exactly the live bytes: the physical lower bound",
-    ),
+    ("pytorch", "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)"),
+    ("nocache", "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor"),
+    ("ideal", "reserves exactly the live bytes: the physical lower bound"),
+    ("async", "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)"),
 ];
 
-/// Builds a policy over a simulated device of `capacity` bytes.
-pub fn build_sim_allocator(
+/// Where the policy's device memory comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Backend {
+    /// The deterministic simulated device (every machine).
+    Sim,
+    /// A real GPU through the CUDA driver.
+    Cuda,
+}
+
+/// Builds a policy on the chosen backend; returns it with the backend's name and capacity.
+pub fn build_allocator(
     name: &str,
     conf: &AllocatorConfig,
-    capacity: u64,
-) -> Result<Box<dyn GpuAllocator>, InputError> {
-    let device = SimDevice::new(capacity);
-    match name {
-        "pytorch" => Ok(Box::new(CachingAllocator::new(conf.clone(), device))),
-        "nocache" => Ok(Box::new(NoCacheAllocator::new(device))),
-        "ideal" => Ok(Box::new(IdealAllocator::new(capacity))),
-        other => Err(unknown_allocator(other)),
+    backend: Backend,
+    capacity: Option<u64>,
+    sim_latency: Option<&crate::gpu::devprobe::LatencyModel>,
+) -> Result<(Box<dyn GpuAllocator>, &'static str, u64), InputError> {
+    use crate::gpu::cuda::{AsyncPoolAllocator, CudaDevice};
+    use crate::gpu::device::{Device, H100_CAPACITY_BYTES};
+    if !GPU_ALLOCATORS.iter().any(|(n, _)| *n == name) {
+        return Err(unknown_allocator(name));
+    }
+    match backend {
+        Backend::Sim => {
+            if name == "async" {
+                return Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"));
+            }
+            let capacity = capacity.unwrap_or(H100_CAPACITY_BYTES);
+            let mut device = SimDevice::new(capacity);
+            if let Some(m) = sim_latency {
+                device = device.with_latency(m.clone());
+            }
+            let a: Box<dyn GpuAllocator> = match name {
+                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
+                "nocache" => Box::new(NoCacheAllocator::new(device)),
+                _ => Box::new(IdealAllocator::new(capacity)),
+            };
+            Ok((a, "sim", capacity))
+        }
+        Backend::Cuda => {
+            if capacity.is_some() {
+                return Err(InputError::new("--capacity", "a real GPU has the capacity it has: use per_process_memory_fraction in --conf to cap it"));
+            }
+            let device = CudaDevice::open(0)?;
+            let capacity = device.capacity();
+            let a: Box<dyn GpuAllocator> = match name {
+                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
+                "nocache" => Box::new(NoCacheAllocator::new(device)),
+                "async" => Box::new(AsyncPoolAllocator::new(device).map_err(|e| InputError::new("--device cuda", e.to_string()))?),
+                _ => Box::new(IdealAllocator::new(capacity)),
+            };
+            Ok((a, "cuda", capacity))
+        }
     }
 }
 
 pub fn unknown_allocator(name: &str) -> InputError {
     let names: Vec<&str> = GPU_ALLOCATORS.iter().map(|(n, _)| *n).collect();
-    InputError::new(
-        "--allocator",
-        format!(
-            "unknown GPU allocator '{name}' (known: {})",
-            names.join(", ")
-        ),
-    )
+    InputError::new("--allocator", format!("unknown GPU allocator '{name}' (known: {})", names.join(", ")))
 }
 
 /// Replays `source` through one allocator and returns the results record.
@@ -65,11 +92,7 @@ pub fn run_one(
     let events = source.events()?;
     let outcome = replay(alloc, events, opts)?;
     let stats = alloc.stats();
-    let conf_str = if alloc.name() == "pytorch" {
-        conf.source.clone()
-    } else {
-        String::new()
-    };
+    let conf_str = if alloc.name() == "pytorch" { conf.source.clone() } else { String::new() };
     Ok(GpuRunResult {
         schema_version: SCHEMA_VERSION,
         allocator: alloc.name(),
@@ -96,11 +119,7 @@ pub fn run_one(
             peak_allocated: stats.allocated_bytes.all.peak as u64,
             allocated_at_peak_reserved: outcome.allocated_at_peak_reserved,
             fragmentation_at_peak: outcome.fragmentation_at_peak(),
-            utilization: if outcome.peak_reserved > 0 {
-                stats.allocated_bytes.all.peak as f64 / outcome.peak_reserved as f64
-            } else {
-                0.0
-            },
+            utilization: if outcome.peak_reserved > 0 { stats.allocated_bytes.all.peak as f64 / outcome.peak_reserved as f64 } else { 0.0 },
             overhead: outcome.overhead(),
             largest_free_block_end: alloc.largest_free_block(),
             device_mallocs: stats.num_device_alloc,
@@ -110,6 +129,7 @@ pub fn run_one(
             interrupted: outcome.interrupted,
             elapsed_s: outcome.elapsed_s,
             events_per_s: outcome.events_per_s(),
+            device_time_s: alloc.device_time_ns().map(|ns| ns as f64 / 1e9),
         },
         timeline: outcome.timeline,
         segments_at_peak: outcome.segments_at_peak,
@@ -123,37 +143,15 @@ pub fn describe(r: &GpuRunResult) -> String {
     let w = &r.work;
     let sm = &r.summary;
     let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
-    s += &format!(
-        "workload    {} ({}), {} events: {} allocs, {} frees, {} steps\n",
-        r.workload.name, r.workload.kind, w.events, w.allocs, w.frees, w.steps
-    );
+    s += &format!("workload    {} ({}), {} events: {} allocs, {} frees, {} steps\n", r.workload.name, r.workload.kind, w.events, w.allocs, w.frees, w.steps);
     s += &format!(
         "allocator   {}{}  on {}\n",
         r.allocator,
-        if r.allocator == "pytorch" {
-            format!(
-                " [{}]",
-                if r.conf.is_empty() {
-                    "default conf"
-                } else {
-                    &r.conf
-                }
-            )
-        } else {
-            String::new()
-        },
+        if r.allocator == "pytorch" { format!(" [{}]", if r.conf.is_empty() { "default conf" } else { &r.conf }) } else { String::new() },
         r.device
     );
-    s += &format!(
-        "peak live   {}   (what the workload holds at once)\n",
-        format_bytes(w.peak_live_bytes)
-    );
-    s += &format!(
-        "peak reserved {}  = {:.3} x peak live;  peak allocated {}\n",
-        format_bytes(sm.peak_reserved),
-        sm.overhead,
-        format_bytes(sm.peak_allocated)
-    );
+    s += &format!("peak live   {}   (what the workload holds at once)\n", format_bytes(w.peak_live_bytes));
+    s += &format!("peak reserved {}  = {:.3} x peak live;  peak allocated {}\n", format_bytes(sm.peak_reserved), sm.overhead, format_bytes(sm.peak_allocated));
     s += &format!(
         "fragmentation at peak reserved {:.1} %  (1 - allocated/reserved); utilization {:.1} %\n",
         100.0 * sm.fragmentation_at_peak,
@@ -181,21 +179,12 @@ pub fn describe(r: &GpuRunResult) -> String {
                 format_bytes(o.device_free)
             );
         }
-        None => {
-            s += &format!(
-                "no OOM      headroom at peak: {}\n",
-                format_bytes(r.capacity.saturating_sub(sm.peak_reserved))
-            )
-        }
+        None => s += &format!("no OOM      headroom at peak: {}\n", format_bytes(r.capacity.saturating_sub(sm.peak_reserved))),
     }
     if sm.interrupted {
         s += "interrupted (Ctrl-C): the numbers cover the events replayed so far\n";
     }
-    s += &format!(
-        "speed       {:.2} M events/s ({:.3} s)\n",
-        sm.events_per_s / 1e6,
-        sm.elapsed_s
-    );
+    s += &format!("speed       {:.2} M events/s ({:.3} s)\n", sm.events_per_s / 1e6, sm.elapsed_s);
     s
 }
 
@@ -203,27 +192,11 @@ pub fn describe(r: &GpuRunResult) -> String {
 pub fn comparison_table(rows: &[GpuRunResult]) -> String {
     let mut s = format!(
         "{:<10} {:<48} {:>12} {:>12} {:>8} {:>7} {:>9} {:>8} {:>14}\n",
-        "allocator",
-        "conf",
-        "peak rsvd",
-        "peak alloc",
-        "rsvd/live",
-        "frag%",
-        "dev mallocs",
-        "retries",
-        "OOM (step)"
+        "allocator", "conf", "peak rsvd", "peak alloc", "rsvd/live", "frag%", "dev mallocs", "retries", "OOM (step)"
     );
     for r in rows {
-        let conf = if r.allocator == "pytorch" && r.conf.is_empty() {
-            "(default)".to_string()
-        } else {
-            r.conf.clone()
-        };
-        let conf = if conf.chars().count() > 48 {
-            format!("{}…", conf.chars().take(47).collect::<String>())
-        } else {
-            conf
-        };
+        let conf = if r.allocator == "pytorch" && r.conf.is_empty() { "(default)".to_string() } else { r.conf.clone() };
+        let conf = if conf.chars().count() > 48 { format!("{}…", conf.chars().take(47).collect::<String>()) } else { conf };
         let oom = match &r.oom {
             Some(o) => format!("{} ({})", o.cause, o.step),
             None => "-".into(),
@@ -245,15 +218,6 @@ pub fn comparison_table(rows: &[GpuRunResult]) -> String {
 }
 
 /// Options shared by replays started from the CLI.
-pub fn replay_options(
-    on_oom: OnOom,
-    sample_every: Option<u64>,
-    progress: Option<indicatif::ProgressBar>,
-) -> ReplayOptions {
-    ReplayOptions {
-        on_oom,
-        sample_every_events: sample_every,
-        progress,
-        ..Default::default()
-    }
+pub fn replay_options(on_oom: OnOom, sample_every: Option<u64>, progress: Option<indicatif::ProgressBar>) -> ReplayOptions {
+    ReplayOptions { on_oom, sample_every_events: sample_every, progress, ..Default::default() }
 }

@@ -38,11 +38,7 @@ impl Source {
         if !path.exists() {
             return Err(InputError::new(path.display().to_string(), "no such file").into());
         }
-        let ext = path
-            .extension()
-            .and_then(|e| e.to_str())
-            .unwrap_or("")
-            .to_ascii_lowercase();
+        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
             "toml" => Ok(Source::Workload(Box::new(Workload::load(path)?))),
             "csv" => {
@@ -53,11 +49,7 @@ impl Source {
                 }
                 Ok(Source::Trace(path.to_path_buf()))
             }
-            _ => Err(InputError::new(
-                path.display().to_string(),
-                "unknown input type: expected a workload (.toml) or a trace (.csv)",
-            )
-            .into()),
+            _ => Err(InputError::new(path.display().to_string(), "unknown input type: expected a workload (.toml) or a trace (.csv)").into()),
         }
     }
 
@@ -80,8 +72,7 @@ impl Source {
             },
             Source::Trace(p) => {
                 let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
-                let mut f = std::fs::File::open(p)
-                    .map_err(|e| InputError::new(p.display().to_string(), e.to_string()))?;
+                let mut f = std::fs::File::open(p).map_err(|e| InputError::new(p.display().to_string(), e.to_string()))?;
                 let mut buf = vec![0u8; 1 << 20];
                 loop {
                     let n = f.read(&mut buf)?;
@@ -91,11 +82,7 @@ impl Source {
                     sha2::Digest::update(&mut hasher, &buf[..n]);
                 }
                 WorkloadInfo {
-                    name: p
-                        .file_stem()
-                        .and_then(|s| s.to_str())
-                        .unwrap_or("trace")
-                        .to_string(),
+                    name: p.file_stem().and_then(|s| s.to_str()).unwrap_or("trace").to_string(),
                     kind: "trace".into(),
                     origin: p.display().to_string(),
                     sha256: hex(&sha2::Digest::finalize(hasher)),

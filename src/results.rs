@@ -33,12 +33,7 @@ pub struct MachineInfo {
 
 impl MachineInfo {
     pub fn current() -> Self {
-        let read = |p: &str| {
-            std::fs::read_to_string(p)
-                .unwrap_or_default()
-                .trim()
-                .to_string()
-        };
+        let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default().trim().to_string();
         let cpu = read("/proc/cpuinfo")
             .lines()
             .find(|l| l.starts_with("model name"))
@@ -63,26 +58,18 @@ impl MachineInfo {
             "PYTORCH_CUDA_ALLOC_CONF",
             "PYTORCH_ALLOC_CONF",
         ];
-        let env = KNOBS
-            .iter()
-            .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
-            .collect();
+        let env = KNOBS.iter().filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v))).collect();
         MachineInfo {
             hostname: read("/proc/sys/kernel/hostname"),
             cpu,
-            cores: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1),
+            cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
             memory_bytes,
             kernel: read("/proc/sys/kernel/osrelease"),
             allocbench_version: env!("CARGO_PKG_VERSION").to_string(),
             git_rev: env!("ALLOCBENCH_GIT_REV").to_string(),
             rustc: env!("ALLOCBENCH_RUSTC").to_string(),
             env,
-            unix_time: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_secs())
-                .unwrap_or(0),
+            unix_time: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         }
     }
 }
@@ -119,6 +106,9 @@ pub struct GpuSummary {
     pub interrupted: bool,
     pub elapsed_s: f64,
     pub events_per_s: f64,
+    /// Time in device calls: measured on a GPU, modelled with `--sim-latency`, else absent.
+    #[serde(default)]
+    pub device_time_s: Option<f64>,
 }
 
 /// One GPU replay (`allocbench replay`, one row of `allocbench run`).
@@ -152,6 +142,7 @@ pub struct GpuRunResult {
 pub enum ResultRecord {
     GpuReplay(Box<GpuRunResult>),
     CpuRun(Box<crate::cpu::CpuRunResult>),
+    Devprobe(Box<crate::gpu::devprobe::DevprobeResult>),
 }
 
 impl ResultRecord {
@@ -170,17 +161,21 @@ pub fn write_jsonl(out: &mut dyn Write, rec: &ResultRecord) -> std::io::Result<(
 /// refuse other schema versions instead of drawing broken charts.
 pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| InputError::new(&name, format!("cannot read results: {e}")))?;
+    let text = std::fs::read_to_string(path).map_err(|e| InputError::new(&name, format!("cannot read results: {e}")))?;
     let parse_one = |v: serde_json::Value, loc: String| -> anyhow::Result<ResultRecord> {
         let version = v.get("schema_version").and_then(|x| x.as_u64());
         match version {
             Some(x) if x == SCHEMA_VERSION as u64 => {}
-            Some(x) => return Err(InputError::new(loc, format!("results schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: re-run the benchmark with this version")).into()),
+            Some(x) => {
+                return Err(InputError::new(
+                    loc,
+                    format!("results schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: re-run the benchmark with this version"),
+                )
+                .into())
+            }
             None => return Err(InputError::new(loc, "not an allocbench results record (no schema_version)").into()),
         }
-        serde_json::from_value(v)
-            .map_err(|e| InputError::new(loc, format!("malformed results record: {e}")).into())
+        serde_json::from_value(v).map_err(|e| InputError::new(loc, format!("malformed results record: {e}")).into())
     };
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
@@ -196,8 +191,7 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
             continue;
         }
         let loc = format!("{name}:{}", i + 1);
-        let v: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
         out.push(parse_one(v, loc)?);
     }
     Ok(out)
@@ -222,11 +216,6 @@ impl SizeHistogram {
     }
 
     pub fn buckets(&self) -> Vec<(u64, u64)> {
-        self.counts
-            .iter()
-            .enumerate()
-            .filter(|(_, &c)| c > 0)
-            .map(|(k, &c)| (1u64 << k, c))
-            .collect()
+        self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(k, &c)| (1u64 << k, c)).collect()
     }
 }

@@ -18,9 +18,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if t.is_empty() {
         return Err("empty size".into());
     }
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
-        .unwrap_or(t.len());
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let num = num.replace('_', "");
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -34,11 +32,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        other => {
-            return Err(format!(
-            "unknown unit '{other}' in size '{t}' (use B, KiB, MiB, GiB, TiB, or kB, MB, GB, TB)"
-        ))
-        }
+        other => return Err(format!("unknown unit '{other}' in size '{t}' (use B, KiB, MiB, GiB, TiB, or kB, MB, GB, TB)")),
     };
     if num.is_empty() {
         return Err(format!("size '{t}' has no number"));
@@ -52,8 +46,7 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         b.round() as u64
     } else {
         let v: u64 = num.parse().map_err(|_| format!("'{t}' is not a size"))?;
-        v.checked_mul(mult)
-            .ok_or_else(|| format!("size '{t}' is too large"))?
+        v.checked_mul(mult).ok_or_else(|| format!("size '{t}' is too large"))?
     };
     Ok(bytes)
 }
@@ -102,14 +95,8 @@ impl<'de> Deserialize<'de> for Bytes {
             Int(i64),
             Text(String),
         }
-        match Raw::deserialize(d).map_err(|_| {
-            serde::de::Error::custom(
-                "expected a size: an integer byte count or a string such as \"512MiB\"",
-            )
-        })? {
-            Raw::Int(v) if v < 0 => Err(serde::de::Error::custom(format!(
-                "size must not be negative (got {v})"
-            ))),
+        match Raw::deserialize(d).map_err(|_| serde::de::Error::custom("expected a size: an integer byte count or a string such as \"512MiB\""))? {
+            Raw::Int(v) if v < 0 => Err(serde::de::Error::custom(format!("size must not be negative (got {v})"))),
             Raw::Int(v) => Ok(Bytes(v as u64)),
             Raw::Text(s) => parse_bytes(&s).map(Bytes).map_err(serde::de::Error::custom),
         }

@@ -16,15 +16,7 @@ fn stderr(out: &std::process::Output) -> String {
 
 #[test]
 fn replay_json_has_torch_stats_and_oom() {
-    let out = bin()
-        .args([
-            "replay",
-            &workload("scenario-1-2-1-gib.toml"),
-            "--json",
-            "-",
-        ])
-        .output()
-        .unwrap();
+    let out = bin().args(["replay", &workload("scenario-1-2-1-gib.toml"), "--json", "-"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let stats = v["stats"].as_object().unwrap();
@@ -44,22 +36,8 @@ fn oom_object_names_event_step_request_and_cause() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("pinned.csv");
     std::fs::write(&csv, "# pinned free space\nop,id,bytes,stream\nstep,1,,\nalloc,1,5242880,0\nalloc,2,5242880,0\nalloc,3,5242880,0\nalloc,4,5242880,0\nstep,2,,\nfree,1,,\nfree,3,,\nalloc,5,8388608,0\nfree,2,,\n").unwrap();
-    let out = bin()
-        .args([
-            "replay",
-            csv.to_str().unwrap(),
-            "--capacity",
-            "20MiB",
-            "--json",
-            "-",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "an OOM is a result, not a failure: {}",
-        stderr(&out)
-    );
+    let out = bin().args(["replay", csv.to_str().unwrap(), "--capacity", "20MiB", "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "an OOM is a result, not a failure: {}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let oom = &v["oom"];
     assert_eq!(oom["event"], 8, "0-based index of the data row");
@@ -71,19 +49,7 @@ fn oom_object_names_event_step_request_and_cause() {
     assert_eq!(v["stats"]["num_ooms"], 1);
     assert_eq!(v["work"]["events"], 9, "--on-oom stop stops at the OOM");
     // --on-oom continue replays the rest, skipping the failed allocation.
-    let out = bin()
-        .args([
-            "replay",
-            csv.to_str().unwrap(),
-            "--capacity",
-            "20MiB",
-            "--on-oom",
-            "continue",
-            "--json",
-            "-",
-        ])
-        .output()
-        .unwrap();
+    let out = bin().args(["replay", csv.to_str().unwrap(), "--capacity", "20MiB", "--on-oom", "continue", "--json", "-"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["work"]["events"], 10);
     assert_eq!(v["oom"]["event"], 8);
@@ -91,17 +57,7 @@ fn oom_object_names_event_step_request_and_cause() {
 
 #[test]
 fn capacity_limit_on_the_1_2_1_scenario_retries_instead_of_ooming() {
-    let out = bin()
-        .args([
-            "replay",
-            &workload("scenario-1-2-1-gib.toml"),
-            "--capacity",
-            "6GiB",
-            "--json",
-            "-",
-        ])
-        .output()
-        .unwrap();
+    let out = bin().args(["replay", &workload("scenario-1-2-1-gib.toml"), "--capacity", "6GiB", "--json", "-"]).output().unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["stats"]["num_alloc_retries"], 1);
     assert_eq!(v["stats"]["reserved_bytes.all.current"], 5i64 << 30);
@@ -112,12 +68,7 @@ fn capacity_limit_on_the_1_2_1_scenario_retries_instead_of_ooming() {
 fn conf_comes_from_the_environment_too() {
     let out = bin()
         .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        .args([
-            "replay",
-            &workload("scenario-1-2-1-gib.toml"),
-            "--json",
-            "-",
-        ])
+        .args(["replay", &workload("scenario-1-2-1-gib.toml"), "--json", "-"])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -132,54 +83,13 @@ fn bad_input_exits_2_with_one_line() {
     std::fs::write(&bad_trace, "op,id,bytes,stream\nalloc,1,100,0\nfree,2,,\n").unwrap();
     let bad = bad_trace.to_str().unwrap().to_string();
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (
-            vec![
-                "replay".into(),
-                workload("scenario-1-2-1-gib.toml"),
-                "--allocator".into(),
-                "tlsf".into(),
-            ],
-            "unknown GPU allocator 'tlsf'",
-        ),
-        (
-            vec![
-                "replay".into(),
-                workload("scenario-1-2-1-gib.toml"),
-                "--conf".into(),
-                "max_split_size_mb:5".into(),
-            ],
-            "max_split_size_mb too small",
-        ),
-        (
-            vec![
-                "replay".into(),
-                workload("scenario-1-2-1-gib.toml"),
-                "--capacity".into(),
-                "lots".into(),
-            ],
-            "lots",
-        ),
-        (
-            vec!["replay".into(), bad.clone()],
-            "bad.csv:3: free of id 2, which is not live",
-        ),
-        (
-            vec!["replay".into(), "/nonexistent/w.toml".into()],
-            "no such file",
-        ),
-        (
-            vec!["trace".into(), "/nonexistent/w.toml".into()],
-            "no such file",
-        ),
-        (
-            vec![
-                "run".into(),
-                workload("scenario-1-2-1-gib.toml"),
-                "--allocators".into(),
-                "pytorch,bogus".into(),
-            ],
-            "unknown GPU allocator 'bogus'",
-        ),
+        (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--allocator".into(), "tlsf".into()], "unknown GPU allocator 'tlsf'"),
+        (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--conf".into(), "max_split_size_mb:5".into()], "max_split_size_mb too small"),
+        (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "lots".into()], "lots"),
+        (vec!["replay".into(), bad.clone()], "bad.csv:3: free of id 2, which is not live"),
+        (vec!["replay".into(), "/nonexistent/w.toml".into()], "no such file"),
+        (vec!["trace".into(), "/nonexistent/w.toml".into()], "no such file"),
+        (vec!["run".into(), workload("scenario-1-2-1-gib.toml"), "--allocators".into(), "pytorch,bogus".into()], "unknown GPU allocator 'bogus'"),
     ];
     for (args, want) in cases {
         let out = bin().args(&args).output().unwrap();
@@ -195,27 +105,10 @@ fn trace_then_replay_of_the_trace_matches_the_workload() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("t.csv");
     let w = workload("model-switch.toml");
-    let out = bin()
-        .args(["trace", &w, "-o", csv.to_str().unwrap()])
-        .output()
-        .unwrap();
+    let out = bin().args(["trace", &w, "-o", csv.to_str().unwrap()]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    let from_toml: serde_json::Value = serde_json::from_slice(
-        &bin()
-            .args(["replay", &w, "--json", "-"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
-    let from_csv: serde_json::Value = serde_json::from_slice(
-        &bin()
-            .args(["replay", csv.to_str().unwrap(), "--json", "-"])
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap();
+    let from_toml: serde_json::Value = serde_json::from_slice(&bin().args(["replay", &w, "--json", "-"]).output().unwrap().stdout).unwrap();
+    let from_csv: serde_json::Value = serde_json::from_slice(&bin().args(["replay", csv.to_str().unwrap(), "--json", "-"]).output().unwrap().stdout).unwrap();
     assert_eq!(from_toml["stats"], from_csv["stats"]);
     assert_eq!(from_toml["work"], from_csv["work"]);
 }
@@ -225,27 +118,12 @@ fn run_compares_allocators_and_writes_jsonl() {
     let dir = tempfile::tempdir().unwrap();
     let jsonl = dir.path().join("r.jsonl");
     let out = bin()
-        .args([
-            "run",
-            &workload("scenario-sawtooth.toml"),
-            "--conf",
-            "",
-            "--conf",
-            "expandable_segments:True",
-            "--jsonl",
-            jsonl.to_str().unwrap(),
-            "-q",
-        ])
+        .args(["run", &workload("scenario-sawtooth.toml"), "--conf", "", "--conf", "expandable_segments:True", "--jsonl", jsonl.to_str().unwrap(), "-q"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let table = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        table.contains("expandable_segments:True")
-            && table.contains("ideal")
-            && table.contains("nocache"),
-        "{table}"
-    );
+    assert!(table.contains("expandable_segments:True") && table.contains("ideal") && table.contains("nocache"), "{table}");
     let recs = allocbench::results::read_results(&jsonl).unwrap();
     assert_eq!(recs.len(), 4, "pytorch x 2 confs, nocache, ideal");
 }

@@ -24,9 +24,7 @@ vocab = 100
 "#;
 
 fn err(src: &str) -> String {
-    Workload::parse(src, "w.toml")
-        .expect_err("should be rejected")
-        .to_string()
+    Workload::parse(src, "w.toml").expect_err("should be rejected").to_string()
 }
 
 #[test]

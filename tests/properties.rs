@@ -43,12 +43,7 @@ enum Op {
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
-    let size = prop_oneof![
-        1u64..4096,
-        4096u64..(1 << 20),
-        (1u64 << 20)..(12 << 20),
-        (12u64 << 20)..(300 << 20),
-    ];
+    let size = prop_oneof![1u64..4096, 4096u64..(1 << 20), (1u64 << 20)..(12 << 20), (12u64 << 20)..(300 << 20),];
     proptest::collection::vec(
         prop_oneof![
             6 => (size, 0u64..3).prop_map(|(b, s)| Op::Alloc(b, s)),
@@ -68,15 +63,8 @@ const CONFS: [&str; 6] = [
     "max_split_size_mb:100,expandable_segments:True,max_non_split_rounding_mb:40",
 ];
 
-fn run(
-    conf: &str,
-    capacity: u64,
-    ops: &[Op],
-) -> Result<CachingAllocator<SimDevice>, TestCaseError> {
-    let mut a = CachingAllocator::new(
-        AllocatorConfig::parse(conf).unwrap(),
-        SimDevice::new(capacity),
-    );
+fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevice>, TestCaseError> {
+    let mut a = CachingAllocator::new(AllocatorConfig::parse(conf).unwrap(), SimDevice::new(capacity));
     let mut live = Vec::new();
     for op in ops {
         match *op {
@@ -94,10 +82,7 @@ fn run(
                 a.empty_cache().unwrap();
                 // After empty_cache no fully free ordinary segment remains.
                 for s in a.segments().iter().filter(|s| !s.is_expandable) {
-                    prop_assert!(
-                        s.blocks.iter().any(|b| b.state == "active_allocated"),
-                        "free segment survived empty_cache"
-                    );
+                    prop_assert!(s.blocks.iter().any(|b| b.state == "active_allocated"), "free segment survived empty_cache");
                 }
             }
         }

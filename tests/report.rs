@@ -6,19 +6,12 @@ use std::path::{Path, PathBuf};
 use allocbench::report;
 
 fn fixture() -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/results-small.jsonl"
-    ))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/results-small.jsonl"))
 }
 
 fn render(dir: &Path) -> Vec<String> {
     let records = report::load(&[fixture()]).unwrap();
-    report::render(&records, dir, "fixture report")
-        .unwrap()
-        .into_iter()
-        .map(|c| c.file)
-        .collect()
+    report::render(&records, dir, "fixture report").unwrap().into_iter().map(|c| c.file).collect()
 }
 
 #[test]
@@ -33,54 +26,27 @@ fn svgs_parse_and_name_their_series() {
         "cpu-throughput-python-objects.svg",
         "cpu-drift-retained-python-objects.svg",
     ] {
-        assert!(
-            files.iter().any(|f| f == want),
-            "{want} missing from {files:?}"
-        );
+        assert!(files.iter().any(|f| f == want), "{want} missing from {files:?}");
     }
-    assert!(
-        files
-            .iter()
-            .any(|f| f.starts_with("gpu-segments-model-switch-pytorch")),
-        "{files:?}"
-    );
+    assert!(files.iter().any(|f| f.starts_with("gpu-segments-model-switch-pytorch")), "{files:?}");
     for f in &files {
         let text = std::fs::read_to_string(dir.path().join(f)).unwrap();
-        let doc =
-            roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{f} is not XML: {e}"));
+        let doc = roxmltree::Document::parse(&text).unwrap_or_else(|e| panic!("{f} is not XML: {e}"));
         assert_eq!(doc.root_element().tag_name().name(), "svg");
-        let texts: Vec<String> = doc
-            .descendants()
-            .filter(|n| n.has_tag_name("text"))
-            .filter_map(|n| n.text().map(str::to_string))
-            .collect();
+        let texts: Vec<String> = doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text().map(str::to_string)).collect();
         assert!(!texts.is_empty(), "{f} has no text");
         let has = |s: &str| texts.iter().any(|t| t.contains(s));
         match f.as_str() {
             "gpu-memory-model-switch.svg" => {
-                assert!(
-                    has("reserved: pytorch")
-                        && has("reserved: pytorch expandable_segments:True")
-                        && has("reserved: ideal"),
-                    "{texts:?}"
-                );
-                assert!(
-                    has("allocated (live tensors)") && has("memory (GiB)") && has("step"),
-                    "{texts:?}"
-                );
+                assert!(has("reserved: pytorch") && has("reserved: pytorch expandable_segments:True") && has("reserved: ideal"), "{texts:?}");
+                assert!(has("allocated (live tensors)") && has("memory (GiB)") && has("step"), "{texts:?}");
             }
             "gpu-memory-pinned.svg" => assert!(has("OOM"), "the OOM point is marked: {texts:?}"),
-            "cpu-rss-python-objects.svg" => assert!(
-                has("glibc") && has("mimalloc") && has("time (s)") && has("RSS (MiB)"),
-                "{texts:?}"
-            ),
+            "cpu-rss-python-objects.svg" => assert!(has("glibc") && has("mimalloc") && has("time (s)") && has("RSS (MiB)"), "{texts:?}"),
             "cpu-throughput-python-objects.svg" => {
                 assert!(has("M ops/s") && has("ns"), "{texts:?}")
             }
-            "gpu-overhead.svg" => assert!(
-                has("ideal = 1.0") && has("pytorch default") && has("expandable"),
-                "{texts:?}"
-            ),
+            "gpu-overhead.svg" => assert!(has("ideal = 1.0") && has("pytorch default") && has("expandable"), "{texts:?}"),
             _ => {}
         }
     }
@@ -88,20 +54,10 @@ fn svgs_parse_and_name_their_series() {
     for f in &files {
         assert!(index.contains(&format!("]({f})")), "index embeds {f}");
     }
-    assert!(
-        index.contains("| model-switch | `pytorch expandable_segments:True` |"),
-        "{index}"
-    );
-    assert!(
-        index.contains("/lib/x86_64-linux-gnu/libc.so.6") || index.contains("libc.so"),
-        "the live malloc is named"
-    );
-    roxmltree::Document::parse(
-        &std::fs::read_to_string(dir.path().join("index.html"))
-            .unwrap()
-            .replace("<!DOCTYPE html>", ""),
-    )
-    .expect("index.html is well-formed");
+    assert!(index.contains("| model-switch | `pytorch expandable_segments:True` |"), "{index}");
+    assert!(index.contains("/lib/x86_64-linux-gnu/libc.so.6") || index.contains("libc.so"), "the live malloc is named");
+    roxmltree::Document::parse(&std::fs::read_to_string(dir.path().join("index.html")).unwrap().replace("<!DOCTYPE html>", ""))
+        .expect("index.html is well-formed");
 }
 
 #[test]
@@ -109,16 +65,8 @@ fn rendering_is_byte_identical_twice() {
     let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let files = render(a.path());
     assert_eq!(files, render(b.path()));
-    for f in files
-        .iter()
-        .map(String::as_str)
-        .chain(["README.md", "index.html"])
-    {
-        assert_eq!(
-            std::fs::read(a.path().join(f)).unwrap(),
-            std::fs::read(b.path().join(f)).unwrap(),
-            "{f} differs"
-        );
+    for f in files.iter().map(String::as_str).chain(["README.md", "index.html"]) {
+        assert_eq!(std::fs::read(a.path().join(f)).unwrap(), std::fs::read(b.path().join(f)).unwrap(), "{f} differs");
     }
 }
 
@@ -127,11 +75,7 @@ fn other_schema_versions_and_broken_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(fixture()).unwrap();
     let old = dir.path().join("old.jsonl");
-    std::fs::write(
-        &old,
-        text.replacen("\"schema_version\":1", "\"schema_version\":0", 1),
-    )
-    .unwrap();
+    std::fs::write(&old, text.replacen("\"schema_version\":1", "\"schema_version\":0", 1)).unwrap();
     let e = report::load(&[old]).unwrap_err().to_string();
     assert!(e.contains("old.jsonl:1: results schema version 0"), "{e}");
     let broken = dir.path().join("broken.jsonl");
@@ -142,18 +86,10 @@ fn other_schema_versions_and_broken_files_are_clear_errors() {
     assert!(e.contains("broken.jsonl:2"), "{e}");
     let foreign = dir.path().join("foreign.json");
     std::fs::write(&foreign, "{\"hello\": 1}").unwrap();
-    assert!(report::load(&[foreign])
-        .unwrap_err()
-        .to_string()
-        .contains("not an allocbench results record"));
+    assert!(report::load(&[foreign]).unwrap_err().to_string().contains("not an allocbench results record"));
     let out = assert_cmd::Command::cargo_bin("allocbench")
         .unwrap()
-        .args([
-            "report",
-            dir.path().join("old.jsonl").to_str().unwrap(),
-            "-o",
-            dir.path().join("r").to_str().unwrap(),
-        ])
+        .args(["report", dir.path().join("old.jsonl").to_str().unwrap(), "-o", dir.path().join("r").to_str().unwrap()])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));

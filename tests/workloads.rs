@@ -43,37 +43,20 @@ fn walk(w: &Workload) -> Walk {
         n += 1;
         match ev {
             Event::Alloc { id, bytes, .. } => {
-                assert!(
-                    bytes > 0 && bytes <= 1 << 50,
-                    "{}: bad size {bytes}",
-                    w.file.name
-                );
-                assert!(
-                    live.insert(id, bytes).is_none(),
-                    "{}: id {id} allocated twice",
-                    w.file.name
-                );
+                assert!(bytes > 0 && bytes <= 1 << 50, "{}: bad size {bytes}", w.file.name);
+                assert!(live.insert(id, bytes).is_none(), "{}: id {id} allocated twice", w.file.name);
                 cur += bytes;
                 peak = peak.max(cur);
             }
             Event::Free { id } => {
-                let b = live
-                    .remove(&id)
-                    .unwrap_or_else(|| panic!("{}: free of dead id {id}", w.file.name));
+                let b = live.remove(&id).unwrap_or_else(|| panic!("{}: free of dead id {id}", w.file.name));
                 cur -= b;
             }
             Event::Step { .. } => steps += 1,
             Event::EmptyCache => {}
         }
     }
-    Walk {
-        events: n,
-        live_end: cur,
-        live_count_end: live.len(),
-        peak_live: peak,
-        hash: h.finish(),
-        steps,
-    }
+    Walk { events: n, live_end: cur, live_count_end: live.len(), peak_live: peak, hash: h.finish(), steps }
 }
 
 #[test]
@@ -86,12 +69,7 @@ fn shipped_workloads_are_valid_deterministic_and_within_budget() {
         assert_eq!(a.hash, b.hash, "{path:?} is not deterministic");
         if let Some(budget) = w.file.sized_for {
             let limit = budget.0 / 10 * 9;
-            assert!(
-                a.peak_live <= limit,
-                "{path:?}: peak live {} over 90% of {}",
-                a.peak_live,
-                budget.0
-            );
+            assert!(a.peak_live <= limit, "{path:?}: peak live {} over 90% of {}", a.peak_live, budget.0);
         }
         // Documented end states.
         match w.kind() {
@@ -103,30 +81,22 @@ fn shipped_workloads_are_valid_deterministic_and_within_budget() {
                     allocbench::workload::spec::Optimizer::SgdMomentum => 1,
                     _ => 2,
                 } * t.optimizer_state_dtype.bytes();
-                let mut expect = params
-                    * (t.param_dtype.bytes() + state_per + if t.master_weights { 4 } else { 0 });
+                let mut expect = params * (t.param_dtype.bytes() + state_per + if t.master_weights { 4 } else { 0 });
                 if !t.grads_set_to_none {
                     expect += params * t.grad_dtype.unwrap_or(t.param_dtype).bytes();
                 }
-                assert_eq!(
-                    a.live_end, expect,
-                    "{path:?}: only parameters and optimizer state stay live"
-                );
+                assert_eq!(a.live_end, expect, "{path:?}: only parameters and optimizer state stay live");
                 assert_eq!(a.steps, t.steps);
             }
             "model_switch" => assert_eq!(a.live_count_end, 0, "{path:?}: everything is unloaded"),
             "serving" => {
                 let s = w.file.serving.as_ref().unwrap();
-                let weights = allocbench::workload::model::ParamLayout::new(&s.model).total_elems()
-                    * s.dtype.bytes();
+                let weights = allocbench::workload::model::ParamLayout::new(&s.model).total_elems() * s.dtype.bytes();
                 assert_eq!(a.live_end, weights, "{path:?}: only the weights stay live");
             }
             "python_objects" => {
                 let p = w.file.python_objects.as_ref().unwrap();
-                assert!(
-                    a.live_count_end as u64 <= p.trim_above,
-                    "{path:?}: kept set bounded"
-                );
+                assert!(a.live_count_end as u64 <= p.trim_above, "{path:?}: kept set bounded");
                 assert!(a.live_count_end > 0);
             }
             _ => {}
@@ -136,44 +106,24 @@ fn shipped_workloads_are_valid_deterministic_and_within_budget() {
 
 #[test]
 fn seven_b_preset_matches_its_documented_numbers() {
-    let w = Workload::load(&PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/workloads/llama2-7b-80g.toml"
-    )))
-    .unwrap();
+    let w = Workload::load(&PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/llama2-7b-80g.toml"))).unwrap();
     let t = w.file.transformer.as_ref().unwrap();
     let params = allocbench::workload::model::ParamLayout::new(&t.model).total_elems();
-    assert!(
-        (6.7e9..6.8e9).contains(&(params as f64)),
-        "Llama-2-7B has 6.74e9 parameters, got {params}"
-    );
+    assert!((6.7e9..6.8e9).contains(&(params as f64)), "Llama-2-7B has 6.74e9 parameters, got {params}");
     let peak = walk(&w).peak_live;
     // Persistent 8 B/param ≈ 50.2 GiB; the file documents a peak of about 58 GiB.
     let gib = (1u64 << 30) as f64;
-    assert!(
-        peak as f64 / gib > 50.0 && (peak as f64 / gib) < 72.0,
-        "peak live {:.1} GiB",
-        peak as f64 / gib
-    );
+    assert!(peak as f64 / gib > 50.0 && (peak as f64 / gib) < 72.0, "peak live {:.1} GiB", peak as f64 / gib);
 }
 
 #[test]
 fn seeds_change_randomised_workloads() {
-    for name in [
-        "gpt3-xl-1.3b.toml",
-        "serving-llama7b.toml",
-        "model-switch.toml",
-        "python-objects.toml",
-    ] {
+    for name in ["gpt3-xl-1.3b.toml", "serving-llama7b.toml", "model-switch.toml", "python-objects.toml"] {
         let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads")).join(name);
         let src = std::fs::read_to_string(&path).unwrap();
         let a = Workload::parse(&src, name).unwrap();
         let b = Workload::parse(&src.replacen("seed = ", "seed = 99", 1), name).unwrap();
-        assert_ne!(
-            walk(&a).hash,
-            walk(&b).hash,
-            "{name}: the seed has no effect"
-        );
+        assert_ne!(walk(&a).hash, walk(&b).hash, "{name}: the seed has no effect");
     }
 }
 
@@ -188,9 +138,7 @@ fn trace_round_trip_is_identical() {
             writer.write(e).unwrap();
         }
         let bytes = writer.finish().unwrap();
-        let back: Vec<Event> = TraceReader::new(&bytes[..], "rt.csv")
-            .map(|r| r.unwrap())
-            .collect();
+        let back: Vec<Event> = TraceReader::new(&bytes[..], "rt.csv").map(|r| r.unwrap()).collect();
         assert_eq!(back, events, "{path:?}");
     }
 }
@@ -199,33 +147,11 @@ fn trace_round_trip_is_identical() {
 fn textbook_scenarios_have_the_literature_shapes() {
     let dir = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads"));
     let w = Workload::load(&dir.join("scenario-1-2-1-gib.toml")).unwrap();
-    let allocs: Vec<u64> = w
-        .events()
-        .filter_map(|e| {
-            if let Event::Alloc { bytes, .. } = e {
-                Some(bytes >> 30)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let allocs: Vec<u64> = w.events().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(bytes >> 30) } else { None }).collect();
     assert_eq!(allocs, vec![1, 2, 1, 3]);
     let w = Workload::load(&dir.join("scenario-sawtooth.toml")).unwrap();
-    let sizes: Vec<u64> = w
-        .events()
-        .filter_map(|e| {
-            if let Event::Alloc { bytes, .. } = e {
-                Some(bytes >> 20)
-            } else {
-                None
-            }
-        })
-        .collect();
+    let sizes: Vec<u64> = w.events().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(bytes >> 20) } else { None }).collect();
     let pattern = [10, 50, 10, 100, 10, 200, 10, 50, 10, 100];
     assert_eq!(&sizes[..30], &pattern.repeat(3)[..]);
-    assert_eq!(
-        walk(&w).live_count_end,
-        16,
-        "15 survivors and the large one"
-    );
+    assert_eq!(walk(&w).live_count_end, 16, "15 survivors and the large one");
 }

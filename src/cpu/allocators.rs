@@ -12,10 +12,7 @@ pub const ALIGN: usize = 16;
 
 /// Registered in-process allocators: name → what it is.
 pub const CPU_ALLOCATORS: &[(&str, &str)] = &[
-    (
-        "system",
-        "the process's malloc: glibc, or whatever LD_PRELOAD put in front of it",
-    ),
+    ("system", "the process's malloc: glibc, or whatever LD_PRELOAD put in front of it"),
     ("jemalloc", "jemalloc compiled in (tikv-jemallocator)"),
     ("mimalloc", "mimalloc compiled in (mimalloc crate)"),
 ];
@@ -50,46 +47,31 @@ impl CpuAllocator {
             "mimalloc" => &MIMALLOC,
             other => {
                 let names: Vec<&str> = CPU_ALLOCATORS.iter().map(|(n, _)| *n).collect();
-                return Err(InputError::new(
-                    "--allocator",
-                    format!(
-                        "unknown CPU allocator '{other}' (known: {}, all)",
-                        names.join(", ")
-                    ),
-                ));
+                return Err(InputError::new("--allocator", format!("unknown CPU allocator '{other}' (known: {}, all)", names.join(", "))));
             }
         };
-        let name = CPU_ALLOCATORS
-            .iter()
-            .find(|(n, _)| *n == name)
-            .map(|(n, _)| *n)
-            .expect("registered");
+        let name = CPU_ALLOCATORS.iter().find(|(n, _)| *n == name).map(|(n, _)| *n).expect("registered");
         Ok(CpuAllocator { name, alloc })
     }
 
     /// The no-op allocator for measuring the harness's own per-operation cost. Only valid with
     /// page touching off.
     pub fn null_for_overhead_measurement() -> Self {
-        CpuAllocator {
-            name: "null",
-            alloc: &NULL,
-        }
+        CpuAllocator { name: "null", alloc: &NULL }
     }
 
     /// # Safety
     /// `bytes` > 0; the result must be freed with [`CpuAllocator::free`] with the same size.
     #[inline]
     pub unsafe fn malloc(&self, bytes: usize) -> *mut u8 {
-        self.alloc
-            .alloc(Layout::from_size_align_unchecked(bytes, ALIGN))
+        self.alloc.alloc(Layout::from_size_align_unchecked(bytes, ALIGN))
     }
 
     /// # Safety
     /// `ptr` came from `malloc(bytes)` of this allocator and is freed once.
     #[inline]
     pub unsafe fn free(&self, ptr: *mut u8, bytes: usize) {
-        self.alloc
-            .dealloc(ptr, Layout::from_size_align_unchecked(bytes, ALIGN))
+        self.alloc.dealloc(ptr, Layout::from_size_align_unchecked(bytes, ALIGN))
     }
 
     /// Allocator-native statistics (bytes), where the allocator has them.
@@ -111,15 +93,8 @@ impl CpuAllocator {
             }
             "jemalloc" => {
                 // arena.<MALLCTL_ARENAS_ALL = 4096>.purge takes no value: newp NULL, newlen 0.
-                let rc = unsafe {
-                    tikv_jemalloc_sys::mallctl(
-                        c"arena.4096.purge".as_ptr(),
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                        0,
-                    )
-                };
+                let rc =
+                    unsafe { tikv_jemalloc_sys::mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0) };
                 (rc == 0).then_some("arena.<ALL>.purge")
             }
             _ if live_malloc == "glibc" => {
@@ -159,19 +134,6 @@ fn mimalloc_stats() -> BTreeMap<String, u64> {
         let [a, b, c, d, e, f, g, h] = &mut v;
         libmimalloc_sys::mi_process_info(a, b, c, d, e, f, g, h);
     }
-    let names = [
-        "elapsed_msecs",
-        "user_msecs",
-        "system_msecs",
-        "current_rss",
-        "peak_rss",
-        "current_commit",
-        "peak_commit",
-        "page_faults",
-    ];
-    names
-        .iter()
-        .zip(v)
-        .map(|(n, x)| (format!("mimalloc.{n}"), x as u64))
-        .collect()
+    let names = ["elapsed_msecs", "user_msecs", "system_msecs", "current_rss", "peak_rss", "current_commit", "peak_commit", "page_faults"];
+    names.iter().zip(v).map(|(n, x)| (format!("mimalloc.{n}"), x as u64)).collect()
 }

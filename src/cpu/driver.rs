@@ -150,10 +150,7 @@ impl Compiler {
                     ops.push(Op::Free { slot: old });
                     self.free_slots.push(old);
                 }
-                ops.push(Op::Alloc {
-                    slot,
-                    bytes: scaled(bytes, scale),
-                });
+                ops.push(Op::Alloc { slot, bytes: scaled(bytes, scale) });
             }
             Event::Free { id } => {
                 if let Some(slot) = self.id_to_slot.remove(&id) {
@@ -195,18 +192,13 @@ impl Worker {
             let t0 = ticks();
             let p = unsafe { self.alloc.malloc(bytes) };
             let dt = ticks().wrapping_sub(t0);
-            let _ = self
-                .alloc_ns
-                .record(((dt as f64 * self.ns_per_tick) as u64).max(1));
+            let _ = self.alloc_ns.record(((dt as f64 * self.ns_per_tick) as u64).max(1));
             p
         } else {
             unsafe { self.alloc.malloc(bytes) }
         };
         if p.is_null() {
-            anyhow::bail!(
-                "{} returned NULL for {bytes} bytes: the machine is out of memory (use --scale)",
-                self.alloc.name
-            );
+            anyhow::bail!("{} returned NULL for {bytes} bytes: the machine is out of memory (use --scale)", self.alloc.name);
         }
         self.allocs += 1;
         self.bytes_allocated += bytes as u64;
@@ -222,9 +214,7 @@ impl Worker {
             let t0 = ticks();
             unsafe { self.alloc.free(p as *mut u8, bytes) };
             let dt = ticks().wrapping_sub(t0);
-            let _ = self
-                .free_ns
-                .record(((dt as f64 * self.ns_per_tick) as u64).max(1));
+            let _ = self.free_ns.record(((dt as f64 * self.ns_per_tick) as u64).max(1));
         } else {
             unsafe { self.alloc.free(p as *mut u8, bytes) };
         }
@@ -250,12 +240,7 @@ fn histogram() -> Histogram<u64> {
 }
 
 /// Runs the workload on `opts.threads` workers. `iteration` is published for the RSS sampler.
-pub fn drive(
-    source: &Source,
-    alloc: CpuAllocator,
-    opts: &DriverOptions,
-    iteration: &AtomicU64,
-) -> anyhow::Result<DriverOutcome> {
+pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iteration: &AtomicU64) -> anyhow::Result<DriverOutcome> {
     if opts.threads == 0 || opts.threads > 1024 {
         return Err(InputError::new("--threads", "must be between 1 and 1024").into());
     }
@@ -269,21 +254,15 @@ pub fn drive(
     let start = Instant::now();
     let deadline = opts.duration.map(|d| start + d);
     let n = opts.threads;
-    let (senders, receivers): (Vec<_>, Vec<_>) =
-        (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
-    let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> =
-        senders.into_iter().map(Some).collect();
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
+    let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> = senders.into_iter().map(Some).collect();
     let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
     let results: Vec<anyhow::Result<Worker>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for (w, rx) in receivers.into_iter().enumerate() {
             // Worker w frees into worker w+1's channel.
-            let tx = if opts.cross_thread && n > 1 {
-                senders[(w + 1) % n].take()
-            } else {
-                None
-            };
+            let tx = if opts.cross_thread && n > 1 { senders[(w + 1) % n].take() } else { None };
             let (ev_total, it_total, passes) = (&events_total, &iterations_total, &passes_total);
             let interrupted = interrupted.clone();
             handles.push(scope.spawn(move || -> anyhow::Result<Worker> {
@@ -390,19 +369,12 @@ pub fn drive(
             }));
         }
         drop(senders);
-        handles
-            .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))
-            })
-            .collect()
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))).collect()
     });
     let wall_s = start.elapsed().as_secs_f64();
     let mut alloc_ns = histogram();
     let mut free_ns = histogram();
-    let (mut allocs, mut frees, mut replay_ns, mut bytes_allocated, mut bytes_freed) =
-        (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut allocs, mut frees, mut replay_ns, mut bytes_allocated, mut bytes_freed) = (0u64, 0u64, 0u64, 0u64, 0u64);
     for r in results {
         let w = r?;
         alloc_ns.add(&w.alloc_ns).expect("same bounds");

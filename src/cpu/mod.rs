@@ -108,30 +108,22 @@ pub struct CpuRunOptions {
 /// The label a run gets: an in-process allocator's own name, or what really serves malloc.
 pub fn label(alloc: &CpuAllocator, live: &LiveMalloc) -> (String, String) {
     if alloc.name == "system" {
-        (
-            live.name.clone(),
-            if live.ld_preload.is_some() {
-                "preload"
-            } else {
-                "in-process"
-            }
-            .into(),
-        )
+        (live.name.clone(), if live.ld_preload.is_some() { "preload" } else { "in-process" }.into())
     } else {
         (alloc.name.to_string(), "in-process".into())
     }
 }
 
 /// Refuses a run whose label would lie: `expect` names the allocator the caller promised.
-pub fn check_expected(
-    expect: Option<&str>,
-    actual: &str,
-    live: &LiveMalloc,
-) -> Result<(), InputError> {
+pub fn check_expected(expect: Option<&str>, actual: &str, live: &LiveMalloc) -> Result<(), InputError> {
     match expect {
         Some(e) if e != actual => Err(InputError::new(
             "--expect-malloc",
-            format!("expected {e} to serve malloc, but {actual} does ({}; LD_PRELOAD={}): refusing to label this run {e}", live.library, live.ld_preload.as_deref().unwrap_or("unset")),
+            format!(
+                "expected {e} to serve malloc, but {actual} does ({}; LD_PRELOAD={}): refusing to label this run {e}",
+                live.library,
+                live.ld_preload.as_deref().unwrap_or("unset")
+            ),
         )),
         _ => Ok(()),
     }
@@ -158,11 +150,7 @@ pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> 
 }
 
 /// Runs one allocator over the workload and measures it.
-pub fn run(
-    source: &Source,
-    alloc: CpuAllocator,
-    opts: &CpuRunOptions,
-) -> anyhow::Result<CpuRunResult> {
+pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow::Result<CpuRunResult> {
     let live = preload::live_malloc();
     let (name, mode) = label(&alloc, &live);
     check_fits(source, &opts.driver)?;
@@ -175,11 +163,7 @@ pub fn run(
     let out = outcome?;
     let rss_after_free = rss::rss_bytes();
     let sampled_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
-    let peak_rss = if vmhwm_reset {
-        rss::peak_rss_bytes().max(sampled_peak)
-    } else {
-        sampled_peak
-    };
+    let peak_rss = if vmhwm_reset { rss::peak_rss_bytes().max(sampled_peak) } else { sampled_peak };
     let native_stats = alloc.native_stats(&live.name);
     let trim_call = alloc.trim(&live.name);
     let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
@@ -209,16 +193,8 @@ pub fn run(
         bytes_allocated: out.bytes_allocated,
         bytes_freed: out.bytes_freed,
         wall_s: out.wall_s,
-        ops_per_s: if out.wall_s > 0.0 {
-            ops / out.wall_s
-        } else {
-            0.0
-        },
-        replay_ops_per_s: if out.replay_ns > 0 {
-            ops * 1e9 / out.replay_ns as f64 / opts.driver.threads as f64
-        } else {
-            0.0
-        },
+        ops_per_s: if out.wall_s > 0.0 { ops / out.wall_s } else { 0.0 },
+        replay_ops_per_s: if out.replay_ns > 0 { ops * 1e9 / out.replay_ns as f64 / opts.driver.threads as f64 } else { 0.0 },
         alloc_ns: Latency::of(&out.alloc_ns),
         free_ns: Latency::of(&out.free_ns),
         rss_before,
@@ -238,21 +214,14 @@ pub fn run(
 /// A human summary of one CPU run.
 pub fn describe(r: &CpuRunResult) -> String {
     use crate::units::{format_bytes, format_bytes_signed};
-    let opt = |v: Option<f64>| {
-        v.map(|x| format!("{x:+.3}"))
-            .unwrap_or_else(|| "n/a".into())
-    };
+    let opt = |v: Option<f64>| v.map(|x| format!("{x:+.3}")).unwrap_or_else(|| "n/a".into());
     let mut s = format!(
         "{:<9} ({}; malloc from {}) {} thread(s){} scale {} on {} ({})\n",
         r.allocator,
         r.mode,
         r.live_malloc.library,
         r.threads,
-        if r.cross_thread {
-            ", cross-thread frees"
-        } else {
-            ""
-        },
+        if r.cross_thread { ", cross-thread frees" } else { "" },
         r.scale,
         r.workload.name,
         r.workload.kind
@@ -268,12 +237,7 @@ pub fn describe(r: &CpuRunResult) -> String {
     );
     s += &format!(
         "  malloc ns p50 {} p99 {} p99.9 {}; free ns p50 {} p99 {} p99.9 {}\n",
-        r.alloc_ns.p50,
-        r.alloc_ns.p99,
-        r.alloc_ns.p999,
-        r.free_ns.p50,
-        r.free_ns.p99,
-        r.free_ns.p999
+        r.alloc_ns.p50, r.alloc_ns.p99, r.alloc_ns.p999, r.free_ns.p50, r.free_ns.p99, r.free_ns.p999
     );
     s += &format!(
         "  RSS before {}, peak {}, after free {}: retained {}{}\n",
@@ -286,11 +250,7 @@ pub fn describe(r: &CpuRunResult) -> String {
             _ => String::new(),
         }
     );
-    s += &format!(
-        "  drift {} MiB per 1,000 iterations, {} MiB per minute\n",
-        opt(r.drift_mib_per_1k_iterations),
-        opt(r.drift_mib_per_minute)
-    );
+    s += &format!("  drift {} MiB per 1,000 iterations, {} MiB per minute\n", opt(r.drift_mib_per_1k_iterations), opt(r.drift_mib_per_minute));
     if r.interrupted {
         s += "  interrupted (Ctrl-C): numbers cover the part that ran\n";
     }

@@ -22,13 +22,7 @@ pub struct LiveMalloc {
 
 pub fn classify(library: &str) -> String {
     let file = library.rsplit('/').next().unwrap_or(library);
-    for (needle, name) in [
-        ("jemalloc", "jemalloc"),
-        ("tcmalloc", "tcmalloc"),
-        ("mimalloc", "mimalloc"),
-        ("libc.so", "glibc"),
-        ("libc-", "glibc"),
-    ] {
+    for (needle, name) in [("jemalloc", "jemalloc"), ("tcmalloc", "tcmalloc"), ("mimalloc", "mimalloc"), ("libc.so", "glibc"), ("libc-", "glibc")] {
         if file.contains(needle) {
             return name.to_string();
         }
@@ -40,13 +34,8 @@ pub fn live_malloc() -> LiveMalloc {
     let library = unsafe {
         let sym = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
         let mut info: libc::Dl_info = std::mem::zeroed();
-        if !sym.is_null()
-            && libc::dladdr(sym as *const c_void, &mut info) != 0
-            && !info.dli_fname.is_null()
-        {
-            CStr::from_ptr(info.dli_fname)
-                .to_string_lossy()
-                .into_owned()
+        if !sym.is_null() && libc::dladdr(sym as *const c_void, &mut info) != 0 && !info.dli_fname.is_null() {
+            CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned()
         } else {
             String::from("unknown")
         }
@@ -55,40 +44,19 @@ pub fn live_malloc() -> LiveMalloc {
         .unwrap_or_default()
         .lines()
         .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| {
-            ["jemalloc", "tcmalloc", "mimalloc"]
-                .iter()
-                .any(|n| p.contains(n))
-        })
+        .filter(|p| ["jemalloc", "tcmalloc", "mimalloc"].iter().any(|n| p.contains(n)))
         .map(str::to_string)
         .collect();
     mapped.sort();
     mapped.dedup();
-    LiveMalloc {
-        name: classify(&library),
-        library,
-        mapped,
-        ld_preload: std::env::var("LD_PRELOAD").ok().filter(|s| !s.is_empty()),
-    }
+    LiveMalloc { name: classify(&library), library, mapped, ld_preload: std::env::var("LD_PRELOAD").ok().filter(|s| !s.is_empty()) }
 }
 
 /// Debian's packages for the LD_PRELOAD allocators (DEPENDENCIES.md).
 pub const PRELOAD_LIBRARIES: &[(&str, &str, &str)] = &[
-    (
-        "jemalloc",
-        "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
-        "libjemalloc2",
-    ),
-    (
-        "tcmalloc",
-        "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
-        "libtcmalloc-minimal4",
-    ),
-    (
-        "mimalloc",
-        "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2",
-        "libmimalloc2.0",
-    ),
+    ("jemalloc", "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "libjemalloc2"),
+    ("tcmalloc", "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "libtcmalloc-minimal4"),
+    ("mimalloc", "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2", "libmimalloc2.0"),
 ];
 
 /// Resolves `--preload NAME|PATH` to an existing library, or says how to get it.
@@ -98,29 +66,17 @@ pub fn resolve_preload(spec: &str) -> Result<PathBuf, InputError> {
         if p.exists() {
             return Ok(p);
         }
-        return Err(InputError::new(
-            "--preload",
-            format!("{path} not found: install it with `apt-get install {package}`"),
-        ));
+        return Err(InputError::new("--preload", format!("{path} not found: install it with `apt-get install {package}`")));
     }
     let p = PathBuf::from(spec);
     if p.exists() {
         Ok(p)
     } else {
-        Err(InputError::new(
-            "--preload",
-            format!("{spec} not found (known: jemalloc, tcmalloc, mimalloc, or a path to a .so)"),
-        ))
+        Err(InputError::new("--preload", format!("{spec} not found (known: jemalloc, tcmalloc, mimalloc, or a path to a .so)")))
     }
 }
 
-type MallctlFn = unsafe extern "C" fn(
-    *const libc::c_char,
-    *mut c_void,
-    *mut usize,
-    *mut c_void,
-    usize,
-) -> libc::c_int;
+type MallctlFn = unsafe extern "C" fn(*const libc::c_char, *mut c_void, *mut usize, *mut c_void, usize) -> libc::c_int;
 type TcPropertyFn = unsafe extern "C" fn(*const libc::c_char, *mut usize) -> libc::c_int;
 
 unsafe fn symbol(name: &CStr) -> *mut c_void {
@@ -147,32 +103,12 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
                     let mallctl: MallctlFn = std::mem::transmute(f);
                     let mut epoch: u64 = 1;
                     let mut len = std::mem::size_of::<u64>();
-                    mallctl(
-                        c"epoch".as_ptr(),
-                        std::ptr::null_mut(),
-                        std::ptr::null_mut(),
-                        &mut epoch as *mut u64 as *mut c_void,
-                        len,
-                    );
-                    for key in [
-                        "stats.allocated",
-                        "stats.active",
-                        "stats.resident",
-                        "stats.mapped",
-                        "stats.retained",
-                        "stats.metadata",
-                    ] {
+                    mallctl(c"epoch".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), &mut epoch as *mut u64 as *mut c_void, len);
+                    for key in ["stats.allocated", "stats.active", "stats.resident", "stats.mapped", "stats.retained", "stats.metadata"] {
                         let mut v: usize = 0;
                         len = std::mem::size_of::<usize>();
                         let ckey = std::ffi::CString::new(key).expect("no NUL");
-                        if mallctl(
-                            ckey.as_ptr(),
-                            &mut v as *mut usize as *mut c_void,
-                            &mut len,
-                            std::ptr::null_mut(),
-                            0,
-                        ) == 0
-                        {
+                        if mallctl(ckey.as_ptr(), &mut v as *mut usize as *mut c_void, &mut len, std::ptr::null_mut(), 0) == 0 {
                             m.insert(format!("jemalloc.{key}"), v as u64);
                         }
                     }
@@ -182,12 +118,7 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
                 let f = symbol(c"MallocExtension_GetNumericProperty");
                 if !f.is_null() {
                     let get: TcPropertyFn = std::mem::transmute(f);
-                    for key in [
-                        "generic.current_allocated_bytes",
-                        "generic.heap_size",
-                        "tcmalloc.pageheap_free_bytes",
-                        "tcmalloc.pageheap_unmapped_bytes",
-                    ] {
+                    for key in ["generic.current_allocated_bytes", "generic.heap_size", "tcmalloc.pageheap_free_bytes", "tcmalloc.pageheap_unmapped_bytes"] {
                         let mut v: usize = 0;
                         let ckey = std::ffi::CString::new(key).expect("no NUL");
                         if get(ckey.as_ptr(), &mut v) != 0 {
@@ -199,16 +130,7 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
             "mimalloc" => {
                 let f = symbol(c"mi_process_info");
                 if !f.is_null() {
-                    type InfoFn = unsafe extern "C" fn(
-                        *mut usize,
-                        *mut usize,
-                        *mut usize,
-                        *mut usize,
-                        *mut usize,
-                        *mut usize,
-                        *mut usize,
-                        *mut usize,
-                    );
+                    type InfoFn = unsafe extern "C" fn(*mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize);
                     let info: InfoFn = std::mem::transmute(f);
                     let mut v = [0usize; 8];
                     let [a, b, c, d, e, f2, g, h] = &mut v;
@@ -230,18 +152,9 @@ mod tests {
 
     #[test]
     fn classifies_the_debian_libraries() {
-        assert_eq!(
-            classify("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"),
-            "jemalloc"
-        );
-        assert_eq!(
-            classify("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"),
-            "tcmalloc"
-        );
-        assert_eq!(
-            classify("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"),
-            "mimalloc"
-        );
+        assert_eq!(classify("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"), "jemalloc");
+        assert_eq!(classify("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"), "tcmalloc");
+        assert_eq!(classify("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"), "mimalloc");
         assert_eq!(classify("/lib/x86_64-linux-gnu/libc.so.6"), "glibc");
     }
 

@@ -20,11 +20,7 @@ fn page_size() -> u64 {
 pub fn rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/statm")
         .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-        })
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map(|pages| pages * page_size())
         .unwrap_or(0)
 }
@@ -33,12 +29,7 @@ pub fn rss_bytes() -> u64 {
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
         .map(|kib| kib * 1024)
         .unwrap_or(0)
 }
@@ -52,12 +43,7 @@ pub fn reset_peak_rss() -> bool {
 pub fn mem_available_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemAvailable:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
+        .and_then(|s| s.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
         .map(|kib| kib * 1024)
         .unwrap_or(u64::MAX)
 }
@@ -87,11 +73,7 @@ impl RssSampler {
         let handle = std::thread::Builder::new()
             .name("rss-sampler".into())
             .spawn(move || loop {
-                let sample = RssSample {
-                    t_s: start.elapsed().as_secs_f64(),
-                    iteration: it2.load(Ordering::Relaxed),
-                    rss: rss_bytes(),
-                };
+                let sample = RssSample { t_s: start.elapsed().as_secs_f64(), iteration: it2.load(Ordering::Relaxed), rss: rss_bytes() };
                 s2.lock().expect("sampler lock").push(sample);
                 if st2.load(Ordering::Relaxed) {
                     break;
@@ -99,12 +81,7 @@ impl RssSampler {
                 std::thread::sleep(interval);
             })
             .expect("spawn the RSS sampler");
-        RssSampler {
-            stop,
-            samples,
-            handle: Some(handle),
-            iteration,
-        }
+        RssSampler { stop, samples, handle: Some(handle), iteration }
     }
 
     pub fn finish(mut self) -> Vec<RssSample> {
@@ -140,29 +117,10 @@ pub fn drift(samples: &[RssSample]) -> (Option<f64>, Option<f64>) {
     let Some(last_iter) = samples.iter().map(|s| s.iteration).max() else {
         return (None, None);
     };
-    let t_end = samples
-        .iter()
-        .find(|s| s.iteration == last_iter)
-        .map(|s| s.t_s)
-        .unwrap_or(0.0);
-    let steady: Vec<&RssSample> = samples
-        .iter()
-        .filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end)
-        .collect();
-    let per_iter = slope(
-        &steady
-            .iter()
-            .map(|s| (s.iteration as f64, s.rss as f64))
-            .collect::<Vec<_>>(),
-    )
-    .map(|b| b * 1000.0 / MIB);
-    let per_min = slope(
-        &steady
-            .iter()
-            .map(|s| (s.t_s, s.rss as f64))
-            .collect::<Vec<_>>(),
-    )
-    .map(|b| b * 60.0 / MIB);
+    let t_end = samples.iter().find(|s| s.iteration == last_iter).map(|s| s.t_s).unwrap_or(0.0);
+    let steady: Vec<&RssSample> = samples.iter().filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end).collect();
+    let per_iter = slope(&steady.iter().map(|s| (s.iteration as f64, s.rss as f64)).collect::<Vec<_>>()).map(|b| b * 1000.0 / MIB);
+    let per_min = slope(&steady.iter().map(|s| (s.t_s, s.rss as f64)).collect::<Vec<_>>()).map(|b| b * 60.0 / MIB);
     (per_iter, per_min)
 }
 
@@ -179,10 +137,7 @@ mod tests {
             v[i] = 1;
         }
         std::hint::black_box(&v);
-        assert!(
-            rss_bytes() >= before + (48 << 20),
-            "RSS did not grow by the touched 64 MiB"
-        );
+        assert!(rss_bytes() >= before + (48 << 20), "RSS did not grow by the touched 64 MiB");
         assert!(peak_rss_bytes() >= rss_bytes() - (1 << 20));
     }
 

@@ -14,13 +14,7 @@ use crate::gpu::caching::pool_for;
 
 /// Stats for an allocation that is also its own segment.
 /// `device_call` is false for the ideal bound, which makes none.
-fn count_alloc(
-    stats: &mut DeviceStats,
-    pool: PoolKind,
-    bytes: u64,
-    requested: u64,
-    device_call: bool,
-) {
+fn count_alloc(stats: &mut DeviceStats, pool: PoolKind, bytes: u64, requested: u64, device_call: bool) {
     if device_call {
         stats.segment.increase(pool, 1);
         stats.num_device_alloc += 1;
@@ -33,13 +27,7 @@ fn count_alloc(
     stats.requested_bytes.increase(pool, requested);
 }
 
-fn count_free(
-    stats: &mut DeviceStats,
-    pool: PoolKind,
-    bytes: u64,
-    requested: u64,
-    device_call: bool,
-) {
+fn count_free(stats: &mut DeviceStats, pool: PoolKind, bytes: u64, requested: u64, device_call: bool) {
     if device_call {
         stats.segment.decrease(pool, 1);
         stats.num_device_free += 1;
@@ -68,15 +56,7 @@ pub struct NoCacheAllocator<D: Device> {
 
 impl<D: Device> NoCacheAllocator<D> {
     pub fn new(device: D) -> Self {
-        NoCacheAllocator {
-            device,
-            live: FxHashMap::default(),
-            next: 0,
-            stats: DeviceStats {
-                max_split_size: -1,
-                ..Default::default()
-            },
-        }
+        NoCacheAllocator { device, live: FxHashMap::default(), next: 0, stats: DeviceStats { max_split_size: -1, ..Default::default() } }
     }
 }
 
@@ -138,11 +118,7 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
                 stream: l.stream,
                 segment_type: super::pool_name(pool_for(l.bytes)),
                 is_expandable: false,
-                blocks: vec![BlockSnapshot {
-                    size: l.bytes,
-                    requested_size: l.bytes,
-                    state: "active_allocated".into(),
-                }],
+                blocks: vec![BlockSnapshot { size: l.bytes, requested_size: l.bytes, state: "active_allocated".into() }],
             })
             .collect();
         v.sort_by_key(|s| s.address);
@@ -156,6 +132,10 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
     fn device_description(&self) -> String {
         self.device.describe()
     }
+
+    fn device_time_ns(&self) -> Option<u64> {
+        self.device.device_time_ns()
+    }
 }
 
 /// Reserves exactly the live bytes: the lower bound no allocator can beat.
@@ -168,15 +148,7 @@ pub struct IdealAllocator {
 
 impl IdealAllocator {
     pub fn new(capacity: u64) -> Self {
-        IdealAllocator {
-            capacity,
-            live: FxHashMap::default(),
-            next: 0,
-            stats: DeviceStats {
-                max_split_size: -1,
-                ..Default::default()
-            },
-        }
+        IdealAllocator { capacity, live: FxHashMap::default(), next: 0, stats: DeviceStats { max_split_size: -1, ..Default::default() } }
     }
 }
 
@@ -230,9 +202,6 @@ impl GpuAllocator for IdealAllocator {
     }
 
     fn device_description(&self) -> String {
-        format!(
-            "ideal bound, {} capacity",
-            crate::units::format_bytes(self.capacity)
-        )
+        format!("ideal bound, {} capacity", crate::units::format_bytes(self.capacity))
     }
 }

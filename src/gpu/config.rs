@@ -72,10 +72,7 @@ impl AllocatorConfig {
 
     /// Parses `key:value,key:value` with `[a:b,c:d]` lists; whitespace is ignored.
     pub fn parse(text: &str) -> Result<Self, InputError> {
-        let mut cfg = AllocatorConfig {
-            source: text.trim().to_string(),
-            ..Default::default()
-        };
+        let mut cfg = AllocatorConfig { source: text.trim().to_string(), ..Default::default() };
         let tokens = tokenize(text);
         let err = |m: String| InputError::new("--conf", m);
         let mut i = 0;
@@ -83,25 +80,15 @@ impl AllocatorConfig {
             let key = tokens[i].as_str();
             let expect = |i: usize, tok: &str| -> Result<(), InputError> {
                 if tokens.get(i).map(String::as_str) != Some(tok) {
-                    return Err(err(format!(
-                        "Error parsing CachingAllocator settings, expected {tok} after '{key}'"
-                    )));
+                    return Err(err(format!("Error parsing CachingAllocator settings, expected {tok} after '{key}'")));
                 }
                 Ok(())
             };
             let value = |i: usize| -> Result<&str, InputError> {
-                tokens
-                    .get(i)
-                    .map(String::as_str)
-                    .filter(|t| !matches!(*t, "," | ":" | "[" | "]"))
-                    .ok_or_else(|| err(format!("Error, expecting {key} value")))
+                tokens.get(i).map(String::as_str).filter(|t| !matches!(*t, "," | ":" | "[" | "]")).ok_or_else(|| err(format!("Error, expecting {key} value")))
             };
             let size_mb = |v: &str| -> Result<u64, InputError> {
-                v.parse::<u64>().map_err(|_| {
-                    err(format!(
-                        "Error, expecting digit string in config for {key}, got '{v}'"
-                    ))
-                })
+                v.parse::<u64>().map_err(|_| err(format!("Error, expecting digit string in config for {key}, got '{v}'")))
             };
             match key {
                 "max_split_size_mb" | "max_non_split_rounding_mb" | "large_segment_size_mb" => {
@@ -111,16 +98,12 @@ impl AllocatorConfig {
                     if key == "large_segment_size_mb" {
                         // AllocatorConfig: large_segment_size_mb must be > kMinLargeAlloc (10 MiB).
                         if mb <= 10 {
-                            return Err(err(format!(
-                                "CachingAllocator option {key} too small, must be > 10"
-                            )));
+                            return Err(err(format!("CachingAllocator option {key} too small, must be > 10")));
                         }
                         cfg.large_segment_size = mb.saturating_mul(MIB);
                     } else {
                         if mb < min_mb {
-                            return Err(err(format!(
-                                "CachingAllocator option {key} too small, must be >= {min_mb}"
-                            )));
+                            return Err(err(format!("CachingAllocator option {key} too small, must be >= {min_mb}")));
                         }
                         let bytes = mb.min(u64::MAX / MIB) * MIB;
                         if key == "max_split_size_mb" {
@@ -134,15 +117,9 @@ impl AllocatorConfig {
                 "garbage_collection_threshold" => {
                     expect(i + 1, ":")?;
                     let v = value(i + 2)?;
-                    let t: f64 = v.parse().map_err(|_| {
-                        err(format!(
-                            "Error, expecting a number for garbage_collection_threshold, got '{v}'"
-                        ))
-                    })?;
+                    let t: f64 = v.parse().map_err(|_| err(format!("Error, expecting a number for garbage_collection_threshold, got '{v}'")))?;
                     if !(t > 0.0 && t < 1.0) {
-                        return Err(err(
-                            "garbage_collect_threshold is invalid, set it in (0.0, 1.0)".into(),
-                        ));
+                        return Err(err("garbage_collect_threshold is invalid, set it in (0.0, 1.0)".into()));
                     }
                     cfg.garbage_collection_threshold = t;
                     i += 3;
@@ -150,15 +127,9 @@ impl AllocatorConfig {
                 "per_process_memory_fraction" => {
                     expect(i + 1, ":")?;
                     let v = value(i + 2)?;
-                    let f: f64 = v.parse().map_err(|_| {
-                        err(format!(
-                            "Error, expecting a number for per_process_memory_fraction, got '{v}'"
-                        ))
-                    })?;
+                    let f: f64 = v.parse().map_err(|_| err(format!("Error, expecting a number for per_process_memory_fraction, got '{v}'")))?;
                     if !(0.0..=1.0).contains(&f) {
-                        return Err(err(
-                            "per_process_memory_fraction is invalid, set it in [0.0, 1.0]".into(),
-                        ));
+                        return Err(err("per_process_memory_fraction is invalid, set it in [0.0, 1.0]".into()));
                     }
                     cfg.per_process_memory_fraction = f;
                     i += 3;
@@ -184,10 +155,7 @@ impl AllocatorConfig {
                     i += 3;
                 }
                 // Knobs that exist in PyTorch but do not change placement: accepted, ignored.
-                "release_lock_on_cudamalloc"
-                | "pinned_use_cuda_host_register"
-                | "pinned_use_background_threads"
-                | "graph_capture_record_stream_reuse" => {
+                "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" | "pinned_use_background_threads" | "graph_capture_record_stream_reuse" => {
                     expect(i + 1, ":")?;
                     parse_bool(key, value(i + 2)?)?;
                     i += 3;
@@ -198,11 +166,7 @@ impl AllocatorConfig {
                     i += 3;
                 }
                 "," => i += 1,
-                other => {
-                    return Err(err(format!(
-                        "Unrecognized key '{other}' in CachingAllocator config"
-                    )))
-                }
+                other => return Err(err(format!("Unrecognized key '{other}' in CachingAllocator config"))),
             }
         }
         Ok(cfg)
@@ -226,10 +190,7 @@ fn parse_bool(key: &str, v: &str) -> Result<bool, InputError> {
     match v {
         "True" | "true" => Ok(true),
         "False" | "false" => Ok(false),
-        _ => Err(InputError::new(
-            "--conf",
-            format!("Expected a single True/False argument for {key}, got '{v}'"),
-        )),
+        _ => Err(InputError::new("--conf", format!("Expected a single True/False argument for {key}, got '{v}'"))),
     }
 }
 
@@ -258,11 +219,7 @@ fn tokenize(text: &str) -> Vec<String> {
 /// `roundup_power2_divisions:4` or `[64:8,256:4,>:1]` (NEW semantics: the first key also fills
 /// every bucket below it; later keys set only their own bucket; gaps stay 0; `>` fills from the
 /// last explicit bucket + 1 to the end). Returns the index after the value.
-fn parse_roundup(
-    tokens: &[String],
-    mut i: usize,
-    table: &mut [u64; ROUNDUP_INTERVALS],
-) -> Result<usize, InputError> {
+fn parse_roundup(tokens: &[String], mut i: usize, table: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, InputError> {
     let err = |m: String| InputError::new("--conf", m);
     let pow2 = |v: u64| v == 0 || v.is_power_of_two();
     *table = [0; ROUNDUP_INTERVALS];
@@ -272,20 +229,12 @@ fn parse_roundup(
             let mut first = true;
             let mut last_index: Option<usize> = None;
             loop {
-                let key = tokens.get(i).ok_or_else(|| {
-                    err("Error parsing roundup_power2_divisions: unterminated list".into())
-                })?;
+                let key = tokens.get(i).ok_or_else(|| err("Error parsing roundup_power2_divisions: unterminated list".into()))?;
                 if tokens.get(i + 1).map(String::as_str) != Some(":") {
                     return Err(err("Error parsing CachingAllocator settings, expected : in roundup_power2_divisions list".into()));
                 }
-                let val_s = tokens
-                    .get(i + 2)
-                    .ok_or_else(|| err("Error, expecting roundup_power2_divisions value".into()))?;
-                let val: u64 = val_s.parse().map_err(|_| {
-                    err(format!(
-                        "Error, expecting digit string in roundup_power2_divisions, got '{val_s}'"
-                    ))
-                })?;
+                let val_s = tokens.get(i + 2).ok_or_else(|| err("Error, expecting roundup_power2_divisions value".into()))?;
+                let val: u64 = val_s.parse().map_err(|_| err(format!("Error, expecting digit string in roundup_power2_divisions, got '{val_s}'")))?;
                 if !pow2(val) {
                     return Err(err(format!("For roundups, the divisions has to be power of 2 or 0 to disable roundup, got {val}")));
                 }
@@ -298,9 +247,7 @@ fn parse_roundup(
                 } else {
                     let mb: u64 = key.parse().map_err(|_| err(format!("Error, expecting digit string as roundup_power2_divisions key, got '{key}'")))?;
                     if !(mb > 0 && mb.is_power_of_two()) {
-                        return Err(err(format!(
-                            "For roundups, the intervals have to be power of 2, got {mb}"
-                        )));
+                        return Err(err(format!("For roundups, the intervals have to be power of 2, got {mb}")));
                     }
                     let idx = (mb.ilog2() as usize).min(ROUNDUP_INTERVALS - 1);
                     if first {
@@ -316,24 +263,14 @@ fn parse_roundup(
                 match tokens.get(i).map(String::as_str) {
                     Some(",") => i += 1,
                     Some("]") => return Ok(i + 1),
-                    _ => {
-                        return Err(err(
-                            "Error parsing roundup_power2_divisions: expected , or ]".into(),
-                        ))
-                    }
+                    _ => return Err(err("Error parsing roundup_power2_divisions: expected , or ]".into())),
                 }
             }
         }
         Some(v) => {
-            let val: u64 = v.parse().map_err(|_| {
-                err(format!(
-                    "Error, expecting digit string for roundup_power2_divisions, got '{v}'"
-                ))
-            })?;
+            let val: u64 = v.parse().map_err(|_| err(format!("Error, expecting digit string for roundup_power2_divisions, got '{v}'")))?;
             if !pow2(val) {
-                return Err(err(format!(
-                    "For roundups, the divisions has to be power of 2, got {val}"
-                )));
+                return Err(err(format!("For roundups, the divisions has to be power of 2, got {val}")));
             }
             *table = [val; ROUNDUP_INTERVALS];
             Ok(i + 1)
@@ -365,8 +302,7 @@ mod tests {
     #[test]
     fn gaps_between_keys_stay_zero() {
         // The upstream unit test: divisions(1024 MiB) = 0 for this list.
-        let c = AllocatorConfig::parse("roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]")
-            .unwrap();
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[128:8,256:16,512:1,2048:8,>:2]").unwrap();
         assert_eq!(c.roundup_power2_divisions[10], 0);
         assert_eq!(c.roundup_power2_divisions[7], 8);
         assert_eq!(c.roundup_power2_divisions[0], 8);
@@ -382,25 +318,13 @@ mod tests {
         for (s, want) in [
             ("max_split_size_mb:10", "max_split_size_mb too small"),
             ("foo:1", "Unrecognized key 'foo'"),
-            (
-                "garbage_collection_threshold:1.5",
-                "garbage_collect_threshold is invalid",
-            ),
-            (
-                "expandable_segments:maybe",
-                "True/False argument for expandable_segments",
-            ),
+            ("garbage_collection_threshold:1.5", "garbage_collect_threshold is invalid"),
+            ("expandable_segments:maybe", "True/False argument for expandable_segments"),
             ("roundup_power2_divisions:3", "power of 2"),
-            (
-                "roundup_power2_divisions:[100:2]",
-                "intervals have to be power of 2",
-            ),
+            ("roundup_power2_divisions:[100:2]", "intervals have to be power of 2"),
             ("max_split_size_mb", "expected :"),
             ("max_split_size_mb:", "expecting max_split_size_mb value"),
-            (
-                "per_process_memory_fraction:2",
-                "per_process_memory_fraction is invalid",
-            ),
+            ("per_process_memory_fraction:2", "per_process_memory_fraction is invalid"),
         ] {
             let e = AllocatorConfig::parse(s).unwrap_err().to_string();
             assert!(e.contains(want), "{s}: {e}");
@@ -409,18 +333,8 @@ mod tests {
 
     #[test]
     fn gc_needs_a_fraction() {
-        assert!(!AllocatorConfig::parse("garbage_collection_threshold:0.6")
-            .unwrap()
-            .gc_enabled());
-        assert!(AllocatorConfig::parse(
-            "garbage_collection_threshold:0.6,per_process_memory_fraction:0.9"
-        )
-        .unwrap()
-        .gc_enabled());
-        assert!(!AllocatorConfig::parse(
-            "garbage_collection_threshold:0.6,per_process_memory_fraction:1.0"
-        )
-        .unwrap()
-        .gc_enabled());
+        assert!(!AllocatorConfig::parse("garbage_collection_threshold:0.6").unwrap().gc_enabled());
+        assert!(AllocatorConfig::parse("garbage_collection_threshold:0.6,per_process_memory_fraction:0.9").unwrap().gc_enabled());
+        assert!(!AllocatorConfig::parse("garbage_collection_threshold:0.6,per_process_memory_fraction:1.0").unwrap().gc_enabled());
     }
 }

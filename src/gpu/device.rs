@@ -50,6 +50,10 @@ pub trait Device {
     fn unmap_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()>;
     /// A short description for results ("simulated 80 GiB", "NVIDIA H100 80GB HBM3").
     fn describe(&self) -> String;
+    /// Time spent in device calls so far, when known (measured, or modelled).
+    fn device_time_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// The default capacity: an H100 80 GB card reports 81,559 MiB of total memory.
@@ -77,21 +81,22 @@ pub struct SimDevice {
     pub device_frees: u64,
     pub pages_mapped: u64,
     pub pages_unmapped: u64,
+    /// Measured device-call latencies (`--sim-latency`): simulated time is accounted with them.
+    latency: Option<super::devprobe::LatencyModel>,
+    device_time_ns: u64,
 }
 
 impl SimDevice {
     pub fn new(capacity: u64) -> Self {
         let mut free_ranges = BTreeMap::new();
         free_ranges.insert(SIM_VA_BASE, SIM_VA_SPAN);
-        SimDevice {
-            capacity,
-            used: 0,
-            free_ranges,
-            device_mallocs: 0,
-            device_frees: 0,
-            pages_mapped: 0,
-            pages_unmapped: 0,
-        }
+        SimDevice { capacity, used: 0, free_ranges, device_mallocs: 0, device_frees: 0, pages_mapped: 0, pages_unmapped: 0, latency: None, device_time_ns: 0 }
+    }
+
+    /// Accounts device time with latencies measured on a real GPU (`allocbench devprobe`).
+    pub fn with_latency(mut self, model: super::devprobe::LatencyModel) -> Self {
+        self.latency = Some(model);
+        self
     }
 
     pub fn used(&self) -> u64 {
@@ -149,12 +154,18 @@ impl Device for SimDevice {
         let ptr = self.take_range(bytes)?;
         self.used += bytes;
         self.device_mallocs += 1;
+        if let Some(m) = &self.latency {
+            self.device_time_ns += m.malloc_ns(bytes);
+        }
         Ok(ptr)
     }
 
     fn free(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.used -= bytes;
         self.device_frees += 1;
+        if let Some(m) = &self.latency {
+            self.device_time_ns += m.free_ns(bytes);
+        }
         self.give_back_range(ptr, bytes);
         Ok(())
     }
@@ -174,20 +185,23 @@ impl Device for SimDevice {
         }
         self.used += bytes;
         self.pages_mapped += 1;
+        if let Some(m) = &self.latency {
+            self.device_time_ns += m.malloc_ns(bytes);
+        }
         Ok(())
     }
 
     fn unmap_page(&mut self, _ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.used -= bytes;
         self.pages_unmapped += 1;
+        if let Some(m) = &self.latency {
+            self.device_time_ns += m.free_ns(bytes);
+        }
         Ok(())
     }
 
     fn describe(&self) -> String {
-        format!(
-            "simulated device, {} capacity",
-            crate::units::format_bytes(self.capacity)
-        )
+        format!("simulated device, {} capacity", crate::units::format_bytes(self.capacity))
     }
 }
 

@@ -4,7 +4,10 @@
 pub mod baseline;
 pub mod caching;
 pub mod config;
+pub mod cuda;
 pub mod device;
+pub mod devprobe;
+pub mod fidelity;
 pub mod replay;
 pub mod stats;
 
@@ -95,11 +98,7 @@ pub struct BlockSnapshot {
 
 impl SegmentSnapshot {
     pub fn allocated(&self) -> u64 {
-        self.blocks
-            .iter()
-            .filter(|b| b.state == "active_allocated")
-            .map(|b| b.size)
-            .sum()
+        self.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).sum()
     }
 }
 
@@ -116,6 +115,11 @@ pub trait GpuAllocator {
     /// Bytes in the largest free block inside a segment.
     fn largest_free_block(&self) -> u64;
     fn device_description(&self) -> String;
+    /// Time spent in device calls: measured on a real GPU, modelled on a simulated device with
+    /// `--sim-latency`; `None` when not known.
+    fn device_time_ns(&self) -> Option<u64> {
+        None
+    }
 }
 
 pub(crate) fn pool_name(p: PoolKind) -> String {

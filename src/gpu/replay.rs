@@ -33,12 +33,7 @@ pub struct ReplayOptions {
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions {
-            on_oom: OnOom::Stop,
-            sample_every_events: None,
-            max_timeline_points: 2000,
-            progress: None,
-        }
+        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000, progress: None }
     }
 }
 
@@ -139,6 +134,17 @@ pub fn replay<A: GpuAllocator + ?Sized>(
     events: impl Iterator<Item = anyhow::Result<Event>>,
     opts: &ReplayOptions,
 ) -> anyhow::Result<ReplayOutcome> {
+    replay_with_hook(alloc, events, opts, &mut |_, _, _| {})
+}
+
+/// [`replay`], calling `at_step(n, event_index, stats)` at every `step` marker, before it takes
+/// effect (the state after all earlier events), and once more at the end with `n = u64::MAX`.
+pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
+    alloc: &mut A,
+    events: impl Iterator<Item = anyhow::Result<Event>>,
+    opts: &ReplayOptions,
+    at_step: &mut dyn FnMut(u64, u64, &crate::gpu::stats::DeviceStats),
+) -> anyhow::Result<ReplayOutcome> {
     let start = Instant::now();
     let mut out = ReplayOutcome::default();
     let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
@@ -155,10 +161,7 @@ pub fn replay<A: GpuAllocator + ?Sized>(
     // Peaks since the last sample, so a per-step timeline shows each step's high-water mark.
     let sample = |a: &A, index: u64, step: u64, live: u64, interval: &mut (u64, u64)| {
         let s = a.stats();
-        let (allocated, reserved) = (
-            s.allocated_bytes.all.current as u64,
-            s.reserved_bytes.all.current as u64,
-        );
+        let (allocated, reserved) = (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64);
         let p = TimelinePoint {
             event: index,
             step,
@@ -185,11 +188,7 @@ pub fn replay<A: GpuAllocator + ?Sized>(
                 match alloc.malloc(bytes, stream) {
                     Ok(h) => {
                         if handles.insert(id, (h, bytes)).is_some() {
-                            return Err(InputError::new(
-                                format!("event {index}"),
-                                format!("alloc of id {id}, which is still live"),
-                            )
-                            .into());
+                            return Err(InputError::new(format!("event {index}"), format!("alloc of id {id}, which is still live")).into());
                         }
                         live += bytes;
                         out.peak_live_bytes = out.peak_live_bytes.max(live);
@@ -204,14 +203,10 @@ pub fn replay<A: GpuAllocator + ?Sized>(
                             snapshot_pending = true;
                             out.peak_reserved = reserved;
                             out.allocated_at_peak_reserved = allocated;
-                        } else if reserved == out.peak_reserved
-                            && allocated > out.allocated_at_peak_reserved
-                        {
+                        } else if reserved == out.peak_reserved && allocated > out.allocated_at_peak_reserved {
                             out.allocated_at_peak_reserved = allocated;
                         }
-                        if snapshot_pending
-                            && last_snapshot_event.is_none_or(|e| index - e >= SNAPSHOT_GAP_EVENTS)
-                        {
+                        if snapshot_pending && last_snapshot_event.is_none_or(|e| index - e >= SNAPSHOT_GAP_EVENTS) {
                             out.segments_at_peak = alloc.segments();
                             last_snapshot_event = Some(index);
                             snapshot_pending = false;
@@ -249,26 +244,19 @@ pub fn replay<A: GpuAllocator + ?Sized>(
                 out.frees += 1;
                 match handles.remove(&id) {
                     Some((h, bytes)) => {
-                        alloc
-                            .free(h)
-                            .map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?;
+                        alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?;
                         live -= bytes;
                     }
                     None => {
                         if !failed.remove(&id) {
-                            return Err(InputError::new(
-                                format!("event {index}"),
-                                format!("free of id {id}, which is not live"),
-                            )
-                            .into());
+                            return Err(InputError::new(format!("event {index}"), format!("free of id {id}, which is not live")).into());
                         }
                     }
                 }
             }
-            Event::EmptyCache => alloc
-                .empty_cache()
-                .map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?,
+            Event::EmptyCache => alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?,
             Event::Step { n } => {
+                at_step(n, index, alloc.stats());
                 out.steps += 1;
                 if snapshot_pending {
                     out.segments_at_peak = alloc.segments();
@@ -276,16 +264,14 @@ pub fn replay<A: GpuAllocator + ?Sized>(
                     snapshot_pending = false;
                 }
                 if out.steps.is_multiple_of(stride_steps) {
-                    out.timeline
-                        .push(sample(alloc, index, step, live, &mut interval));
+                    out.timeline.push(sample(alloc, index, step, live, &mut interval));
                 }
                 step = n;
             }
         }
         index += 1;
         if stride_events > 0 && index.is_multiple_of(stride_events) {
-            out.timeline
-                .push(sample(alloc, index, step, live, &mut interval));
+            out.timeline.push(sample(alloc, index, step, live, &mut interval));
         }
         if out.timeline.len() >= 2 * opts.max_timeline_points.max(1) {
             // Merge neighbours, keeping each pair's later values and both pairs' peaks.
@@ -316,11 +302,11 @@ pub fn replay<A: GpuAllocator + ?Sized>(
     if out.events == 0 {
         out.events = index;
     }
+    at_step(u64::MAX, out.events, alloc.stats());
     if snapshot_pending || out.segments_at_peak.is_empty() {
         out.segments_at_peak = alloc.segments();
     }
-    out.timeline
-        .push(sample(alloc, out.events, step, live, &mut interval));
+    out.timeline.push(sample(alloc, out.events, step, live, &mut interval));
     out.last_step = step;
     out.live_bytes_end = live;
     out.size_histogram = sizes.buckets();

@@ -197,11 +197,7 @@ mod tests {
 
     #[test]
     fn torch_map_has_all_122_keys() {
-        let m = DeviceStats {
-            max_split_size: -1,
-            ..Default::default()
-        }
-        .to_torch_map();
+        let m = DeviceStats { max_split_size: -1, ..Default::default() }.to_torch_map();
         assert_eq!(m.len(), 122);
         assert!(m.contains_key("allocated_bytes.all.current"));
         assert!(m.contains_key("inactive_split_bytes.small_pool.freed"));
@@ -214,27 +210,11 @@ mod tests {
         let mut s = DeviceStats::default();
         s.allocated_bytes.increase(PoolKind::Large, 100);
         s.allocated_bytes.decrease(PoolKind::Large, 60);
-        assert_eq!(
-            s.allocated_bytes.all,
-            Stat {
-                current: 40,
-                peak: 100,
-                allocated: 100,
-                freed: 60
-            }
-        );
+        assert_eq!(s.allocated_bytes.all, Stat { current: 40, peak: 100, allocated: 100, freed: 60 });
         assert_eq!(s.allocated_bytes.small, Stat::default());
         s.reset_peak();
         assert_eq!(s.allocated_bytes.large.peak, 40);
         s.reset_accumulated();
-        assert_eq!(
-            s.allocated_bytes.all,
-            Stat {
-                current: 40,
-                peak: 40,
-                allocated: 0,
-                freed: 0
-            }
-        );
+        assert_eq!(s.allocated_bytes.all, Stat { current: 40, peak: 40, allocated: 0, freed: 0 });
     }
 }

@@ -51,15 +51,7 @@ fn tick(v: f64, span: f64) -> String {
 }
 
 /// Lines over x; y in bytes (the unit is chosen from the data) unless `y_is_bytes` is false.
-pub fn lines(
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    y_is_bytes: bool,
-    series: &[Line],
-    markers: &[Marker],
-    legend_at: LegendAt,
-) -> ChartResult {
+pub fn lines(title: &str, x_desc: &str, y_desc: &str, y_is_bytes: bool, series: &[Line], markers: &[Marker], legend_at: LegendAt) -> ChartResult {
     let mut buf = String::new();
     {
         let root = root(&mut buf, (W, H));
@@ -68,29 +60,15 @@ pub fn lines(
         let x_min = xs().fold(f64::MAX, f64::min).min(0.0);
         let x_max = if x_max <= x_min { x_min + 1.0 } else { x_max };
         let x_span = x_max - x_min;
-        let y_raw_max = series
-            .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.1))
-            .chain(markers.iter().map(|m| m.at.1))
-            .fold(1.0f64, f64::max);
-        let (div, unit) = if y_is_bytes {
-            byte_unit(y_raw_max)
-        } else {
-            (1.0, "")
-        };
+        let y_raw_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).chain(markers.iter().map(|m| m.at.1)).fold(1.0f64, f64::max);
+        let (div, unit) = if y_is_bytes { byte_unit(y_raw_max) } else { (1.0, "") };
         // Headroom above the data for a legend placed at the top.
         let headroom = match legend_at {
-            LegendAt::UpperLeft | LegendAt::UpperRight | LegendAt::UpperMiddle => {
-                1.08 + 0.055 * series.len() as f64
-            }
+            LegendAt::UpperLeft | LegendAt::UpperRight | LegendAt::UpperMiddle => 1.08 + 0.055 * series.len() as f64,
             _ => 1.08,
         };
         let y_max = y_raw_max / div * headroom;
-        let y_label = if unit.is_empty() {
-            y_desc.to_string()
-        } else {
-            format!("{y_desc} ({unit})")
-        };
+        let y_label = if unit.is_empty() { y_desc.to_string() } else { format!("{y_desc} ({unit})") };
         let mut chart = ChartBuilder::on(&root)
             .caption(title, (FONT, 22))
             .margin(16)
@@ -114,37 +92,16 @@ pub fn lines(
             let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x, y / div)).collect();
             let style = ShapeStyle::from(&color).stroke_width(2);
             let drawn = if s.dashed {
-                chart
-                    .draw_series(DashedLineSeries::new(pts, 6, 4, style))
-                    .map_err(err)?
+                chart.draw_series(DashedLineSeries::new(pts, 6, 4, style)).map_err(err)?
             } else {
-                chart
-                    .draw_series(LineSeries::new(pts, style))
-                    .map_err(err)?
+                chart.draw_series(LineSeries::new(pts, style)).map_err(err)?
             };
-            drawn.label(clip(&s.label, 56)).legend(move |(x, y)| {
-                PathElement::new(
-                    vec![(x, y), (x + 20, y)],
-                    ShapeStyle::from(&color).stroke_width(3),
-                )
-            });
+            drawn.label(clip(&s.label, 56)).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ShapeStyle::from(&color).stroke_width(3)));
         }
         for m in markers {
             let at = (m.at.0, m.at.1 / div);
-            chart
-                .draw_series(std::iter::once(Cross::new(
-                    at,
-                    8,
-                    ShapeStyle::from(&RED).stroke_width(3),
-                )))
-                .map_err(err)?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    clip(&m.label, 48),
-                    (at.0, at.1),
-                    (FONT, 14).into_font().color(&RED),
-                )))
-                .map_err(err)?;
+            chart.draw_series(std::iter::once(Cross::new(at, 8, ShapeStyle::from(&RED).stroke_width(3)))).map_err(err)?;
+            chart.draw_series(std::iter::once(Text::new(clip(&m.label, 48), (at.0, at.1), (FONT, 14).into_font().color(&RED)))).map_err(err)?;
         }
         chart
             .configure_series_labels()
@@ -189,10 +146,7 @@ pub fn bars(groups: &[BarGroup], o: &BarOptions) -> ChartResult {
 }
 
 /// Two bar charts side by side in one SVG.
-pub fn bars_pair(
-    left: (&[BarGroup], &BarOptions),
-    right: (&[BarGroup], &BarOptions),
-) -> ChartResult {
+pub fn bars_pair(left: (&[BarGroup], &BarOptions), right: (&[BarGroup], &BarOptions)) -> ChartResult {
     let mut buf = String::new();
     {
         let root = root(&mut buf, (W, H));
@@ -204,33 +158,12 @@ pub fn bars_pair(
     Ok(buf)
 }
 
-fn draw_bars(
-    area: &DrawingArea<SVGBackend<'_>, Shift>,
-    groups: &[BarGroup],
-    o: &BarOptions,
-) -> Result<(), String> {
-    let values = groups.iter().flat_map(|g| {
-        g.bars
-            .iter()
-            .map(|b| b.3.map(|w| w.1).unwrap_or(b.2).max(b.2))
-    });
-    let y_raw_max = values
-        .fold(0.0f64, f64::max)
-        .max(o.reference.map(|r| r.0).unwrap_or(0.0));
-    let (div, unit) = if o.y_is_bytes {
-        byte_unit(y_raw_max.abs().max(1.0))
-    } else {
-        (1.0, "")
-    };
-    let y_min_raw = groups
-        .iter()
-        .flat_map(|g| g.bars.iter().map(|b| b.2))
-        .fold(0.0f64, f64::min);
-    let y_label = if unit.is_empty() {
-        o.y_desc.to_string()
-    } else {
-        format!("{} ({unit})", o.y_desc)
-    };
+fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, groups: &[BarGroup], o: &BarOptions) -> Result<(), String> {
+    let values = groups.iter().flat_map(|g| g.bars.iter().map(|b| b.3.map(|w| w.1).unwrap_or(b.2).max(b.2)));
+    let y_raw_max = values.fold(0.0f64, f64::max).max(o.reference.map(|r| r.0).unwrap_or(0.0));
+    let (div, unit) = if o.y_is_bytes { byte_unit(y_raw_max.abs().max(1.0)) } else { (1.0, "") };
+    let y_min_raw = groups.iter().flat_map(|g| g.bars.iter().map(|b| b.2)).fold(0.0f64, f64::min);
+    let y_label = if unit.is_empty() { o.y_desc.to_string() } else { format!("{} ({unit})", o.y_desc) };
     let n = groups.len().max(1) as f64;
     let mut series_labels: Vec<(String, String)> = Vec::new();
     for g in groups {
@@ -252,22 +185,10 @@ fn draw_bars(
     };
     // Log scale is drawn in log10 space with labels printed back as plain numbers.
     let (to_y, y_min, y_max): (Box<dyn Fn(f64) -> f64>, f64, f64) = if o.log {
-        let positive_min = groups
-            .iter()
-            .flat_map(|g| g.bars.iter().map(|b| b.2 / div))
-            .filter(|v| *v > 0.0)
-            .fold(f64::MAX, f64::min);
-        let lo = if positive_min == f64::MAX {
-            0.1
-        } else {
-            (positive_min / 2.0).max(0.1)
-        };
+        let positive_min = groups.iter().flat_map(|g| g.bars.iter().map(|b| b.2 / div)).filter(|v| *v > 0.0).fold(f64::MAX, f64::min);
+        let lo = if positive_min == f64::MAX { 0.1 } else { (positive_min / 2.0).max(0.1) };
         let hi = (y_raw_max / div * 3.0).max(lo * 10.0);
-        (
-            Box::new(move |v: f64| v.max(lo).log10()),
-            lo.log10().floor(),
-            hi.log10().ceil(),
-        )
+        (Box::new(move |v: f64| v.max(lo).log10()), lo.log10().floor(), hi.log10().ceil())
     } else {
         let hi = (y_raw_max / div * 1.15).max(1e-9);
         let lo = (y_min_raw / div * 1.15).min(0.0);
@@ -302,11 +223,7 @@ fn draw_bars(
         .disable_x_mesh()
         .x_labels(groups.len().max(1) * 2 + 1)
         .x_label_formatter(&x_fmt)
-        .y_labels(if log {
-            ((y_max - y_min) as usize + 1).max(2)
-        } else {
-            10
-        })
+        .y_labels(if log { ((y_max - y_min) as usize + 1).max(2) } else { 10 })
         .y_label_formatter(&y_fmt)
         .y_desc(y_label.as_str())
         .label_style((FONT, 13))
@@ -332,19 +249,11 @@ fn draw_bars(
             } else {
                 (base, top)
             };
-            chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(x0 + width * 0.08, lo), (x0 + width * 0.92, hi)],
-                    color.filled(),
-                )))
-                .map_err(err)?;
+            chart.draw_series(std::iter::once(Rectangle::new([(x0 + width * 0.08, lo), (x0 + width * 0.92, hi)], color.filled()))).map_err(err)?;
             if let Some((a, b)) = whisker {
                 let xm = x0 + width / 2.0;
                 chart
-                    .draw_series(std::iter::once(PathElement::new(
-                        vec![(xm, to_y(a / div)), (xm, to_y(b / div))],
-                        ShapeStyle::from(&BLACK).stroke_width(2),
-                    )))
+                    .draw_series(std::iter::once(PathElement::new(vec![(xm, to_y(a / div)), (xm, to_y(b / div))], ShapeStyle::from(&BLACK).stroke_width(2))))
                     .map_err(err)?;
             }
         }
@@ -352,12 +261,7 @@ fn draw_bars(
     if let Some((r, label)) = o.reference {
         let r = to_y(r / div);
         chart
-            .draw_series(DashedLineSeries::new(
-                vec![(-0.6, r), (n - 0.4, r)],
-                6,
-                4,
-                ShapeStyle::from(&BLACK).stroke_width(1),
-            ))
+            .draw_series(DashedLineSeries::new(vec![(-0.6, r), (n - 0.4, r)], 6, 4, ShapeStyle::from(&BLACK).stroke_width(1)))
             .map_err(err)?
             .label(label.to_string())
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ShapeStyle::from(&BLACK)));
@@ -394,11 +298,7 @@ pub fn segment_map(title: &str, color_key: &str, rows: &[SegmentRow]) -> ChartRe
     {
         let height = (120 + rows.len() as u32 * 18).clamp(240, 1400);
         let root = root(&mut buf, (W, height));
-        let max = rows
-            .iter()
-            .map(|r| r.blocks.iter().map(|b| b.0).sum::<u64>())
-            .max()
-            .unwrap_or(1) as f64;
+        let max = rows.iter().map(|r| r.blocks.iter().map(|b| b.0).sum::<u64>()).max().unwrap_or(1) as f64;
         let (div, unit) = byte_unit(max);
         let n = rows.len().max(1);
         let labels: Vec<String> = rows.iter().map(|r| r.label.clone()).collect();
@@ -435,17 +335,9 @@ pub fn segment_map(title: &str, color_key: &str, rows: &[SegmentRow]) -> ChartRe
             for &(size, allocated) in &row.blocks {
                 let w = size as f64 / div;
                 let c = if allocated { live } else { free };
+                chart.draw_series(std::iter::once(Rectangle::new([(x, y - 0.38), (x + w, y + 0.38)], c.filled()))).map_err(err)?;
                 chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(x, y - 0.38), (x + w, y + 0.38)],
-                        c.filled(),
-                    )))
-                    .map_err(err)?;
-                chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(x, y - 0.38), (x + w, y + 0.38)],
-                        ShapeStyle::from(&WHITE).stroke_width(1),
-                    )))
+                    .draw_series(std::iter::once(Rectangle::new([(x, y - 0.38), (x + w, y + 0.38)], ShapeStyle::from(&WHITE).stroke_width(1))))
                     .map_err(err)?;
                 x += w;
             }

@@ -92,10 +92,7 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<ResultRecord>> {
 }
 
 /// Groups by workload name, keeping first-seen order.
-fn by_workload<'a, T>(
-    items: impl Iterator<Item = &'a T>,
-    name: impl Fn(&T) -> &str,
-) -> Vec<(String, Vec<&'a T>)>
+fn by_workload<'a, T>(items: impl Iterator<Item = &'a T>, name: impl Fn(&T) -> &str) -> Vec<(String, Vec<&'a T>)>
 where
     T: 'a,
 {
@@ -111,12 +108,7 @@ where
 }
 
 fn write(out: &Path, file: &str, svg: String) -> anyhow::Result<()> {
-    std::fs::write(out.join(file), svg).map_err(|e| {
-        InputError::new(
-            out.join(file).display().to_string(),
-            format!("cannot write: {e}"),
-        )
-    })?;
+    std::fs::write(out.join(file), svg).map_err(|e| InputError::new(out.join(file).display().to_string(), format!("cannot write: {e}")))?;
     Ok(())
 }
 
@@ -140,43 +132,19 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
             lines.push(Line {
                 label: format!("reserved: {label}"),
                 color_key: label.clone(),
-                points: r
-                    .timeline
-                    .iter()
-                    .map(|p| (x(p), p.reserved_max as f64))
-                    .collect(),
+                points: r.timeline.iter().map(|p| (x(p), p.reserved_max as f64)).collect(),
                 dashed: false,
             });
             if let Some(o) = &r.oom {
-                let at_x = if use_steps {
-                    o.step as f64
-                } else {
-                    o.event as f64
-                };
-                markers.push(Marker {
-                    label: format!(
-                        "OOM ({}) at step {}: {}",
-                        style::clip(&label, 24),
-                        o.step,
-                        o.cause
-                    ),
-                    at: (at_x, o.reserved as f64),
-                });
+                let at_x = if use_steps { o.step as f64 } else { o.event as f64 };
+                markers.push(Marker { label: format!("OOM ({}) at step {}: {}", style::clip(&label, 24), o.step, o.cause), at: (at_x, o.reserved as f64) });
             }
         }
-        if let Some(first) = group
-            .iter()
-            .find(|r| r.allocator == "ideal")
-            .or(group.first())
-        {
+        if let Some(first) = group.iter().find(|r| r.allocator == "ideal").or(group.first()) {
             lines.push(Line {
                 label: "allocated (live tensors)".into(),
                 color_key: "allocated".into(),
-                points: first
-                    .timeline
-                    .iter()
-                    .map(|p| (x(p), p.allocated_max as f64))
-                    .collect(),
+                points: first.timeline.iter().map(|p| (x(p), p.allocated_max as f64)).collect(),
                 dashed: true,
             });
         }
@@ -185,16 +153,7 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
         write(
             out,
             &file,
-            charts::lines(
-                &title,
-                if use_steps { "step" } else { "event" },
-                "memory",
-                true,
-                &lines,
-                &markers,
-                charts::LegendAt::UpperLeft,
-            )
-            .map_err(e)?,
+            charts::lines(&title, if use_steps { "step" } else { "event" }, "memory", true, &lines, &markers, charts::LegendAt::UpperLeft).map_err(e)?,
         )?;
         charts.push(Chart { file, title });
 
@@ -204,18 +163,8 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
             .map(|r| BarGroup {
                 category: gpu_short_label(r),
                 bars: vec![
-                    (
-                        "cudaMalloc / map calls".into(),
-                        "device malloc".into(),
-                        r.summary.device_mallocs as f64,
-                        None,
-                    ),
-                    (
-                        "cudaFree / unmap calls".into(),
-                        "device free".into(),
-                        r.summary.device_frees as f64,
-                        None,
-                    ),
+                    ("cudaMalloc / map calls".into(), "device malloc".into(), r.summary.device_mallocs as f64, None),
+                    ("cudaFree / unmap calls".into(), "device free".into(), r.summary.device_frees as f64, None),
                 ],
             })
             .collect();
@@ -224,84 +173,38 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
         write(
             out,
             &file,
-            charts::bars(
-                &groups,
-                &BarOptions {
-                    title: &title,
-                    y_desc: "calls (log scale)",
-                    log: true,
-                    y_is_bytes: false,
-                    reference: None,
-                },
-            )
-            .map_err(e)?,
+            charts::bars(&groups, &BarOptions { title: &title, y_desc: "calls (log scale)", log: true, y_is_bytes: false, reference: None }).map_err(e)?,
         )?;
         charts.push(Chart { file, title });
 
         // Segment map at peak for each caching-allocator config.
-        for r in group
-            .iter()
-            .filter(|r| r.allocator == "pytorch" && !r.segments_at_peak.is_empty())
-        {
+        for r in group.iter().filter(|r| r.allocator == "pytorch" && !r.segments_at_peak.is_empty()) {
             let label = gpu_label(r);
             const ROWS: usize = 40;
             let mut segs: Vec<&crate::gpu::SegmentSnapshot> = r.segments_at_peak.iter().collect();
             let total = segs.len();
             // Segments whose free space is pinned by a live block first (the fragmentation), then
             // wholly free cached segments; most free bytes first within each.
-            segs.sort_by_key(|s| {
-                (
-                    s.allocated() == 0,
-                    std::cmp::Reverse(s.total_size - s.allocated()),
-                    s.address,
-                )
-            });
+            segs.sort_by_key(|s| (s.allocated() == 0, std::cmp::Reverse(s.total_size - s.allocated()), s.address));
             segs.truncate(ROWS);
             let rows: Vec<SegmentRow> = segs
                 .iter()
                 .map(|s| SegmentRow {
-                    label: format!(
-                        "{} {} ({} free)",
-                        s.segment_type,
-                        format_bytes(s.total_size),
-                        format_bytes(s.total_size - s.allocated())
-                    ),
-                    blocks: s
-                        .blocks
-                        .iter()
-                        .map(|b| (b.size, b.state == "active_allocated"))
-                        .collect(),
+                    label: format!("{} {} ({} free)", s.segment_type, format_bytes(s.total_size), format_bytes(s.total_size - s.allocated())),
+                    blocks: s.blocks.iter().map(|b| (b.size, b.state == "active_allocated")).collect(),
                 })
                 .collect();
             let file = format!("gpu-segments-{ws}-{}.svg", slug(&label));
-            let pinned = r
-                .segments_at_peak
-                .iter()
-                .filter(|s| s.allocated() > 0)
-                .count();
-            let title = format!(
-                "{workload}: segments at peak, {} ({} of {total} shown; {pinned} hold live blocks)",
-                gpu_short_label(r),
-                rows.len()
-            );
-            write(
-                out,
-                &file,
-                charts::segment_map(&title, &label, &rows).map_err(e)?,
-            )?;
+            let pinned = r.segments_at_peak.iter().filter(|s| s.allocated() > 0).count();
+            let title = format!("{workload}: segments at peak, {} ({} of {total} shown; {pinned} hold live blocks)", gpu_short_label(r), rows.len());
+            write(out, &file, charts::segment_map(&title, &label, &rows).map_err(e)?)?;
             charts.push(Chart { file, title });
         }
     }
     // Overhead: peak reserved ÷ peak live per workload × config.
     let groups: Vec<BarGroup> = by_workload(runs.iter().copied(), |r| &r.workload.name)
         .into_iter()
-        .map(|(w, rs)| BarGroup {
-            category: w,
-            bars: rs
-                .iter()
-                .map(|r| (gpu_short_label(r), gpu_label(r), r.summary.overhead, None))
-                .collect(),
-        })
+        .map(|(w, rs)| BarGroup { category: w, bars: rs.iter().map(|r| (gpu_short_label(r), gpu_label(r), r.summary.overhead, None)).collect() })
         .collect();
     let title = "Peak reserved / peak live bytes (1.0 = ideal)".to_string();
     write(
@@ -309,20 +212,11 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
         "gpu-overhead.svg",
         charts::bars(
             &groups,
-            &BarOptions {
-                title: &title,
-                y_desc: "peak reserved / peak live",
-                log: false,
-                y_is_bytes: false,
-                reference: Some((1.0, "ideal = 1.0")),
-            },
+            &BarOptions { title: &title, y_desc: "peak reserved / peak live", log: false, y_is_bytes: false, reference: Some((1.0, "ideal = 1.0")) },
         )
         .map_err(e)?,
     )?;
-    charts.push(Chart {
-        file: "gpu-overhead.svg".into(),
-        title,
-    });
+    charts.push(Chart { file: "gpu-overhead.svg".into(), title });
     Ok(())
 }
 
@@ -348,37 +242,16 @@ fn cpu_charts(out: &Path, runs: &[&CpuRunResult], charts: &mut Vec<Chart>) -> an
         for (name, reps) in &allocs {
             for (i, r) in reps.iter().enumerate() {
                 lines.push(Line {
-                    label: if reps.len() > 1 {
-                        format!("{name} (run {})", i + 1)
-                    } else {
-                        name.clone()
-                    },
+                    label: if reps.len() > 1 { format!("{name} (run {})", i + 1) } else { name.clone() },
                     color_key: name.clone(),
-                    points: r
-                        .rss_timeline
-                        .iter()
-                        .map(|s| (s.t_s, s.rss as f64))
-                        .collect(),
+                    points: r.rss_timeline.iter().map(|s| (s.t_s, s.rss as f64)).collect(),
                     dashed: i > 0,
                 });
             }
         }
         let file = format!("cpu-rss-{ws}.svg");
         let title = format!("{workload}: RSS over time");
-        write(
-            out,
-            &file,
-            charts::lines(
-                &title,
-                "time (s)",
-                "RSS",
-                true,
-                &lines,
-                &[],
-                charts::LegendAt::UpperRight,
-            )
-            .map_err(e)?,
-        )?;
+        write(out, &file, charts::lines(&title, "time (s)", "RSS", true, &lines, &[], charts::LegendAt::UpperRight).map_err(e)?)?;
         charts.push(Chart { file, title });
 
         let bar = |f: &dyn Fn(&CpuRunResult) -> f64| -> Vec<BarGroup> {
@@ -386,10 +259,7 @@ fn cpu_charts(out: &Path, runs: &[&CpuRunResult], charts: &mut Vec<Chart>) -> an
                 .iter()
                 .map(|(name, reps)| {
                     let (m, w) = stats(&reps.iter().map(|r| f(r)).collect::<Vec<_>>());
-                    BarGroup {
-                        category: name.clone(),
-                        bars: vec![(name.clone(), name.clone(), m, w)],
-                    }
+                    BarGroup { category: name.clone(), bars: vec![(name.clone(), name.clone(), m, w)] }
                 })
                 .collect()
         };
@@ -403,26 +273,8 @@ fn cpu_charts(out: &Path, runs: &[&CpuRunResult], charts: &mut Vec<Chart>) -> an
             out,
             &file,
             charts::bars_pair(
-                (
-                    &thr,
-                    &BarOptions {
-                        title: &t1,
-                        y_desc: "M ops/s",
-                        log: false,
-                        y_is_bytes: false,
-                        reference: None,
-                    },
-                ),
-                (
-                    &p99,
-                    &BarOptions {
-                        title: &t2,
-                        y_desc: "ns",
-                        log: false,
-                        y_is_bytes: false,
-                        reference: None,
-                    },
-                ),
+                (&thr, &BarOptions { title: &t1, y_desc: "M ops/s", log: false, y_is_bytes: false, reference: None }),
+                (&p99, &BarOptions { title: &t2, y_desc: "ns", log: false, y_is_bytes: false, reference: None }),
             )
             .map_err(e)?,
         )?;
@@ -438,26 +290,8 @@ fn cpu_charts(out: &Path, runs: &[&CpuRunResult], charts: &mut Vec<Chart>) -> an
             out,
             &file,
             charts::bars_pair(
-                (
-                    &drift,
-                    &BarOptions {
-                        title: &t1,
-                        y_desc: "MiB per 1,000 iterations",
-                        log: false,
-                        y_is_bytes: false,
-                        reference: None,
-                    },
-                ),
-                (
-                    &retained,
-                    &BarOptions {
-                        title: &t2,
-                        y_desc: "retained",
-                        log: false,
-                        y_is_bytes: true,
-                        reference: None,
-                    },
-                ),
+                (&drift, &BarOptions { title: &t1, y_desc: "MiB per 1,000 iterations", log: false, y_is_bytes: false, reference: None }),
+                (&retained, &BarOptions { title: &t2, y_desc: "retained", log: false, y_is_bytes: true, reference: None }),
             )
             .map_err(e)?,
         )?;
@@ -482,32 +316,9 @@ fn civil_date(unix: u64) -> String {
 
 /// Renders the report for `records` into `out`; returns the charts written.
 pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Result<Vec<Chart>> {
-    std::fs::create_dir_all(out).map_err(|e| {
-        InputError::new(
-            out.display().to_string(),
-            format!("cannot create the report folder: {e}"),
-        )
-    })?;
-    let gpu: Vec<&GpuRunResult> = records
-        .iter()
-        .filter_map(|r| {
-            if let ResultRecord::GpuReplay(g) = r {
-                Some(g.as_ref())
-            } else {
-                None
-            }
-        })
-        .collect();
-    let cpu: Vec<&CpuRunResult> = records
-        .iter()
-        .filter_map(|r| {
-            if let ResultRecord::CpuRun(c) = r {
-                Some(c.as_ref())
-            } else {
-                None
-            }
-        })
-        .collect();
+    std::fs::create_dir_all(out).map_err(|e| InputError::new(out.display().to_string(), format!("cannot create the report folder: {e}")))?;
+    let gpu: Vec<&GpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::GpuReplay(g) = r { Some(g.as_ref()) } else { None }).collect();
+    let cpu: Vec<&CpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::CpuRun(c) = r { Some(c.as_ref()) } else { None }).collect();
     let mut charts = Vec::new();
     if !gpu.is_empty() {
         gpu_charts(out, &gpu, &mut charts)?;
@@ -521,98 +332,44 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     Ok(charts)
 }
 
-fn index_markdown(
-    title: &str,
-    gpu: &[&GpuRunResult],
-    cpu: &[&CpuRunResult],
-    charts: &[Chart],
-) -> String {
+fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], charts: &[Chart]) -> String {
     let mut s = format!("# {title}\n\n");
-    let machines: Vec<&crate::results::MachineInfo> = gpu
-        .iter()
-        .map(|r| &r.machine)
-        .chain(cpu.iter().map(|r| &r.machine))
-        .collect();
+    let machines: Vec<&crate::results::MachineInfo> = gpu.iter().map(|r| &r.machine).chain(cpu.iter().map(|r| &r.machine)).collect();
     if let Some(m) = machines.iter().max_by_key(|m| m.unix_time) {
         let _ = writeln!(
             s,
             "Generated by allocbench {} (git {}, {}) from its results files.\n",
             m.allocbench_version,
-            if m.git_rev.is_empty() {
-                "unknown"
-            } else {
-                &m.git_rev
-            },
+            if m.git_rev.is_empty() { "unknown" } else { &m.git_rev },
             m.rustc
         );
         let _ = writeln!(s, "| | |\n|---|---|");
-        let _ = writeln!(
-            s,
-            "| date of the runs | {} (UTC) |",
-            civil_date(m.unix_time)
-        );
-        let _ = writeln!(
-            s,
-            "| machine | {} ({} cores, {} RAM), Linux {} |",
-            m.cpu,
-            m.cores,
-            format_bytes(m.memory_bytes),
-            m.kernel
-        );
+        let _ = writeln!(s, "| date of the runs | {} (UTC) |", civil_date(m.unix_time));
+        let _ = writeln!(s, "| machine | {} ({} cores, {} RAM), Linux {} |", m.cpu, m.cores, format_bytes(m.memory_bytes), m.kernel);
         // LD_PRELOAD differs per run and is shown per row ("served by"); the other knobs here.
-        let envs: BTreeMap<&String, &String> = machines
-            .iter()
-            .flat_map(|m| m.env.iter())
-            .filter(|(k, _)| k.as_str() != "LD_PRELOAD")
-            .collect();
+        let envs: BTreeMap<&String, &String> = machines.iter().flat_map(|m| m.env.iter()).filter(|(k, _)| k.as_str() != "LD_PRELOAD").collect();
         if !envs.is_empty() {
-            let _ = writeln!(
-                s,
-                "| allocator environment | {} |",
-                envs.iter()
-                    .map(|(k, v)| format!("`{k}={v}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
+            let _ = writeln!(s, "| allocator environment | {} |", envs.iter().map(|(k, v)| format!("`{k}={v}`")).collect::<Vec<_>>().join(", "));
         }
         s.push('\n');
     }
     let mut workloads: BTreeMap<&str, (&str, &str, &str)> = BTreeMap::new();
-    for w in gpu
-        .iter()
-        .map(|r| &r.workload)
-        .chain(cpu.iter().map(|r| &r.workload))
-    {
+    for w in gpu.iter().map(|r| &r.workload).chain(cpu.iter().map(|r| &r.workload)) {
         workloads.insert(&w.name, (&w.kind, &w.description, &w.sha256));
     }
-    let _ = writeln!(
-        s,
-        "## Workloads\n\n| workload | kind | description | sha256 |\n|---|---|---|---|"
-    );
+    let _ = writeln!(s, "## Workloads\n\n| workload | kind | description | sha256 |\n|---|---|---|---|");
     for (name, (kind, desc, sha)) in &workloads {
-        let _ = writeln!(
-            s,
-            "| {name} | {kind} | {desc} | `{}` |",
-            &sha[..sha.len().min(12)]
-        );
+        let _ = writeln!(s, "| {name} | {kind} | {desc} | `{}` |", &sha[..sha.len().min(12)]);
     }
     if !gpu.is_empty() {
-        let _ = writeln!(
-            s,
-            "\n## GPU: PyTorch caching allocator policy on a simulated device\n"
-        );
+        let _ = writeln!(s, "\n## GPU: PyTorch caching allocator policy on a simulated device\n");
         let _ = writeln!(
             s,
             "| workload | allocator / conf | capacity | peak live | peak reserved | reserved / live | fragmentation at peak | device mallocs | retries | OOM |\n|---|---|---|---|---|---|---|---|---|---|"
         );
         for r in gpu {
             let oom = match &r.oom {
-                Some(o) => format!(
-                    "step {} ({}; {} requested)",
-                    o.step,
-                    o.cause,
-                    format_bytes(o.requested)
-                ),
+                Some(o) => format!("step {} ({}; {} requested)", o.step, o.cause, format_bytes(o.requested)),
                 None => "none".into(),
             };
             let _ = writeln!(
@@ -672,9 +429,7 @@ fn index_markdown(
 }
 
 fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
 /// A self-contained page: the Markdown tables as HTML tables, charts as <img>.
@@ -686,29 +441,13 @@ fn index_html(title: &str, md: &str, charts: &[Chart]) -> String {
             if line.starts_with("|---") {
                 continue;
             }
-            let cells: Vec<String> = line
-                .trim_matches('|')
-                .split(" | ")
-                .map(|c| html_escape(c.trim()).replace('`', ""))
-                .collect();
+            let cells: Vec<String> = line.trim_matches('|').split(" | ").map(|c| html_escape(c.trim()).replace('`', "")).collect();
             if !in_table {
                 body += "<table>\n";
                 in_table = true;
-                body += &format!(
-                    "<tr>{}</tr>\n",
-                    cells
-                        .iter()
-                        .map(|c| format!("<th>{c}</th>"))
-                        .collect::<String>()
-                );
+                body += &format!("<tr>{}</tr>\n", cells.iter().map(|c| format!("<th>{c}</th>")).collect::<String>());
             } else {
-                body += &format!(
-                    "<tr>{}</tr>\n",
-                    cells
-                        .iter()
-                        .map(|c| format!("<td>{c}</td>"))
-                        .collect::<String>()
-                );
+                body += &format!("<tr>{}</tr>\n", cells.iter().map(|c| format!("<td>{c}</td>")).collect::<String>());
             }
             continue;
         }

@@ -30,9 +30,7 @@ pub fn color_for(label: &str) -> RGBColor {
         return *c;
     }
     // FNV-1a: stable across runs and Rust versions.
-    let h = label.bytes().fold(0xcbf29ce484222325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100000001b3)
-    });
+    let h = label.bytes().fold(0xcbf29ce484222325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100000001b3));
     PALETTE[(h % PALETTE.len() as u64) as usize]
 }
 
@@ -63,16 +61,7 @@ pub fn clip(s: &str, n: usize) -> String {
 
 /// A file-name-safe slug.
 pub fn slug(s: &str) -> String {
-    let mut out: String = s
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect();
+    let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
     while out.contains("--") {
         out = out.replace("--", "-");
     }

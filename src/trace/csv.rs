@@ -39,29 +39,13 @@ pub struct TraceReader<R> {
 
 /// Opens a trace file for streaming.
 pub fn read_trace(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
-    let file = File::open(path).map_err(|e| {
-        InputError::new(
-            path.display().to_string(),
-            format!("cannot open trace: {e}"),
-        )
-    })?;
-    Ok(TraceReader::new(
-        BufReader::with_capacity(1 << 16, file),
-        path.display().to_string(),
-    ))
+    let file = File::open(path).map_err(|e| InputError::new(path.display().to_string(), format!("cannot open trace: {e}")))?;
+    Ok(TraceReader::new(BufReader::with_capacity(1 << 16, file), path.display().to_string()))
 }
 
 impl<R: BufRead> TraceReader<R> {
     pub fn new(input: R, name: impl Into<String>) -> Self {
-        TraceReader {
-            input,
-            name: name.into(),
-            line_no: 0,
-            seen_header: false,
-            live: FxHashSet::default(),
-            buf: Vec::with_capacity(128),
-            failed: false,
-        }
+        TraceReader { input, name: name.into(), line_no: 0, seen_header: false, live: FxHashSet::default(), buf: Vec::with_capacity(128), failed: false }
     }
 
     fn err(&self, msg: impl Into<String>) -> anyhow::Error {
@@ -84,9 +68,7 @@ impl<R: BufRead> TraceReader<R> {
         }
         self.line_no += 1;
         if self.buf.len() > MAX_LINE_BYTES && !self.buf.ends_with(b"\n") {
-            return Err(self.err(format!(
-                "line longer than {MAX_LINE_BYTES} bytes: not a trace file"
-            )));
+            return Err(self.err(format!("line longer than {MAX_LINE_BYTES} bytes: not a trace file")));
         }
         Ok(Some(()))
     }
@@ -102,10 +84,7 @@ impl<R: BufRead> TraceReader<R> {
         if !self.seen_header {
             let normalized: String = text.chars().filter(|c| !c.is_whitespace()).collect();
             if normalized != HEADER {
-                return Err(self.err(format!(
-                    "expected the header '{HEADER}', found '{}'",
-                    clip(text)
-                )));
+                return Err(self.err(format!("expected the header '{HEADER}', found '{}'", clip(text))));
             }
             self.seen_header = true;
             return Ok(None);
@@ -129,19 +108,11 @@ impl<R: BufRead> TraceReader<R> {
                     return Err(self.err("alloc of 0 bytes (sizes must be > 0)"));
                 }
                 if bytes > MAX_SANE_BYTES {
-                    return Err(self.err(format!(
-                        "alloc of {bytes} bytes is over 1 PiB: not a real size"
-                    )));
+                    return Err(self.err(format!("alloc of {bytes} bytes is over 1 PiB: not a real size")));
                 }
-                let stream = if stream.is_empty() {
-                    0
-                } else {
-                    self.number(stream, "stream")?
-                };
+                let stream = if stream.is_empty() { 0 } else { self.number(stream, "stream")? };
                 if !self.live.insert(id) {
-                    return Err(self.err(format!(
-                        "alloc of id {id}, which is still live (free it first)"
-                    )));
+                    return Err(self.err(format!("alloc of id {id}, which is still live (free it first)")));
                 }
                 Event::Alloc { id, bytes, stream }
             }
@@ -152,16 +123,9 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 Event::Free { id }
             }
-            "step" => Event::Step {
-                n: self.number(id, "step number (id column)")?,
-            },
+            "step" => Event::Step { n: self.number(id, "step number (id column)")? },
             "empty_cache" => Event::EmptyCache,
-            other => {
-                return Err(self.err(format!(
-                    "unknown op '{}' (expected alloc, free, step or empty_cache)",
-                    clip(other)
-                )))
-            }
+            other => return Err(self.err(format!("unknown op '{}' (expected alloc, free, step or empty_cache)", clip(other)))),
         };
         Ok(Some(event))
     }
@@ -170,12 +134,7 @@ impl<R: BufRead> TraceReader<R> {
         if field.is_empty() {
             return Err(self.err(format!("missing {what}")));
         }
-        field.parse::<u64>().map_err(|_| {
-            self.err(format!(
-                "bad {what} '{}': expected a non-negative integer",
-                clip(field)
-            ))
-        })
+        field.parse::<u64>().map_err(|_| self.err(format!("bad {what} '{}': expected a non-negative integer", clip(field))))
     }
 }
 
@@ -203,11 +162,7 @@ impl<R: BufRead> Iterator for TraceReader<R> {
                 Ok(None) => {
                     if !self.seen_header {
                         self.failed = true;
-                        return Some(Err(InputError::new(
-                            &self.name,
-                            format!("empty trace: no '{HEADER}' header"),
-                        )
-                        .into()));
+                        return Some(Err(InputError::new(&self.name, format!("empty trace: no '{HEADER}' header")).into()));
                     }
                     return None;
                 }
@@ -264,63 +219,26 @@ mod tests {
 
     #[test]
     fn reads_the_documented_example() {
-        let evs: Vec<Event> = parse(
-            "# c\nop,id,bytes,stream\nalloc,1,1048576,0\nstep,1,,\nfree,1,,\nempty_cache,,,\n",
-        )
-        .into_iter()
-        .map(|e| e.unwrap())
-        .collect();
-        assert_eq!(
-            evs,
-            vec![
-                Event::Alloc {
-                    id: 1,
-                    bytes: 1 << 20,
-                    stream: 0
-                },
-                Event::Step { n: 1 },
-                Event::Free { id: 1 },
-                Event::EmptyCache
-            ]
-        );
+        let evs: Vec<Event> =
+            parse("# c\nop,id,bytes,stream\nalloc,1,1048576,0\nstep,1,,\nfree,1,,\nempty_cache,,,\n").into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs, vec![Event::Alloc { id: 1, bytes: 1 << 20, stream: 0 }, Event::Step { n: 1 }, Event::Free { id: 1 }, Event::EmptyCache]);
     }
 
     #[test]
     fn errors_name_file_and_line() {
         let cases = [
             ("op,id,bytes,stream\nfree,7,,\n", "t.csv:2: free of id 7"),
-            (
-                "op,id,bytes,stream\nalloc,1,10,\nalloc,1,10,\n",
-                "t.csv:3: alloc of id 1, which is still live",
-            ),
-            (
-                "op,id,bytes,stream\nalloc,1,-5,\n",
-                "t.csv:2: bad bytes '-5'",
-            ),
-            (
-                "op,id,bytes,stream\nmalloc,1,5,\n",
-                "t.csv:2: unknown op 'malloc'",
-            ),
-            (
-                "op,id,bytes,stream\nalloc,1,0,\n",
-                "t.csv:2: alloc of 0 bytes",
-            ),
-            (
-                "op,id,bytes,stream\nalloc,1,,\n",
-                "t.csv:2: alloc needs a 'bytes' value",
-            ),
-            (
-                "op,id,bytes,stream\nalloc,1,2000000000000000000,\n",
-                "t.csv:2: alloc of 2000000000000000000 bytes is over 1 PiB",
-            ),
+            ("op,id,bytes,stream\nalloc,1,10,\nalloc,1,10,\n", "t.csv:3: alloc of id 1, which is still live"),
+            ("op,id,bytes,stream\nalloc,1,-5,\n", "t.csv:2: bad bytes '-5'"),
+            ("op,id,bytes,stream\nmalloc,1,5,\n", "t.csv:2: unknown op 'malloc'"),
+            ("op,id,bytes,stream\nalloc,1,0,\n", "t.csv:2: alloc of 0 bytes"),
+            ("op,id,bytes,stream\nalloc,1,,\n", "t.csv:2: alloc needs a 'bytes' value"),
+            ("op,id,bytes,stream\nalloc,1,2000000000000000000,\n", "t.csv:2: alloc of 2000000000000000000 bytes is over 1 PiB"),
             ("id,op\n", "t.csv:1: expected the header"),
             ("", "t.csv: empty trace"),
         ];
         for (text, want) in cases {
-            let err = parse(text)
-                .into_iter()
-                .find_map(|r| r.err())
-                .unwrap_or_else(|| panic!("no error for {text:?}"));
+            let err = parse(text).into_iter().find_map(|r| r.err()).unwrap_or_else(|| panic!("no error for {text:?}"));
             let msg = err.to_string();
             assert!(msg.starts_with(want), "{msg:?} should start with {want:?}");
         }
@@ -330,49 +248,25 @@ mod tests {
     fn non_utf8_is_an_error_not_a_panic() {
         let bytes = b"op,id,bytes,stream\nalloc,1,\xff\xfe,0\n";
         let res: Vec<_> = TraceReader::new(&bytes[..], "x.csv").collect();
-        assert!(res
-            .last()
-            .unwrap()
-            .as_ref()
-            .unwrap_err()
-            .to_string()
-            .contains("x.csv:2: not valid UTF-8"));
+        assert!(res.last().unwrap().as_ref().unwrap_err().to_string().contains("x.csv:2: not valid UTF-8"));
     }
 
     #[test]
     fn ids_can_be_reused_after_free() {
         let res = parse("op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nalloc,1,20,3\n");
         assert!(res.iter().all(|r| r.is_ok()));
-        assert_eq!(
-            res[2].as_ref().unwrap(),
-            &Event::Alloc {
-                id: 1,
-                bytes: 20,
-                stream: 3
-            }
-        );
+        assert_eq!(res[2].as_ref().unwrap(), &Event::Alloc { id: 1, bytes: 20, stream: 3 });
     }
 
     #[test]
     fn write_then_read_is_identical() {
-        let evs = vec![
-            Event::Step { n: 0 },
-            Event::Alloc {
-                id: 5,
-                bytes: 999,
-                stream: 2,
-            },
-            Event::EmptyCache,
-            Event::Free { id: 5 },
-        ];
+        let evs = vec![Event::Step { n: 0 }, Event::Alloc { id: 5, bytes: 999, stream: 2 }, Event::EmptyCache, Event::Free { id: 5 }];
         let mut w = TraceWriter::new(Vec::new(), &["hello\nworld".to_string()]).unwrap();
         for e in &evs {
             w.write(e).unwrap();
         }
         let buf = w.finish().unwrap();
-        let back: Vec<Event> = TraceReader::new(&buf[..], "rt")
-            .map(|r| r.unwrap())
-            .collect();
+        let back: Vec<Event> = TraceReader::new(&buf[..], "rt").map(|r| r.unwrap()).collect();
         assert_eq!(back, evs);
     }
 }

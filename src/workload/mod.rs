@@ -41,21 +41,12 @@ impl Workload {
     }
 
     pub fn default_embedded() -> Self {
-        Self::parse(
-            DEFAULT_WORKLOAD_TOML,
-            &format!("(embedded) workloads/{DEFAULT_WORKLOAD_NAME}"),
-        )
-        .expect("the embedded default workload is valid")
+        Self::parse(DEFAULT_WORKLOAD_TOML, &format!("(embedded) workloads/{DEFAULT_WORKLOAD_NAME}")).expect("the embedded default workload is valid")
     }
 
     pub fn parse(source: &str, origin: &str) -> Result<Self, InputError> {
-        let file: WorkloadFile =
-            toml::from_str(source).map_err(|e| toml_error(origin, source, &e))?;
-        let w = Workload {
-            file,
-            source: source.to_string(),
-            origin: origin.to_string(),
-        };
+        let file: WorkloadFile = toml::from_str(source).map_err(|e| toml_error(origin, source, &e))?;
+        let w = Workload { file, source: source.to_string(), origin: origin.to_string() };
         w.validate()?;
         Ok(w)
     }
@@ -76,21 +67,12 @@ impl Workload {
     }
 
     fn validate(&self) -> Result<(), InputError> {
-        let v = Validator {
-            file: &self.origin,
-            source: &self.source,
-        };
+        let v = Validator { file: &self.origin, source: &self.source };
         let f = &self.file;
-        let present = [
-            f.transformer.is_some(),
-            f.model_switch.is_some(),
-            f.serving.is_some(),
-            f.scenario.is_some(),
-            f.python_objects.is_some(),
-        ]
-        .iter()
-        .filter(|&&p| p)
-        .count();
+        let present = [f.transformer.is_some(), f.model_switch.is_some(), f.serving.is_some(), f.scenario.is_some(), f.python_objects.is_some()]
+            .iter()
+            .filter(|&&p| p)
+            .count();
         if present != 1 {
             return Err(InputError::new(
                 &self.origin,
@@ -121,21 +103,11 @@ impl Workload {
             for (i, m) in ms.models.iter().enumerate() {
                 v.model(&format!("model_switch.models[{i}]"), m)?;
                 let s = ms.seq_len.max_value() as u128;
-                v.size(
-                    "model_switch.batch",
-                    ms.batch as u128 * s * m.vocab as u128 * 4,
-                )?;
-                v.size(
-                    "model_switch.seq_len",
-                    ms.batch as u128 * m.heads as u128 * s * s * 4,
-                )?;
+                v.size("model_switch.batch", ms.batch as u128 * s * m.vocab as u128 * 4)?;
+                v.size("model_switch.seq_len", ms.batch as u128 * m.heads as u128 * s * s * 4)?;
             }
             v.positive("model_switch.switches", ms.switches, 100_000_000)?;
-            v.positive(
-                "model_switch.steps_per_model",
-                ms.steps_per_model,
-                100_000_000,
-            )?;
+            v.positive("model_switch.steps_per_model", ms.steps_per_model, 100_000_000)?;
             v.positive("model_switch.batch", ms.batch, 1 << 20)?;
             v.length("model_switch.seq_len", &ms.seq_len)?;
         }
@@ -146,27 +118,18 @@ impl Workload {
             v.positive("serving.page_tokens", s.page_tokens, 1 << 16)?;
             v.length("serving.prompt_len", &s.prompt_len)?;
             v.length("serving.output_len", &s.output_len)?;
-            for (name, rate) in [
-                ("serving.calm_rate", s.calm_rate),
-                ("serving.burst_rate", s.burst_rate),
-            ] {
+            for (name, rate) in [("serving.calm_rate", s.calm_rate), ("serving.burst_rate", s.burst_rate)] {
                 if !(rate.is_finite() && (0.0..=10_000.0).contains(&rate)) {
                     return Err(v.fail(name, "must be a rate in [0, 10000] arrivals per step"));
                 }
             }
-            for (name, len) in [
-                ("serving.mean_calm_steps", s.mean_calm_steps),
-                ("serving.mean_burst_steps", s.mean_burst_steps),
-            ] {
+            for (name, len) in [("serving.mean_calm_steps", s.mean_calm_steps), ("serving.mean_burst_steps", s.mean_burst_steps)] {
                 if !(len.is_finite() && len >= 1.0) {
                     return Err(v.fail(name, "must be ≥ 1 step"));
                 }
             }
             let max_tokens = (s.prompt_len.max_value() + s.output_len.max_value()) as u128;
-            v.size(
-                "serving.max_batch",
-                max_tokens * s.model.d_model as u128 * 4,
-            )?;
+            v.size("serving.max_batch", max_tokens * s.model.d_model as u128 * 4)?;
         }
         if let Some(p) = &f.python_objects {
             if p.sizes.is_empty() {
@@ -191,19 +154,11 @@ impl Workload {
                             InputError::new(&self.origin, format!("scenario.events[{i}]: alloc of {} bytes (must be > 0 and ≤ 1 PiB)", bytes.0))
                         })?;
                         if !live.insert(*id) {
-                            return Err(InputError::new(
-                                &self.origin,
-                                format!(
-                                    "scenario.events[{i}]: alloc of id {id}, which is still live"
-                                ),
-                            ));
+                            return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: alloc of id {id}, which is still live")));
                         }
                     }
                     ScenarioEvent::Free { id } if !live.remove(id) => {
-                        return Err(InputError::new(
-                            &self.origin,
-                            format!("scenario.events[{i}]: free of id {id}, which is not live"),
-                        ));
+                        return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: free of id {id}, which is not live")));
                     }
                     _ => {}
                 }
@@ -228,9 +183,7 @@ impl Workload {
         } else if let Some(p) = &f.python_objects {
             Box::new(python_objects::PythonObjectsGen::new(p, seed))
         } else {
-            Box::new(scenario::events(
-                f.scenario.as_ref().expect("validated: one family present"),
-            ))
+            Box::new(scenario::events(f.scenario.as_ref().expect("validated: one family present")))
         }
     }
 }

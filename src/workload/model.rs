@@ -27,11 +27,7 @@ impl Emitter {
     pub fn alloc_on(&mut self, bytes: u64, stream: u64) -> u64 {
         let id = self.next_id;
         self.next_id += 1;
-        self.queue.push_back(Event::Alloc {
-            id,
-            bytes: bytes.max(1),
-            stream,
-        });
+        self.queue.push_back(Event::Alloc { id, bytes: bytes.max(1), stream });
         id
     }
 
@@ -70,11 +66,7 @@ pub struct ParamLayout {
 impl ParamLayout {
     pub fn new(m: &ModelSpec) -> Self {
         let (d, f, v) = (m.d_model, m.ffn, m.vocab);
-        let mut t = Tensors {
-            elems: Vec::new(),
-            is_matrix: Vec::new(),
-            lora_rank: m.lora_rank,
-        };
+        let mut t = Tensors { elems: Vec::new(), is_matrix: Vec::new(), lora_rank: m.lora_rank };
         t.push(v * d, true);
         if m.max_positions > 0 {
             t.push(m.max_positions * d, false);
@@ -118,13 +110,7 @@ impl ParamLayout {
             t.push(v * d, true);
         }
         let head = head_start..t.elems.len();
-        ParamLayout {
-            elems: t.elems,
-            embed,
-            layers,
-            head,
-            is_matrix: t.is_matrix,
-        }
+        ParamLayout { elems: t.elems, embed, layers, head, is_matrix: t.is_matrix }
     }
 
     pub fn total_elems(&self) -> u64 {
@@ -170,22 +156,14 @@ impl LengthSampler {
             LengthDist::Lognormal { median, sigma, .. } => LogNormal::new(median.ln(), *sigma).ok(),
             _ => None,
         };
-        LengthSampler {
-            dist: dist.clone(),
-            lognormal,
-            cursor: 0,
-        }
+        LengthSampler { dist: dist.clone(), lognormal, cursor: 0 }
     }
 
     pub fn sample(&mut self, rng: &mut ChaCha8Rng) -> u64 {
         match &self.dist {
             LengthDist::Uniform { min, max } => rng.random_range(*min..=*max),
             LengthDist::Lognormal { min, max, .. } => {
-                let x = self
-                    .lognormal
-                    .as_ref()
-                    .map(|d| d.sample(rng))
-                    .unwrap_or(*min as f64);
+                let x = self.lognormal.as_ref().map(|d| d.sample(rng)).unwrap_or(*min as f64);
                 (x.round() as u64).clamp(*min, *max)
             }
             LengthDist::List { values } => {

@@ -42,24 +42,13 @@ impl ModelSwitchGen {
         };
         let model = self.spec.models[which].clone();
         let dt = self.spec.dtype.bytes();
-        let params: Vec<u64> = self.layouts[which]
-            .elems
-            .iter()
-            .map(|&n| self.e.alloc(n * dt))
-            .collect();
+        let params: Vec<u64> = self.layouts[which].elems.iter().map(|&n| self.e.alloc(n * dt)).collect();
         for _ in 0..self.spec.steps_per_model {
             self.step += 1;
             self.e.step(self.step);
             let s = self.seq.sample(&mut self.rng);
             let b = self.spec.batch;
-            let shape = BlockShape {
-                model: &model,
-                batch: b,
-                seq: s,
-                act_bytes: dt,
-                attention: self.spec.attention,
-                dropout: false,
-            };
+            let shape = BlockShape { model: &model, batch: b, seq: s, act_bytes: dt, attention: self.spec.attention, dropout: false };
             let mut x = self.e.alloc(b * s * model.d_model * dt);
             for _ in 0..model.layers {
                 let fwd = forward_block(&mut self.e, shape);

@@ -22,13 +22,7 @@ pub struct PythonObjectsGen {
 
 impl PythonObjectsGen {
     pub fn new(spec: &PythonObjectsSpec, seed: u64) -> Self {
-        PythonObjectsGen {
-            spec: spec.clone(),
-            rng: ChaCha8Rng::seed_from_u64(seed),
-            e: Emitter::default(),
-            kept: VecDeque::new(),
-            iteration: 0,
-        }
+        PythonObjectsGen { spec: spec.clone(), rng: ChaCha8Rng::seed_from_u64(seed), e: Emitter::default(), kept: VecDeque::new(), iteration: 0 }
     }
 
     fn iterate(&mut self) {

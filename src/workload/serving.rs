@@ -70,32 +70,20 @@ impl ServingGen {
     fn admit(&mut self, prompt: u64, output: u64) {
         let m = self.spec.model.clone();
         let dt = self.spec.dtype.bytes();
-        let shape = BlockShape {
-            model: &m,
-            batch: 1,
-            seq: prompt,
-            act_bytes: dt,
-            attention: Attention::Flash,
-            dropout: false,
-        };
+        let shape = BlockShape { model: &m, batch: 1, seq: prompt, act_bytes: dt, attention: Attention::Flash, dropout: false };
         let mut kv = Vec::with_capacity(m.layers as usize);
         let mut x = self.e.alloc(prompt * m.d_model * dt);
         for _ in 0..m.layers {
             let fwd = forward_block(&mut self.e, shape);
             let tensors = match self.spec.kv_cache {
-                KvCache::NaiveCat => vec![
-                    self.e.alloc(self.kv_bytes(prompt)),
-                    self.e.alloc(self.kv_bytes(prompt)),
-                ],
+                KvCache::NaiveCat => vec![self.e.alloc(self.kv_bytes(prompt)), self.e.alloc(self.kv_bytes(prompt))],
                 KvCache::Preallocated => {
                     let full = self.kv_bytes(prompt + output);
                     vec![self.e.alloc(full), self.e.alloc(full)]
                 }
                 KvCache::Paged => {
                     let page = self.kv_bytes(self.spec.page_tokens);
-                    (0..2 * self.pages(prompt))
-                        .map(|_| self.e.alloc(page))
-                        .collect()
+                    (0..2 * self.pages(prompt)).map(|_| self.e.alloc(page)).collect()
                 }
             };
             kv.push(tensors);
@@ -106,12 +94,7 @@ impl ServingGen {
         let logits = self.e.alloc(m.vocab * 4); // last position only, fp32 for sampling
         self.e.free(x);
         self.e.free(logits);
-        self.running.push(Request {
-            prompt,
-            output,
-            generated: 1,
-            kv,
-        });
+        self.running.push(Request { prompt, output, generated: 1, kv });
     }
 
     fn decode_step(&mut self) {
@@ -133,8 +116,7 @@ impl ServingGen {
                     KvCache::NaiveCat => {
                         for which in 0..2 {
                             let bigger = self.e.alloc(self.kv_bytes(len + 1));
-                            let old =
-                                std::mem::replace(&mut self.running[r].kv[layer][which], bigger);
+                            let old = std::mem::replace(&mut self.running[r].kv[layer][which], bigger);
                             self.e.free(old);
                         }
                     }
@@ -173,9 +155,7 @@ impl ServingGen {
         for r in &mut self.running {
             r.generated += 1;
         }
-        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
-            .into_iter()
-            .partition(|r| r.generated >= r.output);
+        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running).into_iter().partition(|r| r.generated >= r.output);
         self.running = running;
         for r in done {
             self.finish(r);
@@ -192,26 +172,12 @@ impl ServingGen {
         self.step += 1;
         self.e.step(self.step);
         // Phase switch: leave the current phase with probability 1/mean_length.
-        let mean = if self.burst {
-            self.spec.mean_burst_steps
-        } else {
-            self.spec.mean_calm_steps
-        };
+        let mean = if self.burst { self.spec.mean_burst_steps } else { self.spec.mean_calm_steps };
         if self.rng.random_bool((1.0 / mean.max(1.0)).min(1.0)) {
             self.burst = !self.burst;
         }
-        let rate = if self.burst {
-            self.spec.burst_rate
-        } else {
-            self.spec.calm_rate
-        };
-        let arrivals = if rate > 0.0 {
-            Poisson::new(rate)
-                .map(|p| p.sample(&mut self.rng) as u64)
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        let rate = if self.burst { self.spec.burst_rate } else { self.spec.calm_rate };
+        let arrivals = if rate > 0.0 { Poisson::new(rate).map(|p| p.sample(&mut self.rng) as u64).unwrap_or(0) } else { 0 };
         for _ in 0..arrivals {
             let p = self.prompt_len.sample(&mut self.rng);
             let o = self.output_len.sample(&mut self.rng);

@@ -280,9 +280,7 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
         .lines()
         .position(|line| {
             let t = line.trim_start();
-            t.strip_prefix(key)
-                .map(|rest| rest.trim_start().starts_with('='))
-                .unwrap_or(false)
+            t.strip_prefix(key).map(|rest| rest.trim_start().starts_with('=')).unwrap_or(false)
                 || t.contains(&format!("{key} ="))
                 || t.contains(&format!("{key}="))
         })
@@ -291,9 +289,7 @@ pub fn locate_key(source: &str, key: &str) -> Option<usize> {
 
 /// Turns a toml error into one line `file:line: message`.
 pub fn toml_error(file: &str, source: &str, err: &toml::de::Error) -> InputError {
-    let line = err
-        .span()
-        .map(|s| source[..s.start.min(source.len())].matches('\n').count() + 1);
+    let line = err.span().map(|s| source[..s.start.min(source.len())].matches('\n').count() + 1);
     let msg = err.message().replace('\n', " ");
     match line {
         Some(l) => InputError::new(format!("{file}:{l}"), msg),
@@ -328,10 +324,7 @@ impl Validator<'_> {
 
     pub fn size(&self, field: &str, bytes: u128) -> Result<(), InputError> {
         if bytes > MAX_SANE_BYTES as u128 {
-            return Err(self.fail(
-                field,
-                format!("implies a tensor of {bytes} bytes, over 1 PiB"),
-            ));
+            return Err(self.fail(field, format!("implies a tensor of {bytes} bytes, over 1 PiB")));
         }
         Ok(())
     }
@@ -346,12 +339,7 @@ impl Validator<'_> {
                     return Err(self.fail(field, format!("min {min} > max {max}")));
                 }
             }
-            LengthDist::Lognormal {
-                median,
-                sigma,
-                min,
-                max,
-            } => {
+            LengthDist::Lognormal { median, sigma, min, max } => {
                 self.positive(field, *min, LIMIT)?;
                 self.positive(field, *max, LIMIT)?;
                 if min > max {
@@ -381,44 +369,21 @@ impl Validator<'_> {
         self.positive(&format!("{prefix}.ffn"), m.ffn, 1 << 22)?;
         self.positive(&format!("{prefix}.vocab"), m.vocab, 1 << 24)?;
         if !m.d_model.is_multiple_of(m.heads) {
-            return Err(self.fail(
-                &format!("{prefix}.heads"),
-                format!(
-                    "d_model {} is not divisible by {} heads",
-                    m.d_model, m.heads
-                ),
-            ));
+            return Err(self.fail(&format!("{prefix}.heads"), format!("d_model {} is not divisible by {} heads", m.d_model, m.heads)));
         }
         if m.max_positions > 1 << 24 || m.lora_rank > m.d_model {
-            return Err(self.fail(
-                &format!("{prefix}.max_positions"),
-                "max_positions ≤ 2^24 and lora_rank ≤ d_model",
-            ));
+            return Err(self.fail(&format!("{prefix}.max_positions"), "max_positions ≤ 2^24 and lora_rank ≤ d_model"));
         }
-        self.size(
-            &format!("{prefix}.vocab"),
-            m.vocab as u128 * m.d_model as u128 * 4,
-        )?;
-        self.size(
-            &format!("{prefix}.ffn"),
-            m.ffn as u128 * m.d_model as u128 * 4,
-        )
+        self.size(&format!("{prefix}.vocab"), m.vocab as u128 * m.d_model as u128 * 4)?;
+        self.size(&format!("{prefix}.ffn"), m.ffn as u128 * m.d_model as u128 * 4)
     }
 }
 
 /// Reads a workload file from disk.
 pub fn read_source(path: &Path) -> Result<String, InputError> {
-    let bytes = std::fs::read(path).map_err(|e| {
-        InputError::new(
-            path.display().to_string(),
-            format!("cannot read workload: {e}"),
-        )
-    })?;
+    let bytes = std::fs::read(path).map_err(|e| InputError::new(path.display().to_string(), format!("cannot read workload: {e}")))?;
     String::from_utf8(bytes).map_err(|e| {
-        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()]
-            .iter()
-            .filter(|&&b| b == b'\n')
-            .count();
+        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()].iter().filter(|&&b| b == b'\n').count();
         InputError::new(format!("{}:{line}", path.display()), "not valid UTF-8 text")
     })
 }

@@ -47,10 +47,7 @@ impl TransformerGen {
     }
 
     fn grad_bytes(&self) -> u64 {
-        self.spec
-            .grad_dtype
-            .unwrap_or(self.spec.param_dtype)
-            .bytes()
+        self.spec.grad_dtype.unwrap_or(self.spec.param_dtype).bytes()
     }
 
     /// `.grad` of parameter `i`: created by the first backward (or every backward when grads are
@@ -71,20 +68,12 @@ impl TransformerGen {
             return Vec::new();
         }
         let act = self.spec.activation_dtype.bytes();
-        range
-            .filter(|&i| self.layout.is_matrix[i])
-            .map(|i| self.e.alloc(self.layout.elems[i] * act))
-            .collect()
+        range.filter(|&i| self.layout.is_matrix[i]).map(|i| self.e.alloc(self.layout.elems[i] * act)).collect()
     }
 
     /// Walks saved activations in reverse: a gradient the size of each is allocated, the previous
     /// gradient and the activation are freed; the block's weight grads are interleaved.
-    fn backward_through(
-        &mut self,
-        saved: &[(u64, u64)],
-        params: std::ops::Range<usize>,
-        grad_in: u64,
-    ) -> u64 {
+    fn backward_through(&mut self, saved: &[(u64, u64)], params: std::ops::Range<usize>, grad_in: u64) -> u64 {
         let mut grad = grad_in;
         let mut params: Vec<usize> = params.rev().collect();
         let per = params.len().div_ceil(saved.len().max(1)).max(1);
@@ -112,14 +101,7 @@ impl TransformerGen {
         let t = b * s;
         let act = spec.activation_dtype.bytes();
         let (d, v) = (m.d_model, m.vocab);
-        let shape = BlockShape {
-            model: m,
-            batch: b,
-            seq: s,
-            act_bytes: act,
-            attention: spec.attention,
-            dropout: spec.attention_dropout > 0.0,
-        };
+        let shape = BlockShape { model: m, batch: b, seq: s, act_bytes: act, attention: spec.attention, dropout: spec.attention_dropout > 0.0 };
 
         // Forward. Autocast caches weight casts until the autocast region exits.
         let mut casts = self.autocast_casts(self.layout.embed.clone());
@@ -136,10 +118,7 @@ impl TransformerGen {
         for l in 0..m.layers as usize {
             let c = self.autocast_casts(self.layout.layers[l].clone());
             casts.extend(c);
-            let LayerForward {
-                saved: keep,
-                output,
-            } = forward_block(&mut self.e, shape);
+            let LayerForward { saved: keep, output } = forward_block(&mut self.e, shape);
             if spec.checkpointing {
                 self.e.free_all(keep.iter().map(|&(id, _)| id));
                 saved.push(Vec::new());
@@ -174,8 +153,7 @@ impl TransformerGen {
         let g_x = self.e.alloc(t * d * act);
         self.e.free(g);
         self.e.free(logits);
-        let g_norm =
-            self.backward_through(&[(norm_out, t * d * act), (norm_stats, t * 4)], head, g_x);
+        let g_norm = self.backward_through(&[(norm_out, t * d * act), (norm_stats, t * 4)], head, g_x);
         let g_res = self.e.alloc(t * d * act);
         self.e.free(g_norm);
         self.e.free(x);
@@ -227,9 +205,7 @@ impl TransformerGen {
         if self.spec.optimizer == Optimizer::AdamForeach {
             // _foreach_sqrt(exp_avg_sq) and the bias-corrected denominators: one list of
             // parameter-shaped temporaries, freed when the step returns.
-            let tmps: Vec<u64> = (0..self.layout.elems.len())
-                .map(|i| self.e.alloc(self.layout.elems[i] * st))
-                .collect();
+            let tmps: Vec<u64> = (0..self.layout.elems.len()).map(|i| self.e.alloc(self.layout.elems[i] * st)).collect();
             self.e.free_all(tmps);
         }
         if self.spec.grads_set_to_none {

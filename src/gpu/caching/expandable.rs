@@ -23,19 +23,9 @@ impl<D: Device> CachingAllocator<D> {
     /// find_expandable_block: the lowest-address run of free-or-unmapped blocks on this stream
     /// that covers `size` (starting at a free mapped block just before an unmapped one when there
     /// is one), else a new segment.
-    fn find_expandable_block(
-        &mut self,
-        stream: u32,
-        pool: PoolKind,
-        size: u64,
-    ) -> Result<u32, DeviceError> {
+    fn find_expandable_block(&mut self, stream: u32, pool: PoolKind, size: u64) -> Result<u32, DeviceError> {
         let allocatable = |s: &Self, i: u32| i != NIL && !s.blocks[i as usize].allocated;
-        let unmapped: Vec<u32> = self.pools[pool as usize]
-            .unmapped
-            .range((stream, 0)..)
-            .take_while(|(k, _)| k.0 == stream)
-            .map(|(_, &i)| i)
-            .collect();
+        let unmapped: Vec<u32> = self.pools[pool as usize].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &i)| i).collect();
         for u in unmapped {
             let mut c = u;
             let prev = self.blocks[u as usize].prev;
@@ -53,19 +43,11 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         // A new segment: G × ceil(1.125 × totalGlobalMem / G) of address space, all unmapped.
-        let page_size = if pool == PoolKind::Small {
-            SMALL_BUFFER_BYTES
-        } else {
-            self.cfg.large_segment_size
-        };
+        let page_size = if pool == PoolKind::Small { SMALL_BUFFER_BYTES } else { self.cfg.large_segment_size };
         let total = self.device.capacity();
         let pages = (total + total / 8).div_ceil(page_size);
         let base = self.device.reserve_address(pages * page_size)?;
-        let seg = ExpandableSegment {
-            base,
-            page_size,
-            mapped: vec![false; pages as usize],
-        };
+        let seg = ExpandableSegment { base, page_size, mapped: vec![false; pages as usize] };
         let va = seg.va_size();
         let seg_index = match self.expandable_segments.iter().position(Option::is_none) {
             Some(free) => {
@@ -95,12 +77,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// try_allocate_expandable_block: map what the chosen run needs, merging as it goes.
-    pub(super) fn try_allocate_expandable_block(
-        &mut self,
-        stream: u32,
-        pool: PoolKind,
-        size: u64,
-    ) -> Result<Option<u32>, DeviceError> {
+    pub(super) fn try_allocate_expandable_block(&mut self, stream: u32, pool: PoolKind, size: u64) -> Result<Option<u32>, DeviceError> {
         let mut candidate = self.find_expandable_block(stream, pool, size)?;
         if !self.blocks[candidate as usize].mapped {
             let n = self.blocks[candidate as usize].size.min(size);
@@ -129,9 +106,7 @@ impl<D: Device> CachingAllocator<D> {
             (b.ptr, b.size, b.segment as usize, b.pool, b.stream)
         };
         let (base, page) = {
-            let seg = self.expandable_segments[seg_index]
-                .as_ref()
-                .expect("live segment");
+            let seg = self.expandable_segments[seg_index].as_ref().expect("live segment");
             (seg.base, seg.page_size)
         };
         let begin = (ptr - base) / page;
@@ -150,9 +125,7 @@ impl<D: Device> CachingAllocator<D> {
                 Err(e) => return Err(e),
             }
         }
-        let seg = self.expandable_segments[seg_index]
-            .as_mut()
-            .expect("live segment");
+        let seg = self.expandable_segments[seg_index].as_mut().expect("live segment");
         for p in begin..end {
             seg.mapped[p as usize] = true;
         }
@@ -179,9 +152,7 @@ impl<D: Device> CachingAllocator<D> {
             }
             self.blocks[i as usize].next = rest;
             self.blocks[i as usize].size = mapped_size;
-            self.pools[pool as usize]
-                .unmapped
-                .insert((stream, ptr + mapped_size), rest);
+            self.pools[pool as usize].unmapped.insert((stream, ptr + mapped_size), rest);
         }
         let prev = self.blocks[i as usize].prev;
         self.try_merge(i, prev);
@@ -201,9 +172,7 @@ impl<D: Device> CachingAllocator<D> {
             (b.ptr, b.size, b.segment as usize, b.pool, b.stream)
         };
         let (base, page) = {
-            let seg = self.expandable_segments[seg_index]
-                .as_ref()
-                .expect("live segment");
+            let seg = self.expandable_segments[seg_index].as_ref().expect("live segment");
             (seg.base, seg.page_size)
         };
         let begin = (ptr - base).div_ceil(page);
@@ -214,32 +183,18 @@ impl<D: Device> CachingAllocator<D> {
         for p in begin..end {
             self.device.unmap_page(base + p * page, page)?;
         }
-        let seg = self.expandable_segments[seg_index]
-            .as_mut()
-            .expect("live segment");
+        let seg = self.expandable_segments[seg_index].as_mut().expect("live segment");
         for p in begin..end {
             seg.mapped[p as usize] = false;
         }
         let un_ptr = base + begin * page;
         let un_size = (end - begin) * page;
         self.remove_free(i);
-        let template = Block {
-            requested: 0,
-            allocated: false,
-            mapped: true,
-            gc_count_base: 0,
-            ..self.blocks[i as usize].clone()
-        };
+        let template = Block { requested: 0, allocated: false, mapped: true, gc_count_base: 0, ..self.blocks[i as usize].clone() };
         let before = un_ptr - ptr;
         if before > 0 {
             let prev = self.blocks[i as usize].prev;
-            let bi = self.new_block(Block {
-                ptr,
-                size: before,
-                prev,
-                next: i,
-                ..template.clone()
-            });
+            let bi = self.new_block(Block { ptr, size: before, prev, next: i, ..template.clone() });
             if prev != NIL {
                 self.blocks[prev as usize].next = bi;
             }
@@ -249,13 +204,7 @@ impl<D: Device> CachingAllocator<D> {
         let after = size - before - un_size;
         if after > 0 {
             let next = self.blocks[i as usize].next;
-            let ai = self.new_block(Block {
-                ptr: un_ptr + un_size,
-                size: after,
-                prev: i,
-                next,
-                ..template
-            });
+            let ai = self.new_block(Block { ptr: un_ptr + un_size, size: after, prev: i, next, ..template });
             if next != NIL {
                 self.blocks[next as usize].prev = ai;
             }
@@ -282,14 +231,10 @@ impl<D: Device> CachingAllocator<D> {
     /// release_expandable_segment: the whole VA range is one unmapped block: free the reservation.
     pub(super) fn release_expandable_segment(&mut self, i: u32) -> Result<(), DeviceError> {
         let b = self.blocks[i as usize].clone();
-        let seg = self.expandable_segments[b.segment as usize]
-            .take()
-            .expect("live segment");
+        let seg = self.expandable_segments[b.segment as usize].take().expect("live segment");
         debug_assert_eq!(b.size, seg.va_size());
         self.device.release_address(seg.base, seg.va_size())?;
-        self.pools[b.pool as usize]
-            .unmapped
-            .remove(&(b.stream, b.ptr));
+        self.pools[b.pool as usize].unmapped.remove(&(b.stream, b.ptr));
         self.kill(i);
         Ok(())
     }

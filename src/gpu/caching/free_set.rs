@@ -49,10 +49,7 @@ struct StreamBins {
 
 impl Default for StreamBins {
     fn default() -> Self {
-        StreamBins {
-            bins: vec![Vec::new(); BINS],
-            nonempty: [0; BINS / 64],
-        }
+        StreamBins { bins: vec![Vec::new(); BINS], nonempty: [0; BINS / 64] }
     }
 }
 
@@ -160,20 +157,12 @@ impl FreeSet {
             return Vec::new();
         };
         let bound = FreeKey::new(stream, size, 0);
-        sb.bins
-            .iter()
-            .rev()
-            .flat_map(|b| b.iter().rev())
-            .filter(|e| e.0 < bound)
-            .copied()
-            .collect()
+        sb.bins.iter().rev().flat_map(|b| b.iter().rev()).filter(|e| e.0 < bound).copied().collect()
     }
 
     /// All entries in set order (stream, size, address).
     pub fn iter(&self) -> impl Iterator<Item = (FreeKey, u32)> + '_ {
-        self.streams
-            .iter()
-            .flat_map(|sb| sb.bins.iter().flat_map(|b| b.iter().copied()))
+        self.streams.iter().flat_map(|sb| sb.bins.iter().flat_map(|b| b.iter().copied()))
     }
 
     /// The block indices in set order, collected (callers mutate the set while walking).
@@ -185,9 +174,7 @@ impl FreeSet {
         self.streams
             .iter()
             .filter_map(|sb| {
-                let top = (0..BINS)
-                    .rev()
-                    .find(|&c| sb.nonempty[c / 64] & (1 << (c % 64)) != 0)?;
+                let top = (0..BINS).rev().find(|&c| sb.nonempty[c / 64] & (1 << (c % 64)) != 0)?;
                 sb.bins[top].last().map(|e| e.0.size())
             })
             .max()
@@ -204,10 +191,7 @@ mod tests {
     #[test]
     fn classes_are_monotonic() {
         let mut last = 0;
-        for s in (1..100_000u64)
-            .step_by(7)
-            .chain([1 << 20, 3 << 20, 1 << 40, (1 << 50) + 1])
-        {
+        for s in (1..100_000u64).step_by(7).chain([1 << 20, 3 << 20, 1 << 40, (1 << 50) + 1]) {
             let c = class_of(s);
             assert!(c >= last || s < 100_000, "class order");
             last = c;

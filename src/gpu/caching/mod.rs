@@ -147,16 +147,8 @@ fn key(b: &Block) -> FreeKey {
 
 impl<D: Device> CachingAllocator<D> {
     pub fn new(cfg: AllocatorConfig, device: D) -> Self {
-        let allowed = (cfg.per_process_memory_fraction < 1.0)
-            .then(|| (cfg.per_process_memory_fraction * device.capacity() as f64).floor() as u64);
-        let stats = DeviceStats {
-            max_split_size: if cfg.max_split_size == u64::MAX {
-                -1
-            } else {
-                cfg.max_split_size as i64
-            },
-            ..Default::default()
-        };
+        let allowed = (cfg.per_process_memory_fraction < 1.0).then(|| (cfg.per_process_memory_fraction * device.capacity() as f64).floor() as u64);
+        let stats = DeviceStats { max_split_size: if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 }, ..Default::default() };
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);
         CachingAllocator {
@@ -189,9 +181,7 @@ impl<D: Device> CachingAllocator<D> {
             return Ok(s);
         }
         if self.raw_streams.len() >= MAX_STREAMS {
-            return Err(DeviceError::Other(format!(
-                "more than {MAX_STREAMS} distinct streams"
-            )));
+            return Err(DeviceError::Other(format!("more than {MAX_STREAMS} distinct streams")));
         }
         let s = self.raw_streams.len() as u32;
         self.streams.insert(raw, s);
@@ -243,28 +233,18 @@ impl<D: Device> CachingAllocator<D> {
             self.pool(pool).get_free_blocks_call_count += 1;
         }
         let m = self.cfg.max_split_size;
-        let mut candidate = self.pools[pool as usize]
-            .blocks
-            .first_at_least(stream, rounded)?
-            .1;
+        let mut candidate = self.pools[pool as usize].blocks.first_at_least(stream, rounded)?.1;
         if self.blocks[candidate as usize].expandable() {
             // Prefer a fitting block whose expandable size (size + unmapped tail) is smaller:
             // a non-tail free block beats growing the tail.
             let expandable_size = |s: &Self, i: u32| {
                 let b = &s.blocks[i as usize];
-                b.size
-                    + if b.next != NIL && !s.blocks[b.next as usize].mapped {
-                        s.blocks[b.next as usize].size
-                    } else {
-                        0
-                    }
+                b.size + if b.next != NIL && !s.blocks[b.next as usize].mapped { s.blocks[b.next as usize].size } else { 0 }
             };
             let mut at = key(&self.blocks[candidate as usize]);
             while self.blocks[candidate as usize].expandable() {
                 match self.pools[pool as usize].blocks.next_after(at) {
-                    Some((k, next))
-                        if expandable_size(self, next) < expandable_size(self, candidate) =>
-                    {
+                    Some((k, next)) if expandable_size(self, next) < expandable_size(self, candidate) => {
                         candidate = next;
                         at = k;
                     }
@@ -286,14 +266,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// alloc_block: a new segment (or mapped expandable range) for the request.
-    fn alloc_block(
-        &mut self,
-        stream: u32,
-        rounded: u64,
-        alloc_size: u64,
-        pool: PoolKind,
-        is_retry: bool,
-    ) -> Result<Option<u32>, DeviceError> {
+    fn alloc_block(&mut self, stream: u32, rounded: u64, alloc_size: u64, pool: PoolKind, is_retry: bool) -> Result<Option<u32>, DeviceError> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
@@ -351,21 +324,13 @@ impl<D: Device> CachingAllocator<D> {
 
     /// release_available_cached_blocks: with max_split_size set, free one big-enough oversize
     /// block, or free oversize blocks from the largest down until enough was released.
-    fn release_available_cached_blocks(
-        &mut self,
-        stream: u32,
-        rounded: u64,
-        pool: PoolKind,
-    ) -> Result<bool, DeviceError> {
+    fn release_available_cached_blocks(&mut self, stream: u32, rounded: u64, pool: PoolKind) -> Result<bool, DeviceError> {
         let m = self.cfg.max_split_size;
         if m == u64::MAX {
             return Ok(false);
         }
         let key_size = rounded.max(m);
-        if let Some((_, i)) = self.pools[pool as usize]
-            .blocks
-            .first_at_least(stream, key_size)
-        {
+        if let Some((_, i)) = self.pools[pool as usize].blocks.first_at_least(stream, key_size) {
             let b = &self.blocks[i as usize];
             if !b.expandable() && !b.is_split() {
                 self.release_block(i)?;
@@ -373,13 +338,8 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         // No single block is large enough: free oversize blocks, largest first.
-        let candidates: Vec<u32> = self.pools[pool as usize]
-            .blocks
-            .below_descending(stream, key_size)
-            .into_iter()
-            .take_while(|(k, _)| k.size() >= m)
-            .map(|(_, i)| i)
-            .collect();
+        let candidates: Vec<u32> =
+            self.pools[pool as usize].blocks.below_descending(stream, key_size).into_iter().take_while(|(k, _)| k.size() >= m).map(|(_, i)| i).collect();
         let mut released = 0u64;
         for i in candidates {
             if released >= key_size {
@@ -409,10 +369,7 @@ impl<D: Device> CachingAllocator<D> {
         let freeable = |b: &Block| !b.is_split() && !b.expandable();
         let mut total_age: i64 = 0;
         let mut freeable_count: i64 = 0;
-        for i in self.pools[PoolKind::Large as usize]
-            .blocks
-            .blocks_in_order()
-        {
+        for i in self.pools[PoolKind::Large as usize].blocks.blocks_in_order() {
             let b = &self.blocks[i as usize];
             if freeable(b) {
                 total_age += age(b);
@@ -424,9 +381,7 @@ impl<D: Device> CachingAllocator<D> {
         while reclaimed < target && freed_any && freeable_count > 0 {
             let age_threshold = total_age as f64 / freeable_count as f64;
             freed_any = false;
-            let pass = self.pools[PoolKind::Large as usize]
-                .blocks
-                .blocks_in_order();
+            let pass = self.pools[PoolKind::Large as usize].blocks.blocks_in_order();
             for i in pass {
                 let b = &self.blocks[i as usize];
                 if freeable(b) && age(b) as f64 >= age_threshold {
@@ -523,13 +478,7 @@ impl<D: Device> CachingAllocator<D> {
         let mut block = found;
         if self.should_split(found, rounded) {
             let r = self.blocks[found as usize].clone();
-            block = self.new_block(Block {
-                size: rounded,
-                next: found,
-                allocated: false,
-                requested: 0,
-                ..r.clone()
-            });
+            block = self.new_block(Block { size: rounded, next: found, allocated: false, requested: 0, ..r.clone() });
             if r.prev != NIL {
                 self.blocks[r.prev as usize].next = block;
             }
@@ -636,10 +585,7 @@ impl<D: Device> CachingAllocator<D> {
             }
             let mapped: u64 = seg.blocks.iter().map(|b| b.size).sum();
             if mapped != seg.total_size {
-                return Err(format!(
-                    "segment {:#x}: blocks sum to {mapped}, total_size {}",
-                    seg.address, seg.total_size
-                ));
+                return Err(format!("segment {:#x}: blocks sum to {mapped}, total_size {}", seg.address, seg.total_size));
             }
             reserved += seg.total_size;
             if !seg.is_expandable {
@@ -660,29 +606,15 @@ impl<D: Device> CachingAllocator<D> {
             for (k, i) in pool.blocks.iter() {
                 let (s, size, ptr) = (k.stream(), k.size(), k.ptr());
                 let b = &self.blocks[i as usize];
-                if b.size != size
-                    || b.ptr != ptr
-                    || b.stream != s
-                    || b.allocated
-                    || !b.mapped
-                    || b.pool as usize != p
-                {
-                    return Err(format!(
-                        "free set entry ({s}, {size}, {ptr:#x}) disagrees with its block"
-                    ));
+                if b.size != size || b.ptr != ptr || b.stream != s || b.allocated || !b.mapped || b.pool as usize != p {
+                    return Err(format!("free set entry ({s}, {size}, {ptr:#x}) disagrees with its block"));
                 }
                 free_in_sets += 1;
             }
         }
-        let live_free = self
-            .blocks
-            .iter()
-            .filter(|b| b.size > 0 && !b.allocated && b.mapped)
-            .count();
+        let live_free = self.blocks.iter().filter(|b| b.size > 0 && !b.allocated && b.mapped).count();
         if live_free != free_in_sets {
-            return Err(format!(
-                "{live_free} free mapped blocks but {free_in_sets} in the free sets"
-            ));
+            return Err(format!("{live_free} free mapped blocks but {free_in_sets} in the free sets"));
         }
         // Neighbours are linked both ways and contiguous; no two free mapped neighbours remain.
         for (i, b) in self.blocks.iter().enumerate().filter(|(_, b)| b.size > 0) {
@@ -692,43 +624,22 @@ impl<D: Device> CachingAllocator<D> {
                     return Err(format!("block {:#x}: broken link to next", b.ptr));
                 }
                 if !b.allocated && !n.allocated && b.mapped == n.mapped {
-                    return Err(format!(
-                        "blocks {:#x} and {:#x} are free neighbours that were not merged",
-                        b.ptr, n.ptr
-                    ));
+                    return Err(format!("blocks {:#x} and {:#x} are free neighbours that were not merged", b.ptr, n.ptr));
                 }
             }
         }
         let s = &self.stats;
         let checks = [
-            (
-                "allocated_bytes",
-                s.allocated_bytes.all.current,
-                allocated as i64,
-            ),
-            (
-                "reserved_bytes",
-                s.reserved_bytes.all.current,
-                reserved as i64,
-            ),
-            (
-                "inactive_split_bytes",
-                s.inactive_split_bytes.all.current,
-                inactive_split_bytes as i64,
-            ),
-            (
-                "inactive_split",
-                s.inactive_split.all.current,
-                inactive_split,
-            ),
+            ("allocated_bytes", s.allocated_bytes.all.current, allocated as i64),
+            ("reserved_bytes", s.reserved_bytes.all.current, reserved as i64),
+            ("inactive_split_bytes", s.inactive_split_bytes.all.current, inactive_split_bytes as i64),
+            ("inactive_split", s.inactive_split.all.current, inactive_split),
             ("segment", s.segment.all.current, segments),
             ("active_bytes", s.active_bytes.all.current, allocated as i64),
         ];
         for (name, stat, recount) in checks {
             if stat != recount {
-                return Err(format!(
-                    "{name}.all.current is {stat} but the blocks add up to {recount}"
-                ));
+                return Err(format!("{name}.all.current is {stat} but the blocks add up to {recount}"));
             }
         }
         if s.allocated_bytes.all.current > s.reserved_bytes.all.current {
@@ -779,19 +690,14 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
             None => {
                 self.stats.num_ooms += 1;
-                Err(AllocError::OutOfMemory(
-                    self.oom_info(bytes, rounded, alloc_size),
-                ))
+                Err(AllocError::OutOfMemory(self.oom_info(bytes, rounded, alloc_size)))
             }
         }
     }
 
     fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
         let b = &mut self.blocks[handle as usize];
-        debug_assert!(
-            b.allocated && b.size > 0,
-            "free of a block that is not allocated"
-        );
+        debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
         b.allocated = false;
         let (size, pool) = (b.size, b.pool);
         self.stats.allocation.decrease(pool, 1);
@@ -840,12 +746,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                     s.blocks.push(BlockSnapshot {
                         size: b.size,
                         requested_size: b.requested,
-                        state: if b.allocated {
-                            "active_allocated"
-                        } else {
-                            "inactive"
-                        }
-                        .into(),
+                        state: if b.allocated { "active_allocated" } else { "inactive" }.into(),
                     });
                 } else if let Some(s) = seg.take() {
                     out.push(s);
@@ -863,15 +764,15 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn largest_free_block(&self) -> u64 {
-        self.pools
-            .iter()
-            .map(|p| p.blocks.max_size())
-            .max()
-            .unwrap_or(0)
+        self.pools.iter().map(|p| p.blocks.max_size()).max().unwrap_or(0)
     }
 
     fn device_description(&self) -> String {
         self.device.describe()
+    }
+
+    fn device_time_ns(&self) -> Option<u64> {
+        self.device.device_time_ns()
     }
 }
 

@@ -5,10 +5,7 @@ use crate::gpu::device::SimDevice;
 use crate::units::{GIB, MIB};
 
 fn alloc(cfg: &str, capacity: u64) -> CachingAllocator<SimDevice> {
-    CachingAllocator::new(
-        AllocatorConfig::parse(cfg).unwrap(),
-        SimDevice::new(capacity),
-    )
+    CachingAllocator::new(AllocatorConfig::parse(cfg).unwrap(), SimDevice::new(capacity))
 }
 
 fn default_alloc() -> CachingAllocator<SimDevice> {
@@ -51,14 +48,7 @@ fn round_size_rules() {
 #[test]
 fn allocation_size_rules() {
     let d = AllocatorConfig::default();
-    for (rs, seg) in [
-        (1024, 2 * MIB),
-        (5 * MIB, 20 * MIB),
-        (10_000_384, 20 * MIB),
-        (10 * MIB, 10 * MIB),
-        (11 * MIB, 12 * MIB),
-        (514 * MIB, 514 * MIB),
-    ] {
+    for (rs, seg) in [(1024, 2 * MIB), (5 * MIB, 20 * MIB), (10_000_384, 20 * MIB), (10 * MIB, 10 * MIB), (11 * MIB, 12 * MIB), (514 * MIB, 514 * MIB)] {
         assert_eq!(allocation_size(&d, rs), seg, "rs {rs}");
     }
     assert_eq!(pool_for(1_048_576), PoolKind::Small);
@@ -174,23 +164,13 @@ fn tv_j_expandable_segments() {
     assert_eq!(segs.len(), 1);
     assert!(segs[0].is_expandable);
     assert_eq!(segs[0].total_size, 20 * MIB);
-    assert_eq!(
-        segs[0]
-            .blocks
-            .iter()
-            .map(|b| (b.size, b.state.as_str()))
-            .collect::<Vec<_>>(),
-        vec![(5 * MIB, "active_allocated"), (15 * MIB, "inactive")]
-    );
+    assert_eq!(segs[0].blocks.iter().map(|b| (b.size, b.state.as_str())).collect::<Vec<_>>(), vec![(5 * MIB, "active_allocated"), (15 * MIB, "inactive")]);
     let y = a.malloc(30 * MIB, 0).unwrap();
     assert_eq!(state(&a).1, 41_943_040);
     assert_eq!(state(&a).3, 2);
     assert_eq!(state(&a).0, 36_700_160);
     let segs = a.segments();
-    assert_eq!(
-        segs[0].blocks.iter().map(|b| b.size).collect::<Vec<_>>(),
-        vec![5 * MIB, 30 * MIB, 5 * MIB]
-    );
+    assert_eq!(segs[0].blocks.iter().map(|b| b.size).collect::<Vec<_>>(), vec![5 * MIB, 30 * MIB, 5 * MIB]);
     a.free(x).unwrap();
     a.free(y).unwrap();
     a.empty_cache().unwrap();
@@ -287,11 +267,7 @@ fn max_split_size_makes_oversize_blocks() {
     let big = b.malloc(200 * MIB, 0).unwrap();
     b.free(big).unwrap();
     b.malloc(190 * MIB, 0).unwrap();
-    assert_eq!(
-        state(&b).2,
-        1,
-        "190 MiB reuses the 200 MiB block (10 MiB < 20 MiB waste)"
-    );
+    assert_eq!(state(&b).2, 1, "190 MiB reuses the 200 MiB block (10 MiB < 20 MiB waste)");
     // Oversize blocks are never split.
     assert_eq!(state(&b).0, 200 * MIB as i64);
 }
@@ -322,15 +298,11 @@ fn garbage_collection_needs_a_fraction_and_frees_old_segments() {
         // A different size misses the cache and triggers GC when reserved > threshold × allowed.
         a.malloc(300 * MIB, 0).unwrap();
         a.check_invariants().unwrap();
-        (
-            a.stats().reserved_bytes.all.current,
-            a.stats().num_device_free,
-        )
+        (a.stats().reserved_bytes.all.current, a.stats().num_device_free)
     };
     let (reserved_off, frees_off) = run("garbage_collection_threshold:0.5");
     assert_eq!((reserved_off, frees_off), (900 * MIB as i64, 0));
-    let (reserved_on, frees_on) =
-        run("garbage_collection_threshold:0.5,per_process_memory_fraction:0.99");
+    let (reserved_on, frees_on) = run("garbage_collection_threshold:0.5,per_process_memory_fraction:0.99");
     assert!(frees_on > 0, "GC freed nothing");
     assert!(reserved_on < reserved_off);
 }

@@ -1,0 +1,161 @@
+//! `allocbench fidelity`: the simulator's `memory_stats()` against PyTorch's real allocator on
+//! the same trace, key by key (the PyTorch side comes from `scripts/torch_replay.py`).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::caching::CachingAllocator;
+use super::config::AllocatorConfig;
+use super::device::SimDevice;
+use super::replay::{replay_with_hook, OnOom, ReplayOptions};
+use crate::error::InputError;
+use crate::input::Source;
+
+/// What `scripts/torch_replay.py` writes.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TorchReplay {
+    pub format: String,
+    pub torch_version: String,
+    pub device: String,
+    /// `torch.cuda.get_device_properties(0).total_memory`.
+    pub total_memory: u64,
+    /// The PYTORCH_CUDA_ALLOC_CONF it ran with.
+    pub conf: String,
+    pub events: u64,
+    pub oom: Option<TorchOom>,
+    /// memory_stats() at each `step` row (before it), in order.
+    pub steps: Vec<TorchStep>,
+    /// memory_stats() at the end.
+    pub r#final: BTreeMap<String, i64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TorchOom {
+    pub event: u64,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct TorchStep {
+    pub step: u64,
+    pub event: u64,
+    pub stats: BTreeMap<String, i64>,
+}
+
+/// The keys the fidelity target is stated on.
+pub const TARGET_KEYS: [&str; 4] = ["reserved_bytes.all.peak", "segment.all.allocated", "num_alloc_retries", "num_ooms"];
+
+/// One disagreement.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mismatch {
+    /// "step N" or "final".
+    pub at: String,
+    pub key: String,
+    pub sim: i64,
+    pub torch: i64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FidelityReport {
+    pub conf: String,
+    pub torch_version: String,
+    pub device: String,
+    pub keys_compared: usize,
+    pub snapshots_compared: usize,
+    pub mismatches: Vec<Mismatch>,
+    /// Every target key identical at the end.
+    pub target_identical: bool,
+}
+
+pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| InputError::new(&name, format!("cannot read: {e}")))?;
+    let t: TorchReplay = serde_json::from_str(&text).map_err(|e| InputError::new(&name, format!("not a torch_replay.py output: {e}")))?;
+    if t.format != "allocbench-torch-replay-v1" {
+        return Err(InputError::new(&name, format!("unknown format '{}' (expected allocbench-torch-replay-v1)", t.format)));
+    }
+    Ok(t)
+}
+
+fn compare(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>, out: &mut Vec<Mismatch>) -> usize {
+    let mut n = 0;
+    for (k, &t) in torch {
+        // Keys our model does not have (or a newer torch added) are not compared.
+        if let Some(&s) = sim.get(k) {
+            n += 1;
+            if s != t {
+                out.push(Mismatch { at: at.to_string(), key: k.clone(), sim: s, torch: t });
+            }
+        }
+    }
+    n
+}
+
+/// Replays `trace` on the simulator with PyTorch's capacity and conf and compares.
+pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> anyhow::Result<FidelityReport> {
+    let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
+    let source = Source::open(Some(trace))?;
+    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(torch.total_memory));
+    let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
+    let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
+    replay_with_hook(&mut alloc, source.events()?, &opts, &mut |n, _, stats| snapshots.push((n, stats.to_torch_map())))?;
+    let final_sim = snapshots.pop().map(|s| s.1).unwrap_or_default();
+    let mut mismatches = Vec::new();
+    let mut keys = 0;
+    let mut compared = 0;
+    for (i, ts) in torch.steps.iter().enumerate() {
+        if let Some((n, sim)) = snapshots.get(i) {
+            keys = keys.max(compare(&format!("step {n}"), sim, &ts.stats, &mut mismatches));
+            compared += 1;
+        }
+    }
+    keys = keys.max(compare("final", &final_sim, &torch.r#final, &mut mismatches));
+    compared += 1;
+    let target_identical = TARGET_KEYS.iter().all(|k| !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
+    Ok(FidelityReport {
+        conf: conf.source.clone(),
+        torch_version: torch.torch_version.clone(),
+        device: torch.device.clone(),
+        keys_compared: keys,
+        snapshots_compared: compared,
+        mismatches,
+        target_identical,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identical_stats_give_no_mismatch_and_a_difference_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.csv");
+        std::fs::write(&trace, "op,id,bytes,stream\nstep,1,,\nalloc,1,5242880,0\nstep,2,,\nfree,1,,\n").unwrap();
+        // Build the "torch" side from the simulator itself, then perturb one key.
+        let mut a = CachingAllocator::new(AllocatorConfig::default(), SimDevice::new(80 << 30));
+        let mut snaps = Vec::new();
+        let src = Source::open(Some(&trace)).unwrap();
+        replay_with_hook(&mut a, src.events().unwrap(), &ReplayOptions::default(), &mut |n, e, s| snaps.push((n, e, s.to_torch_map()))).unwrap();
+        let fin = snaps.pop().unwrap().2;
+        let mut torch = TorchReplay {
+            format: "allocbench-torch-replay-v1".into(),
+            torch_version: "test".into(),
+            device: "sim".into(),
+            total_memory: 80 << 30,
+            conf: String::new(),
+            events: 4,
+            oom: None,
+            steps: snaps.into_iter().map(|(n, e, stats)| TorchStep { step: n, event: e, stats }).collect(),
+            r#final: fin,
+        };
+        let r = check(&trace, &torch, None).unwrap();
+        assert!(r.mismatches.is_empty() && r.target_identical && r.keys_compared == 122 && r.snapshots_compared == 3, "{r:?}");
+        torch.r#final.insert("segment.all.allocated".into(), 2);
+        let r = check(&trace, &torch, None).unwrap();
+        assert_eq!(r.mismatches, vec![Mismatch { at: "final".into(), key: "segment.all.allocated".into(), sim: 1, torch: 2 }]);
+        assert!(!r.target_identical);
+    }
+}
