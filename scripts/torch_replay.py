@@ -38,6 +38,8 @@ def main():
     torch.cuda.init()
     torch.cuda.reset_peak_memory_stats()
     torch.cuda.reset_accumulated_memory_stats()
+    # What the device can give this process (the CUDA context and other processes hold the rest).
+    free_at_start, _ = torch.cuda.mem_get_info(dev)
     streams = {}
     live = {}
     failed = set()
@@ -61,15 +63,15 @@ def main():
             if op == "alloc":
                 s = int(stream) if stream else 0
                 try:
+                    # No local name may keep a tensor alive past its `free` row.
                     if s == 0:
-                        t = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
+                        live[ident] = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
                     else:
                         st = streams.get(s)
                         if st is None:
                             st = streams[s] = torch.cuda.Stream(device=dev)
                         with torch.cuda.stream(st):
-                            t = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
-                    live[ident] = t
+                            live[ident] = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
                 except torch.cuda.OutOfMemoryError as e:
                     if oom is None:
                         oom = {"event": event, "message": str(e).splitlines()[0]}
@@ -96,6 +98,7 @@ def main():
         "torch_version": torch.__version__,
         "device": props.name,
         "total_memory": props.total_memory,
+        "free_memory_at_start": free_at_start,
         "conf": conf,
         "events": event,
         "oom": oom,

@@ -84,13 +84,26 @@ pub struct SimDevice {
     /// Measured device-call latencies (`--sim-latency`): simulated time is accounted with them.
     latency: Option<super::devprobe::LatencyModel>,
     device_time_ns: u64,
+    /// Bytes held by others (counted in `used`).
+    unavailable: u64,
 }
 
 impl SimDevice {
     pub fn new(capacity: u64) -> Self {
         let mut free_ranges = BTreeMap::new();
         free_ranges.insert(SIM_VA_BASE, SIM_VA_SPAN);
-        SimDevice { capacity, used: 0, free_ranges, device_mallocs: 0, device_frees: 0, pages_mapped: 0, pages_unmapped: 0, latency: None, device_time_ns: 0 }
+        SimDevice {
+            capacity,
+            used: 0,
+            free_ranges,
+            device_mallocs: 0,
+            device_frees: 0,
+            pages_mapped: 0,
+            pages_unmapped: 0,
+            latency: None,
+            device_time_ns: 0,
+            unavailable: 0,
+        }
     }
 
     /// Accounts device time with latencies measured on a real GPU (`allocbench devprobe`).
@@ -99,8 +112,17 @@ impl SimDevice {
         self
     }
 
+    /// Withholds `bytes` of the capacity, as the CUDA context and other processes do on a real
+    /// GPU; the capacity (totalGlobalMem, which memory fractions use) is unchanged.
+    pub fn with_unavailable(mut self, bytes: u64) -> Self {
+        self.used += bytes.min(self.capacity);
+        self.unavailable = bytes.min(self.capacity);
+        self
+    }
+
+    /// Bytes in use by allocations of this process.
     pub fn used(&self) -> u64 {
-        self.used
+        self.used - self.unavailable
     }
 
     fn take_range(&mut self, bytes: u64) -> DeviceResult<u64> {

@@ -21,6 +21,10 @@ pub struct TorchReplay {
     pub device: String,
     /// `torch.cuda.get_device_properties(0).total_memory`.
     pub total_memory: u64,
+    /// `torch.cuda.mem_get_info()` free bytes before the replay: the CUDA context (and any other
+    /// process) holds the rest, which the simulated device then withholds too.
+    #[serde(default)]
+    pub free_memory_at_start: Option<u64>,
     /// The PYTORCH_CUDA_ALLOC_CONF it ran with.
     pub conf: String,
     pub events: u64,
@@ -97,7 +101,8 @@ fn compare(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>,
 pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> anyhow::Result<FidelityReport> {
     let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
     let source = Source::open(Some(trace))?;
-    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(torch.total_memory));
+    let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
+    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(torch.total_memory).with_unavailable(unavailable));
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     replay_with_hook(&mut alloc, source.events()?, &opts, &mut |n, _, stats| snapshots.push((n, stats.to_torch_map())))?;
@@ -145,6 +150,7 @@ mod tests {
             torch_version: "test".into(),
             device: "sim".into(),
             total_memory: 80 << 30,
+            free_memory_at_start: None,
             conf: String::new(),
             events: 4,
             oom: None,

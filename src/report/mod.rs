@@ -314,6 +314,38 @@ fn civil_date(unix: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+fn devprobe_charts(out: &Path, probes: &[&crate::gpu::devprobe::DevprobeResult], charts: &mut Vec<Chart>) -> anyhow::Result<()> {
+    for (i, p) in probes.iter().enumerate() {
+        // Log-log: sizes span 512 B to 8 GiB, latencies 1 µs to milliseconds.
+        let line = |label: &str, key: &str, v: &[crate::gpu::devprobe::SizeLatency]| Line {
+            label: label.to_string(),
+            color_key: key.to_string(),
+            points: v.iter().map(|s| ((s.bytes as f64).log2(), (s.p50_ns.max(1) as f64 / 1e3).log10())).collect(),
+            dashed: false,
+        };
+        let lines = vec![
+            line("cuMemAlloc (cudaMalloc) p50", "nocache", &p.malloc),
+            line("cuMemFree (cudaFree) p50", "pytorch", &p.free),
+            line("cuMemAllocAsync + cuMemFreeAsync, warm pool, p50", "async", &p.async_pool_alloc_free),
+        ];
+        let file = if probes.len() == 1 { "devprobe.svg".to_string() } else { format!("devprobe-{i}.svg") };
+        let title = format!("Device allocation latency by size: {}", p.device);
+        let svg = charts::lines(
+            &title,
+            "allocation size (log2 bytes: 10 = 1 KiB, 20 = 1 MiB, 30 = 1 GiB)",
+            "log10 latency (µs)",
+            false,
+            &lines,
+            &[],
+            charts::LegendAt::UpperLeft,
+        )
+        .map_err(|m| anyhow::anyhow!(m))?;
+        write(out, &file, svg)?;
+        charts.push(Chart { file, title });
+    }
+    Ok(())
+}
+
 /// Renders the report for `records` into `out`; returns the charts written.
 pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Result<Vec<Chart>> {
     std::fs::create_dir_all(out).map_err(|e| InputError::new(out.display().to_string(), format!("cannot create the report folder: {e}")))?;
@@ -326,15 +358,19 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     if !cpu.is_empty() {
         cpu_charts(out, &cpu, &mut charts)?;
     }
-    let md = index_markdown(title, &gpu, &cpu, &charts);
+    let probes: Vec<&crate::gpu::devprobe::DevprobeResult> =
+        records.iter().filter_map(|r| if let ResultRecord::Devprobe(p) = r { Some(p.as_ref()) } else { None }).collect();
+    devprobe_charts(out, &probes, &mut charts)?;
+    let md = index_markdown(title, &gpu, &cpu, &probes, &charts);
     std::fs::write(out.join("README.md"), &md)?;
     std::fs::write(out.join("index.html"), index_html(title, &md, &charts))?;
     Ok(charts)
 }
 
-fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], charts: &[Chart]) -> String {
+fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], probes: &[&crate::gpu::devprobe::DevprobeResult], charts: &[Chart]) -> String {
     let mut s = format!("# {title}\n\n");
-    let machines: Vec<&crate::results::MachineInfo> = gpu.iter().map(|r| &r.machine).chain(cpu.iter().map(|r| &r.machine)).collect();
+    let machines: Vec<&crate::results::MachineInfo> =
+        gpu.iter().map(|r| &r.machine).chain(cpu.iter().map(|r| &r.machine)).chain(probes.iter().map(|p| &p.machine)).collect();
     if let Some(m) = machines.iter().max_by_key(|m| m.unix_time) {
         let _ = writeln!(
             s,
@@ -414,6 +450,25 @@ fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], cha
                 r.drift_mib_per_1k_iterations.map(|d| format!("{d:+.2}")).unwrap_or_else(|| "n/a".into()),
                 crate::units::format_bytes_signed(r.retained as i128),
                 r.retained_after_trim.map(|t| crate::units::format_bytes_signed(t as i128)).unwrap_or_else(|| "n/a".into()),
+            );
+        }
+    }
+    for p in probes {
+        let _ = writeln!(s, "\n## Device allocation latency ({})\n", p.device);
+        let _ = writeln!(s, "| size | cuMemAlloc p50 / p99 | cuMemFree p50 / p99 | async pool alloc+free p50 / p99 |\n|---|---|---|---|");
+        for (i, m) in p.malloc.iter().enumerate() {
+            let f = &p.free[i];
+            let a = p.async_pool_alloc_free.get(i);
+            let us = |ns: u64| format!("{:.1} µs", ns as f64 / 1e3);
+            let _ = writeln!(
+                s,
+                "| {} | {} / {} | {} / {} | {} |",
+                format_bytes(m.bytes),
+                us(m.p50_ns),
+                us(m.p99_ns),
+                us(f.p50_ns),
+                us(f.p99_ns),
+                a.map(|a| format!("{} / {}", us(a.p50_ns), us(a.p99_ns))).unwrap_or_default()
             );
         }
     }
