@@ -51,6 +51,52 @@ pub enum Command {
     Devprobe(DevprobeArgs),
     /// Compare the simulator's memory_stats() with PyTorch's on the same trace (from scripts/torch_replay.py).
     Fidelity(FidelityArgs),
+    /// Explain an OOM (or the headroom): fragmentation or exhaustion, what pins free memory, the smallest device that fits.
+    Diagnose(DiagnoseArgs),
+    /// Search PYTORCH_CUDA_ALLOC_CONF settings for the one that minimises peak reserved memory without an OOM.
+    Advise(AdviseArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct DiagnoseArgs {
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle) or workload (.toml).
+    pub input: PathBuf,
+    /// Device memory (default: an H100 80 GB card, 81,559 MiB).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// PYTORCH_CUDA_ALLOC_CONF string (default: the environment variable, else PyTorch's defaults).
+    #[arg(long)]
+    pub conf: Option<String>,
+    /// Write the diagnosis as JSON ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Also write the replay's results (JSON Lines) for `allocbench report`.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct AdviseArgs {
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle) or workload (.toml).
+    pub input: PathBuf,
+    /// Device memory (default: an H100 80 GB card, 81,559 MiB).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// How many of the best configurations to print.
+    #[arg(long, default_value_t = 5)]
+    pub top: usize,
+    /// Worker threads (default: every core).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Write every evaluated configuration as JSON ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Write the default and the best configuration's full results (JSON Lines) for `allocbench report`.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug)]
@@ -250,6 +296,8 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Report(a) => report(&a),
         Command::Devprobe(a) => devprobe(&a),
         Command::Fidelity(a) => fidelity(&a),
+        Command::Diagnose(a) => diagnose(&a),
+        Command::Advise(a) => advise(&a),
     };
     match result {
         Ok(()) => 0,
@@ -309,12 +357,13 @@ fn trace(a: &TraceArgs) -> anyhow::Result<()> {
 
 fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
     let source = Source::open(Some(&a.input))?;
+    print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let latency = a.device.latency_model()?;
     let (mut alloc, backend, capacity) = build_allocator(&a.allocator, &conf, a.device.device, a.device.capacity, latency.as_ref())?;
     let pb = progress(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
     let opts = gpu_run::replay_options(a.device.on_oom, a.device.sample_every, pb.clone());
-    let result = gpu_run::run_one(&source, alloc.as_mut(), &conf, capacity, &opts, backend)?;
+    let result = gpu_run::run_one(source.events()?, source.info()?, alloc.as_mut(), &conf, capacity, &opts, backend)?;
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
@@ -382,7 +431,7 @@ fn run_comparison(source: &Source, allocators: &[String], confs: &[String], dev:
             let label = format!("{name} {}", if name == "pytorch" { conf.to_string() } else { String::new() });
             let pb = progress(dev.quiet, &label);
             let opts = gpu_run::replay_options(dev.on_oom, dev.sample_every, pb.clone());
-            let r = gpu_run::run_one(source, alloc.as_mut(), conf, capacity, &opts, backend)?;
+            let r = gpu_run::run_one(source.events()?, source.info()?, alloc.as_mut(), conf, capacity, &opts, backend)?;
             if let Some(pb) = pb {
                 pb.finish_and_clear();
             }
@@ -565,6 +614,146 @@ fn fidelity(a: &FidelityArgs) -> anyhow::Result<()> {
     }
     if !r.target_identical {
         anyhow::bail!("the simulator disagrees with PyTorch on a target key");
+    }
+    Ok(())
+}
+
+fn print_notes(source: &Source) {
+    if let Source::Imported(t, p) = source {
+        for n in &t.notes {
+            eprintln!("note: {}: {n}", p.display());
+        }
+    }
+}
+
+fn diagnose(a: &DiagnoseArgs) -> anyhow::Result<()> {
+    let source = Source::open(Some(&a.input))?;
+    print_notes(&source);
+    let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
+    let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let (d, run) = crate::diagnose::diagnose(&source, &conf, capacity)?;
+    if a.json.as_deref() != Some("-") {
+        for line in &d.summary {
+            println!("{line}");
+        }
+        if !d.top_segments.is_empty() {
+            println!("\nsegments with the most free bytes at the peak (pinned first):");
+            for s in d.top_segments.iter().take(5) {
+                println!(
+                    "  {:#x} {:<5} {:>10}: {:>10} free in {} pieces, {} live blocks",
+                    s.address,
+                    s.segment_type,
+                    crate::units::format_bytes(s.total_size),
+                    crate::units::format_bytes(s.free_bytes),
+                    s.free_pieces,
+                    s.live_blocks
+                );
+            }
+        }
+        if !d.pinning_size_classes.is_empty() {
+            println!("\nsize classes of the live blocks that pin free space:");
+            for c in &d.pinning_size_classes {
+                println!(
+                    "  {:>10} .. {:<10} {:>6} blocks, {:>10} live, {:>10} free beside them",
+                    crate::units::format_bytes(c.size_class),
+                    crate::units::format_bytes(c.size_class * 2),
+                    c.live_blocks,
+                    crate::units::format_bytes(c.live_bytes),
+                    crate::units::format_bytes(c.pinned_free_bytes)
+                );
+            }
+        }
+        if !d.top_sites.is_empty() {
+            println!("\nallocation sites by bytes requested:");
+            for (site, bytes) in &d.top_sites {
+                println!("  {:>10}  {site}", crate::units::format_bytes(*bytes));
+            }
+        }
+    }
+    if let Some(path) = &a.json {
+        let mut out = open_output(path)?;
+        serde_json::to_writer_pretty(&mut out, &ResultRecord::Diagnose(Box::new(d.clone())))?;
+        writeln!(out)?;
+        out.flush()?;
+    }
+    if let Some(p) = &a.jsonl {
+        let mut out = open_output(&p.display().to_string())?;
+        write_jsonl(out.as_mut(), &ResultRecord::GpuReplay(Box::new(run)))?;
+        write_jsonl(out.as_mut(), &ResultRecord::Diagnose(Box::new(d)))?;
+    }
+    Ok(())
+}
+
+fn advise(a: &AdviseArgs) -> anyhow::Result<()> {
+    let source = Source::open(Some(&a.input))?;
+    print_notes(&source);
+    let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let events = crate::diagnose::load_events(&source)?;
+    let confs = crate::diagnose::search_space();
+    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let pb = (!a.quiet).then(|| {
+        let pb = indicatif::ProgressBar::new(confs.len() as u64);
+        pb.set_style(indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} configurations ({per_sec}, eta {eta})").expect("valid template"));
+        pb
+    });
+    let start = std::time::Instant::now();
+    let ranked = crate::diagnose::advise(&events, capacity, &confs, threads, pb.as_ref())?;
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let default = ranked.iter().find(|c| c.conf.is_empty());
+    let info = source.info()?;
+    println!(
+        "{} ({}): {} configurations replayed on a {} device in {:.1} s ({} threads)",
+        info.name,
+        info.kind,
+        ranked.len(),
+        crate::units::format_bytes(capacity),
+        elapsed,
+        threads
+    );
+    let row = |c: &crate::diagnose::Candidate| {
+        format!(
+            "{:>12} {:>9.3} {:>8} {:>7} {:>10}",
+            crate::units::format_bytes(c.peak_reserved),
+            c.overhead,
+            c.device_mallocs,
+            c.retries,
+            c.oom_step.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into())
+        )
+    };
+    println!("{:<4} {:>12} {:>9} {:>8} {:>7} {:>10}  conf", "rank", "peak rsvd", "rsvd/live", "mallocs", "retries", "OOM");
+    if let Some(d) = default {
+        println!("{:<4} {}  (PyTorch defaults)", "base", row(d));
+    }
+    for (i, c) in ranked.iter().take(a.top).enumerate() {
+        println!("{:<4} {}  {}", i + 1, row(c), if c.conf.is_empty() { "(defaults)" } else { &c.conf });
+    }
+    if let Some(best) = ranked.first() {
+        if best.oom_step.is_some() {
+            println!("\nNo configuration avoids the OOM on this device; the least bad one is first.");
+        }
+        println!("\nexport PYTORCH_CUDA_ALLOC_CONF={}", if best.conf.is_empty() { "''".to_string() } else { format!("'{}'", best.conf) });
+    }
+    if let Some(path) = &a.json {
+        let mut out = open_output(path)?;
+        serde_json::to_writer_pretty(&mut out, &ranked)?;
+        writeln!(out)?;
+        out.flush()?;
+    }
+    if let (Some(p), Some(best)) = (&a.jsonl, ranked.first()) {
+        let mut out = open_output(&p.display().to_string())?;
+        for conf in ["", best.conf.as_str()] {
+            let cfg = AllocatorConfig::parse(conf)?;
+            let mut alloc = crate::gpu::caching::CachingAllocator::new(cfg.clone(), crate::gpu::device::SimDevice::new(capacity));
+            let opts = gpu_run::replay_options(OnOom::Stop, None, None);
+            let r = gpu_run::run_one(Box::new(events.iter().copied().map(Ok)), info.clone(), &mut alloc, &cfg, capacity, &opts, "sim")?;
+            write_jsonl(out.as_mut(), &ResultRecord::GpuReplay(Box::new(r)))?;
+            if best.conf.is_empty() {
+                break;
+            }
+        }
     }
     Ok(())
 }

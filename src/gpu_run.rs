@@ -7,7 +7,6 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::SimDevice;
 use crate::gpu::replay::{replay, OnOom, ReplayOptions};
 use crate::gpu::GpuAllocator;
-use crate::input::Source;
 use crate::results::{GpuRunResult, GpuSummary, MachineInfo, WorkDone, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
@@ -82,14 +81,14 @@ pub fn unknown_allocator(name: &str) -> InputError {
 
 /// Replays `source` through one allocator and returns the results record.
 pub fn run_one(
-    source: &Source,
+    events: crate::event::EventStream<'_>,
+    info: crate::input::WorkloadInfo,
     alloc: &mut dyn GpuAllocator,
     conf: &AllocatorConfig,
     capacity: u64,
     opts: &ReplayOptions,
     backend: &str,
 ) -> anyhow::Result<GpuRunResult> {
-    let events = source.events()?;
     let outcome = replay(alloc, events, opts)?;
     let stats = alloc.stats();
     let conf_str = if alloc.name() == "pytorch" { conf.source.clone() } else { String::new() };
@@ -101,7 +100,7 @@ pub fn run_one(
         device: alloc.device_description(),
         capacity,
         on_oom: format!("{:?}", opts.on_oom).to_lowercase(),
-        workload: source.info()?,
+        workload: info,
         machine: MachineInfo::current(),
         work: WorkDone {
             events: outcome.events,
@@ -133,6 +132,7 @@ pub fn run_one(
         },
         timeline: outcome.timeline,
         segments_at_peak: outcome.segments_at_peak,
+        segments_at_oom: outcome.segments_at_oom,
         size_histogram: outcome.size_histogram,
     })
 }

@@ -15,6 +15,8 @@ use crate::workload::Workload;
 pub enum Source {
     Workload(Box<Workload>),
     Trace(PathBuf),
+    /// A PyTorch snapshot or an RMM log, converted in memory.
+    Imported(Box<crate::trace::snapshot::ImportedTrace>, PathBuf),
 }
 
 /// What a results file says about its input (with a hash that proves identical input).
@@ -41,6 +43,14 @@ impl Source {
         let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
             "toml" => Ok(Source::Workload(Box::new(Workload::load(path)?))),
+            "pickle" | "pkl" => {
+                let t = crate::trace::snapshot::import_snapshot(path)?;
+                Ok(Source::Imported(Box::new(t), path.to_path_buf()))
+            }
+            "csv" if crate::trace::snapshot::is_rmm_log(path) => {
+                let t = crate::trace::snapshot::import_rmm_log(path)?;
+                Ok(Source::Imported(Box::new(t), path.to_path_buf()))
+            }
             "csv" => {
                 // Read the first line now, so that a wrong file fails before any work starts.
                 let mut probe = read_trace(path)?;
@@ -49,7 +59,11 @@ impl Source {
                 }
                 Ok(Source::Trace(path.to_path_buf()))
             }
-            _ => Err(InputError::new(path.display().to_string(), "unknown input type: expected a workload (.toml) or a trace (.csv)").into()),
+            _ => Err(InputError::new(
+                path.display().to_string(),
+                "unknown input type: expected a workload (.toml), a trace or RMM log (.csv), or a PyTorch snapshot (.pickle)",
+            )
+            .into()),
         }
     }
 
@@ -57,6 +71,7 @@ impl Source {
         match self {
             Source::Workload(w) => Ok(infallible(w.events())),
             Source::Trace(p) => Ok(Box::new(read_trace(p)?)),
+            Source::Imported(t, _) => Ok(Box::new(t.events.iter().copied().map(Ok))),
         }
     }
 
@@ -69,6 +84,14 @@ impl Source {
                 sha256: sha256_hex(w.source.as_bytes()),
                 seed: Some(w.file.seed),
                 description: w.file.description.clone(),
+            },
+            Source::Imported(t, p) => WorkloadInfo {
+                name: p.file_stem().and_then(|s| s.to_str()).unwrap_or("snapshot").to_string(),
+                kind: t.format.to_string(),
+                origin: p.display().to_string(),
+                sha256: sha256_hex(&std::fs::read(p).unwrap_or_default()),
+                seed: None,
+                description: t.notes.join("; "),
             },
             Source::Trace(p) => {
                 let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
@@ -97,7 +120,7 @@ impl Source {
     pub fn sized_for(&self) -> Option<u64> {
         match self {
             Source::Workload(w) => w.file.sized_for.map(|b| b.0),
-            Source::Trace(_) => None,
+            Source::Trace(_) | Source::Imported(..) => None,
         }
     }
 }

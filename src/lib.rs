@@ -19,6 +19,7 @@
 
 pub mod cli;
 pub mod cpu;
+pub mod diagnose;
 pub mod error;
 pub mod event;
 pub mod gpu;

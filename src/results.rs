@@ -132,6 +132,9 @@ pub struct GpuRunResult {
     pub summary: GpuSummary,
     pub timeline: Vec<TimelinePoint>,
     pub segments_at_peak: Vec<SegmentSnapshot>,
+    /// The segment map at the first OOM (empty without one).
+    #[serde(default)]
+    pub segments_at_oom: Vec<SegmentSnapshot>,
     /// (smallest size of the log2 bucket, allocations in it).
     pub size_histogram: Vec<(u64, u64)>,
 }
@@ -143,6 +146,7 @@ pub enum ResultRecord {
     GpuReplay(Box<GpuRunResult>),
     CpuRun(Box<crate::cpu::CpuRunResult>),
     Devprobe(Box<crate::gpu::devprobe::DevprobeResult>),
+    Diagnose(Box<crate::diagnose::DiagnoseResult>),
 }
 
 impl ResultRecord {

@@ -91,6 +91,8 @@ pub struct ReplayOutcome {
     pub elapsed_s: f64,
     pub timeline: Vec<TimelinePoint>,
     pub segments_at_peak: Vec<SegmentSnapshot>,
+    /// The segment map at the first OOM (empty without one).
+    pub segments_at_oom: Vec<SegmentSnapshot>,
     /// (smallest size of the log2 bucket, allocations in it).
     pub size_histogram: Vec<(u64, u64)>,
 }
@@ -215,6 +217,7 @@ pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
                     Err(AllocError::OutOfMemory(info)) => {
                         out.ooms += 1;
                         if out.oom.is_none() {
+                            out.segments_at_oom = alloc.segments();
                             out.oom = Some(OomRecord {
                                 event: index,
                                 step,

@@ -361,7 +361,21 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     let probes: Vec<&crate::gpu::devprobe::DevprobeResult> =
         records.iter().filter_map(|r| if let ResultRecord::Devprobe(p) = r { Some(p.as_ref()) } else { None }).collect();
     devprobe_charts(out, &probes, &mut charts)?;
-    let md = index_markdown(title, &gpu, &cpu, &probes, &charts);
+    let mut md = index_markdown(title, &gpu, &cpu, &probes, &charts);
+    for r in records {
+        if let ResultRecord::Diagnose(d) = r {
+            let _ = writeln!(
+                md,
+                "\n## Diagnosis: {} on {} [{}]\n",
+                d.workload.name,
+                format_bytes(d.capacity),
+                if d.conf.is_empty() { "default conf" } else { &d.conf }
+            );
+            for line in &d.summary {
+                let _ = writeln!(md, "- {line}");
+            }
+        }
+    }
     std::fs::write(out.join("README.md"), &md)?;
     std::fs::write(out.join("index.html"), index_html(title, &md, &charts))?;
     Ok(charts)

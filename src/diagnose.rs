@@ -1,0 +1,339 @@
+//! `allocbench diagnose` and `allocbench advise`: why a job OOMs (or how much headroom it has),
+//! whether it is fragmentation or exhaustion, what pins free memory at the peak, the smallest
+//! device it fits on, and the `PYTORCH_CUDA_ALLOC_CONF` that minimises peak reserved memory.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::event::Event;
+use crate::gpu::caching::CachingAllocator;
+use crate::gpu::config::AllocatorConfig;
+use crate::gpu::device::SimDevice;
+use crate::gpu::replay::{replay, OnOom, OomRecord, ReplayOptions, ReplayOutcome};
+use crate::gpu::GpuAllocator;
+use crate::input::{Source, WorkloadInfo};
+use crate::results::{GpuRunResult, SCHEMA_VERSION};
+use crate::units::format_bytes;
+
+/// One segment's waste at the peak.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentWaste {
+    pub address: u64,
+    pub segment_type: String,
+    pub total_size: u64,
+    pub free_bytes: u64,
+    pub live_blocks: usize,
+    pub free_pieces: usize,
+}
+
+/// Live blocks of one size class that pin free space (they sit in segments with free pieces).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PinningClass {
+    /// Smallest size of the log2 class.
+    pub size_class: u64,
+    pub live_blocks: u64,
+    pub live_bytes: u64,
+    /// Free bytes in the segments these blocks share.
+    pub pinned_free_bytes: u64,
+}
+
+/// What `allocbench diagnose --json` writes (`"type": "diagnose"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DiagnoseResult {
+    pub schema_version: u32,
+    pub workload: WorkloadInfo,
+    pub capacity: u64,
+    pub conf: String,
+    /// The same object as `replay`'s: event, step, requested, cause, ...
+    pub oom: Option<OomRecord>,
+    /// capacity − peak reserved when there is no OOM.
+    pub headroom: Option<u64>,
+    pub peak_reserved: u64,
+    pub allocated_at_peak: u64,
+    pub peak_live_bytes: u64,
+    /// Free bytes inside segments that hold a live block, at the OOM (else at the peak).
+    pub pinned_free_bytes: u64,
+    /// Free bytes in wholly free cached segments, at the peak.
+    pub cached_free_segments_bytes: u64,
+    pub largest_free_block: u64,
+    pub top_segments: Vec<SegmentWaste>,
+    pub pinning_size_classes: Vec<PinningClass>,
+    /// (site, bytes requested) for imported snapshots with stacks, largest first.
+    pub top_sites: Vec<(String, u64)>,
+    /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
+    pub min_capacity: Option<u64>,
+    pub summary: Vec<String>,
+}
+
+fn sim_replay(events: &[Event], conf: &AllocatorConfig, capacity: u64, on_oom: OnOom) -> anyhow::Result<(ReplayOutcome, CachingAllocator<SimDevice>)> {
+    let mut a = CachingAllocator::new(conf.clone(), SimDevice::new(capacity));
+    let out = replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() })?;
+    Ok((out, a))
+}
+
+/// Materialises a source's events (diagnosis replays them many times).
+pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
+    source.events()?.collect()
+}
+
+/// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
+pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
+    const STEP: u64 = 2 << 20;
+    let fits = |c: u64| -> anyhow::Result<bool> { Ok(sim_replay(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
+    let mut lo = (peak_live / STEP).max(1); // in steps; below the live bytes nothing fits
+    let mut hi = lo * 2;
+    while !fits(hi * STEP)? {
+        hi *= 2;
+        if hi * STEP > crate::units::MAX_SANE_BYTES {
+            return Ok(None);
+        }
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid * STEP)? {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    Ok(Some(hi * STEP))
+}
+
+pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
+    let events = load_events(source)?;
+    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(capacity));
+    let run = crate::gpu_run::run_one(
+        Box::new(events.iter().copied().map(Ok)),
+        source.info()?,
+        &mut alloc,
+        conf,
+        capacity,
+        &ReplayOptions { on_oom: OnOom::Stop, ..Default::default() },
+        "sim",
+    )?;
+    // At an OOM, the state that failed; otherwise the peak.
+    let segs = if run.oom.is_some() { &run.segments_at_oom } else { &run.segments_at_peak };
+    let mut top: Vec<SegmentWaste> = segs
+        .iter()
+        .map(|s| SegmentWaste {
+            address: s.address,
+            segment_type: s.segment_type.clone(),
+            total_size: s.total_size,
+            free_bytes: s.total_size - s.allocated(),
+            live_blocks: s.blocks.iter().filter(|b| b.state == "active_allocated").count(),
+            free_pieces: s.blocks.iter().filter(|b| b.state != "active_allocated").count(),
+        })
+        .collect();
+    let pinned_free: u64 = top.iter().filter(|s| s.live_blocks > 0).map(|s| s.free_bytes).sum();
+    let cached_free: u64 = top.iter().filter(|s| s.live_blocks == 0).map(|s| s.free_bytes).sum();
+    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| b.state != "active_allocated").map(|b| b.size)).max().unwrap_or(0);
+    top.sort_by_key(|s| (std::cmp::Reverse(if s.live_blocks > 0 { s.free_bytes } else { 0 }), std::cmp::Reverse(s.free_bytes), s.address));
+    top.truncate(10);
+    let mut classes: std::collections::BTreeMap<u64, PinningClass> = std::collections::BTreeMap::new();
+    for s in segs.iter().filter(|s| s.allocated() > 0 && s.allocated() < s.total_size) {
+        let free = s.total_size - s.allocated();
+        let live: Vec<u64> = s.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).collect();
+        for &b in &live {
+            let class = 1u64 << b.max(1).ilog2();
+            let c = classes.entry(class).or_insert(PinningClass { size_class: class, live_blocks: 0, live_bytes: 0, pinned_free_bytes: 0 });
+            c.live_blocks += 1;
+            c.live_bytes += b;
+            c.pinned_free_bytes += free / live.len() as u64;
+        }
+    }
+    let mut pinning: Vec<PinningClass> = classes.into_values().collect();
+    pinning.sort_by_key(|c| std::cmp::Reverse(c.pinned_free_bytes));
+    pinning.truncate(8);
+    let top_sites = match source {
+        Source::Imported(t, _) if !t.site_names.is_empty() => {
+            let mut by_site = vec![0u64; t.site_names.len()];
+            for e in &t.events {
+                if let Event::Alloc { id, bytes, .. } = e {
+                    if let Some(&s) = t.sites.get(id) {
+                        by_site[s as usize] += bytes;
+                    }
+                }
+            }
+            let mut v: Vec<(String, u64)> = t.site_names.iter().cloned().zip(by_site).collect();
+            v.sort_by_key(|x| std::cmp::Reverse(x.1));
+            v.truncate(8);
+            v
+        }
+        _ => Vec::new(),
+    };
+    let min_cap = min_capacity(&events, conf, run.work.peak_live_bytes)?;
+    let mut summary = Vec::new();
+    match &run.oom {
+        Some(o) => {
+            summary.push(format!(
+                "OOM at step {} (event {}): a request of {} (rounded {}, a {} device allocation) could not be served on a {} device.",
+                o.step,
+                o.event,
+                format_bytes(o.requested),
+                format_bytes(o.rounded),
+                format_bytes(o.alloc_size),
+                format_bytes(capacity)
+            ));
+            if o.cause == "fragmentation" {
+                summary.push(format!(
+                    "Cause: fragmentation. {} were free inside the allocator's segments and {} on the device, together enough for the request, but the largest free block was {} and the free pieces are pinned between live blocks, so neither a cached block nor a new segment could serve it.",
+                    format_bytes(o.cached_free),
+                    format_bytes(o.device_free),
+                    format_bytes(o.largest_free_block)
+                ));
+            } else {
+                summary.push(format!(
+                    "Cause: real exhaustion. Only {} were free in the cache and {} on the device: the workload holds more than this device has ({} allocated at the OOM).",
+                    format_bytes(o.cached_free),
+                    format_bytes(o.device_free),
+                    format_bytes(o.allocated)
+                ));
+            }
+        }
+        None => summary.push(format!(
+            "No OOM on a {} device: peak reserved {} leaves {} of headroom.",
+            format_bytes(capacity),
+            format_bytes(run.summary.peak_reserved),
+            format_bytes(capacity.saturating_sub(run.summary.peak_reserved))
+        )),
+    }
+    summary.push(format!(
+        "At peak reserved {}: {} allocated then (the workload's own peak is {} live); {} free inside segments that hold live blocks (pinned), {} in wholly free cached segments; largest free block {}.",
+        format_bytes(run.summary.peak_reserved),
+        format_bytes(run.summary.allocated_at_peak_reserved),
+        format_bytes(run.work.peak_live_bytes),
+        format_bytes(pinned_free),
+        format_bytes(cached_free),
+        format_bytes(largest)
+    ));
+    if let Some(c) = pinning.first() {
+        summary.push(format!(
+            "Blocks of {}..{} pin the most free space ({} live blocks next to {} free).",
+            format_bytes(c.size_class),
+            format_bytes(c.size_class * 2),
+            c.live_blocks,
+            format_bytes(c.pinned_free_bytes)
+        ));
+    }
+    match min_cap {
+        Some(m) => summary.push(format!(
+            "It runs without an OOM on a device of {} or more with this configuration (the ideal allocator needs {}).",
+            format_bytes(m),
+            format_bytes(run.work.peak_live_bytes)
+        )),
+        None => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
+    }
+    let result = DiagnoseResult {
+        schema_version: SCHEMA_VERSION,
+        workload: run.workload.clone(),
+        capacity,
+        conf: conf.source.clone(),
+        oom: run.oom.clone(),
+        headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
+        peak_reserved: run.summary.peak_reserved,
+        allocated_at_peak: run.summary.allocated_at_peak_reserved,
+        peak_live_bytes: run.work.peak_live_bytes,
+        pinned_free_bytes: pinned_free,
+        cached_free_segments_bytes: cached_free,
+        largest_free_block: largest,
+        top_segments: top,
+        pinning_size_classes: pinning,
+        top_sites,
+        min_capacity: min_cap,
+        summary,
+    };
+    Ok((result, run))
+}
+
+/// The space `advise` searches: expandable × max_split_size_mb × roundup_power2_divisions × GC.
+pub fn search_space() -> Vec<String> {
+    let expandable = ["", "expandable_segments:True"];
+    let split = [
+        "",
+        "max_split_size_mb:32",
+        "max_split_size_mb:64",
+        "max_split_size_mb:128",
+        "max_split_size_mb:256",
+        "max_split_size_mb:512",
+        "max_split_size_mb:1024",
+    ];
+    let roundup = [
+        "",
+        "roundup_power2_divisions:2",
+        "roundup_power2_divisions:4",
+        "roundup_power2_divisions:8",
+        "roundup_power2_divisions:[256:1,512:2,>:4]",
+        "roundup_power2_divisions:[64:8,256:4,1024:2,>:1]",
+    ];
+    let gc = ["", "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99", "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99"];
+    let mut out = Vec::new();
+    for e in expandable {
+        for s in split {
+            for r in roundup {
+                for g in gc {
+                    let parts: Vec<&str> = [s, r, g, e].into_iter().filter(|p| !p.is_empty()).collect();
+                    out.push(parts.join(","));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One evaluated configuration.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Candidate {
+    pub conf: String,
+    pub peak_reserved: u64,
+    pub overhead: f64,
+    pub device_mallocs: i64,
+    pub retries: i64,
+    pub oom_step: Option<u64>,
+}
+
+/// Replays every configuration on `threads` threads; results sorted best first (no OOM, then
+/// lowest peak reserved, then fewest device mallocs).
+pub fn advise(events: &[Event], capacity: u64, confs: &[String], threads: usize, progress: Option<&indicatif::ProgressBar>) -> anyhow::Result<Vec<Candidate>> {
+    let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
+    let next = AtomicUsize::new(0);
+    let results: Vec<anyhow::Result<Vec<Candidate>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads.max(1))
+            .map(|_| {
+                s.spawn(|| -> anyhow::Result<Vec<Candidate>> {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= parsed.len() || crate::interrupt::interrupted() {
+                            return Ok(mine);
+                        }
+                        let (out, a) = sim_replay(events, &parsed[i], capacity, OnOom::Stop)?;
+                        let st = a.stats();
+                        mine.push(Candidate {
+                            conf: confs[i].clone(),
+                            peak_reserved: out.peak_reserved,
+                            overhead: out.overhead(),
+                            device_mallocs: st.num_device_alloc,
+                            retries: st.num_alloc_retries,
+                            oom_step: out.oom.as_ref().map(|o| o.step),
+                        });
+                        if let Some(pb) = progress {
+                            pb.inc(1);
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
+    });
+    let mut all = Vec::new();
+    for r in results {
+        all.extend(r?);
+    }
+    // Peak reserved decides, but within half a percent of each other the configuration with fewer
+    // device mallocs wins (each costs tens of µs to ms on a real GPU: see `allocbench devprobe`).
+    let best = all.iter().filter(|c| c.oom_step.is_none()).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
+    let bucket = |c: &Candidate| c.peak_reserved / (best / 200).max(1);
+    all.sort_by(|a, b| (a.oom_step.is_some(), bucket(a), a.device_mallocs, &a.conf).cmp(&(b.oom_step.is_some(), bucket(b), b.device_mallocs, &b.conf)));
+    Ok(all)
+}

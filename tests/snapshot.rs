@@ -1,0 +1,167 @@
+//! PyTorch snapshot and RMM log import, diagnose and advise.
+
+use std::path::{Path, PathBuf};
+
+use allocbench::event::Event;
+use allocbench::gpu::config::AllocatorConfig;
+use allocbench::input::Source;
+use allocbench::trace::snapshot::{import_rmm_log, import_snapshot};
+use assert_cmd::Command;
+use proptest::prelude::*;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(name)
+}
+
+fn counts(events: &[Event]) -> (usize, usize, usize) {
+    let a = events.iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
+    let f = events.iter().filter(|e| matches!(e, Event::Free { .. })).count();
+    let c = events.iter().filter(|e| matches!(e, Event::EmptyCache)).count();
+    (a, f, c)
+}
+
+#[test]
+fn real_snapshot_imports_every_alloc_and_free() {
+    // Written by scripts/make_snapshot.py with PyTorch 2.11 on an H100: 549 alloc and 546
+    // free_completed entries (pickle protocol 4, shared frame lists through the memo).
+    let t = import_snapshot(&fixture("snapshot-small.pickle")).unwrap();
+    assert_eq!(counts(&t.events), (549, 546, 0));
+    assert!(!t.truncated);
+    assert!(t.notes.iter().any(|n| n.contains("3 blocks were still allocated")), "{:?}", t.notes);
+    // Sites come from the frames: the training script's own lines.
+    assert!(t.site_names.iter().any(|s| s.starts_with("make_snapshot.py:")), "{:?}", t.site_names);
+    assert!(t.events.iter().all(|e| !matches!(e, Event::Alloc { bytes: 0, .. })));
+}
+
+#[test]
+fn truncated_history_is_detected_and_said() {
+    let t = import_snapshot(&fixture("snapshot-truncated.pickle")).unwrap();
+    assert!(t.truncated);
+    assert!(t.notes.iter().any(|n| n.contains("truncated")), "{:?}", t.notes);
+    // The ring buffer kept only frees: their blocks are allocated at the start.
+    assert_eq!(counts(&t.events), (128, 128, 0));
+    let out = Command::cargo_bin("allocbench").unwrap().args(["replay", fixture("snapshot-truncated.pickle").to_str().unwrap(), "-q"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("truncated"));
+}
+
+#[test]
+fn snapshot_to_csv_trace_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("s.csv");
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["trace", fixture("snapshot-small.pickle").to_str().unwrap(), "-o", csv.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let back: Vec<Event> = allocbench::trace::read_trace(&csv).unwrap().map(|e| e.unwrap()).collect();
+    assert_eq!(back, import_snapshot(&fixture("snapshot-small.pickle")).unwrap().events);
+}
+
+#[test]
+fn bad_pickles_are_clear_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    let real = std::fs::read(fixture("snapshot-small.pickle")).unwrap();
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (write("list.pickle", b"\x80\x04]\x94(K\x01K\x02e."), "older snapshot layout"),
+        (write("dict.pickle", b"\x80\x04}\x94."), "no 'device_traces'"),
+        (write("cut.pickle", &real[..real.len() / 2]), "truncated pickle"),
+        (write("evil.pickle", b"\x80\x02cos\nsystem\n(S'echo hi'\ntR."), "would import or call code"),
+        (write("text.pickle", b"\xff\xfehello"), "unsupported pickle opcode 0xff"),
+        (write("empty.pickle", b""), "truncated pickle"),
+    ];
+    for (path, want) in cases {
+        let e = import_snapshot(&path).unwrap_err().to_string();
+        assert!(e.contains(want) && e.starts_with(&path.display().to_string()), "{e}");
+        let out = Command::cargo_bin("allocbench").unwrap().args(["replay", path.to_str().unwrap()]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    /// Mutated real snapshots (the fixtures are the corpus) never panic: they import or fail.
+    #[test]
+    fn mutated_snapshots_never_panic(flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8), cut in any::<prop::sample::Index>(), which in any::<bool>()) {
+        let mut bytes = std::fs::read(fixture(if which { "snapshot-small.pickle" } else { "snapshot-truncated.pickle" })).unwrap();
+        for (i, b) in flips {
+            let at = i.index(bytes.len());
+            bytes[at] = b;
+        }
+        let keep = bytes.len() - cut.index(bytes.len() / 4 + 1);
+        bytes.truncate(keep);
+        if let Ok(v) = allocbench::trace::pickle::parse(&bytes) {
+            let _ = allocbench::trace::snapshot::from_snapshot_value(&v);
+        }
+    }
+}
+
+#[test]
+fn rmm_logs_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("rmm.csv");
+    std::fs::write(
+        &p,
+        "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x7f0000000000,1048576,0x0\n1,0.2,allocate,0x7f0000100000,4096,0x0\n1,0.3,free,0x7f0000000000,1048576,0x0\n1,0.4,allocate failure,0x0,99999999999,0x0\n",
+    )
+    .unwrap();
+    let t = import_rmm_log(&p).unwrap();
+    assert_eq!(t.events, vec![Event::Alloc { id: 0, bytes: 1 << 20, stream: 0 }, Event::Alloc { id: 1, bytes: 4096, stream: 0 }, Event::Free { id: 0 }]);
+    assert!(t.notes[0].contains("1 failed allocations"));
+    assert!(matches!(Source::open(Some(&p)).unwrap(), Source::Imported(..)));
+    std::fs::write(&p, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0xZZ,10,0x0\n").unwrap();
+    assert!(import_rmm_log(&p).unwrap_err().to_string().ends_with("rmm.csv:2: bad pointer '0xZZ'"));
+}
+
+fn pinned_trace(dir: &Path) -> PathBuf {
+    let p = dir.join("pinned.csv");
+    std::fs::write(&p, "op,id,bytes,stream\nstep,1,,\nalloc,1,5242880,0\nalloc,2,5242880,0\nalloc,3,5242880,0\nalloc,4,5242880,0\nstep,2,,\nfree,1,,\nfree,3,,\nalloc,5,8388608,0\n").unwrap();
+    p
+}
+
+#[test]
+fn diagnose_explains_a_fragmentation_oom() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = pinned_trace(dir.path());
+    let out = Command::cargo_bin("allocbench").unwrap().args(["diagnose", trace.to_str().unwrap(), "--capacity", "20MiB", "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["type"], "diagnose");
+    assert_eq!(v["oom"]["event"], 8);
+    assert_eq!(v["oom"]["step"], 2);
+    assert_eq!(v["oom"]["requested"], 8u64 << 20);
+    assert_eq!(v["oom"]["cause"], "fragmentation");
+    // 20 MiB holds the 4 x 5 MiB; the 8 MiB request then needs a second 20 MiB segment.
+    assert_eq!(v["min_capacity"], 40u64 << 20);
+    assert_eq!(v["pinned_free_bytes"], 10u64 << 20);
+    let text = v["summary"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect::<Vec<_>>().join(" ");
+    assert!(text.contains("Cause: fragmentation"), "{text}");
+    let out = Command::cargo_bin("allocbench").unwrap().args(["diagnose", trace.to_str().unwrap(), "--capacity", "1GiB"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("No OOM on a 1.00 GiB device"));
+}
+
+#[test]
+fn advise_finds_a_configuration_that_avoids_the_oom() {
+    // The 1.3B workload needs 50.3 GiB under the defaults; on a 50 GiB card it OOMs, while
+    // expandable segments keep peak reserved at 48.3 GiB.
+    let w = Workload(format!("{}/workloads/gpt3-xl-1.3b.toml", env!("CARGO_MANIFEST_DIR")));
+    let source = Source::open(Some(Path::new(&w.0))).unwrap();
+    let events = allocbench::diagnose::load_events(&source).unwrap();
+    let confs = vec![String::new(), "expandable_segments:True".to_string(), "max_split_size_mb:512".to_string()];
+    let ranked = allocbench::diagnose::advise(&events, 50 << 30, &confs, 2, None).unwrap();
+    assert_eq!(ranked.len(), 3);
+    assert_eq!(ranked[0].conf, "expandable_segments:True");
+    assert!(ranked[0].oom_step.is_none());
+    assert!(ranked.iter().find(|c| c.conf.is_empty()).unwrap().oom_step.is_some(), "the defaults OOM on 50 GiB");
+    assert!(allocbench::diagnose::search_space().len() >= 200);
+    assert!(allocbench::diagnose::search_space().iter().all(|c| AllocatorConfig::parse(c).is_ok()));
+}
+
+struct Workload(String);
