@@ -7,7 +7,7 @@
 #   5. make_snapshot.py                         real memory snapshots for the test fixtures
 #   6. the CUDA benchmark group
 # Usage: scripts/gpu_checks.sh OUT_DIR [PART...]  (parts: probe cuda sanitizer fidelity snapshot bench;
-# default all). ALLOCBENCH=path/to/allocbench and CUDA_BENCH=path/to/cuda_backend bench binary
+# default all; FIDELITY_WORKLOADS="a b" limits the fidelity part). ALLOCBENCH=path/to/allocbench and CUDA_BENCH=path/to/cuda_backend bench binary
 # may point at prebuilt binaries (the GPU machine may have no Rust toolchain).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +45,7 @@ if has sanitizer; then
 fi
 if has fidelity; then
   confs=("" "expandable_segments:True" "max_split_size_mb:512" "roundup_power2_divisions:[256:1,512:2,>:4]" "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95")
-  for w in scenario-1-2-1-gib scenario-sawtooth model-switch gpt3-xl-1.3b llama2-7b-80g serving-llama7b; do
+  for w in ${FIDELITY_WORKLOADS:-scenario-1-2-1-gib scenario-sawtooth model-switch gpt3-xl-1.3b llama2-7b-80g serving-llama7b}; do
     "$bin" trace "workloads/$w.toml" -o "$out/$w.csv"
     for i in "${!confs[@]}"; do
       python3 scripts/torch_replay.py "$out/$w.csv" --conf "${confs[$i]}" -o "$out/torch-$w-$i.json" || { echo "FAILED: torch_replay $w ${confs[$i]}"; fail=1; continue; }

@@ -22,6 +22,8 @@ def main():
     ap.add_argument("-o", "--out", required=True, help="JSON output for allocbench fidelity")
     ap.add_argument("--conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF to run with (default: the environment's)")
     ap.add_argument("--on-oom", choices=["stop", "continue"], default="stop")
+    ap.add_argument("--no-addresses", action="store_true",
+                    help="do not record cudaMalloc addresses (they let the simulator break best-fit ties as the GPU did)")
     args = ap.parse_args()
     if args.conf is not None:
         # Read once, at CUDA initialisation: set before torch touches the GPU.
@@ -40,6 +42,9 @@ def main():
     torch.cuda.reset_accumulated_memory_stats()
     # What the device can give this process (the CUDA context and other processes hold the rest).
     free_at_start, _ = torch.cuda.mem_get_info(dev)
+    if not args.no_addresses:
+        # Only to learn the addresses cudaMalloc returns; no stacks are recorded.
+        torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=sys.maxsize)
     streams = {}
     live = {}
     failed = set()
@@ -92,6 +97,14 @@ def main():
             event += 1
     torch.cuda.synchronize()
     final = dict(torch.cuda.memory_stats(dev))
+    segment_addresses = []
+    if not args.no_addresses:
+        snap = torch.cuda.memory._snapshot()
+        torch.cuda.memory._record_memory_history(enabled=None)
+        for e in snap["device_traces"][dev.index or 0]:
+            if e["action"] == "segment_alloc":
+                segment_addresses.append([e["addr"], e["size"]])
+        del snap
     props = torch.cuda.get_device_properties(dev)
     out = {
         "format": "allocbench-torch-replay-v1",
@@ -99,6 +112,7 @@ def main():
         "device": props.name,
         "total_memory": props.total_memory,
         "free_memory_at_start": free_at_start,
+        "segment_addresses": segment_addresses,
         "conf": conf,
         "events": event,
         "oom": oom,

@@ -86,6 +86,12 @@ pub struct SimDevice {
     device_time_ns: u64,
     /// Bytes held by others (counted in `used`).
     unavailable: u64,
+    /// Addresses a real GPU returned, replayed in order (see [`SimDevice::with_address_script`]).
+    address_script: std::collections::VecDeque<(u64, u64)>,
+    /// Live scripted allocations: they bypass the VA map.
+    scripted: rustc_hash::FxHashSet<u64>,
+    /// Mallocs that could not follow the script (a different size was asked for).
+    pub script_misses: u64,
 }
 
 impl SimDevice {
@@ -103,7 +109,19 @@ impl SimDevice {
             latency: None,
             device_time_ns: 0,
             unavailable: 0,
+            address_script: Default::default(),
+            scripted: Default::default(),
+            script_misses: 0,
         }
+    }
+
+    /// Replays the `(address, size)` of each cudaMalloc a real GPU made (from PyTorch's memory
+    /// history), so that best-fit ties between equal-size blocks break as they did there. Each
+    /// malloc takes the next scripted address if the size matches; otherwise the device falls back
+    /// to its own address choice and counts a miss.
+    pub fn with_address_script(mut self, script: Vec<(u64, u64)>) -> Self {
+        self.address_script = script.into();
+        self
     }
 
     /// Accounts device time with latencies measured on a real GPU (`allocbench devprobe`).
@@ -173,7 +191,22 @@ impl Device for SimDevice {
         if bytes > self.capacity - self.used {
             return Err(DeviceError::OutOfMemory);
         }
-        let ptr = self.take_range(bytes)?;
+        let scripted = match self.address_script.front() {
+            Some(&(addr, size)) if size == bytes && !self.scripted.contains(&addr) => {
+                self.address_script.pop_front();
+                self.scripted.insert(addr);
+                Some(addr)
+            }
+            Some(_) => {
+                self.script_misses += 1;
+                None
+            }
+            None => None,
+        };
+        let ptr = match scripted {
+            Some(p) => p,
+            None => self.take_range(bytes)?,
+        };
         self.used += bytes;
         self.device_mallocs += 1;
         if let Some(m) = &self.latency {
@@ -188,7 +221,9 @@ impl Device for SimDevice {
         if let Some(m) = &self.latency {
             self.device_time_ns += m.free_ns(bytes);
         }
-        self.give_back_range(ptr, bytes);
+        if !self.scripted.remove(&ptr) {
+            self.give_back_range(ptr, bytes);
+        }
         Ok(())
     }
 
@@ -243,6 +278,17 @@ mod tests {
         // A 2 MiB request reuses the lowest free range (b's), a 6 MiB one goes after c.
         assert_eq!(d.malloc(2 * MIB, 0).unwrap(), b);
         assert_eq!(d.malloc(6 * MIB, 0).unwrap(), c + 2 * MIB);
+    }
+
+    #[test]
+    fn scripted_addresses_are_followed_until_the_sizes_diverge() {
+        let mut d = SimDevice::new(100 * MIB).with_address_script(vec![(0x7000_0000_0000, 2 * MIB), (0x6000_0000_0000, 4 * MIB)]);
+        assert_eq!(d.malloc(2 * MIB, 0).unwrap(), 0x7000_0000_0000);
+        assert_eq!(d.malloc(2 * MIB, 0).unwrap(), SIM_VA_BASE, "size differs from the script: own choice");
+        assert_eq!(d.script_misses, 1);
+        d.free(0x7000_0000_0000, 2 * MIB).unwrap();
+        assert_eq!(d.malloc(4 * MIB, 0).unwrap(), 0x6000_0000_0000);
+        assert_eq!(d.used(), 6 * MIB);
     }
 
     #[test]

@@ -25,6 +25,9 @@ pub struct TorchReplay {
     /// process) holds the rest, which the simulated device then withholds too.
     #[serde(default)]
     pub free_memory_at_start: Option<u64>,
+    /// (address, size) of every cudaMalloc PyTorch made, in order (from its memory history).
+    #[serde(default)]
+    pub segment_addresses: Vec<(u64, u64)>,
     /// The PYTORCH_CUDA_ALLOC_CONF it ran with.
     pub conf: String,
     pub events: u64,
@@ -71,6 +74,9 @@ pub struct FidelityReport {
     pub mismatches: Vec<Mismatch>,
     /// Every target key identical at the end.
     pub target_identical: bool,
+    /// cudaMalloc addresses replayed from PyTorch's history, and mallocs that could not follow them.
+    pub addresses_replayed: usize,
+    pub address_misses: u64,
 }
 
 pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
@@ -102,7 +108,9 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
     let source = Source::open(Some(trace))?;
     let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
-    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(torch.total_memory).with_unavailable(unavailable));
+    // Best fit breaks ties by address: replay the addresses the GPU handed out.
+    let device = SimDevice::new(torch.total_memory).with_unavailable(unavailable).with_address_script(torch.segment_addresses.clone());
+    let mut alloc = CachingAllocator::new(conf.clone(), device);
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     replay_with_hook(&mut alloc, source.events()?, &opts, &mut |n, _, stats| snapshots.push((n, stats.to_torch_map())))?;
@@ -119,7 +127,10 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     keys = keys.max(compare("final", &final_sim, &torch.r#final, &mut mismatches));
     compared += 1;
     let target_identical = TARGET_KEYS.iter().all(|k| !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
+    let address_misses = alloc.device().script_misses;
     Ok(FidelityReport {
+        addresses_replayed: torch.segment_addresses.len(),
+        address_misses,
         conf: conf.source.clone(),
         torch_version: torch.torch_version.clone(),
         device: torch.device.clone(),
@@ -151,6 +162,7 @@ mod tests {
             device: "sim".into(),
             total_memory: 80 << 30,
             free_memory_at_start: None,
+            segment_addresses: Vec::new(),
             conf: String::new(),
             events: 4,
             oom: None,
