@@ -360,7 +360,7 @@ fn replay(a: &ReplayArgs) -> anyhow::Result<()> {
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let latency = a.device.latency_model()?;
-    let (mut alloc, backend, capacity) = build_allocator(&a.allocator, &conf, a.device.device, a.device.capacity, latency.as_ref())?;
+    let (mut alloc, backend, capacity) = build_allocator(&a.allocator, &conf, a.device.device, a.device.capacity, latency.as_ref(), source.address_script())?;
     let pb = progress(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
     let opts = gpu_run::replay_options(a.device.on_oom, a.device.sample_every, pb.clone());
     let result = gpu_run::run_one(source.events()?, source.info()?, alloc.as_mut(), &conf, capacity, &opts, backend)?;
@@ -427,7 +427,7 @@ fn run_comparison(source: &Source, allocators: &[String], confs: &[String], dev:
     for name in allocators {
         let confs_for: Vec<&AllocatorConfig> = if name == "pytorch" { confs.iter().collect() } else { vec![&confs[0]] };
         for conf in confs_for {
-            let (mut alloc, backend, capacity) = build_allocator(name, conf, dev.device, dev.capacity, latency.as_ref())?;
+            let (mut alloc, backend, capacity) = build_allocator(name, conf, dev.device, dev.capacity, latency.as_ref(), source.address_script())?;
             let label = format!("{name} {}", if name == "pytorch" { conf.to_string() } else { String::new() });
             let pb = progress(dev.quiet, &label);
             let opts = gpu_run::replay_options(dev.on_oom, dev.sample_every, pb.clone());

@@ -102,7 +102,7 @@ pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) ->
 
 pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
     let events = load_events(source)?;
-    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(capacity));
+    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(capacity).with_address_script(source.address_script()));
     let run = crate::gpu_run::run_one(
         Box::new(events.iter().copied().map(Ok)),
         source.info()?,

@@ -34,6 +34,7 @@ pub fn build_allocator(
     backend: Backend,
     capacity: Option<u64>,
     sim_latency: Option<&crate::gpu::devprobe::LatencyModel>,
+    address_script: Vec<(u64, u64)>,
 ) -> Result<(Box<dyn GpuAllocator>, &'static str, u64), InputError> {
     use crate::gpu::cuda::{AsyncPoolAllocator, CudaDevice};
     use crate::gpu::device::{Device, H100_CAPACITY_BYTES};
@@ -46,7 +47,7 @@ pub fn build_allocator(
                 return Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"));
             }
             let capacity = capacity.unwrap_or(H100_CAPACITY_BYTES);
-            let mut device = SimDevice::new(capacity);
+            let mut device = SimDevice::new(capacity).with_address_script(address_script);
             if let Some(m) = sim_latency {
                 device = device.with_latency(m.clone());
             }

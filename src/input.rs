@@ -116,6 +116,14 @@ impl Source {
         })
     }
 
+    /// cudaMalloc addresses recorded with the history (PyTorch snapshots), for the simulated device.
+    pub fn address_script(&self) -> Vec<(u64, u64)> {
+        match self {
+            Source::Imported(t, _) => t.segment_addresses.clone(),
+            _ => Vec::new(),
+        }
+    }
+
     /// The device size the workload says it is sized for, if any.
     pub fn sized_for(&self) -> Option<u64> {
         match self {

@@ -33,6 +33,20 @@ fn real_snapshot_imports_every_alloc_and_free() {
     assert!(t.events.iter().all(|e| !matches!(e, Event::Alloc { bytes: 0, .. })));
 }
 
+/// Replaying the real snapshot (with the cudaMalloc addresses it recorded) ends with exactly the
+/// segments PyTorch had when it was dumped: 27 (23 × 2 MiB, 2 × 20 MiB, 2 × 32 MiB), 150 MiB.
+#[test]
+fn replaying_a_real_snapshot_reproduces_pytorchs_segments() {
+    let out = Command::cargo_bin("allocbench").unwrap().args(["replay", fixture("snapshot-small.pickle").to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stats"]["segment.all.current"], 27);
+    assert_eq!(v["stats"]["reserved_bytes.all.current"], 157_286_400);
+    assert_eq!(v["stats"]["segment.small_pool.current"], 23);
+    let t = import_snapshot(&fixture("snapshot-small.pickle")).unwrap();
+    assert_eq!(t.segment_addresses.len(), 27);
+}
+
 #[test]
 fn truncated_history_is_detected_and_said() {
     let t = import_snapshot(&fixture("snapshot-truncated.pickle")).unwrap();

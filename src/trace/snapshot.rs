@@ -30,6 +30,9 @@ pub struct ImportedTrace {
     pub truncated: bool,
     /// Things the import noticed and said (one line each).
     pub notes: Vec<String>,
+    /// (address, size) of each `segment_alloc`, in order: replaying them makes best-fit ties
+    /// between equal-size blocks break as they did on the GPU.
+    pub segment_addresses: Vec<(u64, u64)>,
 }
 
 const MAX_SNAPSHOT_BYTES: u64 = 2 << 30;
@@ -155,7 +158,12 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 }
             }
             _ if is_segment_release => releasing = true,
-            "free_requested" | "segment_alloc" | "segment_map" | "oom" | "snapshot" => {}
+            "segment_alloc" => {
+                if let (Some(addr), Some(size)) = (int(e, "addr"), int(e, "size")) {
+                    out.segment_addresses.push((addr.max(0) as u64, size.max(0) as u64));
+                }
+            }
+            "free_requested" | "segment_map" | "oom" | "snapshot" => {}
             other => out.notes.push(format!("trace entry {i}: unknown action '{other}' skipped")),
         }
     }
