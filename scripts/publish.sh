@@ -6,6 +6,7 @@
 #   2. CPU: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via scripts/compare.sh) on the
 #      Python-like and serving workloads.
 #   3. allocbench report renders the charts and the index.
+#   4. allocbench diagnose and advise on the 1.3B workload on a 50 GiB card (reports/diagnose-gpt3-50g/).
 # Usage: scripts/publish.sh [--quick]   (--quick: one CPU repetition, for a smoke test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,4 +39,13 @@ scripts/compare.sh --reps "$reps" --out "$work/cpu" workloads/python-objects.tom
 rm -rf reports/comparison
 "$bin" report "$work/gpu.jsonl" "$work/cpu/cpu.jsonl" -o reports/comparison \
   --title "allocbench: PyTorch caching allocator configs and CPU allocators on ML workloads"
-echo "published reports/comparison/ (index: reports/comparison/README.md)"
+
+# 4. Diagnose and advise: the 1.3B workload on a 50 GiB card, where the defaults OOM.
+"$bin" diagnose workloads/gpt3-xl-1.3b.toml --capacity 50GiB --jsonl "$work/diagnose.jsonl" > "$work/diagnose.txt"
+"$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 50GiB --quiet --jsonl "$work/advise.jsonl" > "$work/advise.txt"
+rm -rf reports/diagnose-gpt3-50g
+grep '"type":"diagnose"' "$work/diagnose.jsonl" > "$work/diagnosis-only.jsonl"
+"$bin" report "$work/diagnosis-only.jsonl" "$work/advise.jsonl" -o reports/diagnose-gpt3-50g \
+  --title "allocbench diagnose + advise: GPT-3 XL (1.3B) training on a 50 GiB card"
+{ echo; echo '## `allocbench advise` output'; echo; echo '```'; cat "$work/advise.txt"; echo '```'; } >> reports/diagnose-gpt3-50g/README.md
+echo "published reports/comparison/ and reports/diagnose-gpt3-50g/"

@@ -77,6 +77,24 @@ pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
     source.events()?.collect()
 }
 
+/// The most bytes the events hold at once.
+pub fn peak_live(events: &[Event]) -> u64 {
+    let mut live = rustc_hash::FxHashMap::default();
+    let (mut cur, mut peak) = (0u64, 0u64);
+    for e in events {
+        match *e {
+            Event::Alloc { id, bytes, .. } => {
+                live.insert(id, bytes);
+                cur += bytes;
+                peak = peak.max(cur);
+            }
+            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    peak
+}
+
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
@@ -162,7 +180,9 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         }
         _ => Vec::new(),
     };
-    let min_cap = min_capacity(&events, conf, run.work.peak_live_bytes)?;
+    // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
+    let full_peak_live = peak_live(&events);
+    let min_cap = min_capacity(&events, conf, full_peak_live)?;
     let mut summary = Vec::new();
     match &run.oom {
         Some(o) => {
@@ -199,10 +219,10 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         )),
     }
     summary.push(format!(
-        "At peak reserved {}: {} allocated then (the workload's own peak is {} live); {} free inside segments that hold live blocks (pinned), {} in wholly free cached segments; largest free block {}.",
-        format_bytes(run.summary.peak_reserved),
-        format_bytes(run.summary.allocated_at_peak_reserved),
-        format_bytes(run.work.peak_live_bytes),
+        "At {} {}: {} allocated then; {} free inside segments that hold live blocks (pinned), {} in wholly free cached segments; largest free block {}.",
+        if run.oom.is_some() { "the OOM, with reserved at" } else { "peak reserved" },
+        format_bytes(run.oom.as_ref().map(|o| o.reserved).unwrap_or(run.summary.peak_reserved)),
+        format_bytes(run.oom.as_ref().map(|o| o.allocated).unwrap_or(run.summary.allocated_at_peak_reserved)),
         format_bytes(pinned_free),
         format_bytes(cached_free),
         format_bytes(largest)
@@ -218,9 +238,9 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     }
     match min_cap {
         Some(m) => summary.push(format!(
-            "It runs without an OOM on a device of {} or more with this configuration (the ideal allocator needs {}).",
+            "It runs without an OOM on a device of {} or more with this configuration (the whole workload peaks at {} live: the ideal allocator's need).",
             format_bytes(m),
-            format_bytes(run.work.peak_live_bytes)
+            format_bytes(full_peak_live)
         )),
         None => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
     }
@@ -233,7 +253,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
         peak_reserved: run.summary.peak_reserved,
         allocated_at_peak: run.summary.allocated_at_peak_reserved,
-        peak_live_bytes: run.work.peak_live_bytes,
+        peak_live_bytes: full_peak_live,
         pinned_free_bytes: pinned_free,
         cached_free_segments_bytes: cached_free,
         largest_free_block: largest,

@@ -32,46 +32,67 @@ unsafe impl GlobalAlloc for NullAlloc {
 }
 static MIMALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Which implementation: a closed set, so the replay loop calls it without a vtable.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    System,
+    Jemalloc,
+    Mimalloc,
+    Null,
+}
+
 /// One allocator under test.
 #[derive(Clone, Copy)]
 pub struct CpuAllocator {
     pub name: &'static str,
-    alloc: &'static (dyn GlobalAlloc + Sync),
+    kind: Kind,
 }
 
 impl CpuAllocator {
     pub fn by_name(name: &str) -> Result<Self, InputError> {
-        let alloc: &'static (dyn GlobalAlloc + Sync) = match name {
-            "system" => &System,
-            "jemalloc" => &JEMALLOC,
-            "mimalloc" => &MIMALLOC,
+        let kind = match name {
+            "system" => Kind::System,
+            "jemalloc" => Kind::Jemalloc,
+            "mimalloc" => Kind::Mimalloc,
             other => {
                 let names: Vec<&str> = CPU_ALLOCATORS.iter().map(|(n, _)| *n).collect();
                 return Err(InputError::new("--allocator", format!("unknown CPU allocator '{other}' (known: {}, all)", names.join(", "))));
             }
         };
         let name = CPU_ALLOCATORS.iter().find(|(n, _)| *n == name).map(|(n, _)| *n).expect("registered");
-        Ok(CpuAllocator { name, alloc })
+        Ok(CpuAllocator { name, kind })
     }
 
     /// The no-op allocator for measuring the harness's own per-operation cost. Only valid with
     /// page touching off.
     pub fn null_for_overhead_measurement() -> Self {
-        CpuAllocator { name: "null", alloc: &NULL }
+        CpuAllocator { name: "null", kind: Kind::Null }
     }
 
     /// # Safety
     /// `bytes` > 0; the result must be freed with [`CpuAllocator::free`] with the same size.
     #[inline]
     pub unsafe fn malloc(&self, bytes: usize) -> *mut u8 {
-        self.alloc.alloc(Layout::from_size_align_unchecked(bytes, ALIGN))
+        let layout = Layout::from_size_align_unchecked(bytes, ALIGN);
+        match self.kind {
+            Kind::System => System.alloc(layout),
+            Kind::Jemalloc => JEMALLOC.alloc(layout),
+            Kind::Mimalloc => MIMALLOC.alloc(layout),
+            Kind::Null => NULL.alloc(layout),
+        }
     }
 
     /// # Safety
     /// `ptr` came from `malloc(bytes)` of this allocator and is freed once.
     #[inline]
     pub unsafe fn free(&self, ptr: *mut u8, bytes: usize) {
-        self.alloc.dealloc(ptr, Layout::from_size_align_unchecked(bytes, ALIGN))
+        let layout = Layout::from_size_align_unchecked(bytes, ALIGN);
+        match self.kind {
+            Kind::System => System.dealloc(ptr, layout),
+            Kind::Jemalloc => JEMALLOC.dealloc(ptr, layout),
+            Kind::Mimalloc => MIMALLOC.dealloc(ptr, layout),
+            Kind::Null => NULL.dealloc(ptr, layout),
+        }
     }
 
     /// Allocator-native statistics (bytes), where the allocator has them.

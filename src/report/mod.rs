@@ -140,7 +140,11 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
                 markers.push(Marker { label: format!("OOM ({}) at step {}: {}", style::clip(&label, 24), o.step, o.cause), at: (at_x, o.reserved as f64) });
             }
         }
-        if let Some(first) = group.iter().find(|r| r.allocator == "ideal").or(group.first()) {
+        // Allocated bytes are the same for every policy until one stops at an OOM: take the run
+        // that went furthest.
+        if let Some(first) =
+            group.iter().find(|r| r.allocator == "ideal").or_else(|| group.iter().max_by_key(|r| (r.work.events, std::cmp::Reverse(r.oom.is_some()))))
+        {
             lines.push(Line {
                 label: "allocated (live tensors)".into(),
                 color_key: "allocated".into(),
@@ -181,7 +185,9 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
         for r in group.iter().filter(|r| r.allocator == "pytorch" && !r.segments_at_peak.is_empty()) {
             let label = gpu_label(r);
             const ROWS: usize = 40;
-            let mut segs: Vec<&crate::gpu::SegmentSnapshot> = r.segments_at_peak.iter().collect();
+            // At an OOM, the map that failed; otherwise the peak.
+            let (at, source) = if r.segments_at_oom.is_empty() { ("peak", &r.segments_at_peak) } else { ("the OOM", &r.segments_at_oom) };
+            let mut segs: Vec<&crate::gpu::SegmentSnapshot> = source.iter().collect();
             let total = segs.len();
             // Segments whose free space is pinned by a live block first (the fragmentation), then
             // wholly free cached segments; most free bytes first within each.
@@ -195,8 +201,8 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
                 })
                 .collect();
             let file = format!("gpu-segments-{ws}-{}.svg", slug(&label));
-            let pinned = r.segments_at_peak.iter().filter(|s| s.allocated() > 0).count();
-            let title = format!("{workload}: segments at peak, {} ({} of {total} shown; {pinned} hold live blocks)", gpu_short_label(r), rows.len());
+            let pinned = source.iter().filter(|s| s.allocated() > 0).count();
+            let title = format!("{workload}: segments at {at}, {} ({} of {total} shown; {pinned} hold live blocks)", gpu_short_label(r), rows.len());
             write(out, &file, charts::segment_map(&title, &label, &rows).map_err(e)?)?;
             charts.push(Chart { file, title });
         }
