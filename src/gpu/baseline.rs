@@ -125,10 +125,6 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
         v
     }
 
-    fn largest_free_block(&self) -> u64 {
-        0
-    }
-
     fn device_description(&self) -> String {
         self.device.describe()
     }
@@ -191,14 +187,6 @@ impl GpuAllocator for IdealAllocator {
 
     fn stats(&self) -> &DeviceStats {
         &self.stats
-    }
-
-    fn segments(&self) -> Vec<SegmentSnapshot> {
-        Vec::new()
-    }
-
-    fn largest_free_block(&self) -> u64 {
-        0
     }
 
     fn device_description(&self) -> String {

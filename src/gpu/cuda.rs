@@ -18,7 +18,7 @@ use cudarc::driver::sys::{self, CUresult};
 
 use super::device::{Device, DeviceError, DeviceResult};
 use super::stats::{DeviceStats, PoolKind};
-use super::{AllocError, GpuAllocator, Handle, OomInfo, SegmentSnapshot};
+use super::{AllocError, GpuAllocator, Handle, OomInfo};
 use crate::error::InputError;
 
 fn check(r: CUresult, what: &str) -> DeviceResult<()> {
@@ -387,14 +387,6 @@ impl GpuAllocator for AsyncPoolAllocator {
 
     fn stats(&self) -> &DeviceStats {
         &self.stats
-    }
-
-    fn segments(&self) -> Vec<SegmentSnapshot> {
-        Vec::new()
-    }
-
-    fn largest_free_block(&self) -> u64 {
-        0
     }
 
     fn device_description(&self) -> String {

@@ -110,10 +110,14 @@ pub trait GpuAllocator {
     /// `torch.cuda.empty_cache()`.
     fn empty_cache(&mut self) -> Result<(), DeviceError>;
     fn stats(&self) -> &DeviceStats;
-    /// Segments in address order with their blocks.
-    fn segments(&self) -> Vec<SegmentSnapshot>;
+    /// Segments in address order with their blocks (none for policies that keep no segments).
+    fn segments(&self) -> Vec<SegmentSnapshot> {
+        Vec::new()
+    }
     /// Bytes in the largest free block inside a segment.
-    fn largest_free_block(&self) -> u64;
+    fn largest_free_block(&self) -> u64 {
+        0
+    }
     fn device_description(&self) -> String;
     /// Time spent in device calls: measured on a real GPU, modelled on a simulated device with
     /// `--sim-latency`; `None` when not known.

@@ -574,15 +574,7 @@ impl<D: Device> CachingAllocator<D> {
         let mut segments = 0i64;
         let mut free_in_sets = 0usize;
         for seg in self.segments() {
-            let mut prev_end = seg.address;
-            let mut live_in_seg = false;
-            let _ = &mut prev_end;
-            for b in &seg.blocks {
-                if b.state == "active_allocated" {
-                    allocated += b.size;
-                    live_in_seg = true;
-                }
-            }
+            allocated += seg.allocated();
             let mapped: u64 = seg.blocks.iter().map(|b| b.size).sum();
             if mapped != seg.total_size {
                 return Err(format!("segment {:#x}: blocks sum to {mapped}, total_size {}", seg.address, seg.total_size));
@@ -597,7 +589,6 @@ impl<D: Device> CachingAllocator<D> {
                     }
                 }
             }
-            let _ = live_in_seg;
         }
         for (p, pool) in self.pools.iter().enumerate() {
             if pool.blocks.len() != pool.blocks.iter().count() {
