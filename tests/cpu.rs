@@ -115,3 +115,29 @@ fn cpu_bad_input_exits_2() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// Ctrl-C (SIGINT) stops a long run, which still writes the results it gathered.
+#[test]
+fn interrupted_run_still_writes_its_results() {
+    let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("r.jsonl");
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+        .args(["cpu", &w, "--allocator", "mimalloc", "--duration", "60", "--jsonl", out.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let recs = allocbench::results::read_results(&out).unwrap();
+    match &recs[..] {
+        [allocbench::results::ResultRecord::CpuRun(r)] => {
+            assert!(r.interrupted);
+            assert!(r.wall_s < 30.0 && r.work.allocs > 0 && r.bytes_allocated == r.bytes_freed);
+        }
+        other => panic!("expected one CPU run, got {}", other.len()),
+    }
+}
