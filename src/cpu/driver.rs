@@ -186,7 +186,7 @@ impl Worker {
         self.ops & (LATENCY_SAMPLE_EVERY - 1) == 0
     }
 
-    #[inline]
+    #[inline(always)]
     fn malloc(&mut self, bytes: usize) -> anyhow::Result<*mut u8> {
         let p = if self.sampled() {
             let t0 = ticks();
@@ -208,7 +208,7 @@ impl Worker {
         Ok(p)
     }
 
-    #[inline]
+    #[inline(always)]
     fn free_here(&mut self, p: usize, bytes: usize) {
         if self.sampled() {
             let t0 = ticks();
