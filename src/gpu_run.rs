@@ -185,6 +185,10 @@ pub fn describe(r: &GpuRunResult) -> String {
     if sm.interrupted {
         s += "interrupted (Ctrl-C): the numbers cover the events replayed so far\n";
     }
+    if let Some(t) = sm.device_time_s {
+        let how = if r.backend == "cuda" { "measured on the GPU" } else { "modelled from --sim-latency" };
+        s += &format!("device time {t:.3} s in allocation calls ({how})\n");
+    }
     s += &format!("speed       {:.2} M events/s ({:.3} s)\n", sm.events_per_s / 1e6, sm.elapsed_s);
     s
 }

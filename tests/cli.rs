@@ -127,3 +127,32 @@ fn run_compares_allocators_and_writes_jsonl() {
     let recs = allocbench::results::read_results(&jsonl).unwrap();
     assert_eq!(recs.len(), 4, "pytorch x 2 confs, nocache, ideal");
 }
+
+/// `--sim-latency` accounts simulated device time with latencies measured on a real H100
+/// (`allocbench devprobe`, fixture from reports/gpu-h100): no caching spends far more of it.
+#[test]
+fn sim_latency_accounts_device_time() {
+    let probe = format!("{}/tests/fixtures/devprobe-h100.json", env!("CARGO_MANIFEST_DIR"));
+    let time = |alloc: &str| -> f64 {
+        let out = bin().args(["replay", &workload("model-switch.toml"), "--allocator", alloc, "--sim-latency", &probe, "--json", "-"]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["summary"]["device_time_s"].as_f64().expect("device time is reported")
+    };
+    let (cached, uncached) = (time("pytorch"), time("nocache"));
+    assert!(cached > 0.0 && uncached > 20.0 * cached, "pytorch {cached} s vs nocache {uncached} s");
+    let out = bin().args(["replay", &workload("model-switch.toml"), "--sim-latency", &workload("model-switch.toml")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "a workload file is not a devprobe results file");
+}
+
+#[test]
+fn report_renders_devprobe_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let probe = format!("{}/tests/fixtures/devprobe-h100.json", env!("CARGO_MANIFEST_DIR"));
+    let out = bin().args(["report", &probe, "-o", dir.path().to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let index = std::fs::read_to_string(dir.path().join("README.md")).unwrap();
+    assert!(index.contains("## Device allocation latency (NVIDIA H100 80GB HBM3"), "{index}");
+    assert!(index.contains("| 8.00 GiB |"), "{index}");
+    assert!(std::fs::read_to_string(dir.path().join("devprobe.svg")).unwrap().contains("cuMemAlloc (cudaMalloc) p50"));
+}

@@ -260,6 +260,10 @@ impl Device for SimDevice {
     fn describe(&self) -> String {
         format!("simulated device, {} capacity", crate::units::format_bytes(self.capacity))
     }
+
+    fn device_time_ns(&self) -> Option<u64> {
+        self.latency.as_ref().map(|_| self.device_time_ns)
+    }
 }
 
 #[cfg(test)]
