@@ -188,8 +188,9 @@ impl AllocatorConfig {
 
 fn parse_bool(key: &str, v: &str) -> Result<bool, InputError> {
     match v {
-        "True" | "true" => Ok(true),
-        "False" | "false" => Ok(false),
+        // PyTorch accepts exactly these spellings.
+        "True" => Ok(true),
+        "False" => Ok(false),
         _ => Err(InputError::new("--conf", format!("Expected a single True/False argument for {key}, got '{v}'"))),
     }
 }
@@ -320,6 +321,7 @@ mod tests {
             ("foo:1", "Unrecognized key 'foo'"),
             ("garbage_collection_threshold:1.5", "garbage_collect_threshold is invalid"),
             ("expandable_segments:maybe", "True/False argument for expandable_segments"),
+            ("expandable_segments:true", "True/False argument for expandable_segments"),
             ("roundup_power2_divisions:3", "power of 2"),
             ("roundup_power2_divisions:[100:2]", "intervals have to be power of 2"),
             ("max_split_size_mb", "expected :"),

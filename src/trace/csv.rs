@@ -75,7 +75,8 @@ impl<R: BufRead> TraceReader<R> {
 
     fn parse_line(&mut self) -> Result<Option<Event>, anyhow::Error> {
         let text = match std::str::from_utf8(&self.buf) {
-            Ok(t) => t.trim_end_matches(['\n', '\r']).trim(),
+            // A UTF-8 byte-order mark (spreadsheet exports) is not part of the header.
+            Ok(t) => t.trim_start_matches('\u{feff}').trim_end_matches(['\n', '\r']).trim(),
             Err(_) => return Err(self.err("not valid UTF-8 text")),
         };
         if text.is_empty() || text.starts_with('#') {
@@ -249,6 +250,13 @@ mod tests {
         let bytes = b"op,id,bytes,stream\nalloc,1,\xff\xfe,0\n";
         let res: Vec<_> = TraceReader::new(&bytes[..], "x.csv").collect();
         assert!(res.last().unwrap().as_ref().unwrap_err().to_string().contains("x.csv:2: not valid UTF-8"));
+    }
+
+    #[test]
+    fn crlf_bom_and_short_rows_are_accepted() {
+        let evs: Vec<Event> =
+            parse("\u{feff}op, id, bytes, stream\r\nalloc,1,10\r\nstep,2\r\nfree,1\r\nempty_cache\r\n").into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs, vec![Event::Alloc { id: 1, bytes: 10, stream: 0 }, Event::Step { n: 2 }, Event::Free { id: 1 }, Event::EmptyCache]);
     }
 
     #[test]
