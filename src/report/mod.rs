@@ -418,7 +418,8 @@ fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], pro
         let _ = writeln!(s, "| {name} | {kind} | {desc} | `{}` |", &sha[..sha.len().min(12)]);
     }
     if !gpu.is_empty() {
-        let _ = writeln!(s, "\n## GPU: PyTorch caching allocator policy on a simulated device\n");
+        let on_gpu = gpu.iter().any(|r| r.backend != "sim");
+        let _ = writeln!(s, "\n## GPU allocator policies {}\n", if on_gpu { "on a real GPU (`--device cuda`)" } else { "on a simulated device" });
         let _ = writeln!(
             s,
             "| workload | allocator / conf | capacity | peak live | peak reserved | reserved / live | fragmentation at peak | device mallocs | retries | OOM |\n|---|---|---|---|---|---|---|---|---|---|"
