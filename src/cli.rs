@@ -423,6 +423,8 @@ fn run_comparison(source: &Source, allocators: &[String], confs: &[String], dev:
         Some(p) => Some(open_output(&p.display().to_string())?),
         None => None,
     };
+    // Hashing a large trace takes a pass over it: once, for every row.
+    let info = source.info()?;
     let mut rows = Vec::new();
     for name in allocators {
         let confs_for: Vec<&AllocatorConfig> = if name == "pytorch" { confs.iter().collect() } else { vec![&confs[0]] };
@@ -431,7 +433,7 @@ fn run_comparison(source: &Source, allocators: &[String], confs: &[String], dev:
             let label = format!("{name} {}", if name == "pytorch" { conf.to_string() } else { String::new() });
             let pb = progress(dev.quiet, &label);
             let opts = gpu_run::replay_options(dev.on_oom, dev.sample_every, pb.clone());
-            let r = gpu_run::run_one(source.events()?, source.info()?, alloc.as_mut(), conf, capacity, &opts, backend)?;
+            let r = gpu_run::run_one(source.events()?, info.clone(), alloc.as_mut(), conf, capacity, &opts, backend)?;
             if let Some(pb) = pb {
                 pb.finish_and_clear();
             }
@@ -445,7 +447,6 @@ fn run_comparison(source: &Source, allocators: &[String], confs: &[String], dev:
             }
         }
     }
-    let info = source.info()?;
     println!(
         "{} ({}), {} events, {}",
         info.name,

@@ -77,24 +77,6 @@ pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
     source.events()?.collect()
 }
 
-/// The most bytes the events hold at once.
-pub fn peak_live(events: &[Event]) -> u64 {
-    let mut live = rustc_hash::FxHashMap::default();
-    let (mut cur, mut peak) = (0u64, 0u64);
-    for e in events {
-        match *e {
-            Event::Alloc { id, bytes, .. } => {
-                live.insert(id, bytes);
-                cur += bytes;
-                peak = peak.max(cur);
-            }
-            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0),
-            _ => {}
-        }
-    }
-    peak
-}
-
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
@@ -181,7 +163,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         _ => Vec::new(),
     };
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
-    let full_peak_live = peak_live(&events);
+    let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
     let min_cap = min_capacity(&events, conf, full_peak_live)?;
     let mut summary = Vec::new();
     match &run.oom {

@@ -32,3 +32,40 @@ pub type EventStream<'a> = Box<dyn Iterator<Item = anyhow::Result<Event>> + 'a>;
 pub fn infallible<'a, I: Iterator<Item = Event> + 'a>(events: I) -> EventStream<'a> {
     Box::new(events.map(Ok))
 }
+
+/// The most bytes the events hold at once, each allocation's size mapped through `size` (the CPU
+/// driver's `--scale`); frees of ids that are not live are ignored.
+pub fn peak_live_bytes(events: impl Iterator<Item = anyhow::Result<Event>>, size: impl Fn(u64) -> u64) -> anyhow::Result<u64> {
+    let mut live: rustc_hash::FxHashMap<u64, u64> = rustc_hash::FxHashMap::default();
+    let (mut cur, mut peak) = (0u64, 0u64);
+    for ev in events {
+        match ev? {
+            Event::Alloc { id, bytes, .. } => {
+                let b = size(bytes);
+                cur += b;
+                cur -= live.insert(id, b).unwrap_or(0);
+                peak = peak.max(cur);
+            }
+            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0),
+            _ => {}
+        }
+    }
+    Ok(peak)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_live_follows_allocs_and_frees() {
+        let evs = [
+            Event::Alloc { id: 1, bytes: 10, stream: 0 },
+            Event::Alloc { id: 2, bytes: 20, stream: 0 },
+            Event::Free { id: 1 },
+            Event::Alloc { id: 3, bytes: 5, stream: 0 },
+        ];
+        assert_eq!(peak_live_bytes(evs.iter().copied().map(Ok), |b| b).unwrap(), 30);
+        assert_eq!(peak_live_bytes(evs.iter().copied().map(Ok), |b| b / 2).unwrap(), 15);
+    }
+}

@@ -86,25 +86,6 @@ pub fn scaled(bytes: u64, scale: f64) -> usize {
     }
 }
 
-/// Peak live bytes of one pass after scaling (a dry pass over the events).
-pub fn scaled_peak_live(source: &Source, scale: f64) -> anyhow::Result<u64> {
-    let mut live: FxHashMap<u64, usize> = FxHashMap::default();
-    let (mut cur, mut peak) = (0u64, 0u64);
-    for ev in source.events()? {
-        match ev? {
-            Event::Alloc { id, bytes, .. } => {
-                let b = scaled(bytes, scale);
-                live.insert(id, b);
-                cur += b as u64;
-                peak = peak.max(cur);
-            }
-            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0) as u64,
-            _ => {}
-        }
-    }
-    Ok(peak)
-}
-
 /// Touches every page of a fresh block so it counts in RSS.
 #[inline]
 unsafe fn touch(p: *mut u8, len: usize) {

@@ -129,9 +129,11 @@ pub fn check_expected(expect: Option<&str>, actual: &str, live: &LiveMalloc) -> 
     }
 }
 
-/// Checks before starting that the scaled workload fits in this machine's memory.
+/// Checks before starting that the scaled workload fits in this machine's memory; returns the
+/// scaled peak live bytes of one pass (one worker).
 pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> {
-    let peak = driver::scaled_peak_live(source, opts.scale)?.saturating_mul(opts.threads as u64);
+    let per_pass = crate::event::peak_live_bytes(source.events()?, |b| driver::scaled(b, opts.scale) as u64)?;
+    let peak = per_pass.saturating_mul(opts.threads as u64);
     let available = rss::mem_available_bytes();
     if peak as f64 > available as f64 * 0.8 {
         let needed_scale = (available as f64 * 0.5 / peak as f64 * opts.scale).max(1e-9);
@@ -146,14 +148,14 @@ pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> 
         )
         .into());
     }
-    Ok(peak)
+    Ok(per_pass)
 }
 
 /// Runs one allocator over the workload and measures it.
 pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow::Result<CpuRunResult> {
     let live = preload::live_malloc();
     let (name, mode) = label(&alloc, &live);
-    check_fits(source, &opts.driver)?;
+    let peak_live_bytes = check_fits(source, &opts.driver)?;
     let rss_before = rss::rss_bytes();
     let vmhwm_reset = rss::reset_peak_rss();
     let sampler = RssSampler::start(opts.sample_interval);
@@ -183,7 +185,7 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
             steps: out.iterations,
             bytes_requested: out.bytes_allocated,
             live_bytes_end: out.bytes_allocated - out.bytes_freed,
-            peak_live_bytes: driver::scaled_peak_live(source, opts.driver.scale)?,
+            peak_live_bytes,
         },
         threads: opts.driver.threads,
         cross_thread: opts.driver.cross_thread,
