@@ -634,42 +634,7 @@ fn diagnose(a: &DiagnoseArgs) -> anyhow::Result<()> {
     let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
     let (d, run) = crate::diagnose::diagnose(&source, &conf, capacity)?;
     if a.json.as_deref() != Some("-") {
-        for line in &d.summary {
-            println!("{line}");
-        }
-        if !d.top_segments.is_empty() {
-            println!("\nsegments with the most free bytes at the peak (pinned first):");
-            for s in d.top_segments.iter().take(5) {
-                println!(
-                    "  {:#x} {:<5} {:>10}: {:>10} free in {} pieces, {} live blocks",
-                    s.address,
-                    s.segment_type,
-                    crate::units::format_bytes(s.total_size),
-                    crate::units::format_bytes(s.free_bytes),
-                    s.free_pieces,
-                    s.live_blocks
-                );
-            }
-        }
-        if !d.pinning_size_classes.is_empty() {
-            println!("\nsize classes of the live blocks that pin free space:");
-            for c in &d.pinning_size_classes {
-                println!(
-                    "  {:>10} .. {:<10} {:>6} blocks, {:>10} live, {:>10} free beside them",
-                    crate::units::format_bytes(c.size_class),
-                    crate::units::format_bytes(c.size_class * 2),
-                    c.live_blocks,
-                    crate::units::format_bytes(c.live_bytes),
-                    crate::units::format_bytes(c.pinned_free_bytes)
-                );
-            }
-        }
-        if !d.top_sites.is_empty() {
-            println!("\nallocation sites by bytes requested:");
-            for (site, bytes) in &d.top_sites {
-                println!("  {:>10}  {site}", crate::units::format_bytes(*bytes));
-            }
-        }
+        print!("{}", crate::diagnose::describe(&d));
     }
     if let Some(path) = &a.json {
         let mut out = open_output(path)?;

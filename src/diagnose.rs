@@ -248,6 +248,48 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     Ok((result, run))
 }
 
+/// The diagnosis for people: the summary, then the segments, size classes and sites behind it.
+pub fn describe(d: &DiagnoseResult) -> String {
+    let mut s = String::new();
+    for line in &d.summary {
+        s += &format!("{line}\n");
+    }
+    if !d.top_segments.is_empty() {
+        s += "\nsegments with the most free bytes (pinned first):\n";
+        for g in d.top_segments.iter().take(5) {
+            s += &format!(
+                "  {:#x} {:<5} {:>10}: {:>10} free in {} pieces, {} live blocks\n",
+                g.address,
+                g.segment_type,
+                format_bytes(g.total_size),
+                format_bytes(g.free_bytes),
+                g.free_pieces,
+                g.live_blocks
+            );
+        }
+    }
+    if !d.pinning_size_classes.is_empty() {
+        s += "\nsize classes of the live blocks that pin free space:\n";
+        for c in &d.pinning_size_classes {
+            s += &format!(
+                "  {:>10} .. {:<10} {:>6} blocks, {:>10} live, {:>10} free beside them\n",
+                format_bytes(c.size_class),
+                format_bytes(c.size_class * 2),
+                c.live_blocks,
+                format_bytes(c.live_bytes),
+                format_bytes(c.pinned_free_bytes)
+            );
+        }
+    }
+    if !d.top_sites.is_empty() {
+        s += "\nallocation sites by bytes requested:\n";
+        for (site, bytes) in &d.top_sites {
+            s += &format!("  {:>10}  {site}\n", format_bytes(*bytes));
+        }
+    }
+    s
+}
+
 /// The space `advise` searches: expandable × max_split_size_mb × roundup_power2_divisions × GC.
 pub fn search_space() -> Vec<String> {
     let expandable = ["", "expandable_segments:True"];
