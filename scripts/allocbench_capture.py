@@ -1,0 +1,864 @@
+#!/usr/bin/env python3
+"""Capture the CUDA caching-allocator trace of an unmodified PyTorch script, with or without a GPU.
+
+Every new CUDA storage becomes one ``alloc`` row of an allocbench v1 trace (bytes = the storage's
+``nbytes``; views and in-place ops add nothing; a storage resize is an alloc of the new size then a
+free of the old), its ``free`` row is written when the storage dies, and a ``step`` row follows
+every ``optimizer.step()`` (a global optimizer hook) or an explicit ``allocbench_capture.step()``.
+
+Without a GPU (the default) tensors on ``"cuda"`` are fake (``FakeTensorMode``: shapes, no data,
+no compute) yet take CUDA's paths: CUDA's autocast policy, the CUDA branches of composite ops and
+the real autograd engine. ``--real`` records real tensors instead (a GPU, or ``--device cpu``).
+
+As a program (what ``allocbench capture`` runs)::
+
+    python3 allocbench_capture.py -o trace.csv [--steps N] [--real] [--cublas-workspace-mib M] -- train.py [ARGS...]
+
+As a library (a notebook, a custom loop)::
+
+    import allocbench_capture
+    with allocbench_capture.capture("trace.csv"):          # fake CUDA unless fake=False
+        train()                                             # call allocbench_capture.step() per iteration
+                                                            # if no optimizer steps
+
+Blind spots (allocations the dispatcher never sees): kernel-internal scratch (flash / memory-efficient
+attention backward, embedding backward's sort buffers, cub temporaries), NCCL buffers and the CUDA
+context (outside the caching allocator). cuBLAS workspaces are modelled: one per stream, at the
+first matrix multiply on it, ``--cublas-workspace-mib`` (32 MiB, Hopper's default) each.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import hashlib
+import json
+import linecache
+import os
+import runpy
+import subprocess
+import sys
+import sysconfig
+import traceback
+import types
+import weakref
+
+FORMAT_HEADER = "op,id,bytes,stream"
+EXIT_SETUP_ERROR = 2
+EXIT_SCRIPT_ERROR = 1
+
+# aten ops that take a cuBLAS handle, whose workspace PyTorch allocates through the caching
+# allocator on the first use per (handle, stream) (aten/src/ATen/cuda/CublasHandlePool.cpp).
+_CUBLAS_OPS = frozenset(
+    "mm addmm bmm baddbmm addbmm addmv mv dot vdot _addmm_activation _scaled_mm _int_mm".split()
+)
+
+_active = None  # the Recorder of the capture in progress, if any
+
+
+class StopCapture(BaseException):
+    """Raised from the optimizer hook once --steps steps are captured (a BaseException, so a
+    script's ``except Exception`` does not swallow it)."""
+
+
+class FakeValueNeeded(RuntimeError):
+    """The script read the value of a fake tensor (``.item()``, ``bool()``, ``.tolist()``...)."""
+
+
+class SetupError(RuntimeError):
+    """The capture could not start (no torch, no compiler, an unsupported torch ABI...)."""
+
+
+def step():
+    """Marks an iteration boundary (for loops without an optimizer: serving, eval). A no-op when no
+    capture is running, so scripts may call it unconditionally."""
+    if _active is not None:
+        _active.step()
+
+
+def fake():
+    """True while a fake-tensor capture runs: guard code that needs real values with it."""
+    return _active is not None and _active.fake
+
+
+class _TraceSink:
+    """Writes trace rows as they happen; flushed at every step so a killed run keeps its rows."""
+
+    def __init__(self, path, comments):
+        self.path = path
+        self.file = open(path, "w", buffering=1 << 16)
+        for c in comments:
+            self.file.write(f"# {c}\n")
+        self.file.write(FORMAT_HEADER + "\n")
+        self.allocs = self.frees = self.steps = 0
+        self.live_bytes = self.peak_live_bytes = 0
+
+    def alloc(self, trace_id, nbytes, stream):
+        self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
+        self.allocs += 1
+        self.live_bytes += nbytes
+        self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+
+    def free(self, trace_id, nbytes):
+        self.file.write(f"free,{trace_id},,\n")
+        self.frees += 1
+        self.live_bytes -= nbytes
+
+    def step(self, n):
+        self.file.write(f"step,{n},,\n")
+        self.steps = n
+        self.file.flush()
+
+    def empty_cache(self):
+        self.file.write("empty_cache,,,\n")
+
+    def comment(self, text):
+        self.file.write(f"# {text}\n")
+
+    def close(self, outcome):
+        if self.file.closed:
+            return
+        self.file.write(f"# capture {outcome}\n")
+        self.file.close()
+
+
+def _make_recorder_class(torch):
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+    from torch._subclasses.fake_tensor import DataDependentOutputException
+
+    aten = torch.ops.aten
+    local_scalar = aten._local_scalar_dense.default
+    add_tensor = aten.add.Tensor
+
+    class Recorder(TorchDispatchMode):
+        """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
+
+        def __init__(self, sink, device_type, fake, cublas_workspace_bytes, scalar_value):
+            super().__init__()
+            self.sink = sink
+            self.device_type = device_type
+            self.fake = fake
+            self.cublas_workspace_bytes = cublas_workspace_bytes
+            self.scalar_value = scalar_value
+            self.closed = False
+            self.storages = {}  # StorageImpl address -> [trace id or None, nbytes]
+            self.next_id = 1
+            self.step_no = 0
+            self.max_steps = None
+            self.lead_optimizer = None
+            self.workspace_streams = set()
+            self.stream_ids = {}
+            self.written_args = {}
+            self.probing = None
+            self.exclusive_use_count = None
+            self.annotate = bool(os.environ.get("ALLOCBENCH_CAPTURE_OPS"))
+            self.current_op = ""
+
+        # --- events -------------------------------------------------------------------------
+        def _new_id(self):
+            i = self.next_id
+            self.next_id += 1
+            return i
+
+        def step(self):
+            if self.closed:
+                return
+            self.step_no += 1
+            if self.max_steps is not None and self.step_no >= self.max_steps:
+                raise StopCapture()
+            self.sink.step(self.step_no)
+
+        def optimizer_stepped(self, optimizer):
+            # One step per iteration: with several optimizers (a GAN's, say) the first one to step
+            # marks the iterations.
+            if self.lead_optimizer is None:
+                self.lead_optimizer = weakref.ref(optimizer)
+            if self.lead_optimizer() is optimizer:
+                self.step()
+
+        def _stream_of(self, tensor):
+            if self.fake or tensor.device.type != "cuda":
+                return 0
+            raw = torch.cuda.current_stream(tensor.device).cuda_stream
+            return self.stream_ids.setdefault(raw, len(self.stream_ids))
+
+        def _observe(self, t):
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+                return
+            try:
+                st = t.untyped_storage()
+            except (RuntimeError, NotImplementedError):
+                return  # sparse, nested or functional wrappers have no single storage
+            key = st._cdata
+            nbytes = st.nbytes()
+            entry = self.storages.get(key)
+            if entry is None:
+                # A zero-byte storage is a null pointer: no allocator call (CUDACachingAllocator
+                # returns nullptr for size 0), but it may be resized later.
+                trace_id = self._alloc(nbytes, t) if nbytes else None
+                self.storages[key] = [trace_id, nbytes]
+                weakref.finalize(st, self._storage_died, key)
+            elif entry[1] != nbytes:
+                # resize_ reallocates: the new block is allocated before the old one is freed.
+                new_id = self._alloc(nbytes, t) if nbytes else None
+                if entry[0] is not None:
+                    self.sink.free(entry[0], entry[1])
+                entry[0], entry[1] = new_id, nbytes
+
+        def _alloc(self, nbytes, t):
+            if self.annotate:
+                self.sink.comment(f"op {self.current_op}")
+            trace_id = self._new_id()
+            self.sink.alloc(trace_id, nbytes, self._stream_of(t))
+            return trace_id
+
+        def _storage_died(self, key):
+            entry = self.storages.pop(key, None)
+            if entry is not None and entry[0] is not None and not self.closed:
+                self.sink.free(entry[0], entry[1])
+
+        def _cublas_workspace(self, args):
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is None or first.device.type != "cuda" or self.device_type != "cuda":
+                return
+            stream = self._stream_of(first)
+            if stream in self.workspace_streams:
+                return
+            self.workspace_streams.add(stream)
+            self.sink.comment(f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)")
+            self.sink.alloc(self._new_id(), self.cublas_workspace_bytes, stream)
+
+        def _written_arg_positions(self, func):
+            positions = self.written_args.get(func)
+            if positions is None:
+                positions = [
+                    (i, a.name)
+                    for i, a in enumerate(func._schema.arguments)
+                    if a.alias_info is not None and a.alias_info.is_write
+                ]
+                self.written_args[func] = positions
+            return positions
+
+        # --- dispatch -----------------------------------------------------------------------
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if self.closed:
+                return func(*args, **kwargs)
+            if func is local_scalar and self.fake:
+                return self._scalar(func, args)
+            if self.cublas_workspace_bytes and func.overloadpacket.__name__ in _CUBLAS_OPS:
+                self._cublas_workspace(args)
+            if self.probing is not None:
+                if func is add_tensor and torch._C._current_autograd_node() is not None:
+                    self.probing.append(args[0]._use_count())
+                return func(*args, **kwargs)
+            if _engine_add(torch, func is add_tensor, args, kwargs, self.exclusive_use_count):
+                out = args[0].add_(args[1])
+            else:
+                out = func(*args, **kwargs)
+            if self.annotate:
+                self.current_op = func.__name__
+            for leaf in tree_leaves(out):
+                self._observe(leaf)
+            for pos, name in self._written_arg_positions(func):
+                arg = args[pos] if pos < len(args) else kwargs.get(name)
+                for leaf in tree_leaves(arg):
+                    self._observe(leaf)
+            return out
+
+        def _scalar(self, func, args):
+            # FakeTensorMode knows the value of small tensors made from Python numbers and kept up
+            # through in-place ops (an optimizer's step count); anything else has no value.
+            try:
+                return func(*args)
+            except DataDependentOutputException as e:
+                if self.scalar_value is None:
+                    raise FakeValueNeeded("aten._local_scalar_dense") from e
+            tensor = args[0]
+            if tensor.dtype == torch.bool:
+                return bool(self.scalar_value)
+            if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+                return float(self.scalar_value)
+            return int(self.scalar_value)
+
+    return Recorder
+
+
+# Note [Gradient accumulation under a dispatch mode]: the autograd engine sums gradients in place
+# when it may: AccumulateGrad adds a new gradient into an existing .grad (`variable_grad +=
+# new_grad`) and InputBuffer::accumulate adds into a buffered gradient it holds the only reference
+# to (torch/csrc/autograd/functions/accumulate_grad.h, input_buffer.cpp). Both fall back to an
+# out-of-place `a + b` for "subclass-like" tensors, and isTensorSubclassLike() is true for fake
+# tensors and whenever a dispatch mode is active: under a capture every such sum would allocate a
+# gradient-sized tensor that a plain run never allocates. The recorder does these sums in place
+# instead, under the engine's own conditions; the reference count the engine tests (1) is seen
+# from inside a dispatch mode with a constant offset, measured once per capture by a probe.
+
+
+def _engine_add(torch, func_is_add, args, kwargs, exclusive_use_count):
+    """True when this add.Tensor is the engine summing two gradients, which an untraced run does in place."""
+    if not func_is_add or torch.is_grad_enabled() or len(args) < 2 or kwargs.get("alpha", 1) != 1:
+        return False
+    node = torch._C._current_autograd_node()
+    if node is None:
+        return False
+    old, new = args[0], args[1]
+    if not isinstance(old, torch.Tensor) or not isinstance(new, torch.Tensor):
+        return False
+    if old.shape != new.shape or old.dtype != new.dtype or old.device != new.device:
+        return False
+    if node.name().endswith("AccumulateGrad"):
+        return True  # `variable_grad += new_grad` does not depend on reference counts
+    if exclusive_use_count is None or not old.is_contiguous() or old._use_count() > exclusive_use_count:
+        return False
+    return torch._C._storage_Use_Count(old.untyped_storage()._cdata) <= 2
+
+
+def _probe_exclusive_use_count(torch, recorder, device):
+    """The reference count, seen from inside the recorder, of a gradient the engine alone holds."""
+    recorder.probing = []
+    try:
+        leaf = torch.ones(4, device=device, requires_grad=True)
+        y = leaf * 2
+        (y.sin() + y.cos()).sum().backward()  # y's gradient: SinBackward's, then CosBackward's added to it
+    finally:
+        seen, recorder.probing = recorder.probing, None
+    return max(seen) if seen else None
+
+
+# --- fake CUDA ------------------------------------------------------------------------------
+
+_SHIM_SOURCE = r"""
+// allocbench capture: lets autograd run on fake CUDA tensors on a machine without a GPU.
+// - Autograd asks the device guard of each input's device for its current stream
+//   (InputMetadata, the engine's stream bookkeeping); CUDA's own guard would call the driver,
+//   so a guard that reports one device with one default stream replaces it.
+// - The engine stashes the caller's streams on devices that have a primary context
+//   (GraphTask::stash_current_streams); CUDA's hooks check the index against the driver's device
+//   count (0 here) and throw, so hasPrimaryContext answers "no context" instead.
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+using c10::Device;
+using c10::DeviceIndex;
+using c10::DeviceType;
+using c10::Stream;
+
+Device cuda0() { return Device(DeviceType::CUDA, 0); }
+Stream default_stream() { return Stream(Stream::DEFAULT, cuda0()); }
+
+struct FakeCudaGuard final : public c10::impl::DeviceGuardImplInterface {
+  DeviceType type() const override { return DeviceType::CUDA; }
+  Device exchangeDevice(Device) const override { return cuda0(); }
+  Device getDevice() const override { return cuda0(); }
+  void setDevice(Device) const override {}
+  void uncheckedSetDevice(Device) const noexcept override {}
+  Stream getStream(Device) const noexcept override { return default_stream(); }
+  Stream getDefaultStream(Device) const override { return default_stream(); }
+  Stream getStreamFromGlobalPool(Device, bool) const override { return default_stream(); }
+  Stream getNewStream(Device, int) const override { return default_stream(); }
+  Stream exchangeStream(Stream) const noexcept override { return default_stream(); }
+  DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const Stream&, const DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void destroyEvent(void*, const DeviceIndex) const noexcept override {}
+  bool queryStream(const Stream&) const override { return true; }
+  void synchronizeStream(const Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const DeviceIndex) const override {}
+};
+
+bool no_primary_context(const at::AcceleratorHooksInterface*, DeviceIndex) { return false; }
+}  // namespace
+
+// 0 on success; 1: not an Itanium-ABI virtual member pointer; 2: mprotect failed.
+extern "C" int allocbench_install_fake_cuda() {
+  static FakeCudaGuard guard;
+  c10::impl::DeviceGuardImplRegistrar replace(DeviceType::CUDA, &guard);
+
+  const at::AcceleratorHooksInterface& hooks = at::detail::getCUDAHooks();
+  bool (at::AcceleratorHooksInterface::*member)(DeviceIndex) const = &at::AcceleratorHooksInterface::hasPrimaryContext;
+  struct { std::ptrdiff_t ptr, adj; } raw;
+  static_assert(sizeof(raw) == sizeof(member));
+  std::memcpy(&raw, &member, sizeof(raw));
+  // Itanium C++ ABI: a pointer to a virtual member function holds 1 + its byte offset in the vtable.
+  if ((raw.ptr & 1) == 0) return 1;
+  void** vtable = *reinterpret_cast<void** const*>(&hooks);
+  void** slot = vtable + (raw.ptr - 1) / static_cast<std::ptrdiff_t>(sizeof(void*));
+  const auto page = static_cast<std::uintptr_t>(sysconf(_SC_PAGESIZE));
+  auto* start = reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(slot) & ~(page - 1));
+  if (mprotect(start, 2 * page, PROT_READ | PROT_WRITE) != 0) return 2;
+  *slot = reinterpret_cast<void*>(&no_primary_context);
+  mprotect(start, 2 * page, PROT_READ);
+  return 0;
+}
+"""
+
+_shim_installed = False
+
+
+def _cache_dir():
+    base = os.environ.get("ALLOCBENCH_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "allocbench"
+    )
+    os.makedirs(base, exist_ok=True)
+    return base
+
+
+def _build_shim(torch):
+    """Compiles the fake-CUDA shim against this torch's headers once; cached by version and source."""
+    torch_dir = os.path.dirname(torch.__file__)
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    digest = hashlib.sha256(f"{_SHIM_SOURCE}{torch.__version__}{abi}{torch_dir}".encode()).hexdigest()[:16]
+    lib = os.path.join(_cache_dir(), f"fake-cuda-guard-{torch.__version__.replace('+', '_')}-{digest}.so")
+    if os.path.exists(lib):
+        return lib
+    compiler = os.environ.get("CXX") or "g++"
+    src = lib[:-3] + ".cpp"
+    with open(src, "w") as f:
+        f.write(_SHIM_SOURCE)
+    tmp = f"{lib}.{os.getpid()}.tmp"
+    cmd = [
+        compiler, "-shared", "-fPIC", "-O1", "-std=c++20", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        "-I", os.path.join(torch_dir, "include"), src, "-L", os.path.join(torch_dir, "lib"),
+        "-lc10", "-ltorch_cpu", "-Wl,-rpath," + os.path.join(torch_dir, "lib"), "-o", tmp,
+    ]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SetupError(
+            f"a fake-CUDA capture compiles a small C++ shim against torch's headers, and no C++ compiler "
+            f"'{compiler}' was found: install one (apt-get install g++) or set CXX, or capture with --real on a GPU"
+        ) from None
+    if done.returncode != 0:
+        first = next((ln for ln in done.stderr.splitlines() if "error" in ln), done.stderr.strip()[:300])
+        raise SetupError(
+            f"the fake-CUDA shim does not build against torch {torch.__version__} (an ABI this capture does not "
+            f"support): {first.strip()}; capture with --real on a GPU, or use a torch >= 2.4"
+        )
+    os.replace(tmp, lib)
+    return lib
+
+
+def _install_fake_cuda_guard(torch):
+    global _shim_installed
+    if _shim_installed:
+        return
+    lib = ctypes.CDLL(_build_shim(torch), mode=ctypes.RTLD_GLOBAL)
+    code = lib.allocbench_install_fake_cuda()
+    if code != 0:
+        raise SetupError(
+            f"the fake-CUDA device guard could not be installed in torch {torch.__version__} (code {code}): "
+            "this platform's C++ ABI is not supported; capture with --real on a GPU"
+        )
+    _shim_installed = True
+
+
+class _Patches:
+    """Attribute replacements undone in reverse order when the capture ends."""
+
+    def __init__(self):
+        self.saved = []
+
+    def set(self, obj, name, value):
+        self.saved.append((obj, name, getattr(obj, name, _MISSING)))
+        setattr(obj, name, value)
+
+    def undo(self):
+        for obj, name, old in reversed(self.saved):
+            if old is _MISSING:
+                delattr(obj, name)
+            else:
+                setattr(obj, name, old)
+        self.saved.clear()
+
+
+_MISSING = object()
+
+def _fake_tensor_fixes(torch, patches):
+    """What scripts do that fake tensors would otherwise refuse."""
+    # GradScaler reads found_inf with .item() before optimizer.step(); fake tensors have no value,
+    # and a finite step is what a healthy run takes.
+    from torch.amp import grad_scaler
+
+    def maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+    patches.set(grad_scaler.GradScaler, "_maybe_opt_step", maybe_opt_step)
+    # Module.cuda() swaps parameters with torch.utils.swap_tensors, which refuses tensors with
+    # weak references, and FakeTensorMode keeps one to every fake tensor it makes.
+    original_swap = torch.utils.swap_tensors
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+
+    def swap_tensors(t1, t2):
+        if isinstance(t1, fake_type) or isinstance(t2, fake_type):
+            real_weakref = torch.utils.weakref
+            shim = types.SimpleNamespace(getweakrefs=lambda obj: [])
+            try:
+                torch.utils.weakref = shim
+                return original_swap(t1, t2)
+            finally:
+                torch.utils.weakref = real_weakref
+        return original_swap(t1, t2)
+
+    patches.set(torch.utils, "swap_tensors", swap_tensors)
+    # Optimizers and clip_grad_norm_ take their foreach paths only for plain tensor types; on CUDA a
+    # script's default AdamW is foreach (whole-list temporaries), and fake tensors must take it too.
+    import importlib
+
+    for name in ("torch.optim.optimizer", "torch.utils._foreach_utils"):
+        module = importlib.import_module(name)
+        types_list = getattr(module, "_foreach_supported_types", None)
+        if isinstance(types_list, list) and fake_type not in types_list:
+            patches.set(module, "_foreach_supported_types", [*types_list, fake_type])
+
+
+class _FakeStream:
+    """The one stream of the fake device: work is never queued, so it is always complete."""
+
+    device = None
+    cuda_stream = 0
+    stream_id = 0
+    priority = 0
+
+    def is_capturing(self):
+        return False
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return event
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# What the fake device reports: an H100 SXM 80 GB, the card the replay defaults to.
+FAKE_DEVICE_NAME = "NVIDIA H100 80GB HBM3 (allocbench fake CUDA)"
+FAKE_TOTAL_MEMORY = 81559 * 1024 * 1024
+
+
+def _fake_cuda_api(torch, patches, recorder):
+    """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
+    cuda = torch.cuda
+    props = types.SimpleNamespace(
+        name=FAKE_DEVICE_NAME, total_memory=FAKE_TOTAL_MEMORY, major=9, minor=0,
+        multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
+        L2_cache_size=50 * 1024 * 1024, warp_size=32, gcnArchName="",
+    )
+    live = lambda *a, **k: recorder.sink.live_bytes  # noqa: E731
+    peak = lambda *a, **k: recorder.sink.peak_live_bytes  # noqa: E731
+    answers = {
+        "is_available": lambda: True,
+        "is_initialized": lambda: True,
+        "device_count": lambda: 1,
+        "current_device": lambda: 0,
+        "set_device": lambda device: None,
+        "synchronize": lambda device=None: None,
+        "init": lambda: None,
+        "_lazy_init": lambda: None,
+        "is_bf16_supported": lambda including_emulation=True: True,
+        "get_device_name": lambda device=None: FAKE_DEVICE_NAME,
+        "get_device_capability": lambda device=None: (9, 0),
+        "get_device_properties": lambda device=None: props,
+        "get_arch_list": lambda: ["sm_90"],
+        "manual_seed": lambda seed: None,
+        "manual_seed_all": lambda seed: None,
+        "seed": lambda: None,
+        "seed_all": lambda: None,
+        "memory_allocated": live,
+        "max_memory_allocated": peak,
+        "memory_reserved": live,
+        "max_memory_reserved": peak,
+        "reset_peak_memory_stats": lambda device=None: None,
+        "reset_max_memory_allocated": lambda device=None: None,
+        "mem_get_info": lambda device=None: (FAKE_TOTAL_MEMORY - recorder.sink.live_bytes, FAKE_TOTAL_MEMORY),
+        "set_per_process_memory_fraction": lambda fraction, device=None: None,
+    }
+    stream = _FakeStream()
+    answers.update(
+        current_stream=lambda device=None: stream,
+        default_stream=lambda device=None: stream,
+        Stream=lambda *a, **k: stream,
+        stream=lambda s=None: contextlib.nullcontext(s),
+        is_current_stream_capturing=lambda: False,
+    )
+    for name, fn in answers.items():
+        if hasattr(cuda, name):
+            patches.set(cuda, name, fn)
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        for name, fn in dict(
+            device_count=lambda: 1, is_available=lambda: True, current_device_index=lambda: 0,
+            current_device_idx=lambda: 0, set_device_index=lambda device: None, set_device_idx=lambda device: None,
+            current_stream=lambda device=None: stream, set_stream=lambda s: None, synchronize=lambda device=None: None,
+        ).items():
+            if hasattr(accelerator, name):
+                patches.set(accelerator, name, fn)
+    if hasattr(cuda, "memory"):
+        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                     "reset_peak_memory_stats", "mem_get_info", "set_per_process_memory_fraction"):
+            if hasattr(cuda.memory, name):
+                patches.set(cuda.memory, name, answers[name])
+
+
+# --- the capture ----------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32, scalar_value=None, comments=()):
+    """Records the allocation trace of the code inside the block into ``path`` (a v1 trace).
+
+    ``fake``: None picks fake tensors when ``device`` is cuda and no GPU is present.
+    ``steps``: stop (raise StopCapture) after this many steps. ``scalar_value``: answer reads of
+    fake values (``.item()``) with this number instead of raising FakeValueNeeded.
+    """
+    global _active
+    import torch
+
+    if _active is not None:
+        raise SetupError("a capture is already running in this process")
+    if fake is None:
+        fake = device == "cuda" and not torch.cuda.is_available()
+    if not fake and device == "cuda" and not torch.cuda.is_available():
+        raise SetupError("--real needs a GPU, and torch.cuda.is_available() is False here: drop --real to capture on fake CUDA tensors")
+    if fake and device == "cuda":
+        _install_fake_cuda_guard(torch)
+    workspace = cublas_workspace_mib * 1024 * 1024 if device == "cuda" else 0
+    header = [
+        "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()",
+        f"torch {torch.__version__}, {'fake' if fake else 'real'} {device} tensors, python {sys.version.split()[0]}",
+        f"cuBLAS workspace modelled: {cublas_workspace_mib} MiB per stream" if workspace else "cuBLAS workspace: not modelled",
+        "not seen: kernel-internal scratch (attention/embedding backward, cub), NCCL, the CUDA context",
+        *comments,
+    ]
+    sink = _TraceSink(path, header)
+    recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value)
+    recorder.max_steps = steps
+    patches = _Patches()
+    outcome = "incomplete: stopped by an error"
+    multithreading = torch.autograd.is_multithreading_enabled()
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    hook = register_optimizer_step_post_hook(lambda opt, args, kwargs: recorder.optimizer_stepped(opt))
+    stack = contextlib.ExitStack()
+    try:
+        try:
+            _start(torch, recorder, stack, patches, fake, device)
+        except SetupError:
+            raise
+        except Exception as e:
+            raise SetupError(f"the capture could not start in torch {torch.__version__}: {type(e).__name__}: {e}") from e
+        _active = recorder
+        yield recorder
+        outcome = f"complete: {recorder.step_no} steps"
+    except StopCapture:
+        outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
+    except BaseException as e:
+        outcome = f"incomplete: {type(e).__name__}"
+        raise
+    finally:
+        recorder.closed = True
+        _active = None
+        stack.close()
+        hook.remove()
+        patches.undo()
+        torch.autograd.set_multithreading_enabled(multithreading)
+        sink.close(outcome)
+        recorder.outcome = outcome
+
+
+def _start(torch, recorder, stack, patches, fake, device):
+    # Run backward on this thread: the op order is then the device thread's, deterministically.
+    torch.autograd.set_multithreading_enabled(False)
+    original_empty_cache = torch.cuda.empty_cache
+
+    def empty_cache():
+        if not recorder.closed:
+            recorder.sink.empty_cache()
+        if not fake:
+            original_empty_cache()
+
+    patches.set(torch.cuda, "empty_cache", empty_cache)
+    patches.set(torch.cuda.memory, "empty_cache", empty_cache)
+    if fake:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        _fake_tensor_fixes(torch, patches)
+        if device == "cuda":
+            _fake_cuda_api(torch, patches, recorder)
+        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+    stack.enter_context(recorder)
+    recorder.exclusive_use_count = _probe_exclusive_use_count(torch, recorder, device)
+
+
+# --- running a script -----------------------------------------------------------------------
+
+
+def _script_frame(tb, script):
+    """The innermost frame of the user's code (the script or its own modules, not torch or us)."""
+    here = os.path.abspath(__file__)
+    libraries = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    best = None
+    for frame, lineno in traceback.walk_tb(tb):
+        name = os.path.abspath(frame.f_code.co_filename)
+        if name == here or name.startswith(libraries) or frame.f_code.co_filename.startswith("<"):
+            continue
+        if "site-packages" in name or "dist-packages" in name:
+            continue
+        best = (name, lineno)
+    return best or (os.path.abspath(script), 0)
+
+
+def _where(exc, script):
+    path, line = _script_frame(exc.__traceback__, script)
+    text = linecache.getline(path, line).strip() if line else ""
+    rel = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
+    return f"{rel}:{line}", text
+
+
+def _fake_data_message(exc, script):
+    where, text = _where(exc, script)
+    code = f" `{text}`" if text else ""
+    name = type(exc).__name__
+    if isinstance(exc, FakeValueNeeded):
+        op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
+        fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value 0 to answer such "
+               "reads with 0, or capture with --real on a GPU")
+    else:
+        op = getattr(exc, "func", None) or str(exc).split("\n")[0][:120]
+        fix = "this op's output shape depends on tensor values; capture with --real on a GPU"
+    return f"{where}:{code} needs real tensor data, but the capture runs on fake tensors ({name}: {op}); fix: {fix}"
+
+
+def _is_fake_data_error(exc):
+    if isinstance(exc, FakeValueNeeded):
+        return True
+    try:
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+    except ImportError:
+        return False
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (DataDependentOutputException, DynamicOutputShapeException, FakeValueNeeded)):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _write_status(path, **status):
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump(status, f)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="allocbench_capture.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-o", "--output", required=True, help="the trace to write (v1 CSV)")
+    parser.add_argument("--steps", type=int, help="stop after this many steps")
+    parser.add_argument("--real", action="store_true", help="record real tensors (needs a GPU for cuda)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device whose storages are recorded")
+    parser.add_argument("--cublas-workspace-mib", type=int, default=32, help="modelled cuBLAS workspace per stream (0: none)")
+    parser.add_argument("--scalar-value", type=float, help="answer .item() on fake tensors with this value")
+    parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        argv = argv[:cut] + argv[cut + 1:]
+    opts = parser.parse_args(argv)
+    status = dict(trace=opts.output, script=opts.script)
+
+    def fail_setup(message):
+        print(f"allocbench capture: {message}", file=sys.stderr)
+        _write_status(opts.status, state="setup_error", exit_code=EXIT_SETUP_ERROR, message=message, **status)
+        return EXIT_SETUP_ERROR
+
+    if opts.steps is not None and opts.steps < 1:
+        return fail_setup("--steps must be at least 1")
+    if not os.path.isfile(opts.script):
+        return fail_setup(f"{opts.script}: no such script")
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        return fail_setup(
+            f"no torch in {sys.executable} ({e}): install it there (pip install torch), or name a Python that has it "
+            "with --python or ALLOCBENCH_PYTHON"
+        )
+
+    script = os.path.abspath(opts.script)
+    sys.argv = [opts.script, *opts.args]
+    sys.path.insert(0, os.path.dirname(script))
+    exit_code, state, message = 0, "complete", ""
+    recorder = None
+    try:
+        with capture(
+            opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
+            cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
+            comments=[f"script: {' '.join([opts.script, *opts.args])}"],
+        ) as recorder:
+            runpy.run_path(script, run_name="__main__")
+    except SetupError as e:
+        return fail_setup(str(e))
+    except SystemExit as e:
+        code = e.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        state = "complete" if exit_code == 0 else "script_error"
+        message = f"the script exited with status {exit_code}" if exit_code else ""
+    except KeyboardInterrupt:
+        exit_code, state, message = 130, "interrupted", "interrupted"
+    except BaseException as e:  # noqa: BLE001 - the script's own error passes through
+        if _is_fake_data_error(e):
+            message = _fake_data_message(e, script)
+            print(f"allocbench capture: {message}", file=sys.stderr)
+            state = "fake_data"
+        else:
+            traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
+            where, _ = _where(e, script)
+            message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+            state = "script_error"
+        exit_code = EXIT_SCRIPT_ERROR
+    if recorder is not None and exit_code != 0 and "incomplete" not in recorder.outcome:
+        # A script that exits non-zero through sys.exit left the capture block cleanly; say so.
+        with open(opts.output, "a") as f:
+            f.write(f"# capture incomplete: exit status {exit_code}\n")
+    sink = recorder.sink if recorder is not None else None
+    _write_status(
+        opts.status, state=state, exit_code=exit_code, message=message,
+        outcome=getattr(recorder, "outcome", ""), steps=getattr(recorder, "step_no", 0),
+        allocs=sink.allocs if sink else 0, frees=sink.frees if sink else 0,
+        peak_live_bytes=sink.peak_live_bytes if sink else 0, live_bytes_at_end=sink.live_bytes if sink else 0,
+        fake=not opts.real, **status,
+    )
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

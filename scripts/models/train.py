@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A plain training loop over the shipped models (or any `transformers` causal LM built from its
+config, no weights): `.cuda()`, autocast, GradScaler, AdamW, gradient clipping and accumulation,
+variable sequence lengths. Capture it with `allocbench capture -o trace.csv -- scripts/models/train.py ...`.
+"""
+import argparse
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt  # noqa: E402
+import llama  # noqa: E402
+
+
+def build(name, attention):
+    if name in gpt.PRESETS:
+        c = gpt.PRESETS[name]
+        c.attention = attention
+        return gpt.GPT(c), c.vocab
+    if name in llama.PRESETS:
+        return llama.Llama(llama.PRESETS[name]), llama.PRESETS[name].vocab
+    if name.startswith("hf:"):
+        # A transformers model from its configuration alone: hf:MODEL_TYPE[,key=value...] or hf:config.json
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        spec = name[3:]
+        if spec.endswith(".json"):
+            config = AutoConfig.from_pretrained(spec)
+        else:
+            model_type, *pairs = spec.split(",")
+            kwargs = {k: int(v) if v.isdigit() else v for k, v in (p.split("=", 1) for p in pairs)}
+            config = AutoConfig.for_model(model_type, **kwargs)
+        return AutoModelForCausalLM.from_config(config), config.vocab_size
+    known = ", ".join([*gpt.PRESETS, *llama.PRESETS])
+    raise SystemExit(f"train.py: unknown model '{name}' (known: {known}, or hf:MODEL_TYPE[,key=value...])")
+
+
+def lengths(spec, seed):
+    """`2048` (fixed) or `128..2048` (uniform, seeded)."""
+    rng = random.Random(seed)
+    if ".." in spec:
+        lo, hi = (int(x) for x in spec.split(".."))
+        while True:
+            yield rng.randint(lo, hi)
+    while True:
+        yield int(spec)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="gpt3-xl")
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq-len", default="128..2048")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--accum", type=int, default=1, help="micro-batches per optimizer step")
+    p.add_argument("--amp", default="bf16", choices=["bf16", "fp16", "none"])
+    p.add_argument("--attention", default="math", choices=["math", "sdpa"])
+    p.add_argument("--optimizer", default="adamw", choices=["adamw", "adamw-fused", "adamw-loop", "sgd"],
+                   help="adamw: PyTorch's default (foreach on CUDA); adamw-loop: foreach=False")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping (0: off)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--seed", type=int, default=1)
+    a = p.parse_args()
+
+    torch.manual_seed(a.seed)
+    model, vocab = build(a.model, a.attention)
+    model = model.cuda() if a.device == "cuda" else model.to(a.device)
+    model.train()
+    if a.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    else:
+        variant = {"adamw": {}, "adamw-fused": {"fused": True}, "adamw-loop": {"foreach": False}}[a.optimizer]
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **variant)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[a.amp]
+    scaler = torch.amp.GradScaler(a.device, enabled=a.amp == "fp16")
+    seq = lengths(a.seq_len, a.seed)
+    for _ in range(a.steps):
+        for _ in range(a.accum):
+            s = next(seq)
+            idx = torch.randint(0, vocab, (a.batch, s), device=a.device)
+            targets = torch.randint(0, vocab, (a.batch, s), device=a.device)
+            with torch.autocast(a.device, dtype=dtype or torch.float32, enabled=dtype is not None):
+                out = model(idx, targets) if not hasattr(model, "hf_device_map") and a.model[:3] != "hf:" else model(idx, labels=targets)
+                loss = out[1] if isinstance(out, tuple) else out.loss
+            scaler.scale(loss / a.accum).backward()
+        if a.clip:
+            scaler.unscale_(opt)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), a.clip)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad(set_to_none=True)
+
+
+if __name__ == "__main__":
+    main()
