@@ -310,9 +310,21 @@ def _engine_add(torch, func_is_add, args, kwargs, exclusive_use_count):
         return False
     if node.name().endswith("AccumulateGrad"):
         return True  # `variable_grad += new_grad` does not depend on reference counts
-    if exclusive_use_count is None or not old.is_contiguous() or old._use_count() > exclusive_use_count:
+    if exclusive_use_count is None or old._use_count() > exclusive_use_count or not _non_overlapping_and_dense(old):
         return False
     return torch._C._storage_Use_Count(old.untyped_storage()._cdata) <= 2
+
+
+def _non_overlapping_and_dense(t):
+    """TensorImpl::is_non_overlapping_and_dense: some permutation of the dims is contiguous."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda d: d[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 def _probe_exclusive_use_count(torch, recorder, device):
@@ -676,6 +688,10 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         outcome = f"complete: {recorder.step_no} steps"
     except StopCapture:
         outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code}"
+        raise
     except BaseException as e:
         outcome = f"incomplete: {type(e).__name__}"
         raise
@@ -777,6 +793,9 @@ def _write_status(path, **status):
 
 
 def main(argv=None):
+    # Run as a program, this file is __main__: a script's `import allocbench_capture` must find
+    # this module (and its capture in progress), not load a second copy.
+    sys.modules.setdefault("allocbench_capture", sys.modules[__name__])
     parser = argparse.ArgumentParser(prog="allocbench_capture.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--output", required=True, help="the trace to write (v1 CSV)")
     parser.add_argument("--steps", type=int, help="stop after this many steps")
@@ -794,8 +813,13 @@ def main(argv=None):
     opts = parser.parse_args(argv)
     status = dict(trace=opts.output, script=opts.script)
 
+    def say(message):
+        # Under allocbench capture (--status) the caller prints the outcome.
+        if not opts.status:
+            print(f"allocbench capture: {message}", file=sys.stderr)
+
     def fail_setup(message):
-        print(f"allocbench capture: {message}", file=sys.stderr)
+        say(message)
         _write_status(opts.status, state="setup_error", exit_code=EXIT_SETUP_ERROR, message=message, **status)
         return EXIT_SETUP_ERROR
 
@@ -837,7 +861,7 @@ def main(argv=None):
     except BaseException as e:  # noqa: BLE001 - the script's own error passes through
         if _is_fake_data_error(e):
             message = _fake_data_message(e, script)
-            print(f"allocbench capture: {message}", file=sys.stderr)
+            say(message)
             state = "fake_data"
         else:
             traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
@@ -845,10 +869,6 @@ def main(argv=None):
             message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
             state = "script_error"
         exit_code = EXIT_SCRIPT_ERROR
-    if recorder is not None and exit_code != 0 and "incomplete" not in recorder.outcome:
-        # A script that exits non-zero through sys.exit left the capture block cleanly; say so.
-        with open(opts.output, "a") as f:
-            f.write(f"# capture incomplete: exit status {exit_code}\n")
     sink = recorder.sink if recorder is not None else None
     _write_status(
         opts.status, state=state, exit_code=exit_code, message=message,

@@ -55,6 +55,37 @@ pub enum Command {
     Diagnose(DiagnoseArgs),
     /// Search PYTORCH_CUDA_ALLOC_CONF settings for the one that minimises peak reserved memory without an OOM.
     Advise(AdviseArgs),
+    /// Run an unmodified PyTorch script and write its CUDA allocation trace (fake CUDA tensors: no GPU needed).
+    Capture(CaptureArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Example: allocbench capture -o trace.csv -- train.py --batch 4, then allocbench diagnose trace.csv")]
+pub struct CaptureArgs {
+    /// The Python that has torch (default: $ALLOCBENCH_PYTHON, else python3).
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Stop after this many steps (optimizer.step() calls, or allocbench_capture.step() markers).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: Option<u64>,
+    /// Record real tensors (needs a GPU) instead of fake CUDA tensors.
+    #[arg(long)]
+    pub real: bool,
+    /// The cuBLAS workspace modelled per stream, in MiB (32: Hopper's default; 0: none).
+    #[arg(long, default_value_t = 32)]
+    pub cublas_workspace_mib: u64,
+    /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
+    pub device: String,
+    /// Answer `.item()` of a fake tensor with this value instead of stopping (for logging code).
+    #[arg(long)]
+    pub scalar_value: Option<f64>,
+    /// The trace to write (v1 CSV).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// SCRIPT.py [ARGS...], after `--`.
+    #[arg(required = true, last = true, value_name = "SCRIPT.py [ARGS]")]
+    pub command: Vec<std::ffi::OsString>,
 }
 
 #[derive(Args, Debug)]
@@ -205,7 +236,7 @@ pub struct DemoArgs {
 pub struct TraceArgs {
     /// A workload (.toml) or trace (.csv).
     pub input: PathBuf,
-    /// Output CSV file ('-' = standard output).
+    /// Output CSV file (a .gz name is gzip-compressed; '-' = standard output).
     #[arg(short, long, default_value = "-")]
     pub output: String,
 }
@@ -298,12 +329,53 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Fidelity(a) => fidelity(&a),
         Command::Diagnose(a) => diagnose(&a),
         Command::Advise(a) => advise(&a),
+        Command::Capture(a) => return capture(a),
     };
     match result {
         Ok(()) => 0,
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
             eprintln!("error: {msg}");
+            if e.downcast_ref::<InputError>().is_some() {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}
+
+/// Returns the script's exit code (2 when the capture could not start).
+fn capture(a: CaptureArgs) -> i32 {
+    let mut command = a.command.into_iter();
+    let script = PathBuf::from(command.next().unwrap_or_default());
+    let opts = crate::capture::CaptureOptions {
+        python: a.python,
+        output: a.output,
+        steps: a.steps,
+        real: a.real,
+        device: a.device,
+        cublas_workspace_mib: a.cublas_workspace_mib,
+        scalar_value: a.scalar_value,
+        script,
+        args: command.collect(),
+    };
+    match crate::capture::run(&opts) {
+        Ok(outcome) if outcome.state == "setup_error" => {
+            eprintln!("error: {}", outcome.message);
+            crate::capture::EXIT_SETUP_ERROR
+        }
+        Ok(outcome) => {
+            let line = crate::capture::describe(&opts, &outcome);
+            if outcome.complete() {
+                eprintln!("{line}");
+            } else {
+                eprintln!("error: {line}");
+            }
+            outcome.exit_code
+        }
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
             if e.downcast_ref::<InputError>().is_some() {
                 2
             } else {
@@ -342,17 +414,30 @@ fn trace(a: &TraceArgs) -> anyhow::Result<()> {
         format!("source: {} ({}), sha256 {}", info.origin, info.kind, info.sha256),
         format!("workload: {}{}", info.name, if info.description.is_empty() { String::new() } else { format!(" - {}", info.description) }),
     ];
-    let mut w = TraceWriter::new(open_output(&a.output)?, &comments)?;
+    let out = open_output(&a.output)?;
+    let n = if crate::trace::csv::is_gzip_name(Path::new(&a.output)) {
+        let gz = flate2::write::GzEncoder::new(out, flate2::Compression::best());
+        let (n, gz) = write_trace(&source, gz, &comments)?;
+        gz.finish()?.flush()?;
+        n
+    } else {
+        write_trace(&source, out, &comments)?.0
+    };
+    if a.output != "-" {
+        eprintln!("wrote {n} events to {}", a.output);
+    }
+    Ok(())
+}
+
+/// Writes every event of `source` as a v1 trace; returns the count and the flushed writer.
+fn write_trace<W: Write>(source: &Source, out: W, comments: &[String]) -> anyhow::Result<(u64, W)> {
+    let mut w = TraceWriter::new(out, comments)?;
     let mut n = 0u64;
     for ev in source.events()? {
         w.write(&ev?)?;
         n += 1;
     }
-    w.finish()?;
-    if a.output != "-" {
-        eprintln!("wrote {n} events to {}", a.output);
-    }
-    Ok(())
+    Ok((n, w.finish()?))
 }
 
 fn replay(a: &ReplayArgs) -> anyhow::Result<()> {

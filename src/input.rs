@@ -40,14 +40,16 @@ impl Source {
         if !path.exists() {
             return Err(InputError::new(path.display().to_string(), "no such file").into());
         }
-        let ext = path.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
+        // `trace.csv.gz` is a CSV trace read through gzip.
+        let named = if crate::trace::csv::is_gzip_name(path) { path.with_extension("") } else { path.to_path_buf() };
+        let ext = named.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
             "toml" => Ok(Source::Workload(Box::new(Workload::load(path)?))),
             "pickle" | "pkl" => {
                 let t = crate::trace::snapshot::import_snapshot(path)?;
                 Ok(Source::Imported(Box::new(t), path.to_path_buf()))
             }
-            "csv" if crate::trace::snapshot::is_rmm_log(path) => {
+            "csv" if !crate::trace::csv::is_gzip_name(path) && crate::trace::snapshot::is_rmm_log(path) => {
                 let t = crate::trace::snapshot::import_rmm_log(path)?;
                 Ok(Source::Imported(Box::new(t), path.to_path_buf()))
             }
@@ -61,7 +63,7 @@ impl Source {
             }
             _ => Err(InputError::new(
                 path.display().to_string(),
-                "unknown input type: expected a workload (.toml), a trace or RMM log (.csv), or a PyTorch snapshot (.pickle)",
+                "unknown input type: expected a workload (.toml), a trace (.csv or .csv.gz) or RMM log (.csv), or a PyTorch snapshot (.pickle)",
             )
             .into()),
         }

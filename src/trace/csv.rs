@@ -37,10 +37,20 @@ pub struct TraceReader<R> {
     failed: bool,
 }
 
-/// Opens a trace file for streaming.
-pub fn read_trace(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
+/// Opens a trace file for streaming; a `.gz` name is read through gzip.
+pub fn read_trace(path: &Path) -> anyhow::Result<TraceReader<Box<dyn BufRead + Send>>> {
     let file = File::open(path).map_err(|e| InputError::new(path.display().to_string(), format!("cannot open trace: {e}")))?;
-    Ok(TraceReader::new(BufReader::with_capacity(1 << 16, file), path.display().to_string()))
+    let input: Box<dyn BufRead + Send> = if is_gzip_name(path) {
+        Box::new(BufReader::with_capacity(1 << 16, flate2::read::MultiGzDecoder::new(BufReader::new(file))))
+    } else {
+        Box::new(BufReader::with_capacity(1 << 16, file))
+    };
+    Ok(TraceReader::new(input, path.display().to_string()))
+}
+
+/// `trace.csv.gz` and the like.
+pub fn is_gzip_name(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gz"))
 }
 
 impl<R: BufRead> TraceReader<R> {
@@ -59,10 +69,10 @@ impl<R: BufRead> TraceReader<R> {
 
     fn next_line(&mut self) -> Result<Option<()>, anyhow::Error> {
         self.buf.clear();
-        let n = (&mut self.input)
-            .take(MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut self.buf)
-            .map_err(|e| InputError::new(&self.name, format!("read error: {e}")))?;
+        let n = (&mut self.input).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut self.buf).map_err(|e| {
+            // A corrupt or truncated gzip stream surfaces here.
+            InputError::new(format!("{}:{}", self.name, self.line_no + 1), format!("read error: {e}"))
+        })?;
         if n == 0 {
             return Ok(None);
         }
@@ -264,6 +274,25 @@ mod tests {
         let res = parse("op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nalloc,1,20,3\n");
         assert!(res.iter().all(|r| r.is_ok()));
         assert_eq!(res[2].as_ref().unwrap(), &Event::Alloc { id: 1, bytes: 20, stream: 3 });
+    }
+
+    #[test]
+    fn gzip_traces_read_like_plain_ones_and_corruption_names_the_line() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let text = "op,id,bytes,stream\nalloc,1,10,0\nstep,1,,\nfree,1,,\n";
+        let path = dir.path().join("t.csv.gz");
+        let mut gz = flate2::write::GzEncoder::new(File::create(&path).unwrap(), flate2::Compression::default());
+        gz.write_all(text.as_bytes()).unwrap();
+        gz.finish().unwrap();
+        let evs: Vec<Event> = read_trace(&path).unwrap().map(|e| e.unwrap()).collect();
+        assert_eq!(evs, parse(text).into_iter().map(|e| e.unwrap()).collect::<Vec<_>>());
+
+        let bytes = std::fs::read(&path).unwrap();
+        let cut = dir.path().join("cut.csv.gz");
+        std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+        let err = read_trace(&cut).unwrap().find_map(|r| r.err()).expect("a truncated gzip stream is an error");
+        assert!(err.to_string().contains("cut.csv.gz:"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,161 @@
+//! `allocbench capture`: runs an unmodified PyTorch script under `scripts/allocbench_capture.py`
+//! (embedded in this binary, so only a Python with torch is needed) and writes its allocation
+//! trace. The Python side records storages; this side finds the interpreter, passes the script's
+//! exit code through, and reports the outcome the capture wrote to a status file.
+
+use std::ffi::OsString;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+
+use crate::error::InputError;
+
+/// The capture module, as shipped in `scripts/`.
+pub const CAPTURE_PY: &str = include_str!("../scripts/allocbench_capture.py");
+
+/// Exit code for a capture that could not start (no torch, no compiler, a bad flag).
+pub const EXIT_SETUP_ERROR: i32 = 2;
+
+/// What to capture and how.
+#[derive(Debug, Clone)]
+pub struct CaptureOptions {
+    /// The interpreter; `None` = `$ALLOCBENCH_PYTHON`, else `python3`.
+    pub python: Option<String>,
+    pub output: PathBuf,
+    pub steps: Option<u64>,
+    /// Record real tensors (a GPU, or `device` cpu) instead of fake CUDA tensors.
+    pub real: bool,
+    /// The device whose storages are recorded: `cuda`, or `cpu` for validation runs.
+    pub device: String,
+    pub cublas_workspace_mib: u64,
+    /// Answer `.item()` on fake tensors with this value instead of stopping.
+    pub scalar_value: Option<f64>,
+    pub script: PathBuf,
+    pub args: Vec<OsString>,
+}
+
+/// The outcome the capture module writes (its `--status` file).
+#[derive(Debug, Clone, Deserialize)]
+pub struct CaptureOutcome {
+    /// `complete`, `script_error`, `fake_data`, `setup_error` or `interrupted` (here also `killed`).
+    pub state: String,
+    pub exit_code: i32,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub steps: u64,
+    #[serde(default)]
+    pub allocs: u64,
+    #[serde(default)]
+    pub frees: u64,
+    #[serde(default)]
+    pub peak_live_bytes: u64,
+    #[serde(default)]
+    pub live_bytes_at_end: u64,
+}
+
+impl CaptureOutcome {
+    pub fn complete(&self) -> bool {
+        self.state == "complete"
+    }
+}
+
+/// The interpreter a capture runs: the flag, else `$ALLOCBENCH_PYTHON`, else `python3`.
+pub fn python_for(flag: Option<&str>) -> String {
+    flag.map(str::to_string).or_else(|| std::env::var("ALLOCBENCH_PYTHON").ok().filter(|p| !p.is_empty())).unwrap_or_else(|| "python3".to_string())
+}
+
+/// Runs the script under the capture module and waits for it. Setup problems the Python side
+/// finds (no torch, say) come back as an outcome with state `setup_error`; problems found here
+/// (no interpreter, no script) are input errors.
+pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
+    if !opts.script.is_file() {
+        return Err(InputError::new(opts.script.display().to_string(), "no such script").into());
+    }
+    if let Some(parent) = opts.output.parent().filter(|p| !p.as_os_str().is_empty()) {
+        fs::create_dir_all(parent).map_err(|e| InputError::new(parent.display().to_string(), format!("cannot create the output folder: {e}")))?;
+    }
+    let work = tempfile::Builder::new().prefix("allocbench-capture-").tempdir()?;
+    let module = work.path().join("allocbench_capture.py");
+    fs::write(&module, CAPTURE_PY)?;
+    let status = work.path().join("status.json");
+    let python = python_for(opts.python.as_deref());
+
+    let mut cmd = Command::new(&python);
+    cmd.arg(&module).arg("-o").arg(&opts.output).arg("--status").arg(&status);
+    cmd.arg("--device").arg(&opts.device).arg("--cublas-workspace-mib").arg(opts.cublas_workspace_mib.to_string());
+    if let Some(n) = opts.steps {
+        cmd.arg("--steps").arg(n.to_string());
+    }
+    if opts.real {
+        cmd.arg("--real");
+    }
+    if let Some(v) = opts.scalar_value {
+        cmd.arg("--scalar-value").arg(v.to_string());
+    }
+    cmd.arg("--").arg(&opts.script).args(&opts.args);
+    // The script's own `import allocbench_capture` (for step() markers) finds the embedded copy.
+    let path = std::env::var_os("PYTHONPATH")
+        .map(|p| std::env::join_paths(std::iter::once(work.path().to_path_buf()).chain(std::env::split_paths(&p))))
+        .transpose()?;
+    cmd.env("PYTHONPATH", path.unwrap_or_else(|| work.path().as_os_str().to_owned()));
+    cmd.env("PYTHONUNBUFFERED", "1");
+
+    let child_status = match cmd.status() {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(InputError::new(
+                "--python",
+                format!("no Python interpreter '{python}' found: install python3 with torch, or name one with --python or ALLOCBENCH_PYTHON"),
+            )
+            .into())
+        }
+        Err(e) => return Err(InputError::new("--python", format!("cannot run '{python}': {e}")).into()),
+    };
+    match fs::read_to_string(&status) {
+        Ok(text) => Ok(serde_json::from_str(&text)?),
+        Err(_) => {
+            // The interpreter died without a word (a signal, an abort in native code): keep the
+            // trace and say it is incomplete.
+            let how = match child_status.code() {
+                Some(code) => format!("exit status {code}"),
+                None => {
+                    use std::os::unix::process::ExitStatusExt;
+                    format!("signal {}", child_status.signal().unwrap_or(0))
+                }
+            };
+            mark_incomplete(&opts.output, &how);
+            Ok(CaptureOutcome {
+                state: "killed".into(),
+                exit_code: child_status.code().unwrap_or(1),
+                message: format!("{python} ended without finishing the capture ({how})"),
+                steps: 0,
+                allocs: 0,
+                frees: 0,
+                peak_live_bytes: 0,
+                live_bytes_at_end: 0,
+            })
+        }
+    }
+}
+
+fn mark_incomplete(trace: &Path, why: &str) {
+    if let Ok(mut f) = fs::OpenOptions::new().append(true).open(trace) {
+        // A torn last row would stop the reader: start the marker on its own line.
+        let _ = writeln!(f, "\n# capture incomplete: {why}");
+    }
+}
+
+/// One line for the terminal.
+pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
+    let gib = o.peak_live_bytes as f64 / (1u64 << 30) as f64;
+    let counts = format!("{} allocs, {} frees, {} steps, peak live {gib:.2} GiB", o.allocs, o.frees, o.steps);
+    if o.complete() {
+        format!("captured {counts} -> {}", opts.output.display())
+    } else {
+        format!("{}; the trace so far ({counts}) is kept in {}, marked incomplete", o.message, opts.output.display())
+    }
+}

@@ -1,0 +1,295 @@
+//! `allocbench capture` against real PyTorch (CPU only: CI installs a pinned torch and sets
+//! ALLOCBENCH_PYTHON and ALLOCBENCH_REQUIRE_TORCH; elsewhere these tests skip without torch).
+//!
+//! What is checked: fake and real tensors give the same alloc/free sequence; a fake capture is
+//! what torch.profiler records for an untraced real run (CPU-only scratch aside); a user's script
+//! with .cuda(), AMP, AdamW, clipping and accumulation captures unedited on fake CUDA; storage
+//! semantics (views, in-place, resize, zero bytes, empty_cache); bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::OnceLock;
+
+use allocbench::event::Event;
+use allocbench::trace::read_trace;
+use assert_cmd::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn fixture(name: &str) -> String {
+    root().join("tests/fixtures/capture").join(name).display().to_string()
+}
+
+fn model_script(name: &str) -> String {
+    root().join("scripts").join(name).display().to_string()
+}
+
+fn python() -> String {
+    allocbench::capture::python_for(None)
+}
+
+/// False (and the test returns early) when the Python has no torch, unless CI requires it.
+fn have_torch() -> bool {
+    static HAVE: OnceLock<bool> = OnceLock::new();
+    *HAVE.get_or_init(|| {
+        let ok = std::process::Command::new(python()).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
+        if !ok {
+            assert!(std::env::var_os("ALLOCBENCH_REQUIRE_TORCH").is_none(), "ALLOCBENCH_REQUIRE_TORCH is set but {} cannot import torch", python());
+            eprintln!("skipping capture tests: {} has no torch (set ALLOCBENCH_PYTHON)", python());
+        }
+        ok
+    })
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).to_string()
+}
+
+/// Runs `allocbench capture FLAGS -o DIR/NAME -- SCRIPT ARGS`; returns the output and the trace path.
+fn capture(dir: &Path, name: &str, flags: &[&str], script_and_args: &[&str]) -> (Output, PathBuf) {
+    let trace = dir.join(name);
+    let out = Command::cargo_bin("allocbench").unwrap().arg("capture").args(flags).arg("-o").arg(&trace).arg("--").args(script_and_args).output().unwrap();
+    (out, trace)
+}
+
+fn events(trace: &Path) -> Vec<Event> {
+    read_trace(trace).unwrap().map(|e| e.unwrap_or_else(|err| panic!("{err}"))).collect()
+}
+
+/// The trace as signed sizes (+bytes an alloc, -bytes a free), steps dropped; ids do not matter.
+fn signed_sizes(evs: &[Event]) -> Vec<i64> {
+    let mut live = std::collections::HashMap::new();
+    let mut out = Vec::new();
+    for ev in evs {
+        match *ev {
+            Event::Alloc { id, bytes, .. } => {
+                live.insert(id, bytes as i64);
+                out.push(bytes as i64);
+            }
+            Event::Free { id } => out.push(-live.remove(&id).expect("free of a live id")),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Signed sizes per phase between step markers (frees may name allocations of earlier phases).
+fn phases(evs: &[Event]) -> Vec<Vec<i64>> {
+    let mut live = std::collections::HashMap::new();
+    let mut out = vec![Vec::new()];
+    for ev in evs {
+        match *ev {
+            Event::Alloc { id, bytes, .. } => {
+                live.insert(id, bytes as i64);
+                out.last_mut().unwrap().push(bytes as i64);
+            }
+            Event::Free { id } => out.last_mut().unwrap().push(-live.remove(&id).expect("free of a live id")),
+            Event::Step { .. } => out.push(Vec::new()),
+            Event::EmptyCache => out.last_mut().unwrap().push(0),
+        }
+    }
+    out
+}
+
+fn steps(evs: &[Event]) -> Vec<u64> {
+    evs.iter().filter_map(|e| if let Event::Step { n } = e { Some(*n) } else { None }).collect()
+}
+
+const TINY_TRAIN: [&str; 10] = ["--steps", "3", "--seq-len", "16..48", "--batch", "2", "--device", "cpu", "--amp", "none"];
+
+#[test]
+fn fake_and_real_cpu_tensors_capture_the_same_sequence() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["tiny-gpt", "tiny-llama"] {
+        let mut args = vec![model_script("models/train.py").leak() as &str, "--model", model, "--accum", "2"];
+        args.extend(TINY_TRAIN);
+        let (fake_out, fake) = capture(dir.path(), &format!("{model}-fake.csv"), &["--device", "cpu"], &args);
+        assert!(fake_out.status.success(), "{}", stderr(&fake_out));
+        let (real_out, real) = capture(dir.path(), &format!("{model}-real.csv"), &["--device", "cpu", "--real"], &args);
+        assert!(real_out.status.success(), "{}", stderr(&real_out));
+        let (fake, real) = (events(&fake), events(&real));
+        assert_eq!(steps(&fake), vec![1, 2, 3], "{model}: a step after every optimizer.step()");
+        assert!(signed_sizes(&fake).len() > 300, "{model}: a training step allocates");
+        assert_eq!(signed_sizes(&fake), signed_sizes(&real), "{model}: fake tensors must allocate as real ones do");
+        assert_eq!(steps(&fake), steps(&real));
+    }
+}
+
+#[test]
+fn fake_capture_is_what_the_profiler_records_for_an_untraced_run() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["tiny-gpt", "tiny-llama"] {
+        let mut args = vec![model_script("models/train.py").leak() as &str, "--model", model];
+        args.extend(TINY_TRAIN);
+        let (out, trace) = capture(dir.path(), &format!("{model}.csv"), &["--device", "cpu"], &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let reference = dir.path().join(format!("{model}-profile.txt"));
+        let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(&args).output().unwrap();
+        assert!(prof.status.success(), "{}", stderr(&prof));
+        let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+
+        // Up to the last step: the order in which Python tears the model down at exit is its own.
+        let evs = events(&trace);
+        let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
+        let captured = signed_sizes(&evs[..last_step]);
+        // Every captured alloc and free appears in the profiler's sequence, in order; what the
+        // profiler has in between is CPU-kernel scratch and the CPU scalars Python numbers become.
+        let mut matched = 0;
+        let mut extra_bytes = 0i64;
+        for &p in &profiled {
+            if matched < captured.len() && p == captured[matched] {
+                matched += 1;
+            } else if p > 0 && matched < captured.len() {
+                extra_bytes += p;
+            }
+        }
+        assert_eq!(
+            matched,
+            captured.len(),
+            "{model}: capture event {matched} ({}) is not in the profiler's sequence",
+            captured.get(matched).copied().unwrap_or(0)
+        );
+        let captured_bytes: i64 = captured.iter().filter(|&&b| b > 0).sum();
+        assert!(extra_bytes * 100 < captured_bytes, "{model}: {extra_bytes} B allocated by the untraced run and not captured (of {captured_bytes} B)");
+    }
+}
+
+#[test]
+fn a_users_amp_script_captures_unedited_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "user.csv", &[], &[&fixture("user_train.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("trained on NVIDIA H100"), "the script ran to its end");
+    assert!(stderr(&out).contains("captured"), "{}", stderr(&out));
+    let evs = events(&trace);
+    assert_eq!(steps(&evs), vec![1, 2, 3]);
+    let sizes = signed_sizes(&evs);
+    // .cuda() copies the parameters in state-dict order (fp32).
+    let params: Vec<i64> = [256 * 512, 512, 512 * 256, 256, 256, 256, 256 * 10, 10].iter().map(|n| n * 4).collect();
+    let first: Vec<i64> = sizes.iter().copied().filter(|&b| b > 0).take(params.len()).collect();
+    assert_eq!(first, params);
+    // CUDA autocast casts the weights to fp16 (half their fp32 size) for the matmuls.
+    assert!(sizes.contains(&(256 * 512 * 2)), "an fp16 copy of the first weight");
+    // The modelled cuBLAS workspace: 32 MiB, once, never freed.
+    assert_eq!(sizes.iter().filter(|&&b| b == 32 << 20).count(), 1);
+    assert!(!sizes.contains(&-(32 << 20)));
+    // AdamW's state appears at the first step: exp_avg and exp_avg_sq for every parameter.
+    let first_step = evs.iter().position(|e| matches!(e, Event::Step { n: 1 })).unwrap();
+    let before: Vec<i64> = signed_sizes(&evs[..first_step]);
+    assert!(before.iter().filter(|&&b| b == 256 * 512 * 4).count() >= 3, "param, grad or optimizer state copies of the first weight");
+    // The trace replays.
+    let replay = Command::cargo_bin("allocbench").unwrap().args(["replay", trace.to_str().unwrap(), "-q"]).output().unwrap();
+    assert!(replay.status.success(), "{}", stderr(&replay));
+}
+
+#[test]
+fn storages_views_resizes_zero_bytes_and_empty_cache() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "s.csv", &["--cublas-workspace-mib", "0"], &[&fixture("storages.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let phases = phases(&events(&trace));
+    assert_eq!(phases[0], vec![4000], "a view and an in-place op allocate nothing");
+    assert_eq!(phases[1], vec![40, 8000, -40], "resize_: the new block, then the old one freed");
+    assert_eq!(phases[2], vec![4000, -4000], "zero bytes: no allocation");
+    assert_eq!(phases[3][0], 0, "torch.cuda.empty_cache() is recorded (0 here)");
+    assert!(phases[3].iter().all(|&b| b != 20), "CPU tensors are not recorded");
+}
+
+#[test]
+fn loops_without_an_optimizer_mark_steps_and_steps_flag_stops() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "serve.csv", &[], &[&fixture("serve_loop.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(steps(&events(&trace)), vec![1, 2, 3, 4, 5]);
+
+    let (out, trace) = capture(dir.path(), "serve2.csv", &["--steps", "2"], &[&fixture("serve_loop.py")]);
+    assert!(out.status.success(), "--steps stops the script cleanly: {}", stderr(&out));
+    assert_eq!(steps(&events(&trace)), vec![1]);
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture complete: stopped after 2 steps"));
+}
+
+#[test]
+fn a_script_that_raises_passes_its_traceback_and_status_through() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&fixture("raises.py")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("Traceback") && err.contains("ValueError: boom at step two"), "{err}");
+    assert!(err.contains("raises.py:9"), "names the script line: {err}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.trim_end().ends_with("# capture incomplete: ValueError"), "{text}");
+    assert_eq!(steps(&events(&trace)), vec![1, 2], "the trace so far is kept and readable");
+
+    let (out, trace) = capture(dir.path(), "e.csv", &[], &[&fixture("exits.py")]);
+    assert_eq!(out.status.code(), Some(3), "sys.exit(3) passes through");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: exit status 3"));
+    assert_eq!(signed_sizes(&events(&trace)), vec![4096], "what ran before the exit is kept");
+}
+
+#[test]
+fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "i.csv", &[], &[&fixture("item.py")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("item.py:5") && err.contains("loss.item()") && err.contains("--scalar-value"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete"));
+
+    let (out, trace) = capture(dir.path(), "i2.csv", &["--scalar-value", "0"], &[&fixture("item.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(signed_sizes(&events(&trace)).contains(&1024), "the script ran on after .item()");
+
+    let (out, _) = capture(dir.path(), "n.csv", &[], &[&fixture("nonzero.py")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("nonzero.py:4") && err.contains("nonzero") && err.contains("--real"), "{err}");
+}
+
+#[test]
+fn no_python_no_torch_and_no_script_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = capture(dir.path(), "x.csv", &["--python", "/nonexistent/python3"], &[&fixture("exits.py")]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no Python interpreter '/nonexistent/python3'"), "{}", stderr(&out));
+
+    let (out, _) = capture(dir.path(), "x.csv", &[], &["/nonexistent/train.py"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("/nonexistent/train.py: no such script"), "{}", stderr(&out));
+
+    // A Python without torch: a fresh virtual environment.
+    let venv = dir.path().join("venv");
+    let made = std::process::Command::new("python3").args(["-m", "venv", "--without-pip"]).arg(&venv).output();
+    if made.map(|o| o.status.success()).unwrap_or(false) {
+        let py = venv.join("bin/python").display().to_string();
+        let (out, _) = capture(dir.path(), "x.csv", &["--python", &py], &[&fixture("exits.py")]);
+        assert_eq!(out.status.code(), Some(2));
+        let err = stderr(&out);
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(err.contains("no torch in") && err.contains("--python"), "{err}");
+    }
+}
