@@ -128,7 +128,9 @@ def _make_recorder_class(torch):
     from torch._subclasses.fake_tensor import DataDependentOutputException
 
     aten = torch.ops.aten
+    flash_backward = aten._scaled_dot_product_flash_attention_backward.default
     local_scalar = aten._local_scalar_dense.default
+    rng_state_ops = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
     add_tensor = aten.add.Tensor
 
     class Recorder(TorchDispatchMode):
@@ -259,13 +261,27 @@ def _make_recorder_class(torch):
                 out = func(*args, **kwargs)
             if self.annotate:
                 self.current_op = func.__name__
-            for leaf in tree_leaves(out):
+            if func in rng_state_ops and isinstance(out, tuple) and not _dropout(func, args, kwargs):
+                # Without dropout the fused attention kernels return their RNG state as CPU
+                # tensors (flash_api.cpp, mem_eff_attention); the meta kernels say CUDA.
+                out_seen = [o for o, r in zip(out, func._schema.returns) if r.name not in _RNG_OUTPUTS]
+            else:
+                out_seen = out
+            for leaf in tree_leaves(out_seen):
                 self._observe(leaf)
             for pos, name in self._written_arg_positions(func):
                 arg = args[pos] if pos < len(args) else kwargs.get(name)
                 for leaf in tree_leaves(arg):
                     self._observe(leaf)
+            if func is flash_backward and self.device_type == "cuda":
+                self._kernel_scratch(_flash_backward_scratch(args), args[1])
             return out
+
+        def _kernel_scratch(self, sizes, like):
+            """Buffers a CUDA kernel allocates and frees inside one op, after its outputs."""
+            ids = [self._alloc(n, like) for n in sizes if n]
+            for trace_id, n in reversed(list(zip(ids, [n for n in sizes if n]))):
+                self.sink.free(trace_id, n)
 
         def _scalar(self, func, args):
             # FakeTensorMode knows the value of small tensors made from Python numbers and kept up
@@ -313,6 +329,35 @@ def _engine_add(torch, func_is_add, args, kwargs, exclusive_use_count):
     if exclusive_use_count is None or old._use_count() > exclusive_use_count or not _non_overlapping_and_dense(old):
         return False
     return torch._C._storage_Use_Count(old.untyped_storage()._cdata) <= 2
+
+
+_RNG_OUTPUTS = frozenset({"rng_state", "unused", "philox_seed", "philox_offset"})
+
+
+def _dropout(func, args, kwargs):
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "dropout_p":
+            return (args[i] if i < len(args) else kwargs.get("dropout_p", 0.0)) > 0.0
+    return False
+
+
+def _round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+def _flash_backward_scratch(args):
+    """Bytes FlashAttention-2's backward allocates through the caching allocator besides its
+    outputs (mha_bwd in aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp):
+    softmax_d [B, H, S_q rounded to 128] fp32 and, when the keys take more than one block, the
+    dq accumulator [B, S_q rounded, H, D rounded to 32 (64 past 128)] fp32."""
+    query, key = args[1], args[2]
+    b, h, s_q, d = query.shape
+    s_k = key.shape[2]
+    s_q_rounded = _round_up(s_q, 128)
+    d_rounded = _round_up(d, 32 if d <= 128 else 64)
+    softmax_d = b * h * s_q_rounded * 4
+    dq_accum = b * s_q_rounded * h * d_rounded * 4 if s_k > 128 else 0
+    return [softmax_d, dq_accum]
 
 
 def _non_overlapping_and_dense(t):
@@ -534,6 +579,51 @@ def _fake_tensor_fixes(torch, patches):
             patches.set(module, "_foreach_supported_types", [*types_list, fake_type])
 
 
+def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa):
+    """The backend PyTorch's SDPA picks on an H100 (sm90) for these inputs, in its priority order
+    flash, memory-efficient, math (select_sdp_backend, aten/src/ATen/native/transformers/cuda/
+    sdp_utils.cpp; the main checks only): on fake CUDA tensors the real selection asks the driver
+    for the GPU's capability and falls back to math, which materialises B·H·S² scores."""
+    cuda_backends = torch.backends.cuda
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or not (q.dtype == k.dtype == v.dtype):
+        return "math"
+    d, heads_q, heads_k = q.shape[-1], q.shape[1], k.shape[1]
+    same_heads = heads_q == heads_k and k.shape[1] == v.shape[1]
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    if (cuda_backends.flash_sdp_enabled() and half and attn_mask is None and d <= 256 and d % 8 == 0
+            and k.shape[-1] == d and v.shape[-1] == d and (same_heads or (enable_gqa and heads_q % heads_k == 0))):
+        return "flash"
+    if (cuda_backends.mem_efficient_sdp_enabled() and same_heads and (half or q.dtype == torch.float32)
+            and d % (8 if half else 4) == 0 and k.shape[-1] == d):
+        return "efficient"
+    return "math"
+
+
+def _fake_cuda_sdpa(torch, original):
+    """scaled_dot_product_attention that dispatches to the fused kernel a GPU would run."""
+    flash = torch.ops.aten._scaled_dot_product_flash_attention.default
+    efficient = torch.ops.aten._scaled_dot_product_efficient_attention.default
+
+    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        if query.device.type != "cuda":
+            return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if torch.is_autocast_enabled("cuda"):
+            # SDPA is on CUDA autocast's lower-precision list: floating inputs are cast first.
+            low = torch.get_autocast_dtype("cuda")
+            query, key, value = (t.to(low) if t.is_floating_point() and t.dtype != low else t for t in (query, key, value))
+            if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != low:
+                attn_mask = attn_mask.to(low)
+        backend = _sdp_backend(torch, query, key, value, attn_mask, enable_gqa)
+        if backend == "flash":
+            return flash(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
+        if backend == "efficient":
+            need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            return efficient(query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale)[0]
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    return sdpa
+
+
 class _FakeStream:
     """The one stream of the fake device: work is never queued, so it is always complete."""
 
@@ -620,6 +710,8 @@ def _fake_cuda_api(torch, patches, recorder):
     for name, fn in answers.items():
         if hasattr(cuda, name):
             patches.set(cuda, name, fn)
+    functional = torch.nn.functional
+    patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         for name, fn in dict(
