@@ -345,19 +345,21 @@ def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def _flash_backward_scratch(args):
+def flash_backward_scratch(batch, heads, seq_q, seq_k, head_dim):
     """Bytes FlashAttention-2's backward allocates through the caching allocator besides its
     outputs (mha_bwd in aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp):
     softmax_d [B, H, S_q rounded to 128] fp32 and, when the keys take more than one block, the
     dq accumulator [B, S_q rounded, H, D rounded to 32 (64 past 128)] fp32."""
-    query, key = args[1], args[2]
-    b, h, s_q, d = query.shape
-    s_k = key.shape[2]
-    s_q_rounded = _round_up(s_q, 128)
-    d_rounded = _round_up(d, 32 if d <= 128 else 64)
-    softmax_d = b * h * s_q_rounded * 4
-    dq_accum = b * s_q_rounded * h * d_rounded * 4 if s_k > 128 else 0
+    s_q_rounded = _round_up(seq_q, 128)
+    d_rounded = _round_up(head_dim, 32 if head_dim <= 128 else 64)
+    softmax_d = batch * heads * s_q_rounded * 4
+    dq_accum = batch * s_q_rounded * heads * d_rounded * 4 if seq_k > 128 else 0
     return [softmax_d, dq_accum]
+
+
+def _flash_backward_scratch(args):
+    b, h, s_q, d = args[1].shape  # query [B, H, S_q, D]
+    return flash_backward_scratch(b, h, s_q, args[2].shape[2], d)
 
 
 def _non_overlapping_and_dense(t):

@@ -293,3 +293,23 @@ fn no_python_no_torch_and_no_script_are_one_line_errors() {
         assert!(err.contains("no torch in") && err.contains("--python"), "{err}");
     }
 }
+
+#[test]
+fn sdpa_on_fake_cuda_runs_flash_attention_with_its_backward_scratch() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // tiny-llama: 4 heads of 16, bf16 autocast, batch 2, S = 200 (rounded to 256 in the kernel).
+    let args = [model_script("models/train.py").leak() as &str, "--model", "tiny-llama", "--steps", "1", "--seq-len", "200", "--batch", "2"];
+    let (out, trace) = capture(dir.path(), "flash.csv", &["--cublas-workspace-mib", "0"], &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sizes = signed_sizes(&events(&trace));
+    let (b, h, s, d) = (2i64, 4i64, 200i64, 16i64);
+    assert!(!sizes.contains(&(b * h * s * s * 2)) && !sizes.contains(&(b * h * s * s * 4)), "no B·H·S² scores: the fused kernel runs");
+    assert!(sizes.contains(&(b * s * h * d * 2)), "the bf16 attention output");
+    let softmax_d = b * h * 256 * 4;
+    let dq_accum = b * 256 * h * 32 * 4;
+    let scratch = sizes.windows(4).filter(|w| w == &[softmax_d, dq_accum, -dq_accum, -softmax_d]).count();
+    assert_eq!(scratch, 2, "one FlashAttention-2 backward scratch pair per layer");
+}

@@ -4,6 +4,7 @@ config, no weights): `.cuda()`, autocast, GradScaler, AdamW, gradient clipping a
 variable sequence lengths. Capture it with `allocbench capture -o trace.csv -- scripts/models/train.py ...`.
 """
 import argparse
+import math
 import os
 import random
 import sys
@@ -38,9 +39,28 @@ def build(name, attention):
     raise SystemExit(f"train.py: unknown model '{name}' (known: {known}, or hf:MODEL_TYPE[,key=value...])")
 
 
+def checkpoint_blocks(model):
+    """Recompute each transformer block in backward (torch.utils.checkpoint, non-reentrant)."""
+    from torch.utils.checkpoint import checkpoint
+
+    blocks = getattr(model, "blocks", None) or getattr(model, "layers", None)
+    for block in blocks:
+        forward = block.forward
+        block.forward = lambda *args, _f=forward: checkpoint(_f, *args, use_reentrant=False)
+
+
 def lengths(spec, seed):
-    """`2048` (fixed) or `128..2048` (uniform, seeded)."""
+    """`2048` (fixed), `128..2048` (uniform), `lognormal:MEDIAN,SIGMA,MIN,MAX` or `list:A,B,...`
+    (cycled); seeded."""
     rng = random.Random(seed)
+    if spec.startswith("lognormal:"):
+        median, sigma, lo, hi = (float(x) for x in spec[len("lognormal:"):].split(","))
+        while True:
+            yield int(min(max(round(rng.lognormvariate(math.log(median), sigma)), lo), hi))
+    if spec.startswith("list:"):
+        values = [int(x) for x in spec[len("list:"):].split(",")]
+        while True:
+            yield from values
     if ".." in spec:
         lo, hi = (int(x) for x in spec.split(".."))
         while True:
@@ -61,13 +81,20 @@ def main():
     p.add_argument("--optimizer", default="adamw", choices=["adamw", "adamw-fused", "adamw-loop", "sgd"],
                    help="adamw: PyTorch's default (foreach on CUDA); adamw-loop: foreach=False")
     p.add_argument("--clip", type=float, default=1.0, help="gradient-norm clipping (0: off)")
+    p.add_argument("--param-dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: pure bf16 training (no autocast needed)")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
     p.add_argument("--device", default="cuda")
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
     model, vocab = build(a.model, a.attention)
-    model = model.cuda() if a.device == "cuda" else model.to(a.device)
+    if a.param_dtype == "bf16":
+        model = model.to(a.device, torch.bfloat16)  # one copy, straight to bf16
+    else:
+        model = model.cuda() if a.device == "cuda" else model.to(a.device)
+    if a.checkpointing:
+        checkpoint_blocks(model)
     model.train()
     if a.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""What a capture cannot see, sized on the shipped workloads: prints the README's blind-spot table.
+
+    python3 scripts/blind_spots.py
+
+Modelled in the capture: cuBLAS workspaces and FlashAttention-2 backward scratch (the capture
+allocates them as PyTorch would). Named only: the rest, with the formula used for its size.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from allocbench_capture import flash_backward_scratch  # noqa: E402
+
+MIB = 1 << 20
+# (workload, batch, max sequence, layers, d_model, heads, attention) of the shipped training workloads.
+WORKLOADS = [
+    ("gpt3-xl-1.3b (math attention)", 4, 2048, 24, 2048, 16, "math"),
+    ("llama2-7b-80g (flash attention)", 2, 4096, 32, 4096, 32, "flash"),
+]
+
+
+def mib(n):
+    return f"{n / MIB:,.1f} MiB"
+
+
+def main():
+    print("| blind spot | in the capture | gpt3-xl-1.3b | llama2-7b-80g | size |")
+    print("|---|---|---|---|---|")
+    cols = []
+    for _, b, s, layers, d, h, attention in WORKLOADS:
+        tokens = b * s
+        flash = sum(flash_backward_scratch(b, h, s, s, d // h)) if attention == "flash" else 0
+        cols.append(
+            {
+                "cublas": 32 * MIB,
+                "flash": flash,
+                "efficient": 3 * b * s * h * (d // h) * 4 if attention == "efficient" else 0,
+                "embedding": tokens * d * 4 + 6 * tokens * 8,
+            }
+        )
+    rows = [
+        ("cuBLAS workspace", "modelled (`--cublas-workspace-mib`)", "cublas", "32 MiB per stream (Hopper's default), held for the process"),
+        ("FlashAttention-2 backward scratch", "modelled", "flash", "softmax_d B·H·⌈S⌉₁₂₈·4 + dq_accum B·⌈S⌉₁₂₈·H·⌈D⌉₃₂·4, per layer, transient"),
+        ("memory-efficient attention backward", "named", "efficient", "up to 3 fp32 accumulators B·S·H·D·4, transient (0 when the math or flash kernel runs)"),
+        ("embedding backward (sort, segments)", "named", "embedding", "≈ B·S·D·4 partial sums + 6·B·S·8 index buffers, transient, once per step"),
+    ]
+    for name, how, key, formula in rows:
+        vals = [mib(c[key]) if c[key] else "—" for c in cols]
+        print(f"| {name} | {how} | {vals[0]} | {vals[1]} | {formula} |")
+    print("| NCCL buffers | named | — | — | outside the caching allocator (cudaMalloc by NCCL; `NCCL_BUFFSIZE` 4 MiB per channel per peer) |")
+    print("| CUDA context | named | — | — | outside the caching allocator: lower `--capacity` by what `nvidia-smi` shows for an idle process |")
+
+
+if __name__ == "__main__":
+    main()
