@@ -581,6 +581,18 @@ def _fake_tensor_fixes(torch, patches):
             patches.set(module, "_foreach_supported_types", [*types_list, fake_type])
 
 
+def _constructor_via_cpu(torch, original):
+    def construct(data, *args, device=None, requires_grad=False, **kwargs):
+        if device is None or torch.device(device).type != "cuda":
+            return original(data, *args, device=device, requires_grad=requires_grad, **kwargs)
+        host = original(data, *args, **kwargs)
+        # Not host.to(device): FakeTensorMode runs ops on small constant tensors for real.
+        moved = torch.empty(host.shape, dtype=host.dtype, device=device).copy_(host)
+        return moved.requires_grad_() if requires_grad else moved
+
+    return construct
+
+
 def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa):
     """The backend PyTorch's SDPA picks on an H100 (sm90) for these inputs, in its priority order
     flash, memory-efficient, math (select_sdp_backend, aten/src/ATen/native/transformers/cuda/
@@ -633,6 +645,9 @@ class _FakeStream:
     cuda_stream = 0
     stream_id = 0
     priority = 0
+
+    def __init__(self, *args, **kwargs):
+        pass
 
     def is_capturing(self):
         return False
@@ -705,13 +720,18 @@ def _fake_cuda_api(torch, patches, recorder):
     answers.update(
         current_stream=lambda device=None: stream,
         default_stream=lambda device=None: stream,
-        Stream=lambda *a, **k: stream,
+        Stream=_FakeStream,
         stream=lambda s=None: contextlib.nullcontext(s),
         is_current_stream_capturing=lambda: False,
     )
     for name, fn in answers.items():
         if hasattr(cuda, name):
             patches.set(cuda, name, fn)
+    # torch.tensor(data, device="cuda") copies the data to the device inside its C++ constructor,
+    # below the dispatcher, so it would reach the driver: build on the CPU, then copy into one
+    # dispatched (fake) CUDA tensor, the one allocation the real constructor makes.
+    for name in ("tensor", "as_tensor"):
+        patches.set(torch, name, _constructor_via_cpu(torch, getattr(torch, name)))
     functional = torch.nn.functional
     patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
     accelerator = getattr(torch, "accelerator", None)

@@ -313,3 +313,25 @@ fn sdpa_on_fake_cuda_runs_flash_attention_with_its_backward_scratch() {
     let scratch = sizes.windows(4).filter(|w| w == &[softmax_d, dq_accum, -dq_accum, -softmax_d]).count();
     assert_eq!(scratch, 2, "one FlashAttention-2 backward scratch pair per layer");
 }
+
+#[test]
+fn a_transformers_model_captures_from_its_config_alone() {
+    if !have_torch() {
+        return;
+    }
+    let has_transformers = std::process::Command::new(python()).args(["-c", "import transformers"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if !has_transformers {
+        assert!(std::env::var_os("ALLOCBENCH_REQUIRE_TORCH").is_none(), "CI installs transformers beside torch");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = "hf:llama,num_hidden_layers=2,hidden_size=64,num_attention_heads=4,num_key_value_heads=2,intermediate_size=128,vocab_size=512,bos_token_id=0,eos_token_id=0";
+    let args = [model_script("models/train.py").leak() as &str, "--model", model, "--steps", "2", "--seq-len", "32..64", "--batch", "2"];
+    let (out, trace) = capture(dir.path(), "hf.csv", &[], &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let evs = events(&trace);
+    assert_eq!(steps(&evs), vec![1, 2]);
+    let sizes = signed_sizes(&evs);
+    assert!(sizes.contains(&(512 * 64 * 4)), "the fp32 token embedding, copied to the device");
+    assert!(sizes.contains(&(512 * 64 * 2)), "its bf16 autocast copy for the untied head");
+}
