@@ -1,0 +1,19 @@
+//! Numbers in the README are produced, not typed: its demo table is what `allocbench demo` prints
+//! (rewritten by `scripts/readme_demo.py`).
+
+use assert_cmd::Command;
+
+#[test]
+fn readme_demo_table_is_what_the_demo_prints() {
+    let dir = tempfile::tempdir().unwrap();
+    let jsonl = dir.path().join("demo.jsonl");
+    let out = Command::cargo_bin("allocbench").unwrap().current_dir(dir.path()).args(["demo", "--jsonl", jsonl.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let table = stdout.split("\n\n").nth(1).expect("the demo prints its table after a blank line").trim_matches('\n');
+    assert!(table.lines().count() >= 7, "a header and a row per allocator x conf: {table}");
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let begin = readme.find("<!-- demo:begin").expect("README has the demo block");
+    let end = readme.find("<!-- demo:end -->").expect("README has the demo block's end");
+    assert!(readme[begin..end].contains(&format!("```\n{table}\n```")), "README's demo table is stale: run `python3 scripts/readme_demo.py`\n--- demo prints ---\n{table}");
+}
