@@ -7,6 +7,7 @@
 #      Python-like and serving workloads.
 #   3. allocbench report renders the charts and the index.
 #   4. allocbench diagnose and advise on the 1.3B workload on a 50 GiB card (reports/diagnose-gpt3-50g/).
+#   5. README.md's demo block (scripts/readme_demo.py).
 # Usage: scripts/publish.sh [--quick]   (--quick: one CPU repetition, for a smoke test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,12 @@ for w in gpt3-xl-1.3b llama2-7b-80g model-switch serving-llama7b; do
   echo "== GPU: $w"
   "$bin" run "workloads/$w.toml" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
 done
+# The same jobs captured from real PyTorch (scripts/capture_workloads.sh).
+for t in workloads/captured/*.csv.gz; do
+  w=$(basename "$t" .csv.gz)
+  echo "== GPU: $w (captured)"
+  "$bin" run "$t" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-captured-$w.jsonl" --quiet
+done
 cat "$work"/gpu-*.jsonl > "$work/gpu.jsonl"
 
 reps=3
@@ -48,4 +55,6 @@ grep '"type":"diagnose"' "$work/diagnose.jsonl" > "$work/diagnosis-only.jsonl"
 "$bin" report "$work/diagnosis-only.jsonl" "$work/advise.jsonl" -o reports/diagnose-gpt3-50g \
   --title "allocbench diagnose + advise: GPT-3 XL (1.3B) training on a 50 GiB card"
 { echo; echo '## `allocbench advise` output'; echo; echo '```'; cat "$work/advise.txt"; echo '```'; } >> reports/diagnose-gpt3-50g/README.md
-echo "published reports/comparison/ and reports/diagnose-gpt3-50g/"
+# 5. README's demo block, from a demo run.
+python3 scripts/readme_demo.py "$bin" > /dev/null
+echo "published reports/comparison/ and reports/diagnose-gpt3-50g/, README demo block"
