@@ -130,6 +130,9 @@ def _make_recorder_class(torch):
     aten = torch.ops.aten
     flash_backward = aten._scaled_dot_product_flash_attention_backward.default
     local_scalar = aten._local_scalar_dense.default
+    fake_tensor_type = torch._subclasses.fake_tensor.FakeTensor
+    is_pinned = aten.is_pinned.default
+    pin_ops = {aten._pin_memory.default, is_pinned}
     rng_state_ops = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
     add_tensor = aten.add.Tensor
 
@@ -153,6 +156,7 @@ def _make_recorder_class(torch):
             self.stream_ids = {}
             self.written_args = {}
             self.probing = None
+            self.fake_mode = None  # set for fake CUDA: CPU ops run for real where cheap
             self.exclusive_use_count = None
             self.annotate = bool(os.environ.get("ALLOCBENCH_CAPTURE_OPS"))
             self.current_op = ""
@@ -254,11 +258,11 @@ def _make_recorder_class(torch):
             if self.probing is not None:
                 if func is add_tensor and torch._C._current_autograd_node() is not None:
                     self.probing.append(args[0]._use_count())
-                return func(*args, **kwargs)
+                return self._run(func, args, kwargs)
             if _engine_add(torch, func is add_tensor, args, kwargs, self.exclusive_use_count):
                 out = args[0].add_(args[1])
             else:
-                out = func(*args, **kwargs)
+                out = self._run(func, args, kwargs)
             if self.annotate:
                 self.current_op = func.__name__
             if func in rng_state_ops and isinstance(out, tuple) and not _dropout(func, args, kwargs):
@@ -282,6 +286,31 @@ def _make_recorder_class(torch):
             ids = [self._alloc(n, like) for n in sizes if n]
             for trace_id, n in reversed(list(zip(ids, [n for n in sizes if n]))):
                 self.sink.free(trace_id, n)
+
+        def _run(self, func, args, kwargs):
+            """Runs the op: on fake tensors when it touches CUDA, for real when it is a small CPU op."""
+            fake_mode = self.fake_mode
+            if fake_mode is None:
+                return func(*args, **kwargs)
+            leaves = tree_leaves((args, kwargs))
+            if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
+                with fake_mode:
+                    return func(*args, **kwargs)
+            if func in pin_ops:
+                # Pinned host memory needs the driver; it is host memory, and not what is measured.
+                return args[0].clone() if func is not is_pinned else False
+            # Note [Real CPU, fake CUDA]: CPU work stays real where it is cheap (data loading,
+            # shuffling indices, step counters, token ids), so scripts can read its values; large
+            # floating CPU tensors (a model built on the CPU before .cuda()) are fake, since this
+            # machine need not hold them. The fake run tells what the op would make.
+            try:
+                with fake_mode:
+                    predicted = func(*args, **kwargs)
+            except Exception:
+                return func(*args, **kwargs)
+            made = [t for t in tree_leaves(predicted) if isinstance(t, torch.Tensor)]
+            floating = sum(t.numel() * t.element_size() for t in made if t.is_floating_point() or t.is_complex())
+            return func(*args, **kwargs) if floating <= _REAL_CPU_BYTES else predicted
 
         def _scalar(self, func, args):
             # FakeTensorMode knows the value of small tensors made from Python numbers and kept up
@@ -331,6 +360,8 @@ def _engine_add(torch, func_is_add, args, kwargs, exclusive_use_count):
     return torch._C._storage_Use_Count(old.untyped_storage()._cdata) <= 2
 
 
+# CPU ops making at most this many bytes of floating tensors run for real under fake CUDA.
+_REAL_CPU_BYTES = 1 << 20
 _RNG_OUTPUTS = frozenset({"rng_state", "unused", "philox_seed", "philox_offset"})
 
 
@@ -593,6 +624,18 @@ def _constructor_via_cpu(torch, original):
     return construct
 
 
+def _no_device_init(fake_mode_type):
+    """FakeTensorMode that never runs a device copy for real: it asks torch.cuda.is_available(),
+    which the fake CUDA API answers True."""
+
+    class NoDeviceInit(fake_mode_type):
+        @property
+        def avoid_device_init(self):
+            return True
+
+    return NoDeviceInit
+
+
 def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa):
     """The backend PyTorch's SDPA picks on an H100 (sm90) for these inputs, in its priority order
     flash, memory-efficient, math (select_sdp_backend, aten/src/ATen/native/transformers/cuda/
@@ -674,6 +717,28 @@ class _FakeStream:
         return False
 
 
+class _FakeEvent:
+    """A CUDA event on the fake device: recorded work is always complete, and takes no time."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def query(self):
+        return True
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, end_event):
+        return 0.0
+
+
 # What the fake device reports: an H100 SXM 80 GB, the card the replay defaults to.
 FAKE_DEVICE_NAME = "NVIDIA H100 80GB HBM3 (allocbench fake CUDA)"
 FAKE_TOTAL_MEMORY = 81559 * 1024 * 1024
@@ -721,6 +786,7 @@ def _fake_cuda_api(torch, patches, recorder):
         current_stream=lambda device=None: stream,
         default_stream=lambda device=None: stream,
         Stream=_FakeStream,
+        Event=_FakeEvent,
         stream=lambda s=None: contextlib.nullcontext(s),
         is_current_stream_capturing=lambda: False,
     )
@@ -839,7 +905,10 @@ def _start(torch, recorder, stack, patches, fake, device):
         _fake_tensor_fixes(torch, patches)
         if device == "cuda":
             _fake_cuda_api(torch, patches, recorder)
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            recorder.fake_mode = _no_device_init(FakeTensorMode)(allow_non_fake_inputs=True)
+        else:
+            # Checking the capture on CPU: every tensor is fake, as CUDA ones are in a real capture.
+            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
     stack.enter_context(recorder)
     recorder.exclusive_use_count = _probe_exclusive_use_count(torch, recorder, device)
 
