@@ -798,6 +798,19 @@ def _fake_cuda_api(torch, patches, recorder):
     # dispatched (fake) CUDA tensor, the one allocation the real constructor makes.
     for name in ("tensor", "as_tensor"):
         patches.set(torch, name, _constructor_via_cpu(torch, getattr(torch, name)))
+    # torch.compile would trace and compile for a GPU that is not there: run the model eagerly and
+    # say so in the trace (eager mode allocates more temporaries than fused kernels do).
+    def compile_eagerly(model=None, *args, **kwargs):
+        recorder.sink.comment("torch.compile ignored: eager allocations recorded (compiled kernels fuse some temporaries)")
+        print("allocbench capture: torch.compile is ignored on fake CUDA; the trace records eager mode", file=sys.stderr)
+        return model if model is not None else (lambda fn: fn)
+
+    patches.set(torch, "compile", compile_eagerly)
+    # DataLoader(pin_memory=True) pins batches, on a thread of its own with num_workers > 0
+    # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
+    import torch.utils.data._utils.pin_memory as pinning
+
+    patches.set(pinning, "pin_memory", lambda data, device=None: data)
     functional = torch.nn.functional
     patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
     accelerator = getattr(torch, "accelerator", None)
