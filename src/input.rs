@@ -107,7 +107,7 @@ impl Source {
                     sha2::Digest::update(&mut hasher, &buf[..n]);
                 }
                 WorkloadInfo {
-                    name: p.file_stem().and_then(|s| s.to_str()).unwrap_or("trace").to_string(),
+                    name: trace_name(p),
                     kind: "trace".into(),
                     origin: p.display().to_string(),
                     sha256: hex(&sha2::Digest::finalize(hasher)),
@@ -133,6 +133,14 @@ impl Source {
             Source::Trace(_) | Source::Imported(..) => None,
         }
     }
+}
+
+/// A trace's name: its file name without `.csv` or `.csv.gz`.
+fn trace_name(path: &Path) -> String {
+    let file = path.file_name().and_then(|s| s.to_str()).unwrap_or("trace");
+    let lower = file.to_ascii_lowercase();
+    let cut = [".csv.gz", ".gz", ".csv"].iter().find(|ext| lower.ends_with(*ext)).map_or(0, |ext| ext.len());
+    file[..file.len() - cut].to_string()
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

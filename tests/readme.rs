@@ -15,5 +15,8 @@ fn readme_demo_table_is_what_the_demo_prints() {
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let begin = readme.find("<!-- demo:begin").expect("README has the demo block");
     let end = readme.find("<!-- demo:end -->").expect("README has the demo block's end");
-    assert!(readme[begin..end].contains(&format!("```\n{table}\n```")), "README's demo table is stale: run `python3 scripts/readme_demo.py`\n--- demo prints ---\n{table}");
+    assert!(
+        readme[begin..end].contains(&format!("```\n{table}\n```")),
+        "README's demo table is stale: run `python3 scripts/readme_demo.py`\n--- demo prints ---\n{table}"
+    );
 }
