@@ -1,5 +1,5 @@
 //! Replay throughput of the GPU policies on SimDevice (target: ≥ 10 M events/s on one core
-//! for the 1.3B transformer workload; shared/DESIGN.md "Speed targets").
+//! for the 1.3B transformer workload; the README's "Benchmarks").
 
 use allocbench::event::Event;
 use allocbench::gpu::baseline::IdealAllocator;

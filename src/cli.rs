@@ -679,7 +679,7 @@ fn advise(a: &AdviseArgs) -> anyhow::Result<()> {
         elapsed,
         threads
     );
-    let row = |c: &crate::diagnose::Candidate| {
+    let row = |c: &crate::results::Candidate| {
         format!(
             "{:>12} {:>9.3} {:>8} {:>7} {:>10}",
             crate::units::format_bytes(c.peak_reserved),
@@ -714,7 +714,7 @@ fn advise(a: &AdviseArgs) -> anyhow::Result<()> {
             let cfg = AllocatorConfig::parse(conf)?;
             let mut alloc = crate::gpu::caching::CachingAllocator::new(cfg.clone(), crate::gpu::device::SimDevice::new(capacity));
             let opts = gpu_run::replay_options(OnOom::Stop, None, None);
-            let r = gpu_run::run_one(Box::new(events.iter().copied().map(Ok)), info.clone(), &mut alloc, &cfg, capacity, &opts, "sim")?;
+            let r = gpu_run::run_one(Box::new(events.iter().copied().map(Ok)), info.clone(), &mut alloc, &cfg, capacity, &opts, Backend::Sim)?;
             write_jsonl(out.as_mut(), &ResultRecord::GpuReplay(Box::new(r)))?;
             if best.conf.is_empty() {
                 break;

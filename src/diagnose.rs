@@ -4,67 +4,15 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use serde::{Deserialize, Serialize};
-
 use crate::event::Event;
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::SimDevice;
-use crate::gpu::replay::{replay, OnOom, OomRecord, ReplayOptions, ReplayOutcome};
+use crate::gpu::replay::{replay, ReplayOptions, ReplayOutcome};
 use crate::gpu::GpuAllocator;
-use crate::input::{Source, WorkloadInfo};
-use crate::results::{GpuRunResult, SCHEMA_VERSION};
+use crate::input::Source;
+use crate::results::{Backend, Candidate, DiagnoseResult, GpuRunResult, OnOom, OomCause, PinningClass, SegmentWaste, SCHEMA_VERSION};
 use crate::units::format_bytes;
-
-/// One segment's waste at the peak.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SegmentWaste {
-    pub address: u64,
-    pub segment_type: String,
-    pub total_size: u64,
-    pub free_bytes: u64,
-    pub live_blocks: usize,
-    pub free_pieces: usize,
-}
-
-/// Live blocks of one size class that pin free space (they sit in segments with free pieces).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PinningClass {
-    /// Smallest size of the log2 class.
-    pub size_class: u64,
-    pub live_blocks: u64,
-    pub live_bytes: u64,
-    /// Free bytes in the segments these blocks share.
-    pub pinned_free_bytes: u64,
-}
-
-/// What `allocbench diagnose --json` writes (`"type": "diagnose"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DiagnoseResult {
-    pub schema_version: u32,
-    pub workload: WorkloadInfo,
-    pub capacity: u64,
-    pub conf: String,
-    /// The same object as `replay`'s: event, step, requested, cause, ...
-    pub oom: Option<OomRecord>,
-    /// capacity − peak reserved when there is no OOM.
-    pub headroom: Option<u64>,
-    pub peak_reserved: u64,
-    pub allocated_at_peak: u64,
-    pub peak_live_bytes: u64,
-    /// Free bytes inside segments that hold a live block, at the OOM (else at the peak).
-    pub pinned_free_bytes: u64,
-    /// Free bytes in wholly free cached segments, at the peak.
-    pub cached_free_segments_bytes: u64,
-    pub largest_free_block: u64,
-    pub top_segments: Vec<SegmentWaste>,
-    pub pinning_size_classes: Vec<PinningClass>,
-    /// (site, bytes requested) for imported snapshots with stacks, largest first.
-    pub top_sites: Vec<(String, u64)>,
-    /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
-    pub min_capacity: Option<u64>,
-    pub summary: Vec<String>,
-}
 
 fn sim_replay(events: &[Event], conf: &AllocatorConfig, capacity: u64, on_oom: OnOom) -> anyhow::Result<(ReplayOutcome, CachingAllocator<SimDevice>)> {
     let mut a = CachingAllocator::new(conf.clone(), SimDevice::new(capacity));
@@ -110,7 +58,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         conf,
         capacity,
         &ReplayOptions { on_oom: OnOom::Stop, ..Default::default() },
-        "sim",
+        Backend::Sim,
     )?;
     // At an OOM, the state that failed; otherwise the peak.
     let segs = if run.oom.is_some() { &run.segments_at_oom } else { &run.segments_at_peak };
@@ -118,22 +66,22 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         .iter()
         .map(|s| SegmentWaste {
             address: s.address,
-            segment_type: s.segment_type.clone(),
+            segment_type: s.segment_type,
             total_size: s.total_size,
             free_bytes: s.total_size - s.allocated(),
-            live_blocks: s.blocks.iter().filter(|b| b.state == "active_allocated").count(),
-            free_pieces: s.blocks.iter().filter(|b| b.state != "active_allocated").count(),
+            live_blocks: s.blocks.iter().filter(|b| b.is_allocated()).count(),
+            free_pieces: s.blocks.iter().filter(|b| !b.is_allocated()).count(),
         })
         .collect();
     let pinned_free: u64 = top.iter().filter(|s| s.live_blocks > 0).map(|s| s.free_bytes).sum();
     let cached_free: u64 = top.iter().filter(|s| s.live_blocks == 0).map(|s| s.free_bytes).sum();
-    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| b.state != "active_allocated").map(|b| b.size)).max().unwrap_or(0);
+    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| !b.is_allocated()).map(|b| b.size)).max().unwrap_or(0);
     top.sort_by_key(|s| (std::cmp::Reverse(if s.live_blocks > 0 { s.free_bytes } else { 0 }), std::cmp::Reverse(s.free_bytes), s.address));
     top.truncate(10);
     let mut classes: std::collections::BTreeMap<u64, PinningClass> = std::collections::BTreeMap::new();
     for s in segs.iter().filter(|s| s.allocated() > 0 && s.allocated() < s.total_size) {
         let free = s.total_size - s.allocated();
-        let live: Vec<u64> = s.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).collect();
+        let live: Vec<u64> = s.blocks.iter().filter(|b| b.is_allocated()).map(|b| b.size).collect();
         for &b in &live {
             let class = 1u64 << b.max(1).ilog2();
             let c = classes.entry(class).or_insert(PinningClass { size_class: class, live_blocks: 0, live_bytes: 0, pinned_free_bytes: 0 });
@@ -177,7 +125,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
                 format_bytes(o.alloc_size),
                 format_bytes(capacity)
             ));
-            if o.cause == "fragmentation" {
+            if o.cause == OomCause::Fragmentation {
                 summary.push(format!(
                     "Cause: fragmentation. {} were free inside the allocator's segments and {} on the device, together enough for the request, but the largest free block was {} and the free pieces are pinned between live blocks, so neither a cached block nor a new segment could serve it.",
                     format_bytes(o.cached_free),
@@ -323,17 +271,6 @@ pub fn search_space() -> Vec<String> {
         }
     }
     out
-}
-
-/// One evaluated configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Candidate {
-    pub conf: String,
-    pub peak_reserved: u64,
-    pub overhead: f64,
-    pub device_mallocs: i64,
-    pub retries: i64,
-    pub oom_step: Option<u64>,
 }
 
 /// Replays every configuration on `threads` threads; results sorted best first (no OOM, then

@@ -7,6 +7,7 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::SimDevice;
 use crate::gpu::replay::{replay, OnOom, ReplayOptions};
 use crate::gpu::GpuAllocator;
+pub use crate::results::Backend;
 use crate::results::{GpuRunResult, GpuSummary, MachineInfo, WorkDone, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
@@ -18,15 +19,6 @@ pub const GPU_ALLOCATORS: &[(&str, &str)] = &[
     ("async", "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)"),
 ];
 
-/// Where the policy's device memory comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// The deterministic simulated device (every machine).
-    Sim,
-    /// A real GPU through the CUDA driver.
-    Cuda,
-}
-
 /// Builds a policy on the chosen backend; returns it with the backend's name and capacity.
 pub fn build_allocator(
     name: &str,
@@ -35,7 +27,7 @@ pub fn build_allocator(
     capacity: Option<u64>,
     sim_latency: Option<&crate::gpu::devprobe::LatencyModel>,
     address_script: Vec<(u64, u64)>,
-) -> Result<(Box<dyn GpuAllocator>, &'static str, u64), InputError> {
+) -> Result<(Box<dyn GpuAllocator>, Backend, u64), InputError> {
     use crate::gpu::cuda::{AsyncPoolAllocator, CudaDevice};
     use crate::gpu::device::{Device, H100_CAPACITY_BYTES};
     if !GPU_ALLOCATORS.iter().any(|(n, _)| *n == name) {
@@ -56,7 +48,7 @@ pub fn build_allocator(
                 "nocache" => Box::new(NoCacheAllocator::new(device)),
                 _ => Box::new(IdealAllocator::new(capacity)),
             };
-            Ok((a, "sim", capacity))
+            Ok((a, Backend::Sim, capacity))
         }
         Backend::Cuda => {
             if capacity.is_some() {
@@ -70,7 +62,7 @@ pub fn build_allocator(
                 "async" => Box::new(AsyncPoolAllocator::new(device).map_err(|e| InputError::new("--device cuda", e.to_string()))?),
                 _ => Box::new(IdealAllocator::new(capacity)),
             };
-            Ok((a, "cuda", capacity))
+            Ok((a, Backend::Cuda, capacity))
         }
     }
 }
@@ -83,12 +75,12 @@ pub fn unknown_allocator(name: &str) -> InputError {
 /// Replays `source` through one allocator and returns the results record.
 pub fn run_one(
     events: crate::event::EventStream<'_>,
-    info: crate::input::WorkloadInfo,
+    info: crate::results::WorkloadInfo,
     alloc: &mut dyn GpuAllocator,
     conf: &AllocatorConfig,
     capacity: u64,
     opts: &ReplayOptions,
-    backend: &str,
+    backend: Backend,
 ) -> anyhow::Result<GpuRunResult> {
     let outcome = replay(alloc, events, opts)?;
     let stats = alloc.stats();
@@ -97,10 +89,10 @@ pub fn run_one(
         schema_version: SCHEMA_VERSION,
         allocator: alloc.name(),
         conf: conf_str,
-        backend: backend.to_string(),
+        backend,
         device: alloc.device_description(),
         capacity,
-        on_oom: format!("{:?}", opts.on_oom).to_lowercase(),
+        on_oom: opts.on_oom,
         workload: info,
         machine: MachineInfo::current(),
         work: WorkDone {
@@ -186,7 +178,7 @@ pub fn describe(r: &GpuRunResult) -> String {
         s += "interrupted (Ctrl-C): the numbers cover the events replayed so far\n";
     }
     if let Some(t) = sm.device_time_s {
-        let how = if r.backend == "cuda" { "measured on the GPU" } else { "modelled from --sim-latency" };
+        let how = if r.backend == Backend::Cuda { "measured on the GPU" } else { "modelled from --sim-latency" };
         s += &format!("device time {t:.3} s in allocation calls ({how})\n");
     }
     s += &format!("speed       {:.2} M events/s ({:.3} s)\n", sm.events_per_s / 1e6, sm.elapsed_s);

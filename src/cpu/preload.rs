@@ -8,17 +8,7 @@ use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
 
 use crate::error::InputError;
-
-/// The live malloc: a short name (glibc, jemalloc, tcmalloc, mimalloc, or the file name) and
-/// the library path that serves `malloc`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LiveMalloc {
-    pub name: String,
-    pub library: String,
-    /// Allocator libraries mapped into the process (from /proc/self/maps).
-    pub mapped: Vec<String>,
-    pub ld_preload: Option<String>,
-}
+use crate::results::LiveMalloc;
 
 pub fn classify(library: &str) -> String {
     let file = library.rsplit('/').next().unwrap_or(library);

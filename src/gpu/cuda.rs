@@ -399,7 +399,7 @@ impl GpuAllocator for AsyncPoolAllocator {
 }
 
 /// Measures device allocation latency by size (`allocbench devprobe`).
-pub fn devprobe(device: CudaDevice, reps: usize) -> Result<super::devprobe::DevprobeResult, DeviceError> {
+pub fn devprobe(device: CudaDevice, reps: usize) -> Result<crate::results::DevprobeResult, DeviceError> {
     use super::devprobe::{probe_sizes, summarize};
     let sizes = probe_sizes(device.capacity());
     let (mut malloc, mut free) = (Vec::new(), Vec::new());
@@ -438,7 +438,7 @@ pub fn devprobe(device: CudaDevice, reps: usize) -> Result<super::devprobe::Devp
         }
         async_pool.push(summarize(bytes, t));
     }
-    Ok(super::devprobe::DevprobeResult {
+    Ok(crate::results::DevprobeResult {
         schema_version: crate::results::SCHEMA_VERSION,
         device: name,
         capacity,

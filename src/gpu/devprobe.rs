@@ -1,34 +1,10 @@
 //! `allocbench devprobe`: device allocation latency by size, and a latency model that lets the
 //! simulated device account realistic device time (`--sim-latency FILE`).
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::InputError;
-use crate::results::{MachineInfo, ResultRecord};
-
-/// Latency of one operation at one size, from repeated timings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SizeLatency {
-    pub bytes: u64,
-    pub samples: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-}
-
-/// A devprobe results record (`"type": "devprobe"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DevprobeResult {
-    pub schema_version: u32,
-    pub device: String,
-    pub capacity: u64,
-    pub machine: MachineInfo,
-    /// `cuMemAlloc` (cudaMalloc) by size.
-    pub malloc: Vec<SizeLatency>,
-    /// `cuMemFree` (cudaFree) by size.
-    pub free: Vec<SizeLatency>,
-    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` from a warm pool, by size.
-    pub async_pool_alloc_free: Vec<SizeLatency>,
-}
+#[cfg(test)]
+use crate::results::MachineInfo;
+use crate::results::{DevprobeResult, ResultRecord, SizeLatency};
 
 /// The probed sizes: 512 B … 8 GiB, log-spaced by 4×.
 pub fn probe_sizes(capacity: u64) -> Vec<u64> {

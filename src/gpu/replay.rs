@@ -6,21 +6,12 @@
 use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use serde::{Deserialize, Serialize};
 
-use super::{AllocError, GpuAllocator, Handle, SegmentSnapshot};
+use super::{AllocError, GpuAllocator, Handle};
 use crate::error::InputError;
 use crate::event::Event;
-use crate::results::SizeHistogram;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOom {
-    /// Stop at the first OOM (what a training job does).
-    Stop,
-    /// Record the OOM, skip the allocation (and its free) and go on.
-    Continue,
-}
+pub use crate::results::OnOom;
+use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 
 pub struct ReplayOptions {
     pub on_oom: OnOom,
@@ -37,43 +28,8 @@ impl Default for ReplayOptions {
     }
 }
 
-/// The first OOM of a run (`"oom"` in the JSON results; a contract).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OomRecord {
-    /// 0-based index of the trace's data row (of the generated event).
-    pub event: u64,
-    /// The step the event belongs to (0 = before the first step marker).
-    pub step: u64,
-    /// The user's byte count.
-    pub requested: u64,
-    pub rounded: u64,
-    pub alloc_size: u64,
-    /// Free bytes inside the allocator's segments.
-    pub cached_free: u64,
-    pub device_free: u64,
-    pub largest_free_block: u64,
-    pub reserved: u64,
-    pub allocated: u64,
-    /// "fragmentation" when device free + cached free would have covered the request, else "capacity".
-    pub cause: String,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct TimelinePoint {
-    pub event: u64,
-    pub step: u64,
-    /// Values at the sample.
-    pub allocated: u64,
-    pub reserved: u64,
-    pub active: u64,
-    pub live: u64,
-    /// The most allocated and reserved since the previous sample (the step's peak).
-    pub allocated_max: u64,
-    pub reserved_max: u64,
-}
-
 /// What a replay measured.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct ReplayOutcome {
     pub events: u64,
     pub allocs: u64,
@@ -229,7 +185,7 @@ pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
                                 largest_free_block: info.largest_free_block,
                                 reserved: info.reserved,
                                 allocated: info.allocated,
-                                cause: info.cause().to_string(),
+                                cause: info.cause(),
                             });
                         }
                         if opts.on_oom == OnOom::Stop {
@@ -315,4 +271,27 @@ pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
     out.size_histogram = sizes.buckets();
     out.elapsed_s = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Log2 size buckets for the histogram: bucket k holds sizes in [2^k, 2^(k+1)).
+#[derive(Debug, Clone)]
+pub struct SizeHistogram {
+    pub counts: [u64; 64],
+}
+
+impl Default for SizeHistogram {
+    fn default() -> Self {
+        SizeHistogram { counts: [0; 64] }
+    }
+}
+
+impl SizeHistogram {
+    #[inline]
+    pub fn record(&mut self, bytes: u64) {
+        self.counts[bytes.max(1).ilog2() as usize] += 1;
+    }
+
+    pub fn buckets(&self) -> Vec<(u64, u64)> {
+        self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(k, &c)| (1u64 << k, c)).collect()
+    }
 }

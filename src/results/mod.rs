@@ -1,5 +1,21 @@
-//! The results schema: one versioned serde type per kind of run, written as JSON (one file per
-//! run) or JSON Lines (sweeps). Reports and comparisons read only these files.
+//! The results schema: every type allocbench serialises, one versioned record per kind of run,
+//! written as JSON (one file per run) or JSON Lines (sweeps). Reports and comparisons read only
+//! these files.
+//!
+//! This is layer 2: it imports only `error` (and external crates), never the code that fills
+//! the records, so everything above can depend on it without a circle. Closed sets are enums
+//! (`OomCause`, `BlockState`, `SegmentType`, `Backend`, `OnOom`, `CpuMode`) serialised to the
+//! same strings as before. One file per kind of record:
+//! - [`gpu`]: `GpuRunResult` and what it holds (OOM, timeline, segment maps);
+//! - [`cpu`]: `CpuRunResult` (latency, live malloc, RSS samples);
+//! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
+//! - [`fidelity`]: torch_replay.py's document and the fidelity report.
+
+pub mod cpu;
+pub mod devprobe;
+pub mod diagnose;
+pub mod fidelity;
+pub mod gpu;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -8,9 +24,12 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::InputError;
-use crate::gpu::replay::{OomRecord, TimelinePoint};
-use crate::gpu::SegmentSnapshot;
-use crate::input::WorkloadInfo;
+
+pub use cpu::{CpuMode, CpuRunResult, Latency, LiveMalloc, RssSample};
+pub use devprobe::{DevprobeResult, SizeLatency};
+pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
+pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
+pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
 
 /// Bumped whenever a field changes meaning or is removed; readers refuse other versions.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -86,57 +105,16 @@ pub struct WorkDone {
     pub peak_live_bytes: u64,
 }
 
-/// Headline numbers of a GPU replay.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct GpuSummary {
-    pub peak_reserved: u64,
-    pub peak_allocated: u64,
-    pub allocated_at_peak_reserved: u64,
-    /// 1 − allocated/reserved at peak reserved.
-    pub fragmentation_at_peak: f64,
-    /// Peak allocated ÷ peak reserved.
-    pub utilization: f64,
-    /// Peak reserved ÷ peak live bytes (1.0 = ideal).
-    pub overhead: f64,
-    pub largest_free_block_end: u64,
-    pub device_mallocs: i64,
-    pub device_frees: i64,
-    pub ooms: u64,
-    pub last_step: u64,
-    pub interrupted: bool,
-    pub elapsed_s: f64,
-    pub events_per_s: f64,
-    /// Time in device calls: measured on a GPU, modelled with `--sim-latency`, else absent.
-    #[serde(default)]
-    pub device_time_s: Option<f64>,
-}
-
-/// One GPU replay (`allocbench replay`, one row of `allocbench run`).
+/// What a results file says about its input (with a hash that proves identical input).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuRunResult {
-    pub schema_version: u32,
-    pub allocator: String,
-    /// The PYTORCH_CUDA_ALLOC_CONF string ("" = defaults).
-    pub conf: String,
-    /// "sim" or "cuda".
-    pub backend: String,
-    pub device: String,
-    pub capacity: u64,
-    pub on_oom: String,
-    pub workload: WorkloadInfo,
-    pub machine: MachineInfo,
-    pub work: WorkDone,
-    /// Keyed exactly like `torch.cuda.memory_stats()`.
-    pub stats: BTreeMap<String, i64>,
-    pub oom: Option<OomRecord>,
-    pub summary: GpuSummary,
-    pub timeline: Vec<TimelinePoint>,
-    pub segments_at_peak: Vec<SegmentSnapshot>,
-    /// The segment map at the first OOM (empty without one).
+pub struct WorkloadInfo {
+    pub name: String,
+    pub kind: String,
+    pub origin: String,
+    pub sha256: String,
+    pub seed: Option<u64>,
     #[serde(default)]
-    pub segments_at_oom: Vec<SegmentSnapshot>,
-    /// (smallest size of the log2 bucket, allocations in it).
-    pub size_histogram: Vec<(u64, u64)>,
+    pub description: String,
 }
 
 /// Any results record, tagged by `"type"`.
@@ -144,9 +122,9 @@ pub struct GpuRunResult {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ResultRecord {
     GpuReplay(Box<GpuRunResult>),
-    CpuRun(Box<crate::cpu::CpuRunResult>),
-    Devprobe(Box<crate::gpu::devprobe::DevprobeResult>),
-    Diagnose(Box<crate::diagnose::DiagnoseResult>),
+    CpuRun(Box<CpuRunResult>),
+    Devprobe(Box<DevprobeResult>),
+    Diagnose(Box<DiagnoseResult>),
 }
 
 impl ResultRecord {
@@ -159,6 +137,14 @@ impl ResultRecord {
 pub fn write_jsonl(out: &mut dyn Write, rec: &ResultRecord) -> std::io::Result<()> {
     writeln!(out, "{}", rec.to_json_line())?;
     out.flush()
+}
+
+/// Writes one document as pretty-printed JSON with a final newline, and flushes.
+pub fn write_json_pretty<T: Serialize + ?Sized>(mut out: &mut dyn Write, value: &T) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Reads a results file: one JSON document, or JSON Lines. Errors name the file and line and
@@ -199,27 +185,4 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
         out.push(parse_one(v, loc)?);
     }
     Ok(out)
-}
-
-/// Log2 size buckets for the histogram: bucket k holds sizes in [2^k, 2^(k+1)).
-#[derive(Debug, Clone)]
-pub struct SizeHistogram {
-    pub counts: [u64; 64],
-}
-
-impl Default for SizeHistogram {
-    fn default() -> Self {
-        SizeHistogram { counts: [0; 64] }
-    }
-}
-
-impl SizeHistogram {
-    #[inline]
-    pub fn record(&mut self, bytes: u64) {
-        self.counts[bytes.max(1).ilog2() as usize] += 1;
-    }
-
-    pub fn buckets(&self) -> Vec<(u64, u64)> {
-        self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(k, &c)| (1u64 << k, c)).collect()
-    }
 }
