@@ -47,13 +47,13 @@ fn policy_replay(c: &mut Criterion) {
 /// both cores (target: under a minute on this 2-core machine).
 fn advise_search(c: &mut Criterion) {
     let events = workload_events("gpt3-xl-1.3b.toml");
-    let confs = allocbench::diagnose::search_space();
+    let confs = allocbench::advise::search_space();
     assert!(confs.len() >= 200);
     let mut group = c.benchmark_group("advise");
     group.sample_size(10);
     group.throughput(Throughput::Elements(confs.len() as u64));
     group.bench_function(format!("gpt3-xl-1.3b/{}-configs/2-threads", confs.len()), |b| {
-        b.iter(|| allocbench::diagnose::advise(&events, 60 << 30, &confs, 2, None).unwrap())
+        b.iter(|| allocbench::advise::advise(&events, 60 << 30, &confs, 2, None).unwrap())
     });
     group.finish();
 }

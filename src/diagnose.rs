@@ -1,24 +1,14 @@
-//! `allocbench diagnose` and `allocbench advise`: why a job OOMs (or how much headroom it has),
-//! whether it is fragmentation or exhaustion, what pins free memory at the peak, the smallest
-//! device it fits on, and the `PYTORCH_CUDA_ALLOC_CONF` that minimises peak reserved memory.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! `allocbench diagnose`: why a job OOMs (or how much headroom it has), whether it is
+//! fragmentation or exhaustion, what pins free memory at the peak, and the smallest device it
+//! fits on. `advise` (the conf search) lives in `advise.rs`.
 
 use crate::event::Event;
-use crate::gpu::caching::CachingAllocator;
+use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
-use crate::gpu::device::SimDevice;
-use crate::gpu::replay::{replay, ReplayOptions, ReplayOutcome};
-use crate::gpu::GpuAllocator;
+use crate::gpu::replay::{ReplayOptions, StopWhen};
 use crate::input::Source;
-use crate::results::{Backend, Candidate, DiagnoseResult, GpuRunResult, OnOom, OomCause, PinningClass, SegmentWaste, SCHEMA_VERSION};
+use crate::results::{DiagnoseResult, GpuRunResult, OnOom, OomCause, PinningClass, SegmentWaste, SCHEMA_VERSION};
 use crate::units::format_bytes;
-
-fn sim_replay(events: &[Event], conf: &AllocatorConfig, capacity: u64, on_oom: OnOom) -> anyhow::Result<(ReplayOutcome, CachingAllocator<SimDevice>)> {
-    let mut a = CachingAllocator::new(conf.clone(), SimDevice::new(capacity));
-    let out = replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() })?;
-    Ok((out, a))
-}
 
 /// Materialises a source's events (diagnosis replays them many times).
 pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
@@ -28,7 +18,7 @@ pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
-    let fits = |c: u64| -> anyhow::Result<bool> { Ok(sim_replay(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
+    let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
     let mut lo = (peak_live / STEP).max(1); // in steps; below the live bytes nothing fits
     let mut hi = lo * 2;
     while !fits(hi * STEP)? {
@@ -50,15 +40,15 @@ pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) ->
 
 pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
     let events = load_events(source)?;
-    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(capacity).with_address_script(source.address_script()));
+    let mut built = build("pytorch", conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
+    let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     let run = crate::gpu_run::run_one(
+        &mut built,
+        conf,
         Box::new(events.iter().copied().map(Ok)),
         source.info()?,
-        &mut alloc,
-        conf,
-        capacity,
-        &ReplayOptions { on_oom: OnOom::Stop, ..Default::default() },
-        Backend::Sim,
+        &opts,
+        &mut StopWhen(crate::interrupt::interrupted),
     )?;
     // At an OOM, the state that failed; otherwise the peak.
     let segs = if run.oom.is_some() { &run.segments_at_oom } else { &run.segments_at_peak };
@@ -236,85 +226,4 @@ pub fn describe(d: &DiagnoseResult) -> String {
         }
     }
     s
-}
-
-/// The space `advise` searches: expandable × max_split_size_mb × roundup_power2_divisions × GC.
-pub fn search_space() -> Vec<String> {
-    let expandable = ["", "expandable_segments:True"];
-    let split = [
-        "",
-        "max_split_size_mb:32",
-        "max_split_size_mb:64",
-        "max_split_size_mb:128",
-        "max_split_size_mb:256",
-        "max_split_size_mb:512",
-        "max_split_size_mb:1024",
-    ];
-    let roundup = [
-        "",
-        "roundup_power2_divisions:2",
-        "roundup_power2_divisions:4",
-        "roundup_power2_divisions:8",
-        "roundup_power2_divisions:[256:1,512:2,>:4]",
-        "roundup_power2_divisions:[64:8,256:4,1024:2,>:1]",
-    ];
-    let gc = ["", "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99", "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99"];
-    let mut out = Vec::new();
-    for e in expandable {
-        for s in split {
-            for r in roundup {
-                for g in gc {
-                    let parts: Vec<&str> = [s, r, g, e].into_iter().filter(|p| !p.is_empty()).collect();
-                    out.push(parts.join(","));
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Replays every configuration on `threads` threads; results sorted best first (no OOM, then
-/// lowest peak reserved, then fewest device mallocs).
-pub fn advise(events: &[Event], capacity: u64, confs: &[String], threads: usize, progress: Option<&indicatif::ProgressBar>) -> anyhow::Result<Vec<Candidate>> {
-    let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
-    let next = AtomicUsize::new(0);
-    let results: Vec<anyhow::Result<Vec<Candidate>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> anyhow::Result<Vec<Candidate>> {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= parsed.len() || crate::interrupt::interrupted() {
-                            return Ok(mine);
-                        }
-                        let (out, a) = sim_replay(events, &parsed[i], capacity, OnOom::Stop)?;
-                        let st = a.stats();
-                        mine.push(Candidate {
-                            conf: confs[i].clone(),
-                            peak_reserved: out.peak_reserved,
-                            overhead: out.overhead(),
-                            device_mallocs: st.num_device_alloc,
-                            retries: st.num_alloc_retries,
-                            oom_step: out.oom.as_ref().map(|o| o.step),
-                        });
-                        if let Some(pb) = progress {
-                            pb.inc(1);
-                        }
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
-    });
-    let mut all = Vec::new();
-    for r in results {
-        all.extend(r?);
-    }
-    // Peak reserved decides, but within half a percent of each other the configuration with fewer
-    // device mallocs wins (each costs tens of µs to ms on a real GPU: see `allocbench devprobe`).
-    let best = all.iter().filter(|c| c.oom_step.is_none()).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
-    let bucket = |c: &Candidate| c.peak_reserved / (best / 200).max(1);
-    all.sort_by(|a, b| (a.oom_step.is_some(), bucket(a), a.device_mallocs, &a.conf).cmp(&(b.oom_step.is_some(), bucket(b), b.device_mallocs, &b.conf)));
-    Ok(all)
 }

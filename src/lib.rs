@@ -17,6 +17,7 @@
 //!   **utilization** = peak allocated ÷ peak reserved. **overhead** = peak reserved ÷ peak live.
 //! - **pinned free**: free bytes inside segments that hold a live block (`inactive_split_bytes`).
 
+pub mod advise;
 pub mod cli;
 pub mod cpu;
 pub mod diagnose;

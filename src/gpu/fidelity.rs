@@ -6,8 +6,10 @@ use std::path::Path;
 
 use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
-use super::device::SimDevice;
-use super::replay::{replay_with_hook, OnOom, ReplayOptions};
+use super::device::{SimDevice, Withheld};
+#[cfg(test)]
+use super::replay::replay_with_hook;
+use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions, StopWhen};
 use crate::error::InputError;
 use crate::input::Source;
 #[cfg(test)]
@@ -46,12 +48,14 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
     let source = Source::open(Some(trace))?;
     let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
-    // Best fit breaks ties by address: replay the addresses the GPU handed out.
-    let device = SimDevice::new(torch.total_memory).with_unavailable(unavailable).with_address_script(torch.segment_addresses.clone());
+    // Best fit breaks ties by address: replay the addresses the GPU handed out. (Composed here
+    // rather than by `gpu::build`, to read the address misses back.)
+    let device = Withheld::new(SimDevice::new(torch.total_memory).with_address_script(torch.segment_addresses.clone()), unavailable);
     let mut alloc = CachingAllocator::new(conf.clone(), device);
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-    replay_with_hook(&mut alloc, source.events()?, &opts, &mut |n, _, stats| snapshots.push((n, stats.to_torch_map())))?;
+    let mut watch = (AtStep(|n, _, stats: &crate::gpu::stats::DeviceStats| snapshots.push((n, stats.to_torch_map()))), StopWhen(crate::interrupt::interrupted));
+    replay_watched(&mut alloc, source.events()?, &opts, &mut watch)?;
     let final_sim = snapshots.pop().map(|s| s.1).unwrap_or_default();
     let mut mismatches = Vec::new();
     let mut keys = 0;
@@ -65,7 +69,7 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     keys = keys.max(compare("final", &final_sim, &torch.r#final, &mut mismatches));
     compared += 1;
     let target_identical = TARGET_KEYS.iter().all(|k| !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
-    let address_misses = alloc.device().script_misses;
+    let address_misses = alloc.device().inner().script_misses;
     Ok(FidelityReport {
         addresses_replayed: torch.segment_addresses.len(),
         address_misses,

@@ -1,7 +1,9 @@
 //! The GPU side: allocator policies (PyTorch's caching allocator, no-cache, ideal) over a
 //! [`device::Device`] (simulated everywhere, CUDA where present), and the replay engine.
 
+pub mod async_pool;
 pub mod baseline;
+pub mod build;
 pub mod caching;
 pub mod config;
 pub mod cuda;

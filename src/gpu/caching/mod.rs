@@ -225,8 +225,9 @@ impl<D: Device> CachingAllocator<D> {
         self.pool(p).blocks.remove(k);
     }
 
+    /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction below 1).
     fn gc_enabled(&self) -> bool {
-        self.allowed.is_some() && self.cfg.garbage_collection_threshold > 0.0
+        self.cfg.gc_enabled()
     }
 
     /// get_free_block: best fit on the stream, with the expandable and oversize rules.
