@@ -1,6 +1,10 @@
 //! `allocbench diagnose`: why a job OOMs (or how much headroom it has), whether it is
 //! fragmentation or exhaustion, what pins free memory at the peak, and the smallest device it
 //! fits on. `advise` (the conf search) lives in `advise.rs`.
+//!
+//! The analysis returns data ([`diagnose`]: the replay, the waste breakdown, the sites, and the
+//! capacity search [`min_capacity`]); text is rendered from it ([`summary`]: the sentences the
+//! record keeps for JSON readers, [`describe`]: the whole diagnosis for people).
 
 use crate::event::Event;
 use crate::gpu::build::{build, DeviceSpec};
@@ -38,6 +42,10 @@ pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) ->
     Ok(Some(hi * STEP))
 }
 
+/// Replays `source` on a `capacity` device and explains the first OOM (or the headroom): the
+/// segment breakdown at that moment, the allocation sites, and the smallest device that fits
+/// ([`min_capacity`]). Returns the diagnosis and the replay behind it; the prose in its
+/// `summary` is rendered from the data by [`summary`].
 pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
     let events = load_events(source)?;
     let mut built = build("pytorch", conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
@@ -50,6 +58,46 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         &opts,
         &mut StopWhen(crate::interrupt::interrupted),
     )?;
+    let w = waste(&run);
+    let top_sites = top_sites(source);
+    // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
+    let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
+    let min_cap = min_capacity(&events, conf, full_peak_live)?;
+    let mut result = DiagnoseResult {
+        schema_version: SCHEMA_VERSION,
+        workload: run.workload.clone(),
+        capacity,
+        conf: conf.source.clone(),
+        oom: run.oom.clone(),
+        headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
+        peak_reserved: run.summary.peak_reserved,
+        allocated_at_peak: run.summary.allocated_at_peak_reserved,
+        peak_live_bytes: full_peak_live,
+        pinned_free_bytes: w.pinned_free,
+        cached_free_segments_bytes: w.cached_free,
+        largest_free_block: w.largest,
+        top_segments: w.top,
+        pinning_size_classes: w.pinning,
+        top_sites,
+        min_capacity: min_cap,
+        summary: Vec::new(),
+    };
+    result.summary = summary(&result);
+    Ok((result, run))
+}
+
+/// Where the free bytes are at the OOM (else at the peak).
+struct Waste {
+    /// Segments with the most free bytes, pinned ones first (10).
+    top: Vec<SegmentWaste>,
+    pinned_free: u64,
+    cached_free: u64,
+    largest: u64,
+    /// Size classes of the live blocks that pin the most free space (8).
+    pinning: Vec<PinningClass>,
+}
+
+fn waste(run: &GpuRunResult) -> Waste {
     // At an OOM, the state that failed; otherwise the peak.
     let segs = if run.oom.is_some() { &run.segments_at_oom } else { &run.segments_at_peak };
     let mut top: Vec<SegmentWaste> = segs
@@ -83,7 +131,12 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     let mut pinning: Vec<PinningClass> = classes.into_values().collect();
     pinning.sort_by_key(|c| std::cmp::Reverse(c.pinned_free_bytes));
     pinning.truncate(8);
-    let top_sites = match source {
+    Waste { top, pinned_free, cached_free, largest, pinning }
+}
+
+/// Bytes requested per allocation site (imported snapshots with stacks), largest first (8).
+fn top_sites(source: &Source) -> Vec<(String, u64)> {
+    match source {
         Source::Imported(t, _) if !t.site_names.is_empty() => {
             let mut by_site = vec![0u64; t.site_names.len()];
             for e in &t.events {
@@ -99,12 +152,15 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
             v
         }
         _ => Vec::new(),
-    };
-    // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
-    let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
-    let min_cap = min_capacity(&events, conf, full_peak_live)?;
+    }
+}
+
+/// The diagnosis in sentences: the OOM and its cause (or the headroom), the breakdown, what pins
+/// free space, and the device that fits.
+pub fn summary(d: &DiagnoseResult) -> Vec<String> {
+    let capacity = d.capacity;
     let mut summary = Vec::new();
-    match &run.oom {
+    match &d.oom {
         Some(o) => {
             summary.push(format!(
                 "OOM at step {} (event {}): a request of {} (rounded {}, a {} device allocation) could not be served on a {} device.",
@@ -134,20 +190,20 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         None => summary.push(format!(
             "No OOM on a {} device: peak reserved {} leaves {} of headroom.",
             format_bytes(capacity),
-            format_bytes(run.summary.peak_reserved),
-            format_bytes(capacity.saturating_sub(run.summary.peak_reserved))
+            format_bytes(d.peak_reserved),
+            format_bytes(capacity.saturating_sub(d.peak_reserved))
         )),
     }
     summary.push(format!(
         "At {} {}: {} allocated then; {} free inside segments that hold live blocks (pinned), {} in wholly free cached segments; largest free block {}.",
-        if run.oom.is_some() { "the OOM, with reserved at" } else { "peak reserved" },
-        format_bytes(run.oom.as_ref().map(|o| o.reserved).unwrap_or(run.summary.peak_reserved)),
-        format_bytes(run.oom.as_ref().map(|o| o.allocated).unwrap_or(run.summary.allocated_at_peak_reserved)),
-        format_bytes(pinned_free),
-        format_bytes(cached_free),
-        format_bytes(largest)
+        if d.oom.is_some() { "the OOM, with reserved at" } else { "peak reserved" },
+        format_bytes(d.oom.as_ref().map(|o| o.reserved).unwrap_or(d.peak_reserved)),
+        format_bytes(d.oom.as_ref().map(|o| o.allocated).unwrap_or(d.allocated_at_peak)),
+        format_bytes(d.pinned_free_bytes),
+        format_bytes(d.cached_free_segments_bytes),
+        format_bytes(d.largest_free_block)
     ));
-    if let Some(c) = pinning.first() {
+    if let Some(c) = d.pinning_size_classes.first() {
         summary.push(format!(
             "Blocks of {}..{} pin the most free space ({} live blocks next to {} free).",
             format_bytes(c.size_class),
@@ -156,34 +212,15 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
             format_bytes(c.pinned_free_bytes)
         ));
     }
-    match min_cap {
+    match d.min_capacity {
         Some(m) => summary.push(format!(
             "It runs without an OOM on a device of {} or more with this configuration (the whole workload peaks at {} live: the ideal allocator's need).",
             format_bytes(m),
-            format_bytes(full_peak_live)
+            format_bytes(d.peak_live_bytes)
         )),
         None => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
     }
-    let result = DiagnoseResult {
-        schema_version: SCHEMA_VERSION,
-        workload: run.workload.clone(),
-        capacity,
-        conf: conf.source.clone(),
-        oom: run.oom.clone(),
-        headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
-        peak_reserved: run.summary.peak_reserved,
-        allocated_at_peak: run.summary.allocated_at_peak_reserved,
-        peak_live_bytes: full_peak_live,
-        pinned_free_bytes: pinned_free,
-        cached_free_segments_bytes: cached_free,
-        largest_free_block: largest,
-        top_segments: top,
-        pinning_size_classes: pinning,
-        top_sites,
-        min_capacity: min_cap,
-        summary,
-    };
-    Ok((result, run))
+    summary
 }
 
 /// The diagnosis for people: the summary, then the segments, size classes and sites behind it.
