@@ -4,8 +4,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::args::{parse_capacity, print_notes};
 use super::output::{self, Jsonl};
-use super::{parse_capacity, print_notes, progress};
+use super::progress;
 use crate::input::Source;
 use crate::results::ResultRecord;
 

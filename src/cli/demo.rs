@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::DeviceArgs;
+use super::args::DeviceArgs;
 use crate::gpu::replay::OnOom;
 use crate::input::Source;
 use crate::results::Backend;

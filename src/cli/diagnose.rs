@@ -4,8 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
+use super::args::{parse_capacity, print_notes};
 use super::output::{self, Jsonl};
-use super::parse_capacity;
 use crate::gpu::config::AllocatorConfig;
 use crate::input::Source;
 use crate::results::ResultRecord;
@@ -30,7 +30,7 @@ pub struct DiagnoseArgs {
 
 pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
     let source = Source::open(Some(&a.input))?;
-    super::print_notes(&source);
+    print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
     let (d, run) = crate::diagnose::diagnose(&source, &conf, capacity)?;

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use clap::Args;
 
-use super::{output, print_notes, progress, DeviceArgs};
+use super::args::{print_notes, DeviceArgs};
+use super::{output, progress};
 use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu_run;

@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::{output::Jsonl, progress, DeviceArgs};
+use super::args::DeviceArgs;
+use super::{output::Jsonl, progress};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu_run;
 use crate::input::Source;

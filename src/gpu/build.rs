@@ -9,7 +9,9 @@
 use super::baseline::{IdealAllocator, NoCacheAllocator};
 use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
-use super::device::{AddressReplay, Device, SimDevice, WithLatency, H100_CAPACITY_BYTES};
+use super::device::address_replay::AddressReplay;
+use super::device::latency::WithLatency;
+use super::device::{Device, SimDevice, H100_CAPACITY_BYTES};
 use super::devprobe::LatencyModel;
 use super::GpuAllocator;
 use crate::error::InputError;

@@ -29,9 +29,6 @@ pub mod withheld;
 use std::collections::BTreeMap;
 
 use crate::units::MIB;
-pub use address_replay::AddressReplay;
-pub use latency::WithLatency;
-pub use withheld::Withheld;
 
 /// What a device call can fail with. Out-of-memory is an expected result the policy handles;
 /// anything else is fatal for the run.
@@ -116,18 +113,13 @@ impl SimDevice {
         SimDevice { capacity, used: 0, free_ranges, device_mallocs: 0, device_frees: 0, pages_mapped: 0, pages_unmapped: 0 }
     }
 
-    /// Replays the addresses a real GPU returned (see [`AddressReplay`]).
-    pub fn with_address_script(self, script: Vec<(u64, u64)>) -> AddressReplay {
-        AddressReplay::new(self, script)
-    }
-
     /// Bytes in use by allocations of this process.
     pub fn used(&self) -> u64 {
         self.used
     }
 
-    /// Accounts a cudaMalloc at an address the caller chose ([`AddressReplay`]): no range of the
-    /// address map is taken.
+    /// Accounts a cudaMalloc at an address the caller chose (`address_replay::AddressReplay`): no
+    /// range of the address map is taken.
     pub(crate) fn place(&mut self, bytes: u64) {
         self.used += bytes;
         self.device_mallocs += 1;

@@ -6,7 +6,9 @@ use std::path::Path;
 
 use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
-use super::device::{SimDevice, Withheld};
+use super::device::address_replay::AddressReplay;
+use super::device::withheld::Withheld;
+use super::device::SimDevice;
 #[cfg(test)]
 use super::replay::replay_with_hook;
 use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions, StopWhen};
@@ -50,7 +52,7 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
     // Best fit breaks ties by address: replay the addresses the GPU handed out. (Composed here
     // rather than by `gpu::build`, to read the address misses back.)
-    let device = Withheld::new(SimDevice::new(torch.total_memory).with_address_script(torch.segment_addresses.clone()), unavailable);
+    let device = Withheld::new(AddressReplay::new(SimDevice::new(torch.total_memory), torch.segment_addresses.clone()), unavailable);
     let mut alloc = CachingAllocator::new(conf.clone(), device);
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };

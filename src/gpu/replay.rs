@@ -1,11 +1,12 @@
 //! Replays an event stream through a GPU allocator: a small loop that feeds events to the policy
-//! and tells [`Observer`]s what happened. What a replay measures is the observers' business
-//! (`replay/observers.rs`: peak, segment map at the peak, timeline, first OOM, size histogram);
-//! progress bars and Ctrl-C are observers the commands add.
+//! and tells [`Observer`]s (`replay/observer.rs`) what happened. What a replay measures is the
+//! observers' business (`replay/observers.rs`: peak, segment map at the peak, timeline, first
+//! OOM, size histogram); progress bars and Ctrl-C are observers the commands add.
 //!
 //! Every allocator sees the identical stream: with `--on-oom continue` a failed allocation is
 //! remembered and its later free skipped, so an OOM never reshapes the stream.
 
+mod observer;
 mod observers;
 
 use std::time::Instant;
@@ -13,12 +14,13 @@ use std::time::Instant;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::stats::DeviceStats;
-use super::{AllocError, GpuAllocator, Handle, OomInfo};
+use super::{AllocError, GpuAllocator, Handle};
 use crate::error::InputError;
 use crate::event::Event;
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
-pub use observers::{FirstOom, Peak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
+pub use observer::{At, Observer};
+pub use observers::{AtStep, FirstOom, Peak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 pub struct ReplayOptions {
     pub on_oom: OnOom,
@@ -33,98 +35,6 @@ impl Default for ReplayOptions {
         ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000 }
     }
 }
-
-/// Where a replay stands: the event's 0-based index, the step it belongs to, and the bytes the
-/// workload holds (independent of the allocator).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct At {
-    pub index: u64,
-    pub step: u64,
-    pub live: u64,
-}
-
-/// Watches a replay. Every method has a no-op default; the loop calls them in event order with
-/// the allocator `A` (generic, so observers read its stats without dynamic dispatch). Observers
-/// compose: a tuple of observers is an observer, as is `&mut` one.
-pub trait Observer<A: GpuAllocator + ?Sized> {
-    /// Before the first event.
-    fn start(&mut self, _alloc: &A) {}
-    /// After an allocation of `bytes` (the request) succeeded.
-    fn allocated(&mut self, _alloc: &A, _at: At, _bytes: u64) {}
-    /// An allocation of `bytes` failed with an OOM (before the replay stops or skips it).
-    fn out_of_memory(&mut self, _alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {}
-    /// At a `step` marker, before it takes effect (the state after all earlier events).
-    fn step(&mut self, _alloc: &A, _at: At, _n: u64) {}
-    /// After each event; `at.index` already counts it.
-    fn after_event(&mut self, _alloc: &A, _at: At) {}
-    /// Every [`CHECK_EVERY_EVENTS`] events: `true` stops the replay (it is then `interrupted`).
-    fn checkpoint(&mut self, _events: u64) -> bool {
-        false
-    }
-    /// After the last event; `at.index` is the number of events replayed.
-    fn finish(&mut self, _alloc: &A, _at: At) {}
-}
-
-impl<A: GpuAllocator + ?Sized> Observer<A> for () {}
-
-impl<A: GpuAllocator + ?Sized, O: Observer<A> + ?Sized> Observer<A> for &mut O {
-    fn start(&mut self, alloc: &A) {
-        (**self).start(alloc)
-    }
-    fn allocated(&mut self, alloc: &A, at: At, bytes: u64) {
-        (**self).allocated(alloc, at, bytes)
-    }
-    fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {
-        (**self).out_of_memory(alloc, at, bytes, info)
-    }
-    fn step(&mut self, alloc: &A, at: At, n: u64) {
-        (**self).step(alloc, at, n)
-    }
-    fn after_event(&mut self, alloc: &A, at: At) {
-        (**self).after_event(alloc, at)
-    }
-    fn checkpoint(&mut self, events: u64) -> bool {
-        (**self).checkpoint(events)
-    }
-    fn finish(&mut self, alloc: &A, at: At) {
-        (**self).finish(alloc, at)
-    }
-}
-
-macro_rules! tuple_observer {
-    ($($o:ident . $i:tt),+) => {
-        impl<A: GpuAllocator + ?Sized, $($o: Observer<A>),+> Observer<A> for ($($o,)+) {
-            fn start(&mut self, alloc: &A) {
-                $(self.$i.start(alloc);)+
-            }
-            fn allocated(&mut self, alloc: &A, at: At, bytes: u64) {
-                $(self.$i.allocated(alloc, at, bytes);)+
-            }
-            fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {
-                $(self.$i.out_of_memory(alloc, at, bytes, info);)+
-            }
-            fn step(&mut self, alloc: &A, at: At, n: u64) {
-                $(self.$i.step(alloc, at, n);)+
-            }
-            fn after_event(&mut self, alloc: &A, at: At) {
-                $(self.$i.after_event(alloc, at);)+
-            }
-            fn checkpoint(&mut self, events: u64) -> bool {
-                let mut stop = false;
-                $(stop |= self.$i.checkpoint(events);)+
-                stop
-            }
-            fn finish(&mut self, alloc: &A, at: At) {
-                $(self.$i.finish(alloc, at);)+
-            }
-        }
-    };
-}
-tuple_observer!(O0.0, O1.1);
-tuple_observer!(O0.0, O1.1, O2.2);
-tuple_observer!(O0.0, O1.1, O2.2, O3.3);
-tuple_observer!(O0.0, O1.1, O2.2, O3.3, O4.4);
-tuple_observer!(O0.0, O1.1, O2.2, O3.3, O4.4, O5.5);
 
 /// Events between checkpoints (progress, Ctrl-C).
 pub const CHECK_EVERY_EVENTS: u64 = 1 << 16;
@@ -321,19 +231,6 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
         segments_at_oom: first_oom.segments,
         size_histogram: sizes.buckets(),
     })
-}
-
-/// Calls `at_step(n, event_index, stats)` at every `step` marker, before it takes effect, and
-/// once more at the end with `n = u64::MAX` (the fidelity check's snapshots).
-pub struct AtStep<F>(pub F);
-
-impl<A: GpuAllocator + ?Sized, F: FnMut(u64, u64, &DeviceStats)> Observer<A> for AtStep<F> {
-    fn step(&mut self, alloc: &A, at: At, n: u64) {
-        (self.0)(n, at.index, alloc.stats())
-    }
-    fn finish(&mut self, alloc: &A, at: At) {
-        (self.0)(u64::MAX, at.index, alloc.stats())
-    }
 }
 
 /// [`replay`], calling `at_step(n, event_index, stats)` at every `step` marker (see [`AtStep`]).

@@ -6,7 +6,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MachineInfo, WorkDone, WorkloadInfo};
+use super::common::{MachineInfo, WorkDone, WorkloadInfo};
 
 /// Latency percentiles in nanoseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::MachineInfo;
+use super::common::MachineInfo;
 
 /// Latency of one operation at one size, from repeated timings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{OomRecord, SegmentType, WorkloadInfo};
+use super::common::WorkloadInfo;
+use super::gpu::{OomRecord, SegmentType};
 
 /// One segment's waste at the peak.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{MachineInfo, WorkDone, WorkloadInfo};
+use super::common::{MachineInfo, WorkDone, WorkloadInfo};
 
 /// What a replay does at an out-of-memory (`--on-oom`, `"on_oom"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]

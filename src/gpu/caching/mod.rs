@@ -20,7 +20,6 @@ use super::stats::{DeviceStats, PoolKind};
 use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo};
 use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 use crate::units::MIB;
-use expandable::ExpandableSegment;
 use free_set::{FreeKey, FreeSet};
 
 /// kMinBlockSize: every request is rounded to a multiple of 512 bytes.
@@ -121,6 +120,20 @@ struct BlockPool {
     blocks: FreeSet,
     unmapped: BTreeMap<(u32, u64), u32>,
     get_free_blocks_call_count: i64,
+}
+
+/// An expandable segment (`expandable.rs`): a reserved VA range of `pages` pages of
+/// `page_size` bytes, some of them mapped.
+struct ExpandableSegment {
+    base: u64,
+    page_size: u64,
+    mapped: Vec<bool>,
+}
+
+impl ExpandableSegment {
+    fn va_size(&self) -> u64 {
+        self.page_size * self.mapped.len() as u64
+    }
 }
 
 /// The caching allocator over device `D`.

@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn scripted_addresses_are_followed_until_the_sizes_diverge() {
-        let mut d = SimDevice::new(100 * MIB).with_address_script(vec![(0x7000_0000_0000, 2 * MIB), (0x6000_0000_0000, 4 * MIB)]);
+        let mut d = AddressReplay::new(SimDevice::new(100 * MIB), vec![(0x7000_0000_0000, 2 * MIB), (0x6000_0000_0000, 4 * MIB)]);
         assert_eq!(d.malloc(2 * MIB, 0).unwrap(), 0x7000_0000_0000);
         assert_eq!(d.malloc(2 * MIB, 0).unwrap(), SIM_VA_BASE, "size differs from the script: own choice");
         assert_eq!(d.script_misses, 1);

@@ -1,6 +1,7 @@
 //! The standard measurements of a replay, one observer per concern.
 
-use super::{At, Observer};
+use super::observer::{At, Observer};
+use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, OomInfo};
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 
@@ -233,5 +234,18 @@ pub struct StopWhen<F: Fn() -> bool>(pub F);
 impl<A: GpuAllocator + ?Sized, F: Fn() -> bool> Observer<A> for StopWhen<F> {
     fn checkpoint(&mut self, _events: u64) -> bool {
         (self.0)()
+    }
+}
+
+/// Calls `at_step(n, event_index, stats)` at every `step` marker, before it takes effect, and
+/// once more at the end with `n = u64::MAX` (the fidelity check's snapshots).
+pub struct AtStep<F>(pub F);
+
+impl<A: GpuAllocator + ?Sized, F: FnMut(u64, u64, &DeviceStats)> Observer<A> for AtStep<F> {
+    fn step(&mut self, alloc: &A, at: At, n: u64) {
+        (self.0)(n, at.index, alloc.stats())
+    }
+    fn finish(&mut self, alloc: &A, at: At) {
+        (self.0)(u64::MAX, at.index, alloc.stats())
     }
 }
