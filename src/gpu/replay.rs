@@ -39,32 +39,18 @@ impl Default for ReplayOptions {
 /// Events between checkpoints (progress, Ctrl-C).
 pub const CHECK_EVERY_EVENTS: u64 = 1 << 16;
 
-/// What the loop itself counts: the work-equivalence columns.
-#[derive(Debug, Clone, Default)]
-pub struct Counts {
-    pub events: u64,
-    pub allocs: u64,
-    pub frees: u64,
-    pub steps: u64,
-    pub last_step: u64,
-    pub bytes_requested: u64,
-    pub live_bytes_end: u64,
-    pub peak_live_bytes: u64,
-    pub ooms: u64,
-    pub interrupted: bool,
-    pub elapsed_s: f64,
-}
-
-/// The core loop: replays `events` through `alloc`, telling `obs` what happens. Bad input (a
-/// free of an id that is not live) is an error naming the event; an OOM is a result.
+/// The core loop: replays `events` through `alloc`, telling `obs` what happens. It fills the
+/// work columns of the outcome (events, allocs, frees, steps, bytes, live bytes, OOM count,
+/// interruption, time); the rest is the observers' (see [`replay_watched`]). Bad input (a free
+/// of an id that is not live) is an error naming the event; an OOM is a result.
 pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     alloc: &mut A,
     events: impl Iterator<Item = anyhow::Result<Event>>,
     on_oom: OnOom,
     obs: &mut O,
-) -> anyhow::Result<Counts> {
+) -> anyhow::Result<ReplayOutcome> {
     let start = Instant::now();
-    let mut out = Counts::default();
+    let mut out = ReplayOutcome::default();
     let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
     let mut failed: FxHashSet<u64> = FxHashSet::default();
     let mut at = At::default();
@@ -210,27 +196,15 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
     let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points);
     let mut first_oom = FirstOom::default();
     let mut sizes = SizeHistogram::default();
-    let c = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, watch))?;
-    Ok(ReplayOutcome {
-        events: c.events,
-        allocs: c.allocs,
-        frees: c.frees,
-        steps: c.steps,
-        last_step: c.last_step,
-        bytes_requested: c.bytes_requested,
-        live_bytes_end: c.live_bytes_end,
-        peak_live_bytes: c.peak_live_bytes,
-        peak_reserved: peak.reserved,
-        allocated_at_peak_reserved: peak.allocated_at_peak,
-        ooms: c.ooms,
-        oom: first_oom.record,
-        interrupted: c.interrupted,
-        elapsed_s: c.elapsed_s,
-        timeline: timeline.points,
-        segments_at_peak: segments.segments,
-        segments_at_oom: first_oom.segments,
-        size_histogram: sizes.buckets(),
-    })
+    let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, watch))?;
+    out.peak_reserved = peak.reserved;
+    out.allocated_at_peak_reserved = peak.allocated_at_peak;
+    out.oom = first_oom.record;
+    out.timeline = timeline.points;
+    out.segments_at_peak = segments.segments;
+    out.segments_at_oom = first_oom.segments;
+    out.size_histogram = sizes.buckets();
+    Ok(out)
 }
 
 /// [`replay`], calling `at_step(n, event_index, stats)` at every `step` marker (see [`AtStep`]).

@@ -2,11 +2,12 @@
 //! the RSS timeline, drift and retained memory.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use super::common::{MachineInfo, WorkDone, WorkloadInfo};
+
+names!(CpuMode { InProcess => "in-process", Preload => "preload" });
 
 /// Latency percentiles in nanoseconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -55,21 +56,6 @@ pub enum CpuMode {
     /// The process's malloc, put in front by LD_PRELOAD.
     #[serde(rename = "preload")]
     Preload,
-}
-
-impl CpuMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CpuMode::InProcess => "in-process",
-            CpuMode::Preload => "preload",
-        }
-    }
-}
-
-impl fmt::Display for CpuMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
 }
 
 /// One RSS sample of a CPU run.

@@ -1,11 +1,15 @@
 //! GPU replay records: one replay (`"type": "gpu_replay"`), its OOM, timeline and segment maps.
 
 use std::collections::BTreeMap;
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use super::common::{MachineInfo, WorkDone, WorkloadInfo};
+
+names!(Backend { Sim => "sim", Cuda => "cuda" });
+names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity" });
+names!(SegmentType { Small => "small", Large => "large" });
+names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive" });
 
 /// What a replay does at an out-of-memory (`--on-oom`, `"on_oom"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -27,21 +31,6 @@ pub enum Backend {
     Cuda,
 }
 
-impl Backend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Backend::Sim => "sim",
-            Backend::Cuda => "cuda",
-        }
-    }
-}
-
-impl fmt::Display for Backend {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
 /// Why an allocation failed (`"cause"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -50,21 +39,6 @@ pub enum OomCause {
     Fragmentation,
     /// The workload holds more than the device has.
     Capacity,
-}
-
-impl OomCause {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            OomCause::Fragmentation => "fragmentation",
-            OomCause::Capacity => "capacity",
-        }
-    }
-}
-
-impl fmt::Display for OomCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
 }
 
 /// The first OOM of a run (`"oom"` in the JSON results; a contract).
@@ -110,21 +84,6 @@ pub enum SegmentType {
     Large,
 }
 
-impl SegmentType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SegmentType::Small => "small",
-            SegmentType::Large => "large",
-        }
-    }
-}
-
-impl fmt::Display for SegmentType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
 /// A block's state (`"state"`, as `torch.cuda.memory_snapshot()` names it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -133,15 +92,6 @@ pub enum BlockState {
     ActiveAllocated,
     /// Free (cached).
     Inactive,
-}
-
-impl BlockState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BlockState::ActiveAllocated => "active_allocated",
-            BlockState::Inactive => "inactive",
-        }
-    }
 }
 
 /// One segment as `torch.cuda.memory_snapshot()` shows it.

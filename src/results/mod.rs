@@ -12,6 +12,25 @@
 //! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
 //! - [`fidelity`]: torch_replay.py's document and the fidelity report.
 
+/// `as_str` (the serialised name) and `Display` (the same, padded as asked) for a closed set.
+macro_rules! names {
+    ($t:ty { $($v:ident => $s:literal),+ $(,)? }) => {
+        impl $t {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$v => $s),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+    };
+}
+
 pub mod common;
 pub mod cpu;
 pub mod devprobe;
