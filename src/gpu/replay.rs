@@ -19,7 +19,7 @@ use crate::error::InputError;
 use crate::event::Event;
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
-pub use observer::{At, Observer};
+pub use observer::{At, Coarse, Observer};
 pub use observers::{AtStep, FirstOom, Peak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 pub struct ReplayOptions {
@@ -67,7 +67,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                         }
                         at.live += bytes;
                         out.peak_live_bytes = out.peak_live_bytes.max(at.live);
-                        obs.allocated(alloc, at, bytes);
+                        obs.allocated(alloc, alloc.stats(), at, bytes);
                     }
                     Err(AllocError::OutOfMemory(info)) => {
                         out.ooms += 1;
@@ -184,7 +184,8 @@ pub fn replay<A: GpuAllocator + ?Sized>(
 }
 
 /// Replays `events` through `alloc` with the standard observers (peak, segment map at the peak,
-/// timeline, first OOM, size histogram) and `watch` (the caller's: progress, Ctrl-C, ...).
+/// timeline, first OOM, size histogram) and `watch`, the caller's (progress, Ctrl-C, ...), which
+/// sees steps, OOMs, checkpoints and the ends ([`Coarse`]) but not every event.
 pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
     alloc: &mut A,
     events: impl Iterator<Item = anyhow::Result<Event>>,
@@ -196,7 +197,7 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
     let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points);
     let mut first_oom = FirstOom::default();
     let mut sizes = SizeHistogram::default();
-    let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, watch))?;
+    let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
     out.peak_reserved = peak.reserved;
     out.allocated_at_peak_reserved = peak.allocated_at_peak;
     out.oom = first_oom.record;

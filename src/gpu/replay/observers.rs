@@ -5,10 +5,9 @@ use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, OomInfo};
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 
-/// Allocated and reserved bytes now.
+/// Allocated and reserved bytes.
 #[inline]
-fn allocated_reserved<A: GpuAllocator + ?Sized>(alloc: &A) -> (u64, u64) {
-    let s = alloc.stats();
+fn allocated_reserved(s: &DeviceStats) -> (u64, u64) {
     (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64)
 }
 
@@ -22,8 +21,8 @@ pub struct Peak {
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for Peak {
     #[inline]
-    fn allocated(&mut self, alloc: &A, _at: At, _bytes: u64) {
-        let (allocated, reserved) = allocated_reserved(alloc);
+    fn allocated(&mut self, _alloc: &A, stats: &DeviceStats, _at: At, _bytes: u64) {
+        let (allocated, reserved) = allocated_reserved(stats);
         if reserved > self.reserved {
             self.reserved = reserved;
             self.allocated_at_peak = allocated;
@@ -57,8 +56,8 @@ impl SegmentsAtPeak {
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     #[inline]
-    fn allocated(&mut self, alloc: &A, at: At, _bytes: u64) {
-        let reserved = alloc.stats().reserved_bytes.all.current as u64;
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, _bytes: u64) {
+        let reserved = stats.reserved_bytes.all.current as u64;
         if reserved > self.peak_reserved {
             self.pending = true;
             self.peak_reserved = reserved;
@@ -123,8 +122,8 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
     }
 
     #[inline]
-    fn allocated(&mut self, alloc: &A, _at: At, _bytes: u64) {
-        let (allocated, reserved) = allocated_reserved(alloc);
+    fn allocated(&mut self, _alloc: &A, stats: &DeviceStats, _at: At, _bytes: u64) {
+        let (allocated, reserved) = allocated_reserved(stats);
         self.interval.0 = self.interval.0.max(allocated);
         self.interval.1 = self.interval.1.max(reserved);
     }
@@ -218,7 +217,7 @@ impl SizeHistogram {
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for SizeHistogram {
     #[inline]
-    fn allocated(&mut self, _alloc: &A, _at: At, bytes: u64) {
+    fn allocated(&mut self, _alloc: &A, _stats: &DeviceStats, _at: At, bytes: u64) {
         self.record(bytes);
     }
 
