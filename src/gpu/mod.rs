@@ -1,5 +1,13 @@
-//! The GPU side: allocator policies (PyTorch's caching allocator, no-cache, ideal) over a
-//! [`device::Device`] (simulated everywhere, CUDA where present), and the replay engine.
+//! The GPU side: allocator policies (PyTorch's caching allocator, no-cache, ideal, CUDA's async
+//! pool) over a [`device::Device`] (simulated everywhere, CUDA where present), and the replay
+//! engine.
+//!
+//! - the seam: [`device`] (trait + `SimDevice`), its adaptors in `device/` (latency, withheld
+//!   memory, address replay), [`cuda`] (driver calls only);
+//! - the policies: [`caching`] (PyTorch's; never names CUDA), [`baseline`], [`async_pool`], this
+//!   file's [`GpuAllocator`] trait, [`stats`]; [`config`] parses `PYTORCH_CUDA_ALLOC_CONF`;
+//! - [`build`]: the one constructor of a policy on a device;
+//! - [`replay`]: the loop and its observers; [`devprobe`] and [`fidelity`]: checks against a GPU.
 
 pub mod async_pool;
 pub mod baseline;

@@ -36,7 +36,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Peak {
 const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
 
 /// The segment map at peak reserved. Taking a snapshot costs a walk over every block, so while
-/// reserved keeps climbing one is taken at most every [`SNAPSHOT_GAP_EVENTS`] events, and at the
+/// reserved keeps climbing one is taken at most every `SNAPSHOT_GAP_EVENTS` events, and at the
 /// next step marker or the end.
 #[derive(Debug, Default)]
 pub struct SegmentsAtPeak {
