@@ -4,10 +4,11 @@
 //! was skipped and why, and the bench passes.
 
 use allocbench::event::Event;
+use allocbench::gpu::async_pool::AsyncPoolAllocator;
 use allocbench::gpu::baseline::NoCacheAllocator;
 use allocbench::gpu::caching::CachingAllocator;
 use allocbench::gpu::config::AllocatorConfig;
-use allocbench::gpu::cuda::{AsyncPoolAllocator, CudaDevice};
+use allocbench::gpu::cuda::CudaDevice;
 use allocbench::gpu::replay::{replay, OnOom, ReplayOptions};
 use allocbench::gpu::GpuAllocator;
 use allocbench::workload::Workload;

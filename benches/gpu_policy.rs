@@ -1,5 +1,5 @@
 //! Replay throughput of the GPU policies on SimDevice (target: ≥ 10 M events/s on one core
-//! for the 1.3B transformer workload; shared/DESIGN.md "Speed targets").
+//! for the 1.3B transformer workload; the README's "Benchmarks").
 
 use allocbench::event::Event;
 use allocbench::gpu::baseline::IdealAllocator;
@@ -47,13 +47,13 @@ fn policy_replay(c: &mut Criterion) {
 /// both cores (target: under a minute on this 2-core machine).
 fn advise_search(c: &mut Criterion) {
     let events = workload_events("gpt3-xl-1.3b.toml");
-    let confs = allocbench::diagnose::search_space();
+    let confs = allocbench::advise::search_space();
     assert!(confs.len() >= 200);
     let mut group = c.benchmark_group("advise");
     group.sample_size(10);
     group.throughput(Throughput::Elements(confs.len() as u64));
     group.bench_function(format!("gpt3-xl-1.3b/{}-configs/2-threads", confs.len()), |b| {
-        b.iter(|| allocbench::diagnose::advise(&events, 60 << 30, &confs, 2, None).unwrap())
+        b.iter(|| allocbench::advise::advise(&events, 60 << 30, &confs, 2, None).unwrap())
     });
     group.finish();
 }

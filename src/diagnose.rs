@@ -1,76 +1,18 @@
-//! `allocbench diagnose` and `allocbench advise`: why a job OOMs (or how much headroom it has),
-//! whether it is fragmentation or exhaustion, what pins free memory at the peak, the smallest
-//! device it fits on, and the `PYTORCH_CUDA_ALLOC_CONF` that minimises peak reserved memory.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
-
-use serde::{Deserialize, Serialize};
+//! `allocbench diagnose`: why a job OOMs (or how much headroom it has), whether it is
+//! fragmentation or exhaustion, what pins free memory at the peak, and the smallest device it
+//! fits on. `advise` (the conf search) lives in `advise.rs`.
+//!
+//! The analysis returns data ([`diagnose`]: the replay, the waste breakdown, the sites, and the
+//! capacity search [`min_capacity`]); text is rendered from it ([`summary`]: the sentences the
+//! record keeps for JSON readers, [`describe`]: the whole diagnosis for people).
 
 use crate::event::Event;
-use crate::gpu::caching::CachingAllocator;
+use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
-use crate::gpu::device::SimDevice;
-use crate::gpu::replay::{replay, OnOom, OomRecord, ReplayOptions, ReplayOutcome};
-use crate::gpu::GpuAllocator;
-use crate::input::{Source, WorkloadInfo};
-use crate::results::{GpuRunResult, SCHEMA_VERSION};
+use crate::gpu::replay::{ReplayOptions, StopWhen};
+use crate::input::Source;
+use crate::results::{DiagnoseResult, GpuRunResult, OnOom, OomCause, PinningClass, SegmentWaste, SCHEMA_VERSION};
 use crate::units::format_bytes;
-
-/// One segment's waste at the peak.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SegmentWaste {
-    pub address: u64,
-    pub segment_type: String,
-    pub total_size: u64,
-    pub free_bytes: u64,
-    pub live_blocks: usize,
-    pub free_pieces: usize,
-}
-
-/// Live blocks of one size class that pin free space (they sit in segments with free pieces).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PinningClass {
-    /// Smallest size of the log2 class.
-    pub size_class: u64,
-    pub live_blocks: u64,
-    pub live_bytes: u64,
-    /// Free bytes in the segments these blocks share.
-    pub pinned_free_bytes: u64,
-}
-
-/// What `allocbench diagnose --json` writes (`"type": "diagnose"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DiagnoseResult {
-    pub schema_version: u32,
-    pub workload: WorkloadInfo,
-    pub capacity: u64,
-    pub conf: String,
-    /// The same object as `replay`'s: event, step, requested, cause, ...
-    pub oom: Option<OomRecord>,
-    /// capacity − peak reserved when there is no OOM.
-    pub headroom: Option<u64>,
-    pub peak_reserved: u64,
-    pub allocated_at_peak: u64,
-    pub peak_live_bytes: u64,
-    /// Free bytes inside segments that hold a live block, at the OOM (else at the peak).
-    pub pinned_free_bytes: u64,
-    /// Free bytes in wholly free cached segments, at the peak.
-    pub cached_free_segments_bytes: u64,
-    pub largest_free_block: u64,
-    pub top_segments: Vec<SegmentWaste>,
-    pub pinning_size_classes: Vec<PinningClass>,
-    /// (site, bytes requested) for imported snapshots with stacks, largest first.
-    pub top_sites: Vec<(String, u64)>,
-    /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
-    pub min_capacity: Option<u64>,
-    pub summary: Vec<String>,
-}
-
-fn sim_replay(events: &[Event], conf: &AllocatorConfig, capacity: u64, on_oom: OnOom) -> anyhow::Result<(ReplayOutcome, CachingAllocator<SimDevice>)> {
-    let mut a = CachingAllocator::new(conf.clone(), SimDevice::new(capacity));
-    let out = replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() })?;
-    Ok((out, a))
-}
 
 /// Materialises a source's events (diagnosis replays them many times).
 pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
@@ -80,7 +22,7 @@ pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
-    let fits = |c: u64| -> anyhow::Result<bool> { Ok(sim_replay(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
+    let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
     let mut lo = (peak_live / STEP).max(1); // in steps; below the live bytes nothing fits
     let mut hi = lo * 2;
     while !fits(hi * STEP)? {
@@ -100,40 +42,84 @@ pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) ->
     Ok(Some(hi * STEP))
 }
 
+/// Replays `source` on a `capacity` device and explains the first OOM (or the headroom): the
+/// segment breakdown at that moment, the allocation sites, and the smallest device that fits
+/// ([`min_capacity`]). Returns the diagnosis and the replay behind it; the prose in its
+/// `summary` is rendered from the data by [`summary`].
 pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
     let events = load_events(source)?;
-    let mut alloc = CachingAllocator::new(conf.clone(), SimDevice::new(capacity).with_address_script(source.address_script()));
+    let mut built = build("pytorch", conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
+    let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     let run = crate::gpu_run::run_one(
+        &mut built,
+        conf,
         Box::new(events.iter().copied().map(Ok)),
         source.info()?,
-        &mut alloc,
-        conf,
-        capacity,
-        &ReplayOptions { on_oom: OnOom::Stop, ..Default::default() },
-        "sim",
+        &opts,
+        &mut StopWhen(crate::interrupt::interrupted),
     )?;
+    let w = waste(&run);
+    let top_sites = top_sites(source);
+    // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
+    let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
+    let min_cap = min_capacity(&events, conf, full_peak_live)?;
+    let mut result = DiagnoseResult {
+        schema_version: SCHEMA_VERSION,
+        workload: run.workload.clone(),
+        capacity,
+        conf: conf.source.clone(),
+        oom: run.oom.clone(),
+        headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
+        peak_reserved: run.summary.peak_reserved,
+        allocated_at_peak: run.summary.allocated_at_peak_reserved,
+        peak_live_bytes: full_peak_live,
+        pinned_free_bytes: w.pinned_free,
+        cached_free_segments_bytes: w.cached_free,
+        largest_free_block: w.largest,
+        top_segments: w.top,
+        pinning_size_classes: w.pinning,
+        top_sites,
+        min_capacity: min_cap,
+        summary: Vec::new(),
+    };
+    result.summary = summary(&result);
+    Ok((result, run))
+}
+
+/// Where the free bytes are at the OOM (else at the peak).
+struct Waste {
+    /// Segments with the most free bytes, pinned ones first (10).
+    top: Vec<SegmentWaste>,
+    pinned_free: u64,
+    cached_free: u64,
+    largest: u64,
+    /// Size classes of the live blocks that pin the most free space (8).
+    pinning: Vec<PinningClass>,
+}
+
+fn waste(run: &GpuRunResult) -> Waste {
     // At an OOM, the state that failed; otherwise the peak.
     let segs = if run.oom.is_some() { &run.segments_at_oom } else { &run.segments_at_peak };
     let mut top: Vec<SegmentWaste> = segs
         .iter()
         .map(|s| SegmentWaste {
             address: s.address,
-            segment_type: s.segment_type.clone(),
+            segment_type: s.segment_type,
             total_size: s.total_size,
             free_bytes: s.total_size - s.allocated(),
-            live_blocks: s.blocks.iter().filter(|b| b.state == "active_allocated").count(),
-            free_pieces: s.blocks.iter().filter(|b| b.state != "active_allocated").count(),
+            live_blocks: s.blocks.iter().filter(|b| b.is_allocated()).count(),
+            free_pieces: s.blocks.iter().filter(|b| !b.is_allocated()).count(),
         })
         .collect();
     let pinned_free: u64 = top.iter().filter(|s| s.live_blocks > 0).map(|s| s.free_bytes).sum();
     let cached_free: u64 = top.iter().filter(|s| s.live_blocks == 0).map(|s| s.free_bytes).sum();
-    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| b.state != "active_allocated").map(|b| b.size)).max().unwrap_or(0);
+    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| !b.is_allocated()).map(|b| b.size)).max().unwrap_or(0);
     top.sort_by_key(|s| (std::cmp::Reverse(if s.live_blocks > 0 { s.free_bytes } else { 0 }), std::cmp::Reverse(s.free_bytes), s.address));
     top.truncate(10);
     let mut classes: std::collections::BTreeMap<u64, PinningClass> = std::collections::BTreeMap::new();
     for s in segs.iter().filter(|s| s.allocated() > 0 && s.allocated() < s.total_size) {
         let free = s.total_size - s.allocated();
-        let live: Vec<u64> = s.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).collect();
+        let live: Vec<u64> = s.blocks.iter().filter(|b| b.is_allocated()).map(|b| b.size).collect();
         for &b in &live {
             let class = 1u64 << b.max(1).ilog2();
             let c = classes.entry(class).or_insert(PinningClass { size_class: class, live_blocks: 0, live_bytes: 0, pinned_free_bytes: 0 });
@@ -145,7 +131,12 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     let mut pinning: Vec<PinningClass> = classes.into_values().collect();
     pinning.sort_by_key(|c| std::cmp::Reverse(c.pinned_free_bytes));
     pinning.truncate(8);
-    let top_sites = match source {
+    Waste { top, pinned_free, cached_free, largest, pinning }
+}
+
+/// Bytes requested per allocation site (imported snapshots with stacks), largest first (8).
+fn top_sites(source: &Source) -> Vec<(String, u64)> {
+    match source {
         Source::Imported(t, _) if !t.site_names.is_empty() => {
             let mut by_site = vec![0u64; t.site_names.len()];
             for e in &t.events {
@@ -161,12 +152,15 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
             v
         }
         _ => Vec::new(),
-    };
-    // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
-    let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
-    let min_cap = min_capacity(&events, conf, full_peak_live)?;
+    }
+}
+
+/// The diagnosis in sentences: the OOM and its cause (or the headroom), the breakdown, what pins
+/// free space, and the device that fits.
+pub fn summary(d: &DiagnoseResult) -> Vec<String> {
+    let capacity = d.capacity;
     let mut summary = Vec::new();
-    match &run.oom {
+    match &d.oom {
         Some(o) => {
             summary.push(format!(
                 "OOM at step {} (event {}): a request of {} (rounded {}, a {} device allocation) could not be served on a {} device.",
@@ -177,7 +171,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
                 format_bytes(o.alloc_size),
                 format_bytes(capacity)
             ));
-            if o.cause == "fragmentation" {
+            if o.cause == OomCause::Fragmentation {
                 summary.push(format!(
                     "Cause: fragmentation. {} were free inside the allocator's segments and {} on the device, together enough for the request, but the largest free block was {} and the free pieces are pinned between live blocks, so neither a cached block nor a new segment could serve it.",
                     format_bytes(o.cached_free),
@@ -196,20 +190,20 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         None => summary.push(format!(
             "No OOM on a {} device: peak reserved {} leaves {} of headroom.",
             format_bytes(capacity),
-            format_bytes(run.summary.peak_reserved),
-            format_bytes(capacity.saturating_sub(run.summary.peak_reserved))
+            format_bytes(d.peak_reserved),
+            format_bytes(capacity.saturating_sub(d.peak_reserved))
         )),
     }
     summary.push(format!(
         "At {} {}: {} allocated then; {} free inside segments that hold live blocks (pinned), {} in wholly free cached segments; largest free block {}.",
-        if run.oom.is_some() { "the OOM, with reserved at" } else { "peak reserved" },
-        format_bytes(run.oom.as_ref().map(|o| o.reserved).unwrap_or(run.summary.peak_reserved)),
-        format_bytes(run.oom.as_ref().map(|o| o.allocated).unwrap_or(run.summary.allocated_at_peak_reserved)),
-        format_bytes(pinned_free),
-        format_bytes(cached_free),
-        format_bytes(largest)
+        if d.oom.is_some() { "the OOM, with reserved at" } else { "peak reserved" },
+        format_bytes(d.oom.as_ref().map(|o| o.reserved).unwrap_or(d.peak_reserved)),
+        format_bytes(d.oom.as_ref().map(|o| o.allocated).unwrap_or(d.allocated_at_peak)),
+        format_bytes(d.pinned_free_bytes),
+        format_bytes(d.cached_free_segments_bytes),
+        format_bytes(d.largest_free_block)
     ));
-    if let Some(c) = pinning.first() {
+    if let Some(c) = d.pinning_size_classes.first() {
         summary.push(format!(
             "Blocks of {}..{} pin the most free space ({} live blocks next to {} free).",
             format_bytes(c.size_class),
@@ -218,34 +212,15 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
             format_bytes(c.pinned_free_bytes)
         ));
     }
-    match min_cap {
+    match d.min_capacity {
         Some(m) => summary.push(format!(
             "It runs without an OOM on a device of {} or more with this configuration (the whole workload peaks at {} live: the ideal allocator's need).",
             format_bytes(m),
-            format_bytes(full_peak_live)
+            format_bytes(d.peak_live_bytes)
         )),
         None => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
     }
-    let result = DiagnoseResult {
-        schema_version: SCHEMA_VERSION,
-        workload: run.workload.clone(),
-        capacity,
-        conf: conf.source.clone(),
-        oom: run.oom.clone(),
-        headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
-        peak_reserved: run.summary.peak_reserved,
-        allocated_at_peak: run.summary.allocated_at_peak_reserved,
-        peak_live_bytes: full_peak_live,
-        pinned_free_bytes: pinned_free,
-        cached_free_segments_bytes: cached_free,
-        largest_free_block: largest,
-        top_segments: top,
-        pinning_size_classes: pinning,
-        top_sites,
-        min_capacity: min_cap,
-        summary,
-    };
-    Ok((result, run))
+    summary
 }
 
 /// The diagnosis for people: the summary, then the segments, size classes and sites behind it.
@@ -288,96 +263,4 @@ pub fn describe(d: &DiagnoseResult) -> String {
         }
     }
     s
-}
-
-/// The space `advise` searches: expandable × max_split_size_mb × roundup_power2_divisions × GC.
-pub fn search_space() -> Vec<String> {
-    let expandable = ["", "expandable_segments:True"];
-    let split = [
-        "",
-        "max_split_size_mb:32",
-        "max_split_size_mb:64",
-        "max_split_size_mb:128",
-        "max_split_size_mb:256",
-        "max_split_size_mb:512",
-        "max_split_size_mb:1024",
-    ];
-    let roundup = [
-        "",
-        "roundup_power2_divisions:2",
-        "roundup_power2_divisions:4",
-        "roundup_power2_divisions:8",
-        "roundup_power2_divisions:[256:1,512:2,>:4]",
-        "roundup_power2_divisions:[64:8,256:4,1024:2,>:1]",
-    ];
-    let gc = ["", "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99", "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99"];
-    let mut out = Vec::new();
-    for e in expandable {
-        for s in split {
-            for r in roundup {
-                for g in gc {
-                    let parts: Vec<&str> = [s, r, g, e].into_iter().filter(|p| !p.is_empty()).collect();
-                    out.push(parts.join(","));
-                }
-            }
-        }
-    }
-    out
-}
-
-/// One evaluated configuration.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Candidate {
-    pub conf: String,
-    pub peak_reserved: u64,
-    pub overhead: f64,
-    pub device_mallocs: i64,
-    pub retries: i64,
-    pub oom_step: Option<u64>,
-}
-
-/// Replays every configuration on `threads` threads; results sorted best first (no OOM, then
-/// lowest peak reserved, then fewest device mallocs).
-pub fn advise(events: &[Event], capacity: u64, confs: &[String], threads: usize, progress: Option<&indicatif::ProgressBar>) -> anyhow::Result<Vec<Candidate>> {
-    let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
-    let next = AtomicUsize::new(0);
-    let results: Vec<anyhow::Result<Vec<Candidate>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> anyhow::Result<Vec<Candidate>> {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= parsed.len() || crate::interrupt::interrupted() {
-                            return Ok(mine);
-                        }
-                        let (out, a) = sim_replay(events, &parsed[i], capacity, OnOom::Stop)?;
-                        let st = a.stats();
-                        mine.push(Candidate {
-                            conf: confs[i].clone(),
-                            peak_reserved: out.peak_reserved,
-                            overhead: out.overhead(),
-                            device_mallocs: st.num_device_alloc,
-                            retries: st.num_alloc_retries,
-                            oom_step: out.oom.as_ref().map(|o| o.step),
-                        });
-                        if let Some(pb) = progress {
-                            pb.inc(1);
-                        }
-                    }
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
-    });
-    let mut all = Vec::new();
-    for r in results {
-        all.extend(r?);
-    }
-    // Peak reserved decides, but within half a percent of each other the configuration with fewer
-    // device mallocs wins (each costs tens of µs to ms on a real GPU: see `allocbench devprobe`).
-    let best = all.iter().filter(|c| c.oom_step.is_none()).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
-    let bucket = |c: &Candidate| c.peak_reserved / (best / 200).max(1);
-    all.sort_by(|a, b| (a.oom_step.is_some(), bucket(a), a.device_mallocs, &a.conf).cmp(&(b.oom_step.is_some(), bucket(b), b.device_mallocs, &b.conf)));
-    Ok(all)
 }

@@ -1,106 +1,82 @@
-//! GPU runs: the allocator registry, one replay turned into a results record, and comparisons.
+//! GPU runs: one replay turned into a results record ([`run_one`]), the plan of a comparison,
+//! and their text ([`describe`], [`comparison_table`]). Policies come from `gpu::build`.
 
-use crate::error::InputError;
-use crate::gpu::baseline::{IdealAllocator, NoCacheAllocator};
+use crate::event::{Event, EventStream};
+use crate::gpu::build::{build, pytorch_on_sim, unknown_allocator, Built, DeviceSpec, GPU_ALLOCATORS};
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::SimDevice;
-use crate::gpu::replay::{replay, OnOom, ReplayOptions};
+use crate::gpu::replay::{replay_watched, Observer, OnOom, ReplayOptions, ReplayOutcome, StopWhen};
 use crate::gpu::GpuAllocator;
-use crate::results::{GpuRunResult, GpuSummary, MachineInfo, WorkDone, SCHEMA_VERSION};
+use crate::input::Source;
+use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, WorkDone, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
-/// Registered GPU policies: name → what it is.
-pub const GPU_ALLOCATORS: &[(&str, &str)] = &[
-    ("pytorch", "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)"),
-    ("nocache", "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor"),
-    ("ideal", "reserves exactly the live bytes: the physical lower bound"),
-    ("async", "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)"),
-];
-
-/// Where the policy's device memory comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Backend {
-    /// The deterministic simulated device (every machine).
-    Sim,
-    /// A real GPU through the CUDA driver.
-    Cuda,
+/// One replay of a comparison: a registered allocator and the conf it runs with.
+pub struct Planned {
+    pub allocator: String,
+    pub conf: AllocatorConfig,
 }
 
-/// Builds a policy on the chosen backend; returns it with the backend's name and capacity.
-pub fn build_allocator(
-    name: &str,
-    conf: &AllocatorConfig,
-    backend: Backend,
-    capacity: Option<u64>,
-    sim_latency: Option<&crate::gpu::devprobe::LatencyModel>,
-    address_script: Vec<(u64, u64)>,
-) -> Result<(Box<dyn GpuAllocator>, &'static str, u64), InputError> {
-    use crate::gpu::cuda::{AsyncPoolAllocator, CudaDevice};
-    use crate::gpu::device::{Device, H100_CAPACITY_BYTES};
-    if !GPU_ALLOCATORS.iter().any(|(n, _)| *n == name) {
-        return Err(unknown_allocator(name));
-    }
-    match backend {
-        Backend::Sim => {
-            if name == "async" {
-                return Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"));
-            }
-            let capacity = capacity.unwrap_or(H100_CAPACITY_BYTES);
-            let mut device = SimDevice::new(capacity).with_address_script(address_script);
-            if let Some(m) = sim_latency {
-                device = device.with_latency(m.clone());
-            }
-            let a: Box<dyn GpuAllocator> = match name {
-                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
-                "nocache" => Box::new(NoCacheAllocator::new(device)),
-                _ => Box::new(IdealAllocator::new(capacity)),
-            };
-            Ok((a, "sim", capacity))
-        }
-        Backend::Cuda => {
-            if capacity.is_some() {
-                return Err(InputError::new("--capacity", "a real GPU has the capacity it has: use per_process_memory_fraction in --conf to cap it"));
-            }
-            let device = CudaDevice::open(0)?;
-            let capacity = device.capacity();
-            let a: Box<dyn GpuAllocator> = match name {
-                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
-                "nocache" => Box::new(NoCacheAllocator::new(device)),
-                "async" => Box::new(AsyncPoolAllocator::new(device).map_err(|e| InputError::new("--device cuda", e.to_string()))?),
-                _ => Box::new(IdealAllocator::new(capacity)),
-            };
-            Ok((a, "cuda", capacity))
-        }
+impl Planned {
+    /// The progress label: the allocator, and the conf for pytorch.
+    pub fn label(&self) -> String {
+        format!("{} {}", self.allocator, if self.allocator == "pytorch" { self.conf.to_string() } else { String::new() })
     }
 }
 
-pub fn unknown_allocator(name: &str) -> InputError {
-    let names: Vec<&str> = GPU_ALLOCATORS.iter().map(|(n, _)| *n).collect();
-    InputError::new("--allocator", format!("unknown GPU allocator '{name}' (known: {})", names.join(", ")))
+/// The replays of `allocbench run`: every conf for pytorch, the first conf for the others
+/// (whose policy ignores it). Unknown allocators are refused before anything runs.
+pub fn plan(allocators: &[String], confs: &[AllocatorConfig]) -> Result<Vec<Planned>, crate::error::InputError> {
+    for name in allocators {
+        if !GPU_ALLOCATORS.iter().any(|(n, _)| n == name) {
+            return Err(unknown_allocator(name));
+        }
+    }
+    let mut out = Vec::new();
+    for name in allocators {
+        let confs_for = if name == "pytorch" { confs } else { &confs[..1] };
+        out.extend(confs_for.iter().map(|conf| Planned { allocator: name.clone(), conf: conf.clone() }));
+    }
+    Ok(out)
 }
 
-/// Replays `source` through one allocator and returns the results record.
-pub fn run_one(
-    events: crate::event::EventStream<'_>,
-    info: crate::input::WorkloadInfo,
-    alloc: &mut dyn GpuAllocator,
+/// Builds `allocator` on `device` (with the addresses `source` recorded) and replays `source`.
+pub fn run_source(
+    source: &Source,
+    info: &WorkloadInfo,
+    allocator: &str,
     conf: &AllocatorConfig,
-    capacity: u64,
+    device: &DeviceSpec,
     opts: &ReplayOptions,
-    backend: &str,
+    watch: &mut dyn Observer<dyn GpuAllocator>,
 ) -> anyhow::Result<GpuRunResult> {
-    let outcome = replay(alloc, events, opts)?;
+    let mut built = build(allocator, conf, &DeviceSpec { addresses: source.address_script(), ..device.clone() })?;
+    run_one(&mut built, conf, source.events()?, info.clone(), opts, watch)
+}
+
+/// Replays `events` through a built policy and returns the results record; `watch` sees the
+/// replay too (progress, Ctrl-C).
+pub fn run_one(
+    built: &mut Built,
+    conf: &AllocatorConfig,
+    events: EventStream<'_>,
+    info: WorkloadInfo,
+    opts: &ReplayOptions,
+    watch: &mut dyn Observer<dyn GpuAllocator>,
+) -> anyhow::Result<GpuRunResult> {
+    let alloc = built.alloc.as_mut();
+    let outcome = replay_watched(alloc, events, opts, watch)?;
     let stats = alloc.stats();
     let conf_str = if alloc.name() == "pytorch" { conf.source.clone() } else { String::new() };
     Ok(GpuRunResult {
         schema_version: SCHEMA_VERSION,
         allocator: alloc.name(),
         conf: conf_str,
-        backend: backend.to_string(),
+        backend: built.backend,
         device: alloc.device_description(),
-        capacity,
-        on_oom: format!("{:?}", opts.on_oom).to_lowercase(),
+        capacity: built.capacity,
+        on_oom: opts.on_oom,
         workload: info,
         machine: MachineInfo::current(),
         work: WorkDone {
@@ -186,7 +162,7 @@ pub fn describe(r: &GpuRunResult) -> String {
         s += "interrupted (Ctrl-C): the numbers cover the events replayed so far\n";
     }
     if let Some(t) = sm.device_time_s {
-        let how = if r.backend == "cuda" { "measured on the GPU" } else { "modelled from --sim-latency" };
+        let how = if r.backend == Backend::Cuda { "measured on the GPU" } else { "modelled from --sim-latency" };
         s += &format!("device time {t:.3} s in allocation calls ({how})\n");
     }
     s += &format!("speed       {:.2} M events/s ({:.3} s)\n", sm.events_per_s / 1e6, sm.elapsed_s);
@@ -222,7 +198,11 @@ pub fn comparison_table(rows: &[GpuRunResult]) -> String {
     s
 }
 
-/// Options shared by replays started from the CLI.
-pub fn replay_options(on_oom: OnOom, sample_every: Option<u64>, progress: Option<indicatif::ProgressBar>) -> ReplayOptions {
-    ReplayOptions { on_oom, sample_every_events: sample_every, progress, ..Default::default() }
+/// Replays materialised events through PyTorch's policy on a plain simulated device (the many
+/// replays of `diagnose`'s capacity search and of `advise`); Ctrl-C stops it.
+pub fn replay_sim(events: &[Event], conf: &AllocatorConfig, capacity: u64, on_oom: OnOom) -> anyhow::Result<(ReplayOutcome, CachingAllocator<SimDevice>)> {
+    let mut a = pytorch_on_sim(conf, capacity);
+    let out =
+        replay_watched(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() }, &mut StopWhen(crate::interrupt::interrupted))?;
+    Ok((out, a))
 }

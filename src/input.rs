@@ -3,10 +3,9 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::InputError;
 use crate::event::{infallible, EventStream};
+use crate::results::WorkloadInfo;
 use crate::trace::read_trace;
 use crate::workload::Workload;
 
@@ -17,18 +16,6 @@ pub enum Source {
     Trace(PathBuf),
     /// A PyTorch snapshot or an RMM log, converted in memory.
     Imported(Box<crate::trace::snapshot::ImportedTrace>, PathBuf),
-}
-
-/// What a results file says about its input (with a hash that proves identical input).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WorkloadInfo {
-    pub name: String,
-    pub kind: String,
-    pub origin: String,
-    pub sha256: String,
-    pub seed: Option<u64>,
-    #[serde(default)]
-    pub description: String,
 }
 
 impl Source {

@@ -1,12 +1,15 @@
-//! Ctrl-C: long runs poll this flag, stop, and still write the results gathered so far.
+//! The stop flag long runs poll: the commands set it on Ctrl-C (the CLI installs the handler),
+//! and a run that sees it stops and still writes the results gathered so far. Replays see it only
+//! through a `StopWhen` observer the caller adds; analyses that run many replays (advise, the
+//! capacity search) and the CPU driver poll it between units of work.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-/// Installs the Ctrl-C handler (once; later calls are no-ops).
-pub fn install() {
-    let _ = ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst));
+/// Asks every long run to stop.
+pub fn request() {
+    INTERRUPTED.store(true, Ordering::SeqCst);
 }
 
 #[inline]

@@ -6,6 +6,17 @@
 //! The flow is one-way: workloads (`workloads/*.toml`), traces (CSV) → events → an allocator
 //! (GPU policy over a device, or a CPU malloc) → results (versioned JSON) → reports.
 //!
+//! ## The map (layers; each imports only those below it)
+//! 1. [`event`], [`units`], [`error`], [`interrupt`]: events, sizes, input errors, the stop flag.
+//! 2. [`results`]: the schema, every serialised type; imports nothing above layer 1.
+//! 3. [`trace`], [`workload`], [`input`]: where events come from.
+//! 4. [`gpu`]: policies over the [`gpu::device::Device`] seam (adaptors wrap it, `cuda.rs` alone
+//!    calls the driver), built in one place ([`gpu::build`]) and replayed by a small loop that
+//!    observers measure ([`gpu::replay`]). [`cpu`]: real mallocs, a per-worker driver with a clock.
+//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`report`]: runs and analyses that return data;
+//!    text is rendered separately.
+//! 6. [`cli`]: one module per command; progress bars and Ctrl-C live there.
+//!
 //! ## Glossary (one meaning per word)
 //! - **request**: the user's byte count. **rounded size**: after the policy's rounding.
 //! - **block**: a piece of a segment. **segment**: one device allocation (or one mapped range of
@@ -17,6 +28,7 @@
 //!   **utilization** = peak allocated ÷ peak reserved. **overhead** = peak reserved ÷ peak live.
 //! - **pinned free**: free bytes inside segments that hold a live block (`inactive_split_bytes`).
 
+pub mod advise;
 pub mod capture;
 pub mod cli;
 pub mod cpu;

@@ -7,6 +7,7 @@ use allocbench::gpu::config::AllocatorConfig;
 use allocbench::gpu::device::SimDevice;
 use allocbench::gpu::replay::{replay, OnOom, ReplayOptions};
 use allocbench::gpu::{AllocError, GpuAllocator};
+use allocbench::results::BlockState;
 use allocbench::trace::TraceReader;
 use proptest::prelude::*;
 
@@ -82,7 +83,7 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
                 a.empty_cache().unwrap();
                 // After empty_cache no fully free ordinary segment remains.
                 for s in a.segments().iter().filter(|s| !s.is_expandable) {
-                    prop_assert!(s.blocks.iter().any(|b| b.state == "active_allocated"), "free segment survived empty_cache");
+                    prop_assert!(s.blocks.iter().any(|b| b.state == BlockState::ActiveAllocated), "free segment survived empty_cache");
                 }
             }
         }

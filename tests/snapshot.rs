@@ -169,13 +169,13 @@ fn advise_finds_a_configuration_that_avoids_the_oom() {
     let source = Source::open(Some(Path::new(&w.0))).unwrap();
     let events = allocbench::diagnose::load_events(&source).unwrap();
     let confs = vec![String::new(), "expandable_segments:True".to_string(), "max_split_size_mb:512".to_string()];
-    let ranked = allocbench::diagnose::advise(&events, 50 << 30, &confs, 2, None).unwrap();
+    let ranked = allocbench::advise::advise(&events, 50 << 30, &confs, 2, None).unwrap();
     assert_eq!(ranked.len(), 3);
     assert_eq!(ranked[0].conf, "expandable_segments:True");
     assert!(ranked[0].oom_step.is_none());
     assert!(ranked.iter().find(|c| c.conf.is_empty()).unwrap().oom_step.is_some(), "the defaults OOM on 50 GiB");
-    assert!(allocbench::diagnose::search_space().len() >= 200);
-    assert!(allocbench::diagnose::search_space().iter().all(|c| AllocatorConfig::parse(c).is_ok()));
+    assert!(allocbench::advise::search_space().len() >= 200);
+    assert!(allocbench::advise::search_space().iter().all(|c| AllocatorConfig::parse(c).is_ok()));
 }
 
 struct Workload(String);

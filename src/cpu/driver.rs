@@ -2,13 +2,14 @@
 //!
 //! Every allocated block is written to (one byte per page, and its last byte), so RSS is real.
 //! Events are compiled in chunks to slot-indexed ops outside the timed region, so the replay loop
-//! costs a few ns per op; one op in [`LATENCY_SAMPLE_EVERY`] is timed with the TSC (calibrated
-//! against the monotonic clock) into an HDR histogram. With `cross_thread`, worker i hands every block it
-//! frees to worker i+1, which frees it (the larson pattern: where allocators differ most).
+//! costs a few ns per op; one op in [`LATENCY_SAMPLE_EVERY`] is timed with a [`Clock`] (the TSC,
+//! [`Tsc`], calibrated against the monotonic clock) into an HDR histogram. Each worker thread
+//! replays the workload pass after pass (`Worker::pass`) until the run's bound. With
+//! `cross_thread`, worker i hands every block it frees to worker i+1, which frees it (the larson
+//! pattern: where allocators differ most).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -48,6 +49,43 @@ pub struct DriverOutcome {
     pub replay_ns: u64,
     pub wall_s: f64,
     pub interrupted: bool,
+}
+
+/// What the driver times sampled ops with (criterion's `Measurement` is the model): `start`
+/// reads the clock, `elapsed_ns` turns the time since into nanoseconds.
+pub trait Clock: Sync {
+    type Start: Copy;
+    fn start(&self) -> Self::Start;
+    /// Nanoseconds since `start` (at least 1: the histogram counts from 1 ns).
+    fn elapsed_ns(&self, start: Self::Start) -> u64;
+}
+
+/// The time-stamp counter (`rdtsc`; the monotonic clock elsewhere), calibrated against the
+/// monotonic clock once per process: two reads cost ~10 ns.
+#[derive(Debug, Clone, Copy)]
+pub struct Tsc {
+    ns_per_tick: f64,
+}
+
+impl Tsc {
+    pub fn calibrated() -> Self {
+        Tsc { ns_per_tick: ns_per_tick() }
+    }
+}
+
+impl Clock for Tsc {
+    type Start = u64;
+
+    #[inline(always)]
+    fn start(&self) -> u64 {
+        ticks()
+    }
+
+    #[inline(always)]
+    fn elapsed_ns(&self, start: u64) -> u64 {
+        let dt = ticks().wrapping_sub(start);
+        ((dt as f64 * self.ns_per_tick) as u64).max(1)
+    }
 }
 
 #[inline]
@@ -146,12 +184,13 @@ impl Compiler {
     }
 }
 
-struct Worker {
+/// One worker thread: its allocator, clock, counters and histograms.
+struct Worker<'a, C: Clock> {
     alloc: CpuAllocator,
     touch: bool,
+    clock: &'a C,
     alloc_ns: Histogram<u64>,
     free_ns: Histogram<u64>,
-    ns_per_tick: f64,
     allocs: u64,
     frees: u64,
     ops: u64,
@@ -159,9 +198,42 @@ struct Worker {
     handoff: Option<mpsc::Sender<(usize, usize)>>,
     bytes_allocated: u64,
     bytes_freed: u64,
+    /// Steps and events replayed over all passes.
+    steps: u64,
+    events: u64,
 }
 
-impl Worker {
+/// What every worker of a run shares.
+struct Run<'a> {
+    source: &'a Source,
+    opts: &'a DriverOptions,
+    /// Worker 0's step count, for the RSS sampler.
+    iteration: &'a AtomicU64,
+    deadline: Option<Instant>,
+    passes: AtomicU64,
+    interrupted: AtomicBool,
+}
+
+impl<'a, C: Clock> Worker<'a, C> {
+    fn new(alloc: CpuAllocator, opts: &DriverOptions, clock: &'a C, handoff: Option<mpsc::Sender<(usize, usize)>>) -> Self {
+        Worker {
+            alloc,
+            touch: opts.touch,
+            clock,
+            alloc_ns: histogram(),
+            free_ns: histogram(),
+            allocs: 0,
+            frees: 0,
+            ops: 0,
+            replay_ns: 0,
+            handoff,
+            bytes_allocated: 0,
+            bytes_freed: 0,
+            steps: 0,
+            events: 0,
+        }
+    }
+
     #[inline]
     fn sampled(&mut self) -> bool {
         self.ops += 1;
@@ -171,10 +243,9 @@ impl Worker {
     #[inline(always)]
     fn malloc(&mut self, bytes: usize) -> anyhow::Result<*mut u8> {
         let p = if self.sampled() {
-            let t0 = ticks();
+            let t0 = self.clock.start();
             let p = unsafe { self.alloc.malloc(bytes) };
-            let dt = ticks().wrapping_sub(t0);
-            let _ = self.alloc_ns.record(((dt as f64 * self.ns_per_tick) as u64).max(1));
+            let _ = self.alloc_ns.record(self.clock.elapsed_ns(t0));
             p
         } else {
             unsafe { self.alloc.malloc(bytes) }
@@ -193,10 +264,9 @@ impl Worker {
     #[inline(always)]
     fn free_here(&mut self, p: usize, bytes: usize) {
         if self.sampled() {
-            let t0 = ticks();
+            let t0 = self.clock.start();
             unsafe { self.alloc.free(p as *mut u8, bytes) };
-            let dt = ticks().wrapping_sub(t0);
-            let _ = self.free_ns.record(((dt as f64 * self.ns_per_tick) as u64).max(1));
+            let _ = self.free_ns.record(self.clock.elapsed_ns(t0));
         } else {
             unsafe { self.alloc.free(p as *mut u8, bytes) };
         }
@@ -215,138 +285,129 @@ impl Worker {
             None => self.free_here(p, bytes),
         }
     }
+
+    /// Worker `w` replays passes over the workload until the run's bound (iterations, duration,
+    /// one pass, Ctrl-C), then frees what other workers hand over until they have all finished.
+    fn run(&mut self, w: usize, run: &Run, rx: mpsc::Receiver<(usize, usize)>) -> anyhow::Result<()> {
+        // Live blocks by slot: (address, bytes); address 0 = empty.
+        let mut slots: Vec<(usize, usize)> = Vec::new();
+        let mut ops: Vec<Op> = Vec::with_capacity(CHUNK_EVENTS);
+        while !self.pass(w, run, &rx, &mut slots, &mut ops)? {}
+        self.handoff = None;
+        for (p, b) in rx.iter() {
+            self.free_here(p, b);
+        }
+        Ok(())
+    }
+
+    /// One pass over the workload: events are compiled in chunks (untimed) and replayed (timed);
+    /// at its end what is still live is freed and ids start afresh. Returns whether the worker
+    /// is done.
+    fn pass(&mut self, w: usize, run: &Run, rx: &mpsc::Receiver<(usize, usize)>, slots: &mut Vec<(usize, usize)>, ops: &mut Vec<Op>) -> anyhow::Result<bool> {
+        let opts = run.opts;
+        let mut done = false;
+        let mut compiler = Compiler::default();
+        let mut stream = run.source.events()?;
+        let mut exhausted = false;
+        let mut saw_event = false;
+        while !exhausted && !done {
+            ops.clear();
+            while ops.len() < CHUNK_EVENTS {
+                match stream.next() {
+                    Some(ev) => {
+                        compiler.compile(ev?, opts.scale, ops);
+                        self.events += 1;
+                        saw_event = true;
+                    }
+                    None => {
+                        exhausted = true;
+                        break;
+                    }
+                }
+            }
+            if slots.len() < compiler.next_slot as usize {
+                slots.resize(compiler.next_slot as usize, (0, 0));
+            }
+            let t0 = Instant::now();
+            for &op in ops.iter() {
+                match op {
+                    Op::Alloc { slot, bytes } => {
+                        let p = self.malloc(bytes)?;
+                        slots[slot as usize] = (p as usize, bytes);
+                    }
+                    Op::Free { slot } => {
+                        let (p, b) = std::mem::take(&mut slots[slot as usize]);
+                        if p != 0 {
+                            self.free(p, b);
+                        }
+                    }
+                    Op::Step => {
+                        self.steps += 1;
+                        if w == 0 {
+                            run.iteration.store(self.steps, Ordering::Relaxed);
+                        }
+                        if opts.iterations.is_some_and(|max| self.steps >= max) {
+                            done = true;
+                            break;
+                        }
+                    }
+                }
+            }
+            self.replay_ns += t0.elapsed().as_nanos() as u64;
+            while let Ok((p, b)) = rx.try_recv() {
+                self.free_here(p, b);
+            }
+            if crate::interrupt::interrupted() {
+                run.interrupted.store(true, Ordering::Relaxed);
+                done = true;
+            }
+            if run.deadline.is_some_and(|d| Instant::now() >= d) {
+                done = true;
+            }
+        }
+        for (p, b) in slots.iter_mut().map(std::mem::take) {
+            if p != 0 {
+                self.free_here(p, b);
+            }
+        }
+        run.passes.fetch_add(1, Ordering::Relaxed);
+        Ok(done || !saw_event || (opts.iterations.is_none() && run.deadline.is_none()))
+    }
 }
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// Runs the workload on `opts.threads` workers. `iteration` is published for the RSS sampler.
+/// Runs the workload on `opts.threads` workers, timing sampled ops with the TSC. `iteration` is
+/// published for the RSS sampler.
 pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iteration: &AtomicU64) -> anyhow::Result<DriverOutcome> {
+    drive_with(source, alloc, opts, iteration, &Tsc::calibrated())
+}
+
+/// [`drive`] with the clock sampled ops are timed with.
+pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iteration: &AtomicU64, clock: &C) -> anyhow::Result<DriverOutcome> {
     if opts.threads == 0 || opts.threads > 1024 {
         return Err(InputError::new("--threads", "must be between 1 and 1024").into());
     }
     if !(opts.scale > 0.0 && opts.scale <= 1.0) {
         return Err(InputError::new("--scale", "must be in (0, 1]").into());
     }
-    let ns_per_tick = ns_per_tick();
-    let events_total = AtomicU64::new(0);
-    let iterations_total = AtomicU64::new(0);
-    let passes_total = AtomicU64::new(0);
     let start = Instant::now();
-    let deadline = opts.duration.map(|d| start + d);
+    let run = Run { source, opts, iteration, deadline: opts.duration.map(|d| start + d), passes: AtomicU64::new(0), interrupted: AtomicBool::new(false) };
     let n = opts.threads;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
     let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> = senders.into_iter().map(Some).collect();
-    let interrupted = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
-    let results: Vec<anyhow::Result<Worker>> = std::thread::scope(|scope| {
+    let results: Vec<anyhow::Result<Worker<C>>> = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for (w, rx) in receivers.into_iter().enumerate() {
             // Worker w frees into worker w+1's channel.
             let tx = if opts.cross_thread && n > 1 { senders[(w + 1) % n].take() } else { None };
-            let (ev_total, it_total, passes) = (&events_total, &iterations_total, &passes_total);
-            let interrupted = interrupted.clone();
-            handles.push(scope.spawn(move || -> anyhow::Result<Worker> {
-                let mut worker = Worker {
-                    alloc,
-                    touch: opts.touch,
-                    alloc_ns: histogram(),
-                    free_ns: histogram(),
-                    ns_per_tick,
-                    allocs: 0,
-                    frees: 0,
-                    ops: 0,
-                    replay_ns: 0,
-                    handoff: tx,
-                    bytes_allocated: 0,
-                    bytes_freed: 0,
-                };
-                // Live blocks by slot: (address, bytes); address 0 = empty.
-                let mut slots: Vec<(usize, usize)> = Vec::new();
-                let mut ops: Vec<Op> = Vec::with_capacity(CHUNK_EVENTS);
-                let mut steps = 0u64;
-                let mut events = 0u64;
-                let mut done = false;
-                while !done {
-                    let mut compiler = Compiler::default();
-                    let mut stream = source.events()?;
-                    let mut exhausted = false;
-                    let mut saw_event = false;
-                    while !exhausted && !done {
-                        ops.clear();
-                        // Compile a chunk (untimed), then replay it (timed).
-                        while ops.len() < CHUNK_EVENTS {
-                            match stream.next() {
-                                Some(ev) => {
-                                    compiler.compile(ev?, opts.scale, &mut ops);
-                                    events += 1;
-                                    saw_event = true;
-                                }
-                                None => {
-                                    exhausted = true;
-                                    break;
-                                }
-                            }
-                        }
-                        if slots.len() < compiler.next_slot as usize {
-                            slots.resize(compiler.next_slot as usize, (0, 0));
-                        }
-                        let t0 = Instant::now();
-                        for &op in &ops {
-                            match op {
-                                Op::Alloc { slot, bytes } => {
-                                    let p = worker.malloc(bytes)?;
-                                    slots[slot as usize] = (p as usize, bytes);
-                                }
-                                Op::Free { slot } => {
-                                    let (p, b) = std::mem::take(&mut slots[slot as usize]);
-                                    if p != 0 {
-                                        worker.free(p, b);
-                                    }
-                                }
-                                Op::Step => {
-                                    steps += 1;
-                                    if w == 0 {
-                                        iteration.store(steps, Ordering::Relaxed);
-                                    }
-                                    if opts.iterations.is_some_and(|max| steps >= max) {
-                                        done = true;
-                                        break;
-                                    }
-                                }
-                            }
-                        }
-                        worker.replay_ns += t0.elapsed().as_nanos() as u64;
-                        while let Ok((p, b)) = rx.try_recv() {
-                            worker.free_here(p, b);
-                        }
-                        if crate::interrupt::interrupted() {
-                            interrupted.store(true, Ordering::Relaxed);
-                            done = true;
-                        }
-                        if deadline.is_some_and(|d| Instant::now() >= d) {
-                            done = true;
-                        }
-                    }
-                    // End of a pass: what is still live is freed, ids start afresh.
-                    for (p, b) in slots.iter_mut().map(std::mem::take) {
-                        if p != 0 {
-                            worker.free_here(p, b);
-                        }
-                    }
-                    passes.fetch_add(1, Ordering::Relaxed);
-                    if !saw_event || (opts.iterations.is_none() && deadline.is_none()) {
-                        done = true;
-                    }
-                }
-                worker.handoff = None;
-                // Free what other workers handed over until they have all finished.
-                for (p, b) in rx.iter() {
-                    worker.free_here(p, b);
-                }
-                ev_total.fetch_add(events, Ordering::Relaxed);
-                it_total.fetch_max(steps, Ordering::Relaxed);
+            let run = &run;
+            handles.push(scope.spawn(move || -> anyhow::Result<Worker<C>> {
+                let mut worker = Worker::new(alloc, opts, clock, tx);
+                worker.run(w, run, rx)?;
                 Ok(worker)
             }));
         }
@@ -357,6 +418,7 @@ pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iterati
     let mut alloc_ns = histogram();
     let mut free_ns = histogram();
     let (mut allocs, mut frees, mut replay_ns, mut bytes_allocated, mut bytes_freed) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut events, mut iterations) = (0u64, 0u64);
     for r in results {
         let w = r?;
         alloc_ns.add(&w.alloc_ns).expect("same bounds");
@@ -366,19 +428,21 @@ pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iterati
         replay_ns = replay_ns.max(w.replay_ns);
         bytes_allocated += w.bytes_allocated;
         bytes_freed += w.bytes_freed;
+        events += w.events;
+        iterations = iterations.max(w.steps);
     }
     Ok(DriverOutcome {
         allocs,
         frees,
-        events: events_total.load(Ordering::Relaxed),
-        iterations: iterations_total.load(Ordering::Relaxed),
-        passes: passes_total.load(Ordering::Relaxed),
+        events,
+        iterations,
+        passes: run.passes.load(Ordering::Relaxed),
         bytes_allocated,
         bytes_freed,
         alloc_ns,
         free_ns,
         replay_ns,
         wall_s,
-        interrupted: interrupted.load(Ordering::Relaxed),
+        interrupted: run.interrupted.load(Ordering::Relaxed),
     })
 }

@@ -20,84 +20,14 @@ pub mod driver;
 pub mod preload;
 pub mod rss;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use crate::error::InputError;
-use crate::input::{Source, WorkloadInfo};
-use crate::results::{MachineInfo, WorkDone, SCHEMA_VERSION};
+use crate::input::Source;
+use crate::results::{CpuMode, CpuRunResult, Latency, LiveMalloc, MachineInfo, WorkDone, SCHEMA_VERSION};
 use allocators::CpuAllocator;
 use driver::{drive, DriverOptions};
-use preload::LiveMalloc;
-use rss::{RssSample, RssSampler};
-
-/// Latency percentiles in nanoseconds.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Latency {
-    pub count: u64,
-    pub mean: f64,
-    pub p50: u64,
-    pub p99: u64,
-    pub p999: u64,
-    pub max: u64,
-}
-
-impl Latency {
-    fn of(h: &hdrhistogram::Histogram<u64>) -> Self {
-        if h.is_empty() {
-            return Latency::default();
-        }
-        Latency {
-            count: h.len(),
-            mean: h.mean(),
-            p50: h.value_at_quantile(0.5),
-            p99: h.value_at_quantile(0.99),
-            p999: h.value_at_quantile(0.999),
-            max: h.max(),
-        }
-    }
-}
-
-/// One CPU run (`allocbench cpu`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CpuRunResult {
-    pub schema_version: u32,
-    /// The allocator this run measured, by what really served it: for `system` under LD_PRELOAD
-    /// that is the preloaded allocator's name.
-    pub allocator: String,
-    /// "in-process" (called through GlobalAlloc) or "preload" (the process's malloc).
-    pub mode: String,
-    pub live_malloc: LiveMalloc,
-    pub workload: WorkloadInfo,
-    pub machine: MachineInfo,
-    pub work: WorkDone,
-    pub threads: usize,
-    pub cross_thread: bool,
-    pub scale: f64,
-    pub iterations: u64,
-    pub passes: u64,
-    pub bytes_allocated: u64,
-    pub bytes_freed: u64,
-    pub wall_s: f64,
-    pub ops_per_s: f64,
-    /// Ops per second per thread inside the replay of compiled ops (no event generation).
-    pub replay_ops_per_s: f64,
-    pub alloc_ns: Latency,
-    pub free_ns: Latency,
-    pub rss_before: u64,
-    pub peak_rss: u64,
-    pub rss_after_free: u64,
-    pub retained: i64,
-    pub trim_call: Option<String>,
-    pub retained_after_trim: Option<i64>,
-    pub drift_mib_per_1k_iterations: Option<f64>,
-    pub drift_mib_per_minute: Option<f64>,
-    pub rss_timeline: Vec<RssSample>,
-    pub native_stats: BTreeMap<String, u64>,
-    pub interrupted: bool,
-}
+use rss::RssSampler;
 
 /// How to run.
 pub struct CpuRunOptions {
@@ -106,11 +36,11 @@ pub struct CpuRunOptions {
 }
 
 /// The label a run gets: an in-process allocator's own name, or what really serves malloc.
-pub fn label(alloc: &CpuAllocator, live: &LiveMalloc) -> (String, String) {
+pub fn label(alloc: &CpuAllocator, live: &LiveMalloc) -> (String, CpuMode) {
     if alloc.name == "system" {
-        (live.name.clone(), if live.ld_preload.is_some() { "preload" } else { "in-process" }.into())
+        (live.name.clone(), if live.ld_preload.is_some() { CpuMode::Preload } else { CpuMode::InProcess })
     } else {
-        (alloc.name.to_string(), "in-process".into())
+        (alloc.name.to_string(), CpuMode::InProcess)
     }
 }
 

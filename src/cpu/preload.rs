@@ -8,17 +8,7 @@ use std::ffi::{c_void, CStr};
 use std::path::PathBuf;
 
 use crate::error::InputError;
-
-/// The live malloc: a short name (glibc, jemalloc, tcmalloc, mimalloc, or the file name) and
-/// the library path that serves `malloc`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct LiveMalloc {
-    pub name: String,
-    pub library: String,
-    /// Allocator libraries mapped into the process (from /proc/self/maps).
-    pub mapped: Vec<String>,
-    pub ld_preload: Option<String>,
-}
+use crate::results::LiveMalloc;
 
 pub fn classify(library: &str) -> String {
     let file = library.rsplit('/').next().unwrap_or(library);
@@ -81,6 +71,21 @@ type TcPropertyFn = unsafe extern "C" fn(*const libc::c_char, *mut usize) -> lib
 
 unsafe fn symbol(name: &CStr) -> *mut c_void {
     libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr())
+}
+
+/// Set in the child of [`rerun_preloaded`], so it runs instead of re-launching again.
+const PRELOAD_CHILD_ENV: &str = "ALLOCBENCH_PRELOAD_CHILD";
+
+/// Re-runs this very command with `LD_PRELOAD` of `spec`, so that the allocator serves every
+/// malloc from the start, and returns the child's exit code; `None` in that child.
+pub fn rerun_preloaded(spec: &str) -> anyhow::Result<Option<i32>> {
+    if std::env::var_os(PRELOAD_CHILD_ENV).is_some() {
+        return Ok(None);
+    }
+    let lib = resolve_preload(spec)?;
+    let exe = std::env::current_exe()?;
+    let status = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_PRELOAD", &lib).env(PRELOAD_CHILD_ENV, "1").status()?;
+    Ok(Some(status.code().unwrap_or(1)))
 }
 
 /// Native stats of the malloc that serves the process (glibc `mallinfo2`, a preloaded jemalloc's

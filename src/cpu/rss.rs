@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use crate::results::RssSample;
 
 fn page_size() -> u64 {
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -46,13 +46,6 @@ pub fn mem_available_bytes() -> u64 {
         .and_then(|s| s.lines().find(|l| l.starts_with("MemAvailable:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse::<u64>().ok()))
         .map(|kib| kib * 1024)
         .unwrap_or(u64::MAX)
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct RssSample {
-    pub t_s: f64,
-    pub iteration: u64,
-    pub rss: u64,
 }
 
 /// Samples RSS every `interval` until stopped; the driver publishes its iteration count.

@@ -9,8 +9,9 @@ use rustc_hash::FxHashMap;
 
 use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
-use super::{AllocError, BlockSnapshot, GpuAllocator, Handle, OomInfo, SegmentSnapshot};
+use super::{AllocError, GpuAllocator, Handle, OomInfo};
 use crate::gpu::caching::pool_for;
+use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 
 /// Stats for an allocation that is also its own segment.
 /// `device_call` is false for the ideal bound, which makes none.
@@ -116,9 +117,9 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
                 address: l.ptr,
                 total_size: l.bytes,
                 stream: l.stream,
-                segment_type: super::pool_name(pool_for(l.bytes)),
+                segment_type: super::segment_type(pool_for(l.bytes)),
                 is_expandable: false,
-                blocks: vec![BlockSnapshot { size: l.bytes, requested_size: l.bytes, state: "active_allocated".into() }],
+                blocks: vec![BlockSnapshot { size: l.bytes, requested_size: l.bytes, state: BlockState::ActiveAllocated }],
             })
             .collect();
         v.sort_by_key(|s| s.address);

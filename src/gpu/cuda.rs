@@ -3,7 +3,8 @@
 //! CUDA. Segments are `cuMemAlloc`/`cuMemFree`; expandable segments use the virtual-memory calls
 //! (`cuMemAddressReserve`, `cuMemCreate`, `cuMemMap`, `cuMemSetAccess`, `cuMemUnmap`,
 //! `cuMemRelease`, `cuMemAddressFree`) as PyTorch does. Everything still mapped or allocated is
-//! released on drop.
+//! released on drop. [`CudaPool`] holds the stream-ordered pool's calls (`async_pool.rs` is the
+//! allocator over it) and [`CudaDevice::time_alloc_free`] the raw timings `devprobe.rs` collects.
 //!
 //! Note [cudarc without a driver]: cudarc panics instead of returning an error when libcuda or one
 //! of its symbols is missing. [`CudaDevice::open`] checks that the library loads, then runs the
@@ -17,8 +18,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use cudarc::driver::sys::{self, CUresult};
 
 use super::device::{Device, DeviceError, DeviceResult};
-use super::stats::{DeviceStats, PoolKind};
-use super::{AllocError, GpuAllocator, Handle, OomInfo};
 use crate::error::InputError;
 
 fn check(r: CUresult, what: &str) -> DeviceResult<()> {
@@ -121,7 +120,7 @@ impl CudaDevice {
 
     /// The real stream for a trace's stream id: 0 is the legacy default stream; others are
     /// created on first use.
-    pub fn stream(&mut self, id: u64) -> DeviceResult<sys::CUstream> {
+    fn stream(&mut self, id: u64) -> DeviceResult<sys::CUstream> {
         if id == 0 {
             return Ok(std::ptr::null_mut());
         }
@@ -165,6 +164,17 @@ impl CudaDevice {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// One raw `cuMemAlloc` + `cuMemFree` of `bytes`, each timed (ns), bypassing the bookkeeping.
+    pub fn time_alloc_free(&self, bytes: u64) -> DeviceResult<(u64, u64)> {
+        let mut ptr = 0;
+        let t0 = std::time::Instant::now();
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) }, "cuMemAlloc")?;
+        let t1 = std::time::Instant::now();
+        check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")?;
+        let t2 = std::time::Instant::now();
+        Ok(((t1 - t0).as_nanos() as u64, (t2 - t1).as_nanos() as u64))
     }
 }
 
@@ -271,19 +281,14 @@ impl Drop for CudaDevice {
     }
 }
 
-/// CUDA's stream-ordered pool (`cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on a pool whose
-/// release threshold keeps everything cached): the driver's own caching allocator, as a baseline.
-pub struct AsyncPoolAllocator {
-    device: CudaDevice,
+/// A stream-ordered memory pool (`cuMemPoolCreate`) whose release threshold keeps everything
+/// cached: the driver's own caching allocator. Destroyed on drop.
+pub struct CudaPool {
     pool: sys::CUmemoryPool,
-    live: HashMap<Handle, (u64, u64, u64)>,
-    next: Handle,
-    stats: DeviceStats,
-    device_time_ns: u64,
 }
 
-impl AsyncPoolAllocator {
-    pub fn new(device: CudaDevice) -> DeviceResult<Self> {
+impl CudaPool {
+    pub fn new(device: &CudaDevice) -> DeviceResult<Self> {
         let mut props: sys::CUmemPoolProps = unsafe { std::mem::zeroed() };
         props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
         props.location = device.location();
@@ -294,169 +299,51 @@ impl AsyncPoolAllocator {
             unsafe { sys::cuMemPoolSetAttribute(pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &mut threshold as *mut u64 as *mut _) },
             "cuMemPoolSetAttribute",
         )?;
-        Ok(AsyncPoolAllocator {
-            device,
-            pool,
-            live: HashMap::new(),
-            next: 0,
-            stats: DeviceStats { max_split_size: -1, ..Default::default() },
-            device_time_ns: 0,
-        })
+        Ok(CudaPool { pool })
     }
 
-    fn pool_attr(&self, attr: sys::CUmemPool_attribute) -> u64 {
+    /// Bytes the pool holds from the device (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`).
+    pub fn reserved(&self) -> u64 {
         let mut v: u64 = 0;
-        unsafe { sys::cuMemPoolGetAttribute(self.pool, attr, &mut v as *mut u64 as *mut _) };
+        unsafe { sys::cuMemPoolGetAttribute(self.pool, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut v as *mut u64 as *mut _) };
         v
     }
 
-    /// Reserved memory as the pool reports it (the backend:cudaMallocAsync stats).
-    fn sync_reserved(&mut self) {
-        let reserved = self.pool_attr(sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) as i64;
-        let cur = self.stats.reserved_bytes.all.current;
-        if reserved > cur {
-            self.stats.reserved_bytes.increase(PoolKind::Large, (reserved - cur) as u64);
-        } else if reserved < cur {
-            self.stats.reserved_bytes.decrease(PoolKind::Large, (cur - reserved) as u64);
-        }
-    }
-}
-
-impl GpuAllocator for AsyncPoolAllocator {
-    fn name(&self) -> String {
-        "async".into()
-    }
-
-    fn malloc(&mut self, bytes: u64, stream: u64) -> Result<Handle, AllocError> {
-        let s = self.device.stream(stream)?;
+    /// `cuMemAllocFromPoolAsync` on the trace's stream `stream`, its time added to `time_ns`.
+    pub fn alloc(&self, device: &mut CudaDevice, bytes: u64, stream: u64, time_ns: &mut u64) -> DeviceResult<u64> {
+        let s = device.stream(stream)?;
         let mut ptr = 0;
-        let pool_handle = self.pool;
-        match check(
-            timed(&mut self.device_time_ns, || unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes as usize, pool_handle, s) }),
-            "cuMemAllocFromPoolAsync",
-        ) {
-            Ok(()) => {}
-            Err(DeviceError::OutOfMemory) => {
-                self.stats.num_ooms += 1;
-                let reserved = self.stats.reserved_bytes.all.current as u64;
-                let allocated = self.stats.allocated_bytes.all.current as u64;
-                return Err(AllocError::OutOfMemory(OomInfo {
-                    requested: bytes,
-                    rounded: bytes,
-                    alloc_size: bytes,
-                    device_free: self.device.free_memory(),
-                    cached_free: reserved.saturating_sub(allocated),
-                    largest_free_block: 0,
-                    reserved,
-                    allocated,
-                }));
-            }
-            Err(e) => return Err(AllocError::Device(e)),
-        }
-        let h = self.next;
-        self.next = self.next.wrapping_add(1);
-        self.live.insert(h, (ptr, bytes, stream));
-        let pool = super::caching::pool_for(bytes);
-        self.stats.allocation.increase(pool, 1);
-        self.stats.allocated_bytes.increase(pool, bytes);
-        self.stats.active_bytes.increase(pool, bytes);
-        self.stats.requested_bytes.increase(pool, bytes);
-        self.sync_reserved();
-        Ok(h)
+        let pool = self.pool;
+        check(timed(time_ns, || unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes as usize, pool, s) }), "cuMemAllocFromPoolAsync")?;
+        Ok(ptr)
     }
 
-    fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
-        let (ptr, bytes, stream) = self.live.remove(&handle).expect("free of a live handle");
-        let s = self.device.stream(stream)?;
-        check(timed(&mut self.device_time_ns, || unsafe { sys::cuMemFreeAsync(ptr, s) }), "cuMemFreeAsync")?;
-        let pool = super::caching::pool_for(bytes);
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, bytes);
-        self.stats.active_bytes.decrease(pool, bytes);
-        self.stats.requested_bytes.decrease(pool, bytes);
-        Ok(())
+    /// `cuMemFreeAsync` on the trace's stream `stream`, its time added to `time_ns`.
+    pub fn free(&self, device: &mut CudaDevice, ptr: u64, stream: u64, time_ns: &mut u64) -> DeviceResult<()> {
+        let s = device.stream(stream)?;
+        check(timed(time_ns, || unsafe { sys::cuMemFreeAsync(ptr, s) }), "cuMemFreeAsync")
     }
 
-    fn empty_cache(&mut self) -> Result<(), DeviceError> {
-        self.device.synchronize()?;
-        check(unsafe { sys::cuMemPoolTrimTo(self.pool, 0) }, "cuMemPoolTrimTo")?;
-        self.stats.num_sync_all_streams += 1;
-        self.sync_reserved();
-        Ok(())
+    /// `cuMemPoolTrimTo(0)`: gives every unused byte back to the device.
+    pub fn trim(&self) -> DeviceResult<()> {
+        check(unsafe { sys::cuMemPoolTrimTo(self.pool, 0) }, "cuMemPoolTrimTo")
     }
 
-    fn stats(&self) -> &DeviceStats {
-        &self.stats
-    }
-
-    fn device_description(&self) -> String {
-        self.device.describe()
-    }
-
-    fn device_time_ns(&self) -> Option<u64> {
-        Some(self.device_time_ns)
-    }
-}
-
-/// Measures device allocation latency by size (`allocbench devprobe`).
-pub fn devprobe(device: CudaDevice, reps: usize) -> Result<super::devprobe::DevprobeResult, DeviceError> {
-    use super::devprobe::{probe_sizes, summarize};
-    let sizes = probe_sizes(device.capacity());
-    let (mut malloc, mut free) = (Vec::new(), Vec::new());
-    for &bytes in &sizes {
-        // Big allocations take milliseconds: fewer repetitions for them.
-        let n = if bytes >= 1 << 30 { reps.div_ceil(10).max(5) } else { reps };
-        let (mut m, mut f) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for _ in 0..n {
-            let mut ptr = 0;
-            let t0 = std::time::Instant::now();
-            check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) }, "cuMemAlloc")?;
-            let t1 = std::time::Instant::now();
-            check(unsafe { sys::cuMemFree_v2(ptr) }, "cuMemFree")?;
-            let t2 = std::time::Instant::now();
-            m.push((t1 - t0).as_nanos() as u64);
-            f.push((t2 - t1).as_nanos() as u64);
-        }
-        malloc.push(summarize(bytes, m));
-        free.push(summarize(bytes, f));
-    }
-    let capacity = device.capacity();
-    let name = device.describe();
-    let mut pool = AsyncPoolAllocator::new(device)?;
-    let mut async_pool = Vec::new();
-    for &bytes in &sizes {
-        let n = if bytes >= 1 << 30 { reps.div_ceil(10).max(5) } else { reps };
-        // Warm the pool at this size first, then time alloc + free from it.
-        let h = pool.malloc(bytes, 0).map_err(|e| DeviceError::Other(format!("{e:?}")))?;
-        pool.free(h)?;
-        let mut t = Vec::with_capacity(n);
-        for _ in 0..n {
-            let t0 = std::time::Instant::now();
-            let h = pool.malloc(bytes, 0).map_err(|e| DeviceError::Other(format!("{e:?}")))?;
-            pool.free(h)?;
-            t.push(t0.elapsed().as_nanos() as u64);
-        }
-        async_pool.push(summarize(bytes, t));
-    }
-    Ok(super::devprobe::DevprobeResult {
-        schema_version: crate::results::SCHEMA_VERSION,
-        device: name,
-        capacity,
-        machine: crate::results::MachineInfo::current(),
-        malloc,
-        free,
-        async_pool_alloc_free: async_pool,
-    })
-}
-
-impl Drop for AsyncPoolAllocator {
-    fn drop(&mut self) {
+    /// Frees what is still live (on its stream, or the default one) and waits for the device.
+    pub fn free_all(&self, device: &CudaDevice, live: impl Iterator<Item = (u64, u64)>) {
         unsafe {
-            for &(ptr, _, stream) in self.live.values() {
-                let s = self.device.streams.get(&stream).copied().unwrap_or(std::ptr::null_mut());
+            for (ptr, stream) in live {
+                let s = device.streams.get(&stream).copied().unwrap_or(std::ptr::null_mut());
                 sys::cuMemFreeAsync(ptr, s);
             }
             sys::cuCtxSynchronize();
+        }
+    }
+}
+
+impl Drop for CudaPool {
+    fn drop(&mut self) {
+        unsafe {
             sys::cuMemPoolDestroy(self.pool);
         }
     }

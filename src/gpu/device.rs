@@ -1,7 +1,30 @@
 //! The one narrow seam between allocator policies and device memory, and the simulated device.
 //!
 //! Policies call only this trait; `SimDevice` implements it on every machine and `CudaDevice`
-//! (in `cuda.rs`) on a real GPU.
+//! (in `cuda.rs`) on a real GPU. Features that are not device memory itself wrap a device and
+//! implement the same trait (as RMM's adaptors wrap a memory resource), one file each:
+//! [`latency::WithLatency`] (device time from `--sim-latency`), [`withheld::Withheld`] (memory
+//! held by others) and [`address_replay::AddressReplay`] (the addresses a real GPU returned).
+//! `gpu::build` puts them together.
+
+/// Forwards the named [`Device`] methods to `self.inner` (for adaptors, which intercept the rest).
+macro_rules! forward_to_inner {
+    ($($m:ident),+ $(,)?) => { $(forward_to_inner!(@ $m);)+ };
+    (@ capacity) => { fn capacity(&self) -> u64 { self.inner.capacity() } };
+    (@ free_memory) => { fn free_memory(&self) -> u64 { self.inner.free_memory() } };
+    (@ malloc) => { fn malloc(&mut self, bytes: u64, stream: u64) -> DeviceResult<u64> { self.inner.malloc(bytes, stream) } };
+    (@ free) => { fn free(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> { self.inner.free(ptr, bytes) } };
+    (@ reserve_address) => { fn reserve_address(&mut self, bytes: u64) -> DeviceResult<u64> { self.inner.reserve_address(bytes) } };
+    (@ release_address) => { fn release_address(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> { self.inner.release_address(ptr, bytes) } };
+    (@ map_page) => { fn map_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> { self.inner.map_page(ptr, bytes) } };
+    (@ unmap_page) => { fn unmap_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> { self.inner.unmap_page(ptr, bytes) } };
+    (@ describe) => { fn describe(&self) -> String { self.inner.describe() } };
+    (@ device_time_ns) => { fn device_time_ns(&self) -> Option<u64> { self.inner.device_time_ns() } };
+}
+
+pub mod address_replay;
+pub mod latency;
+pub mod withheld;
 
 use std::collections::BTreeMap;
 
@@ -60,7 +83,7 @@ pub trait Device {
 pub const H100_CAPACITY_BYTES: u64 = 81_559 * MIB;
 /// Simulated addresses are 2 MiB aligned, like real large cudaMalloc results.
 pub const SIM_ALIGNMENT_BYTES: u64 = 2 * MIB;
-const SIM_VA_BASE: u64 = 0x7f00_0000_0000;
+pub(crate) const SIM_VA_BASE: u64 = 0x7f00_0000_0000;
 const SIM_VA_SPAN: u64 = 1 << 46;
 
 /// A deterministic simulated GPU (Note [SimDevice addresses]).
@@ -81,66 +104,31 @@ pub struct SimDevice {
     pub device_frees: u64,
     pub pages_mapped: u64,
     pub pages_unmapped: u64,
-    /// Measured device-call latencies (`--sim-latency`): simulated time is accounted with them.
-    latency: Option<super::devprobe::LatencyModel>,
-    device_time_ns: u64,
-    /// Bytes held by others (counted in `used`).
-    unavailable: u64,
-    /// Addresses a real GPU returned, replayed in order (see [`SimDevice::with_address_script`]).
-    address_script: std::collections::VecDeque<(u64, u64)>,
-    /// Live scripted allocations: they bypass the VA map.
-    scripted: rustc_hash::FxHashSet<u64>,
-    /// Mallocs that could not follow the script (a different size was asked for).
-    pub script_misses: u64,
 }
 
 impl SimDevice {
     pub fn new(capacity: u64) -> Self {
         let mut free_ranges = BTreeMap::new();
         free_ranges.insert(SIM_VA_BASE, SIM_VA_SPAN);
-        SimDevice {
-            capacity,
-            used: 0,
-            free_ranges,
-            device_mallocs: 0,
-            device_frees: 0,
-            pages_mapped: 0,
-            pages_unmapped: 0,
-            latency: None,
-            device_time_ns: 0,
-            unavailable: 0,
-            address_script: Default::default(),
-            scripted: Default::default(),
-            script_misses: 0,
-        }
-    }
-
-    /// Replays the `(address, size)` of each cudaMalloc a real GPU made (from PyTorch's memory
-    /// history), so that best-fit ties between equal-size blocks break as they did there. Each
-    /// malloc takes the next scripted address if the size matches; otherwise the device falls back
-    /// to its own address choice and counts a miss.
-    pub fn with_address_script(mut self, script: Vec<(u64, u64)>) -> Self {
-        self.address_script = script.into();
-        self
-    }
-
-    /// Accounts device time with latencies measured on a real GPU (`allocbench devprobe`).
-    pub fn with_latency(mut self, model: super::devprobe::LatencyModel) -> Self {
-        self.latency = Some(model);
-        self
-    }
-
-    /// Withholds `bytes` of the capacity, as the CUDA context and other processes do on a real
-    /// GPU; the capacity (totalGlobalMem, which memory fractions use) is unchanged.
-    pub fn with_unavailable(mut self, bytes: u64) -> Self {
-        self.used += bytes.min(self.capacity);
-        self.unavailable = bytes.min(self.capacity);
-        self
+        SimDevice { capacity, used: 0, free_ranges, device_mallocs: 0, device_frees: 0, pages_mapped: 0, pages_unmapped: 0 }
     }
 
     /// Bytes in use by allocations of this process.
     pub fn used(&self) -> u64 {
-        self.used - self.unavailable
+        self.used
+    }
+
+    /// Accounts a cudaMalloc at an address the caller chose (`address_replay::AddressReplay`): no
+    /// range of the address map is taken.
+    pub(crate) fn place(&mut self, bytes: u64) {
+        self.used += bytes;
+        self.device_mallocs += 1;
+    }
+
+    /// Accounts the cudaFree of a [`SimDevice::place`]d allocation.
+    pub(crate) fn unplace(&mut self, bytes: u64) {
+        self.used -= bytes;
+        self.device_frees += 1;
     }
 
     fn take_range(&mut self, bytes: u64) -> DeviceResult<u64> {
@@ -191,39 +179,16 @@ impl Device for SimDevice {
         if bytes > self.capacity - self.used {
             return Err(DeviceError::OutOfMemory);
         }
-        let scripted = match self.address_script.front() {
-            Some(&(addr, size)) if size == bytes && !self.scripted.contains(&addr) => {
-                self.address_script.pop_front();
-                self.scripted.insert(addr);
-                Some(addr)
-            }
-            Some(_) => {
-                self.script_misses += 1;
-                None
-            }
-            None => None,
-        };
-        let ptr = match scripted {
-            Some(p) => p,
-            None => self.take_range(bytes)?,
-        };
+        let ptr = self.take_range(bytes)?;
         self.used += bytes;
         self.device_mallocs += 1;
-        if let Some(m) = &self.latency {
-            self.device_time_ns += m.malloc_ns(bytes);
-        }
         Ok(ptr)
     }
 
     fn free(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.used -= bytes;
         self.device_frees += 1;
-        if let Some(m) = &self.latency {
-            self.device_time_ns += m.free_ns(bytes);
-        }
-        if !self.scripted.remove(&ptr) {
-            self.give_back_range(ptr, bytes);
-        }
+        self.give_back_range(ptr, bytes);
         Ok(())
     }
 
@@ -242,27 +207,51 @@ impl Device for SimDevice {
         }
         self.used += bytes;
         self.pages_mapped += 1;
-        if let Some(m) = &self.latency {
-            self.device_time_ns += m.malloc_ns(bytes);
-        }
         Ok(())
     }
 
     fn unmap_page(&mut self, _ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.used -= bytes;
         self.pages_unmapped += 1;
-        if let Some(m) = &self.latency {
-            self.device_time_ns += m.free_ns(bytes);
-        }
         Ok(())
     }
 
     fn describe(&self) -> String {
         format!("simulated device, {} capacity", crate::units::format_bytes(self.capacity))
     }
+}
 
+/// A boxed device is a device (the policies `gpu::build` makes own one).
+impl<D: Device + ?Sized> Device for Box<D> {
+    fn capacity(&self) -> u64 {
+        (**self).capacity()
+    }
+    fn free_memory(&self) -> u64 {
+        (**self).free_memory()
+    }
+    fn malloc(&mut self, bytes: u64, stream: u64) -> DeviceResult<u64> {
+        (**self).malloc(bytes, stream)
+    }
+    fn free(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
+        (**self).free(ptr, bytes)
+    }
+    fn reserve_address(&mut self, bytes: u64) -> DeviceResult<u64> {
+        (**self).reserve_address(bytes)
+    }
+    fn release_address(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
+        (**self).release_address(ptr, bytes)
+    }
+    fn map_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
+        (**self).map_page(ptr, bytes)
+    }
+    fn unmap_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
+        (**self).unmap_page(ptr, bytes)
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
     fn device_time_ns(&self) -> Option<u64> {
-        self.latency.as_ref().map(|_| self.device_time_ns)
+        (**self).device_time_ns()
     }
 }
 
@@ -282,17 +271,6 @@ mod tests {
         // A 2 MiB request reuses the lowest free range (b's), a 6 MiB one goes after c.
         assert_eq!(d.malloc(2 * MIB, 0).unwrap(), b);
         assert_eq!(d.malloc(6 * MIB, 0).unwrap(), c + 2 * MIB);
-    }
-
-    #[test]
-    fn scripted_addresses_are_followed_until_the_sizes_diverge() {
-        let mut d = SimDevice::new(100 * MIB).with_address_script(vec![(0x7000_0000_0000, 2 * MIB), (0x6000_0000_0000, 4 * MIB)]);
-        assert_eq!(d.malloc(2 * MIB, 0).unwrap(), 0x7000_0000_0000);
-        assert_eq!(d.malloc(2 * MIB, 0).unwrap(), SIM_VA_BASE, "size differs from the script: own choice");
-        assert_eq!(d.script_misses, 1);
-        d.free(0x7000_0000_0000, 2 * MIB).unwrap();
-        assert_eq!(d.malloc(4 * MIB, 0).unwrap(), 0x6000_0000_0000);
-        assert_eq!(d.used(), 6 * MIB);
     }
 
     #[test]

@@ -1,34 +1,13 @@
-//! `allocbench devprobe`: device allocation latency by size, and a latency model that lets the
-//! simulated device account realistic device time (`--sim-latency FILE`).
+//! `allocbench devprobe`: device allocation latency by size ([`probe`]), and a latency model that
+//! lets the simulated device account realistic device time (`--sim-latency FILE`, applied by the
+//! `device::latency::WithLatency` adaptor).
 
-use serde::{Deserialize, Serialize};
-
+use super::async_pool::AsyncPoolAllocator;
+use super::cuda::CudaDevice;
+use super::device::{Device, DeviceError};
+use super::GpuAllocator;
 use crate::error::InputError;
-use crate::results::{MachineInfo, ResultRecord};
-
-/// Latency of one operation at one size, from repeated timings.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SizeLatency {
-    pub bytes: u64,
-    pub samples: u64,
-    pub p50_ns: u64,
-    pub p99_ns: u64,
-}
-
-/// A devprobe results record (`"type": "devprobe"`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DevprobeResult {
-    pub schema_version: u32,
-    pub device: String,
-    pub capacity: u64,
-    pub machine: MachineInfo,
-    /// `cuMemAlloc` (cudaMalloc) by size.
-    pub malloc: Vec<SizeLatency>,
-    /// `cuMemFree` (cudaFree) by size.
-    pub free: Vec<SizeLatency>,
-    /// `cuMemAllocFromPoolAsync` + `cuMemFreeAsync` from a warm pool, by size.
-    pub async_pool_alloc_free: Vec<SizeLatency>,
-}
+use crate::results::{DevprobeResult, MachineInfo, ResultRecord, SizeLatency, SCHEMA_VERSION};
 
 /// The probed sizes: 512 B … 8 GiB, log-spaced by 4×.
 pub fn probe_sizes(capacity: u64) -> Vec<u64> {
@@ -40,6 +19,52 @@ pub fn summarize(bytes: u64, mut ns: Vec<u64>) -> SizeLatency {
     ns.sort_unstable();
     let at = |q: f64| ns.get(((ns.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0);
     SizeLatency { bytes, samples: ns.len() as u64, p50_ns: at(0.5), p99_ns: at(0.99) }
+}
+
+/// Measures device allocation latency by size on a real GPU (`allocbench devprobe`): raw
+/// `cuMemAlloc`/`cuMemFree`, then alloc + free from a warm stream-ordered pool.
+pub fn probe(device: CudaDevice, reps: usize) -> Result<DevprobeResult, DeviceError> {
+    let sizes = probe_sizes(device.capacity());
+    let (mut malloc, mut free) = (Vec::new(), Vec::new());
+    for &bytes in &sizes {
+        // Big allocations take milliseconds: fewer repetitions for them.
+        let n = if bytes >= 1 << 30 { reps.div_ceil(10).max(5) } else { reps };
+        let (mut m, mut f) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for _ in 0..n {
+            let (alloc_ns, free_ns) = device.time_alloc_free(bytes)?;
+            m.push(alloc_ns);
+            f.push(free_ns);
+        }
+        malloc.push(summarize(bytes, m));
+        free.push(summarize(bytes, f));
+    }
+    let capacity = device.capacity();
+    let name = device.describe();
+    let mut pool = AsyncPoolAllocator::new(device)?;
+    let mut async_pool = Vec::new();
+    for &bytes in &sizes {
+        let n = if bytes >= 1 << 30 { reps.div_ceil(10).max(5) } else { reps };
+        // Warm the pool at this size first, then time alloc + free from it.
+        let h = pool.malloc(bytes, 0).map_err(|e| DeviceError::Other(format!("{e:?}")))?;
+        pool.free(h)?;
+        let mut t = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t0 = std::time::Instant::now();
+            let h = pool.malloc(bytes, 0).map_err(|e| DeviceError::Other(format!("{e:?}")))?;
+            pool.free(h)?;
+            t.push(t0.elapsed().as_nanos() as u64);
+        }
+        async_pool.push(summarize(bytes, t));
+    }
+    Ok(DevprobeResult {
+        schema_version: SCHEMA_VERSION,
+        device: name,
+        capacity,
+        machine: MachineInfo::current(),
+        malloc,
+        free,
+        async_pool_alloc_free: async_pool,
+    })
 }
 
 /// Device-call latency by size, interpolated in log(size) between probed points.

@@ -4,80 +4,22 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use serde::{Deserialize, Serialize};
-
 use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
+use super::device::address_replay::AddressReplay;
+use super::device::withheld::Withheld;
 use super::device::SimDevice;
-use super::replay::{replay_with_hook, OnOom, ReplayOptions};
+#[cfg(test)]
+use super::replay::replay_with_hook;
+use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions, StopWhen};
 use crate::error::InputError;
 use crate::input::Source;
-
-/// What `scripts/torch_replay.py` writes.
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct TorchReplay {
-    pub format: String,
-    pub torch_version: String,
-    pub device: String,
-    /// `torch.cuda.get_device_properties(0).total_memory`.
-    pub total_memory: u64,
-    /// `torch.cuda.mem_get_info()` free bytes before the replay: the CUDA context (and any other
-    /// process) holds the rest, which the simulated device then withholds too.
-    #[serde(default)]
-    pub free_memory_at_start: Option<u64>,
-    /// (address, size) of every cudaMalloc PyTorch made, in order (from its memory history).
-    #[serde(default)]
-    pub segment_addresses: Vec<(u64, u64)>,
-    /// The PYTORCH_CUDA_ALLOC_CONF it ran with.
-    pub conf: String,
-    pub events: u64,
-    pub oom: Option<TorchOom>,
-    /// memory_stats() at each `step` row (before it), in order.
-    pub steps: Vec<TorchStep>,
-    /// memory_stats() at the end.
-    pub r#final: BTreeMap<String, i64>,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct TorchOom {
-    pub event: u64,
-    pub message: String,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct TorchStep {
-    pub step: u64,
-    pub event: u64,
-    pub stats: BTreeMap<String, i64>,
-}
+#[cfg(test)]
+use crate::results::TorchStep;
+use crate::results::{FidelityReport, Mismatch, TorchReplay};
 
 /// The keys the fidelity target is stated on.
 pub const TARGET_KEYS: [&str; 4] = ["reserved_bytes.all.peak", "segment.all.allocated", "num_alloc_retries", "num_ooms"];
-
-/// One disagreement.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Mismatch {
-    /// "step N" or "final".
-    pub at: String,
-    pub key: String,
-    pub sim: i64,
-    pub torch: i64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct FidelityReport {
-    pub conf: String,
-    pub torch_version: String,
-    pub device: String,
-    pub keys_compared: usize,
-    pub snapshots_compared: usize,
-    pub mismatches: Vec<Mismatch>,
-    /// Every target key identical at the end.
-    pub target_identical: bool,
-    /// cudaMalloc addresses replayed from PyTorch's history, and mallocs that could not follow them.
-    pub addresses_replayed: usize,
-    pub address_misses: u64,
-}
 
 pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
     let name = path.display().to_string();
@@ -108,12 +50,14 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
     let source = Source::open(Some(trace))?;
     let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
-    // Best fit breaks ties by address: replay the addresses the GPU handed out.
-    let device = SimDevice::new(torch.total_memory).with_unavailable(unavailable).with_address_script(torch.segment_addresses.clone());
+    // Best fit breaks ties by address: replay the addresses the GPU handed out. (Composed here
+    // rather than by `gpu::build`, to read the address misses back.)
+    let device = Withheld::new(AddressReplay::new(SimDevice::new(torch.total_memory), torch.segment_addresses.clone()), unavailable);
     let mut alloc = CachingAllocator::new(conf.clone(), device);
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-    replay_with_hook(&mut alloc, source.events()?, &opts, &mut |n, _, stats| snapshots.push((n, stats.to_torch_map())))?;
+    let mut watch = (AtStep(|n, _, stats: &crate::gpu::stats::DeviceStats| snapshots.push((n, stats.to_torch_map()))), StopWhen(crate::interrupt::interrupted));
+    replay_watched(&mut alloc, source.events()?, &opts, &mut watch)?;
     let final_sim = snapshots.pop().map(|s| s.1).unwrap_or_default();
     let mut mismatches = Vec::new();
     let mut keys = 0;
@@ -127,7 +71,7 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     keys = keys.max(compare("final", &final_sim, &torch.r#final, &mut mismatches));
     compared += 1;
     let target_identical = TARGET_KEYS.iter().all(|k| !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
-    let address_misses = alloc.device().script_misses;
+    let address_misses = alloc.device().inner().script_misses;
     Ok(FidelityReport {
         addresses_replayed: torch.segment_addresses.len(),
         address_misses,

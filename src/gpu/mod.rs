@@ -1,7 +1,17 @@
-//! The GPU side: allocator policies (PyTorch's caching allocator, no-cache, ideal) over a
-//! [`device::Device`] (simulated everywhere, CUDA where present), and the replay engine.
+//! The GPU side: allocator policies (PyTorch's caching allocator, no-cache, ideal, CUDA's async
+//! pool) over a [`device::Device`] (simulated everywhere, CUDA where present), and the replay
+//! engine.
+//!
+//! - the seam: [`device`] (trait + `SimDevice`), its adaptors in `device/` (latency, withheld
+//!   memory, address replay), [`cuda`] (driver calls only);
+//! - the policies: [`caching`] (PyTorch's; never names CUDA), [`baseline`], [`async_pool`], this
+//!   file's [`GpuAllocator`] trait, [`stats`]; [`config`] parses `PYTORCH_CUDA_ALLOC_CONF`;
+//! - [`build`]: the one constructor of a policy on a device;
+//! - [`replay`]: the loop and its observers; [`devprobe`] and [`fidelity`]: checks against a GPU.
 
+pub mod async_pool;
 pub mod baseline;
+pub mod build;
 pub mod caching;
 pub mod config;
 pub mod cuda;
@@ -11,6 +21,7 @@ pub mod fidelity;
 pub mod replay;
 pub mod stats;
 
+use crate::results::{OomCause, SegmentSnapshot, SegmentType};
 use crate::units::format_bytes;
 use device::DeviceError;
 use stats::{DeviceStats, PoolKind};
@@ -31,7 +42,7 @@ impl From<DeviceError> for AllocError {
 }
 
 /// What the allocator knew when it gave up on a request.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct OomInfo {
     /// The user's byte count.
     pub requested: u64,
@@ -52,11 +63,11 @@ pub struct OomInfo {
 impl OomInfo {
     /// `fragmentation` when the free bytes (device free + cached free) would have covered the
     /// request, else `capacity`.
-    pub fn cause(&self) -> &'static str {
+    pub fn cause(&self) -> OomCause {
         if self.device_free.saturating_add(self.cached_free) >= self.rounded {
-            "fragmentation"
+            OomCause::Fragmentation
         } else {
-            "capacity"
+            OomCause::Capacity
         }
     }
 
@@ -76,31 +87,6 @@ impl OomInfo {
 
 /// A live allocation's handle inside a policy.
 pub type Handle = u32;
-
-/// One segment as `torch.cuda.memory_snapshot()` shows it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct SegmentSnapshot {
-    pub address: u64,
-    pub total_size: u64,
-    pub stream: u64,
-    pub segment_type: String,
-    pub is_expandable: bool,
-    pub blocks: Vec<BlockSnapshot>,
-}
-
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct BlockSnapshot {
-    pub size: u64,
-    pub requested_size: u64,
-    /// "active_allocated" or "inactive".
-    pub state: String,
-}
-
-impl SegmentSnapshot {
-    pub fn allocated(&self) -> u64 {
-        self.blocks.iter().filter(|b| b.state == "active_allocated").map(|b| b.size).sum()
-    }
-}
 
 /// A GPU allocation policy under test.
 pub trait GpuAllocator {
@@ -126,9 +112,10 @@ pub trait GpuAllocator {
     }
 }
 
-pub(crate) fn pool_name(p: PoolKind) -> String {
+/// The snapshot name of a pool's segments.
+pub(crate) fn segment_type(p: PoolKind) -> SegmentType {
     match p {
-        PoolKind::Small => "small".into(),
-        PoolKind::Large => "large".into(),
+        PoolKind::Small => SegmentType::Small,
+        PoolKind::Large => SegmentType::Large,
     }
 }

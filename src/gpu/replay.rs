@@ -1,26 +1,26 @@
-//! Replays an event stream through a GPU allocator and measures it.
+//! Replays an event stream through a GPU allocator: a small loop that feeds events to the policy
+//! and tells [`Observer`]s (`replay/observer.rs`) what happened. What a replay measures is the
+//! observers' business (`replay/observers.rs`: peak, segment map at the peak, timeline, first
+//! OOM, size histogram); progress bars and Ctrl-C are observers the commands add.
 //!
 //! Every allocator sees the identical stream: with `--on-oom continue` a failed allocation is
 //! remembered and its later free skipped, so an OOM never reshapes the stream.
 
+mod observer;
+mod observers;
+
 use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
-use serde::{Deserialize, Serialize};
 
-use super::{AllocError, GpuAllocator, Handle, SegmentSnapshot};
+use super::stats::DeviceStats;
+use super::{AllocError, GpuAllocator, Handle};
 use crate::error::InputError;
 use crate::event::Event;
-use crate::results::SizeHistogram;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnOom {
-    /// Stop at the first OOM (what a training job does).
-    Stop,
-    /// Record the OOM, skip the allocation (and its free) and go on.
-    Continue,
-}
+pub use crate::results::OnOom;
+use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
+pub use observer::{At, Coarse, Observer};
+pub use observers::{AtStep, FirstOom, Peak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 pub struct ReplayOptions {
     pub on_oom: OnOom,
@@ -28,52 +28,101 @@ pub struct ReplayOptions {
     pub sample_every_events: Option<u64>,
     /// The timeline is thinned (every other point dropped) whenever it reaches twice this.
     pub max_timeline_points: usize,
-    pub progress: Option<indicatif::ProgressBar>,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000, progress: None }
+        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000 }
     }
 }
 
-/// The first OOM of a run (`"oom"` in the JSON results; a contract).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OomRecord {
-    /// 0-based index of the trace's data row (of the generated event).
-    pub event: u64,
-    /// The step the event belongs to (0 = before the first step marker).
-    pub step: u64,
-    /// The user's byte count.
-    pub requested: u64,
-    pub rounded: u64,
-    pub alloc_size: u64,
-    /// Free bytes inside the allocator's segments.
-    pub cached_free: u64,
-    pub device_free: u64,
-    pub largest_free_block: u64,
-    pub reserved: u64,
-    pub allocated: u64,
-    /// "fragmentation" when device free + cached free would have covered the request, else "capacity".
-    pub cause: String,
-}
+/// Events between checkpoints (progress, Ctrl-C).
+pub const CHECK_EVERY_EVENTS: u64 = 1 << 16;
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub struct TimelinePoint {
-    pub event: u64,
-    pub step: u64,
-    /// Values at the sample.
-    pub allocated: u64,
-    pub reserved: u64,
-    pub active: u64,
-    pub live: u64,
-    /// The most allocated and reserved since the previous sample (the step's peak).
-    pub allocated_max: u64,
-    pub reserved_max: u64,
+/// The core loop: replays `events` through `alloc`, telling `obs` what happens. It fills the
+/// work columns of the outcome (events, allocs, frees, steps, bytes, live bytes, OOM count,
+/// interruption, time); the rest is the observers' (see [`replay_watched`]). Bad input (a free
+/// of an id that is not live) is an error naming the event; an OOM is a result.
+pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
+    alloc: &mut A,
+    events: impl Iterator<Item = anyhow::Result<Event>>,
+    on_oom: OnOom,
+    obs: &mut O,
+) -> anyhow::Result<ReplayOutcome> {
+    let start = Instant::now();
+    let mut out = ReplayOutcome::default();
+    let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
+    let mut failed: FxHashSet<u64> = FxHashSet::default();
+    let mut at = At::default();
+    obs.start(alloc);
+    for ev in events {
+        match ev? {
+            Event::Alloc { id, bytes, stream } => {
+                out.allocs += 1;
+                out.bytes_requested += bytes;
+                match alloc.malloc(bytes, stream) {
+                    Ok(h) => {
+                        if handles.insert(id, (h, bytes)).is_some() {
+                            return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+                        }
+                        at.live += bytes;
+                        out.peak_live_bytes = out.peak_live_bytes.max(at.live);
+                        obs.allocated(alloc, alloc.stats(), at, bytes);
+                    }
+                    Err(AllocError::OutOfMemory(info)) => {
+                        out.ooms += 1;
+                        obs.out_of_memory(alloc, at, bytes, &info);
+                        if on_oom == OnOom::Stop {
+                            out.events = at.index + 1;
+                            break;
+                        }
+                        failed.insert(id);
+                    }
+                    Err(AllocError::Device(e)) => {
+                        anyhow::bail!("device error at event {}: {e}", at.index)
+                    }
+                }
+            }
+            Event::Free { id } => {
+                out.frees += 1;
+                match handles.remove(&id) {
+                    Some((h, bytes)) => {
+                        alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                        at.live -= bytes;
+                    }
+                    None => {
+                        if !failed.remove(&id) {
+                            return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
+                        }
+                    }
+                }
+            }
+            Event::EmptyCache => alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?,
+            Event::Step { n } => {
+                obs.step(alloc, at, n);
+                out.steps += 1;
+                at.step = n;
+            }
+        }
+        at.index += 1;
+        obs.after_event(alloc, at);
+        if at.index.is_multiple_of(CHECK_EVERY_EVENTS) && obs.checkpoint(at.index) {
+            out.interrupted = true;
+            break;
+        }
+    }
+    if out.events == 0 {
+        out.events = at.index;
+    }
+    obs.finish(alloc, At { index: out.events, ..at });
+    out.last_step = at.step;
+    out.live_bytes_end = at.live;
+    out.elapsed_s = start.elapsed().as_secs_f64();
+    Ok(out)
 }
 
 /// What a replay measured.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default)]
 pub struct ReplayOutcome {
     pub events: u64,
     pub allocs: u64,
@@ -125,194 +174,46 @@ impl ReplayOutcome {
     }
 }
 
-/// Events between snapshots of the segment map when reserved keeps reaching new peaks.
-const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
-const CHECK_EVERY_EVENTS: u64 = 1 << 16;
-
-/// Replays `events` through `alloc`. Bad input (a free of an id that is not live) is an error
-/// naming the event; an OOM is a result.
+/// Replays `events` through `alloc` with the standard measurements (see [`replay_watched`]).
 pub fn replay<A: GpuAllocator + ?Sized>(
     alloc: &mut A,
     events: impl Iterator<Item = anyhow::Result<Event>>,
     opts: &ReplayOptions,
 ) -> anyhow::Result<ReplayOutcome> {
-    replay_with_hook(alloc, events, opts, &mut |_, _, _| {})
+    replay_watched(alloc, events, opts, &mut ())
 }
 
-/// [`replay`], calling `at_step(n, event_index, stats)` at every `step` marker, before it takes
-/// effect (the state after all earlier events), and once more at the end with `n = u64::MAX`.
+/// Replays `events` through `alloc` with the standard observers (peak, segment map at the peak,
+/// timeline, first OOM, size histogram) and `watch`, the caller's (progress, Ctrl-C, ...), which
+/// sees steps, OOMs, checkpoints and the ends ([`Coarse`]) but not every event.
+pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
+    alloc: &mut A,
+    events: impl Iterator<Item = anyhow::Result<Event>>,
+    opts: &ReplayOptions,
+    watch: &mut W,
+) -> anyhow::Result<ReplayOutcome> {
+    let mut peak = Peak::default();
+    let mut segments = SegmentsAtPeak::default();
+    let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points);
+    let mut first_oom = FirstOom::default();
+    let mut sizes = SizeHistogram::default();
+    let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
+    out.peak_reserved = peak.reserved;
+    out.allocated_at_peak_reserved = peak.allocated_at_peak;
+    out.oom = first_oom.record;
+    out.timeline = timeline.points;
+    out.segments_at_peak = segments.segments;
+    out.segments_at_oom = first_oom.segments;
+    out.size_histogram = sizes.buckets();
+    Ok(out)
+}
+
+/// [`replay`], calling `at_step(n, event_index, stats)` at every `step` marker (see [`AtStep`]).
 pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
     alloc: &mut A,
     events: impl Iterator<Item = anyhow::Result<Event>>,
     opts: &ReplayOptions,
-    at_step: &mut dyn FnMut(u64, u64, &crate::gpu::stats::DeviceStats),
+    at_step: &mut dyn FnMut(u64, u64, &DeviceStats),
 ) -> anyhow::Result<ReplayOutcome> {
-    let start = Instant::now();
-    let mut out = ReplayOutcome::default();
-    let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
-    let mut failed: FxHashSet<u64> = FxHashSet::default();
-    let mut live: u64 = 0;
-    let mut step: u64 = 0;
-    let mut stride_steps: u64 = 1;
-    let mut stride_events = opts.sample_every_events.unwrap_or(0);
-    let mut last_snapshot_event: Option<u64> = None;
-    let mut snapshot_pending = false;
-    let mut index: u64 = 0;
-    let mut sizes = SizeHistogram::default();
-
-    // Peaks since the last sample, so a per-step timeline shows each step's high-water mark.
-    let sample = |a: &A, index: u64, step: u64, live: u64, interval: &mut (u64, u64)| {
-        let s = a.stats();
-        let (allocated, reserved) = (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64);
-        let p = TimelinePoint {
-            event: index,
-            step,
-            allocated,
-            reserved,
-            active: s.active_bytes.all.current as u64,
-            live,
-            allocated_max: interval.0.max(allocated),
-            reserved_max: interval.1.max(reserved),
-        };
-        *interval = (allocated, reserved);
-        p
-    };
-    let mut interval = (0u64, 0u64);
-    out.timeline.push(sample(alloc, 0, 0, 0, &mut interval));
-
-    for ev in events {
-        let ev = ev?;
-        match ev {
-            Event::Alloc { id, bytes, stream } => {
-                out.allocs += 1;
-                out.bytes_requested += bytes;
-                sizes.record(bytes);
-                match alloc.malloc(bytes, stream) {
-                    Ok(h) => {
-                        if handles.insert(id, (h, bytes)).is_some() {
-                            return Err(InputError::new(format!("event {index}"), format!("alloc of id {id}, which is still live")).into());
-                        }
-                        live += bytes;
-                        out.peak_live_bytes = out.peak_live_bytes.max(live);
-                        let s = alloc.stats();
-                        let reserved = s.reserved_bytes.all.current as u64;
-                        // Fragmentation at peak reserved uses the fullest moment of the peak
-                        // plateau: the most that was allocated while reserved stood at its peak.
-                        let allocated = s.allocated_bytes.all.current as u64;
-                        interval.0 = interval.0.max(allocated);
-                        interval.1 = interval.1.max(reserved);
-                        if reserved > out.peak_reserved {
-                            snapshot_pending = true;
-                            out.peak_reserved = reserved;
-                            out.allocated_at_peak_reserved = allocated;
-                        } else if reserved == out.peak_reserved && allocated > out.allocated_at_peak_reserved {
-                            out.allocated_at_peak_reserved = allocated;
-                        }
-                        if snapshot_pending && last_snapshot_event.is_none_or(|e| index - e >= SNAPSHOT_GAP_EVENTS) {
-                            out.segments_at_peak = alloc.segments();
-                            last_snapshot_event = Some(index);
-                            snapshot_pending = false;
-                        }
-                    }
-                    Err(AllocError::OutOfMemory(info)) => {
-                        out.ooms += 1;
-                        if out.oom.is_none() {
-                            out.segments_at_oom = alloc.segments();
-                            out.oom = Some(OomRecord {
-                                event: index,
-                                step,
-                                requested: info.requested,
-                                rounded: info.rounded,
-                                alloc_size: info.alloc_size,
-                                cached_free: info.cached_free,
-                                device_free: info.device_free,
-                                largest_free_block: info.largest_free_block,
-                                reserved: info.reserved,
-                                allocated: info.allocated,
-                                cause: info.cause().to_string(),
-                            });
-                        }
-                        if opts.on_oom == OnOom::Stop {
-                            out.events = index + 1;
-                            break;
-                        }
-                        failed.insert(id);
-                    }
-                    Err(AllocError::Device(e)) => {
-                        anyhow::bail!("device error at event {index}: {e}")
-                    }
-                }
-            }
-            Event::Free { id } => {
-                out.frees += 1;
-                match handles.remove(&id) {
-                    Some((h, bytes)) => {
-                        alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?;
-                        live -= bytes;
-                    }
-                    None => {
-                        if !failed.remove(&id) {
-                            return Err(InputError::new(format!("event {index}"), format!("free of id {id}, which is not live")).into());
-                        }
-                    }
-                }
-            }
-            Event::EmptyCache => alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {index}: {e}"))?,
-            Event::Step { n } => {
-                at_step(n, index, alloc.stats());
-                out.steps += 1;
-                if snapshot_pending {
-                    out.segments_at_peak = alloc.segments();
-                    last_snapshot_event = Some(index);
-                    snapshot_pending = false;
-                }
-                if out.steps.is_multiple_of(stride_steps) {
-                    out.timeline.push(sample(alloc, index, step, live, &mut interval));
-                }
-                step = n;
-            }
-        }
-        index += 1;
-        if stride_events > 0 && index.is_multiple_of(stride_events) {
-            out.timeline.push(sample(alloc, index, step, live, &mut interval));
-        }
-        if out.timeline.len() >= 2 * opts.max_timeline_points.max(1) {
-            // Merge neighbours, keeping each pair's later values and both pairs' peaks.
-            let thinned: Vec<TimelinePoint> = out
-                .timeline
-                .chunks(2)
-                .map(|c| {
-                    let mut p = *c.last().expect("non-empty chunk");
-                    p.allocated_max = c.iter().map(|q| q.allocated_max).max().unwrap_or(0);
-                    p.reserved_max = c.iter().map(|q| q.reserved_max).max().unwrap_or(0);
-                    p
-                })
-                .collect();
-            out.timeline = thinned;
-            stride_steps *= 2;
-            stride_events *= 2;
-        }
-        if index.is_multiple_of(CHECK_EVERY_EVENTS) {
-            if let Some(pb) = &opts.progress {
-                pb.set_position(index);
-            }
-            if crate::interrupt::interrupted() {
-                out.interrupted = true;
-                break;
-            }
-        }
-    }
-    if out.events == 0 {
-        out.events = index;
-    }
-    at_step(u64::MAX, out.events, alloc.stats());
-    if snapshot_pending || out.segments_at_peak.is_empty() {
-        out.segments_at_peak = alloc.segments();
-    }
-    out.timeline.push(sample(alloc, out.events, step, live, &mut interval));
-    out.last_step = step;
-    out.live_bytes_end = live;
-    out.size_histogram = sizes.buckets();
-    out.elapsed_s = start.elapsed().as_secs_f64();
-    Ok(out)
+    replay_watched(alloc, events, opts, &mut AtStep(at_step))
 }

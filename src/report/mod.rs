@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use charts::{BarGroup, BarOptions, Line, Marker, SegmentRow};
 use style::slug;
 
-use crate::cpu::CpuRunResult;
 use crate::error::InputError;
+use crate::results::CpuRunResult;
 use crate::results::{read_results, GpuRunResult, ResultRecord};
 use crate::units::format_bytes;
 
@@ -118,7 +118,7 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
         let ws = slug(&workload);
         // Memory over time: reserved per config, and what is allocated.
         let use_steps = group[0].work.steps >= 10;
-        let x = |p: &crate::gpu::replay::TimelinePoint| {
+        let x = |p: &crate::results::TimelinePoint| {
             if use_steps {
                 p.step as f64
             } else {
@@ -187,7 +187,7 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
             const ROWS: usize = 40;
             // At an OOM, the map that failed; otherwise the peak.
             let (at, source) = if r.segments_at_oom.is_empty() { ("peak", &r.segments_at_peak) } else { ("the OOM", &r.segments_at_oom) };
-            let mut segs: Vec<&crate::gpu::SegmentSnapshot> = source.iter().collect();
+            let mut segs: Vec<&crate::results::SegmentSnapshot> = source.iter().collect();
             let total = segs.len();
             // Segments whose free space is pinned by a live block first (the fragmentation), then
             // wholly free cached segments; most free bytes first within each.
@@ -197,7 +197,7 @@ fn gpu_charts(out: &Path, runs: &[&GpuRunResult], charts: &mut Vec<Chart>) -> an
                 .iter()
                 .map(|s| SegmentRow {
                     label: format!("{} {} ({} free)", s.segment_type, format_bytes(s.total_size), format_bytes(s.total_size - s.allocated())),
-                    blocks: s.blocks.iter().map(|b| (b.size, b.state == "active_allocated")).collect(),
+                    blocks: s.blocks.iter().map(|b| (b.size, b.is_allocated())).collect(),
                 })
                 .collect();
             let file = format!("gpu-segments-{ws}-{}.svg", slug(&label));
@@ -320,10 +320,10 @@ fn civil_date(unix: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-fn devprobe_charts(out: &Path, probes: &[&crate::gpu::devprobe::DevprobeResult], charts: &mut Vec<Chart>) -> anyhow::Result<()> {
+fn devprobe_charts(out: &Path, probes: &[&crate::results::DevprobeResult], charts: &mut Vec<Chart>) -> anyhow::Result<()> {
     for (i, p) in probes.iter().enumerate() {
         // Log-log: sizes span 512 B to 8 GiB, latencies 1 µs to milliseconds.
-        let line = |label: &str, key: &str, v: &[crate::gpu::devprobe::SizeLatency]| Line {
+        let line = |label: &str, key: &str, v: &[crate::results::SizeLatency]| Line {
             label: label.to_string(),
             color_key: key.to_string(),
             points: v.iter().map(|s| ((s.bytes as f64).log2(), (s.p50_ns.max(1) as f64 / 1e3).log10())).collect(),
@@ -364,7 +364,7 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     if !cpu.is_empty() {
         cpu_charts(out, &cpu, &mut charts)?;
     }
-    let probes: Vec<&crate::gpu::devprobe::DevprobeResult> =
+    let probes: Vec<&crate::results::DevprobeResult> =
         records.iter().filter_map(|r| if let ResultRecord::Devprobe(p) = r { Some(p.as_ref()) } else { None }).collect();
     devprobe_charts(out, &probes, &mut charts)?;
     let mut md = index_markdown(title, &gpu, &cpu, &probes, &charts);
@@ -387,7 +387,7 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     Ok(charts)
 }
 
-fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], probes: &[&crate::gpu::devprobe::DevprobeResult], charts: &[Chart]) -> String {
+fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], probes: &[&crate::results::DevprobeResult], charts: &[Chart]) -> String {
     let mut s = format!("# {title}\n\n");
     let machines: Vec<&crate::results::MachineInfo> =
         gpu.iter().map(|r| &r.machine).chain(cpu.iter().map(|r| &r.machine)).chain(probes.iter().map(|p| &p.machine)).collect();
@@ -418,7 +418,7 @@ fn index_markdown(title: &str, gpu: &[&GpuRunResult], cpu: &[&CpuRunResult], pro
         let _ = writeln!(s, "| {name} | {kind} | {desc} | `{}` |", &sha[..sha.len().min(12)]);
     }
     if !gpu.is_empty() {
-        let on_gpu = gpu.iter().any(|r| r.backend != "sim");
+        let on_gpu = gpu.iter().any(|r| r.backend != crate::results::Backend::Sim);
         let _ = writeln!(s, "\n## GPU allocator policies {}\n", if on_gpu { "on a real GPU (`--device cuda`)" } else { "on a simulated device" });
         let _ = writeln!(
             s,

@@ -2,22 +2,9 @@
 //! (PR #96995; CUDACachingAllocator.cpp `ExpandableSegment`, `try_allocate_expandable_block`,
 //! `map_block`, `unmap_block`, `release_expandable_segment`).
 
-use super::{Block, CachingAllocator, NIL, SMALL_BUFFER_BYTES};
+use super::{Block, CachingAllocator, ExpandableSegment, NIL, SMALL_BUFFER_BYTES};
 use crate::gpu::device::{Device, DeviceError};
 use crate::gpu::stats::PoolKind;
-
-/// A reserved VA range of `pages` pages of `page_size` bytes, some of them mapped.
-pub(super) struct ExpandableSegment {
-    pub base: u64,
-    pub page_size: u64,
-    pub mapped: Vec<bool>,
-}
-
-impl ExpandableSegment {
-    fn va_size(&self) -> u64 {
-        self.page_size * self.mapped.len() as u64
-    }
-}
 
 impl<D: Device> CachingAllocator<D> {
     /// find_expandable_block: the lowest-address run of free-or-unmapped blocks on this stream

@@ -1,6 +1,7 @@
 //! PyTorch's CUDA caching allocator policy (`c10/cuda/CUDACachingAllocator.cpp`, torch 2.x),
-//! re-implemented over the [`Device`] trait. Rules cite the function they come from;
-//! `shared/pytorch-allocator.md` has the full specification.
+//! re-implemented over the [`Device`] trait. Rules cite the function they come from in
+//! `c10/cuda/CUDACachingAllocator.cpp`; the conf keys and their parsing follow
+//! `c10/core/AllocatorConfig.cpp`.
 //!
 //! Note [What is not modelled]: cross-stream uses (`record_stream`) and CUDA events, CUDA-graph
 //! private pools and MemPools, free-memory callbacks (IPC). Traces carry no such operations, so
@@ -16,9 +17,9 @@ use rustc_hash::FxHashMap;
 use super::config::AllocatorConfig;
 use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
-use super::{pool_name, AllocError, BlockSnapshot, GpuAllocator, Handle, OomInfo, SegmentSnapshot};
+use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo};
+use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 use crate::units::MIB;
-use expandable::ExpandableSegment;
 use free_set::{FreeKey, FreeSet};
 
 /// kMinBlockSize: every request is rounded to a multiple of 512 bytes.
@@ -119,6 +120,20 @@ struct BlockPool {
     blocks: FreeSet,
     unmapped: BTreeMap<(u32, u64), u32>,
     get_free_blocks_call_count: i64,
+}
+
+/// An expandable segment (`expandable.rs`): a reserved VA range of `pages` pages of
+/// `page_size` bytes, some of them mapped.
+struct ExpandableSegment {
+    base: u64,
+    page_size: u64,
+    mapped: Vec<bool>,
+}
+
+impl ExpandableSegment {
+    fn va_size(&self) -> u64 {
+        self.page_size * self.mapped.len() as u64
+    }
 }
 
 /// The caching allocator over device `D`.
@@ -223,8 +238,9 @@ impl<D: Device> CachingAllocator<D> {
         self.pool(p).blocks.remove(k);
     }
 
+    /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction below 1).
     fn gc_enabled(&self) -> bool {
-        self.allowed.is_some() && self.cfg.garbage_collection_threshold > 0.0
+        self.cfg.gc_enabled()
     }
 
     /// get_free_block: best fit on the stream, with the expandable and oversize rules.
@@ -583,7 +599,7 @@ impl<D: Device> CachingAllocator<D> {
             if !seg.is_expandable {
                 segments += 1;
                 if seg.blocks.len() > 1 {
-                    for b in seg.blocks.iter().filter(|b| b.state == "inactive") {
+                    for b in seg.blocks.iter().filter(|b| b.state == BlockState::Inactive) {
                         inactive_split_bytes += b.size;
                         inactive_split += 1;
                     }
@@ -729,7 +745,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                         address: b.ptr,
                         total_size: 0,
                         stream: self.raw_streams[head.stream as usize],
-                        segment_type: pool_name(head.pool),
+                        segment_type: segment_type(head.pool),
                         is_expandable: head.expandable(),
                         blocks: Vec::new(),
                     });
@@ -737,7 +753,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                     s.blocks.push(BlockSnapshot {
                         size: b.size,
                         requested_size: b.requested,
-                        state: if b.allocated { "active_allocated" } else { "inactive" }.into(),
+                        state: if b.allocated { BlockState::ActiveAllocated } else { BlockState::Inactive },
                     });
                 } else if let Some(s) = seg.take() {
                     out.push(s);

@@ -1,4 +1,6 @@
-//! The test vectors of shared/pytorch-allocator.md §10, and rule-level checks.
+//! Test vectors worked out by hand from PyTorch's rules (`c10/cuda/CUDACachingAllocator.cpp`:
+//! `round_size`, `get_free_block`, `should_split`, `free_block`; conf parsing in
+//! `c10/core/AllocatorConfig.cpp`), and rule-level checks.
 
 use super::*;
 use crate::gpu::device::SimDevice;
@@ -232,7 +234,7 @@ fn oom_reports_fragmentation_or_capacity() {
     b.free(xs[2]).unwrap();
     match b.malloc(8 * MIB, 0) {
         Err(AllocError::OutOfMemory(info)) => {
-            assert_eq!(info.cause(), "fragmentation");
+            assert_eq!(info.cause(), crate::results::OomCause::Fragmentation);
             assert_eq!(info.cached_free, 10 * MIB);
             assert_eq!(info.largest_free_block, 5 * MIB);
         }
@@ -243,7 +245,7 @@ fn oom_reports_fragmentation_or_capacity() {
     // Real exhaustion.
     let mut c = alloc("", GIB);
     match c.malloc(2 * GIB, 0) {
-        Err(AllocError::OutOfMemory(info)) => assert_eq!(info.cause(), "capacity"),
+        Err(AllocError::OutOfMemory(info)) => assert_eq!(info.cause(), crate::results::OomCause::Capacity),
         other => panic!("expected an OOM, got {other:?}"),
     }
 }

@@ -1,0 +1,65 @@
+//! Flags and helpers several commands share.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::gpu::build::DeviceSpec;
+use crate::gpu::replay::{OnOom, ReplayOptions};
+use crate::input::Source;
+use crate::results::Backend;
+use crate::units::parse_bytes;
+
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Device memory, e.g. 80GiB, 24GB, 81559MiB (default: an H100 80 GB card, 81,559 MiB).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// What to do at an out-of-memory: stop the replay, or skip the allocation and continue.
+    #[arg(long, value_enum, default_value = "stop")]
+    pub on_oom: OnOom,
+    /// Also sample the memory timeline every N events (it is always sampled at every step).
+    #[arg(long)]
+    pub sample_every: Option<u64>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
+    /// Where device memory comes from: the simulated device, or a real GPU (CUDA driver).
+    #[arg(long, value_enum, default_value = "sim")]
+    pub device: Backend,
+    /// Account simulated device time with latencies measured by `allocbench devprobe` (its results file).
+    #[arg(long)]
+    pub sim_latency: Option<PathBuf>,
+}
+
+impl DeviceArgs {
+    /// The device these flags name (`--sim-latency` read now).
+    pub fn spec(&self) -> anyhow::Result<DeviceSpec> {
+        let latency = self.sim_latency.as_deref().map(crate::gpu::devprobe::LatencyModel::load).transpose()?;
+        Ok(DeviceSpec { backend: self.device, capacity: self.capacity, addresses: Vec::new(), latency })
+    }
+
+    pub fn replay_options(&self) -> ReplayOptions {
+        ReplayOptions { on_oom: self.on_oom, sample_every_events: self.sample_every, ..Default::default() }
+    }
+}
+
+pub fn parse_capacity(s: &str) -> Result<u64, String> {
+    let b = parse_bytes(s)?;
+    if b == 0 {
+        return Err("capacity must be > 0".into());
+    }
+    if b > crate::units::MAX_SANE_BYTES {
+        return Err("capacity over 1 PiB is not a device".into());
+    }
+    Ok(b)
+}
+
+/// Says what an imported trace left out (on standard error).
+pub fn print_notes(source: &Source) {
+    if let Source::Imported(t, p) = source {
+        for n in &t.notes {
+            eprintln!("note: {}: {n}", p.display());
+        }
+    }
+}

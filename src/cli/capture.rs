@@ -1,0 +1,76 @@
+//! `allocbench capture`: runs an unmodified PyTorch script and writes its CUDA allocation trace.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use crate::error::InputError;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Example: allocbench capture -o trace.csv -- train.py --batch 4, then allocbench diagnose trace.csv")]
+pub struct CaptureArgs {
+    /// The Python that has torch (default: $ALLOCBENCH_PYTHON, else python3).
+    #[arg(long)]
+    pub python: Option<String>,
+    /// Stop after this many steps (optimizer.step() calls, or allocbench_capture.step() markers).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: Option<u64>,
+    /// Record real tensors (needs a GPU) instead of fake CUDA tensors.
+    #[arg(long)]
+    pub real: bool,
+    /// The cuBLAS workspace modelled per stream, in MiB (32: Hopper's default; 0: none).
+    #[arg(long, default_value_t = 32)]
+    pub cublas_workspace_mib: u64,
+    /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
+    #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
+    pub device: String,
+    /// Answer `.item()` of a fake tensor with this value instead of stopping (for logging code).
+    #[arg(long)]
+    pub scalar_value: Option<f64>,
+    /// The trace to write (v1 CSV).
+    #[arg(short, long)]
+    pub output: PathBuf,
+    /// SCRIPT.py [ARGS...], after `--`.
+    #[arg(required = true, last = true, value_name = "SCRIPT.py [ARGS]")]
+    pub command: Vec<std::ffi::OsString>,
+}
+
+/// Returns the script's exit code (2 when the capture could not start).
+pub fn main(a: CaptureArgs) -> i32 {
+    let mut command = a.command.into_iter();
+    let script = PathBuf::from(command.next().unwrap_or_default());
+    let opts = crate::capture::CaptureOptions {
+        python: a.python,
+        output: a.output,
+        steps: a.steps,
+        real: a.real,
+        device: a.device,
+        cublas_workspace_mib: a.cublas_workspace_mib,
+        scalar_value: a.scalar_value,
+        script,
+        args: command.collect(),
+    };
+    match crate::capture::run(&opts) {
+        Ok(outcome) if outcome.state == "setup_error" => {
+            eprintln!("error: {}", outcome.message);
+            crate::capture::EXIT_SETUP_ERROR
+        }
+        Ok(outcome) => {
+            let line = crate::capture::describe(&opts, &outcome);
+            if outcome.complete() {
+                eprintln!("{line}");
+            } else {
+                eprintln!("error: {line}");
+            }
+            outcome.exit_code
+        }
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            if e.downcast_ref::<InputError>().is_some() {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! `allocbench diagnose`: the first OOM (or the headroom) explained in plain words.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::args::{parse_capacity, print_notes};
+use super::output::{self, Jsonl};
+use crate::gpu::config::AllocatorConfig;
+use crate::input::Source;
+use crate::results::ResultRecord;
+
+#[derive(Args, Debug)]
+pub struct DiagnoseArgs {
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle) or workload (.toml).
+    pub input: PathBuf,
+    /// Device memory (default: an H100 80 GB card, 81,559 MiB).
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// PYTORCH_CUDA_ALLOC_CONF string (default: the environment variable, else PyTorch's defaults).
+    #[arg(long)]
+    pub conf: Option<String>,
+    /// Write the diagnosis as JSON ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Also write the replay's results (JSON Lines) for `allocbench report`.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+}
+
+pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
+    let source = Source::open(Some(&a.input))?;
+    print_notes(&source);
+    let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
+    let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let (d, run) = crate::diagnose::diagnose(&source, &conf, capacity)?;
+    if a.json.as_deref() != Some("-") {
+        print!("{}", crate::diagnose::describe(&d));
+    }
+    if let Some(path) = &a.json {
+        output::write_json(path, &ResultRecord::Diagnose(Box::new(d.clone())))?;
+    }
+    if a.jsonl.is_some() {
+        let mut out = Jsonl::open(a.jsonl.as_deref())?;
+        out.write(&ResultRecord::GpuReplay(Box::new(run)))?;
+        out.write(&ResultRecord::Diagnose(Box::new(d)))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,49 @@
+//! `allocbench fidelity`: the simulator's memory_stats() against PyTorch's on the same trace.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::output;
+
+#[derive(Args, Debug)]
+pub struct FidelityArgs {
+    /// The trace (.csv) that torch_replay.py replayed.
+    pub trace: PathBuf,
+    /// torch_replay.py's JSON output.
+    #[arg(long)]
+    pub torch_json: PathBuf,
+    /// Override the conf (default: the one PyTorch ran with).
+    #[arg(long)]
+    pub conf: Option<String>,
+    /// Write the comparison as JSON ('-' = standard output).
+    #[arg(long)]
+    pub json: Option<String>,
+}
+
+pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
+    use crate::gpu::fidelity;
+    let torch = fidelity::load_torch(&a.torch_json)?;
+    let r = fidelity::check(&a.trace, &torch, a.conf.as_deref())?;
+    println!(
+        "fidelity of {} against PyTorch {} on {} [conf: {}]: {} snapshots x {} keys compared, {} mismatches",
+        a.trace.display(),
+        r.torch_version,
+        r.device,
+        if r.conf.is_empty() { "default" } else { &r.conf },
+        r.snapshots_compared,
+        r.keys_compared,
+        r.mismatches.len()
+    );
+    for m in &r.mismatches {
+        println!("  {:<10} {:<40} sim {:>16}  torch {:>16}", m.at, m.key, m.sim, m.torch);
+    }
+    println!("target keys ({}) at the end: {}", fidelity::TARGET_KEYS.join(", "), if r.target_identical { "identical" } else { "DIFFERENT" });
+    if let Some(path) = &a.json {
+        output::write_json(path, &r)?;
+    }
+    if !r.target_identical {
+        anyhow::bail!("the simulator disagrees with PyTorch on a target key");
+    }
+    Ok(())
+}

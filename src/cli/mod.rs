@@ -1,0 +1,115 @@
+//! The command line: one module per command, each parsing its flags, calling the library and
+//! writing through the one shared output path ([`output`]). Progress bars ([`progress`]) and
+//! Ctrl-C belong here, never to the library; flags several commands share are in [`args`].
+//!
+//! | module | command |
+//! |---|---|
+//! | [`demo`] | `allocbench` / `allocbench demo` |
+//! | [`trace`] | `allocbench trace` |
+//! | [`replay`] | `allocbench replay` |
+//! | [`run`] | `allocbench run` (the comparison table) |
+//! | [`cpu`] | `allocbench cpu`, `allocbench malloc-info` |
+//! | [`report`] | `allocbench report` |
+//! | [`devprobe`] | `allocbench devprobe` |
+//! | [`fidelity`] | `allocbench fidelity` |
+//! | [`diagnose`] | `allocbench diagnose` |
+//! | [`advise`] | `allocbench advise` |
+//! | [`capture`] | `allocbench capture` |
+
+pub mod advise;
+pub mod args;
+pub mod capture;
+pub mod cpu;
+pub mod demo;
+pub mod devprobe;
+pub mod diagnose;
+pub mod fidelity;
+pub mod output;
+pub mod progress;
+pub mod replay;
+pub mod report;
+pub mod run;
+pub mod trace;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::error::InputError;
+
+const ABOUT: &str = "Benchmarks CPU and GPU memory allocators on the allocation patterns of real ML jobs, and explains fragmentation.
+
+Inputs are workload definitions (workloads/*.toml: transformer training, model switching, serving,
+textbook scenarios) or event traces (CSV: op,id,bytes,stream). GPU replays run PyTorch's CUDA
+caching-allocator policy on a simulated device, so no GPU is needed.
+
+Run with no arguments for the demo: the embedded GPT-3 XL (1.3B) training workload replayed under
+PyTorch's default allocator settings, expandable segments, a tuned max_split_size_mb, no caching,
+and the ideal bound.";
+
+#[derive(Parser, Debug)]
+#[command(name = "allocbench", version, about = ABOUT, long_about = ABOUT)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the default job: the embedded 1.3B transformer workload under several GPU allocator configurations.
+    Demo(demo::DemoArgs),
+    /// Write a workload's (or trace's) events as a CSV trace.
+    Trace(trace::TraceArgs),
+    /// Replay a trace or workload through one GPU allocator and print what happened.
+    Replay(replay::ReplayArgs),
+    /// Replay a workload through every allocator x conf and print a comparison table.
+    Run(run::RunArgs),
+    /// Drive real CPU allocators (glibc, jemalloc, mimalloc; tcmalloc via --preload) with a workload.
+    Cpu(cpu::CpuArgs),
+    /// Print which malloc really serves this process (JSON), e.g. under LD_PRELOAD.
+    MallocInfo,
+    /// Render SVG charts and an index (README.md, index.html) from results files.
+    Report(report::ReportArgs),
+    /// Measure cuMemAlloc/cuMemFree latency by size (512 B ... 8 GiB) and a warm cuMemAllocAsync pool on a real GPU.
+    Devprobe(devprobe::DevprobeArgs),
+    /// Compare the simulator's memory_stats() with PyTorch's on the same trace (from scripts/torch_replay.py).
+    Fidelity(fidelity::FidelityArgs),
+    /// Explain an OOM (or the headroom): fragmentation or exhaustion, what pins free memory, the smallest device that fits.
+    Diagnose(diagnose::DiagnoseArgs),
+    /// Search PYTORCH_CUDA_ALLOC_CONF settings for the one that minimises peak reserved memory without an OOM.
+    Advise(advise::AdviseArgs),
+    /// Run an unmodified PyTorch script and write its CUDA allocation trace (fake CUDA tensors: no GPU needed).
+    Capture(capture::CaptureArgs),
+}
+
+/// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
+pub fn main_with(cli: Cli) -> i32 {
+    // Ctrl-C stops a run, which still writes what it measured (once; later calls are no-ops).
+    let _ = ctrlc::set_handler(crate::interrupt::request);
+    let result = match cli.command.unwrap_or(Command::Demo(demo::DemoArgs { jsonl: PathBuf::from("results/demo.jsonl") })) {
+        Command::Demo(a) => demo::main(&a),
+        Command::Trace(a) => trace::main(&a),
+        Command::Replay(a) => replay::main(&a),
+        Command::Run(a) => run::main(&a),
+        Command::Cpu(a) => cpu::main(&a),
+        Command::MallocInfo => cpu::malloc_info(),
+        Command::Report(a) => report::main(&a),
+        Command::Devprobe(a) => devprobe::main(&a),
+        Command::Fidelity(a) => fidelity::main(&a),
+        Command::Diagnose(a) => diagnose::main(&a),
+        Command::Advise(a) => advise::main(&a),
+        Command::Capture(a) => return capture::main(a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            let msg = format!("{e:#}").replace('\n', " ");
+            eprintln!("error: {msg}");
+            if e.downcast_ref::<InputError>().is_some() {
+                2
+            } else {
+                1
+            }
+        }
+    }
+}

@@ -1,0 +1,72 @@
+//! `allocbench run`: every allocator x conf on one input, each result appended to the JSON Lines
+//! file as it finishes, then the comparison table.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::args::DeviceArgs;
+use super::{output::Jsonl, progress};
+use crate::gpu::config::AllocatorConfig;
+use crate::gpu_run;
+use crate::input::Source;
+use crate::results::ResultRecord;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// A trace (.csv) or workload (.toml); default: the embedded 1.3B transformer workload.
+    pub input: Option<PathBuf>,
+    /// Comma-separated GPU allocators.
+    #[arg(long, default_value = "pytorch,nocache,ideal", value_delimiter = ',')]
+    pub allocators: Vec<String>,
+    /// PYTORCH_CUDA_ALLOC_CONF strings to try with the pytorch allocator (repeatable; "" = defaults).
+    #[arg(long = "conf")]
+    pub confs: Vec<String>,
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Append every run's results to this JSON Lines file as it finishes.
+    #[arg(long)]
+    pub jsonl: Option<PathBuf>,
+}
+
+pub fn main(a: &RunArgs) -> anyhow::Result<()> {
+    let source = Source::open(a.input.as_deref())?;
+    compare(&source, &a.allocators, &a.confs, &a.device, a.jsonl.as_deref())
+}
+
+/// Replays `source` under each allocator (and each conf for pytorch), writing each result as it
+/// finishes, then prints the comparison table.
+pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &DeviceArgs, jsonl: Option<&Path>) -> anyhow::Result<()> {
+    let device = dev.spec()?;
+    let confs: Vec<AllocatorConfig> =
+        if confs.is_empty() { vec![AllocatorConfig::from_env()?] } else { confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()? };
+    let plan = gpu_run::plan(allocators, &confs)?;
+    let opts = dev.replay_options();
+    let mut out = Jsonl::open(jsonl)?;
+    // Hashing a large trace takes a pass over it: once, for every row.
+    let info = source.info()?;
+    let mut rows = Vec::new();
+    for p in &plan {
+        let pb = progress::events(dev.quiet, &p.label());
+        let r = gpu_run::run_source(source, &info, &p.allocator, &p.conf, &device, &opts, &mut progress::watch(&pb))?;
+        progress::finish(pb);
+        out.write(&ResultRecord::GpuReplay(Box::new(r.clone())))?;
+        let interrupted = r.summary.interrupted;
+        rows.push(r);
+        if interrupted {
+            break;
+        }
+    }
+    println!(
+        "{} ({}), {} events, {}",
+        info.name,
+        info.kind,
+        rows.first().map(|r| r.work.events).unwrap_or(0),
+        rows.first().map(|r| r.device.clone()).unwrap_or_default()
+    );
+    print!("{}", gpu_run::comparison_table(&rows));
+    if let Some(p) = jsonl {
+        eprintln!("results written to {}", p.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,53 @@
+//! `allocbench trace`: a workload's (or trace's) events as a CSV trace.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+
+use super::output;
+use crate::input::Source;
+use crate::trace::TraceWriter;
+
+#[derive(Args, Debug)]
+pub struct TraceArgs {
+    /// A workload (.toml) or trace (.csv).
+    pub input: PathBuf,
+    /// Output CSV file (a .gz name is gzip-compressed; '-' = standard output).
+    #[arg(short, long, default_value = "-")]
+    pub output: String,
+}
+
+pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
+    let source = Source::open(Some(&a.input))?;
+    let info = source.info()?;
+    let comments = vec![
+        "allocbench trace v1".to_string(),
+        format!("source: {} ({}), sha256 {}", info.origin, info.kind, info.sha256),
+        format!("workload: {}{}", info.name, if info.description.is_empty() { String::new() } else { format!(" - {}", info.description) }),
+    ];
+    let out = output::open(&a.output)?;
+    let n = if crate::trace::csv::is_gzip_name(Path::new(&a.output)) {
+        let gz = flate2::write::GzEncoder::new(out, flate2::Compression::best());
+        let (n, gz) = write_trace(&source, gz, &comments)?;
+        gz.finish()?.flush()?;
+        n
+    } else {
+        write_trace(&source, out, &comments)?.0
+    };
+    if a.output != "-" {
+        eprintln!("wrote {n} events to {}", a.output);
+    }
+    Ok(())
+}
+
+/// Writes every event of `source` as a v1 trace; returns the count and the flushed writer.
+fn write_trace<W: Write>(source: &Source, out: W, comments: &[String]) -> anyhow::Result<(u64, W)> {
+    let mut w = TraceWriter::new(out, comments)?;
+    let mut n = 0u64;
+    for ev in source.events()? {
+        w.write(&ev?)?;
+        n += 1;
+    }
+    Ok((n, w.finish()?))
+}

@@ -1,0 +1,110 @@
+//! The one place a policy is put on a device: from (allocator, conf, capacity, backend, address
+//! source) to a ready policy. The simulated device gets its adaptors here (address replay when
+//! the input recorded addresses, device time with `--sim-latency`).
+//!
+//! Two typed shortcuts stay outside [`build`], both for a reason: [`pytorch_on_sim`] gives the
+//! analyses' many replays (`advise`, the capacity search) a statically dispatched policy, and the
+//! fidelity check composes its adaptors itself to read the address-replay misses.
+
+use super::baseline::{IdealAllocator, NoCacheAllocator};
+use super::caching::CachingAllocator;
+use super::config::AllocatorConfig;
+use super::device::address_replay::AddressReplay;
+use super::device::latency::WithLatency;
+use super::device::{Device, SimDevice, H100_CAPACITY_BYTES};
+use super::devprobe::LatencyModel;
+use super::GpuAllocator;
+use crate::error::InputError;
+use crate::results::Backend;
+
+/// Registered GPU policies: name → what it is.
+pub const GPU_ALLOCATORS: &[(&str, &str)] = &[
+    ("pytorch", "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)"),
+    ("nocache", "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor"),
+    ("ideal", "reserves exactly the live bytes: the physical lower bound"),
+    ("async", "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)"),
+];
+
+/// The device a policy runs on.
+#[derive(Debug, Clone)]
+pub struct DeviceSpec {
+    pub backend: Backend,
+    /// Device memory (`None`: an H100 80 GB card on the simulator, the real size on a GPU).
+    pub capacity: Option<u64>,
+    /// cudaMalloc `(address, size)`s a real GPU returned, replayed in order (simulator only).
+    pub addresses: Vec<(u64, u64)>,
+    /// Device-call latencies to account device time with (simulator only, `--sim-latency`).
+    pub latency: Option<LatencyModel>,
+}
+
+impl DeviceSpec {
+    /// A plain simulated device of `capacity` bytes.
+    pub fn sim(capacity: u64) -> Self {
+        DeviceSpec { backend: Backend::Sim, capacity: Some(capacity), addresses: Vec::new(), latency: None }
+    }
+}
+
+/// A policy on its device, with the backend and capacity it got.
+pub struct Built {
+    pub alloc: Box<dyn GpuAllocator>,
+    pub backend: Backend,
+    pub capacity: u64,
+}
+
+pub fn unknown_allocator(name: &str) -> InputError {
+    let names: Vec<&str> = GPU_ALLOCATORS.iter().map(|(n, _)| *n).collect();
+    InputError::new("--allocator", format!("unknown GPU allocator '{name}' (known: {})", names.join(", ")))
+}
+
+/// Builds the registered policy `allocator` (with `conf` for pytorch) on the device `spec` names.
+pub fn build(allocator: &str, conf: &AllocatorConfig, spec: &DeviceSpec) -> Result<Built, InputError> {
+    use super::async_pool::AsyncPoolAllocator;
+    use super::cuda::CudaDevice;
+    if !GPU_ALLOCATORS.iter().any(|(n, _)| *n == allocator) {
+        return Err(unknown_allocator(allocator));
+    }
+    match spec.backend {
+        Backend::Sim => {
+            if allocator == "async" {
+                return Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"));
+            }
+            let capacity = spec.capacity.unwrap_or(H100_CAPACITY_BYTES);
+            let device = sim_device(capacity, spec);
+            let alloc: Box<dyn GpuAllocator> = match allocator {
+                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
+                "nocache" => Box::new(NoCacheAllocator::new(device)),
+                _ => Box::new(IdealAllocator::new(capacity)),
+            };
+            Ok(Built { alloc, backend: Backend::Sim, capacity })
+        }
+        Backend::Cuda => {
+            if spec.capacity.is_some() {
+                return Err(InputError::new("--capacity", "a real GPU has the capacity it has: use per_process_memory_fraction in --conf to cap it"));
+            }
+            let device = CudaDevice::open(0)?;
+            let capacity = device.capacity();
+            let alloc: Box<dyn GpuAllocator> = match allocator {
+                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
+                "nocache" => Box::new(NoCacheAllocator::new(device)),
+                "async" => Box::new(AsyncPoolAllocator::new(device).map_err(|e| InputError::new("--device cuda", e.to_string()))?),
+                _ => Box::new(IdealAllocator::new(capacity)),
+            };
+            Ok(Built { alloc, backend: Backend::Cuda, capacity })
+        }
+    }
+}
+
+/// The simulated device with the adaptors `spec` asks for.
+fn sim_device(capacity: u64, spec: &DeviceSpec) -> Box<dyn Device> {
+    let sim = SimDevice::new(capacity);
+    let device: Box<dyn Device> = if spec.addresses.is_empty() { Box::new(sim) } else { Box::new(AddressReplay::new(sim, spec.addresses.clone())) };
+    match &spec.latency {
+        Some(m) => Box::new(WithLatency::new(device, m.clone())),
+        None => device,
+    }
+}
+
+/// PyTorch's policy on a plain simulated device, statically dispatched.
+pub fn pytorch_on_sim(conf: &AllocatorConfig, capacity: u64) -> CachingAllocator<SimDevice> {
+    CachingAllocator::new(conf.clone(), SimDevice::new(capacity))
+}

@@ -1,0 +1,138 @@
+//! The observer seam of a replay: what the loop tells observers, and how observers compose.
+
+use crate::gpu::stats::DeviceStats;
+use crate::gpu::{GpuAllocator, OomInfo};
+
+/// Where a replay stands: the event's 0-based index, the step it belongs to, and the bytes the
+/// workload holds (independent of the allocator).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct At {
+    pub index: u64,
+    pub step: u64,
+    pub live: u64,
+}
+
+/// Watches a replay. Every method has a no-op default; the loop calls them in event order with
+/// the allocator `A` (generic, so observers read its stats without dynamic dispatch). Observers
+/// compose: a tuple of observers is an observer, as is `&mut` one.
+pub trait Observer<A: GpuAllocator + ?Sized> {
+    /// Before the first event.
+    fn start(&mut self, _alloc: &A) {}
+    /// After an allocation of `bytes` (the request) succeeded; `stats` are the allocator's now
+    /// (read once for every observer).
+    fn allocated(&mut self, _alloc: &A, _stats: &DeviceStats, _at: At, _bytes: u64) {}
+    /// An allocation of `bytes` failed with an OOM (before the replay stops or skips it).
+    fn out_of_memory(&mut self, _alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {}
+    /// At a `step` marker, before it takes effect (the state after all earlier events).
+    fn step(&mut self, _alloc: &A, _at: At, _n: u64) {}
+    /// After each event; `at.index` already counts it.
+    fn after_event(&mut self, _alloc: &A, _at: At) {}
+    /// Every `CHECK_EVERY_EVENTS` events (replay.rs): `true` stops the replay (it is then `interrupted`).
+    fn checkpoint(&mut self, _events: u64) -> bool {
+        false
+    }
+    /// After the last event; `at.index` is the number of events replayed.
+    fn finish(&mut self, _alloc: &A, _at: At) {}
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for () {}
+
+impl<A: GpuAllocator + ?Sized, O: Observer<A> + ?Sized> Observer<A> for &mut O {
+    #[inline]
+    fn start(&mut self, alloc: &A) {
+        (**self).start(alloc)
+    }
+    #[inline]
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+        (**self).allocated(alloc, stats, at, bytes)
+    }
+    #[inline]
+    fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {
+        (**self).out_of_memory(alloc, at, bytes, info)
+    }
+    #[inline]
+    fn step(&mut self, alloc: &A, at: At, n: u64) {
+        (**self).step(alloc, at, n)
+    }
+    #[inline]
+    fn after_event(&mut self, alloc: &A, at: At) {
+        (**self).after_event(alloc, at)
+    }
+    #[inline]
+    fn checkpoint(&mut self, events: u64) -> bool {
+        (**self).checkpoint(events)
+    }
+    #[inline]
+    fn finish(&mut self, alloc: &A, at: At) {
+        (**self).finish(alloc, at)
+    }
+}
+
+macro_rules! tuple_observer {
+    ($($o:ident . $i:tt),+) => {
+        impl<A: GpuAllocator + ?Sized, $($o: Observer<A>),+> Observer<A> for ($($o,)+) {
+            #[inline]
+            fn start(&mut self, alloc: &A) {
+                $(self.$i.start(alloc);)+
+            }
+            #[inline]
+            fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+                $(self.$i.allocated(alloc, stats, at, bytes);)+
+            }
+            #[inline]
+            fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {
+                $(self.$i.out_of_memory(alloc, at, bytes, info);)+
+            }
+            #[inline]
+            fn step(&mut self, alloc: &A, at: At, n: u64) {
+                $(self.$i.step(alloc, at, n);)+
+            }
+            #[inline]
+            fn after_event(&mut self, alloc: &A, at: At) {
+                $(self.$i.after_event(alloc, at);)+
+            }
+            #[inline]
+            fn checkpoint(&mut self, events: u64) -> bool {
+                let mut stop = false;
+                $(stop |= self.$i.checkpoint(events);)+
+                stop
+            }
+            #[inline]
+            fn finish(&mut self, alloc: &A, at: At) {
+                $(self.$i.finish(alloc, at);)+
+            }
+        }
+    };
+}
+tuple_observer!(O0.0, O1.1);
+tuple_observer!(O0.0, O1.1, O2.2);
+tuple_observer!(O0.0, O1.1, O2.2, O3.3);
+tuple_observer!(O0.0, O1.1, O2.2, O3.3, O4.4);
+tuple_observer!(O0.0, O1.1, O2.2, O3.3, O4.4, O5.5);
+
+/// Passes on what happens at steps, OOMs, checkpoints and the ends, but not every event: how a
+/// caller's observer rides along a replay whose per-event measuring is the standard observers'.
+pub struct Coarse<O>(pub O);
+
+impl<A: GpuAllocator + ?Sized, O: Observer<A>> Observer<A> for Coarse<O> {
+    #[inline]
+    fn start(&mut self, alloc: &A) {
+        self.0.start(alloc)
+    }
+    #[inline]
+    fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {
+        self.0.out_of_memory(alloc, at, bytes, info)
+    }
+    #[inline]
+    fn step(&mut self, alloc: &A, at: At, n: u64) {
+        self.0.step(alloc, at, n)
+    }
+    #[inline]
+    fn checkpoint(&mut self, events: u64) -> bool {
+        self.0.checkpoint(events)
+    }
+    #[inline]
+    fn finish(&mut self, alloc: &A, at: At) {
+        self.0.finish(alloc, at)
+    }
+}

@@ -1,0 +1,250 @@
+//! The standard measurements of a replay, one observer per concern.
+
+use super::observer::{At, Observer};
+use crate::gpu::stats::DeviceStats;
+use crate::gpu::{GpuAllocator, OomInfo};
+use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
+
+/// Allocated and reserved bytes.
+#[inline]
+fn allocated_reserved(s: &DeviceStats) -> (u64, u64) {
+    (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64)
+}
+
+/// Peak reserved, and the allocated bytes at it: the fullest moment of the peak plateau (the most
+/// that was allocated while reserved stood at its peak), for fragmentation at peak reserved.
+#[derive(Debug, Default)]
+pub struct Peak {
+    pub reserved: u64,
+    pub allocated_at_peak: u64,
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for Peak {
+    #[inline]
+    fn allocated(&mut self, _alloc: &A, stats: &DeviceStats, _at: At, _bytes: u64) {
+        let (allocated, reserved) = allocated_reserved(stats);
+        if reserved > self.reserved {
+            self.reserved = reserved;
+            self.allocated_at_peak = allocated;
+        } else if reserved == self.reserved && allocated > self.allocated_at_peak {
+            self.allocated_at_peak = allocated;
+        }
+    }
+}
+
+/// Events between snapshots of the segment map when reserved keeps reaching new peaks.
+const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
+
+/// The segment map at peak reserved. Taking a snapshot costs a walk over every block, so while
+/// reserved keeps climbing one is taken at most every `SNAPSHOT_GAP_EVENTS` events, and at the
+/// next step marker or the end.
+#[derive(Debug, Default)]
+pub struct SegmentsAtPeak {
+    pub segments: Vec<SegmentSnapshot>,
+    peak_reserved: u64,
+    last_snapshot_event: Option<u64>,
+    pending: bool,
+}
+
+impl SegmentsAtPeak {
+    fn take<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, index: u64) {
+        self.segments = alloc.segments();
+        self.last_snapshot_event = Some(index);
+        self.pending = false;
+    }
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
+    #[inline]
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, _bytes: u64) {
+        let reserved = stats.reserved_bytes.all.current as u64;
+        if reserved > self.peak_reserved {
+            self.pending = true;
+            self.peak_reserved = reserved;
+        }
+        if self.pending && self.last_snapshot_event.is_none_or(|e| at.index - e >= SNAPSHOT_GAP_EVENTS) {
+            self.take(alloc, at.index);
+        }
+    }
+
+    fn step(&mut self, alloc: &A, at: At, _n: u64) {
+        if self.pending {
+            self.take(alloc, at.index);
+        }
+    }
+
+    fn finish(&mut self, alloc: &A, at: At) {
+        if self.pending || self.segments.is_empty() {
+            self.take(alloc, at.index);
+        }
+    }
+}
+
+/// The memory timeline: a point at every step marker (and every N events with
+/// `--sample-every`), each carrying the peaks since the previous point. When it reaches twice its
+/// budget, neighbours are merged and the sampling strides double.
+#[derive(Debug)]
+pub struct Timeline {
+    pub points: Vec<TimelinePoint>,
+    max_points: usize,
+    stride_steps: u64,
+    stride_events: u64,
+    steps: u64,
+    /// Allocated and reserved peaks since the last point.
+    interval: (u64, u64),
+}
+
+impl Timeline {
+    pub fn new(sample_every_events: Option<u64>, max_points: usize) -> Self {
+        Timeline { points: Vec::new(), max_points, stride_steps: 1, stride_events: sample_every_events.unwrap_or(0), steps: 0, interval: (0, 0) }
+    }
+
+    fn sample<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, event: u64, step: u64, live: u64) {
+        let s = alloc.stats();
+        let (allocated, reserved) = (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64);
+        self.points.push(TimelinePoint {
+            event,
+            step,
+            allocated,
+            reserved,
+            active: s.active_bytes.all.current as u64,
+            live,
+            allocated_max: self.interval.0.max(allocated),
+            reserved_max: self.interval.1.max(reserved),
+        });
+        self.interval = (allocated, reserved);
+    }
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
+    fn start(&mut self, alloc: &A) {
+        self.sample(alloc, 0, 0, 0);
+    }
+
+    #[inline]
+    fn allocated(&mut self, _alloc: &A, stats: &DeviceStats, _at: At, _bytes: u64) {
+        let (allocated, reserved) = allocated_reserved(stats);
+        self.interval.0 = self.interval.0.max(allocated);
+        self.interval.1 = self.interval.1.max(reserved);
+    }
+
+    fn step(&mut self, alloc: &A, at: At, _n: u64) {
+        self.steps += 1;
+        if self.steps.is_multiple_of(self.stride_steps) {
+            self.sample(alloc, at.index, at.step, at.live);
+        }
+    }
+
+    #[inline]
+    fn after_event(&mut self, alloc: &A, at: At) {
+        if self.stride_events > 0 && at.index.is_multiple_of(self.stride_events) {
+            self.sample(alloc, at.index, at.step, at.live);
+        }
+        if self.points.len() >= 2 * self.max_points.max(1) {
+            // Merge neighbours, keeping each pair's later values and both pairs' peaks.
+            self.points = self
+                .points
+                .chunks(2)
+                .map(|c| {
+                    let mut p = *c.last().expect("non-empty chunk");
+                    p.allocated_max = c.iter().map(|q| q.allocated_max).max().unwrap_or(0);
+                    p.reserved_max = c.iter().map(|q| q.reserved_max).max().unwrap_or(0);
+                    p
+                })
+                .collect();
+            self.stride_steps *= 2;
+            self.stride_events *= 2;
+        }
+    }
+
+    fn finish(&mut self, alloc: &A, at: At) {
+        self.sample(alloc, at.index, at.step, at.live);
+    }
+}
+
+/// The first OOM: where it happened, what the allocator knew, and the segment map then.
+#[derive(Debug, Default)]
+pub struct FirstOom {
+    pub record: Option<OomRecord>,
+    pub segments: Vec<SegmentSnapshot>,
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for FirstOom {
+    fn out_of_memory(&mut self, alloc: &A, at: At, _bytes: u64, info: &OomInfo) {
+        if self.record.is_some() {
+            return;
+        }
+        self.segments = alloc.segments();
+        self.record = Some(OomRecord {
+            event: at.index,
+            step: at.step,
+            requested: info.requested,
+            rounded: info.rounded,
+            alloc_size: info.alloc_size,
+            cached_free: info.cached_free,
+            device_free: info.device_free,
+            largest_free_block: info.largest_free_block,
+            reserved: info.reserved,
+            allocated: info.allocated,
+            cause: info.cause(),
+        });
+    }
+}
+
+/// Log2 size buckets of every allocation request (served or not): bucket k holds sizes in
+/// [2^k, 2^(k+1)).
+#[derive(Debug, Clone)]
+pub struct SizeHistogram {
+    pub counts: [u64; 64],
+}
+
+impl Default for SizeHistogram {
+    fn default() -> Self {
+        SizeHistogram { counts: [0; 64] }
+    }
+}
+
+impl SizeHistogram {
+    #[inline]
+    pub fn record(&mut self, bytes: u64) {
+        self.counts[bytes.max(1).ilog2() as usize] += 1;
+    }
+
+    pub fn buckets(&self) -> Vec<(u64, u64)> {
+        self.counts.iter().enumerate().filter(|(_, &c)| c > 0).map(|(k, &c)| (1u64 << k, c)).collect()
+    }
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for SizeHistogram {
+    #[inline]
+    fn allocated(&mut self, _alloc: &A, _stats: &DeviceStats, _at: At, bytes: u64) {
+        self.record(bytes);
+    }
+
+    fn out_of_memory(&mut self, _alloc: &A, _at: At, bytes: u64, _info: &OomInfo) {
+        self.record(bytes);
+    }
+}
+
+/// Stops the replay at the next checkpoint once `stop()` says so (the commands pass their
+/// Ctrl-C flag; analyses that run many replays pass theirs on).
+pub struct StopWhen<F: Fn() -> bool>(pub F);
+
+impl<A: GpuAllocator + ?Sized, F: Fn() -> bool> Observer<A> for StopWhen<F> {
+    fn checkpoint(&mut self, _events: u64) -> bool {
+        (self.0)()
+    }
+}
+
+/// Calls `at_step(n, event_index, stats)` at every `step` marker, before it takes effect, and
+/// once more at the end with `n = u64::MAX` (the fidelity check's snapshots).
+pub struct AtStep<F>(pub F);
+
+impl<A: GpuAllocator + ?Sized, F: FnMut(u64, u64, &DeviceStats)> Observer<A> for AtStep<F> {
+    fn step(&mut self, alloc: &A, at: At, n: u64) {
+        (self.0)(n, at.index, alloc.stats())
+    }
+    fn finish(&mut self, alloc: &A, at: At) {
+        (self.0)(u64::MAX, at.index, alloc.stats())
+    }
+}

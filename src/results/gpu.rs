@@ -1,0 +1,177 @@
+//! GPU replay records: one replay (`"type": "gpu_replay"`), its OOM, timeline and segment maps.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::common::{MachineInfo, WorkDone, WorkloadInfo};
+
+names!(Backend { Sim => "sim", Cuda => "cuda" });
+names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity" });
+names!(SegmentType { Small => "small", Large => "large" });
+names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive" });
+
+/// What a replay does at an out-of-memory (`--on-oom`, `"on_oom"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnOom {
+    /// Stop at the first OOM (what a training job does).
+    Stop,
+    /// Record the OOM, skip the allocation (and its free) and go on.
+    Continue,
+}
+
+/// Where the policy's device memory comes from (`--device`, `"backend"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// The deterministic simulated device (every machine).
+    Sim,
+    /// A real GPU through the CUDA driver.
+    Cuda,
+}
+
+/// Why an allocation failed (`"cause"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OomCause {
+    /// Device free + cached free would have covered the request.
+    Fragmentation,
+    /// The workload holds more than the device has.
+    Capacity,
+}
+
+/// The first OOM of a run (`"oom"` in the JSON results; a contract).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OomRecord {
+    /// 0-based index of the trace's data row (of the generated event).
+    pub event: u64,
+    /// The step the event belongs to (0 = before the first step marker).
+    pub step: u64,
+    /// The user's byte count.
+    pub requested: u64,
+    pub rounded: u64,
+    pub alloc_size: u64,
+    /// Free bytes inside the allocator's segments.
+    pub cached_free: u64,
+    pub device_free: u64,
+    pub largest_free_block: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub cause: OomCause,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TimelinePoint {
+    pub event: u64,
+    pub step: u64,
+    /// Values at the sample.
+    pub allocated: u64,
+    pub reserved: u64,
+    pub active: u64,
+    pub live: u64,
+    /// The most allocated and reserved since the previous sample (the step's peak).
+    pub allocated_max: u64,
+    pub reserved_max: u64,
+}
+
+/// The pool a segment belongs to (`"segment_type"`, as `torch.cuda.memory_snapshot()` names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SegmentType {
+    /// Blocks of at most 1 MiB.
+    Small,
+    Large,
+}
+
+/// A block's state (`"state"`, as `torch.cuda.memory_snapshot()` names it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Holds a live allocation.
+    ActiveAllocated,
+    /// Free (cached).
+    Inactive,
+}
+
+/// One segment as `torch.cuda.memory_snapshot()` shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SegmentSnapshot {
+    pub address: u64,
+    pub total_size: u64,
+    pub stream: u64,
+    pub segment_type: SegmentType,
+    pub is_expandable: bool,
+    pub blocks: Vec<BlockSnapshot>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockSnapshot {
+    pub size: u64,
+    pub requested_size: u64,
+    pub state: BlockState,
+}
+
+impl BlockSnapshot {
+    pub fn is_allocated(&self) -> bool {
+        self.state == BlockState::ActiveAllocated
+    }
+}
+
+impl SegmentSnapshot {
+    pub fn allocated(&self) -> u64 {
+        self.blocks.iter().filter(|b| b.is_allocated()).map(|b| b.size).sum()
+    }
+}
+
+/// Headline numbers of a GPU replay.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuSummary {
+    pub peak_reserved: u64,
+    pub peak_allocated: u64,
+    pub allocated_at_peak_reserved: u64,
+    /// 1 − allocated/reserved at peak reserved.
+    pub fragmentation_at_peak: f64,
+    /// Peak allocated ÷ peak reserved.
+    pub utilization: f64,
+    /// Peak reserved ÷ peak live bytes (1.0 = ideal).
+    pub overhead: f64,
+    pub largest_free_block_end: u64,
+    pub device_mallocs: i64,
+    pub device_frees: i64,
+    pub ooms: u64,
+    pub last_step: u64,
+    pub interrupted: bool,
+    pub elapsed_s: f64,
+    pub events_per_s: f64,
+    /// Time in device calls: measured on a GPU, modelled with `--sim-latency`, else absent.
+    #[serde(default)]
+    pub device_time_s: Option<f64>,
+}
+
+/// One GPU replay (`allocbench replay`, one row of `allocbench run`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuRunResult {
+    pub schema_version: u32,
+    pub allocator: String,
+    /// The PYTORCH_CUDA_ALLOC_CONF string ("" = defaults).
+    pub conf: String,
+    pub backend: Backend,
+    pub device: String,
+    pub capacity: u64,
+    pub on_oom: OnOom,
+    pub workload: WorkloadInfo,
+    pub machine: MachineInfo,
+    pub work: WorkDone,
+    /// Keyed exactly like `torch.cuda.memory_stats()`.
+    pub stats: BTreeMap<String, i64>,
+    pub oom: Option<OomRecord>,
+    pub summary: GpuSummary,
+    pub timeline: Vec<TimelinePoint>,
+    pub segments_at_peak: Vec<SegmentSnapshot>,
+    /// The segment map at the first OOM (empty without one).
+    #[serde(default)]
+    pub segments_at_oom: Vec<SegmentSnapshot>,
+    /// (smallest size of the log2 bucket, allocations in it).
+    pub size_histogram: Vec<(u64, u64)>,
+}

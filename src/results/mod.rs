@@ -1,0 +1,126 @@
+//! The results schema: every type allocbench serialises, one versioned record per kind of run,
+//! written as JSON (one file per run) or JSON Lines (sweeps). Reports and comparisons read only
+//! these files.
+//!
+//! This is layer 2: it imports only `error` (and external crates), never the code that fills
+//! the records, so everything above can depend on it without a circle. Closed sets are enums
+//! (`OomCause`, `BlockState`, `SegmentType`, `Backend`, `OnOom`, `CpuMode`) serialised to the
+//! same strings as before. One file per kind of record:
+//! - [`common`]: what every record carries (machine, workload, work done);
+//! - [`gpu`]: `GpuRunResult` and what it holds (OOM, timeline, segment maps);
+//! - [`cpu`]: `CpuRunResult` (latency, live malloc, RSS samples);
+//! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
+//! - [`fidelity`]: torch_replay.py's document and the fidelity report.
+
+/// `as_str` (the serialised name) and `Display` (the same, padded as asked) for a closed set.
+macro_rules! names {
+    ($t:ty { $($v:ident => $s:literal),+ $(,)? }) => {
+        impl $t {
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(Self::$v => $s),+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+    };
+}
+
+pub mod common;
+pub mod cpu;
+pub mod devprobe;
+pub mod diagnose;
+pub mod fidelity;
+pub mod gpu;
+
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InputError;
+
+pub use common::{MachineInfo, WorkDone, WorkloadInfo};
+pub use cpu::{CpuMode, CpuRunResult, Latency, LiveMalloc, RssSample};
+pub use devprobe::{DevprobeResult, SizeLatency};
+pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
+pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
+pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
+
+/// Bumped whenever a field changes meaning or is removed; readers refuse other versions.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Any results record, tagged by `"type"`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResultRecord {
+    GpuReplay(Box<GpuRunResult>),
+    CpuRun(Box<CpuRunResult>),
+    Devprobe(Box<DevprobeResult>),
+    Diagnose(Box<DiagnoseResult>),
+}
+
+impl ResultRecord {
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).expect("results serialize")
+    }
+}
+
+/// Appends one record to a JSON Lines stream (flushed, so a killed sweep keeps what it wrote).
+pub fn write_jsonl(out: &mut dyn Write, rec: &ResultRecord) -> std::io::Result<()> {
+    writeln!(out, "{}", rec.to_json_line())?;
+    out.flush()
+}
+
+/// Writes one document as pretty-printed JSON with a final newline, and flushes.
+pub fn write_json_pretty<T: Serialize + ?Sized>(mut out: &mut dyn Write, value: &T) -> anyhow::Result<()> {
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Reads a results file: one JSON document, or JSON Lines. Errors name the file and line and
+/// refuse other schema versions instead of drawing broken charts.
+pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| InputError::new(&name, format!("cannot read results: {e}")))?;
+    let parse_one = |v: serde_json::Value, loc: String| -> anyhow::Result<ResultRecord> {
+        let version = v.get("schema_version").and_then(|x| x.as_u64());
+        match version {
+            Some(x) if x == SCHEMA_VERSION as u64 => {}
+            Some(x) => {
+                return Err(InputError::new(
+                    loc,
+                    format!("results schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: re-run the benchmark with this version"),
+                )
+                .into())
+            }
+            None => return Err(InputError::new(loc, "not an allocbench results record (no schema_version)").into()),
+        }
+        serde_json::from_value(v).map_err(|e| InputError::new(loc, format!("malformed results record: {e}")).into())
+    };
+    let trimmed = text.trim_start();
+    if trimmed.is_empty() {
+        return Err(InputError::new(&name, "empty results file").into());
+    }
+    // A whole-file JSON document (pretty-printed single run), else JSON Lines.
+    if let Ok(v) = serde_json::from_str::<serde_json::Value>(trimmed) {
+        return Ok(vec![parse_one(v, name)?]);
+    }
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let loc = format!("{name}:{}", i + 1);
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
+        out.push(parse_one(v, loc)?);
+    }
+    Ok(out)
+}
