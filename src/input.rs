@@ -1,6 +1,6 @@
 //! Opens what the user names (a workload `.toml`, a trace `.csv`) as a re-playable event source.
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::InputError;
@@ -16,13 +16,41 @@ pub enum Source {
     Trace(PathBuf),
     /// A PyTorch snapshot or an RMM log, converted in memory.
     Imported(Box<crate::trace::snapshot::ImportedTrace>, PathBuf),
+    /// The default input: GPT-3 XL (1.3B) training captured from real PyTorch, in the binary.
+    Embedded,
+}
+
+/// `workloads/captured/gpt3-xl-1.3b.csv.gz` (`scripts/capture_workloads.sh`): the demo's input, so
+/// that it shows what PyTorch really allocates rather than a model of it.
+const EMBEDDED_TRACE_GZ: &[u8] = include_bytes!("../workloads/captured/gpt3-xl-1.3b.csv.gz");
+const EMBEDDED_TRACE_ORIGIN: &str = "(embedded) workloads/captured/gpt3-xl-1.3b.csv.gz";
+
+fn embedded_trace() -> impl BufRead + Send {
+    BufReader::new(flate2::read::MultiGzDecoder::new(EMBEDDED_TRACE_GZ))
+}
+
+/// What a capture's header says about where the trace came from ("" for other traces).
+fn capture_description(trace: impl BufRead) -> String {
+    let (mut torch, mut script) = (None, None);
+    for line in trace.lines().take(32).map_while(Result::ok) {
+        let Some(comment) = line.strip_prefix("# ") else { break };
+        if comment.starts_with("torch ") {
+            torch = Some(comment.split(',').next().unwrap_or(comment).to_string());
+        } else if let Some(s) = comment.strip_prefix("script: ") {
+            script = Some(s.to_string());
+        }
+    }
+    match (torch, script) {
+        (Some(torch), Some(script)) => format!("captured from {torch}: {script}"),
+        _ => String::new(),
+    }
 }
 
 impl Source {
-    /// `None` means the embedded default workload.
+    /// `None` means the embedded default input: the captured GPT-3 XL training trace.
     pub fn open(path: Option<&Path>) -> anyhow::Result<Source> {
         let Some(path) = path else {
-            return Ok(Source::Workload(Box::new(Workload::default_embedded())));
+            return Ok(Source::Embedded);
         };
         if !path.exists() {
             return Err(InputError::new(path.display().to_string(), "no such file").into());
@@ -61,6 +89,7 @@ impl Source {
             Source::Workload(w) => Ok(infallible(w.events())),
             Source::Trace(p) => Ok(Box::new(read_trace(p)?)),
             Source::Imported(t, _) => Ok(Box::new(t.events.iter().copied().map(Ok))),
+            Source::Embedded => Ok(Box::new(crate::trace::TraceReader::new(embedded_trace(), EMBEDDED_TRACE_ORIGIN))),
         }
     }
 
@@ -93,15 +122,24 @@ impl Source {
                     }
                     sha2::Digest::update(&mut hasher, &buf[..n]);
                 }
+                let description = read_trace(p).map(|r| capture_description(r.into_inner())).unwrap_or_default();
                 WorkloadInfo {
                     name: trace_name(p),
                     kind: "trace".into(),
                     origin: p.display().to_string(),
                     sha256: hex(&sha2::Digest::finalize(hasher)),
                     seed: None,
-                    description: String::new(),
+                    description,
                 }
             }
+            Source::Embedded => WorkloadInfo {
+                name: trace_name(Path::new(EMBEDDED_TRACE_ORIGIN)),
+                kind: "trace".into(),
+                origin: EMBEDDED_TRACE_ORIGIN.into(),
+                sha256: sha256_hex(EMBEDDED_TRACE_GZ),
+                seed: None,
+                description: capture_description(embedded_trace()),
+            },
         })
     }
 
@@ -117,7 +155,7 @@ impl Source {
     pub fn sized_for(&self) -> Option<u64> {
         match self {
             Source::Workload(w) => w.file.sized_for.map(|b| b.0),
-            Source::Trace(_) | Source::Imported(..) => None,
+            Source::Trace(_) | Source::Imported(..) | Source::Embedded => None,
         }
     }
 }

@@ -335,3 +335,34 @@ fn a_transformers_model_captures_from_its_config_alone() {
     assert!(sizes.contains(&(512 * 64 * 4)), "the fp32 token embedding, copied to the device");
     assert!(sizes.contains(&(512 * 64 * 2)), "its bf16 autocast copy for the untied head");
 }
+
+#[test]
+fn shipped_captures_are_complete_and_the_demo_replays_one() {
+    let dir = root().join("workloads/captured");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.to_string_lossy().ends_with(".csv.gz") {
+            continue;
+        }
+        seen += 1;
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&path).unwrap()), &mut text).unwrap();
+        assert!(text.contains("# script: scripts/models/train.py"), "{}: says how it was made", path.display());
+        assert!(text.trim_end().lines().last().unwrap().starts_with("# capture complete"), "{}: a complete capture", path.display());
+        let evs = events(&path);
+        assert!(steps(&evs).len() >= 50, "{}: many steps", path.display());
+    }
+    assert!(seen >= 1, "workloads/captured holds the flagship captures");
+
+    // `allocbench run` with no input replays the embedded capture of GPT-3 XL.
+    let out_dir = tempfile::tempdir().unwrap();
+    let jsonl = out_dir.path().join("r.jsonl");
+    let out = Command::cargo_bin("allocbench").unwrap().args(["run", "--allocators", "ideal", "--quiet", "--jsonl", jsonl.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rec: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&jsonl).unwrap().lines().next().unwrap()).unwrap();
+    assert_eq!(rec["workload"]["origin"], "(embedded) workloads/captured/gpt3-xl-1.3b.csv.gz");
+    assert!(rec["workload"]["description"].as_str().unwrap().starts_with("captured from torch "), "{}", rec["workload"]);
+    let shipped = events(&dir.join("gpt3-xl-1.3b.csv.gz"));
+    assert_eq!(rec["work"]["events"], shipped.len() as u64, "the embedded trace is the shipped one");
+}

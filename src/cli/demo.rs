@@ -1,4 +1,4 @@
-//! `allocbench` / `allocbench demo`: the embedded 1.3B training workload under several configs.
+//! `allocbench` / `allocbench demo`: the embedded 1.3B training trace (captured from PyTorch) under several configs.
 
 use std::path::PathBuf;
 
@@ -27,6 +27,9 @@ pub fn main(a: &DemoArgs) -> anyhow::Result<()> {
     println!("allocbench demo: {} (embedded default workload)\n", Source::open(None)?.info()?.description);
     let dev = DeviceArgs { capacity: None, on_oom: OnOom::Stop, sample_every: None, quiet: false, device: Backend::Sim, sim_latency: None };
     super::run::compare(&source, &["pytorch".into(), "nocache".into(), "ideal".into()], &confs, &dev, Some(&a.jsonl))?;
-    println!("\nNext: `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest.");
+    println!(
+        "\nNext: `allocbench capture -o trace.csv -- train.py` then `allocbench diagnose trace.csv` for your own job, \
+         `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest."
+    );
     Ok(())
 }

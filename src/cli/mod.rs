@@ -43,7 +43,8 @@ Inputs are workload definitions (workloads/*.toml: transformer training, model s
 textbook scenarios) or event traces (CSV: op,id,bytes,stream). GPU replays run PyTorch's CUDA
 caching-allocator policy on a simulated device, so no GPU is needed.
 
-Run with no arguments for the demo: the embedded GPT-3 XL (1.3B) training workload replayed under
+Run with no arguments for the demo: the embedded GPT-3 XL (1.3B) training trace, captured from real
+PyTorch (autograd, CUDA autocast, AdamW) on variable sequence lengths, replayed under
 PyTorch's default allocator settings, expandable segments, a tuned max_split_size_mb, no caching,
 and the ideal bound.";
 
@@ -56,7 +57,7 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Run the default job: the embedded 1.3B transformer workload under several GPU allocator configurations.
+    /// Run the default job: the embedded 1.3B training trace (captured from PyTorch) under several GPU allocator configurations.
     Demo(demo::DemoArgs),
     /// Write a workload's (or trace's) events as a CSV trace.
     Trace(trace::TraceArgs),

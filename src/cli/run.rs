@@ -14,7 +14,7 @@ use crate::results::ResultRecord;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// A trace (.csv) or workload (.toml); default: the embedded 1.3B transformer workload.
+    /// A trace (.csv, .csv.gz) or workload (.toml); default: the embedded captured 1.3B training trace.
     pub input: Option<PathBuf>,
     /// Comma-separated GPU allocators.
     #[arg(long, default_value = "pytorch,nocache,ideal", value_delimiter = ',')]

@@ -62,6 +62,11 @@ impl<R: BufRead> TraceReader<R> {
         InputError::new(format!("{}:{}", self.name, self.line_no), msg).into()
     }
 
+    /// The input, for reading it another way (its header comments, say).
+    pub fn into_inner(self) -> R {
+        self.input
+    }
+
     /// Ids allocated and not yet freed when the trace ended (or so far).
     pub fn live_ids(&self) -> usize {
         self.live.len()

@@ -22,10 +22,6 @@ use crate::event::Event;
 pub use spec::WorkloadFile;
 use spec::{toml_error, Attention, ScenarioEvent, Validator};
 
-/// The workload `allocbench` runs when given none: GPT-3 XL (1.3B) training with variable lengths.
-pub const DEFAULT_WORKLOAD_NAME: &str = "gpt3-xl-1.3b.toml";
-pub const DEFAULT_WORKLOAD_TOML: &str = include_str!("../../workloads/gpt3-xl-1.3b.toml");
-
 /// A parsed and validated workload, with the text it came from (hashed into results).
 #[derive(Debug, Clone)]
 pub struct Workload {
@@ -38,10 +34,6 @@ impl Workload {
     pub fn load(path: &Path) -> Result<Self, InputError> {
         let source = spec::read_source(path)?;
         Self::parse(&source, &path.display().to_string())
-    }
-
-    pub fn default_embedded() -> Self {
-        Self::parse(DEFAULT_WORKLOAD_TOML, &format!("(embedded) workloads/{DEFAULT_WORKLOAD_NAME}")).expect("the embedded default workload is valid")
     }
 
     pub fn parse(source: &str, origin: &str) -> Result<Self, InputError> {
