@@ -86,7 +86,12 @@ class _TraceSink:
 
     def __init__(self, path, comments):
         self.path = path
-        self.file = open(path, "w", buffering=1 << 16)
+        if str(path).endswith(".gz"):
+            import gzip
+
+            self.file = gzip.open(path, "wt", compresslevel=6)
+        else:
+            self.file = open(path, "w", buffering=1 << 16)
         for c in comments:
             self.file.write(f"# {c}\n")
         self.file.write(FORMAT_HEADER + "\n")

@@ -120,17 +120,16 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
         Err(_) => {
             // The interpreter died without a word (a signal, an abort in native code): keep the
             // trace and say it is incomplete.
-            let how = match child_status.code() {
-                Some(code) => format!("exit status {code}"),
-                None => {
-                    use std::os::unix::process::ExitStatusExt;
-                    format!("signal {}", child_status.signal().unwrap_or(0))
-                }
+            use std::os::unix::process::ExitStatusExt;
+            let (how, exit_code) = match (child_status.code(), child_status.signal()) {
+                (Some(code), _) => (format!("exit status {code}"), code),
+                // A shell reports death by signal N as status 128 + N.
+                (None, signal) => (format!("signal {}", signal.unwrap_or(0)), 128 + signal.unwrap_or(0)),
             };
             mark_incomplete(&opts.output, &how);
             Ok(CaptureOutcome {
                 state: "killed".into(),
-                exit_code: child_status.code().unwrap_or(1),
+                exit_code,
                 message: format!("{python} ended without finishing the capture ({how})"),
                 steps: 0,
                 allocs: 0,
@@ -142,10 +141,29 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
     }
 }
 
+/// Ends a trace whose writer died: a torn last row is cut (it would stop the reader), then the
+/// marker is added. A gzip trace is decoded as far as it goes and written again.
 fn mark_incomplete(trace: &Path, why: &str) {
-    if let Ok(mut f) = fs::OpenOptions::new().append(true).open(trace) {
-        // A torn last row would stop the reader: start the marker on its own line.
-        let _ = writeln!(f, "\n# capture incomplete: {why}");
+    let Ok(raw) = fs::read(trace) else { return };
+    let gz = crate::trace::csv::is_gzip_name(trace);
+    let mut text = Vec::new();
+    if gz {
+        // A stream cut short decodes up to the cut; the error there is expected.
+        let _ = std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(&raw[..]), &mut text);
+    } else {
+        text = raw;
+    }
+    let keep = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    text.truncate(keep);
+    text.extend_from_slice(format!("# capture incomplete: {why}\n").as_bytes());
+    let written = if gz {
+        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        enc.write_all(&text).and_then(|_| enc.finish()).and_then(|bytes| fs::write(trace, bytes))
+    } else {
+        fs::write(trace, &text)
+    };
+    if let Err(e) = written {
+        eprintln!("warning: could not mark {} incomplete: {e}", trace.display());
     }
 }
 

@@ -366,3 +366,27 @@ fn shipped_captures_are_complete_and_the_demo_replays_one() {
     let shipped = events(&dir.join("gpt3-xl-1.3b.csv.gz"));
     assert_eq!(rec["work"]["events"], shipped.len() as u64, "the embedded trace is the shipped one");
 }
+
+#[test]
+fn a_killed_interpreter_leaves_a_readable_trace_marked_incomplete() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["k.csv", "k.csv.gz"] {
+        let (out, trace) = capture(dir.path(), name, &[], &[&fixture("killed.py")]);
+        assert_eq!(out.status.code(), Some(128 + 9), "{}", stderr(&out));
+        assert!(stderr(&out).contains("ended without finishing the capture (signal 9)"), "{}", stderr(&out));
+        let evs = events(&trace);
+        assert_eq!(steps(&evs), vec![1], "{name}: what was flushed is kept and reads cleanly");
+        assert!(signed_sizes(&evs).iter().filter(|&&b| b == 4000).count() == 20);
+        let mut text = String::new();
+        let file = std::fs::File::open(&trace).unwrap();
+        if name.ends_with(".gz") {
+            std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(file), &mut text).unwrap();
+        } else {
+            std::io::Read::read_to_string(&mut { file }, &mut text).unwrap();
+        }
+        assert!(text.trim_end().ends_with("# capture incomplete: signal 9"), "{name}");
+    }
+}
