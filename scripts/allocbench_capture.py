@@ -156,7 +156,6 @@ def _make_recorder_class(torch):
             self.next_id = 1
             self.step_no = 0
             self.max_steps = None
-            self.lead_optimizer = None
             self.workspace_streams = set()
             self.stream_ids = {}
             self.written_args = {}
@@ -181,12 +180,8 @@ def _make_recorder_class(torch):
             self.sink.step(self.step_no)
 
         def optimizer_stepped(self, optimizer):
-            # One step per iteration: with several optimizers (a GAN's, say) the first one to step
-            # marks the iterations.
-            if self.lead_optimizer is None:
-                self.lead_optimizer = weakref.ref(optimizer)
-            if self.lead_optimizer() is optimizer:
-                self.step()
+            # Every optimizer.step() is a step (with two optimizers, as in a GAN, two per iteration).
+            self.step()
 
         def _stream_of(self, tensor):
             if self.fake or tensor.device.type != "cuda":
