@@ -111,8 +111,30 @@ proptest! {
         }
         let keep = bytes.len() - cut.index(bytes.len() / 4 + 1);
         bytes.truncate(keep);
-        if let Ok(v) = allocbench::trace::pickle::parse(&bytes) {
-            let _ = allocbench::trace::snapshot::from_snapshot_value(&v);
+        // Never a panic; whatever imports is a stream a replay accepts (allocs of ids not live,
+        // sizes > 0, frees of live ids, sites only for allocated ids), and errors say something.
+        match allocbench::trace::pickle::parse(&bytes) {
+            Ok(v) => match allocbench::trace::snapshot::from_snapshot_value(&v) {
+                Ok(t) => {
+                    let mut live = std::collections::HashSet::new();
+                    let mut allocated = std::collections::HashSet::new();
+                    for ev in &t.events {
+                        match *ev {
+                            Event::Alloc { id, bytes, .. } => {
+                                prop_assert!(bytes > 0);
+                                prop_assert!(live.insert(id), "alloc of live id {}", id);
+                                allocated.insert(id);
+                            }
+                            Event::Free { id } => prop_assert!(live.remove(&id), "free of id {} that is not live", id),
+                            _ => {}
+                        }
+                    }
+                    prop_assert!(t.sites.keys().all(|id| allocated.contains(id)));
+                    prop_assert!(t.sites.values().all(|&s| (s as usize) < t.site_names.len()));
+                }
+                Err(msg) => prop_assert!(!msg.is_empty() && !msg.contains('\n'), "{:?}", msg),
+            },
+            Err(e) => prop_assert!(!e.to_string().is_empty()),
         }
     }
 }

@@ -190,12 +190,21 @@ mod tests {
 
     #[test]
     fn classes_are_monotonic() {
+        // Every size up to 2^17, then each power of two and its neighbours up to 2^60: the class
+        // never decreases, and a power of two opens a class of its own.
+        let mut sizes: Vec<u64> = (1..(1 << 17)).collect();
+        for l in 17..60 {
+            sizes.extend([(1u64 << l) - 1, 1 << l, (1 << l) + 1, (1 << l) + (1 << (l - 1))]);
+        }
         let mut last = 0;
-        for s in (1..100_000u64).step_by(7).chain([1 << 20, 3 << 20, 1 << 40, (1 << 50) + 1]) {
+        for &s in &sizes {
             let c = class_of(s);
-            assert!(c >= last || s < 100_000, "class order");
+            assert!(c >= last, "class_of({s}) = {c} < {last}");
+            assert!(c < BINS, "class_of({s}) = {c} is past the last bin");
+            if s.is_power_of_two() && s > 1 {
+                assert!(c > class_of(s - 1), "{s} shares a class with {}", s - 1);
+            }
             last = c;
-            assert!(c < BINS);
         }
     }
 
