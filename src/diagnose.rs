@@ -50,7 +50,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     let events = load_events(source)?;
     let mut built = build("pytorch", conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-    let run = crate::gpu_run::run_one(
+    let mut run = crate::gpu_run::run_one(
         &mut built,
         conf,
         Box::new(events.iter().copied().map(Ok)),
@@ -58,6 +58,10 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         &opts,
         &mut StopWhen(crate::interrupt::interrupted),
     )?;
+    if run.oom.is_none() && !run.summary.interrupted {
+        let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) };
+        run.segments_at_peak = crate::gpu_run::segments_at_exact_peak("pytorch", conf, &spec, Box::new(events.iter().copied().map(Ok)))?;
+    }
     let w = waste(&run);
     let top_sites = top_sites(source);
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.

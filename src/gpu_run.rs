@@ -6,10 +6,10 @@ use crate::gpu::build::{build, pytorch_on_sim, unknown_allocator, Built, DeviceS
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::SimDevice;
-use crate::gpu::replay::{replay_watched, Observer, OnOom, ReplayOptions, ReplayOutcome, StopWhen};
+use crate::gpu::replay::{replay_observed, replay_watched, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtExactPeak, StopWhen};
 use crate::gpu::GpuAllocator;
 use crate::input::Source;
-use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, WorkDone, WorkloadInfo, SCHEMA_VERSION};
+use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, SegmentSnapshot, WorkDone, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
 /// One replay of a comparison: a registered allocator and the conf it runs with.
@@ -51,8 +51,24 @@ pub fn run_source(
     opts: &ReplayOptions,
     watch: &mut dyn Observer<dyn GpuAllocator>,
 ) -> anyhow::Result<GpuRunResult> {
-    let mut built = build(allocator, conf, &DeviceSpec { addresses: source.address_script(), ..device.clone() })?;
-    run_one(&mut built, conf, source.events()?, info.clone(), opts, watch)
+    let spec = DeviceSpec { addresses: source.address_script(), ..device.clone() };
+    let mut built = build(allocator, conf, &spec)?;
+    let mut result = run_one(&mut built, conf, source.events()?, info.clone(), opts, watch)?;
+    if result.oom.is_none() && !result.segments_at_peak.is_empty() && spec.backend == Backend::Sim && !result.summary.interrupted {
+        result.segments_at_peak = segments_at_exact_peak(allocator, conf, &spec, source.events()?)?;
+    }
+    Ok(result)
+}
+
+/// The segment map at exactly the peak ([`SegmentsAtExactPeak`]) from a second replay on a fresh
+/// allocator (deterministic: it passes through the same states). The everyday replay thins its
+/// snapshots to stay fast; a breakdown of the peak (diagnose, the segment charts) needs the
+/// peak itself, where allocated + pinned free + wholly free cached segments = reserved.
+pub fn segments_at_exact_peak(allocator: &str, conf: &AllocatorConfig, device: &DeviceSpec, events: EventStream<'_>) -> anyhow::Result<Vec<SegmentSnapshot>> {
+    let mut built = build(allocator, conf, device)?;
+    let mut exact = SegmentsAtExactPeak::default();
+    replay_observed(built.alloc.as_mut(), events, OnOom::Stop, &mut exact)?;
+    Ok(exact.segments)
 }
 
 /// Replays `events` through a built policy and returns the results record; `watch` sees the

@@ -169,3 +169,35 @@ proptest! {
         prop_assert_eq!(out.ooms as i64, a.stats().num_ooms);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Issue 13.1: the diagnosis breaks the peak down exactly — allocated then, free inside segments
+    /// holding live blocks, wholly free cached segments — and the parts add up to peak reserved; at
+    /// an OOM the same holds for the state that failed.
+    #[test]
+    fn diagnosis_breakdown_reconciles(ops in ops(), conf in 0usize..CONFS.len(), small_device in any::<bool>()) {
+        let mut text = String::from("op,id,bytes,stream\n");
+        let mut live: Vec<usize> = Vec::new();
+        for (id, op) in ops.iter().enumerate() {
+            match *op {
+                Op::Alloc(bytes, stream) => { text += &format!("alloc,{id},{bytes},{stream}\n"); live.push(id); }
+                Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); text += &format!("free,{id},,\n"); }
+                Op::Free(_) => {}
+                Op::EmptyCache => text += "empty_cache,,,\n",
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.csv");
+        std::fs::write(&path, text).unwrap();
+        let source = allocbench::input::Source::open(Some(&path)).unwrap();
+        let capacity = if small_device { 300 << 20 } else { 80 << 30 };
+        let conf = AllocatorConfig::parse(CONFS[conf]).unwrap();
+        let (d, _) = allocbench::diagnose::diagnose(&source, &conf, capacity).unwrap();
+        match &d.oom {
+            None => prop_assert_eq!(d.allocated_at_peak + d.pinned_free_bytes + d.cached_free_segments_bytes, d.peak_reserved),
+            Some(oom) => prop_assert_eq!(oom.allocated + d.pinned_free_bytes + d.cached_free_segments_bytes, oom.reserved),
+        }
+    }
+}

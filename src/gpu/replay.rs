@@ -20,7 +20,7 @@ use crate::event::Event;
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Coarse, Observer};
-pub use observers::{AtStep, FirstOom, Peak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
+pub use observers::{AtStep, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 pub struct ReplayOptions {
     pub on_oom: OnOom,

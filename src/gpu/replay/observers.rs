@@ -32,6 +32,27 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Peak {
     }
 }
 
+/// The segment map at exactly the moment [`Peak`] records: the allocation after which reserved
+/// stood at its peak with the most allocated. Every time that moment moves the map is taken
+/// again, so it costs a walk over the segments per improvement: diagnoses use it, in a replay of
+/// their own; the everyday replay keeps [`SegmentsAtPeak`].
+#[derive(Debug, Default)]
+pub struct SegmentsAtExactPeak {
+    pub peak: Peak,
+    pub segments: Vec<SegmentSnapshot>,
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtExactPeak {
+    #[inline]
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+        let before = (self.peak.reserved, self.peak.allocated_at_peak);
+        Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
+        if (self.peak.reserved, self.peak.allocated_at_peak) != before {
+            self.segments = alloc.segments();
+        }
+    }
+}
+
 /// Events between snapshots of the segment map when reserved keeps reaching new peaks.
 const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
 
