@@ -11,7 +11,7 @@ use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::{ReplayOptions, StopWhen};
 use crate::input::Source;
-use crate::results::{DiagnoseResult, GpuRunResult, OnOom, OomCause, PinningClass, SegmentWaste, SCHEMA_VERSION};
+use crate::results::{DiagnoseResult, GpuRunResult, OnOom, OomCause, OomRecord, PinningClass, SegmentWaste, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
 /// Materialises a source's events (diagnosis replays them many times).
@@ -159,6 +159,33 @@ fn top_sites(source: &Source) -> Vec<(String, u64)> {
     }
 }
 
+/// Why the OOM happened, with the numbers that decide its cause (one cause, see `OomInfo::cause`).
+fn cause_sentence(o: &OomRecord) -> String {
+    let (cached, device, largest) = (format_bytes(o.cached_free), format_bytes(o.device_free), format_bytes(o.largest_free_block));
+    match o.cause {
+        OomCause::Fragmentation => format!(
+            "Cause: fragmentation. {cached} were free inside the allocator's segments and {device} on the device, together enough for the request, but the largest free block was {largest}: the free pieces sit between live blocks, so no cached block could serve it and no new segment could be made."
+        ),
+        OomCause::SegmentSize => format!(
+            "Cause: segment size. The device had {device} free, enough for the {} request, but the allocator must create a {} segment for it{}.",
+            format_bytes(o.rounded),
+            format_bytes(o.alloc_size),
+            if o.cached_free > 0 { format!(", and no block among the {cached} free in its segments fits") } else { String::new() }
+        ),
+        OomCause::FractionLimit => format!(
+            "Cause: the memory-fraction limit. per_process_memory_fraction left {device} below its cap while the device itself had room: {} allocated plus the {} request exceed what the fraction allows ({cached} free in the cache).",
+            format_bytes(o.allocated),
+            format_bytes(o.rounded)
+        ),
+        OomCause::Capacity => format!(
+            "Cause: real exhaustion. {} allocated plus the {} request exceed what the device can give ({} reserved, {device} free on the device): the workload holds more than this device has.",
+            format_bytes(o.allocated),
+            format_bytes(o.rounded),
+            format_bytes(o.reserved)
+        ),
+    }
+}
+
 /// The diagnosis in sentences: the OOM and its cause (or the headroom), the breakdown, what pins
 /// free space, and the device that fits.
 pub fn summary(d: &DiagnoseResult) -> Vec<String> {
@@ -175,21 +202,7 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
                 format_bytes(o.alloc_size),
                 format_bytes(capacity)
             ));
-            if o.cause == OomCause::Fragmentation {
-                summary.push(format!(
-                    "Cause: fragmentation. {} were free inside the allocator's segments and {} on the device, together enough for the request, but the largest free block was {} and the free pieces are pinned between live blocks, so neither a cached block nor a new segment could serve it.",
-                    format_bytes(o.cached_free),
-                    format_bytes(o.device_free),
-                    format_bytes(o.largest_free_block)
-                ));
-            } else {
-                summary.push(format!(
-                    "Cause: real exhaustion. Only {} were free in the cache and {} on the device: the workload holds more than this device has ({} allocated at the OOM).",
-                    format_bytes(o.cached_free),
-                    format_bytes(o.device_free),
-                    format_bytes(o.allocated)
-                ));
-            }
+            summary.push(cause_sentence(o));
         }
         None => summary.push(format!(
             "No OOM on a {} device: peak reserved {} leaves {} of headroom.",

@@ -156,3 +156,17 @@ fn report_renders_devprobe_results() {
     assert!(index.contains("| 8.00 GiB |"), "{index}");
     assert!(std::fs::read_to_string(dir.path().join("devprobe.svg")).unwrap().contains("cuMemAlloc (cudaMalloc) p50"));
 }
+
+#[test]
+fn diagnose_names_segment_size_when_nothing_is_pinned() {
+    // Issue 13.2: a 5 MiB request on an empty 15 MiB device fits, but its segment (20 MiB) does not.
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("seg.csv");
+    std::fs::write(&csv, "op,id,bytes,stream\nalloc,1,5242880,0\n").unwrap();
+    let out = bin().args(["diagnose", csv.to_str().unwrap(), "--capacity", "15MiB", "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["oom"]["cause"], "segment_size");
+    let cause = v["summary"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).find(|s| s.starts_with("Cause:")).unwrap();
+    assert!(cause.contains("20.0 MiB segment") && !cause.contains("pinned") && !cause.contains("between live blocks"), "{cause}");
+}

@@ -63,6 +63,8 @@ impl GpuAllocator for AsyncPoolAllocator {
                     rounded: bytes,
                     alloc_size: bytes,
                     device_free: self.device.free_memory(),
+                    device_free_uncapped: self.device.free_memory(),
+                    allowed: None,
                     cached_free: reserved.saturating_sub(allocated),
                     largest_free_block: 0,
                     reserved,

@@ -52,6 +52,10 @@ pub struct OomInfo {
     pub alloc_size: u64,
     /// Device memory free (or below the memory-fraction cap), after the caches were flushed.
     pub device_free: u64,
+    /// Device memory free regardless of the memory-fraction cap.
+    pub device_free_uncapped: u64,
+    /// `per_process_memory_fraction`'s allowed bytes, when set.
+    pub allowed: Option<u64>,
     /// Free bytes inside the allocator's segments (reserved − allocated).
     pub cached_free: u64,
     /// The largest free block inside a segment.
@@ -61,13 +65,24 @@ pub struct OomInfo {
 }
 
 impl OomInfo {
-    /// `fragmentation` when the free bytes (device free + cached free) would have covered the
-    /// request, else `capacity`.
+    /// Exactly one cause, tested in this order: `capacity` (live bytes + the request exceed what
+    /// the device can give: reserved + its free memory), `fraction_limit` (they exceed the
+    /// allowed bytes of per_process_memory_fraction), `segment_size` (the free device memory
+    /// covers the request but not the segment the allocator must create for it),
+    /// `fragmentation` (cached free + device free cover it, yet no block fits), and otherwise
+    /// `fraction_limit` (only the cap kept the device's free memory from covering it).
     pub fn cause(&self) -> OomCause {
-        if self.device_free.saturating_add(self.cached_free) >= self.rounded {
+        let need = self.allocated.saturating_add(self.rounded);
+        if need > self.reserved.saturating_add(self.device_free_uncapped) {
+            OomCause::Capacity
+        } else if self.allowed.is_some_and(|allowed| need > allowed) {
+            OomCause::FractionLimit
+        } else if self.device_free >= self.rounded && self.device_free < self.alloc_size {
+            OomCause::SegmentSize
+        } else if self.device_free.saturating_add(self.cached_free) >= self.rounded {
             OomCause::Fragmentation
         } else {
-            OomCause::Capacity
+            OomCause::FractionLimit
         }
     }
 

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{MachineInfo, WorkDone, WorkloadInfo};
 
 names!(Backend { Sim => "sim", Cuda => "cuda" });
-names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity" });
+names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit" });
 names!(SegmentType { Small => "small", Large => "large" });
 names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive" });
 
@@ -35,10 +35,15 @@ pub enum Backend {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OomCause {
-    /// Device free + cached free would have covered the request.
+    /// Cached free plus device free would have covered the request, but no block fits and no
+    /// segment could be made.
     Fragmentation,
-    /// The workload holds more than the device has.
+    /// Live bytes plus the request exceed what the device can give this process.
     Capacity,
+    /// The device had room for the request but not for the segment the allocator must create.
+    SegmentSize,
+    /// `per_process_memory_fraction`'s allowed bytes stopped it while the device had room.
+    FractionLimit,
 }
 
 /// The first OOM of a run (`"oom"` in the JSON results; a contract).

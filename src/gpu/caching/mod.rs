@@ -564,7 +564,8 @@ impl<D: Device> CachingAllocator<D> {
     fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64) -> OomInfo {
         let reserved = self.stats.reserved_bytes.all.current as u64;
         let allocated = self.stats.allocated_bytes.all.current as u64;
-        let mut device_free = self.device.free_memory();
+        let device_free_uncapped = self.device.free_memory();
+        let mut device_free = device_free_uncapped;
         if let Some(allowed) = self.allowed {
             device_free = device_free.min(allowed.saturating_sub(reserved));
         }
@@ -573,6 +574,8 @@ impl<D: Device> CachingAllocator<D> {
             rounded,
             alloc_size,
             device_free,
+            device_free_uncapped,
+            allowed: self.allowed,
             cached_free: reserved - allocated,
             largest_free_block: self.largest_free_block(),
             reserved,

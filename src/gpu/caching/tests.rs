@@ -248,6 +248,27 @@ fn oom_reports_fragmentation_or_capacity() {
         Err(AllocError::OutOfMemory(info)) => assert_eq!(info.cause(), crate::results::OomCause::Capacity),
         other => panic!("expected an OOM, got {other:?}"),
     }
+    // A 5 MiB request on an empty 15 MiB device: it fits, but a large-pool request needs a
+    // kLargeBuffer (20 MiB) segment (CUDACachingAllocator.cpp get_allocation_size): segment size,
+    // with nothing pinned.
+    let mut d = alloc("", 15 * MIB);
+    match d.malloc(5 * MIB, 0) {
+        Err(AllocError::OutOfMemory(info)) => {
+            assert_eq!(info.cause(), crate::results::OomCause::SegmentSize);
+            assert_eq!((info.alloc_size, info.cached_free, info.device_free), (20 * MIB, 0, 15 * MIB));
+        }
+        other => panic!("expected an OOM, got {other:?}"),
+    }
+    // per_process_memory_fraction:0.5 of 1 GiB allows 512 MiB: a 600 MiB request fails while the
+    // device has room (allowed = fraction x total, AllocatorConfig / setMemoryFraction).
+    let mut e = alloc("per_process_memory_fraction:0.5", GIB);
+    match e.malloc(600 * MIB, 0) {
+        Err(AllocError::OutOfMemory(info)) => {
+            assert_eq!(info.cause(), crate::results::OomCause::FractionLimit);
+            assert_eq!(info.device_free_uncapped, GIB);
+        }
+        other => panic!("expected an OOM, got {other:?}"),
+    }
 }
 
 #[test]
