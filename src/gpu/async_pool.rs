@@ -58,18 +58,13 @@ impl GpuAllocator for AsyncPoolAllocator {
                 self.stats.num_ooms += 1;
                 let reserved = self.stats.reserved_bytes.all.current as u64;
                 let allocated = self.stats.allocated_bytes.all.current as u64;
-                return Err(AllocError::OutOfMemory(OomInfo {
-                    requested: bytes,
-                    rounded: bytes,
-                    alloc_size: bytes,
-                    device_free: self.device.free_memory(),
-                    device_free_uncapped: self.device.free_memory(),
-                    allowed: None,
-                    cached_free: reserved.saturating_sub(allocated),
-                    largest_free_block: 0,
+                return Err(AllocError::OutOfMemory(OomInfo::unrounded(
+                    bytes,
+                    self.device.free_memory(),
+                    reserved.saturating_sub(allocated),
                     reserved,
                     allocated,
-                }));
+                )));
             }
             Err(e) => return Err(AllocError::Device(e)),
         };

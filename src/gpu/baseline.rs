@@ -78,18 +78,7 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
                 let reserved = self.stats.reserved_bytes.all.current as u64;
-                Err(AllocError::OutOfMemory(OomInfo {
-                    requested: bytes,
-                    rounded: bytes,
-                    alloc_size: bytes,
-                    device_free: self.device.free_memory(),
-                    device_free_uncapped: self.device.free_memory(),
-                    allowed: None,
-                    cached_free: 0,
-                    largest_free_block: 0,
-                    reserved,
-                    allocated: reserved,
-                }))
+                Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.device.free_memory(), 0, reserved, reserved)))
             }
             Err(e) => Err(AllocError::Device(e)),
         }
@@ -160,18 +149,7 @@ impl GpuAllocator for IdealAllocator {
         let reserved = self.stats.reserved_bytes.all.current as u64;
         if reserved + bytes > self.capacity {
             self.stats.num_ooms += 1;
-            return Err(AllocError::OutOfMemory(OomInfo {
-                requested: bytes,
-                rounded: bytes,
-                alloc_size: bytes,
-                device_free: self.capacity - reserved,
-                device_free_uncapped: self.capacity - reserved,
-                allowed: None,
-                cached_free: 0,
-                largest_free_block: 0,
-                reserved,
-                allocated: reserved,
-            }));
+            return Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.capacity - reserved, 0, reserved, reserved)));
         }
         count_alloc(&mut self.stats, pool_for(bytes), bytes, bytes, false);
         let h = self.next;

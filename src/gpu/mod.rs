@@ -65,6 +65,23 @@ pub struct OomInfo {
 }
 
 impl OomInfo {
+    /// An OOM of a policy that neither rounds nor splits (the baselines, CUDA's pool): the
+    /// request is the device allocation, and no memory-fraction cap applies.
+    pub fn unrounded(bytes: u64, device_free: u64, cached_free: u64, reserved: u64, allocated: u64) -> Self {
+        OomInfo {
+            requested: bytes,
+            rounded: bytes,
+            alloc_size: bytes,
+            device_free,
+            device_free_uncapped: device_free,
+            allowed: None,
+            cached_free,
+            largest_free_block: 0,
+            reserved,
+            allocated,
+        }
+    }
+
     /// Exactly one cause, tested in this order: `capacity` (live bytes + the request exceed what
     /// the device can give: reserved + its free memory), `fraction_limit` (they exceed the
     /// allowed bytes of per_process_memory_fraction), `segment_size` (the free device memory
