@@ -6,7 +6,7 @@ use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
 
 use allocbench::event::Event;
-use allocbench::trace::{TraceReader, TraceWriter};
+use allocbench::trace::{read_trace, TraceReader, TraceWriter};
 use allocbench::workload::Workload;
 use rustc_hash::FxHashMap;
 
@@ -85,7 +85,11 @@ fn shipped_workloads_are_valid_deterministic_and_within_budget() {
                 if !t.grads_set_to_none {
                     expect += params * t.grad_dtype.unwrap_or(t.param_dtype).bytes();
                 }
-                assert_eq!(a.live_end, expect, "{path:?}: only parameters and optimizer state stay live");
+                if t.optimizer == allocbench::workload::spec::Optimizer::AdamFused {
+                    expect += 4 * layout.elems.len() as u64; // fused AdamW keeps an fp32 step count per parameter on the device
+                }
+                expect += t.cublas_workspace.map(|b| b.0).unwrap_or(allocbench::workload::transformer::DEFAULT_CUBLAS_WORKSPACE);
+                assert_eq!(a.live_end, expect, "{path:?}: only parameters, optimizer state and the cuBLAS workspace stay live");
                 assert_eq!(a.steps, t.steps);
             }
             "model_switch" => assert_eq!(a.live_count_end, 0, "{path:?}: everything is unloaded"),
@@ -154,4 +158,81 @@ fn textbook_scenarios_have_the_literature_shapes() {
     let pattern = [10, 50, 10, 100, 10, 200, 10, 50, 10, 100];
     assert_eq!(&sizes[..30], &pattern.repeat(3)[..]);
     assert_eq!(walk(&w).live_count_end, 16, "15 survivors and the large one");
+}
+
+/// Allocations per training step and peak live bytes of an event stream, and its dominant size
+/// classes (log2 buckets, by bytes allocated). `marker_ends_step`: captures write `step,k` after
+/// step k's optimizer step; generators write it at step k's start.
+struct Profile {
+    allocs_per_step: Vec<u64>,
+    peak_live: u64,
+    top_classes: Vec<u32>,
+}
+
+fn profile(events: impl Iterator<Item = Event>, marker_ends_step: bool) -> Profile {
+    let mut live: FxHashMap<u64, u64> = FxHashMap::default();
+    let (mut cur, mut peak) = (0u64, 0u64);
+    let mut segments = vec![0u64];
+    let mut classes: FxHashMap<u32, u64> = FxHashMap::default();
+    for ev in events {
+        match ev {
+            Event::Alloc { id, bytes, .. } => {
+                live.insert(id, bytes);
+                cur += bytes;
+                peak = peak.max(cur);
+                *segments.last_mut().unwrap() += 1;
+                *classes.entry(63 - bytes.leading_zeros()).or_default() += bytes;
+            }
+            Event::Free { id } => cur -= live.remove(&id).expect("free of a live id"),
+            Event::Step { .. } => segments.push(0),
+            Event::EmptyCache => {}
+        }
+    }
+    // Index k of `allocs_per_step` is step k + 1; step 1 carries the initialisation either way.
+    let allocs_per_step = if marker_ends_step { segments[..segments.len() - 1].to_vec() } else { segments[1..].to_vec() };
+    let mut by_bytes: Vec<(u32, u64)> = classes.into_iter().collect();
+    by_bytes.sort_by_key(|&(c, b)| (std::cmp::Reverse(b), c));
+    Profile { allocs_per_step, peak_live: peak, top_classes: by_bytes.iter().take(3).map(|&(c, _)| c).collect() }
+}
+
+/// The GPT-3 XL generator, driven with a capture's sequence lengths, agrees with real PyTorch
+/// (`allocbench capture` of scripts/models/train.py, fixture committed so no torch is needed):
+/// allocations per step and peak live bytes within 2 %, the same dominant size classes.
+#[test]
+fn gpt3_xl_generator_matches_a_pytorch_capture() {
+    let fixture = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt3-xl-captured-4-steps.csv.gz"));
+    let text = {
+        use std::io::Read;
+        let mut s = String::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(&fixture).unwrap()).read_to_string(&mut s).unwrap();
+        s
+    };
+    // The capture's command line says which lengths and how many steps it ran.
+    let script = text.lines().find_map(|l| l.strip_prefix("# script: ")).expect("the capture records its script");
+    let arg = |name: &str| script.split_whitespace().skip_while(|w| *w != name).nth(1).unwrap_or_else(|| panic!("{name} in {script}")).to_string();
+    let lengths = arg("--seq-len").strip_prefix("list:").expect("listed lengths").to_string();
+    let steps: u64 = arg("--steps").parse().unwrap();
+    assert_eq!(arg("--model"), "gpt3-xl");
+    assert_eq!(arg("--batch"), "4");
+
+    let captured: Vec<Event> = read_trace(&fixture).unwrap().map(|r| r.unwrap()).collect();
+    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/gpt3-xl-1.3b.toml")).unwrap();
+    let uniform = "seq_len = { dist = \"uniform\", min = 128, max = 2048 }";
+    assert!(src.contains(uniform) && src.contains("steps = 200"), "the test rewrites the shipped lengths and steps");
+    let src =
+        src.replacen(uniform, &format!("seq_len = {{ dist = \"list\", values = [{lengths}] }}"), 1).replacen("steps = 200", &format!("steps = {steps}"), 1);
+    let w = Workload::parse(&src, "gpt3-xl at the capture's lengths").unwrap();
+
+    let cap = profile(captured.into_iter(), true);
+    let gen = profile(w.events(), false);
+    assert_eq!(cap.allocs_per_step.len() as u64, steps);
+    assert_eq!(gen.allocs_per_step.len() as u64, steps);
+    // Steps after the first (the first also holds parameter creation and optimizer state).
+    for k in 1..steps as usize {
+        let (c, g) = (cap.allocs_per_step[k] as f64, gen.allocs_per_step[k] as f64);
+        assert!((g / c - 1.0).abs() <= 0.02, "step {}: {g} allocations generated, {c} captured", k + 1);
+    }
+    let (c, g) = (cap.peak_live as f64, gen.peak_live as f64);
+    assert!((g / c - 1.0).abs() <= 0.02, "peak live {g} generated, {c} captured");
+    assert_eq!(gen.top_classes, cap.top_classes, "dominant size classes");
 }
