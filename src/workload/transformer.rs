@@ -102,7 +102,8 @@ struct BlockSaved {
     /// GELU: [fc output, gelu]; SwiGLU: [gate, silu(gate), up, product].
     mlp: Vec<u64>,
     down: LinSaved,
-    output: u64,
+    /// The block's output (none from a checkpoint's recomputation).
+    output: Option<u64>,
 }
 
 impl BlockSaved {
@@ -486,8 +487,9 @@ impl TransformerGen {
     }
 
     /// One block's forward on the residual stream `x` (param dtype). `keep_input`: a
-    /// checkpointed block's input stays referenced by the checkpoint until its backward.
-    fn block_fwd(&mut self, dm: Dims, bp: &BlockParams, x: u64, keep_input: bool) -> BlockSaved {
+    /// checkpointed block's input stays referenced by the checkpoint until its backward;
+    /// `recompute`: the checkpoint's recomputation in backward (no output).
+    fn block_fwd(&mut self, dm: Dims, bp: &BlockParams, x: u64, keep_input: bool, recompute: bool) -> BlockSaved {
         let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
         let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
         let (n1_out, n1) = self.norm_fwd(dm, x);
@@ -565,12 +567,30 @@ impl TransformerGen {
             mlp.extend([gate, silu, up, prod]);
         }
         let down_in = *mlp.last().expect("an MLP has an activation");
-        let (down, down_saved) = self.linear_fwd(dm, bp.down, a, t, Some(down_in));
-        if !keep {
-            self.free(n2_out);
-        }
-        let output = self.alloc(t * d * p);
-        self.free(down);
+        let (down_saved, output) = if recompute {
+            // Checkpoint recomputation stops early, once every tensor backward needs exists:
+            // the down projection's matmul and the residual add do not run again.
+            let mut sv = LinSaved { input: Some(down_in), weight: None };
+            if dm.autocast {
+                if bp.down.bias.is_some() {
+                    let c = self.alloc(bp.down.out * a);
+                    self.cast_cache.push(c);
+                }
+                sv.weight = Some(self.alloc(bp.down.out * bp.down.inp * a));
+            }
+            if !keep {
+                self.free(n2_out);
+            }
+            (sv, None)
+        } else {
+            let (down, sv) = self.linear_fwd(dm, bp.down, a, t, Some(down_in));
+            if !keep {
+                self.free(n2_out);
+            }
+            let output = self.alloc(t * d * p);
+            self.free(down);
+            (sv, Some(output))
+        };
         if !gelu && p != FP32 {
             // The block's locals die: the attention residual and the input (RMSNorm kept fp32
             // copies of them).
@@ -695,9 +715,9 @@ impl TransformerGen {
                     // v, k then q projections; the first two input gradients are summed into a
                     // new tensor, the third in place.
                     let mut qkv = qkv;
-                    let gv_c = self.alloc(t * d * a);
-                    self.free(grads[2]);
-                    let gi_v = self.linear_bwd(dm, bp.qkv[2], qkv.pop().unwrap_or_default(), gv_c, a, true, t, p);
+                    // dv comes out of the kernel in the projection's layout; dk and dq, sliced
+                    // through the rotary backward, are copied contiguous.
+                    let gi_v = self.linear_bwd(dm, bp.qkv[2], qkv.pop().unwrap_or_default(), grads[2], a, true, t, p);
                     let gk_c = self.alloc(t * d * a);
                     self.free(gk);
                     let gi_k = self.linear_bwd(dm, bp.qkv[1], qkv.pop().unwrap_or_default(), gk_c, a, true, t, p);
@@ -802,8 +822,8 @@ impl TransformerGen {
         let mut saved: Vec<Option<BlockSaved>> = Vec::with_capacity(layers);
         let mut inputs = Vec::with_capacity(layers);
         for bp in &named.blocks {
-            let sv = self.block_fwd(dm, bp, x, self.spec.checkpointing);
-            let out = sv.output;
+            let sv = self.block_fwd(dm, bp, x, self.spec.checkpointing, false);
+            let out = sv.output.expect("a forward block has an output");
             if self.spec.checkpointing {
                 // Non-reentrant checkpointing stores nothing: saved tensors die as they would
                 // without autograd; weight casts stay in autocast's cache.
@@ -888,8 +908,7 @@ impl TransformerGen {
                     // Recompute the block under the forward's autocast state; its output is
                     // dropped, its casts live until the recomputation's autocast exits unless
                     // saved.
-                    let sv = self.block_fwd(dm, bp, inputs[l], true);
-                    self.free(sv.output);
+                    let sv = self.block_fwd(dm, bp, inputs[l], true, true);
                     let cache = std::mem::take(&mut self.cast_cache);
                     self.free_all(cache);
                     sv
