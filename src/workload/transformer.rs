@@ -170,6 +170,9 @@ pub struct TransformerGen {
     /// Autocast's cast cache of this forward: bias casts (and weight casts nobody saved), freed
     /// when the autocast region exits.
     cast_cache: Vec<u64>,
+    /// The residual gradient's cast to the compute dtype, made before a checkpointed block's
+    /// recomputation (it is its own autograd node, run before the first unpack).
+    early_grad_cast: Option<u64>,
     next_step: u64,
     started: bool,
     finished: bool,
@@ -191,6 +194,7 @@ impl TransformerGen {
             workspace: None,
             carried: Carried::default(),
             cast_cache: Vec::new(),
+            early_grad_cast: None,
             next_step: 1,
             started: false,
             finished: false,
@@ -261,7 +265,8 @@ impl TransformerGen {
     #[allow(clippy::too_many_arguments)]
     fn linear_bwd(&mut self, dm: Dims, lin: Linear, saved: LinSaved, g: u64, g_bytes: u64, g_owned: bool, tokens: u64, x_bytes: u64) -> u64 {
         let a = dm.a;
-        let g_cast = (g_bytes != a).then(|| self.alloc(tokens * lin.out * a));
+        let early = self.early_grad_cast.take();
+        let g_cast = (g_bytes != a).then(|| early.unwrap_or_else(|| self.alloc(tokens * lin.out * a)));
         // addmm computes the input gradient first; a bias-less matmul the weight gradient first.
         let (gi, gw, gb) = if lin.bias.is_some() {
             let gi = self.matmul(tokens * lin.inp * a);
@@ -908,6 +913,9 @@ impl TransformerGen {
                     // Recompute the block under the forward's autocast state; its output is
                     // dropped, its casts live until the recomputation's autocast exits unless
                     // saved.
+                    if p != a {
+                        self.early_grad_cast = Some(self.alloc(t * d * a));
+                    }
                     let sv = self.block_fwd(dm, bp, inputs[l], true, true);
                     let cache = std::mem::take(&mut self.cast_cache);
                     self.free_all(cache);
