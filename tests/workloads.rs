@@ -195,44 +195,65 @@ fn profile(events: impl Iterator<Item = Event>, marker_ends_step: bool) -> Profi
     Profile { allocs_per_step, peak_live: peak, top_classes: by_bytes.iter().take(3).map(|&(c, _)| c).collect() }
 }
 
-/// The GPT-3 XL generator, driven with a capture's sequence lengths, agrees with real PyTorch
-/// (`allocbench capture` of scripts/models/train.py, fixture committed so no torch is needed):
-/// allocations per step and peak live bytes within 2 %, the same dominant size classes.
-#[test]
-fn gpt3_xl_generator_matches_a_pytorch_capture() {
-    let fixture = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/gpt3-xl-captured-4-steps.csv.gz"));
+/// Drives a shipped workload with a capture's sequence lengths and step count (read from the
+/// capture's recorded command line) and checks it against the capture: allocations per step
+/// (after the first, which also holds initialisation) and peak live bytes within 2 %, the same
+/// three dominant size classes.
+fn assert_generator_matches_capture(fixture: &str, workload: &str, model: &str, batch: u64) {
+    let fixture = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures")).join(fixture);
     let text = {
         use std::io::Read;
         let mut s = String::new();
         flate2::read::GzDecoder::new(std::fs::File::open(&fixture).unwrap()).read_to_string(&mut s).unwrap();
         s
     };
-    // The capture's command line says which lengths and how many steps it ran.
     let script = text.lines().find_map(|l| l.strip_prefix("# script: ")).expect("the capture records its script");
     let arg = |name: &str| script.split_whitespace().skip_while(|w| *w != name).nth(1).unwrap_or_else(|| panic!("{name} in {script}")).to_string();
     let lengths = arg("--seq-len").strip_prefix("list:").expect("listed lengths").to_string();
     let steps: u64 = arg("--steps").parse().unwrap();
-    assert_eq!(arg("--model"), "gpt3-xl");
-    assert_eq!(arg("--batch"), "4");
+    assert_eq!(arg("--model"), model);
+    assert_eq!(arg("--batch"), batch.to_string());
+
+    let src = std::fs::read_to_string(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads")).join(workload)).unwrap();
+    let src: String = src
+        .lines()
+        .map(|l| {
+            if l.starts_with("seq_len =") {
+                format!("seq_len = {{ dist = \"list\", values = [{lengths}] }}")
+            } else if l.starts_with("steps =") {
+                format!("steps = {steps}")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    let w = Workload::parse(&src, &format!("{workload} at the capture's lengths")).unwrap();
+    assert_eq!(w.file.transformer.as_ref().unwrap().batch, batch);
 
     let captured: Vec<Event> = read_trace(&fixture).unwrap().map(|r| r.unwrap()).collect();
-    let src = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/gpt3-xl-1.3b.toml")).unwrap();
-    let uniform = "seq_len = { dist = \"uniform\", min = 128, max = 2048 }";
-    assert!(src.contains(uniform) && src.contains("steps = 200"), "the test rewrites the shipped lengths and steps");
-    let src =
-        src.replacen(uniform, &format!("seq_len = {{ dist = \"list\", values = [{lengths}] }}"), 1).replacen("steps = 200", &format!("steps = {steps}"), 1);
-    let w = Workload::parse(&src, "gpt3-xl at the capture's lengths").unwrap();
-
     let cap = profile(captured.into_iter(), true);
     let gen = profile(w.events(), false);
     assert_eq!(cap.allocs_per_step.len() as u64, steps);
     assert_eq!(gen.allocs_per_step.len() as u64, steps);
-    // Steps after the first (the first also holds parameter creation and optimizer state).
     for k in 1..steps as usize {
         let (c, g) = (cap.allocs_per_step[k] as f64, gen.allocs_per_step[k] as f64);
-        assert!((g / c - 1.0).abs() <= 0.02, "step {}: {g} allocations generated, {c} captured", k + 1);
+        assert!((g / c - 1.0).abs() <= 0.02, "{workload} step {}: {g} allocations generated, {c} captured", k + 1);
     }
     let (c, g) = (cap.peak_live as f64, gen.peak_live as f64);
-    assert!((g / c - 1.0).abs() <= 0.02, "peak live {g} generated, {c} captured");
-    assert_eq!(gen.top_classes, cap.top_classes, "dominant size classes");
+    assert!((g / c - 1.0).abs() <= 0.02, "{workload}: peak live {g} generated, {c} captured");
+    assert_eq!(gen.top_classes, cap.top_classes, "{workload}: dominant size classes");
+}
+
+/// GPT-3 XL (AMP bf16 autocast, math attention, AdamW foreach) against 4 captured steps of
+/// scripts/models/train.py (fixture committed so the test needs no torch).
+#[test]
+fn gpt3_xl_generator_matches_a_pytorch_capture() {
+    assert_generator_matches_capture("gpt3-xl-captured-4-steps.csv.gz", "gpt3-xl-1.3b.toml", "gpt3-xl", 4);
+}
+
+/// Llama-2-7B (pure bf16, SDPA flash, AdamW fused, checkpointing) against 4 captured steps.
+#[test]
+fn llama2_7b_generator_matches_a_pytorch_capture() {
+    assert_generator_matches_capture("llama2-7b-captured-4-steps.csv.gz", "llama2-7b-80g.toml", "llama2-7b", 2);
 }
