@@ -173,6 +173,9 @@ pub struct TransformerGen {
     /// The residual gradient's cast to the compute dtype, made before a checkpointed block's
     /// recomputation (it is its own autograd node, run before the first unpack).
     early_grad_cast: Option<u64>,
+    /// The next linear backward's input gradient, when cast, is summed in place into an
+    /// earlier one (shared inputs under autocast).
+    merge_input_grad: bool,
     next_step: u64,
     started: bool,
     finished: bool,
@@ -195,6 +198,7 @@ impl TransformerGen {
             carried: Carried::default(),
             cast_cache: Vec::new(),
             early_grad_cast: None,
+            merge_input_grad: false,
             next_step: 1,
             started: false,
             finished: false,
@@ -290,10 +294,15 @@ impl TransformerGen {
             self.free_opt(saved.input);
         }
         let mut gi = gi;
+        let merge = std::mem::take(&mut self.merge_input_grad);
         if x_bytes != a {
             let c = self.alloc(tokens * lin.inp * x_bytes);
             self.free(gi);
             gi = c;
+            if merge {
+                // Added in place into the input's gradient buffer (a fresh cast can be).
+                self.free(gi);
+            }
         }
         self.accumulate(dm, lin.weight, gw, a);
         if let (Some(bi), Some(gb)) = (lin.bias, gb) {
@@ -337,8 +346,9 @@ impl TransformerGen {
     }
 
     /// Backward of a norm given `g` (owned, param dtype); frees what the norm saved. Returns the
-    /// input gradient.
-    fn norm_bwd(&mut self, dm: Dims, norm: Norm, saved: NormSaved, g: u64) -> u64 {
+    /// input gradient, or none when `into_residual`: the engine adds it in place into the
+    /// residual stream's gradient buffer and frees it.
+    fn norm_bwd(&mut self, dm: Dims, norm: Norm, saved: NormSaved, g: u64, into_residual: bool) -> Option<u64> {
         let (t, d, p) = (dm.t, dm.d, dm.p);
         match self.spec.model.ffn_kind {
             FfnKind::Gelu => {
@@ -352,7 +362,11 @@ impl TransformerGen {
                 if let (Some(bi), Some(gb)) = (norm.bias, gb) {
                     self.accumulate(dm, bi, gb, p);
                 }
-                gx
+                if into_residual {
+                    self.free(gx);
+                    return None;
+                }
+                Some(gx)
             }
             FfnKind::Swiglu => {
                 // out = normed * weight
@@ -375,6 +389,12 @@ impl TransformerGen {
                 let grs = self.alloc(t * FP32);
                 self.free(ghr);
                 self.free(gn);
+                // An fp32 RMSNorm's input is the residual itself: its gradient parts go straight
+                // into the residual's buffer.
+                let direct = p == FP32 && into_residual;
+                if direct {
+                    self.free(gh);
+                }
                 // rs = rsqrt(mean + eps)
                 let pw = self.alloc(t * FP32);
                 let ms = self.alloc(t * FP32);
@@ -394,12 +414,19 @@ impl TransformerGen {
                 self.free(gdiv);
                 self.free_opt(saved.input);
                 self.free(gh2);
+                if direct {
+                    return None;
+                }
                 let mut gx = gh;
                 if p != FP32 {
                     gx = self.alloc(t * d * p);
                     self.free(gh);
                 }
-                gx
+                if into_residual {
+                    self.free(gx);
+                    return None;
+                }
+                Some(gx)
             }
         }
     }
@@ -632,15 +659,21 @@ impl TransformerGen {
             let g_gate = self.alloc(t * dm.f * a);
             self.free(g_silu);
             self.free(mlp[0]);
+            // Two input gradients of the shared norm output: fresh fp32 casts are summed in
+            // place; bare matmul outputs (views) into a new tensor.
+            self.merge_input_grad = p != a;
             let gi_gate = self.linear_bwd(dm, bp.up[0], up[0], g_gate, a, true, t, p);
-            let sum = self.alloc(t * d * p);
-            self.free(gi_up);
-            self.free(gi_gate);
-            sum
+            if p != a {
+                gi_up
+            } else {
+                let sum = self.alloc(t * d * p);
+                self.free(gi_up);
+                self.free(gi_gate);
+                sum
+            }
         };
-        let gx = self.norm_bwd(dm, bp.norm2, n2, g_n2);
-        self.free(gx); // summed into g_res in place
-                       // Attention.
+        self.norm_bwd(dm, bp.norm2, n2, g_n2, true);
+        // Attention.
         let gi = self.linear_bwd(dm, bp.attn_out, proj, g_res, p, false, t, a);
         let g_n1 = match attn {
             AttnSaved::Math { q, k, v, probs, probs_mm, dropped, drop_mask } => {
@@ -725,20 +758,28 @@ impl TransformerGen {
                     let gi_v = self.linear_bwd(dm, bp.qkv[2], qkv.pop().unwrap_or_default(), grads[2], a, true, t, p);
                     let gk_c = self.alloc(t * d * a);
                     self.free(gk);
+                    self.merge_input_grad = p != a;
                     let gi_k = self.linear_bwd(dm, bp.qkv[1], qkv.pop().unwrap_or_default(), gk_c, a, true, t, p);
-                    let sum = self.alloc(t * d * p);
-                    self.free(gi_v);
-                    self.free(gi_k);
+                    let sum = if p != a {
+                        gi_v
+                    } else {
+                        let sum = self.alloc(t * d * p);
+                        self.free(gi_v);
+                        self.free(gi_k);
+                        sum
+                    };
                     let gq_c = self.alloc(t * d * a);
                     self.free(gq);
+                    self.merge_input_grad = p != a;
                     let gi_q = self.linear_bwd(dm, bp.qkv[0], qkv.pop().unwrap_or_default(), gq_c, a, true, t, p);
-                    self.free(gi_q);
+                    if p == a {
+                        self.free(gi_q);
+                    }
                     sum
                 }
             }
         };
-        let gx = self.norm_bwd(dm, bp.norm1, n1, g_n1);
-        self.free(gx); // summed into g_res in place
+        self.norm_bwd(dm, bp.norm1, n1, g_n1, true);
         for &i in &bp.adapters {
             let g = self.alloc(self.layout.elems[i] * dm.g);
             self.accumulate(dm, i, g, dm.g);
@@ -904,7 +945,7 @@ impl TransformerGen {
             self.free(g_lsm);
         }
         let gi = self.linear_bwd(dm, named.lm_head, head_saved, g_logits, a, true, t, p);
-        let g_res = self.norm_bwd(dm, named.final_norm, nf, gi);
+        let g_res = self.norm_bwd(dm, named.final_norm, nf, gi, false).expect("the final norm's gradient starts the residual buffer");
         for l in (0..layers).rev() {
             let bp = &named.blocks[l];
             let sv = match saved[l].take() {
