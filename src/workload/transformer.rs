@@ -176,6 +176,9 @@ pub struct TransformerGen {
     /// The next linear backward's input gradient, when cast, is summed in place into an
     /// earlier one (shared inputs under autocast).
     merge_input_grad: bool,
+    /// A checkpointed block's arguments (its input, rotary tables), released inside its first
+    /// norm's backward.
+    checkpoint_args: Vec<u64>,
     next_step: u64,
     started: bool,
     finished: bool,
@@ -199,6 +202,7 @@ impl TransformerGen {
             cast_cache: Vec::new(),
             early_grad_cast: None,
             merge_input_grad: false,
+            checkpoint_args: Vec::new(),
             next_step: 1,
             started: false,
             finished: false,
@@ -413,6 +417,9 @@ impl TransformerGen {
                 self.free(pw2);
                 self.free(gdiv);
                 self.free_opt(saved.input);
+                // A checkpoint lets go of its arguments with the last saved tensor it hands out.
+                let args = std::mem::take(&mut self.checkpoint_args);
+                self.free_all(args);
                 self.free(gh2);
                 if direct {
                     return None;
@@ -634,10 +641,101 @@ impl TransformerGen {
         BlockSaved { n1, qkv: qkv_saved, attn, proj: proj_saved, n2, up: up_saved, mlp, down: down_saved, output }
     }
 
+    /// A checkpointed SwiGLU block's forward: nothing is saved, so every tensor dies where Python
+    /// drops its last reference (norm statistics at once, temporaries after their consumer, the
+    /// block's locals at its return). The input stays with the checkpoint. Returns the output.
+    fn swiglu_block_fwd_unsaved(&mut self, dm: Dims, bp: &BlockParams, x: u64) -> u64 {
+        let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
+        let n1_out = self.rms_norm_unsaved(dm, x);
+        let mut outs = Vec::new();
+        for lin in &bp.qkv {
+            let (o, s) = self.linear_fwd(dm, *lin, p, t, None);
+            self.drop_saved(s);
+            outs.push(o);
+        }
+        let mut rot = Vec::new();
+        for _ in 0..2 {
+            let (r, tables) = self.rope_fwd(dm, t * d);
+            self.free_all(tables);
+            rot.push(r);
+        }
+        self.free(outs[1]);
+        self.free(outs[0]);
+        let (out, lse) = match self.spec.attention {
+            Attention::Flash => (self.alloc(t * d * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
+            Attention::Math => {
+                let sc = self.matmul(dm.scores() * a);
+                let pr = self.alloc(dm.scores() * a);
+                self.free(sc);
+                (self.matmul(t * d * a), pr)
+            }
+        };
+        self.free(lse);
+        let y = self.alloc(t * d * a);
+        let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
+        self.drop_saved(s);
+        self.free(y);
+        self.free_all([rot[0], rot[1], outs[2], out, n1_out]);
+        let x1 = self.alloc(t * d * p);
+        self.free(proj);
+        let n2_out = self.rms_norm_unsaved(dm, x1);
+        let (gate, s) = self.linear_fwd(dm, bp.up[0], p, t, None);
+        self.drop_saved(s);
+        let silu = self.alloc(t * dm.f * a);
+        self.free(gate);
+        let (up, s) = self.linear_fwd(dm, bp.up[1], p, t, None);
+        self.drop_saved(s);
+        let prod = self.alloc(t * dm.f * a);
+        self.free(silu);
+        self.free(up);
+        let (down, s) = self.linear_fwd(dm, bp.down, a, t, None);
+        self.drop_saved(s);
+        self.free(prod);
+        let output = self.alloc(t * d * p);
+        self.free(down);
+        self.free(x1);
+        self.free(n2_out);
+        output
+    }
+
+    /// Llama's RMSNorm with nothing saved; returns the output.
+    fn rms_norm_unsaved(&mut self, dm: Dims, x: u64) -> u64 {
+        let (t, d, p) = (dm.t, dm.d, dm.p);
+        let h32 = (p != FP32).then(|| self.alloc(t * d * FP32));
+        let pw = self.alloc(t * d * FP32);
+        let mean = self.alloc(t * FP32);
+        self.free(pw);
+        let add = self.alloc(t * FP32);
+        self.free(mean);
+        let rs = self.alloc(t * FP32);
+        self.free(add);
+        let normed = self.alloc(t * d * FP32);
+        self.free(rs);
+        let mut last = normed;
+        if p != FP32 {
+            last = self.alloc(t * d * p);
+            self.free(normed);
+        }
+        let out = self.alloc(t * d * p);
+        self.free(last);
+        self.free_opt(h32);
+        let _ = x;
+        out
+    }
+
+    /// What a linear would save, dropped: a weight cast stays in autocast's cache, an input
+    /// cast dies.
+    fn drop_saved(&mut self, s: LinSaved) {
+        if let Some(w) = s.weight {
+            self.cast_cache.push(w);
+        }
+        self.free_opt(s.input);
+    }
+
     /// A block's backward given the residual gradient `g_res` (param dtype, not owned: the
     /// branches' input gradients are summed into it in place). `mask`: math attention's causal
     /// mask, freed by the block that uses it last (block 0).
-    fn block_bwd(&mut self, dm: Dims, bp: &BlockParams, sv: BlockSaved, g_res: u64, mask: Option<u64>) {
+    fn block_bwd(&mut self, dm: Dims, bp: &BlockParams, sv: BlockSaved, g_res: u64, mask: Option<u64>, checkpoint_args: Vec<u64>) {
         let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
         let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
         let BlockSaved { n1, qkv, attn, proj, n2, up, mlp, down, .. } = sv;
@@ -779,7 +877,10 @@ impl TransformerGen {
                 }
             }
         };
+        self.checkpoint_args = checkpoint_args;
         self.norm_bwd(dm, bp.norm1, n1, g_n1, true);
+        let left = std::mem::take(&mut self.checkpoint_args);
+        self.free_all(left);
         for &i in &bp.adapters {
             let g = self.alloc(self.layout.elems[i] * dm.g);
             self.accumulate(dm, i, g, dm.g);
@@ -868,6 +969,13 @@ impl TransformerGen {
         let mut saved: Vec<Option<BlockSaved>> = Vec::with_capacity(layers);
         let mut inputs = Vec::with_capacity(layers);
         for bp in &named.blocks {
+            if self.spec.checkpointing && !gelu {
+                let out = self.swiglu_block_fwd_unsaved(dm, bp, x);
+                saved.push(None);
+                inputs.push(x);
+                x = out;
+                continue;
+            }
             let sv = self.block_fwd(dm, bp, x, self.spec.checkpointing, false);
             let out = sv.output.expect("a forward block has an output");
             if self.spec.checkpointing {
@@ -910,7 +1018,9 @@ impl TransformerGen {
         if !gelu {
             // Llama.forward returns: rotary tables and (fp32 copies saved instead) the last
             // hidden state die.
-            self.free_all(rope_tables);
+            if !self.spec.checkpointing {
+                self.free_all(rope_tables.iter().copied());
+            }
             if p != FP32 {
                 self.free(x);
             }
@@ -963,12 +1073,18 @@ impl TransformerGen {
                     sv
                 }
             };
-            self.block_bwd(dm, bp, sv, g_res, if l == 0 { mask } else { None });
-            if self.spec.checkpointing && !gelu && p != FP32 {
-                // The checkpoint's reference to the block input goes with its backward (a
-                // LayerNorm or an fp32 RMSNorm freed it as a saved input already).
-                self.free(inputs[l]);
+            // A checkpointed Llama block holds its input (unless an fp32 RMSNorm saved it) and
+            // the rotary tables; the last block to run backward releases the tables.
+            let mut args = Vec::new();
+            if self.spec.checkpointing && !gelu {
+                if l == 0 {
+                    args.extend(rope_tables.iter().rev().copied());
+                }
+                if p != FP32 {
+                    args.push(inputs[l]);
+                }
             }
+            self.block_bwd(dm, bp, sv, g_res, if l == 0 { mask } else { None }, args);
         }
         // Embedding backward: positions (summed over the batch), then tokens.
         if let Some(pe) = named.pos_embed {
