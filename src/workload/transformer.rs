@@ -698,6 +698,88 @@ impl TransformerGen {
         output
     }
 
+    /// A checkpointed GELU block's forward: nothing is saved (see
+    /// [`Self::swiglu_block_fwd_unsaved`]). Returns the output.
+    fn gelu_block_fwd_unsaved(&mut self, dm: Dims, bp: &BlockParams, x: u64) -> u64 {
+        let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
+        let ln1 = self.layer_norm_unsaved(dm);
+        let (qkv, s) = self.linear_fwd(dm, bp.qkv[0], p, t, None);
+        self.drop_saved(s);
+        let mut dying = vec![qkv];
+        let y = match self.spec.attention {
+            Attention::Math => {
+                let n = dm.scores();
+                let q = self.alloc(t * d * a);
+                let k = self.alloc(t * d * a);
+                let sc = self.matmul(n * a);
+                self.free(k);
+                self.free(q);
+                let scaled = self.alloc(n * a);
+                self.free(sc);
+                let masked = self.alloc(n * a);
+                let up = dm.autocast.then(|| self.alloc(n * FP32));
+                let mut att = self.alloc(n * dm.sm);
+                self.free_opt(up);
+                self.free(masked);
+                self.free(scaled);
+                if dm.dropout {
+                    let dropped = self.alloc(n * dm.sm);
+                    let mask = self.alloc(n * BOOL);
+                    self.free(mask);
+                    dying.push(att);
+                    att = dropped;
+                }
+                let att_mm = dm.autocast.then(|| self.alloc(n * a));
+                let v = self.alloc(t * d * a);
+                let ybmm = self.matmul(t * d * a);
+                self.free(v);
+                self.free_opt(att_mm);
+                dying.extend([ybmm, att]);
+                self.alloc(t * d * a)
+            }
+            Attention::Flash => {
+                let out = self.alloc(t * d * a);
+                let lse = self.alloc(dm.b * dm.h * dm.s * FP32);
+                self.free(lse);
+                dying.push(out);
+                out
+            }
+        };
+        let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
+        self.drop_saved(s);
+        if self.spec.attention == Attention::Math {
+            self.free(y);
+        }
+        self.free_all(dying);
+        self.free(ln1);
+        let x1 = self.alloc(t * d * p);
+        self.free(proj);
+        let ln2 = self.layer_norm_unsaved(dm);
+        let (h, s) = self.linear_fwd(dm, bp.up[0], p, t, None);
+        self.drop_saved(s);
+        let act = self.alloc(t * dm.f * a);
+        self.free(h);
+        let (o, s) = self.linear_fwd(dm, bp.down, a, t, None);
+        self.drop_saved(s);
+        self.free(act);
+        self.free(ln2);
+        let output = self.alloc(t * d * p);
+        self.free(o);
+        self.free(x1);
+        let _ = x;
+        output
+    }
+
+    /// LayerNorm with nothing saved: the statistics die at once. Returns the output.
+    fn layer_norm_unsaved(&mut self, dm: Dims) -> u64 {
+        let out = self.alloc(dm.t * dm.d * dm.p);
+        let mean = self.alloc(dm.t * FP32);
+        let rstd = self.alloc(dm.t * FP32);
+        self.free(mean);
+        self.free(rstd);
+        out
+    }
+
     /// Llama's RMSNorm with nothing saved; returns the output.
     fn rms_norm_unsaved(&mut self, dm: Dims, x: u64) -> u64 {
         let (t, d, p) = (dm.t, dm.d, dm.p);
@@ -969,8 +1051,8 @@ impl TransformerGen {
         let mut saved: Vec<Option<BlockSaved>> = Vec::with_capacity(layers);
         let mut inputs = Vec::with_capacity(layers);
         for bp in &named.blocks {
-            if self.spec.checkpointing && !gelu {
-                let out = self.swiglu_block_fwd_unsaved(dm, bp, x);
+            if self.spec.checkpointing {
+                let out = if gelu { self.gelu_block_fwd_unsaved(dm, bp, x) } else { self.swiglu_block_fwd_unsaved(dm, bp, x) };
                 saved.push(None);
                 inputs.push(x);
                 x = out;
