@@ -70,12 +70,6 @@ struct LinSaved {
     weight: Option<u64>,
 }
 
-impl LinSaved {
-    fn ids(&self) -> impl Iterator<Item = u64> {
-        self.input.into_iter().chain(self.weight)
-    }
-}
-
 /// A norm's saved state: input (or its fp32 copy), statistics, and for RMSNorm the normalised
 /// value the weight multiplies.
 #[derive(Default, Clone)]
@@ -104,47 +98,6 @@ struct BlockSaved {
     down: LinSaved,
     /// The block's output (none from a checkpoint's recomputation).
     output: Option<u64>,
-}
-
-impl BlockSaved {
-    /// Every id the block holds for backward (activation checkpointing drops them all).
-    fn held(&self) -> Vec<u64> {
-        let mut v = Vec::new();
-        let norm = |n: &NormSaved, v: &mut Vec<u64>| {
-            v.extend(n.input);
-            v.extend(n.stats.iter().copied());
-            v.extend(n.normed);
-        };
-        norm(&self.n1, &mut v);
-        for l in &self.qkv {
-            v.extend(l.ids());
-        }
-        match &self.attn {
-            AttnSaved::Math { q, k, v: vv, probs, probs_mm, dropped, drop_mask } => {
-                v.extend([*q, *k, *vv, *probs]);
-                v.extend(probs_mm.iter().chain(dropped).chain(drop_mask).copied());
-            }
-            AttnSaved::Flash { q, k, v: vv, qkv, out, lse, rope } => {
-                match qkv {
-                    Some(x) => v.push(*x),
-                    None => v.extend([*q, *k, *vv]),
-                }
-                v.extend([*out, *lse]);
-                v.extend(rope.iter().copied());
-            }
-        }
-        v.extend(self.proj.ids());
-        norm(&self.n2, &mut v);
-        for l in &self.up {
-            v.extend(l.ids());
-        }
-        v.extend(self.mlp.iter().copied());
-        v.extend(self.down.ids());
-        // The activation the down projection keeps is listed twice.
-        let mut seen = rustc_hash::FxHashSet::default();
-        v.retain(|id| seen.insert(*id));
-        v
-    }
 }
 
 /// References the training loop keeps from one step to the next (Python names rebound later).
@@ -525,10 +478,9 @@ impl TransformerGen {
         (AttnSaved::Math { q, k, v, probs, probs_mm, dropped, drop_mask }, y, locals)
     }
 
-    /// One block's forward on the residual stream `x` (param dtype). `keep_input`: a
-    /// checkpointed block's input stays referenced by the checkpoint until its backward;
-    /// `recompute`: the checkpoint's recomputation in backward (no output).
-    fn block_fwd(&mut self, dm: Dims, bp: &BlockParams, x: u64, keep_input: bool, recompute: bool) -> BlockSaved {
+    /// One block's forward on the residual stream `x` (param dtype). `recompute`: a checkpoint's
+    /// recomputation in backward (no output; the input stays with the checkpoint).
+    fn block_fwd(&mut self, dm: Dims, bp: &BlockParams, x: u64, recompute: bool) -> BlockSaved {
         let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
         let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
         let (n1_out, n1) = self.norm_fwd(dm, x);
@@ -634,7 +586,7 @@ impl TransformerGen {
             // The block's locals die: the attention residual and the input (RMSNorm kept fp32
             // copies of them).
             self.free(x1);
-            if !keep_input {
+            if !recompute {
                 self.free(x);
             }
         }
@@ -1058,25 +1010,9 @@ impl TransformerGen {
                 x = out;
                 continue;
             }
-            let sv = self.block_fwd(dm, bp, x, self.spec.checkpointing, false);
+            let sv = self.block_fwd(dm, bp, x, false);
             let out = sv.output.expect("a forward block has an output");
-            if self.spec.checkpointing {
-                // Non-reentrant checkpointing stores nothing: saved tensors die as they would
-                // without autograd; weight casts stay in autocast's cache.
-                let mut held = sv.held();
-                if dm.autocast {
-                    let casts: Vec<u64> = sv.qkv.iter().chain([&sv.proj]).chain(sv.up.iter()).chain([&sv.down]).filter_map(|l| l.weight).collect();
-                    held.retain(|id| !casts.contains(id));
-                    self.cast_cache.extend(casts);
-                }
-                if gelu || p == FP32 {
-                    held.retain(|&id| id != x);
-                }
-                self.free_all(held);
-                saved.push(None);
-            } else {
-                saved.push(Some(sv));
-            }
+            saved.push(Some(sv));
             inputs.push(x);
             x = out;
         }
@@ -1149,7 +1085,7 @@ impl TransformerGen {
                     if p != a {
                         self.early_grad_cast = Some(self.alloc(t * d * a));
                     }
-                    let sv = self.block_fwd(dm, bp, inputs[l], true, true);
+                    let sv = self.block_fwd(dm, bp, inputs[l], true);
                     let cache = std::mem::take(&mut self.cast_cache);
                     self.free_all(cache);
                     sv
