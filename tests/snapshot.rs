@@ -185,17 +185,18 @@ fn diagnose_explains_a_fragmentation_oom() {
 
 #[test]
 fn advise_finds_a_configuration_that_avoids_the_oom() {
-    // The 1.3B workload needs 50.3 GiB under the defaults; on a 50 GiB card it OOMs, while
-    // expandable segments keep peak reserved at 48.3 GiB.
+    // The 1.3B workload (calibrated against a PyTorch capture: 71.3 GiB live at peak) needs a
+    // 74.2 GiB device under the defaults; on a 73 GiB card it OOMs, while expandable segments
+    // fit in 71.6 GiB.
     let w = Workload(format!("{}/workloads/gpt3-xl-1.3b.toml", env!("CARGO_MANIFEST_DIR")));
     let source = Source::open(Some(Path::new(&w.0))).unwrap();
     let events = allocbench::diagnose::load_events(&source).unwrap();
     let confs = vec![String::new(), "expandable_segments:True".to_string(), "max_split_size_mb:512".to_string()];
-    let ranked = allocbench::advise::advise(&events, 50 << 30, &confs, 2, None).unwrap();
+    let ranked = allocbench::advise::advise(&events, 73 << 30, &confs, 2, None).unwrap();
     assert_eq!(ranked.len(), 3);
     assert_eq!(ranked[0].conf, "expandable_segments:True");
     assert!(ranked[0].oom_step.is_none());
-    assert!(ranked.iter().find(|c| c.conf.is_empty()).unwrap().oom_step.is_some(), "the defaults OOM on 50 GiB");
+    assert!(ranked.iter().find(|c| c.conf.is_empty()).unwrap().oom_step.is_some(), "the defaults OOM on 73 GiB");
     assert!(allocbench::advise::search_space().len() >= 200);
     assert!(allocbench::advise::search_space().iter().all(|c| AllocatorConfig::parse(c).is_ok()));
 }

@@ -61,56 +61,96 @@ pub struct ParamLayout {
     pub head: Range<usize>,
     /// Which tensors are matrices that autocast casts to the compute dtype in forward.
     pub is_matrix: Vec<bool>,
+    /// Where each named parameter sits in `elems`, for generators that follow ops one by one.
+    pub named: NamedParams,
+}
+
+/// A Linear layer's parameters: indices into [`ParamLayout::elems`] and its shape.
+#[derive(Debug, Clone, Copy)]
+pub struct Linear {
+    pub weight: usize,
+    pub bias: Option<usize>,
+    pub out: u64,
+    pub inp: u64,
+}
+
+/// A LayerNorm (weight and bias) or RMSNorm (weight only).
+#[derive(Debug, Clone, Copy)]
+pub struct Norm {
+    pub weight: usize,
+    pub bias: Option<usize>,
+}
+
+/// One block's parameters by role. GELU blocks have one fused QKV projection and one up
+/// projection; SwiGLU blocks have separate q, k, v and gate, up.
+#[derive(Debug, Clone)]
+pub struct BlockParams {
+    pub norm1: Norm,
+    pub qkv: Vec<Linear>,
+    pub attn_out: Linear,
+    pub norm2: Norm,
+    pub up: Vec<Linear>,
+    pub down: Linear,
+    /// LoRA adapter tensors of this block (trainable, tiny).
+    pub adapters: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct NamedParams {
+    pub tok_embed: usize,
+    pub pos_embed: Option<usize>,
+    pub blocks: Vec<BlockParams>,
+    pub final_norm: Norm,
+    /// The output projection; its weight is the token embedding when tied.
+    pub lm_head: Linear,
 }
 
 impl ParamLayout {
     pub fn new(m: &ModelSpec) -> Self {
         let (d, f, v) = (m.d_model, m.ffn, m.vocab);
-        let mut t = Tensors { elems: Vec::new(), is_matrix: Vec::new(), lora_rank: m.lora_rank };
-        t.push(v * d, true);
-        if m.max_positions > 0 {
-            t.push(m.max_positions * d, false);
-        }
+        let mut t = Tensors { elems: Vec::new(), is_matrix: Vec::new(), lora_rank: m.lora_rank, adapters: Vec::new() };
+        let tok_embed = t.push(v * d, true);
+        let pos_embed = (m.max_positions > 0).then(|| t.push(m.max_positions * d, false));
         let embed = 0..t.elems.len();
         let mut layers = Vec::with_capacity(m.layers as usize);
+        let mut blocks = Vec::with_capacity(m.layers as usize);
         for _ in 0..m.layers {
             let start = t.elems.len();
-            match m.ffn_kind {
+            let block = match m.ffn_kind {
                 FfnKind::Gelu => {
                     // GPT-2 names: ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj.
-                    t.push(d, false);
-                    t.push(d, false);
-                    t.linear(3 * d, d, true);
-                    t.linear(d, d, true);
-                    t.push(d, false);
-                    t.push(d, false);
-                    t.linear(f, d, true);
-                    t.linear(d, f, true);
+                    let norm1 = t.norm(d, true);
+                    let qkv = vec![t.linear(3 * d, d, true)];
+                    let attn_out = t.linear(d, d, true);
+                    let norm2 = t.norm(d, true);
+                    let up = vec![t.linear(f, d, true)];
+                    let down = t.linear(d, f, true);
+                    BlockParams { norm1, qkv, attn_out, norm2, up, down, adapters: std::mem::take(&mut t.adapters) }
                 }
                 FfnKind::Swiglu => {
                     // Llama names: q/k/v/o_proj, gate/up/down_proj, two RMSNorm weights.
-                    for _ in 0..4 {
-                        t.linear(d, d, false);
-                    }
-                    t.linear(f, d, false);
-                    t.linear(f, d, false);
-                    t.linear(d, f, false);
-                    t.push(d, false);
-                    t.push(d, false);
+                    let qkv = vec![t.linear(d, d, false), t.linear(d, d, false), t.linear(d, d, false)];
+                    let attn_out = t.linear(d, d, false);
+                    let up = vec![t.linear(f, d, false), t.linear(f, d, false)];
+                    let down = t.linear(d, f, false);
+                    let norm1 = t.norm(d, false);
+                    let norm2 = t.norm(d, false);
+                    BlockParams { norm1, qkv, attn_out, norm2, up, down, adapters: std::mem::take(&mut t.adapters) }
                 }
-            }
+            };
+            blocks.push(block);
             layers.push(start..t.elems.len());
         }
         let head_start = t.elems.len();
-        t.push(d, false);
-        if m.ffn_kind == FfnKind::Gelu {
-            t.push(d, false);
-        }
-        if !m.tied_embeddings {
-            t.push(v * d, true);
-        }
+        let final_norm = t.norm(d, m.ffn_kind == FfnKind::Gelu);
+        let lm_head = if m.tied_embeddings {
+            Linear { weight: tok_embed, bias: None, out: v, inp: d }
+        } else {
+            Linear { weight: t.push(v * d, true), bias: None, out: v, inp: d }
+        };
         let head = head_start..t.elems.len();
-        ParamLayout { elems: t.elems, embed, layers, head, is_matrix: t.is_matrix }
+        let named = NamedParams { tok_embed, pos_embed, blocks, final_norm, lm_head };
+        ParamLayout { elems: t.elems, embed, layers, head, is_matrix: t.is_matrix, named }
     }
 
     pub fn total_elems(&self) -> u64 {
@@ -122,24 +162,32 @@ struct Tensors {
     elems: Vec<u64>,
     is_matrix: Vec<bool>,
     lora_rank: u64,
+    adapters: Vec<usize>,
 }
 
 impl Tensors {
-    fn push(&mut self, elems: u64, matrix: bool) {
+    fn push(&mut self, elems: u64, matrix: bool) -> usize {
         self.elems.push(elems);
         self.is_matrix.push(matrix);
+        self.elems.len() - 1
+    }
+
+    fn norm(&mut self, d: u64, bias: bool) -> Norm {
+        let weight = self.push(d, false);
+        let bias = bias.then(|| self.push(d, false));
+        Norm { weight, bias }
     }
 
     /// A Linear layer, with LoRA adapters A (r × in) and B (out × r) as PEFT adds them.
-    fn linear(&mut self, out: u64, inp: u64, bias: bool) {
-        self.push(out * inp, true);
-        if bias {
-            self.push(out, false);
-        }
+    fn linear(&mut self, out: u64, inp: u64, bias: bool) -> Linear {
+        let weight = self.push(out * inp, true);
+        let bias = bias.then(|| self.push(out, false));
         if self.lora_rank > 0 {
-            self.push(self.lora_rank * inp, true);
-            self.push(out * self.lora_rank, true);
+            let a = self.push(self.lora_rank * inp, true);
+            let b = self.push(out * self.lora_rank, true);
+            self.adapters.extend([a, b]);
         }
+        Linear { weight, bias, out, inp }
     }
 }
 

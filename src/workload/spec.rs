@@ -166,9 +166,18 @@ pub struct TransformerSpec {
     /// optimizer step and re-created by the next backward.
     #[serde(default = "yes")]
     pub grads_set_to_none: bool,
-    /// Upcast logits to fp32 before the loss (the classic loss-time peak).
+    /// The model upcasts its logits (`logits.float()`) before the cross-entropy, as Llama code
+    /// does; without it the log-softmax runs in the activation dtype (under autocast `nll_loss`
+    /// then upcasts its input to fp32, which the generator models either way).
     #[serde(default = "yes")]
     pub logits_fp32: bool,
+    /// `torch.nn.utils.clip_grad_norm_` (foreach) before the optimizer step: one norm per
+    /// parameter, a stack and a handful of scalars.
+    #[serde(default = "yes")]
+    pub clip_grad_norm: bool,
+    /// The cuBLAS workspace PyTorch allocates through the caching allocator at the first matmul
+    /// of a stream and keeps (default 32 MiB, the Hopper `CUBLAS_WORKSPACE_CONFIG`); 0: none.
+    pub cublas_workspace: Option<Bytes>,
 }
 
 fn fp32() -> Dtype {

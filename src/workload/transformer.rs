@@ -1,19 +1,113 @@
-//! Training steps of a decoder-only transformer, as eager PyTorch with AdamW allocates them.
+//! Training steps of a decoder-only transformer, op by op as eager PyTorch allocates them.
+//!
+//! Calibrated against captures of real PyTorch (`allocbench capture` of
+//! `scripts/models/train.py`: fake CUDA tensors through real autograd and CUDA autocast; see
+//! WORKLOADS.md). Every size derives from the model shape and the dtypes; the order of
+//! allocations and frees follows the capture (Python reference lifetimes, autograd's saved
+//! tensors, the autocast cast cache, the engine's in-place gradient sums).
 //!
 //! Before step 1 the parameters are allocated one tensor each, in state-dict order. Each step:
-//! forward (autocast weight casts when the parameter dtype differs from the compute dtype, block
-//! activations, the loss-time logits peak), backward in reverse (each saved activation freed
-//! right after its gradient; `.grad` tensors created or accumulated), the optimizer step (state on
-//! its first step; foreach temporaries), then `zero_grad`.
-//! At the end, parameters, optimizer state (and grads when not set to None) stay live; every
-//! other allocation has been freed.
+//! token ids and targets (the previous step's are freed when Python rebinds the names), the
+//! forward (under autocast: weight casts saved until their layer's backward, bias casts cached
+//! until autocast exits, the fp32 residual stream cast to the compute dtype before each linear,
+//! softmax in fp32), the loss, backward in reverse (each saved tensor freed by its last
+//! backward; `.grad` created or accumulated), gradient clipping, the optimizer step (state on its
+//! first step; foreach temporaries), then `zero_grad`. The cuBLAS workspace is allocated at the
+//! first matmul and kept. At the end, parameters, optimizer state, the workspace (and grads
+//! when not set to None) stay live; every other allocation has been freed.
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use super::model::{forward_block, BlockShape, Emitter, LayerForward, LengthSampler, ParamLayout};
-use super::spec::{Optimizer, TransformerSpec};
+use super::model::{BlockParams, Emitter, LengthSampler, Linear, Norm, ParamLayout};
+use super::spec::{Attention, FfnKind, Optimizer, TransformerSpec};
 use crate::event::Event;
+
+/// Element sizes fixed by PyTorch whatever the model: token ids and positions are int64, masks
+/// bool; norm statistics, fp32 casts and scalar losses are fp32.
+const INT64: u64 = 8;
+const BOOL: u64 = 1;
+const FP32: u64 = 4;
+/// The cuBLAS workspace of a stream (CUBLAS_WORKSPACE_CONFIG's default on Hopper).
+pub const DEFAULT_CUBLAS_WORKSPACE: u64 = 32 << 20;
+
+/// Sizes of one step.
+#[derive(Clone, Copy)]
+struct Dims {
+    b: u64,
+    s: u64,
+    /// Tokens, B·S.
+    t: u64,
+    d: u64,
+    f: u64,
+    h: u64,
+    v: u64,
+    /// Compute (activation) dtype bytes.
+    a: u64,
+    /// Parameter dtype bytes: embeddings, the residual stream and norms run in it.
+    p: u64,
+    /// Gradient dtype bytes.
+    g: u64,
+    /// Autocast: parameters in a wider dtype than the compute dtype.
+    autocast: bool,
+    /// Softmax dtype bytes (fp32 under autocast).
+    sm: u64,
+    dropout: bool,
+}
+
+impl Dims {
+    /// One B·H·S·S score tensor's elements.
+    fn scores(&self) -> u64 {
+        self.b * self.h * self.s * self.s
+    }
+}
+
+/// What a Linear keeps for backward: its input (a cast owned by it, or the raw activation when
+/// this linear is its last user) and, under autocast, the weight cast.
+#[derive(Default, Clone, Copy)]
+struct LinSaved {
+    input: Option<u64>,
+    weight: Option<u64>,
+}
+
+/// A norm's saved state: input (or its fp32 copy), statistics, and for RMSNorm the normalised
+/// value the weight multiplies.
+#[derive(Default, Clone)]
+struct NormSaved {
+    /// Freed by the norm's backward (the block input / residual, or RMSNorm's fp32 copy).
+    input: Option<u64>,
+    stats: Vec<u64>,
+    normed: Option<u64>,
+}
+
+enum AttnSaved {
+    Math { q: u64, k: u64, v: u64, probs: u64, probs_mm: Option<u64>, dropped: Option<u64>, drop_mask: Option<u64> },
+    Flash { q: u64, k: u64, v: u64, qkv: Option<u64>, out: u64, lse: u64, rope: Vec<u64> },
+}
+
+/// One block's saved tensors (owned ids) and output.
+struct BlockSaved {
+    n1: NormSaved,
+    qkv: Vec<LinSaved>,
+    attn: AttnSaved,
+    proj: LinSaved,
+    n2: NormSaved,
+    up: Vec<LinSaved>,
+    /// GELU: [fc output, gelu]; SwiGLU: [gate, silu(gate), up, product].
+    mlp: Vec<u64>,
+    down: LinSaved,
+    /// The block's output (none from a checkpoint's recomputation).
+    output: Option<u64>,
+}
+
+/// References the training loop keeps from one step to the next (Python names rebound later).
+#[derive(Default)]
+struct Carried {
+    idx: Option<u64>,
+    targets: Option<u64>,
+    logits: Option<u64>,
+    loss: Option<u64>,
+}
 
 pub struct TransformerGen {
     spec: TransformerSpec,
@@ -24,8 +118,23 @@ pub struct TransformerGen {
     params: Vec<u64>,
     grads: Vec<Option<u64>>,
     optimizer_state: Vec<u64>,
+    workspace: Option<u64>,
+    carried: Carried,
+    /// Autocast's cast cache of this forward: bias casts (and weight casts nobody saved), freed
+    /// when the autocast region exits.
+    cast_cache: Vec<u64>,
+    /// The residual gradient's cast to the compute dtype, made before a checkpointed block's
+    /// recomputation (it is its own autograd node, run before the first unpack).
+    early_grad_cast: Option<u64>,
+    /// The next linear backward's input gradient, when cast, is summed in place into an
+    /// earlier one (shared inputs under autocast).
+    merge_input_grad: bool,
+    /// A checkpointed block's arguments (its input, rotary tables), released inside its first
+    /// norm's backward.
+    checkpoint_args: Vec<u64>,
     next_step: u64,
     started: bool,
+    finished: bool,
 }
 
 impl TransformerGen {
@@ -41,178 +150,1058 @@ impl TransformerGen {
             params: Vec::with_capacity(n),
             grads: vec![None; n],
             optimizer_state: Vec::new(),
+            workspace: None,
+            carried: Carried::default(),
+            cast_cache: Vec::new(),
+            early_grad_cast: None,
+            merge_input_grad: false,
+            checkpoint_args: Vec::new(),
             next_step: 1,
             started: false,
+            finished: false,
         }
     }
 
-    fn grad_bytes(&self) -> u64 {
-        self.spec.grad_dtype.unwrap_or(self.spec.param_dtype).bytes()
+    fn alloc(&mut self, bytes: u64) -> u64 {
+        self.e.alloc(bytes)
     }
 
-    /// `.grad` of parameter `i`: created by the first backward (or every backward when grads are
-    /// set to None); otherwise computed into a temporary and accumulated, as AccumulateGrad does.
-    fn weight_grad(&mut self, i: usize) {
-        let bytes = self.layout.elems[i] * self.grad_bytes();
+    fn free(&mut self, id: u64) {
+        self.e.free(id)
+    }
+
+    fn free_opt(&mut self, id: Option<u64>) {
+        if let Some(id) = id {
+            self.e.free(id)
+        }
+    }
+
+    /// A matmul: the first one of the run allocates the stream's cuBLAS workspace.
+    fn matmul(&mut self, bytes: u64) -> u64 {
+        if self.workspace.is_none() {
+            let ws = self.spec.cublas_workspace.map(|b| b.0).unwrap_or(DEFAULT_CUBLAS_WORKSPACE);
+            if ws > 0 {
+                self.workspace = Some(self.e.alloc(ws));
+            }
+        }
+        self.e.alloc(bytes)
+    }
+
+    /// Hands a gradient of parameter `i` (`tmp`, elements of `tmp_bytes`) to AccumulateGrad: cast
+    /// to the gradient dtype when it differs, stolen as `.grad` when there is none yet, else
+    /// added in place and freed.
+    fn accumulate(&mut self, dm: Dims, i: usize, tmp: u64, tmp_bytes: u64) {
+        let mut g = tmp;
+        if tmp_bytes != dm.g {
+            g = self.alloc(self.layout.elems[i] * dm.g);
+            self.free(tmp);
+        }
         match self.grads[i] {
-            None => self.grads[i] = Some(self.e.alloc(bytes)),
-            Some(_) => {
-                let tmp = self.e.alloc(bytes);
-                self.e.free(tmp);
+            None => self.grads[i] = Some(g),
+            Some(_) => self.free(g),
+        }
+    }
+
+    /// `F.linear` on `tokens` rows of an input of `x_bytes` elements. Under autocast the bias and
+    /// weight are cast (the bias cast only lives in autocast's cache) and a wider input is cast.
+    /// `raw` is the input to keep when no cast is made and this linear frees it in backward.
+    fn linear_fwd(&mut self, dm: Dims, lin: Linear, x_bytes: u64, tokens: u64, raw: Option<u64>) -> (u64, LinSaved) {
+        let mut saved = LinSaved { input: raw, weight: None };
+        if dm.autocast {
+            if lin.bias.is_some() {
+                let c = self.alloc(lin.out * dm.a);
+                self.cast_cache.push(c);
+            }
+            saved.weight = Some(self.alloc(lin.out * lin.inp * dm.a));
+            if x_bytes != dm.a {
+                saved.input = Some(self.alloc(tokens * lin.inp * dm.a));
+            }
+        }
+        let out = self.matmul(tokens * lin.out * dm.a);
+        (out, saved)
+    }
+
+    /// Backward of a linear given the output gradient `g` (elements of `g_bytes`; freed here when
+    /// `g_owned`). Returns the input gradient in the input's dtype `x_bytes`.
+    #[allow(clippy::too_many_arguments)]
+    fn linear_bwd(&mut self, dm: Dims, lin: Linear, saved: LinSaved, g: u64, g_bytes: u64, g_owned: bool, tokens: u64, x_bytes: u64) -> u64 {
+        let a = dm.a;
+        let early = self.early_grad_cast.take();
+        let g_cast = (g_bytes != a).then(|| early.unwrap_or_else(|| self.alloc(tokens * lin.out * a)));
+        // addmm computes the input gradient first; a bias-less matmul the weight gradient first.
+        let (gi, gw, gb) = if lin.bias.is_some() {
+            let gi = self.matmul(tokens * lin.inp * a);
+            let gw = self.matmul(lin.out * lin.inp * a);
+            let gb = self.alloc(lin.out * a);
+            (gi, gw, Some(gb))
+        } else {
+            let gw = self.matmul(lin.out * lin.inp * a);
+            let gi = self.matmul(tokens * lin.inp * a);
+            (gi, gw, None)
+        };
+        self.free_opt(g_cast);
+        if g_owned {
+            self.free(g);
+        }
+        if lin.bias.is_some() {
+            self.free_opt(saved.input);
+            self.free_opt(saved.weight);
+        } else {
+            self.free_opt(saved.weight);
+            self.free_opt(saved.input);
+        }
+        let mut gi = gi;
+        let merge = std::mem::take(&mut self.merge_input_grad);
+        if x_bytes != a {
+            let c = self.alloc(tokens * lin.inp * x_bytes);
+            self.free(gi);
+            gi = c;
+            if merge {
+                // Added in place into the input's gradient buffer (a fresh cast can be).
+                self.free(gi);
+            }
+        }
+        self.accumulate(dm, lin.weight, gw, a);
+        if let (Some(bi), Some(gb)) = (lin.bias, gb) {
+            self.accumulate(dm, bi, gb, a);
+        }
+        gi
+    }
+
+    /// LayerNorm (GELU models) or the Llama RMSNorm, on the residual stream `x` (param dtype).
+    /// Returns the output and what backward needs: a LayerNorm keeps `x`, an RMSNorm its fp32
+    /// copy (`x` itself when that is fp32 already).
+    fn norm_fwd(&mut self, dm: Dims, x: u64) -> (u64, NormSaved) {
+        let (t, d) = (dm.t, dm.d);
+        match self.spec.model.ffn_kind {
+            FfnKind::Gelu => {
+                let out = self.alloc(t * d * dm.p);
+                let mean = self.alloc(t * FP32);
+                let rstd = self.alloc(t * FP32);
+                (out, NormSaved { input: Some(x), stats: vec![mean, rstd], normed: None })
+            }
+            FfnKind::Swiglu => {
+                // h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps), type_as(x), * weight.
+                let h32 = (dm.p != FP32).then(|| self.alloc(t * d * FP32));
+                let pw = self.alloc(t * d * FP32);
+                let mean = self.alloc(t * FP32);
+                self.free(pw);
+                let add = self.alloc(t * FP32);
+                self.free(mean);
+                let rs = self.alloc(t * FP32);
+                self.free(add);
+                let mut normed = self.alloc(t * d * FP32);
+                if dm.p != FP32 {
+                    let c = self.alloc(t * d * dm.p);
+                    self.free(normed);
+                    normed = c;
+                }
+                let out = self.alloc(t * d * dm.p);
+                (out, NormSaved { input: h32.or(Some(x)), stats: vec![rs], normed: Some(normed) })
             }
         }
     }
 
-    fn autocast_casts(&mut self, range: std::ops::Range<usize>) -> Vec<u64> {
-        if self.spec.param_dtype == self.spec.activation_dtype {
-            return Vec::new();
-        }
-        let act = self.spec.activation_dtype.bytes();
-        range.filter(|&i| self.layout.is_matrix[i]).map(|i| self.e.alloc(self.layout.elems[i] * act)).collect()
-    }
-
-    /// Walks saved activations in reverse: a gradient the size of each is allocated, the previous
-    /// gradient and the activation are freed; the block's weight grads are interleaved.
-    fn backward_through(&mut self, saved: &[(u64, u64)], params: std::ops::Range<usize>, grad_in: u64) -> u64 {
-        let mut grad = grad_in;
-        let mut params: Vec<usize> = params.rev().collect();
-        let per = params.len().div_ceil(saved.len().max(1)).max(1);
-        for &(id, bytes) in saved.iter().rev() {
-            let g = self.e.alloc(bytes);
-            self.e.free(grad);
-            self.e.free(id);
-            grad = g;
-            for i in params.drain(..per.min(params.len())) {
-                self.weight_grad(i);
+    /// Backward of a norm given `g` (owned, param dtype); frees what the norm saved. Returns the
+    /// input gradient, or none when `into_residual`: the engine adds it in place into the
+    /// residual stream's gradient buffer and frees it.
+    fn norm_bwd(&mut self, dm: Dims, norm: Norm, saved: NormSaved, g: u64, into_residual: bool) -> Option<u64> {
+        let (t, d, p) = (dm.t, dm.d, dm.p);
+        match self.spec.model.ffn_kind {
+            FfnKind::Gelu => {
+                let gx = self.alloc(t * d * p);
+                let gw = self.alloc(d * p);
+                let gb = norm.bias.map(|_| self.alloc(d * p));
+                self.free(g);
+                self.free_opt(saved.input);
+                self.free_all(saved.stats);
+                self.accumulate(dm, norm.weight, gw, p);
+                if let (Some(bi), Some(gb)) = (norm.bias, gb) {
+                    self.accumulate(dm, bi, gb, p);
+                }
+                if into_residual {
+                    self.free(gx);
+                    return None;
+                }
+                Some(gx)
+            }
+            FfnKind::Swiglu => {
+                // out = normed * weight
+                let gwp = self.alloc(t * d * p);
+                let gn = self.alloc(t * d * p);
+                let gw = self.alloc(d * p);
+                self.free(gwp);
+                self.free(g);
+                self.free_opt(saved.normed);
+                self.accumulate(dm, norm.weight, gw, p);
+                let mut gn = gn;
+                if p != FP32 {
+                    let c = self.alloc(t * d * FP32);
+                    self.free(gn);
+                    gn = c;
+                }
+                // normed = h * rs
+                let ghr = self.alloc(t * d * FP32);
+                let gh = self.alloc(t * d * FP32);
+                let grs = self.alloc(t * FP32);
+                self.free(ghr);
+                self.free(gn);
+                // An fp32 RMSNorm's input is the residual itself: its gradient parts go straight
+                // into the residual's buffer.
+                let direct = p == FP32 && into_residual;
+                if direct {
+                    self.free(gh);
+                }
+                // rs = rsqrt(mean + eps)
+                let pw = self.alloc(t * FP32);
+                let ms = self.alloc(t * FP32);
+                let gm = self.alloc(t * FP32);
+                self.free(ms);
+                self.free(pw);
+                self.free(grs);
+                self.free_all(saved.stats);
+                // mean(h²)
+                let gdiv = self.alloc(t * d * FP32);
+                self.free(gm);
+                let pw2 = self.alloc(t * d * FP32);
+                let ms2 = self.alloc(t * d * FP32);
+                let gh2 = self.alloc(t * d * FP32);
+                self.free(ms2);
+                self.free(pw2);
+                self.free(gdiv);
+                self.free_opt(saved.input);
+                // A checkpoint lets go of its arguments with the last saved tensor it hands out.
+                let args = std::mem::take(&mut self.checkpoint_args);
+                self.free_all(args);
+                self.free(gh2);
+                if direct {
+                    return None;
+                }
+                let mut gx = gh;
+                if p != FP32 {
+                    gx = self.alloc(t * d * p);
+                    self.free(gh);
+                }
+                if into_residual {
+                    self.free(gx);
+                    return None;
+                }
+                Some(gx)
             }
         }
-        for i in params {
-            self.weight_grad(i);
+    }
+
+    fn free_all(&mut self, ids: impl IntoIterator<Item = u64>) {
+        self.e.free_all(ids)
+    }
+
+    /// Rotary embedding of q or k (`elems` = B·S·D): `cat(x1·cos − x2·sin, x2·cos + x1·sin)`
+    /// with cos/sin cast to the compute dtype each call (saved until backward).
+    fn rope_fwd(&mut self, dm: Dims, elems: u64) -> (u64, [u64; 2]) {
+        let a = dm.a;
+        let half_dim = self.spec.model.d_model / self.spec.model.heads / 2;
+        let cos = self.alloc(dm.s * half_dim * a);
+        let sin = self.alloc(dm.s * half_dim * a);
+        let half = elems / 2 * a;
+        let m1 = self.alloc(half);
+        let m2 = self.alloc(half);
+        let sub = self.alloc(half);
+        self.free(m1);
+        self.free(m2);
+        let m3 = self.alloc(half);
+        let m4 = self.alloc(half);
+        let add = self.alloc(half);
+        self.free(m3);
+        self.free(m4);
+        let out = self.alloc(elems * a);
+        self.free(add);
+        self.free(sub);
+        (out, [cos, sin])
+    }
+
+    /// Backward of [`Self::rope_fwd`] given `g` (owned); returns the gradient of the input.
+    fn rope_bwd(&mut self, dm: Dims, elems: u64, tables: [u64; 2], g: u64) -> u64 {
+        let half = elems / 2 * dm.a;
+        let a1 = self.alloc(half);
+        let b1 = self.alloc(half);
+        let neg = self.alloc(half);
+        let c1 = self.alloc(half);
+        self.free(neg);
+        self.free(tables[1]);
+        self.free(c1);
+        let e1 = self.alloc(half);
+        self.free(g);
+        self.free(tables[0]);
+        self.free(e1);
+        let s1 = self.alloc(elems * dm.a);
+        self.free(b1);
+        let s2 = self.alloc(elems * dm.a);
+        self.free(a1);
+        self.free(s2);
+        s1
+    }
+
+    /// GPT's explicit attention on the fused QKV output: `softmax((q @ kᵀ) * scale
+    /// .masked_fill(mask)) @ v` with the contiguous copies bmm needs. Returns what backward
+    /// keeps, the output `y` (B, S, D) and the module's locals that die at its return.
+    fn math_attention(&mut self, dm: Dims) -> (AttnSaved, u64, Vec<u64>) {
+        let (t, d, a, sm) = (dm.t, dm.d, dm.a, dm.sm);
+        let n = dm.scores();
+        let q = self.alloc(t * d * a);
+        let k = self.alloc(t * d * a);
+        let sc = self.matmul(n * a);
+        let scaled = self.alloc(n * a);
+        self.free(sc);
+        let masked = self.alloc(n * a);
+        let up = dm.autocast.then(|| self.alloc(n * FP32));
+        let probs = self.alloc(n * sm);
+        self.free_opt(up);
+        self.free(masked);
+        self.free(scaled);
+        let mut locals = Vec::new();
+        let (mut dropped, mut drop_mask) = (None, None);
+        if dm.dropout {
+            // native_dropout: output and bool mask.
+            let out = self.alloc(n * sm);
+            drop_mask = Some(self.alloc(n * BOOL));
+            if dm.autocast {
+                locals.push(out);
+            } else {
+                dropped = Some(out);
+            }
         }
-        grad
+        let probs_mm = dm.autocast.then(|| self.alloc(n * a));
+        let v = self.alloc(t * d * a);
+        let ybmm = self.matmul(t * d * a);
+        let y = self.alloc(t * d * a);
+        locals.push(ybmm);
+        (AttnSaved::Math { q, k, v, probs, probs_mm, dropped, drop_mask }, y, locals)
+    }
+
+    /// One block's forward on the residual stream `x` (param dtype). `recompute`: a checkpoint's
+    /// recomputation in backward (no output; the input stays with the checkpoint).
+    fn block_fwd(&mut self, dm: Dims, bp: &BlockParams, x: u64, recompute: bool) -> BlockSaved {
+        let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
+        let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
+        let (n1_out, n1) = self.norm_fwd(dm, x);
+        // Without autocast the projections keep the norm output itself (the last one to run
+        // backward frees it); under autocast they keep its cast and the output dies here.
+        let keep = !dm.autocast;
+        let mut qkv_saved = Vec::new();
+        let (attn, y, y_owned) = if gelu {
+            let (qkv, s) = self.linear_fwd(dm, bp.qkv[0], p, t, keep.then_some(n1_out));
+            qkv_saved.push(s);
+            match self.spec.attention {
+                Attention::Math => {
+                    let (attn, y, locals) = self.math_attention(dm);
+                    // Dies with the module's locals: the QKV output (only views were used),
+                    // then the rest.
+                    let mut dying = vec![qkv];
+                    dying.extend(locals);
+                    (attn, y, Some(dying))
+                }
+                Attention::Flash => {
+                    // SDPA takes the strided q, k, v views and writes (B, S, H, d) directly.
+                    let out = self.alloc(t * d * a);
+                    let lse = self.alloc(dm.b * dm.h * dm.s * FP32);
+                    (AttnSaved::Flash { q: qkv, k: qkv, v: qkv, qkv: Some(qkv), out, lse, rope: Vec::new() }, out, None)
+                }
+            }
+        } else {
+            let mut outs = Vec::new();
+            for (j, lin) in bp.qkv.iter().enumerate() {
+                let (o, s) = self.linear_fwd(dm, *lin, p, t, (keep && j == 0).then_some(n1_out));
+                qkv_saved.push(s);
+                outs.push(o);
+            }
+            let (q_rot, qt) = self.rope_fwd(dm, t * d);
+            let (k_rot, kt) = self.rope_fwd(dm, t * d);
+            self.free(outs[1]);
+            self.free(outs[0]);
+            let (out, lse) = match self.spec.attention {
+                Attention::Flash => (self.alloc(t * d * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
+                Attention::Math => {
+                    // SDPA's math path keeps the B·H·S² probabilities.
+                    let sc = self.matmul(dm.scores() * a);
+                    let pr = self.alloc(dm.scores() * a);
+                    self.free(sc);
+                    (self.matmul(t * d * a), pr)
+                }
+            };
+            // (B, H, S, d) output transposed back to (B, S, D): a copy.
+            let y = self.alloc(t * d * a);
+            (AttnSaved::Flash { q: q_rot, k: k_rot, v: outs[2], qkv: None, out, lse, rope: vec![qt[0], qt[1], kt[0], kt[1]] }, y, Some(Vec::new()))
+        };
+        let (proj, proj_saved) = self.linear_fwd(dm, bp.attn_out, a, t, y_owned.is_some().then_some(y));
+        self.free_all(y_owned.unwrap_or_default());
+        if !keep {
+            self.free(n1_out);
+        }
+        let x1 = self.alloc(t * d * p);
+        self.free(proj);
+
+        let (n2_out, n2) = self.norm_fwd(dm, x1);
+        let mut up_saved = Vec::new();
+        let mut mlp = Vec::new();
+        if gelu {
+            let (hpre, s) = self.linear_fwd(dm, bp.up[0], p, t, keep.then_some(n2_out));
+            up_saved.push(s);
+            let act = self.alloc(t * dm.f * a);
+            mlp.extend([hpre, act]);
+        } else {
+            let (gate, s) = self.linear_fwd(dm, bp.up[0], p, t, keep.then_some(n2_out));
+            up_saved.push(s);
+            let silu = self.alloc(t * dm.f * a);
+            let (up, s) = self.linear_fwd(dm, bp.up[1], p, t, None);
+            up_saved.push(s);
+            let prod = self.alloc(t * dm.f * a);
+            mlp.extend([gate, silu, up, prod]);
+        }
+        let down_in = *mlp.last().expect("an MLP has an activation");
+        let (down_saved, output) = if recompute {
+            // Checkpoint recomputation stops early, once every tensor backward needs exists:
+            // the down projection's matmul and the residual add do not run again.
+            let mut sv = LinSaved { input: Some(down_in), weight: None };
+            if dm.autocast {
+                if bp.down.bias.is_some() {
+                    let c = self.alloc(bp.down.out * a);
+                    self.cast_cache.push(c);
+                }
+                sv.weight = Some(self.alloc(bp.down.out * bp.down.inp * a));
+            }
+            if !keep {
+                self.free(n2_out);
+            }
+            (sv, None)
+        } else {
+            let (down, sv) = self.linear_fwd(dm, bp.down, a, t, Some(down_in));
+            if !keep {
+                self.free(n2_out);
+            }
+            let output = self.alloc(t * d * p);
+            self.free(down);
+            (sv, Some(output))
+        };
+        if !gelu && p != FP32 {
+            // The block's locals die: the attention residual and the input (RMSNorm kept fp32
+            // copies of them).
+            self.free(x1);
+            if !recompute {
+                self.free(x);
+            }
+        }
+        BlockSaved { n1, qkv: qkv_saved, attn, proj: proj_saved, n2, up: up_saved, mlp, down: down_saved, output }
+    }
+
+    /// A checkpointed SwiGLU block's forward: nothing is saved, so every tensor dies where Python
+    /// drops its last reference (norm statistics at once, temporaries after their consumer, the
+    /// block's locals at its return). The input stays with the checkpoint. Returns the output.
+    fn swiglu_block_fwd_unsaved(&mut self, dm: Dims, bp: &BlockParams, x: u64) -> u64 {
+        let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
+        let n1_out = self.rms_norm_unsaved(dm, x);
+        let mut outs = Vec::new();
+        for lin in &bp.qkv {
+            let (o, s) = self.linear_fwd(dm, *lin, p, t, None);
+            self.drop_saved(s);
+            outs.push(o);
+        }
+        let mut rot = Vec::new();
+        for _ in 0..2 {
+            let (r, tables) = self.rope_fwd(dm, t * d);
+            self.free_all(tables);
+            rot.push(r);
+        }
+        self.free(outs[1]);
+        self.free(outs[0]);
+        let (out, lse) = match self.spec.attention {
+            Attention::Flash => (self.alloc(t * d * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
+            Attention::Math => {
+                let sc = self.matmul(dm.scores() * a);
+                let pr = self.alloc(dm.scores() * a);
+                self.free(sc);
+                (self.matmul(t * d * a), pr)
+            }
+        };
+        self.free(lse);
+        let y = self.alloc(t * d * a);
+        let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
+        self.drop_saved(s);
+        self.free(y);
+        self.free_all([rot[0], rot[1], outs[2], out, n1_out]);
+        let x1 = self.alloc(t * d * p);
+        self.free(proj);
+        let n2_out = self.rms_norm_unsaved(dm, x1);
+        let (gate, s) = self.linear_fwd(dm, bp.up[0], p, t, None);
+        self.drop_saved(s);
+        let silu = self.alloc(t * dm.f * a);
+        self.free(gate);
+        let (up, s) = self.linear_fwd(dm, bp.up[1], p, t, None);
+        self.drop_saved(s);
+        let prod = self.alloc(t * dm.f * a);
+        self.free(silu);
+        self.free(up);
+        let (down, s) = self.linear_fwd(dm, bp.down, a, t, None);
+        self.drop_saved(s);
+        self.free(prod);
+        let output = self.alloc(t * d * p);
+        self.free(down);
+        self.free(x1);
+        self.free(n2_out);
+        output
+    }
+
+    /// A checkpointed GELU block's forward: nothing is saved (see
+    /// [`Self::swiglu_block_fwd_unsaved`]). Returns the output.
+    fn gelu_block_fwd_unsaved(&mut self, dm: Dims, bp: &BlockParams, x: u64) -> u64 {
+        let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
+        let ln1 = self.layer_norm_unsaved(dm);
+        let (qkv, s) = self.linear_fwd(dm, bp.qkv[0], p, t, None);
+        self.drop_saved(s);
+        let mut dying = vec![qkv];
+        let y = match self.spec.attention {
+            Attention::Math => {
+                let n = dm.scores();
+                let q = self.alloc(t * d * a);
+                let k = self.alloc(t * d * a);
+                let sc = self.matmul(n * a);
+                self.free(k);
+                self.free(q);
+                let scaled = self.alloc(n * a);
+                self.free(sc);
+                let masked = self.alloc(n * a);
+                let up = dm.autocast.then(|| self.alloc(n * FP32));
+                let mut att = self.alloc(n * dm.sm);
+                self.free_opt(up);
+                self.free(masked);
+                self.free(scaled);
+                if dm.dropout {
+                    let dropped = self.alloc(n * dm.sm);
+                    let mask = self.alloc(n * BOOL);
+                    self.free(mask);
+                    dying.push(att);
+                    att = dropped;
+                }
+                let att_mm = dm.autocast.then(|| self.alloc(n * a));
+                let v = self.alloc(t * d * a);
+                let ybmm = self.matmul(t * d * a);
+                self.free(v);
+                self.free_opt(att_mm);
+                dying.extend([ybmm, att]);
+                self.alloc(t * d * a)
+            }
+            Attention::Flash => {
+                let out = self.alloc(t * d * a);
+                let lse = self.alloc(dm.b * dm.h * dm.s * FP32);
+                self.free(lse);
+                dying.push(out);
+                out
+            }
+        };
+        let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
+        self.drop_saved(s);
+        if self.spec.attention == Attention::Math {
+            self.free(y);
+        }
+        self.free_all(dying);
+        self.free(ln1);
+        let x1 = self.alloc(t * d * p);
+        self.free(proj);
+        let ln2 = self.layer_norm_unsaved(dm);
+        let (h, s) = self.linear_fwd(dm, bp.up[0], p, t, None);
+        self.drop_saved(s);
+        let act = self.alloc(t * dm.f * a);
+        self.free(h);
+        let (o, s) = self.linear_fwd(dm, bp.down, a, t, None);
+        self.drop_saved(s);
+        self.free(act);
+        self.free(ln2);
+        let output = self.alloc(t * d * p);
+        self.free(o);
+        self.free(x1);
+        let _ = x;
+        output
+    }
+
+    /// LayerNorm with nothing saved: the statistics die at once. Returns the output.
+    fn layer_norm_unsaved(&mut self, dm: Dims) -> u64 {
+        let out = self.alloc(dm.t * dm.d * dm.p);
+        let mean = self.alloc(dm.t * FP32);
+        let rstd = self.alloc(dm.t * FP32);
+        self.free(mean);
+        self.free(rstd);
+        out
+    }
+
+    /// Llama's RMSNorm with nothing saved; returns the output.
+    fn rms_norm_unsaved(&mut self, dm: Dims, x: u64) -> u64 {
+        let (t, d, p) = (dm.t, dm.d, dm.p);
+        let h32 = (p != FP32).then(|| self.alloc(t * d * FP32));
+        let pw = self.alloc(t * d * FP32);
+        let mean = self.alloc(t * FP32);
+        self.free(pw);
+        let add = self.alloc(t * FP32);
+        self.free(mean);
+        let rs = self.alloc(t * FP32);
+        self.free(add);
+        let normed = self.alloc(t * d * FP32);
+        self.free(rs);
+        let mut last = normed;
+        if p != FP32 {
+            last = self.alloc(t * d * p);
+            self.free(normed);
+        }
+        let out = self.alloc(t * d * p);
+        self.free(last);
+        self.free_opt(h32);
+        let _ = x;
+        out
+    }
+
+    /// What a linear would save, dropped: a weight cast stays in autocast's cache, an input
+    /// cast dies.
+    fn drop_saved(&mut self, s: LinSaved) {
+        if let Some(w) = s.weight {
+            self.cast_cache.push(w);
+        }
+        self.free_opt(s.input);
+    }
+
+    /// A block's backward given the residual gradient `g_res` (param dtype, not owned: the
+    /// branches' input gradients are summed into it in place). `mask`: math attention's causal
+    /// mask, freed by the block that uses it last (block 0).
+    fn block_bwd(&mut self, dm: Dims, bp: &BlockParams, sv: BlockSaved, g_res: u64, mask: Option<u64>, checkpoint_args: Vec<u64>) {
+        let (t, d, a, p) = (dm.t, dm.d, dm.a, dm.p);
+        let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
+        let BlockSaved { n1, qkv, attn, proj, n2, up, mlp, down, .. } = sv;
+        // MLP.
+        let gi = self.linear_bwd(dm, bp.down, down, g_res, p, false, t, a);
+        let g_n2 = if gelu {
+            let gg = self.alloc(t * dm.f * a);
+            self.free(gi);
+            self.free(mlp[0]);
+            self.linear_bwd(dm, bp.up[0], up[0], gg, a, true, t, p)
+        } else {
+            // prod = silu(gate) * up
+            let g_up = self.alloc(t * dm.f * a);
+            let g_silu = self.alloc(t * dm.f * a);
+            self.free(gi);
+            self.free(mlp[2]);
+            self.free(mlp[1]);
+            let gi_up = self.linear_bwd(dm, bp.up[1], up[1], g_up, a, true, t, p);
+            let g_gate = self.alloc(t * dm.f * a);
+            self.free(g_silu);
+            self.free(mlp[0]);
+            // Two input gradients of the shared norm output: fresh fp32 casts are summed in
+            // place; bare matmul outputs (views) into a new tensor.
+            self.merge_input_grad = p != a;
+            let gi_gate = self.linear_bwd(dm, bp.up[0], up[0], g_gate, a, true, t, p);
+            if p != a {
+                gi_up
+            } else {
+                let sum = self.alloc(t * d * p);
+                self.free(gi_up);
+                self.free(gi_gate);
+                sum
+            }
+        };
+        self.norm_bwd(dm, bp.norm2, n2, g_n2, true);
+        // Attention.
+        let gi = self.linear_bwd(dm, bp.attn_out, proj, g_res, p, false, t, a);
+        let g_n1 = match attn {
+            AttnSaved::Math { q, k, v, probs, probs_mm, dropped, drop_mask } => {
+                let n = dm.scores();
+                let gy = self.alloc(t * d * a);
+                self.free(gi);
+                let gv = self.matmul(t * d * a);
+                let gp = self.matmul(n * a);
+                self.free(gy);
+                self.free(v);
+                self.free_opt(probs_mm);
+                self.free_opt(dropped);
+                let mut gc = gp;
+                if dm.autocast {
+                    let c = self.alloc(n * FP32);
+                    self.free(gc);
+                    gc = c;
+                }
+                if let Some(m) = drop_mask {
+                    let c = self.alloc(n * dm.sm);
+                    self.free(gc);
+                    self.free(m);
+                    gc = c;
+                }
+                let mut gs = self.alloc(n * dm.sm);
+                self.free(gc);
+                self.free(probs);
+                if dm.autocast {
+                    let c = self.alloc(n * a);
+                    self.free(gs);
+                    gs = c;
+                }
+                let gm = self.alloc(n * a);
+                self.free(gs);
+                self.free_opt(mask);
+                let gsc = self.alloc(n * a);
+                self.free(gm);
+                let gq = self.matmul(t * d * a);
+                let gk = self.matmul(t * d * a);
+                self.free(gsc);
+                self.free(k);
+                self.free(q);
+                let gvc = self.alloc(t * d * a);
+                self.free(gv);
+                let gkc = self.alloc(t * d * a);
+                self.free(gk);
+                let gqkv = self.alloc(t * 3 * d * a);
+                self.free(gkc);
+                self.free(gq);
+                self.free(gvc);
+                self.linear_bwd(dm, bp.qkv[0], qkv[0], gqkv, a, true, t, p)
+            }
+            AttnSaved::Flash { q, k, v, qkv: fused, out, lse, rope } => {
+                let grads = [self.alloc(t * d * a), self.alloc(t * d * a), self.alloc(t * d * a)];
+                if self.spec.attention == Attention::Flash {
+                    let scratch: Vec<u64> = flash_backward_scratch(dm.b, dm.h, dm.s, d / dm.h).into_iter().filter(|&n| n > 0).map(|n| self.alloc(n)).collect();
+                    self.free_all(scratch.into_iter().rev());
+                }
+                self.free(gi);
+                match fused {
+                    Some(x) => self.free(x),
+                    None => {
+                        self.free(k);
+                        self.free(q);
+                        self.free(v);
+                    }
+                }
+                self.free(lse);
+                self.free(out);
+                if gelu {
+                    let gqkv = self.alloc(t * 3 * d * a);
+                    self.free_all(grads);
+                    self.linear_bwd(dm, bp.qkv[0], qkv[0], gqkv, a, true, t, p)
+                } else {
+                    let gk = self.rope_bwd(dm, t * d, [rope[2], rope[3]], grads[1]);
+                    let gq = self.rope_bwd(dm, t * d, [rope[0], rope[1]], grads[0]);
+                    // v, k then q projections; the first two input gradients are summed into a
+                    // new tensor, the third in place.
+                    let mut qkv = qkv;
+                    // dv comes out of the kernel in the projection's layout; dk and dq, sliced
+                    // through the rotary backward, are copied contiguous.
+                    let gi_v = self.linear_bwd(dm, bp.qkv[2], qkv.pop().unwrap_or_default(), grads[2], a, true, t, p);
+                    let gk_c = self.alloc(t * d * a);
+                    self.free(gk);
+                    self.merge_input_grad = p != a;
+                    let gi_k = self.linear_bwd(dm, bp.qkv[1], qkv.pop().unwrap_or_default(), gk_c, a, true, t, p);
+                    let sum = if p != a {
+                        gi_v
+                    } else {
+                        let sum = self.alloc(t * d * p);
+                        self.free(gi_v);
+                        self.free(gi_k);
+                        sum
+                    };
+                    let gq_c = self.alloc(t * d * a);
+                    self.free(gq);
+                    self.merge_input_grad = p != a;
+                    let gi_q = self.linear_bwd(dm, bp.qkv[0], qkv.pop().unwrap_or_default(), gq_c, a, true, t, p);
+                    if p == a {
+                        self.free(gi_q);
+                    }
+                    sum
+                }
+            }
+        };
+        self.checkpoint_args = checkpoint_args;
+        self.norm_bwd(dm, bp.norm1, n1, g_n1, true);
+        let left = std::mem::take(&mut self.checkpoint_args);
+        self.free_all(left);
+        for &i in &bp.adapters {
+            let g = self.alloc(self.layout.elems[i] * dm.g);
+            self.accumulate(dm, i, g, dm.g);
+        }
+    }
+
+    fn dims(&self, s: u64) -> Dims {
+        let spec = &self.spec;
+        let m = &spec.model;
+        let a = spec.activation_dtype.bytes();
+        let p = spec.param_dtype.bytes();
+        let autocast = p != a;
+        Dims {
+            b: spec.batch,
+            s,
+            t: spec.batch * s,
+            d: m.d_model,
+            f: m.ffn,
+            h: m.heads,
+            v: m.vocab,
+            a,
+            p,
+            g: spec.grad_dtype.unwrap_or(spec.param_dtype).bytes(),
+            autocast,
+            sm: if autocast { FP32 } else { a },
+            dropout: spec.attention_dropout > 0.0,
+        }
     }
 
     fn train_step(&mut self, n: u64) {
-        let spec = self.spec.clone();
-        let m = &spec.model;
         self.e.step(n);
         let s = self.seq.sample(&mut self.rng);
-        let b = spec.batch;
-        let t = b * s;
-        let act = spec.activation_dtype.bytes();
-        let (d, v) = (m.d_model, m.vocab);
-        let shape = BlockShape { model: m, batch: b, seq: s, act_bytes: act, attention: spec.attention, dropout: spec.attention_dropout > 0.0 };
+        let dm = self.dims(s);
+        let (t, d, v, a, p) = (dm.t, dm.d, dm.v, dm.a, dm.p);
+        let named = self.layout.named.clone();
+        let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
+        let math_mask = gelu && self.spec.attention == Attention::Math;
 
-        // Forward. Autocast caches weight casts until the autocast region exits.
-        let mut casts = self.autocast_casts(self.layout.embed.clone());
-        let mut x = self.e.alloc(t * d * act);
-        if m.max_positions > 0 {
-            let pos = self.e.alloc(s * d * act);
-            let sum = self.e.alloc(t * d * act);
-            self.e.free(x);
-            self.e.free(pos);
+        // The batch: token ids and targets (Python rebinds the previous step's names).
+        let idx = self.alloc(t * INT64);
+        let old = self.carried.idx.replace(idx);
+        self.free_opt(old);
+        let targets = self.alloc(t * INT64);
+        let old = self.carried.targets.replace(targets);
+        self.free_opt(old);
+
+        // Embeddings (not autocast: param dtype), positions or rotary tables, the causal mask.
+        let mut rope_tables = Vec::new();
+        let pos_ids = named.pos_embed.map(|_| self.alloc(s * INT64));
+        if !gelu {
+            // inv_freq = 1 / theta^(arange(half) / half); angles = outer(arange(S), inv_freq).
+            let half = d / dm.h / 2;
+            let ar = self.alloc(half * FP32);
+            let dv = self.alloc(half * FP32);
+            self.free(ar);
+            let pw = self.alloc(half * FP32);
+            self.free(dv);
+            let rc = self.alloc(half * FP32);
+            let inv = self.alloc(half * FP32);
+            self.free(rc);
+            self.free(pw);
+            let pos = self.alloc(s * FP32);
+            let ang = self.alloc(s * half * FP32);
+            self.free(pos);
+            rope_tables = vec![self.alloc(s * half * FP32), self.alloc(s * half * FP32)];
+            self.free(inv);
+            self.free(ang);
+        }
+        let mut x = self.alloc(t * d * p);
+        if named.pos_embed.is_some() {
+            let pos = self.alloc(s * d * p);
+            let sum = self.alloc(t * d * p);
+            self.free(x);
+            self.free(pos);
             x = sum;
         }
-        let mut inputs = Vec::with_capacity(m.layers as usize);
-        let mut saved = Vec::with_capacity(m.layers as usize);
-        for l in 0..m.layers as usize {
-            let c = self.autocast_casts(self.layout.layers[l].clone());
-            casts.extend(c);
-            let LayerForward { saved: keep, output } = forward_block(&mut self.e, shape);
-            if spec.checkpointing {
-                self.e.free_all(keep.iter().map(|&(id, _)| id));
-                saved.push(Vec::new());
-            } else {
-                saved.push(keep);
+        let mask = math_mask.then(|| {
+            let ones = self.alloc(s * s * BOOL);
+            let m = self.alloc(s * s * BOOL);
+            self.free(ones);
+            m
+        });
+
+        // Blocks.
+        let layers = named.blocks.len();
+        let mut saved: Vec<Option<BlockSaved>> = Vec::with_capacity(layers);
+        let mut inputs = Vec::with_capacity(layers);
+        for bp in &named.blocks {
+            if self.spec.checkpointing {
+                let out = if gelu { self.gelu_block_fwd_unsaved(dm, bp, x) } else { self.swiglu_block_fwd_unsaved(dm, bp, x) };
+                saved.push(None);
+                inputs.push(x);
+                x = out;
+                continue;
             }
+            let sv = self.block_fwd(dm, bp, x, false);
+            let out = sv.output.expect("a forward block has an output");
+            saved.push(Some(sv));
             inputs.push(x);
-            x = output;
+            x = out;
         }
-        let head_casts = self.autocast_casts(self.layout.head.clone());
-        casts.extend(head_casts);
-        let norm_out = self.e.alloc(t * d * act);
-        let norm_stats = self.e.alloc(t * 4);
-        let logits = self.e.alloc(t * v * act);
-        let logits_f32 = spec.logits_fp32.then(|| self.e.alloc(t * v * 4));
-        let log_probs = self.e.alloc(t * v * 4);
-        let loss = self.e.alloc(4);
-        self.e.free_all(casts);
 
-        // Backward: cross-entropy, output projection, final norm, then blocks in reverse.
-        let g_lp = self.e.alloc(t * v * 4);
-        let mut g = self.e.alloc(t * v * 4);
-        self.e.free(g_lp);
-        self.e.free(log_probs);
-        if let Some(lf) = logits_f32 {
-            let g_low = self.e.alloc(t * v * act);
-            self.e.free(g);
-            self.e.free(lf);
-            g = g_low;
+        // Head and loss.
+        let (nf_out, nf) = self.norm_fwd(dm, x);
+        let keep = !dm.autocast;
+        let (logits, head_saved) = self.linear_fwd(dm, named.lm_head, p, t, keep.then_some(nf_out));
+        if !keep {
+            self.free(nf_out);
         }
-        let head = self.layout.head.clone();
-        let g_x = self.e.alloc(t * d * act);
-        self.e.free(g);
-        self.e.free(logits);
-        let g_norm = self.backward_through(&[(norm_out, t * d * act), (norm_stats, t * 4)], head, g_x);
-        let g_res = self.e.alloc(t * d * act);
-        self.e.free(g_norm);
-        self.e.free(x);
-        let mut grad = g_res;
-        for l in (0..m.layers as usize).rev() {
-            let layer_saved = if spec.checkpointing {
-                // Recompute under autocast: casts live for the recomputed forward only.
-                let casts = self.autocast_casts(self.layout.layers[l].clone());
-                let fwd = forward_block(&mut self.e, shape);
-                self.e.free(fwd.output);
-                self.e.free_all(casts);
-                fwd.saved
-            } else {
-                std::mem::take(&mut saved[l])
+        let lf = (self.spec.logits_fp32 && a != FP32).then(|| self.alloc(t * v * FP32));
+        let ce = if lf.is_some() { FP32 } else { a };
+        let lsm = self.alloc(t * v * ce);
+        // Under autocast nll_loss runs in fp32 and upcasts a narrower input.
+        let up = (dm.autocast && ce != FP32).then(|| self.alloc(t * v * FP32));
+        let nll = if up.is_some() { FP32 } else { ce };
+        let loss = self.alloc(nll);
+        let total_weight = self.alloc(nll);
+        self.free_opt(lf);
+        if !gelu {
+            // Llama.forward returns: rotary tables and (fp32 copies saved instead) the last
+            // hidden state die.
+            if !self.spec.checkpointing {
+                self.free_all(rope_tables.iter().copied());
+            }
+            if p != FP32 {
+                self.free(x);
+            }
+        }
+        let old = self.carried.logits.replace(logits);
+        self.free_opt(old);
+        let old = self.carried.loss.replace(loss);
+        self.free_opt(old);
+        // Autocast exits: its cache (bias casts, unsaved weight casts) is released.
+        let cache = std::mem::take(&mut self.cast_cache);
+        self.free_all(cache);
+
+        // Backward: (loss / accum).backward().
+        let scaled = self.alloc(nll);
+        let seed = self.alloc(nll);
+        let g_div = self.alloc(nll);
+        let mut g = self.alloc(t * v * nll);
+        self.free(g_div);
+        self.free_opt(up);
+        self.free(total_weight);
+        if up.is_some() {
+            let c = self.alloc(t * v * ce);
+            self.free(g);
+            g = c;
+        }
+        let g_lsm = self.alloc(t * v * ce);
+        self.free(g);
+        self.free(lsm);
+        let mut g_logits = g_lsm;
+        if lf.is_some() {
+            g_logits = self.alloc(t * v * a);
+            self.free(g_lsm);
+        }
+        let gi = self.linear_bwd(dm, named.lm_head, head_saved, g_logits, a, true, t, p);
+        let g_res = self.norm_bwd(dm, named.final_norm, nf, gi, false).expect("the final norm's gradient starts the residual buffer");
+        for l in (0..layers).rev() {
+            let bp = &named.blocks[l];
+            let sv = match saved[l].take() {
+                Some(sv) => sv,
+                None => {
+                    // Recompute the block under the forward's autocast state; its output is
+                    // dropped, its casts live until the recomputation's autocast exits unless
+                    // saved.
+                    if p != a {
+                        self.early_grad_cast = Some(self.alloc(t * d * a));
+                    }
+                    let sv = self.block_fwd(dm, bp, inputs[l], true);
+                    let cache = std::mem::take(&mut self.cast_cache);
+                    self.free_all(cache);
+                    sv
+                }
             };
-            grad = self.backward_through(&layer_saved, self.layout.layers[l].clone(), grad);
-            let g_in = self.e.alloc(t * d * act); // residual branch sum
-            self.e.free(grad);
-            self.e.free(inputs[l]);
-            grad = g_in;
+            // A checkpointed Llama block holds its input (unless an fp32 RMSNorm saved it) and
+            // the rotary tables; the last block to run backward releases the tables.
+            let mut args = Vec::new();
+            if self.spec.checkpointing && !gelu {
+                if l == 0 {
+                    args.extend(rope_tables.iter().rev().copied());
+                }
+                if p != FP32 {
+                    args.push(inputs[l]);
+                }
+            }
+            self.block_bwd(dm, bp, sv, g_res, if l == 0 { mask } else { None }, args);
         }
-        for i in self.layout.embed.clone().rev() {
-            self.weight_grad(i);
+        // Embedding backward: positions (summed over the batch), then tokens.
+        if let Some(pe) = named.pos_embed {
+            let sum = self.alloc(s * d * p);
+            let gpe = self.alloc(self.layout.elems[pe] * p);
+            self.free(sum);
+            self.free_opt(pos_ids);
+            self.accumulate(dm, pe, gpe, p);
         }
-        self.e.free(grad);
-        self.e.free(loss);
+        let gte = self.alloc(self.layout.elems[named.tok_embed] * p);
+        self.free(g_res);
+        self.accumulate(dm, named.tok_embed, gte, p);
+        self.free(seed);
+        self.free(scaled);
 
+        if self.spec.clip_grad_norm {
+            self.clip_grad_norm(dm);
+        }
         self.optimizer_step();
+    }
+
+    /// `clip_grad_norm_(foreach=True)`: a norm per gradient, stacked, the total norm, the clip
+    /// coefficient (scalars in the gradient dtype); the multiply is in place.
+    fn clip_grad_norm(&mut self, dm: Dims) {
+        let g = dm.g;
+        let n = self.grads.iter().filter(|x| x.is_some()).count() as u64;
+        let norms: Vec<u64> = (0..n).map(|_| self.alloc(g)).collect();
+        let stack = self.alloc(n * g);
+        let total = self.alloc(g);
+        self.free(stack);
+        self.free_all(norms.into_iter().rev());
+        let add = self.alloc(g);
+        let rec = self.alloc(g);
+        let mul = self.alloc(g);
+        self.free(rec);
+        self.free(add);
+        let clamp = self.alloc(g);
+        self.free(mul);
+        self.free(clamp);
+        self.free(total);
     }
 
     fn optimizer_step(&mut self) {
         let st = self.spec.optimizer_state_dtype.bytes();
         if self.optimizer_state.is_empty() {
-            let per_param = match self.spec.optimizer {
-                Optimizer::AdamForeach | Optimizer::AdamFused => 2,
-                Optimizer::SgdMomentum => 1,
-            };
             for i in 0..self.layout.elems.len() {
-                for _ in 0..per_param {
-                    let id = self.e.alloc(self.layout.elems[i] * st);
-                    self.optimizer_state.push(id);
+                let elems = self.layout.elems[i];
+                match self.spec.optimizer {
+                    Optimizer::AdamForeach => {
+                        // exp_avg, exp_avg_sq (the step count stays on the CPU).
+                        for _ in 0..2 {
+                            let id = self.alloc(elems * st);
+                            self.optimizer_state.push(id);
+                        }
+                    }
+                    Optimizer::AdamFused => {
+                        // The fused kernel keeps the step count on the device: an fp32 scalar.
+                        let step = self.alloc(FP32);
+                        self.optimizer_state.push(step);
+                        for _ in 0..2 {
+                            let id = self.alloc(elems * st);
+                            self.optimizer_state.push(id);
+                        }
+                    }
+                    Optimizer::SgdMomentum => {
+                        let id = self.alloc(elems * st);
+                        self.optimizer_state.push(id);
+                    }
                 }
                 if self.spec.master_weights {
-                    let id = self.e.alloc(self.layout.elems[i] * 4);
+                    let id = self.alloc(elems * FP32);
                     self.optimizer_state.push(id);
                 }
             }
         }
         if self.spec.optimizer == Optimizer::AdamForeach {
-            // _foreach_sqrt(exp_avg_sq) and the bias-corrected denominators: one list of
-            // parameter-shaped temporaries, freed when the step returns.
-            let tmps: Vec<u64> = (0..self.layout.elems.len()).map(|i| self.e.alloc(self.layout.elems[i] * st)).collect();
-            self.e.free_all(tmps);
+            // _foreach_sqrt(exp_avg_sq): one parameter-shaped temporary each, freed in reverse
+            // when the step returns (the other foreach ops are in place).
+            let tmps: Vec<u64> = (0..self.layout.elems.len()).map(|i| self.alloc(self.layout.elems[i] * st)).collect();
+            self.free_all(tmps.into_iter().rev());
         }
         if self.spec.grads_set_to_none {
             let grads: Vec<u64> = self.grads.iter_mut().filter_map(Option::take).collect();
-            self.e.free_all(grads);
+            self.free_all(grads);
         }
     }
+}
+
+/// Bytes FlashAttention-2's backward allocates through the caching allocator besides its outputs
+/// (mha_bwd, flash_api.cpp): softmax_d [B, H, S rounded to 128] fp32 and, when the keys span more
+/// than one 128-block, the dq accumulator [B, S rounded, H, d rounded to 32 (64 past 128)] fp32.
+pub fn flash_backward_scratch(batch: u64, heads: u64, seq: u64, head_dim: u64) -> [u64; 2] {
+    const BLOCK: u64 = 128;
+    let s_rounded = seq.div_ceil(BLOCK) * BLOCK;
+    let d_round = if head_dim <= 128 { 32 } else { 64 };
+    let d_rounded = head_dim.div_ceil(d_round) * d_round;
+    let softmax_d = batch * heads * s_rounded * FP32;
+    let dq_accum = if seq > BLOCK { batch * s_rounded * heads * d_rounded * FP32 } else { 0 };
+    [softmax_d, dq_accum]
 }
 
 impl Iterator for TransformerGen {
@@ -233,7 +1222,14 @@ impl Iterator for TransformerGen {
                 continue;
             }
             if self.next_step > self.spec.steps {
-                return None;
+                if self.finished {
+                    return None;
+                }
+                // The loop's last references die with the script.
+                self.finished = true;
+                let c = std::mem::take(&mut self.carried);
+                self.free_all([c.idx, c.targets, c.logits, c.loss].into_iter().flatten());
+                continue;
             }
             let n = self.next_step;
             self.next_step += 1;
