@@ -6,7 +6,7 @@
 #   2. CPU: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via scripts/compare.sh) on the
 #      Python-like and serving workloads.
 #   3. allocbench report renders the charts and the index.
-#   4. allocbench diagnose and advise on the 1.3B workload on a 50 GiB card (reports/diagnose-gpt3-50g/).
+#   4. allocbench diagnose and advise on the 1.3B workload on a 73 GiB card (reports/diagnose-gpt3-73g/).
 #   5. README.md's demo block (scripts/readme_demo.py).
 # Usage: scripts/publish.sh [--quick]   (--quick: one CPU repetition, for a smoke test)
 set -euo pipefail
@@ -32,10 +32,12 @@ for w in gpt3-xl-1.3b llama2-7b-80g model-switch serving-llama7b; do
   "$bin" run "workloads/$w.toml" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
 done
 # The same jobs captured from real PyTorch (scripts/capture_workloads.sh).
+# Named <workload>-captured in the report, beside the generator's runs.
 for t in workloads/captured/*.csv.gz; do
-  w=$(basename "$t" .csv.gz)
-  echo "== GPU: $w (captured)"
-  "$bin" run "$t" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-captured-$w.jsonl" --quiet
+  w=$(basename "$t" .csv.gz)-captured
+  cp "$t" "$work/$w.csv.gz"
+  echo "== GPU: $w"
+  "$bin" run "$work/$w.csv.gz" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
 done
 cat "$work"/gpu-*.jsonl > "$work/gpu.jsonl"
 
@@ -47,14 +49,15 @@ rm -rf reports/comparison
 "$bin" report "$work/gpu.jsonl" "$work/cpu/cpu.jsonl" -o reports/comparison \
   --title "allocbench: PyTorch caching allocator configs and CPU allocators on ML workloads"
 
-# 4. Diagnose and advise: the 1.3B workload on a 50 GiB card, where the defaults OOM.
-"$bin" diagnose workloads/gpt3-xl-1.3b.toml --capacity 50GiB --jsonl "$work/diagnose.jsonl" > "$work/diagnose.txt"
-"$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 50GiB --quiet --jsonl "$work/advise.jsonl" > "$work/advise.txt"
-rm -rf reports/diagnose-gpt3-50g
+# 4. Diagnose and advise: the 1.3B workload (71.3 GiB live) on a 73 GiB card, where the defaults OOM
+#    and expandable segments fit.
+"$bin" diagnose workloads/gpt3-xl-1.3b.toml --capacity 73GiB --jsonl "$work/diagnose.jsonl" > "$work/diagnose.txt"
+"$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 73GiB --quiet --jsonl "$work/advise.jsonl" > "$work/advise.txt"
+rm -rf reports/diagnose-gpt3-73g
 grep '"type":"diagnose"' "$work/diagnose.jsonl" > "$work/diagnosis-only.jsonl"
-"$bin" report "$work/diagnosis-only.jsonl" "$work/advise.jsonl" -o reports/diagnose-gpt3-50g \
-  --title "allocbench diagnose + advise: GPT-3 XL (1.3B) training on a 50 GiB card"
-{ echo; echo '## `allocbench advise` output'; echo; echo '```'; cat "$work/advise.txt"; echo '```'; } >> reports/diagnose-gpt3-50g/README.md
+"$bin" report "$work/diagnosis-only.jsonl" "$work/advise.jsonl" -o reports/diagnose-gpt3-73g \
+  --title "allocbench diagnose + advise: GPT-3 XL (1.3B) training on a 73 GiB card"
+{ echo; echo '## `allocbench advise` output'; echo; echo '```'; cat "$work/advise.txt"; echo '```'; } >> reports/diagnose-gpt3-73g/README.md
 # 5. README's demo block, from a demo run.
 python3 scripts/readme_demo.py "$bin" > /dev/null
-echo "published reports/comparison/ and reports/diagnose-gpt3-50g/, README demo block"
+echo "published reports/comparison/ and reports/diagnose-gpt3-73g/, README demo block"

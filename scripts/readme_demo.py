@@ -24,7 +24,7 @@ def demo_table(stdout):
 
 def main():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    exe = sys.argv[1] if len(sys.argv) > 1 else os.path.join(root, "target", "release", "allocbench")
+    exe = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(root, "target", "release", "allocbench")
     with tempfile.TemporaryDirectory() as tmp:
         jsonl = os.path.join(tmp, "demo.jsonl")
         out = subprocess.run([exe, "demo", "--jsonl", jsonl], capture_output=True, text=True, check=True, cwd=tmp)
