@@ -328,6 +328,26 @@ fn garbage_collection_needs_a_fraction_and_frees_old_segments() {
     let (reserved_on, frees_on) = run("garbage_collection_threshold:0.5,per_process_memory_fraction:0.99");
     assert!(frees_on > 0, "GC freed nothing");
     assert!(reserved_on < reserved_off);
+    // DeviceCachingAllocator::setMemoryFraction (c10/cuda/CUDACachingAllocator.cpp) leaves
+    // allowed_memory_maximum empty at 1.0, and malloc collects only when it has a value.
+    assert_eq!(run("garbage_collection_threshold:0.5,per_process_memory_fraction:1.0"), (reserved_off, frees_off));
+}
+
+#[test]
+fn max_non_split_rounding_follows_large_segment_size() {
+    // AcceleratorAllocatorConfig::parseArgs (c10/core/AllocatorConfig.cpp) sets
+    // max_non_split_rounding_size_ = large_segment_size_ before the other keys; get_free_block
+    // then lets an oversize request take a cached block wasting less than that.
+    let run = |conf: &str| {
+        let mut a = alloc(conf, 80 * GIB);
+        let h = a.malloc(130 * MIB, 0).unwrap();
+        a.free(h).unwrap();
+        a.malloc(100 * MIB, 0).unwrap();
+        a.stats().num_device_alloc
+    };
+    // 30 MiB of waste: too much under the 20 MiB default, fine under 64 MiB.
+    assert_eq!(run("max_split_size_mb:64"), 2);
+    assert_eq!(run("large_segment_size_mb:64,max_split_size_mb:64"), 1);
 }
 
 #[test]
