@@ -152,9 +152,6 @@ pub struct CachingAllocator<D: Device> {
     expandable_segments: Vec<Option<ExpandableSegment>>,
 }
 
-/// Dense stream ids fit in 13 bits of the packed free-set key.
-pub const MAX_STREAMS: usize = 1 << 13;
-
 #[inline]
 fn key(b: &Block) -> FreeKey {
     FreeKey::new(b.stream, b.size, b.ptr)
@@ -188,20 +185,20 @@ impl<D: Device> CachingAllocator<D> {
         &self.device
     }
 
-    fn stream_id(&mut self, raw: u64) -> Result<u32, DeviceError> {
+    /// The dense id of a raw stream. PyTorch keys its free sets by the stream itself and puts
+    /// no limit on how many there are (BlockComparatorSize compares `stream` first); neither
+    /// does this (a u32 id: more streams than that could not fit in memory anyway).
+    fn stream_id(&mut self, raw: u64) -> u32 {
         if raw == 0 {
-            return Ok(0);
+            return 0;
         }
         if let Some(&s) = self.streams.get(&raw) {
-            return Ok(s);
+            return s;
         }
-        if self.raw_streams.len() >= MAX_STREAMS {
-            return Err(DeviceError::Other(format!("more than {MAX_STREAMS} distinct streams")));
-        }
-        let s = self.raw_streams.len() as u32;
+        let s = u32::try_from(self.raw_streams.len()).expect("fewer than 2^32 distinct streams");
         self.streams.insert(raw, s);
         self.raw_streams.push(raw);
-        Ok(s)
+        s
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
@@ -678,7 +675,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     /// malloc, in PyTorch's order: cache hit; else GC, new segment, release oversize cached
     /// blocks and retry, flush the whole cache and retry (a "retry"); else OOM.
     fn malloc(&mut self, bytes: u64, raw_stream: u64) -> Result<Handle, AllocError> {
-        let stream = self.stream_id(raw_stream)?;
+        let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
         let pool = pool_for(rounded);
         let alloc_size = allocation_size(&self.cfg, rounded);

@@ -389,3 +389,22 @@ fn empty_cache_never_frees_split_segments() {
     a.empty_cache().unwrap();
     assert_eq!(state(&a).1, 0);
 }
+
+#[test]
+fn any_number_of_streams() {
+    // BlockComparatorSize (c10/cuda/CUDACachingAllocator.cpp) keys the free sets by the stream
+    // itself; nothing limits how many there are (this used to stop at 8192).
+    let mut a = default_alloc();
+    let n = 10_000u64;
+    let hs: Vec<_> = (1..=n).map(|s| a.malloc(512, s * 16).unwrap()).collect();
+    assert_eq!(a.stats().segment.all.current, n as i64);
+    for h in hs {
+        a.free(h).unwrap();
+    }
+    a.check_invariants().unwrap();
+    // Each stream's cached block serves only that stream.
+    a.malloc(512, n * 16).unwrap();
+    a.malloc(512, (n + 1) * 16).unwrap();
+    assert_eq!(a.stats().segment.all.current, n as i64 + 1);
+    a.check_invariants().unwrap();
+}
