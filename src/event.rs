@@ -4,7 +4,9 @@
 /// never addresses; an id may be reused once its allocation has been freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Event {
-    /// Allocate `bytes` (> 0) on `stream` and call the allocation `id`.
+    /// Allocate `bytes` on `stream` and call the allocation `id`. 0 bytes is PyTorch's null
+    /// pointer (NativeCachingAllocator::allocate calls malloc only `if (size != 0)`): the replay
+    /// makes no allocator call for it and its free is a no-op.
     Alloc { id: u64, bytes: u64, stream: u64 },
     /// Free the live allocation `id`.
     Free { id: u64 },

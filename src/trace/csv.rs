@@ -119,10 +119,9 @@ impl<R: BufRead> TraceReader<R> {
                 if bytes.is_empty() {
                     return Err(self.err("alloc needs a 'bytes' value"));
                 }
+                // A 0-byte alloc is accepted (PyTorch returns a null pointer for it: see
+                // Event::Alloc); its id is live like any other so that its free is accepted.
                 let bytes = self.number(bytes, "bytes")?;
-                if bytes == 0 {
-                    return Err(self.err("alloc of 0 bytes (sizes must be > 0)"));
-                }
                 if bytes > MAX_SANE_BYTES {
                     return Err(self.err(format!("alloc of {bytes} bytes is over 1 PiB: not a real size")));
                 }
@@ -247,7 +246,7 @@ mod tests {
             ("op,id,bytes,stream\nalloc,1,10,\nalloc,1,10,\n", "t.csv:3: alloc of id 1, which is still live"),
             ("op,id,bytes,stream\nalloc,1,-5,\n", "t.csv:2: bad bytes '-5'"),
             ("op,id,bytes,stream\nmalloc,1,5,\n", "t.csv:2: unknown op 'malloc'"),
-            ("op,id,bytes,stream\nalloc,1,0,\n", "t.csv:2: alloc of 0 bytes"),
+            ("op,id,bytes,stream\nalloc,1,0,\nalloc,1,0,\n", "t.csv:3: alloc of id 1, which is still live"),
             ("op,id,bytes,stream\nalloc,1,,\n", "t.csv:2: alloc needs a 'bytes' value"),
             ("op,id,bytes,stream\nalloc,1,2000000000000000000,\n", "t.csv:2: alloc of 2000000000000000000 bytes is over 1 PiB"),
             ("id,op\n", "t.csv:1: expected the header"),
@@ -272,6 +271,14 @@ mod tests {
         let evs: Vec<Event> =
             parse("\u{feff}op, id, bytes, stream\r\nalloc,1,10\r\nstep,2\r\nfree,1\r\nempty_cache\r\n").into_iter().map(|e| e.unwrap()).collect();
         assert_eq!(evs, vec![Event::Alloc { id: 1, bytes: 10, stream: 0 }, Event::Step { n: 2 }, Event::Free { id: 1 }, Event::EmptyCache]);
+    }
+
+    #[test]
+    fn zero_byte_allocs_are_events_and_their_ids_are_live() {
+        // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) calls malloc only
+        // `if (size != 0)`: a 0-byte tensor is a null pointer, not an error.
+        let evs: Vec<Event> = parse("op,id,bytes,stream\nalloc,1,0,0\nfree,1,,\n").into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs, vec![Event::Alloc { id: 1, bytes: 0, stream: 0 }, Event::Free { id: 1 }]);
     }
 
     #[test]

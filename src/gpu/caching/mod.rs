@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 use super::config::AllocatorConfig;
 use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
-use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo};
+use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo, NULL_HANDLE};
 use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 use crate::units::MIB;
 use free_set::{FreeKey, FreeSet};
@@ -675,6 +675,11 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     /// malloc, in PyTorch's order: cache hit; else GC, new segment, release oversize cached
     /// blocks and retry, flush the whole cache and retry (a "retry"); else OOM.
     fn malloc(&mut self, bytes: u64, raw_stream: u64) -> Result<Handle, AllocError> {
+        // NativeCachingAllocator::allocate calls malloc only `if (size != 0)`: 0 bytes is a
+        // null pointer, made without touching a pool or a stat.
+        if bytes == 0 {
+            return Ok(NULL_HANDLE);
+        }
         let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
         let pool = pool_for(rounded);
@@ -703,6 +708,10 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        // NativeCachingAllocator::free returns at once for a null pointer.
+        if handle == NULL_HANDLE {
+            return Ok(());
+        }
         let b = &mut self.blocks[handle as usize];
         debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
         b.allocated = false;

@@ -408,3 +408,37 @@ fn any_number_of_streams() {
     assert_eq!(a.stats().segment.all.current, n as i64 + 1);
     a.check_invariants().unwrap();
 }
+
+#[test]
+fn zero_bytes_is_a_null_pointer() {
+    // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) calls malloc only
+    // `if (size != 0)` and its free returns at a null pointer: no pool, no stat, no device call.
+    let mut a = default_alloc();
+    let before = a.stats().clone();
+    let h = a.malloc(0, 7).unwrap();
+    assert_eq!(h, NULL_HANDLE);
+    assert_eq!(a.stats(), &before);
+    a.free(h).unwrap();
+    assert_eq!(a.stats(), &before);
+    assert!(a.segments().is_empty());
+    // Through the replay: the 0-byte id is live (its free is accepted), the allocator sees only
+    // the 512-byte request.
+    use crate::event::Event;
+    let evs = [
+        Event::Alloc { id: 1, bytes: 0, stream: 0 },
+        Event::Alloc { id: 2, bytes: 512, stream: 0 },
+        Event::Free { id: 1 },
+        Event::Alloc { id: 1, bytes: 0, stream: 3 },
+        Event::Free { id: 2 },
+        Event::Free { id: 1 },
+    ];
+    let out = crate::gpu::replay::replay(&mut a, evs.iter().copied().map(Ok), &Default::default()).unwrap();
+    assert_eq!((out.allocs, out.frees, out.ooms), (3, 3, 0));
+    let s = a.stats();
+    assert_eq!((s.allocation.all.allocated, s.allocation.all.freed, s.num_device_alloc), (1, 1, 1));
+    assert_eq!(s.requested_bytes.all.allocated, 512);
+    // A 0-byte id is live until freed: allocating it again is still an error.
+    let again = [Event::Alloc { id: 5, bytes: 0, stream: 0 }, Event::Alloc { id: 5, bytes: 512, stream: 0 }];
+    let err = crate::gpu::replay::replay(&mut default_alloc(), again.iter().copied().map(Ok), &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("alloc of id 5, which is still live"), "{err}");
+}
