@@ -43,12 +43,13 @@ pub fn peak_live_bytes(events: impl Iterator<Item = anyhow::Result<Event>>, size
     for ev in events {
         match ev? {
             Event::Alloc { id, bytes, .. } => {
+                // Requests reach 1 EiB (units::MAX_REQUEST_BYTES): a sum of them may pass u64.
                 let b = size(bytes);
-                cur += b;
-                cur -= live.insert(id, b).unwrap_or(0);
+                cur = cur.saturating_add(b);
+                cur = cur.saturating_sub(live.insert(id, b).unwrap_or(0));
                 peak = peak.max(cur);
             }
-            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0),
+            Event::Free { id } => cur = cur.saturating_sub(live.remove(&id).unwrap_or(0)),
             _ => {}
         }
     }

@@ -61,7 +61,8 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
         match ev? {
             Event::Alloc { id, bytes, stream } => {
                 out.allocs += 1;
-                out.bytes_requested += bytes;
+                // Requests reach 1 EiB (units::MAX_REQUEST_BYTES): the sum may pass u64.
+                out.bytes_requested = out.bytes_requested.saturating_add(bytes);
                 if bytes == 0 {
                     // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp):
                     // malloc only `if (size != 0)`; the null pointer touches no stat.

@@ -442,3 +442,41 @@ fn zero_bytes_is_a_null_pointer() {
     let err = crate::gpu::replay::replay(&mut default_alloc(), again.iter().copied().map(Ok), &Default::default()).unwrap_err();
     assert!(err.to_string().contains("alloc of id 5, which is still live"), "{err}");
 }
+
+#[test]
+fn requests_under_one_eib_are_ooms() {
+    // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) refuses only
+    // `size >= one_exa_bytes`; a smaller request no device holds reaches malloc and is an OOM.
+    for conf in [
+        "",
+        "expandable_segments:True",
+        "per_process_memory_fraction:0.5",
+        "max_split_size_mb:64",
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9",
+    ] {
+        let mut a = alloc(conf, 80 * GIB);
+        let keep = a.malloc(3 * MIB, 0).unwrap();
+        for bytes in [crate::units::EIB - 1, 2 * crate::units::PIB, (1 << 51) + 1] {
+            match a.malloc(bytes, 0) {
+                Err(AllocError::OutOfMemory(info)) => {
+                    assert_eq!(info.requested, bytes, "{conf}");
+                    assert_eq!(info.cause(), crate::results::OomCause::Capacity, "{conf}");
+                }
+                other => panic!("{conf}: {bytes} bytes should be an OOM, got {other:?}"),
+            }
+        }
+        a.check_invariants().unwrap();
+        a.free(keep).unwrap();
+        assert_eq!(a.stats().num_ooms, 3);
+    }
+}
+
+#[test]
+fn a_trace_asking_for_more_than_any_device_replays_to_an_oom() {
+    // The CSV reader accepts everything under 1 EiB; the replay turns it into an OOM result.
+    let text = format!("op,id,bytes,stream\nalloc,1,512,0\nalloc,2,{},0\nfree,2,,\nfree,1,,\n", crate::units::EIB - 1);
+    let events = crate::trace::csv::TraceReader::new(text.as_bytes(), "t.csv");
+    let out = crate::gpu::replay::replay(&mut default_alloc(), events, &Default::default()).unwrap();
+    assert_eq!(out.ooms, 1);
+    assert_eq!(out.oom.as_ref().map(|o| o.requested), Some(crate::units::EIB - 1));
+}
