@@ -22,6 +22,10 @@ pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
+    if peak_live > crate::units::MAX_SANE_BYTES {
+        // More live bytes than the largest device the bisection tries (a request under 1 EiB).
+        return Ok(None);
+    }
     let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
     let mut lo = (peak_live / STEP).max(1); // in steps; below the live bytes nothing fits
     let mut hi = lo * 2;

@@ -4,7 +4,9 @@
 /// never addresses; an id may be reused once its allocation has been freed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Event {
-    /// Allocate `bytes` (> 0) on `stream` and call the allocation `id`.
+    /// Allocate `bytes` on `stream` and call the allocation `id`. 0 bytes is PyTorch's null
+    /// pointer (NativeCachingAllocator::allocate calls malloc only `if (size != 0)`): the replay
+    /// makes no allocator call for it and its free is a no-op.
     Alloc { id: u64, bytes: u64, stream: u64 },
     /// Free the live allocation `id`.
     Free { id: u64 },
@@ -41,12 +43,13 @@ pub fn peak_live_bytes(events: impl Iterator<Item = anyhow::Result<Event>>, size
     for ev in events {
         match ev? {
             Event::Alloc { id, bytes, .. } => {
+                // Requests reach 1 EiB (units::MAX_REQUEST_BYTES): a sum of them may pass u64.
                 let b = size(bytes);
-                cur += b;
-                cur -= live.insert(id, b).unwrap_or(0);
+                cur = cur.saturating_add(b);
+                cur = cur.saturating_sub(live.insert(id, b).unwrap_or(0));
                 peak = peak.max(cur);
             }
-            Event::Free { id } => cur -= live.remove(&id).unwrap_or(0),
+            Event::Free { id } => cur = cur.saturating_sub(live.remove(&id).unwrap_or(0)),
             _ => {}
         }
     }

@@ -7,9 +7,17 @@ pub const MIB: u64 = 1 << 20;
 pub const GIB: u64 = 1 << 30;
 pub const TIB: u64 = 1 << 40;
 pub const PIB: u64 = 1 << 50;
+pub const EIB: u64 = 1 << 60;
 
-/// Largest size any input may name: anything above 1 PiB is a typo, not a workload.
+/// Largest device (capacity) and workload size an input may name: anything above 1 PiB is a
+/// typo, not a device or a workload.
 pub const MAX_SANE_BYTES: u64 = PIB;
+
+/// A trace's requests must be below this. NativeCachingAllocator::allocate
+/// (c10/cuda/CUDACachingAllocator.cpp) refuses `size >= one_exa_bytes` (1 EiB) with "Tried to
+/// allocate more than 1EB memory"; anything smaller goes to the allocator, and a request that no
+/// device can hold is an out-of-memory there, not bad input.
+pub const MAX_REQUEST_BYTES: u64 = EIB;
 
 /// Parses `1048576`, `512B`, `4KiB`, `1.5GiB`, `80GB` (SI), `2MB`… into bytes.
 /// Binary units (KiB, MiB, GiB, TiB) are powers of 1024; SI units (kB, MB, GB, TB) powers of 1000.

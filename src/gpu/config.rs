@@ -16,7 +16,7 @@ pub const ROUNDUP_INTERVALS: usize = 16;
 pub struct AllocatorConfig {
     /// `max_split_size_mb` in bytes; `u64::MAX` means unlimited (PyTorch's SIZE_MAX).
     pub max_split_size: u64,
-    /// `max_non_split_rounding_mb` in bytes (default 20 MiB).
+    /// `max_non_split_rounding_mb` in bytes (default: `large_segment_size`, so 20 MiB).
     pub max_non_split_rounding_size: u64,
     /// Divisions per size bucket (idx = clamp(log2(n) − 20, 0, 15)); 0 or 1 = plain 512 rounding.
     pub roundup_power2_divisions: [u64; ROUNDUP_INTERVALS],
@@ -75,6 +75,15 @@ impl AllocatorConfig {
         let mut cfg = AllocatorConfig { source: text.trim().to_string(), ..Default::default() };
         let tokens = tokenize(text);
         let err = |m: String| InputError::new("--conf", m);
+        // AcceleratorAllocatorConfig::parseArgs (c10/core/AllocatorConfig.cpp) reads
+        // large_segment_size_mb first, wherever it stands, because the two `_mb` limits below
+        // are checked against it; then max_non_split_rounding_size defaults to it.
+        for (j, t) in tokens.iter().enumerate() {
+            if t == "large_segment_size_mb" {
+                cfg.large_segment_size = parse_large_segment_size(&tokens, j)?;
+            }
+        }
+        cfg.max_non_split_rounding_size = cfg.large_segment_size;
         let mut i = 0;
         while i < tokens.len() {
             let key = tokens[i].as_str();
@@ -91,26 +100,23 @@ impl AllocatorConfig {
                 v.parse::<u64>().map_err(|_| err(format!("Error, expecting digit string in config for {key}, got '{v}'")))
             };
             match key {
-                "max_split_size_mb" | "max_non_split_rounding_mb" | "large_segment_size_mb" => {
+                // Read (and checked) before this loop.
+                "large_segment_size_mb" => i += 3,
+                "max_split_size_mb" | "max_non_split_rounding_mb" => {
                     expect(i + 1, ":")?;
                     let mb = size_mb(value(i + 2)?)?;
-                    let min_mb = LARGE_BUFFER_BYTES / MIB;
-                    if key == "large_segment_size_mb" {
-                        // AllocatorConfig: large_segment_size_mb must be > kMinLargeAlloc (10 MiB).
-                        if mb <= 10 {
-                            return Err(err(format!("CachingAllocator option {key} too small, must be > 10")));
-                        }
-                        cfg.large_segment_size = mb.saturating_mul(MIB);
+                    // parseMaxSplitSize / parseMaxNonSplitRoundingSize
+                    // (c10/core/AllocatorConfig.cpp): the minimum is large_segment_size_ / kMB,
+                    // so a value below large_segment_size_mb is rejected.
+                    let min_mb = cfg.large_segment_size / MIB;
+                    if mb < min_mb {
+                        return Err(err(format!("CachingAllocator option {key} too small, must be >= {min_mb}")));
+                    }
+                    let bytes = mb.min(u64::MAX / MIB) * MIB;
+                    if key == "max_split_size_mb" {
+                        cfg.max_split_size = bytes;
                     } else {
-                        if mb < min_mb {
-                            return Err(err(format!("CachingAllocator option {key} too small, must be >= {min_mb}")));
-                        }
-                        let bytes = mb.min(u64::MAX / MIB) * MIB;
-                        if key == "max_split_size_mb" {
-                            cfg.max_split_size = bytes;
-                        } else {
-                            cfg.max_non_split_rounding_size = bytes;
-                        }
+                        cfg.max_non_split_rounding_size = bytes;
                     }
                     i += 3;
                 }
@@ -180,10 +186,30 @@ impl AllocatorConfig {
         }
     }
 
-    /// A GC that actually runs needs both a threshold and a memory cap (pytorch#106660).
+    /// A GC that actually runs needs both a threshold and a memory cap (pytorch#106660). In the
+    /// newest c10/cuda/CUDACachingAllocator.cpp, setMemoryFraction leaves allowed_memory_maximum
+    /// empty for a fraction of 1.0 and malloc garbage-collects only when it has a value, so
+    /// `per_process_memory_fraction:1.0` does not enable the GC.
     pub fn gc_enabled(&self) -> bool {
         self.garbage_collection_threshold > 0.0 && self.per_process_memory_fraction < 1.0
     }
+}
+
+/// parseLargeSegmentSize (c10/core/AllocatorConfig.cpp): `large_segment_size_mb` must be
+/// > kMinLargeAlloc (10 MiB). `at` is the key's index.
+fn parse_large_segment_size(tokens: &[String], at: usize) -> Result<u64, InputError> {
+    let key = "large_segment_size_mb";
+    let err = |m: String| InputError::new("--conf", m);
+    if tokens.get(at + 1).map(String::as_str) != Some(":") {
+        return Err(err(format!("Error parsing CachingAllocator settings, expected : after '{key}'")));
+    }
+    let v =
+        tokens.get(at + 2).map(String::as_str).filter(|t| !matches!(*t, "," | ":" | "[" | "]")).ok_or_else(|| err(format!("Error, expecting {key} value")))?;
+    let mb: u64 = v.parse().map_err(|_| err(format!("Error, expecting digit string in config for {key}, got '{v}'")))?;
+    if mb <= 10 {
+        return Err(err(format!("CachingAllocator option {key} too small, must be > 10")));
+    }
+    Ok(mb.min(u64::MAX / MIB) * MIB)
 }
 
 fn parse_bool(key: &str, v: &str) -> Result<bool, InputError> {
@@ -217,18 +243,24 @@ fn tokenize(text: &str) -> Vec<String> {
     out
 }
 
-/// `roundup_power2_divisions:4` or `[64:8,256:4,>:1]` (NEW semantics: the first key also fills
-/// every bucket below it; later keys set only their own bucket; gaps stay 0; `>` fills from the
-/// last explicit bucket + 1 to the end). Returns the index after the value.
+/// `roundup_power2_divisions:4` or `[64:8,256:4,>:1]`, after
+/// AcceleratorAllocatorConfig::parseRoundUpPower2Divisions (c10/core/AllocatorConfig.cpp): the
+/// first explicit key of a list also fills every bucket below it (the `first_value` flag clears
+/// only on an explicit key, so a `>` before it does not stop that); later keys set only their
+/// own bucket; gaps keep what they had; `>` fills from the last explicit bucket + 1 (1 when none
+/// came yet) to the end; `[]` sets nothing. The table is not reset here: parseArgs resets it once
+/// per parse, so a repeated key writes over the first one's table. Returns the index after the value.
 fn parse_roundup(tokens: &[String], mut i: usize, table: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, InputError> {
     let err = |m: String| InputError::new("--conf", m);
     let pow2 = |v: u64| v == 0 || v.is_power_of_two();
-    *table = [0; ROUNDUP_INTERVALS];
     match tokens.get(i).map(String::as_str) {
         Some("[") => {
             i += 1;
             let mut first = true;
             let mut last_index: Option<usize> = None;
+            if tokens.get(i).map(String::as_str) == Some("]") {
+                return Ok(i + 1);
+            }
             loop {
                 let key = tokens.get(i).ok_or_else(|| err("Error parsing roundup_power2_divisions: unterminated list".into()))?;
                 if tokens.get(i + 1).map(String::as_str) != Some(":") {
@@ -258,8 +290,8 @@ fn parse_roundup(tokens: &[String], mut i: usize, table: &mut [u64; ROUNDUP_INTE
                     }
                     table[idx] = val;
                     last_index = Some(idx);
+                    first = false;
                 }
-                first = false;
                 i += 3;
                 match tokens.get(i).map(String::as_str) {
                     Some(",") => i += 1,
@@ -315,6 +347,55 @@ mod tests {
     }
 
     #[test]
+    fn roundup_lists_follow_parse_round_up_power2_divisions() {
+        // c10/core/AllocatorConfig.cpp, parseRoundUpPower2Divisions: `first_value` clears only
+        // in the explicit-key branch, so 256 still fills buckets 0..8 after the '>'.
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[>:2,256:4]").unwrap();
+        assert_eq!(&c.roundup_power2_divisions[..9], &[4; 9]);
+        assert_eq!(&c.roundup_power2_divisions[9..], &[2; 7]);
+        // parseArgs resets the table once per parse, not per key: the second list writes over
+        // the first (bucket 10 keeps the first list's 8; 64 fills 0..6 then sets 6).
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[1024:8],roundup_power2_divisions:[64:2]").unwrap();
+        assert_eq!(&c.roundup_power2_divisions[..7], &[2; 7]);
+        assert_eq!(&c.roundup_power2_divisions[7..10], &[8; 3]);
+        assert_eq!(c.roundup_power2_divisions[10], 8);
+        assert_eq!(&c.roundup_power2_divisions[11..], &[0; 5]);
+        // The loop `while (tokenizer[++i] != "]")` accepts an empty list and sets nothing.
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[]").unwrap();
+        assert_eq!(c.roundup_power2_divisions, [0; ROUNDUP_INTERVALS]);
+        let c = AllocatorConfig::parse("roundup_power2_divisions:4,roundup_power2_divisions:[]").unwrap();
+        assert_eq!(c.roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+    }
+
+    #[test]
+    fn max_split_size_is_checked_against_large_segment_size() {
+        // parseMaxSplitSize / parseMaxNonSplitRoundingSize (c10/core/AllocatorConfig.cpp): the
+        // minimum is large_segment_size_ / kMB, and parseArgs reads large_segment_size_mb first
+        // (upstream's AllocatorConfig_test expects max_split_size_mb below it to throw).
+        for s in ["large_segment_size_mb:64,max_split_size_mb:32", "max_split_size_mb:32,large_segment_size_mb:64"] {
+            let e = AllocatorConfig::parse(s).unwrap_err().to_string();
+            assert!(e.contains("max_split_size_mb too small, must be >= 64"), "{s}: {e}");
+        }
+        let e = AllocatorConfig::parse("max_non_split_rounding_mb:40,large_segment_size_mb:64").unwrap_err().to_string();
+        assert!(e.contains("max_non_split_rounding_mb too small, must be >= 64"), "{e}");
+        let c = AllocatorConfig::parse("max_split_size_mb:64,large_segment_size_mb:64").unwrap();
+        assert_eq!(c.max_split_size, 64 * MIB);
+        // A large segment size below 20 MiB lowers the minimum too.
+        assert_eq!(AllocatorConfig::parse("large_segment_size_mb:12,max_split_size_mb:12").unwrap().max_split_size, 12 * MIB);
+        assert!(AllocatorConfig::parse("large_segment_size_mb:10").is_err());
+    }
+
+    #[test]
+    fn max_non_split_rounding_defaults_to_large_segment_size() {
+        // AcceleratorAllocatorConfig's constructor and parseArgs (c10/core/AllocatorConfig.cpp):
+        // max_non_split_rounding_size_ = large_segment_size_ unless max_non_split_rounding_mb is set.
+        assert_eq!(AllocatorConfig::default().max_non_split_rounding_size, 20 * MIB);
+        assert_eq!(AllocatorConfig::parse("large_segment_size_mb:64").unwrap().max_non_split_rounding_size, 64 * MIB);
+        let c = AllocatorConfig::parse("large_segment_size_mb:64,max_non_split_rounding_mb:128").unwrap();
+        assert_eq!(c.max_non_split_rounding_size, 128 * MIB);
+    }
+
+    #[test]
     fn bad_strings_name_the_key() {
         for (s, want) in [
             ("max_split_size_mb:10", "max_split_size_mb too small"),
@@ -333,6 +414,9 @@ mod tests {
         }
     }
 
+    /// DeviceCachingAllocator::setMemoryFraction (c10/cuda/CUDACachingAllocator.cpp) sets
+    /// allowed_memory_maximum only for a fraction < 1.0, and malloc runs the GC only when it has a
+    /// value: a fraction of exactly 1.0 leaves the GC off.
     #[test]
     fn gc_needs_a_fraction() {
         assert!(!AllocatorConfig::parse("garbage_collection_threshold:0.6").unwrap().gc_enabled());

@@ -120,6 +120,9 @@ impl OomInfo {
 /// A live allocation's handle inside a policy.
 pub type Handle = u32;
 
+/// The handle of a 0-byte allocation: PyTorch's null pointer, which no allocator call made.
+pub const NULL_HANDLE: Handle = u32::MAX;
+
 /// A GPU allocation policy under test.
 pub trait GpuAllocator {
     fn name(&self) -> String;

@@ -53,46 +53,62 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     let mut out = ReplayOutcome::default();
     let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
     let mut failed: FxHashSet<u64> = FxHashSet::default();
+    // Live 0-byte allocations: null pointers that never reached the allocator.
+    let mut null: FxHashSet<u64> = FxHashSet::default();
     let mut at = At::default();
     obs.start(alloc);
     for ev in events {
         match ev? {
             Event::Alloc { id, bytes, stream } => {
                 out.allocs += 1;
-                out.bytes_requested += bytes;
-                match alloc.malloc(bytes, stream) {
-                    Ok(h) => {
-                        if handles.insert(id, (h, bytes)).is_some() {
-                            return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
-                        }
-                        at.live += bytes;
-                        out.peak_live_bytes = out.peak_live_bytes.max(at.live);
-                        obs.allocated(alloc, alloc.stats(), at, bytes);
+                // Requests reach 1 EiB (units::MAX_REQUEST_BYTES): the sum may pass u64.
+                out.bytes_requested = out.bytes_requested.saturating_add(bytes);
+                if bytes == 0 {
+                    // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp):
+                    // malloc only `if (size != 0)`; the null pointer touches no stat.
+                    if handles.contains_key(&id) || !null.insert(id) {
+                        return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                     }
-                    Err(AllocError::OutOfMemory(info)) => {
-                        out.ooms += 1;
-                        obs.out_of_memory(alloc, at, bytes, &info);
-                        if on_oom == OnOom::Stop {
-                            out.events = at.index + 1;
-                            break;
+                } else if null.contains(&id) {
+                    return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+                } else {
+                    match alloc.malloc(bytes, stream) {
+                        Ok(h) => {
+                            if handles.insert(id, (h, bytes)).is_some() {
+                                return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+                            }
+                            at.live += bytes;
+                            out.peak_live_bytes = out.peak_live_bytes.max(at.live);
+                            obs.allocated(alloc, alloc.stats(), at, bytes);
                         }
-                        failed.insert(id);
-                    }
-                    Err(AllocError::Device(e)) => {
-                        anyhow::bail!("device error at event {}: {e}", at.index)
+                        Err(AllocError::OutOfMemory(info)) => {
+                            out.ooms += 1;
+                            obs.out_of_memory(alloc, at, bytes, &info);
+                            if on_oom == OnOom::Stop {
+                                out.events = at.index + 1;
+                                break;
+                            }
+                            failed.insert(id);
+                        }
+                        Err(AllocError::Device(e)) => {
+                            anyhow::bail!("device error at event {}: {e}", at.index)
+                        }
                     }
                 }
             }
             Event::Free { id } => {
                 out.frees += 1;
-                match handles.remove(&id) {
-                    Some((h, bytes)) => {
-                        alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
-                        at.live -= bytes;
-                    }
-                    None => {
-                        if !failed.remove(&id) {
-                            return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
+                // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
+                if !null.remove(&id) {
+                    match handles.remove(&id) {
+                        Some((h, bytes)) => {
+                            alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                            at.live -= bytes;
+                        }
+                        None => {
+                            if !failed.remove(&id) {
+                                return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
+                            }
                         }
                     }
                 }

@@ -20,7 +20,7 @@ use rustc_hash::FxHashSet;
 
 use crate::error::InputError;
 use crate::event::Event;
-use crate::units::MAX_SANE_BYTES;
+use crate::units::MAX_REQUEST_BYTES;
 
 pub const HEADER: &str = "op,id,bytes,stream";
 /// Lines longer than this are not a trace (a binary file, say); stop before reading gigabytes.
@@ -119,12 +119,11 @@ impl<R: BufRead> TraceReader<R> {
                 if bytes.is_empty() {
                     return Err(self.err("alloc needs a 'bytes' value"));
                 }
+                // A 0-byte alloc is accepted (PyTorch returns a null pointer for it: see
+                // Event::Alloc); its id is live like any other so that its free is accepted.
                 let bytes = self.number(bytes, "bytes")?;
-                if bytes == 0 {
-                    return Err(self.err("alloc of 0 bytes (sizes must be > 0)"));
-                }
-                if bytes > MAX_SANE_BYTES {
-                    return Err(self.err(format!("alloc of {bytes} bytes is over 1 PiB: not a real size")));
+                if bytes >= MAX_REQUEST_BYTES {
+                    return Err(self.err(format!("alloc of {bytes} bytes is 1 EiB or more: PyTorch refuses it (\"more than 1EB\")")));
                 }
                 let stream = if stream.is_empty() { 0 } else { self.number(stream, "stream")? };
                 if !self.live.insert(id) {
@@ -247,9 +246,10 @@ mod tests {
             ("op,id,bytes,stream\nalloc,1,10,\nalloc,1,10,\n", "t.csv:3: alloc of id 1, which is still live"),
             ("op,id,bytes,stream\nalloc,1,-5,\n", "t.csv:2: bad bytes '-5'"),
             ("op,id,bytes,stream\nmalloc,1,5,\n", "t.csv:2: unknown op 'malloc'"),
-            ("op,id,bytes,stream\nalloc,1,0,\n", "t.csv:2: alloc of 0 bytes"),
+            ("op,id,bytes,stream\nalloc,1,0,\nalloc,1,0,\n", "t.csv:3: alloc of id 1, which is still live"),
             ("op,id,bytes,stream\nalloc,1,,\n", "t.csv:2: alloc needs a 'bytes' value"),
-            ("op,id,bytes,stream\nalloc,1,2000000000000000000,\n", "t.csv:2: alloc of 2000000000000000000 bytes is over 1 PiB"),
+            ("op,id,bytes,stream\nalloc,1,2000000000000000000,\n", "t.csv:2: alloc of 2000000000000000000 bytes is 1 EiB or more"),
+            ("op,id,bytes,stream\nalloc,1,1152921504606846976,\n", "t.csv:2: alloc of 1152921504606846976 bytes is 1 EiB or more"),
             ("id,op\n", "t.csv:1: expected the header"),
             ("", "t.csv: empty trace"),
         ];
@@ -272,6 +272,25 @@ mod tests {
         let evs: Vec<Event> =
             parse("\u{feff}op, id, bytes, stream\r\nalloc,1,10\r\nstep,2\r\nfree,1\r\nempty_cache\r\n").into_iter().map(|e| e.unwrap()).collect();
         assert_eq!(evs, vec![Event::Alloc { id: 1, bytes: 10, stream: 0 }, Event::Step { n: 2 }, Event::Free { id: 1 }, Event::EmptyCache]);
+    }
+
+    #[test]
+    fn zero_byte_allocs_are_events_and_their_ids_are_live() {
+        // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) calls malloc only
+        // `if (size != 0)`: a 0-byte tensor is a null pointer, not an error.
+        let evs: Vec<Event> = parse("op,id,bytes,stream\nalloc,1,0,0\nfree,1,,\n").into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs, vec![Event::Alloc { id: 1, bytes: 0, stream: 0 }, Event::Free { id: 1 }]);
+    }
+
+    #[test]
+    fn sizes_below_one_eib_are_requests() {
+        // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) refuses only
+        // `size >= one_exa_bytes`; below that a size no device holds is the allocator's OOM.
+        let just_below = crate::units::EIB - 1;
+        let evs: Vec<Event> =
+            parse(&format!("op,id,bytes,stream\nalloc,1,{just_below},0\nalloc,2,{},0\n", 2 * crate::units::PIB)).into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs[0], Event::Alloc { id: 1, bytes: just_below, stream: 0 });
+        assert_eq!(evs[1], Event::Alloc { id: 2, bytes: 2 * crate::units::PIB, stream: 0 });
     }
 
     #[test]

@@ -130,7 +130,8 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
             "alloc" => {
                 let addr = int(e, "addr").ok_or(format!("trace entry {i} (alloc) has no 'addr'"))?;
                 let size = int(e, "size").ok_or(format!("trace entry {i} (alloc) has no 'size'"))?;
-                if size <= 0 || size > crate::units::MAX_SANE_BYTES as i128 {
+                // Requests under 1 EiB are the allocator's to refuse (units::MAX_REQUEST_BYTES).
+                if size <= 0 || size >= crate::units::MAX_REQUEST_BYTES as i128 {
                     return Err(format!("trace entry {i}: alloc of {size} bytes"));
                 }
                 let stream = int(e, "stream").unwrap_or(0).max(0) as u64;

@@ -4,27 +4,31 @@
 //! with a bitmap of non-empty bins. Best fit is a binary search in one small bin, else the first
 //! entry of the next non-empty bin: the same answer as a lower_bound on the ordered set.
 
-/// The order (stream, size, address) packed into one u128: stream in the top 13 bits, size in
-/// the next 51 (sizes stay ≤ 1 PiB), address in the low 64.
+/// The order (stream, size, address): the stream first, then size and address packed into one
+/// u128 (size in the high 64 bits, address in the low 64), so neither the number of streams nor
+/// a size is limited by the packing (BlockComparatorSize has no such limits either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct FreeKey(u128);
+pub struct FreeKey {
+    stream: u32,
+    size_ptr: u128,
+}
 
 impl FreeKey {
     #[inline]
     pub fn new(stream: u32, size: u64, ptr: u64) -> Self {
-        FreeKey(((stream as u128) << 115) | ((size as u128) << 64) | ptr as u128)
+        FreeKey { stream, size_ptr: ((size as u128) << 64) | ptr as u128 }
     }
     #[inline]
     pub fn stream(self) -> u32 {
-        (self.0 >> 115) as u32
+        self.stream
     }
     #[inline]
     pub fn size(self) -> u64 {
-        ((self.0 >> 64) as u64) & ((1 << 51) - 1)
+        (self.size_ptr >> 64) as u64
     }
     #[inline]
     pub fn ptr(self) -> u64 {
-        self.0 as u64
+        self.size_ptr as u64
     }
 }
 
@@ -187,6 +191,24 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeMap;
+
+    #[test]
+    fn keys_hold_any_stream_and_size() {
+        // BlockComparatorSize (c10/cuda/CUDACachingAllocator.cpp) orders by (stream, size, ptr)
+        // with no bound on either: stream ids past the old 13-bit field and sizes past 2^51 keep
+        // their values and their order.
+        for (s, size, ptr) in [(1u32 << 13, 1u64 << 60, 7u64), (u32::MAX - 1, u64::MAX, u64::MAX), (9000, 3 << 51, 0)] {
+            let k = FreeKey::new(s, size, ptr);
+            assert_eq!((k.stream(), k.size(), k.ptr()), (s, size, ptr));
+        }
+        assert!(FreeKey::new(8192, 512, 0) > FreeKey::new(8191, u64::MAX, u64::MAX));
+        assert!(FreeKey::new(1, 1 << 52, 0) > FreeKey::new(1, 1 << 51, u64::MAX));
+        let mut set = FreeSet::default();
+        set.insert(FreeKey::new(10_000, 1 << 52, 4096), 3);
+        assert_eq!(set.first_at_least(10_000, 1 << 51).map(|e| e.1), Some(3));
+        assert_eq!(set.first_at_least(10_000, (1 << 52) + 1), None);
+        assert_eq!(set.max_size(), 1 << 52);
+    }
 
     #[test]
     fn classes_are_monotonic() {

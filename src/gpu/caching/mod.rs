@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 use super::config::AllocatorConfig;
 use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
-use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo};
+use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo, NULL_HANDLE};
 use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 use crate::units::MIB;
 use free_set::{FreeKey, FreeSet};
@@ -152,9 +152,6 @@ pub struct CachingAllocator<D: Device> {
     expandable_segments: Vec<Option<ExpandableSegment>>,
 }
 
-/// Dense stream ids fit in 13 bits of the packed free-set key.
-pub const MAX_STREAMS: usize = 1 << 13;
-
 #[inline]
 fn key(b: &Block) -> FreeKey {
     FreeKey::new(b.stream, b.size, b.ptr)
@@ -188,20 +185,20 @@ impl<D: Device> CachingAllocator<D> {
         &self.device
     }
 
-    fn stream_id(&mut self, raw: u64) -> Result<u32, DeviceError> {
+    /// The dense id of a raw stream. PyTorch keys its free sets by the stream itself and puts
+    /// no limit on how many there are (BlockComparatorSize compares `stream` first); neither
+    /// does this (a u32 id: more streams than that could not fit in memory anyway).
+    fn stream_id(&mut self, raw: u64) -> u32 {
         if raw == 0 {
-            return Ok(0);
+            return 0;
         }
         if let Some(&s) = self.streams.get(&raw) {
-            return Ok(s);
+            return s;
         }
-        if self.raw_streams.len() >= MAX_STREAMS {
-            return Err(DeviceError::Other(format!("more than {MAX_STREAMS} distinct streams")));
-        }
-        let s = self.raw_streams.len() as u32;
+        let s = u32::try_from(self.raw_streams.len()).expect("fewer than 2^32 distinct streams");
         self.streams.insert(raw, s);
         self.raw_streams.push(raw);
-        Ok(s)
+        s
     }
 
     fn new_block(&mut self, b: Block) -> u32 {
@@ -678,7 +675,12 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     /// malloc, in PyTorch's order: cache hit; else GC, new segment, release oversize cached
     /// blocks and retry, flush the whole cache and retry (a "retry"); else OOM.
     fn malloc(&mut self, bytes: u64, raw_stream: u64) -> Result<Handle, AllocError> {
-        let stream = self.stream_id(raw_stream)?;
+        // NativeCachingAllocator::allocate calls malloc only `if (size != 0)`: 0 bytes is a
+        // null pointer, made without touching a pool or a stat.
+        if bytes == 0 {
+            return Ok(NULL_HANDLE);
+        }
+        let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
         let pool = pool_for(rounded);
         let alloc_size = allocation_size(&self.cfg, rounded);
@@ -706,6 +708,10 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
+        // NativeCachingAllocator::free returns at once for a null pointer.
+        if handle == NULL_HANDLE {
+            return Ok(());
+        }
         let b = &mut self.blocks[handle as usize];
         debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
         b.allocated = false;

@@ -328,6 +328,26 @@ fn garbage_collection_needs_a_fraction_and_frees_old_segments() {
     let (reserved_on, frees_on) = run("garbage_collection_threshold:0.5,per_process_memory_fraction:0.99");
     assert!(frees_on > 0, "GC freed nothing");
     assert!(reserved_on < reserved_off);
+    // DeviceCachingAllocator::setMemoryFraction (c10/cuda/CUDACachingAllocator.cpp) leaves
+    // allowed_memory_maximum empty at 1.0, and malloc collects only when it has a value.
+    assert_eq!(run("garbage_collection_threshold:0.5,per_process_memory_fraction:1.0"), (reserved_off, frees_off));
+}
+
+#[test]
+fn max_non_split_rounding_follows_large_segment_size() {
+    // AcceleratorAllocatorConfig::parseArgs (c10/core/AllocatorConfig.cpp) sets
+    // max_non_split_rounding_size_ = large_segment_size_ before the other keys; get_free_block
+    // then lets an oversize request take a cached block wasting less than that.
+    let run = |conf: &str| {
+        let mut a = alloc(conf, 80 * GIB);
+        let h = a.malloc(130 * MIB, 0).unwrap();
+        a.free(h).unwrap();
+        a.malloc(100 * MIB, 0).unwrap();
+        a.stats().num_device_alloc
+    };
+    // 30 MiB of waste: too much under the 20 MiB default, fine under 64 MiB.
+    assert_eq!(run("max_split_size_mb:64"), 2);
+    assert_eq!(run("large_segment_size_mb:64,max_split_size_mb:64"), 1);
 }
 
 #[test]
@@ -368,4 +388,95 @@ fn empty_cache_never_frees_split_segments() {
     a.free(y).unwrap();
     a.empty_cache().unwrap();
     assert_eq!(state(&a).1, 0);
+}
+
+#[test]
+fn any_number_of_streams() {
+    // BlockComparatorSize (c10/cuda/CUDACachingAllocator.cpp) keys the free sets by the stream
+    // itself; nothing limits how many there are (this used to stop at 8192).
+    let mut a = default_alloc();
+    let n = 10_000u64;
+    let hs: Vec<_> = (1..=n).map(|s| a.malloc(512, s * 16).unwrap()).collect();
+    assert_eq!(a.stats().segment.all.current, n as i64);
+    for h in hs {
+        a.free(h).unwrap();
+    }
+    a.check_invariants().unwrap();
+    // Each stream's cached block serves only that stream.
+    a.malloc(512, n * 16).unwrap();
+    a.malloc(512, (n + 1) * 16).unwrap();
+    assert_eq!(a.stats().segment.all.current, n as i64 + 1);
+    a.check_invariants().unwrap();
+}
+
+#[test]
+fn zero_bytes_is_a_null_pointer() {
+    // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) calls malloc only
+    // `if (size != 0)` and its free returns at a null pointer: no pool, no stat, no device call.
+    let mut a = default_alloc();
+    let before = a.stats().clone();
+    let h = a.malloc(0, 7).unwrap();
+    assert_eq!(h, NULL_HANDLE);
+    assert_eq!(a.stats(), &before);
+    a.free(h).unwrap();
+    assert_eq!(a.stats(), &before);
+    assert!(a.segments().is_empty());
+    // Through the replay: the 0-byte id is live (its free is accepted), the allocator sees only
+    // the 512-byte request.
+    use crate::event::Event;
+    let evs = [
+        Event::Alloc { id: 1, bytes: 0, stream: 0 },
+        Event::Alloc { id: 2, bytes: 512, stream: 0 },
+        Event::Free { id: 1 },
+        Event::Alloc { id: 1, bytes: 0, stream: 3 },
+        Event::Free { id: 2 },
+        Event::Free { id: 1 },
+    ];
+    let out = crate::gpu::replay::replay(&mut a, evs.iter().copied().map(Ok), &Default::default()).unwrap();
+    assert_eq!((out.allocs, out.frees, out.ooms), (3, 3, 0));
+    let s = a.stats();
+    assert_eq!((s.allocation.all.allocated, s.allocation.all.freed, s.num_device_alloc), (1, 1, 1));
+    assert_eq!(s.requested_bytes.all.allocated, 512);
+    // A 0-byte id is live until freed: allocating it again is still an error.
+    let again = [Event::Alloc { id: 5, bytes: 0, stream: 0 }, Event::Alloc { id: 5, bytes: 512, stream: 0 }];
+    let err = crate::gpu::replay::replay(&mut default_alloc(), again.iter().copied().map(Ok), &Default::default()).unwrap_err();
+    assert!(err.to_string().contains("alloc of id 5, which is still live"), "{err}");
+}
+
+#[test]
+fn requests_under_one_eib_are_ooms() {
+    // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp) refuses only
+    // `size >= one_exa_bytes`; a smaller request no device holds reaches malloc and is an OOM.
+    for conf in [
+        "",
+        "expandable_segments:True",
+        "per_process_memory_fraction:0.5",
+        "max_split_size_mb:64",
+        "garbage_collection_threshold:0.5,per_process_memory_fraction:0.9",
+    ] {
+        let mut a = alloc(conf, 80 * GIB);
+        let keep = a.malloc(3 * MIB, 0).unwrap();
+        for bytes in [crate::units::EIB - 1, 2 * crate::units::PIB, (1 << 51) + 1] {
+            match a.malloc(bytes, 0) {
+                Err(AllocError::OutOfMemory(info)) => {
+                    assert_eq!(info.requested, bytes, "{conf}");
+                    assert_eq!(info.cause(), crate::results::OomCause::Capacity, "{conf}");
+                }
+                other => panic!("{conf}: {bytes} bytes should be an OOM, got {other:?}"),
+            }
+        }
+        a.check_invariants().unwrap();
+        a.free(keep).unwrap();
+        assert_eq!(a.stats().num_ooms, 3);
+    }
+}
+
+#[test]
+fn a_trace_asking_for_more_than_any_device_replays_to_an_oom() {
+    // The CSV reader accepts everything under 1 EiB; the replay turns it into an OOM result.
+    let text = format!("op,id,bytes,stream\nalloc,1,512,0\nalloc,2,{},0\nfree,2,,\nfree,1,,\n", crate::units::EIB - 1);
+    let events = crate::trace::csv::TraceReader::new(text.as_bytes(), "t.csv");
+    let out = crate::gpu::replay::replay(&mut default_alloc(), events, &Default::default()).unwrap();
+    assert_eq!(out.ooms, 1);
+    assert_eq!(out.oom.as_ref().map(|o| o.requested), Some(crate::units::EIB - 1));
 }
