@@ -161,6 +161,9 @@ struct Compiler {
 impl Compiler {
     fn compile(&mut self, ev: Event, scale: f64, ops: &mut Vec<Op>) {
         match ev {
+            // A zero-byte allocation is a null pointer (as in PyTorch): no malloc, and its free
+            // finds no slot and is skipped.
+            Event::Alloc { bytes: 0, .. } => {}
             Event::Alloc { id, bytes, .. } => {
                 let slot = self.free_slots.pop().unwrap_or_else(|| {
                     self.next_slot += 1;
@@ -445,4 +448,21 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
         wall_s,
         interrupted: run.interrupted.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_byte_allocations_compile_to_nothing() {
+        let mut compiler = Compiler::default();
+        let mut ops = Vec::new();
+        for ev in [Event::Alloc { id: 1, bytes: 0, stream: 0 }, Event::Free { id: 1 }, Event::Alloc { id: 2, bytes: 8, stream: 0 }, Event::Free { id: 2 }] {
+            compiler.compile(ev, 1.0, &mut ops);
+        }
+        assert_eq!(ops.len(), 2, "no malloc(0), no free of it");
+        assert!(matches!(ops[0], Op::Alloc { slot: 0, bytes: 8 }));
+        assert!(matches!(ops[1], Op::Free { slot: 0 }));
+    }
 }
