@@ -395,6 +395,21 @@ impl TransformerGen {
         self.e.free_all(ids)
     }
 
+    /// SDPA's forward on `elems` = B·S·D outputs: flash keeps the output and a B·H·S fp32
+    /// logsumexp; the math path the output and the B·H·S² probabilities.
+    fn sdpa_fwd(&mut self, dm: Dims, elems: u64) -> (u64, u64) {
+        let a = dm.a;
+        match self.spec.attention {
+            Attention::Flash => (self.alloc(elems * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
+            Attention::Math => {
+                let scores = self.matmul(dm.scores() * a);
+                let probs = self.alloc(dm.scores() * a);
+                self.free(scores);
+                (self.matmul(elems * a), probs)
+            }
+        }
+    }
+
     /// Rotary embedding of q or k (`elems` = B·S·D): `cat(x1·cos − x2·sin, x2·cos + x1·sin)`
     /// with cos/sin cast to the compute dtype each call (saved until backward).
     fn rope_fwd(&mut self, dm: Dims, elems: u64) -> (u64, [u64; 2]) {
@@ -518,16 +533,7 @@ impl TransformerGen {
             let (k_rot, kt) = self.rope_fwd(dm, t * d);
             self.free(outs[1]);
             self.free(outs[0]);
-            let (out, lse) = match self.spec.attention {
-                Attention::Flash => (self.alloc(t * d * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
-                Attention::Math => {
-                    // SDPA's math path keeps the B·H·S² probabilities.
-                    let sc = self.matmul(dm.scores() * a);
-                    let pr = self.alloc(dm.scores() * a);
-                    self.free(sc);
-                    (self.matmul(t * d * a), pr)
-                }
-            };
+            let (out, lse) = self.sdpa_fwd(dm, t * d);
             // (B, H, S, d) output transposed back to (B, S, D): a copy.
             let y = self.alloc(t * d * a);
             (AttnSaved::Flash { q: q_rot, k: k_rot, v: outs[2], qkv: None, out, lse, rope: vec![qt[0], qt[1], kt[0], kt[1]] }, y, Some(Vec::new()))
@@ -613,15 +619,7 @@ impl TransformerGen {
         }
         self.free(outs[1]);
         self.free(outs[0]);
-        let (out, lse) = match self.spec.attention {
-            Attention::Flash => (self.alloc(t * d * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
-            Attention::Math => {
-                let sc = self.matmul(dm.scores() * a);
-                let pr = self.alloc(dm.scores() * a);
-                self.free(sc);
-                (self.matmul(t * d * a), pr)
-            }
-        };
+        let (out, lse) = self.sdpa_fwd(dm, t * d);
         self.free(lse);
         let y = self.alloc(t * d * a);
         let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
