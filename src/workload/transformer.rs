@@ -282,14 +282,7 @@ impl TransformerGen {
             }
             FfnKind::Swiglu => {
                 // h = x.float(); h * rsqrt(h.pow(2).mean(-1) + eps), type_as(x), * weight.
-                let h32 = (dm.p != FP32).then(|| self.alloc(t * d * FP32));
-                let pw = self.alloc(t * d * FP32);
-                let mean = self.alloc(t * FP32);
-                self.free(pw);
-                let add = self.alloc(t * FP32);
-                self.free(mean);
-                let rs = self.alloc(t * FP32);
-                self.free(add);
+                let (h32, rs) = self.rms_stats(dm);
                 let mut normed = self.alloc(t * d * FP32);
                 if dm.p != FP32 {
                     let c = self.alloc(t * d * dm.p);
@@ -730,10 +723,11 @@ impl TransformerGen {
         out
     }
 
-    /// Llama's RMSNorm with nothing saved; returns the output.
-    fn rms_norm_unsaved(&mut self, dm: Dims, x: u64) -> u64 {
-        let (t, d, p) = (dm.t, dm.d, dm.p);
-        let h32 = (p != FP32).then(|| self.alloc(t * d * FP32));
+    /// RMSNorm's statistics: the fp32 copy of x (when x is not fp32), then pow, mean and the eps
+    /// add, each freed once the next exists; returns the copy and rsqrt's [B·S] output.
+    fn rms_stats(&mut self, dm: Dims) -> (Option<u64>, u64) {
+        let (t, d) = (dm.t, dm.d);
+        let h32 = (dm.p != FP32).then(|| self.alloc(t * d * FP32));
         let pw = self.alloc(t * d * FP32);
         let mean = self.alloc(t * FP32);
         self.free(pw);
@@ -741,6 +735,13 @@ impl TransformerGen {
         self.free(mean);
         let rs = self.alloc(t * FP32);
         self.free(add);
+        (h32, rs)
+    }
+
+    /// Llama's RMSNorm with nothing saved; returns the output.
+    fn rms_norm_unsaved(&mut self, dm: Dims, x: u64) -> u64 {
+        let (t, d, p) = (dm.t, dm.d, dm.p);
+        let (h32, rs) = self.rms_stats(dm);
         let normed = self.alloc(t * d * FP32);
         self.free(rs);
         let mut last = normed;
