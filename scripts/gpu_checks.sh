@@ -45,11 +45,15 @@ if has sanitizer; then
 fi
 if has fidelity; then
   confs=("" "expandable_segments:True" "max_split_size_mb:512" "roundup_power2_divisions:[256:1,512:2,>:4]" "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95")
-  for w in ${FIDELITY_WORKLOADS:-scenario-1-2-1-gib scenario-sawtooth model-switch gpt3-xl-1.3b llama2-7b-80g serving-llama7b}; do
+  for w in ${FIDELITY_WORKLOADS:-scenario-1-2-1-gib scenario-sawtooth model-switch gpt3-xl-1.3b gpt3-xl-1.3b-ddp llama2-7b-80g serving-llama7b}; do
     "$bin" trace "workloads/$w.toml" -o "$out/$w.csv"
     for i in "${!confs[@]}"; do
       python3 scripts/torch_replay.py "$out/$w.csv" --conf "${confs[$i]}" -o "$out/torch-$w-$i.json" || { echo "FAILED: torch_replay $w ${confs[$i]}"; fail=1; continue; }
       run "$bin" fidelity "$out/$w.csv" --torch-json "$out/torch-$w-$i.json" --json "$out/fidelity-$w-$i.json"
+      # The default path (no history to replay): the simulator's own placement, each order.
+      for order in lowest driver; do
+        "$bin" fidelity "$out/$w.csv" --torch-json "$out/torch-$w-$i.json" --address-order "$order" --json "$out/fidelity-$w-$i-$order.json" > /dev/null || true
+      done
     done
     rm -f "$out/$w.csv"
   done

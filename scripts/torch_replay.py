@@ -3,7 +3,10 @@
 
 Every `alloc` becomes torch.empty(bytes, dtype=torch.uint8, device="cuda") on the trace's stream
 (0 = the default stream, others get a torch.cuda.Stream each), every `free` drops the tensor,
-`empty_cache` calls torch.cuda.empty_cache(), and at every `step` row (before it) and at the end
+`empty_cache` calls torch.cuda.empty_cache(), `record_stream,ID,,S` calls
+tensor.record_stream(stream S) and keeps S busy (torch.cuda._sleep) so that its events complete
+only at the trace's `sync,,,S` (S.synchronize(); `sync,,,` is torch.cuda.synchronize()), as the
+simulator models it, and at every `step` row (before it) and at the end
 torch.cuda.memory_stats() is recorded. The output is JSON that `allocbench fidelity TRACE
 --torch-json FILE` compares with the simulator key by key.
 
@@ -22,6 +25,8 @@ def main():
     ap.add_argument("-o", "--out", required=True, help="JSON output for allocbench fidelity")
     ap.add_argument("--conf", default=None, help="PYTORCH_CUDA_ALLOC_CONF to run with (default: the environment's)")
     ap.add_argument("--on-oom", choices=["stop", "continue"], default="stop")
+    ap.add_argument("--busy-ms", type=float, default=2000.0,
+                    help="how long a stream named by record_stream stays busy before its sync (its events must not complete earlier)")
     ap.add_argument("--no-addresses", action="store_true",
                     help="do not record cudaMalloc addresses (they let the simulator break best-fit ties as the GPU did)")
     args = ap.parse_args()
@@ -46,6 +51,17 @@ def main():
         # Only to learn the addresses cudaMalloc returns; no stacks are recorded.
         torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=sys.maxsize)
     streams = {}
+    # Streams kept busy since their last sync (one _sleep per stream and sync).
+    busy = set()
+    # torch.cuda._sleep counts GPU cycles: about 2 GHz on an H100.
+    busy_cycles = int(args.busy_ms * 2e6)
+
+    def stream_of(s):
+        st = streams.get(s)
+        if st is None:
+            st = streams[s] = torch.cuda.Stream(device=dev) if s != 0 else torch.cuda.default_stream(dev)
+        return st
+
     live = {}
     failed = set()
     steps = []
@@ -72,10 +88,7 @@ def main():
                     if s == 0:
                         live[ident] = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
                     else:
-                        st = streams.get(s)
-                        if st is None:
-                            st = streams[s] = torch.cuda.Stream(device=dev)
-                        with torch.cuda.stream(st):
+                        with torch.cuda.stream(stream_of(s)):
                             live[ident] = torch.empty(int(nbytes), dtype=torch.uint8, device=dev)
                 except torch.cuda.OutOfMemoryError as e:
                     if oom is None:
@@ -91,6 +104,24 @@ def main():
                 steps.append({"step": int(ident), "event": event, "stats": dict(torch.cuda.memory_stats(dev))})
             elif op == "empty_cache":
                 torch.cuda.empty_cache()
+            elif op == "record_stream":
+                s = int(stream)
+                t = live.get(ident)
+                if t is not None:
+                    st = stream_of(s)
+                    if s not in busy:
+                        with torch.cuda.stream(st):
+                            torch.cuda._sleep(busy_cycles)
+                        busy.add(s)
+                    t.record_stream(st)
+                    del t
+            elif op == "sync":
+                if stream:
+                    stream_of(int(stream)).synchronize()
+                    busy.discard(int(stream))
+                else:
+                    torch.cuda.synchronize()
+                    busy.clear()
             else:
                 print(f"{args.trace}:{lineno}: unknown op {op!r}", file=sys.stderr)
                 return 2

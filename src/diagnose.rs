@@ -83,6 +83,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         peak_live_bytes: full_peak_live,
         pinned_free_bytes: w.pinned_free,
         cached_free_segments_bytes: w.cached_free,
+        pending_free_bytes: w.pending,
         largest_free_block: w.largest,
         top_segments: w.top,
         pinning_size_classes: w.pinning,
@@ -100,6 +101,8 @@ struct Waste {
     top: Vec<SegmentWaste>,
     pinned_free: u64,
     cached_free: u64,
+    /// In blocks awaiting another stream's events.
+    pending: u64,
     largest: u64,
     /// Size classes of the live blocks that pin the most free space (8).
     pinning: Vec<PinningClass>,
@@ -114,19 +117,21 @@ fn waste(run: &GpuRunResult) -> Waste {
             address: s.address,
             segment_type: s.segment_type,
             total_size: s.total_size,
-            free_bytes: s.total_size - s.allocated(),
-            live_blocks: s.blocks.iter().filter(|b| b.is_allocated()).count(),
-            free_pieces: s.blocks.iter().filter(|b| !b.is_allocated()).count(),
+            free_bytes: s.total_size - s.active(),
+            // A block pending its free pins its segment as a live one does.
+            live_blocks: s.blocks.iter().filter(|b| b.is_active()).count(),
+            free_pieces: s.blocks.iter().filter(|b| !b.is_active()).count(),
         })
         .collect();
     let pinned_free: u64 = top.iter().filter(|s| s.live_blocks > 0).map(|s| s.free_bytes).sum();
     let cached_free: u64 = top.iter().filter(|s| s.live_blocks == 0).map(|s| s.free_bytes).sum();
-    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| !b.is_allocated()).map(|b| b.size)).max().unwrap_or(0);
+    let pending: u64 = segs.iter().map(|s| s.active() - s.allocated()).sum();
+    let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| !b.is_active()).map(|b| b.size)).max().unwrap_or(0);
     top.sort_by_key(|s| (std::cmp::Reverse(if s.live_blocks > 0 { s.free_bytes } else { 0 }), std::cmp::Reverse(s.free_bytes), s.address));
     top.truncate(10);
     let mut classes: std::collections::BTreeMap<u64, PinningClass> = std::collections::BTreeMap::new();
-    for s in segs.iter().filter(|s| s.allocated() > 0 && s.allocated() < s.total_size) {
-        let free = s.total_size - s.allocated();
+    for s in segs.iter().filter(|s| s.allocated() > 0 && s.active() < s.total_size) {
+        let free = s.total_size - s.active();
         let live: Vec<u64> = s.blocks.iter().filter(|b| b.is_allocated()).map(|b| b.size).collect();
         for &b in &live {
             let class = 1u64 << b.max(1).ilog2();
@@ -139,7 +144,7 @@ fn waste(run: &GpuRunResult) -> Waste {
     let mut pinning: Vec<PinningClass> = classes.into_values().collect();
     pinning.sort_by_key(|c| std::cmp::Reverse(c.pinned_free_bytes));
     pinning.truncate(8);
-    Waste { top, pinned_free, cached_free, largest, pinning }
+    Waste { top, pinned_free, cached_free, pending, largest, pinning }
 }
 
 /// Bytes requested per allocation site (imported snapshots with stacks), largest first (8).
@@ -224,6 +229,12 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
         format_bytes(d.cached_free_segments_bytes),
         format_bytes(d.largest_free_block)
     ));
+    if d.pending_free_bytes > 0 {
+        summary.push(format!(
+            "{} more were freed but wait for another stream's work (record_stream): not reusable until that stream syncs.",
+            format_bytes(d.pending_free_bytes)
+        ));
+    }
     if let Some(c) = d.pinning_size_classes.first() {
         summary.push(format!(
             "Blocks of {}..{} pin the most free space ({} live blocks next to {} free).",

@@ -14,6 +14,14 @@ pub enum Event {
     EmptyCache,
     /// An iteration boundary: the events after it belong to step `n`.
     Step { n: u64 },
+    /// `tensor.record_stream(stream)` on the live allocation `id`: work queued on `stream` uses
+    /// it, so its free is deferred until that work completes (recordStream; free → insert_events
+    /// records one CUDA event per using stream). A use on the allocation's own stream is no use.
+    RecordStream { id: u64, stream: u64 },
+    /// `stream` (or, `None`, the whole device) completes the work queued so far: the events
+    /// recorded on it are done, and the deferred frees land at the allocator's next
+    /// process_events (the start of the next malloc) or synchronize_and_free_events.
+    Sync { stream: Option<u64> },
 }
 
 impl Event {
@@ -23,6 +31,8 @@ impl Event {
             Event::Free { .. } => "free",
             Event::EmptyCache => "empty_cache",
             Event::Step { .. } => "step",
+            Event::RecordStream { .. } => "record_stream",
+            Event::Sync { .. } => "sync",
         }
     }
 }

@@ -88,6 +88,7 @@ fn phases(evs: &[Event]) -> Vec<Vec<i64>> {
             Event::Free { id } => out.last_mut().unwrap().push(-live.remove(&id).expect("free of a live id")),
             Event::Step { .. } => out.push(Vec::new()),
             Event::EmptyCache => out.last_mut().unwrap().push(0),
+            Event::RecordStream { .. } | Event::Sync { .. } => {}
         }
     }
     out

@@ -170,3 +170,67 @@ fn diagnose_names_segment_size_when_nothing_is_pinned() {
     let cause = v["summary"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).find(|s| s.starts_with("Cause:")).unwrap();
     assert!(cause.contains("20.0 MiB segment") && !cause.contains("pinned") && !cause.contains("between live blocks"), "{cause}");
 }
+
+/// A trace with record_stream and sync (issue 13.4): the block another stream used stays out of
+/// reach until that stream syncs; diagnose accounts for it at the peak (allocated + pending +
+/// pinned free + cached free = reserved), and a record_stream of a dead id is a one-line error.
+#[test]
+fn record_stream_traces_replay_and_diagnose_their_pending_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("streams.csv");
+    let mib20 = 20u64 << 20;
+    std::fs::write(
+        &path,
+        format!("op,id,bytes,stream\nalloc,1,{mib20},0\nrecord_stream,1,,5\nfree,1,,\nalloc,2,{mib20},0\nsync,,,5\nalloc,3,{mib20},0\nfree,2,,\nfree,3,,\n"),
+    )
+    .unwrap();
+    let out = bin().args(["replay", path.to_str().unwrap(), "--json", "-", "-q"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Id 2 cannot take id 1's pending block; id 3 takes it once stream 5 synced.
+    assert_eq!(v["stats"]["num_device_alloc"], 2);
+    assert_eq!(v["stats"]["active_bytes.all.peak"], 2 * mib20);
+
+    let out = bin().args(["diagnose", path.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["peak_reserved"], 2 * mib20);
+    assert_eq!(d["allocated_at_peak"], 2 * mib20, "at the peak (after id 3) both blocks are allocated");
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "op,id,bytes,stream\nalloc,1,100,0\nfree,1,,\nrecord_stream,1,,5\n").unwrap();
+    let out = bin().args(["replay", bad.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("bad.csv:4") && stderr(&out).contains("not live"), "{}", stderr(&out));
+    assert_eq!(stderr(&out).trim().lines().count(), 1);
+
+    // Pending at the peak: a third block while id 1 still waits.
+    let pend = dir.path().join("pending.csv");
+    std::fs::write(&pend, format!("op,id,bytes,stream\nalloc,1,{mib20},0\nrecord_stream,1,,5\nfree,1,,\nalloc,2,{mib20},0\n")).unwrap();
+    let out = bin().args(["diagnose", pend.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((d["peak_reserved"].as_u64(), d["allocated_at_peak"].as_u64(), d["pending_free_bytes"].as_u64()), (Some(2 * mib20), Some(mib20), Some(mib20)));
+    let out = bin().args(["diagnose", pend.to_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("another stream's work (record_stream)"), "{}", String::from_utf8_lossy(&out.stdout));
+}
+
+/// `--address-order driver` (issue 13.5) places segments as the H100's driver did; the default
+/// stays `lowest`, and the results say which placement ran.
+#[test]
+fn address_order_is_a_replay_flag_and_recorded() {
+    let run = |extra: &[&str]| {
+        let w = workload("scenario-sawtooth.toml");
+        let mut args = vec!["replay", w.as_str(), "--json", "-", "-q"];
+        args.extend_from_slice(extra);
+        let out = bin().args(&args).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let default = run(&[]);
+    let lowest = run(&["--address-order", "lowest"]);
+    let driver = run(&["--address-order", "driver"]);
+    assert_eq!(default["device"], lowest["device"]);
+    assert!(driver["device"].as_str().unwrap().contains("driver address order"), "{}", driver["device"]);
+    assert!(!lowest["device"].as_str().unwrap().contains("driver"));
+    let out = bin().args(["replay", &workload("scenario-sawtooth.toml"), "--address-order", "highest"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -60,6 +60,10 @@ enum Op {
     Alloc(u64, u64),
     Free(usize),
     EmptyCache,
+    /// record_stream on the i-th live allocation (mod the count) by stream s.
+    RecordStream(usize, u64),
+    /// sync of stream s (None: the device).
+    Sync(Option<u64>),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -69,6 +73,8 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             6 => (size, 0u64..3).prop_map(|(b, s)| Op::Alloc(b, s)),
             5 => any::<usize>().prop_map(Op::Free),
             1 => Just(Op::EmptyCache),
+            2 => (any::<usize>(), 0u64..4).prop_map(|(i, s)| Op::RecordStream(i, s)),
+            1 => proptest::option::of(0u64..4).prop_map(Op::Sync),
         ],
         1..120,
     )
@@ -98,6 +104,9 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
                 a.free(h).unwrap();
             }
             Op::Free(_) => {}
+            Op::RecordStream(i, s) if !live.is_empty() => a.record_stream(live[i % live.len()], s),
+            Op::RecordStream(..) => {}
+            Op::Sync(s) => a.sync(s),
             Op::EmptyCache => {
                 a.empty_cache().unwrap();
                 // After empty_cache no fully free ordinary segment remains.
@@ -159,6 +168,8 @@ proptest! {
             match *op {
                 Op::Alloc(bytes, stream) => { events.push(Event::Alloc { id: id as u64, bytes, stream }); live.push(id as u64); }
                 Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); events.push(Event::Free { id }); }
+                Op::RecordStream(i, stream) if !live.is_empty() => events.push(Event::RecordStream { id: live[i % live.len()], stream }),
+                Op::Sync(stream) => events.push(Event::Sync { stream }),
                 _ => events.push(Event::EmptyCache),
             }
         }
@@ -184,7 +195,10 @@ proptest! {
             match *op {
                 Op::Alloc(bytes, stream) => { text += &format!("alloc,{id},{bytes},{stream}\n"); live.push(id); }
                 Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); text += &format!("free,{id},,\n"); }
-                Op::Free(_) => {}
+                Op::RecordStream(i, s) if !live.is_empty() => text += &format!("record_stream,{},,{s}\n", live[i % live.len()]),
+                Op::Free(_) | Op::RecordStream(..) => {}
+                Op::Sync(Some(s)) => text += &format!("sync,,,{s}\n"),
+                Op::Sync(None) => text += "sync,,,\n",
                 Op::EmptyCache => text += "empty_cache,,,\n",
             }
         }
@@ -196,8 +210,8 @@ proptest! {
         let conf = AllocatorConfig::parse(CONFS[conf]).unwrap();
         let (d, _) = allocbench::diagnose::diagnose(&source, &conf, capacity).unwrap();
         match &d.oom {
-            None => prop_assert_eq!(d.allocated_at_peak + d.pinned_free_bytes + d.cached_free_segments_bytes, d.peak_reserved),
-            Some(oom) => prop_assert_eq!(oom.allocated + d.pinned_free_bytes + d.cached_free_segments_bytes, oom.reserved),
+            None => prop_assert_eq!(d.allocated_at_peak + d.pending_free_bytes + d.pinned_free_bytes + d.cached_free_segments_bytes, d.peak_reserved),
+            Some(oom) => prop_assert_eq!(oom.allocated + d.pending_free_bytes + d.pinned_free_bytes + d.cached_free_segments_bytes, oom.reserved),
         }
     }
 }

@@ -47,6 +47,41 @@ fn replaying_a_real_snapshot_reproduces_pytorchs_segments() {
     assert_eq!(t.segment_addresses.len(), 27);
 }
 
+/// A block used by another stream (recordStream): PyTorch records its free_requested at the free
+/// and its free_completed only when the stream's event completes, at a later malloc. The import
+/// turns that into record_stream on a side stream + free, and a sync of that stream where the
+/// free completed; the replay then needs the second segment PyTorch needed, and reuses the block
+/// afterwards as PyTorch did.
+#[test]
+fn a_deferred_free_in_a_snapshot_replays_as_record_stream_and_sync() {
+    use allocbench::trace::snapshot::SIDE_STREAM_BASE;
+    let t = import_snapshot(&fixture("snapshot-record-stream.pickle")).unwrap();
+    let side = SIDE_STREAM_BASE;
+    assert_eq!(
+        t.events,
+        vec![
+            Event::Alloc { id: 0, bytes: 20 << 20, stream: 0 },
+            Event::RecordStream { id: 0, stream: side },
+            Event::Free { id: 0 },
+            Event::Alloc { id: 1, bytes: 20 << 20, stream: 0 },
+            Event::Free { id: 1 },
+            Event::Sync { stream: Some(side) },
+            Event::Alloc { id: 2, bytes: 20 << 20, stream: 0 },
+        ]
+    );
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["replay", fixture("snapshot-record-stream.pickle").to_str().unwrap(), "--json", "-", "-q"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Two segment_alloc entries in the history, two cudaMallocs in the replay.
+    assert_eq!(v["stats"]["num_device_alloc"], 2);
+    assert_eq!(v["stats"]["reserved_bytes.all.peak"], 40 << 20);
+    assert_eq!(t.segment_addresses.len(), 2);
+}
+
 #[test]
 fn truncated_history_is_detected_and_said() {
     let t = import_snapshot(&fixture("snapshot-truncated.pickle")).unwrap();

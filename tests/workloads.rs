@@ -53,7 +53,8 @@ fn walk(w: &Workload) -> Walk {
                 cur -= b;
             }
             Event::Step { .. } => steps += 1,
-            Event::EmptyCache => {}
+            Event::RecordStream { id, .. } => assert!(live.contains_key(&id), "{}: record_stream of dead id {id}", w.file.name),
+            Event::EmptyCache | Event::Sync { .. } => {}
         }
     }
     Walk { events: n, live_end: cur, live_count_end: live.len(), peak_live: peak, hash: h.finish(), steps }
@@ -89,6 +90,10 @@ fn shipped_workloads_are_valid_deterministic_and_within_budget() {
                     expect += 4 * layout.elems.len() as u64; // fused AdamW keeps an fp32 step count per parameter on the device
                 }
                 expect += t.cublas_workspace.map(|b| b.0).unwrap_or(allocbench::workload::transformer::DEFAULT_CUBLAS_WORKSPACE);
+                if t.ddp.is_some() {
+                    expect += params * t.grad_dtype.unwrap_or(t.param_dtype).bytes();
+                    // DDP's bucket buffers
+                }
                 assert_eq!(a.live_end, expect, "{path:?}: only parameters, optimizer state and the cuBLAS workspace stay live");
                 assert_eq!(a.steps, t.steps);
             }
@@ -185,7 +190,7 @@ fn profile(events: impl Iterator<Item = Event>, marker_ends_step: bool) -> Profi
             }
             Event::Free { id } => cur -= live.remove(&id).expect("free of a live id"),
             Event::Step { .. } => segments.push(0),
-            Event::EmptyCache => {}
+            Event::EmptyCache | Event::RecordStream { .. } | Event::Sync { .. } => {}
         }
     }
     // Index k of `allocs_per_step` is step k + 1; step 1 carries the initialisation either way.
@@ -256,4 +261,63 @@ fn gpt3_xl_generator_matches_a_pytorch_capture() {
 #[test]
 fn llama2_7b_generator_matches_a_pytorch_capture() {
     assert_generator_matches_capture("llama2-7b-captured-4-steps.csv.gz", "llama2-7b-80g.toml", "llama2-7b", 2);
+}
+
+/// The DDP + prefetch workload uses streams as such jobs do: every record_stream names a live
+/// allocation and another stream than its own; each step all-reduces the same buckets on the NCCL
+/// stream (one compressed copy per bucket, its free deferred) and syncs it; the prefetched batch
+/// lives on its own stream and is recorded on the default stream. Replayed, blocks wait in
+/// active_pending_free: active bytes peak above allocated bytes, which they never do when every
+/// free lands at once.
+#[test]
+fn ddp_and_prefetch_streams_defer_frees_as_pytorch_does() {
+    use allocbench::workload::transformer::{DDP_COMM_STREAM, PREFETCH_STREAM};
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/gpt3-xl-1.3b-ddp.toml"));
+    let w = Workload::load(&path).unwrap();
+    let events: Vec<Event> = w.events().collect();
+    let mut stream_of: FxHashMap<u64, u64> = FxHashMap::default();
+    let mut per_step: Vec<(u64, u64, u64)> = vec![(0, 0, 0)]; // (comm records, comm syncs, default-stream records)
+    for e in &events {
+        match *e {
+            Event::Alloc { id, stream, .. } => {
+                stream_of.insert(id, stream);
+            }
+            Event::Free { id } => {
+                stream_of.remove(&id);
+            }
+            Event::RecordStream { id, stream } => {
+                let own = *stream_of.get(&id).expect("record_stream of a live allocation");
+                assert_ne!(own, stream, "a use on the allocation's own stream is no use");
+                if stream == DDP_COMM_STREAM {
+                    per_step.last_mut().unwrap().0 += 1;
+                } else {
+                    assert_eq!((own, stream), (PREFETCH_STREAM, 0), "only prefetched batches are recorded on the default stream");
+                    per_step.last_mut().unwrap().2 += 1;
+                }
+            }
+            Event::Sync { stream: Some(s) } if s == DDP_COMM_STREAM => per_step.last_mut().unwrap().1 += 1,
+            Event::Step { .. } => per_step.push((0, 0, 0)),
+            _ => {}
+        }
+    }
+    // Steps 2.. (step 1 also broadcasts the parameters at construction).
+    let buckets = per_step[2].0;
+    // Each block's two MLP matrices (2048 x 8192 fp32, 64 MiB) pass the 25 MiB cap alone: at
+    // least 2 buckets per block, and far fewer than one per parameter (292).
+    assert!((48..150).contains(&buckets), "1.3B fp32 gradients in 25 MiB buckets: {buckets}");
+    for (k, s) in per_step.iter().enumerate().skip(2).take(w.file.transformer.as_ref().unwrap().steps as usize - 2) {
+        assert_eq!(*s, (buckets, 1, 2), "step {k}: one compressed bucket each, one NCCL sync, ids and targets recorded");
+    }
+
+    let replay = |evs: &[Event]| {
+        let mut a = allocbench::gpu::caching::CachingAllocator::new(Default::default(), allocbench::gpu::device::SimDevice::new(200 << 30));
+        allocbench::gpu::replay::replay(&mut a, evs.iter().copied().map(Ok), &Default::default()).unwrap();
+        use allocbench::gpu::GpuAllocator;
+        (a.stats().active_bytes.all.peak, a.stats().allocated_bytes.all.peak)
+    };
+    let (active, allocated) = replay(&events);
+    assert!(active > allocated, "pending frees hold active bytes: {active} vs {allocated}");
+    let immediate: Vec<Event> = events.iter().copied().filter(|e| !matches!(e, Event::RecordStream { .. })).collect();
+    let (active, allocated) = replay(&immediate);
+    assert_eq!(active, allocated);
 }

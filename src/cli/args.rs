@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::gpu::build::DeviceSpec;
+use crate::gpu::device::AddressOrder;
 use crate::gpu::replay::{OnOom, ReplayOptions};
 use crate::input::Source;
 use crate::results::Backend;
@@ -30,13 +31,18 @@ pub struct DeviceArgs {
     /// Account simulated device time with latencies measured by `allocbench devprobe` (its results file).
     #[arg(long)]
     pub sim_latency: Option<PathBuf>,
+    /// Where the simulated device places cudaMallocs: `lowest` (first fit, the default) or
+    /// `driver` (as an H100's driver did: large ones top-down, freed ranges not reused at once).
+    /// The default stays `lowest` until fidelity data from a GPU shows `driver` matches better.
+    #[arg(long, value_enum, default_value = "lowest")]
+    pub address_order: AddressOrder,
 }
 
 impl DeviceArgs {
     /// The device these flags name (`--sim-latency` read now).
     pub fn spec(&self) -> anyhow::Result<DeviceSpec> {
         let latency = self.sim_latency.as_deref().map(crate::gpu::devprobe::LatencyModel::load).transpose()?;
-        Ok(DeviceSpec { backend: self.device, capacity: self.capacity, addresses: Vec::new(), latency })
+        Ok(DeviceSpec { backend: self.device, capacity: self.capacity, addresses: Vec::new(), latency, address_order: self.address_order })
     }
 
     pub fn replay_options(&self) -> ReplayOptions {

@@ -25,7 +25,15 @@ pub fn main(a: &DemoArgs) -> anyhow::Result<()> {
         "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95".to_string(),
     ];
     println!("allocbench demo: {} (embedded default workload)\n", Source::open(None)?.info()?.description);
-    let dev = DeviceArgs { capacity: None, on_oom: OnOom::Stop, sample_every: None, quiet: false, device: Backend::Sim, sim_latency: None };
+    let dev = DeviceArgs {
+        capacity: None,
+        on_oom: OnOom::Stop,
+        sample_every: None,
+        quiet: false,
+        device: Backend::Sim,
+        sim_latency: None,
+        address_order: Default::default(),
+    };
     super::run::compare(&source, &["pytorch".into(), "nocache".into(), "ideal".into()], &confs, &dev, Some(&a.jsonl))?;
     println!(
         "\nNext: `allocbench capture -o trace.csv -- train.py` then `allocbench diagnose trace.csv` for your own job, \

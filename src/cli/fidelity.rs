@@ -16,6 +16,10 @@ pub struct FidelityArgs {
     /// Override the conf (default: the one PyTorch ran with).
     #[arg(long)]
     pub conf: Option<String>,
+    /// Place segments by the simulator's own order (`lowest`, `driver`) instead of replaying the
+    /// addresses the GPU returned: what the default path does for a trace without a history.
+    #[arg(long, value_enum)]
+    pub address_order: Option<crate::gpu::device::AddressOrder>,
     /// Write the comparison as JSON ('-' = standard output).
     #[arg(long)]
     pub json: Option<String>,
@@ -24,7 +28,7 @@ pub struct FidelityArgs {
 pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
     use crate::gpu::fidelity;
     let torch = fidelity::load_torch(&a.torch_json)?;
-    let r = fidelity::check(&a.trace, &torch, a.conf.as_deref())?;
+    let r = fidelity::check(&a.trace, &torch, a.conf.as_deref(), a.address_order)?;
     println!(
         "fidelity of {} against PyTorch {} on {} [conf: {}]: {} snapshots x {} keys compared, {} mismatches",
         a.trace.display(),

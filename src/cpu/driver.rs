@@ -182,7 +182,8 @@ impl Compiler {
                 }
             }
             Event::Step { .. } => ops.push(Op::Step),
-            Event::EmptyCache => {}
+            // CPU allocators have no streams: a use by another stream changes nothing.
+            Event::EmptyCache | Event::RecordStream { .. } | Event::Sync { .. } => {}
         }
     }
 }

@@ -11,7 +11,7 @@ use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
 use super::device::address_replay::AddressReplay;
 use super::device::latency::WithLatency;
-use super::device::{Device, SimDevice, H100_CAPACITY_BYTES};
+use super::device::{AddressOrder, Device, SimDevice, H100_CAPACITY_BYTES};
 use super::devprobe::LatencyModel;
 use super::GpuAllocator;
 use crate::error::InputError;
@@ -35,12 +35,14 @@ pub struct DeviceSpec {
     pub addresses: Vec<(u64, u64)>,
     /// Device-call latencies to account device time with (simulator only, `--sim-latency`).
     pub latency: Option<LatencyModel>,
+    /// Where the simulated device places cudaMallocs (simulator only, `--address-order`).
+    pub address_order: AddressOrder,
 }
 
 impl DeviceSpec {
     /// A plain simulated device of `capacity` bytes.
     pub fn sim(capacity: u64) -> Self {
-        DeviceSpec { backend: Backend::Sim, capacity: Some(capacity), addresses: Vec::new(), latency: None }
+        DeviceSpec { backend: Backend::Sim, capacity: Some(capacity), addresses: Vec::new(), latency: None, address_order: AddressOrder::Lowest }
     }
 }
 
@@ -96,7 +98,7 @@ pub fn build(allocator: &str, conf: &AllocatorConfig, spec: &DeviceSpec) -> Resu
 
 /// The simulated device with the adaptors `spec` asks for.
 fn sim_device(capacity: u64, spec: &DeviceSpec) -> Box<dyn Device> {
-    let sim = SimDevice::new(capacity);
+    let sim = SimDevice::new(capacity).with_address_order(spec.address_order);
     let device: Box<dyn Device> = if spec.addresses.is_empty() { Box::new(sim) } else { Box::new(AddressReplay::new(sim, spec.addresses.clone())) };
     match &spec.latency {
         Some(m) => Box::new(WithLatency::new(device, m.clone())),

@@ -86,11 +86,24 @@ pub const SIM_ALIGNMENT_BYTES: u64 = 2 * MIB;
 pub(crate) const SIM_VA_BASE: u64 = 0x7f00_0000_0000;
 const SIM_VA_SPAN: u64 = 1 << 46;
 
+/// Where the simulated device places a new cudaMalloc (`--address-order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum AddressOrder {
+    /// The lowest free range (first fit; a freed range is reused at once).
+    #[default]
+    Lowest,
+    /// As the CUDA driver placed them on an H100 (reports/gpu-h100/GPU-CHECKS.md): allocations
+    /// over 2 MiB top-down at decreasing addresses, a freed range not reused until the space
+    /// below is used up (next fit, downward, wrapping); 2 MiB and smaller carved upward from the
+    /// bottom of the space. VA reservations (expandable segments) stay lowest-first.
+    Driver,
+}
+
 /// A deterministic simulated GPU (Note [SimDevice addresses]).
 ///
 /// Note [SimDevice addresses]: a new allocation (or VA reservation) gets the lowest free address
 /// range, 2 MiB aligned, in a virtual space far larger than the capacity (first fit; freed ranges
-/// are reused). Capacity is checked on bytes in use, never on contiguity: a real GPU has virtual
+/// are reused), or with [`AddressOrder::Driver`] the driver's placement. Capacity is checked on bytes in use, never on contiguity: a real GPU has virtual
 /// memory, so device allocations do not fail for lack of a contiguous range. Fragmentation lives
 /// in the allocator's segments. Addresses decide best-fit ties between equal-size blocks, so they
 /// must be deterministic for results to be comparable.
@@ -100,6 +113,9 @@ pub struct SimDevice {
     used: u64,
     /// Free VA ranges: start → length.
     free_ranges: BTreeMap<u64, u64>,
+    order: AddressOrder,
+    /// AddressOrder::Driver: large allocations go below this address (the last one placed).
+    cursor: u64,
     pub device_mallocs: u64,
     pub device_frees: u64,
     pub pages_mapped: u64,
@@ -110,7 +126,47 @@ impl SimDevice {
     pub fn new(capacity: u64) -> Self {
         let mut free_ranges = BTreeMap::new();
         free_ranges.insert(SIM_VA_BASE, SIM_VA_SPAN);
-        SimDevice { capacity, used: 0, free_ranges, device_mallocs: 0, device_frees: 0, pages_mapped: 0, pages_unmapped: 0 }
+        SimDevice {
+            capacity,
+            used: 0,
+            free_ranges,
+            order: AddressOrder::Lowest,
+            cursor: SIM_VA_BASE + SIM_VA_SPAN,
+            device_mallocs: 0,
+            device_frees: 0,
+            pages_mapped: 0,
+            pages_unmapped: 0,
+        }
+    }
+
+    pub fn with_address_order(mut self, order: AddressOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// AddressOrder::Driver for an allocation over 2 MiB: the highest fitting range below the
+    /// cursor, placed at its top; when none is left below, wrap to the top of the space.
+    fn take_range_downward(&mut self, bytes: u64) -> DeviceResult<u64> {
+        let len = bytes.div_ceil(SIM_ALIGNMENT_BYTES) * SIM_ALIGNMENT_BYTES;
+        for _pass in 0..2 {
+            let found = self.free_ranges.range(..self.cursor).rev().find_map(|(&start, &have)| {
+                let top = (start + have).min(self.cursor);
+                (top - start >= len).then(|| (start, have, top - len))
+            });
+            if let Some((start, have, addr)) = found {
+                self.free_ranges.remove(&start);
+                if addr > start {
+                    self.free_ranges.insert(start, addr - start);
+                }
+                if start + have > addr + len {
+                    self.free_ranges.insert(addr + len, start + have - addr - len);
+                }
+                self.cursor = addr;
+                return Ok(addr);
+            }
+            self.cursor = SIM_VA_BASE + SIM_VA_SPAN;
+        }
+        Err(DeviceError::Other("simulated address space exhausted".into()))
     }
 
     /// Bytes in use by allocations of this process.
@@ -179,7 +235,7 @@ impl Device for SimDevice {
         if bytes > self.capacity - self.used {
             return Err(DeviceError::OutOfMemory);
         }
-        let ptr = self.take_range(bytes)?;
+        let ptr = if self.order == AddressOrder::Driver && bytes > SIM_ALIGNMENT_BYTES { self.take_range_downward(bytes)? } else { self.take_range(bytes)? };
         self.used += bytes;
         self.device_mallocs += 1;
         Ok(ptr)
@@ -217,7 +273,8 @@ impl Device for SimDevice {
     }
 
     fn describe(&self) -> String {
-        format!("simulated device, {} capacity", crate::units::format_bytes(self.capacity))
+        let order = if self.order == AddressOrder::Driver { ", driver address order" } else { "" };
+        format!("simulated device, {} capacity{order}", crate::units::format_bytes(self.capacity))
     }
 }
 
@@ -258,6 +315,62 @@ impl<D: Device + ?Sized> Device for Box<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The H100 probe (reports/gpu-h100/GPU-CHECKS.md): three 20 MiB cuMemAllocs at decreasing
+    /// addresses, the middle one freed, a fourth 20 MiB below the third rather than in the hole;
+    /// 2 MiB requests upward from elsewhere.
+    #[test]
+    fn driver_order_places_large_allocations_downward_without_reusing_at_once() {
+        let mut d = SimDevice::new(80 << 30).with_address_order(AddressOrder::Driver);
+        let a = d.malloc(20 * MIB, 0).unwrap();
+        let b = d.malloc(20 * MIB, 0).unwrap();
+        let c = d.malloc(20 * MIB, 0).unwrap();
+        assert!(a > b && b > c, "{a:#x} {b:#x} {c:#x}");
+        d.free(b, 20 * MIB).unwrap();
+        let e = d.malloc(20 * MIB, 0).unwrap();
+        assert!(e < c, "the freed range {b:#x} is not reused at once: got {e:#x}");
+        let s1 = d.malloc(2 * MIB, 0).unwrap();
+        let s2 = d.malloc(2 * MIB, 0).unwrap();
+        assert!(s1 < s2 && s2 < e, "small ones upward from the bottom: {s1:#x} {s2:#x}");
+        assert_eq!(s1, SIM_VA_BASE);
+        assert!(d.describe().contains("driver address order"));
+    }
+
+    /// Once the space below the cursor is used up, the search wraps to the top and reuses the
+    /// highest freed range.
+    #[test]
+    fn driver_order_wraps_when_the_space_below_is_used() {
+        let quarter = SIM_VA_SPAN / 4;
+        let mut d = SimDevice::new(1 << 50).with_address_order(AddressOrder::Driver);
+        let ptrs: Vec<u64> = (0..4).map(|_| d.malloc(quarter, 0).unwrap()).collect();
+        assert_eq!(ptrs, [3, 2, 1, 0].map(|k| SIM_VA_BASE + k * quarter));
+        d.free(ptrs[1], quarter).unwrap();
+        d.free(ptrs[0], quarter).unwrap();
+        // Nothing below the cursor: wrap, and take the top of the highest free range.
+        assert_eq!(d.malloc(quarter, 0).unwrap(), ptrs[0]);
+        assert_eq!(d.malloc(quarter, 0).unwrap(), ptrs[1]);
+        assert!(d.malloc(quarter, 0).is_err(), "the space is full");
+    }
+
+    /// Address order decides best-fit ties (BlockComparatorSize compares the address last): with
+    /// two equal free segments, the lowest order reuses the older one, the driver order the newer.
+    #[test]
+    fn address_order_breaks_best_fit_ties() {
+        use crate::gpu::caching::CachingAllocator;
+        use crate::gpu::GpuAllocator;
+        for (order, newer) in [(AddressOrder::Lowest, false), (AddressOrder::Driver, true)] {
+            let mut a = CachingAllocator::new(Default::default(), SimDevice::new(80 << 30).with_address_order(order));
+            let old = a.malloc(20 * MIB, 0).unwrap();
+            let new = a.malloc(20 * MIB, 0).unwrap();
+            let (old_addr, new_addr) =
+                (a.segments()[usize::from(order == AddressOrder::Driver)].address, a.segments()[usize::from(order != AddressOrder::Driver)].address);
+            a.free(old).unwrap();
+            a.free(new).unwrap();
+            a.malloc(20 * MIB, 0).unwrap();
+            let taken = a.segments().iter().find(|s| s.allocated() > 0).unwrap().address;
+            assert_eq!(taken, if newer { new_addr } else { old_addr }, "{order:?}");
+        }
+    }
 
     #[test]
     fn addresses_are_lowest_first_fit_and_reused() {

@@ -8,7 +8,7 @@ use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
 use super::device::address_replay::AddressReplay;
 use super::device::withheld::Withheld;
-use super::device::SimDevice;
+use super::device::{AddressOrder, SimDevice};
 #[cfg(test)]
 use super::replay::replay_with_hook;
 use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions, StopWhen};
@@ -45,14 +45,18 @@ fn compare(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>,
     n
 }
 
-/// Replays `trace` on the simulator with PyTorch's capacity and conf and compares.
-pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> anyhow::Result<FidelityReport> {
+/// Replays `trace` on the simulator with PyTorch's capacity and conf and compares. Segments are
+/// placed at the addresses the GPU returned, or with `address_order` by the simulator's own
+/// placement (what the default path does without a history to replay).
+pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>, address_order: Option<AddressOrder>) -> anyhow::Result<FidelityReport> {
     let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
     let source = Source::open(Some(trace))?;
     let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
     // Best fit breaks ties by address: replay the addresses the GPU handed out. (Composed here
     // rather than by `gpu::build`, to read the address misses back.)
-    let device = Withheld::new(AddressReplay::new(SimDevice::new(torch.total_memory), torch.segment_addresses.clone()), unavailable);
+    let script = if address_order.is_none() { torch.segment_addresses.clone() } else { Vec::new() };
+    let sim = SimDevice::new(torch.total_memory).with_address_order(address_order.unwrap_or_default());
+    let device = Withheld::new(AddressReplay::new(sim, script), unavailable);
     let mut alloc = CachingAllocator::new(conf.clone(), device);
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
@@ -73,7 +77,12 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>) -> 
     let target_identical = TARGET_KEYS.iter().all(|k| !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
     let address_misses = alloc.device().inner().script_misses;
     Ok(FidelityReport {
-        addresses_replayed: torch.segment_addresses.len(),
+        address_order: match address_order {
+            None => "replay".into(),
+            Some(AddressOrder::Lowest) => "lowest".into(),
+            Some(AddressOrder::Driver) => "driver".into(),
+        },
+        addresses_replayed: if address_order.is_none() { torch.segment_addresses.len() } else { 0 },
         address_misses,
         conf: conf.source.clone(),
         torch_version: torch.torch_version.clone(),
@@ -113,10 +122,13 @@ mod tests {
             steps: snaps.into_iter().map(|(n, e, stats)| TorchStep { step: n, event: e, stats }).collect(),
             r#final: fin,
         };
-        let r = check(&trace, &torch, None).unwrap();
+        let r = check(&trace, &torch, None, None).unwrap();
         assert!(r.mismatches.is_empty() && r.target_identical && r.keys_compared == 122 && r.snapshots_compared == 3, "{r:?}");
+        assert_eq!(r.address_order, "replay");
+        let r = check(&trace, &torch, None, Some(AddressOrder::Driver)).unwrap();
+        assert!(r.mismatches.is_empty() && r.address_order == "driver" && r.addresses_replayed == 0, "{r:?}");
         torch.r#final.insert("segment.all.allocated".into(), 2);
-        let r = check(&trace, &torch, None).unwrap();
+        let r = check(&trace, &torch, None, None).unwrap();
         assert_eq!(r.mismatches, vec![Mismatch { at: "final".into(), key: "segment.all.allocated".into(), sim: 1, torch: 2 }]);
         assert!(!r.target_identical);
     }

@@ -130,6 +130,11 @@ pub trait GpuAllocator {
     fn free(&mut self, handle: Handle) -> Result<(), DeviceError>;
     /// `torch.cuda.empty_cache()`.
     fn empty_cache(&mut self) -> Result<(), DeviceError>;
+    /// `tensor.record_stream(stream)` on a live allocation: its free waits for `stream`'s work.
+    /// Policies whose frees synchronise the device (cudaFree) or that keep no cache ignore it.
+    fn record_stream(&mut self, _handle: Handle, _stream: u64) {}
+    /// `stream` (or the whole device) completed its queued work (see [`crate::event::Event::Sync`]).
+    fn sync(&mut self, _stream: Option<u64>) {}
     fn stats(&self) -> &DeviceStats;
     /// Segments in address order with their blocks (none for policies that keep no segments).
     fn segments(&self) -> Vec<SegmentSnapshot> {

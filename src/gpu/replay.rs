@@ -114,6 +114,13 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 }
             }
             Event::EmptyCache => alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?,
+            Event::RecordStream { id, stream } => match handles.get(&id) {
+                Some(&(h, _)) => alloc.record_stream(h, stream),
+                // A null pointer or an allocation that failed (--on-oom continue): nothing to use.
+                None if null.contains(&id) || failed.contains(&id) => {}
+                None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
+            },
+            Event::Sync { stream } => alloc.sync(stream),
             Event::Step { n } => {
                 obs.step(alloc, at, n);
                 out.steps += 1;

@@ -45,6 +45,11 @@ pub struct DiagnoseResult {
     pub pinned_free_bytes: u64,
     /// Free bytes in wholly free cached segments, at the peak.
     pub cached_free_segments_bytes: u64,
+    /// Bytes of blocks freed but still used by another stream's queued work (`record_stream`):
+    /// neither allocated nor reusable (PyTorch's `active_pending_free`). allocated + this +
+    /// pinned free + cached free = reserved.
+    #[serde(default)]
+    pub pending_free_bytes: u64,
     pub largest_free_block: u64,
     pub top_segments: Vec<SegmentWaste>,
     pub pinning_size_classes: Vec<PinningClass>,

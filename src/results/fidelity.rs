@@ -63,6 +63,9 @@ pub struct FidelityReport {
     pub mismatches: Vec<Mismatch>,
     /// Every target key identical at the end.
     pub target_identical: bool,
+    /// How segments were placed: `replay` (the GPU's own addresses), `lowest` or `driver`.
+    #[serde(default)]
+    pub address_order: String,
     /// cudaMalloc addresses replayed from PyTorch's history, and mallocs that could not follow them.
     pub addresses_replayed: usize,
     pub address_misses: u64,

@@ -9,7 +9,7 @@ use super::common::{MachineInfo, WorkDone, WorkloadInfo};
 names!(Backend { Sim => "sim", Cuda => "cuda" });
 names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit" });
 names!(SegmentType { Small => "small", Large => "large" });
-names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive" });
+names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive", ActivePendingFree => "active_pending_free" });
 
 /// What a replay does at an out-of-memory (`--on-oom`, `"on_oom"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
@@ -97,6 +97,9 @@ pub enum BlockState {
     ActiveAllocated,
     /// Free (cached).
     Inactive,
+    /// Freed by its tensor but still used by work queued on another stream (`record_stream`):
+    /// neither allocated nor reusable until that stream's event completes.
+    ActivePendingFree,
 }
 
 /// One segment as `torch.cuda.memory_snapshot()` shows it.
@@ -121,11 +124,19 @@ impl BlockSnapshot {
     pub fn is_allocated(&self) -> bool {
         self.state == BlockState::ActiveAllocated
     }
+    /// Allocated, or pending free: not reusable (PyTorch's `active`).
+    pub fn is_active(&self) -> bool {
+        self.state != BlockState::Inactive
+    }
 }
 
 impl SegmentSnapshot {
     pub fn allocated(&self) -> u64 {
         self.blocks.iter().filter(|b| b.is_allocated()).map(|b| b.size).sum()
+    }
+    /// Bytes not reusable: allocated plus pending free.
+    pub fn active(&self) -> u64 {
+        self.blocks.iter().filter(|b| b.is_active()).map(|b| b.size).sum()
     }
 }
 

@@ -5,11 +5,16 @@
 //! op,id,bytes,stream
 //! alloc,1,1048576,0
 //! step,1,,
+//! record_stream,1,,7
 //! free,1,,
+//! sync,,,7
 //! empty_cache,,,
 //! ```
 //! `id` names a live allocation (reusable after its free); `bytes` is required for `alloc`;
-//! `stream` is optional (default 0). For `step`, the `id` column holds the step number.
+//! `stream` is optional for `alloc` (default 0). For `step`, the `id` column holds the step number.
+//! `record_stream,ID,,STREAM`: stream STREAM uses the live allocation ID, so its free waits for
+//! that stream's queued work (PyTorch's event-based deferred free); `sync,,,STREAM` says that
+//! stream's work completed (`sync,,,`: the whole device's), so the deferred frees land.
 //! Reading is streamed: memory is bounded by the number of live ids, not the file's length.
 
 use std::fs::File;
@@ -140,7 +145,15 @@ impl<R: BufRead> TraceReader<R> {
             }
             "step" => Event::Step { n: self.number(id, "step number (id column)")? },
             "empty_cache" => Event::EmptyCache,
-            other => return Err(self.err(format!("unknown op '{}' (expected alloc, free, step or empty_cache)", clip(other)))),
+            "record_stream" => {
+                let id = self.number(id, "id")?;
+                if !self.live.contains(&id) {
+                    return Err(self.err(format!("record_stream of id {id}, which is not live")));
+                }
+                Event::RecordStream { id, stream: self.number(stream, "stream")? }
+            }
+            "sync" => Event::Sync { stream: if stream.is_empty() { None } else { Some(self.number(stream, "stream")?) } },
+            other => return Err(self.err(format!("unknown op '{}' (expected alloc, free, record_stream, sync, step or empty_cache)", clip(other)))),
         };
         Ok(Some(event))
     }
@@ -215,6 +228,9 @@ impl<W: Write> TraceWriter<W> {
             Event::Free { id } => writeln!(self.out, "free,{id},,"),
             Event::EmptyCache => writeln!(self.out, "empty_cache,,,"),
             Event::Step { n } => writeln!(self.out, "step,{n},,"),
+            Event::RecordStream { id, stream } => writeln!(self.out, "record_stream,{id},,{stream}"),
+            Event::Sync { stream: Some(s) } => writeln!(self.out, "sync,,,{s}"),
+            Event::Sync { stream: None } => writeln!(self.out, "sync,,,"),
         }
     }
 
@@ -294,6 +310,19 @@ mod tests {
     }
 
     #[test]
+    fn record_stream_needs_a_live_id_and_a_stream() {
+        let head = "op,id,bytes,stream\nalloc,1,10,0\n";
+        let res = parse(&format!("{head}record_stream,1,,3\nsync,,,3\nsync,,,\n"));
+        let evs: Vec<Event> = res.into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs[1..], [Event::RecordStream { id: 1, stream: 3 }, Event::Sync { stream: Some(3) }, Event::Sync { stream: None }]);
+        for (line, want) in [("record_stream,2,,3", "id 2, which is not live"), ("record_stream,1,,", "missing stream"), ("sync,,,x", "t.csv:3:")] {
+            let res = parse(&format!("{head}{line}\n"));
+            let err = res.last().unwrap().as_ref().unwrap_err().to_string();
+            assert!(err.contains(want) && err.starts_with("t.csv:3"), "{line}: {err}");
+        }
+    }
+
+    #[test]
     fn ids_can_be_reused_after_free() {
         let res = parse("op,id,bytes,stream\nalloc,1,10,0\nfree,1,,\nalloc,1,20,3\n");
         assert!(res.iter().all(|r| r.is_ok()));
@@ -321,7 +350,15 @@ mod tests {
 
     #[test]
     fn write_then_read_is_identical() {
-        let evs = vec![Event::Step { n: 0 }, Event::Alloc { id: 5, bytes: 999, stream: 2 }, Event::EmptyCache, Event::Free { id: 5 }];
+        let evs = vec![
+            Event::Step { n: 0 },
+            Event::Alloc { id: 5, bytes: 999, stream: 2 },
+            Event::RecordStream { id: 5, stream: 7 },
+            Event::EmptyCache,
+            Event::Free { id: 5 },
+            Event::Sync { stream: Some(7) },
+            Event::Sync { stream: None },
+        ];
         let mut w = TraceWriter::new(Vec::new(), &["hello\nworld".to_string()]).unwrap();
         for e in &evs {
             w.write(e).unwrap();

@@ -3,8 +3,12 @@
 //! `logging_resource_adaptor` CSV logs.
 //!
 //! Snapshot trace actions map as: `alloc` → alloc (its `size` is the user's request);
-//! `free_completed` → free (when the block really returns to the pool; `free_requested` is
-//! skipped); a run of `segment_free`/`segment_unmap` that no `segment_alloc`/`segment_map` of the
+//! `free_requested` directly followed by its `free_completed` → free; a `free_requested` whose
+//! `free_completed` comes later (the block was used by another stream, recordStream, and waited
+//! for its events) → `record_stream` on a side stream of its own, then free, and the later
+//! `free_completed` → `sync` of that side stream (the free lands at the next malloc's
+//! process_events, where PyTorch records it); a `free_completed` with no `free_requested` (older
+//! histories) → free; a run of `segment_free`/`segment_unmap` that no `segment_alloc`/`segment_map` of the
 //! same malloc follows → `empty_cache` (a malloc's own retry path releases segments and then
 //! allocates one); `oom`, `snapshot` and the other segment actions are the allocator's decisions,
 //! which the replay re-makes. Streams are kept. A history whose first entries free blocks it never
@@ -36,6 +40,10 @@ pub struct ImportedTrace {
 }
 
 const MAX_SNAPSHOT_BYTES: u64 = 2 << 30;
+
+/// Stream ids standing for the unknown streams that used a block whose free waited (a snapshot
+/// does not say which stream used it): one per such block, far from any real stream handle.
+pub const SIDE_STREAM_BASE: u64 = 1 << 62;
 
 fn err(path: &Path, msg: impl Into<String>) -> InputError {
     InputError::new(path.display().to_string(), msg)
@@ -117,6 +125,11 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     }
     let mut releasing = false;
     let mut skipped_unknown = 0usize;
+    // Blocks whose free waits for another stream: address → the side stream standing for it.
+    let mut waiting: FxHashMap<i128, u64> = FxHashMap::default();
+    let mut next_side_stream = SIDE_STREAM_BASE;
+    // free_completed entries already replayed with their free_requested.
+    let mut completed_inline: FxHashMap<i128, ()> = FxHashMap::default();
     for (i, e) in trace.iter().enumerate() {
         let action = e.get("action").and_then(|a| a.as_str().map(str::to_string)).ok_or(format!("trace entry {i} has no 'action'"))?;
         let is_segment_release = matches!(action.as_str(), "segment_free" | "segment_unmap");
@@ -151,8 +164,34 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream });
                 next_id += 1;
             }
+            "free_requested" => {
+                let addr = int(e, "addr").ok_or(format!("trace entry {i} (free_requested) has no 'addr'"))?;
+                let Some(id) = live.remove(&addr) else {
+                    skipped_unknown += 1;
+                    continue;
+                };
+                let next = trace.get(i + 1);
+                let completes_now = next
+                    .is_some_and(|n| n.get("action").and_then(|a| a.as_str().map(|a| a == "free_completed")).unwrap_or(false) && int(n, "addr") == Some(addr));
+                if completes_now {
+                    completed_inline.insert(addr, ());
+                } else {
+                    // free → insert_events: the block waits for an event on a stream that used it.
+                    out.events.push(Event::RecordStream { id, stream: next_side_stream });
+                    waiting.insert(addr, next_side_stream);
+                    next_side_stream += 1;
+                }
+                out.events.push(Event::Free { id });
+            }
             "free_completed" => {
                 let addr = int(e, "addr").ok_or(format!("trace entry {i} (free_completed) has no 'addr'"))?;
+                if completed_inline.remove(&addr).is_some() {
+                    continue;
+                }
+                if let Some(side) = waiting.remove(&addr) {
+                    out.events.push(Event::Sync { stream: Some(side) });
+                    continue;
+                }
                 match live.remove(&addr) {
                     Some(id) => out.events.push(Event::Free { id }),
                     None => skipped_unknown += 1,
@@ -164,7 +203,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     out.segment_addresses.push((addr.max(0) as u64, size.max(0) as u64));
                 }
             }
-            "free_requested" | "segment_map" | "oom" | "snapshot" => {}
+            "segment_map" | "oom" | "snapshot" => {}
             other => out.notes.push(format!("trace entry {i}: unknown action '{other}' skipped")),
         }
     }

@@ -45,6 +45,14 @@ impl Emitter {
         self.queue.push_back(Event::Step { n });
     }
 
+    pub fn record_stream(&mut self, id: u64, stream: u64) {
+        self.queue.push_back(Event::RecordStream { id, stream });
+    }
+
+    pub fn sync(&mut self, stream: Option<u64>) {
+        self.queue.push_back(Event::Sync { stream });
+    }
+
     pub fn pop(&mut self) -> Option<Event> {
         self.queue.pop_front()
     }

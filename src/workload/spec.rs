@@ -178,6 +178,34 @@ pub struct TransformerSpec {
     /// The cuBLAS workspace PyTorch allocates through the caching allocator at the first matmul
     /// of a stream and keeps (default 32 MiB, the Hopper `CUBLAS_WORKSPACE_CONFIG`); 0: none.
     pub cublas_workspace: Option<Bytes>,
+    /// `DistributedDataParallel`: gradients reduced in buckets on a communication stream.
+    #[serde(default)]
+    pub ddp: Option<DdpSpec>,
+    /// A data prefetcher (apex's `data_prefetcher` pattern): each batch is copied to the GPU on a
+    /// side stream (its own pool of segments), used on the default stream after
+    /// `record_stream`, so its free waits for the default stream; the loop syncs the default
+    /// stream once a step (`loss.item()`).
+    #[serde(default)]
+    pub prefetch_stream: bool,
+}
+
+/// DDP's reducer (`torch/nn/parallel/distributed.py`, `reducer.cpp`): one persistent flat buffer
+/// per bucket, buckets filled in reverse parameter order (the first capped at 1 MiB,
+/// `dist._DEFAULT_FIRST_BUCKET_BYTES`, the others at `bucket_cap_mb`), each reduced on the NCCL
+/// stream once its last gradient is ready.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DdpSpec {
+    #[serde(default = "ddp_bucket_cap_mb")]
+    pub bucket_cap_mb: f64,
+    /// `fp16_compress_hook`: each bucket is cast to fp16 on the default stream, all-reduced on the
+    /// NCCL stream (which records its use), and freed, its free waiting for the NCCL stream.
+    #[serde(default)]
+    pub fp16_compress_hook: bool,
+}
+
+fn ddp_bucket_cap_mb() -> f64 {
+    25.0
 }
 
 fn fp32() -> Dtype {
@@ -239,6 +267,10 @@ pub struct ServingSpec {
     pub kv_cache: KvCache,
     #[serde(default = "sixteen")]
     pub page_tokens: u64,
+    /// An explicit arrival schedule, `[[step, prompt_tokens, output_tokens], ...]`, instead of
+    /// the Poisson process (a capture's own arrivals: `serve.py --schedule-out`).
+    #[serde(default)]
+    pub arrivals: Vec<[u64; 3]>,
 }
 
 fn sixteen() -> u64 {

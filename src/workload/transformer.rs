@@ -20,7 +20,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use super::model::{BlockParams, Emitter, LengthSampler, Linear, Norm, ParamLayout};
-use super::spec::{Attention, FfnKind, Optimizer, TransformerSpec};
+use super::spec::{Attention, DdpSpec, FfnKind, Optimizer, TransformerSpec};
 use crate::event::Event;
 
 /// Element sizes fixed by PyTorch whatever the model: token ids and positions are int64, masks
@@ -132,9 +132,57 @@ pub struct TransformerGen {
     /// A checkpointed block's arguments (its input, rotary tables), released inside its first
     /// norm's backward.
     checkpoint_args: Vec<u64>,
+    ddp: Option<DdpState>,
+    /// The next batch, already copied on the prefetch stream: (token ids, targets).
+    prefetched: Option<(u64, u64)>,
+    /// The next step's sequence length, drawn when its batch was prefetched.
+    next_len: Option<u64>,
     next_step: u64,
     started: bool,
     finished: bool,
+}
+
+/// The stream DDP's collectives run on (ProcessGroupNCCL's NCCL stream).
+pub const DDP_COMM_STREAM: u64 = 1;
+/// The side stream a data prefetcher copies batches on.
+pub const PREFETCH_STREAM: u64 = 2;
+/// DDP's `broadcast_bucket_size` (250 MiB): its parameters are broadcast at construction in flat
+/// chunks of at most this (`_broadcast_coalesced`).
+const DDP_BROADCAST_BUCKET_BYTES: u64 = 250 << 20;
+/// `dist._DEFAULT_FIRST_BUCKET_BYTES`.
+const DDP_FIRST_BUCKET_BYTES: u64 = 1 << 20;
+
+/// DDP's buckets: which bucket each parameter is in, and what each still waits for this step.
+struct DdpState {
+    bucket_of: Vec<usize>,
+    bucket_elems: Vec<u64>,
+    bucket_params: Vec<usize>,
+    remaining: Vec<usize>,
+    ready: Vec<bool>,
+    fp16_compress_hook: bool,
+}
+
+impl DdpState {
+    /// `_compute_bucket_assignment_by_size` over the parameters in reverse order: a bucket
+    /// closes once it holds at least its cap (1 MiB for the first, then `bucket_cap_mb`).
+    fn new(elems: &[u64], grad_bytes: u64, spec: &DdpSpec) -> Self {
+        let cap = (spec.bucket_cap_mb * (1u64 << 20) as f64) as u64;
+        let mut bucket_of = vec![0; elems.len()];
+        let (mut bucket_elems, mut bucket_params) = (vec![0u64], vec![0usize]);
+        for i in (0..elems.len()).rev() {
+            let b = bucket_elems.len() - 1;
+            let limit = if b == 0 { DDP_FIRST_BUCKET_BYTES } else { cap };
+            bucket_of[i] = b;
+            bucket_elems[b] += elems[i];
+            bucket_params[b] += 1;
+            if bucket_elems[b] * grad_bytes >= limit && i > 0 {
+                bucket_elems.push(0);
+                bucket_params.push(0);
+            }
+        }
+        let remaining = bucket_params.clone();
+        DdpState { bucket_of, bucket_elems, bucket_params, remaining, ready: vec![false; elems.len()], fp16_compress_hook: spec.fp16_compress_hook }
+    }
 }
 
 impl TransformerGen {
@@ -156,6 +204,9 @@ impl TransformerGen {
             early_grad_cast: None,
             merge_input_grad: false,
             checkpoint_args: Vec::new(),
+            ddp: None,
+            prefetched: None,
+            next_len: None,
             next_step: 1,
             started: false,
             finished: false,
@@ -200,6 +251,59 @@ impl TransformerGen {
             None => self.grads[i] = Some(g),
             Some(_) => self.free(g),
         }
+        self.ddp_grad_ready(i);
+    }
+
+    /// DDP's autograd hook: the gradient is copied into its bucket (a view of the persistent
+    /// buffer); the bucket's last gradient launches its all-reduce on the NCCL stream. With the
+    /// fp16 compression hook the bucket is cast (a new tensor on the default stream) and the
+    /// collective records its use (recordStream), so its free waits for the NCCL stream.
+    fn ddp_grad_ready(&mut self, i: usize) {
+        let Some(ddp) = self.ddp.as_mut() else { return };
+        if std::mem::replace(&mut ddp.ready[i], true) {
+            return;
+        }
+        let b = ddp.bucket_of[i];
+        ddp.remaining[b] -= 1;
+        if ddp.remaining[b] == 0 && ddp.fp16_compress_hook {
+            let compressed = self.e.alloc(ddp.bucket_elems[b] * 2);
+            self.e.record_stream(compressed, DDP_COMM_STREAM);
+            self.e.free(compressed);
+        }
+    }
+
+    /// DDP's construction: a persistent buffer per bucket, and the parameters broadcast from
+    /// rank 0 in flat chunks (`_broadcast_coalesced`: flatten, broadcast on the NCCL stream,
+    /// copy back, free), whose frees wait for the NCCL stream.
+    fn ddp_init(&mut self, spec: &DdpSpec) {
+        let grad_bytes = self.spec.grad_dtype.unwrap_or(self.spec.param_dtype).bytes();
+        let pb = self.spec.param_dtype.bytes();
+        let ddp = DdpState::new(&self.layout.elems, grad_bytes, spec);
+        let mut chunk = 0u64;
+        for e in self.layout.elems.clone() {
+            if chunk > 0 && chunk + e * pb > DDP_BROADCAST_BUCKET_BYTES {
+                self.ddp_broadcast(chunk);
+                chunk = 0;
+            }
+            chunk += e * pb;
+        }
+        self.ddp_broadcast(chunk);
+        for b in 0..ddp.bucket_elems.len() {
+            self.e.alloc(ddp.bucket_elems[b] * grad_bytes);
+        }
+        self.e.sync(Some(DDP_COMM_STREAM));
+        self.ddp = Some(ddp);
+    }
+
+    fn ddp_broadcast(&mut self, bytes: u64) {
+        let flat = self.e.alloc(bytes);
+        self.e.record_stream(flat, DDP_COMM_STREAM);
+        self.e.free(flat);
+    }
+
+    /// The batch copied to the GPU on the prefetch stream.
+    fn prefetch_batch(&mut self, tokens: u64) -> (u64, u64) {
+        (self.e.alloc_on(tokens * INT64, PREFETCH_STREAM), self.e.alloc_on(tokens * INT64, PREFETCH_STREAM))
     }
 
     /// `F.linear` on `tokens` rows of an input of `x_bytes` elements. Under autocast the bias and
@@ -945,20 +1049,43 @@ impl TransformerGen {
 
     fn train_step(&mut self, n: u64) {
         self.e.step(n);
-        let s = self.seq.sample(&mut self.rng);
+        let s = match self.next_len.take() {
+            Some(s) => s,
+            None => self.seq.sample(&mut self.rng),
+        };
         let dm = self.dims(s);
         let (t, d, v, a, p) = (dm.t, dm.d, dm.v, dm.a, dm.p);
         let named = self.layout.named.clone();
         let gelu = self.spec.model.ffn_kind == FfnKind::Gelu;
         let math_mask = gelu && self.spec.attention == Attention::Math;
 
-        // The batch: token ids and targets (Python rebinds the previous step's names).
-        let idx = self.alloc(t * INT64);
-        let old = self.carried.idx.replace(idx);
-        self.free_opt(old);
-        let targets = self.alloc(t * INT64);
-        let old = self.carried.targets.replace(targets);
-        self.free_opt(old);
+        if self.spec.prefetch_stream {
+            // prefetcher.next(): the default stream waits for the copy and records its use of
+            // the batch; the next batch is copied at once; the previous one dies when the loop
+            // rebinds its names, its free waiting for the default stream.
+            let (idx, targets) = match self.prefetched.take() {
+                Some(b) => b,
+                None => self.prefetch_batch(t),
+            };
+            self.e.record_stream(idx, 0);
+            self.e.record_stream(targets, 0);
+            if n < self.spec.steps {
+                let s_next = self.seq.sample(&mut self.rng);
+                self.next_len = Some(s_next);
+                let t_next = self.dims(s_next).t;
+                self.prefetched = Some(self.prefetch_batch(t_next));
+            }
+            let old = [self.carried.idx.replace(idx), self.carried.targets.replace(targets)];
+            self.free_all(old.into_iter().flatten());
+        } else {
+            // The batch: token ids and targets (Python rebinds the previous step's names).
+            let idx = self.alloc(t * INT64);
+            let old = self.carried.idx.replace(idx);
+            self.free_opt(old);
+            let targets = self.alloc(t * INT64);
+            let old = self.carried.targets.replace(targets);
+            self.free_opt(old);
+        }
 
         // Embeddings (not autocast: param dtype), positions or rotary tables, the causal mask.
         let mut rope_tables = Vec::new();
@@ -1116,11 +1243,22 @@ impl TransformerGen {
         self.accumulate(dm, named.tok_embed, gte, p);
         self.free(seed);
         self.free(scaled);
+        if let Some(ddp) = self.ddp.as_mut() {
+            // The reducer's finalize waits for the last all-reduce: by the optimizer step the
+            // NCCL stream's work is done; the next step's gradients start a new round.
+            ddp.remaining.clone_from(&ddp.bucket_params);
+            ddp.ready.fill(false);
+            self.e.sync(Some(DDP_COMM_STREAM));
+        }
 
         if self.spec.clip_grad_norm {
             self.clip_grad_norm(dm);
         }
         self.optimizer_step();
+        if self.spec.prefetch_stream {
+            // The loop reads the loss (`loss.item()`): the default stream completes.
+            self.e.sync(Some(0));
+        }
     }
 
     /// `clip_grad_norm_(foreach=True)`: a norm per gradient, stacked, the total norm, the clip
@@ -1217,6 +1355,9 @@ impl Iterator for TransformerGen {
                 for i in 0..self.layout.elems.len() {
                     let id = self.e.alloc(self.layout.elems[i] * pb);
                     self.params.push(id);
+                }
+                if let Some(ddp) = self.spec.ddp.clone() {
+                    self.ddp_init(&ddp);
                 }
                 continue;
             }

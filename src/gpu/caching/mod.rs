@@ -3,14 +3,19 @@
 //! `c10/cuda/CUDACachingAllocator.cpp`; the conf keys and their parsing follow
 //! `c10/core/AllocatorConfig.cpp`.
 //!
-//! Note [What is not modelled]: cross-stream uses (`record_stream`) and CUDA events, CUDA-graph
-//! private pools and MemPools, free-memory callbacks (IPC). Traces carry no such operations, so
-//! `active_bytes == allocated_bytes` here and every free completes at once.
+//! Cross-stream uses are modelled deterministically: `record_stream` adds a using stream, a free
+//! of a used block records one event per using stream (insert_events) and leaves the block
+//! active but not allocated ("active_pending_free") until a `sync` of those streams completes the
+//! events; the block then returns to its pool at the next malloc (process_events) or at
+//! empty_cache/the OOM path (synchronize_and_free_events).
+//!
+//! Note [What is not modelled]: CUDA-graph private pools and MemPools, free-memory callbacks
+//! (IPC), and event completion by the passage of time (only a `sync` completes work).
 
 mod expandable;
 mod free_set;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use rustc_hash::FxHashMap;
 
@@ -150,6 +155,27 @@ pub struct CachingAllocator<D: Device> {
     streams: FxHashMap<u64, u32>,
     raw_streams: Vec<u64>,
     expandable_segments: Vec<Option<ExpandableSegment>>,
+    events: StreamEvents,
+}
+
+/// The cross-stream state of recordStream / insert_events / process_events: which live blocks
+/// other streams use, and the freed blocks waiting for those streams' events.
+#[derive(Default)]
+struct StreamEvents {
+    /// Block::stream_uses: live block → the raw streams (other than its own) that used it.
+    stream_uses: FxHashMap<u32, Vec<u64>>,
+    /// Block::event_count of each freed block still waiting.
+    event_count: FxHashMap<u32, u32>,
+    /// cuda_events: per raw stream, the blocks whose event on it has not completed, in order.
+    queued: BTreeMap<u64, VecDeque<u32>>,
+    /// Events completed by a sync, not yet seen by process_events.
+    completed: Vec<u32>,
+}
+
+impl StreamEvents {
+    fn is_pending(&self, block: u32) -> bool {
+        !self.event_count.is_empty() && self.event_count.contains_key(&block)
+    }
 }
 
 #[inline]
@@ -174,6 +200,7 @@ impl<D: Device> CachingAllocator<D> {
             streams,
             raw_streams: vec![0],
             expandable_segments: Vec::new(),
+            events: StreamEvents::default(),
         }
     }
 
@@ -411,9 +438,39 @@ impl<D: Device> CachingAllocator<D> {
 
     /// release_cached_blocks (empty_cache, and the last resort before an OOM).
     fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
-        self.stats.num_sync_all_streams += 1; // synchronize_and_free_events
+        self.synchronize_and_free_events();
         self.release_blocks(PoolKind::Large)?;
         self.release_blocks(PoolKind::Small)
+    }
+
+    /// synchronize_and_free_events: wait for every outstanding event, then free its block.
+    fn synchronize_and_free_events(&mut self) {
+        self.stats.num_sync_all_streams += 1;
+        let mut done = std::mem::take(&mut self.events.completed);
+        for (_, q) in std::mem::take(&mut self.events.queued) {
+            done.extend(q);
+        }
+        self.complete_events(done);
+    }
+
+    /// process_events (the start of every malloc): free the blocks whose last event completed.
+    fn process_events(&mut self) {
+        if !self.events.completed.is_empty() {
+            let done = std::mem::take(&mut self.events.completed);
+            self.complete_events(done);
+        }
+    }
+
+    /// One completed event per entry: `event_count--`, and free_block at zero.
+    fn complete_events(&mut self, done: Vec<u32>) {
+        for block in done {
+            let count = self.events.event_count.get_mut(&block).expect("a completed event belongs to a pending block");
+            *count -= 1;
+            if *count == 0 {
+                self.events.event_count.remove(&block);
+                self.free_block(block);
+            }
+        }
     }
 
     /// release_blocks: cudaFree every whole free segment; unmap the free pages of expandable ones.
@@ -444,7 +501,8 @@ impl<D: Device> CachingAllocator<D> {
             return 0;
         }
         let s = self.blocks[src as usize].clone();
-        if s.allocated || s.mapped != self.blocks[dst as usize].mapped {
+        // try_merge_blocks: not a block awaiting its events (event_count > 0).
+        if s.allocated || s.mapped != self.blocks[dst as usize].mapped || self.events.is_pending(src) {
             return 0;
         }
         if s.mapped {
@@ -584,6 +642,7 @@ impl<D: Device> CachingAllocator<D> {
     /// the first violation. Used by tests (PyTorch checks its stats against its snapshot too).
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut allocated = 0u64;
+        let mut active = 0u64;
         let mut reserved = 0u64;
         let mut inactive_split_bytes = 0u64;
         let mut inactive_split = 0i64;
@@ -591,6 +650,7 @@ impl<D: Device> CachingAllocator<D> {
         let mut free_in_sets = 0usize;
         for seg in self.segments() {
             allocated += seg.allocated();
+            active += seg.active();
             let mapped: u64 = seg.blocks.iter().map(|b| b.size).sum();
             if mapped != seg.total_size {
                 return Err(format!("segment {:#x}: blocks sum to {mapped}, total_size {}", seg.address, seg.total_size));
@@ -619,7 +679,7 @@ impl<D: Device> CachingAllocator<D> {
                 free_in_sets += 1;
             }
         }
-        let live_free = self.blocks.iter().filter(|b| b.size > 0 && !b.allocated && b.mapped).count();
+        let live_free = self.blocks.iter().enumerate().filter(|&(i, b)| b.size > 0 && !b.allocated && b.mapped && !self.events.is_pending(i as u32)).count();
         if live_free != free_in_sets {
             return Err(format!("{live_free} free mapped blocks but {free_in_sets} in the free sets"));
         }
@@ -630,7 +690,8 @@ impl<D: Device> CachingAllocator<D> {
                 if n.prev != i as u32 || n.ptr != b.ptr + b.size {
                     return Err(format!("block {:#x}: broken link to next", b.ptr));
                 }
-                if !b.allocated && !n.allocated && b.mapped == n.mapped {
+                let pending = self.events.is_pending(i as u32) || self.events.is_pending(b.next);
+                if !b.allocated && !n.allocated && b.mapped == n.mapped && !pending {
                     return Err(format!("blocks {:#x} and {:#x} are free neighbours that were not merged", b.ptr, n.ptr));
                 }
             }
@@ -642,7 +703,7 @@ impl<D: Device> CachingAllocator<D> {
             ("inactive_split_bytes", s.inactive_split_bytes.all.current, inactive_split_bytes as i64),
             ("inactive_split", s.inactive_split.all.current, inactive_split),
             ("segment", s.segment.all.current, segments),
-            ("active_bytes", s.active_bytes.all.current, allocated as i64),
+            ("active_bytes", s.active_bytes.all.current, active as i64),
         ];
         for (name, stat, recount) in checks {
             if stat != recount {
@@ -680,6 +741,8 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         if bytes == 0 {
             return Ok(NULL_HANDLE);
         }
+        // malloc: process_events(context) before looking for a block.
+        self.process_events();
         let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
         let pool = pool_for(rounded);
@@ -721,8 +784,50 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         if size >= self.cfg.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
-        self.free_block(handle);
+        // free: a block other streams used waits for their events (insert_events); it stays
+        // active (active_bytes) while no longer allocated.
+        match self.events.stream_uses.remove(&handle) {
+            Some(uses) => {
+                self.events.event_count.insert(handle, uses.len() as u32);
+                for s in uses {
+                    self.events.queued.entry(s).or_default().push_back(handle);
+                }
+            }
+            None => self.free_block(handle),
+        }
         Ok(())
+    }
+
+    fn record_stream(&mut self, handle: Handle, raw_stream: u64) {
+        if handle == NULL_HANDLE {
+            return; // recordStream: `if (!ptr.get()) return;`
+        }
+        let b = &self.blocks[handle as usize];
+        debug_assert!(b.allocated, "record_stream on a block that is not allocated");
+        // recordStream: "ignore uses on the allocation stream, since those don't require any
+        // special synchronization"; stream_uses is a set.
+        if self.raw_streams[b.stream as usize] == raw_stream {
+            return;
+        }
+        let uses = self.events.stream_uses.entry(handle).or_default();
+        if !uses.contains(&raw_stream) {
+            uses.push(raw_stream);
+        }
+    }
+
+    fn sync(&mut self, stream: Option<u64>) {
+        match stream {
+            Some(s) => {
+                if let Some(q) = self.events.queued.remove(&s) {
+                    self.events.completed.extend(q);
+                }
+            }
+            None => {
+                for (_, q) in std::mem::take(&mut self.events.queued) {
+                    self.events.completed.extend(q);
+                }
+            }
+        }
     }
 
     fn empty_cache(&mut self) -> Result<(), DeviceError> {
@@ -762,7 +867,13 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                     s.blocks.push(BlockSnapshot {
                         size: b.size,
                         requested_size: b.requested,
-                        state: if b.allocated { BlockState::ActiveAllocated } else { BlockState::Inactive },
+                        state: if b.allocated {
+                            BlockState::ActiveAllocated
+                        } else if self.events.is_pending(cur) {
+                            BlockState::ActivePendingFree
+                        } else {
+                            BlockState::Inactive
+                        },
                     });
                 } else if let Some(s) = seg.take() {
                     out.push(s);

@@ -480,3 +480,117 @@ fn a_trace_asking_for_more_than_any_device_replays_to_an_oom() {
     assert_eq!(out.ooms, 1);
     assert_eq!(out.oom.as_ref().map(|o| o.requested), Some(crate::units::EIB - 1));
 }
+
+/// recordStream / insert_events / process_events: a block another stream used is not reusable
+/// after its free until that stream's event completes (a sync), and returns to the pool at the
+/// next malloc; while it waits it is active but not allocated ("active_pending_free").
+#[test]
+fn record_stream_defers_the_free_until_the_stream_syncs() {
+    let mut a = default_alloc();
+    let h = a.malloc(20 * MIB, 0).unwrap();
+    a.record_stream(h, 7);
+    a.free(h).unwrap();
+    // free: allocated_bytes drops at once, active_bytes only when the event completes.
+    assert_eq!(state(&a), (0, 20 * MIB as i64, 1, 1, 0, 0));
+    assert_eq!(a.stats().active_bytes.all.current, 20 * MIB as i64);
+    assert_eq!(a.segments()[0].blocks[0].state, BlockState::ActivePendingFree);
+    // The same request cannot reuse it: a second segment.
+    let h2 = a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a), (20 * MIB as i64, 40 * MIB as i64, 2, 2, 0, 0));
+    // A sync of another stream changes nothing.
+    a.sync(Some(3));
+    let h3 = a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a).3, 3);
+    // Stream 7 completes; the block lands at the next malloc (process_events), which reuses it.
+    a.sync(Some(7));
+    assert_eq!(a.stats().active_bytes.all.current, 60 * MIB as i64, "lands only at the next malloc");
+    let h4 = a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a), (60 * MIB as i64, 60 * MIB as i64, 3, 3, 0, 0));
+    for h in [h2, h3, h4] {
+        a.free(h).unwrap();
+    }
+    assert_eq!(a.stats().active_bytes.all.current, 0);
+}
+
+#[test]
+fn record_stream_on_the_allocation_stream_is_no_use() {
+    let mut a = default_alloc();
+    let h = a.malloc(20 * MIB, 5).unwrap();
+    a.record_stream(h, 5);
+    a.free(h).unwrap();
+    assert_eq!(a.stats().active_bytes.all.current, 0);
+    a.malloc(20 * MIB, 5).unwrap();
+    assert_eq!(state(&a).3, 1, "reused at once");
+}
+
+#[test]
+fn a_block_used_by_two_streams_waits_for_both_events() {
+    let mut a = default_alloc();
+    let h = a.malloc(20 * MIB, 0).unwrap();
+    a.record_stream(h, 1);
+    a.record_stream(h, 2);
+    a.record_stream(h, 1); // stream_uses is a set
+    a.free(h).unwrap();
+    a.sync(Some(1));
+    let h2 = a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a).3, 2, "one event still outstanding");
+    a.free(h2).unwrap();
+    a.sync(Some(2));
+    a.malloc(20 * MIB, 0).unwrap();
+    a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a).3, 2, "both blocks reused");
+    // A device sync completes every stream.
+    let mut b = default_alloc();
+    let h = b.malloc(20 * MIB, 0).unwrap();
+    b.record_stream(h, 1);
+    b.record_stream(h, 2);
+    b.free(h).unwrap();
+    b.sync(None);
+    b.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&b).3, 1);
+}
+
+/// A pending block is not merged with its free neighbours (try_merge_blocks: event_count > 0);
+/// once its event completes, free_block merges it.
+#[test]
+fn a_pending_block_is_not_merged_until_it_lands() {
+    let mut a = default_alloc();
+    let x = a.malloc(1000, 0).unwrap();
+    let y = a.malloc(1000, 0).unwrap();
+    a.record_stream(y, 9);
+    a.free(y).unwrap();
+    a.free(x).unwrap();
+    // x is free and split off; y pending: the segment holds x (1 KiB inactive), y, the rest.
+    let seg = &a.segments()[0];
+    let states: Vec<BlockState> = seg.blocks.iter().map(|b| b.state).collect();
+    assert_eq!(states, [BlockState::Inactive, BlockState::ActivePendingFree, BlockState::Inactive]);
+    assert_eq!(state(&a), (0, 2 * MIB as i64, 1, 1, 2, 2 * MIB as i64 - 1024));
+    a.sync(Some(9));
+    // process_events lands y: the segment is one 2 MiB free block again, split for the request.
+    a.malloc(1000, 0).unwrap();
+    assert_eq!(state(&a), (1024, 2 * MIB as i64, 1, 1, 1, 2 * MIB as i64 - 1024));
+    assert_eq!(a.segments()[0].blocks.len(), 2);
+}
+
+/// synchronize_and_free_events: empty_cache and the OOM path wait for every event, so pending
+/// blocks are freed (and released) there without a sync in the trace.
+#[test]
+fn empty_cache_and_the_oom_path_synchronize_pending_frees() {
+    let mut a = default_alloc();
+    let h = a.malloc(20 * MIB, 0).unwrap();
+    a.record_stream(h, 4);
+    a.free(h).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a), (0, 0, 0, 1, 0, 0));
+    assert_eq!(a.stats().active_bytes.all.current, 0);
+
+    let mut b = alloc("", 40 * MIB);
+    let h = b.malloc(30 * MIB, 0).unwrap();
+    b.record_stream(h, 4);
+    b.free(h).unwrap();
+    // 30 MiB pending on a 40 MiB device: a 20 MiB request needs the retry path, which syncs.
+    b.malloc(20 * MIB, 0).unwrap();
+    let s = b.stats();
+    assert_eq!((s.num_alloc_retries, s.num_sync_all_streams, s.num_device_free), (1, 1, 1));
+    assert_eq!(state(&b), (20 * MIB as i64, 20 * MIB as i64, 1, 2, 0, 0));
+}
