@@ -66,3 +66,23 @@ fn non_utf8_workload_file_is_an_error() {
     let e = Workload::load(&p).unwrap_err().to_string();
     assert!(e.contains("bad.toml:2: not valid UTF-8"), "{e}");
 }
+
+/// A serving workload whose model is not Llama-style, or whose explicit arrivals are out of range,
+/// is refused in one line naming the field.
+#[test]
+fn serving_workloads_refuse_a_gelu_model_and_bad_arrivals() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/serving-llama7b.toml")).unwrap();
+    for (edit, field) in [
+        (base.replace("ffn_kind = \"swiglu\"", "ffn_kind = \"gelu\""), "serving.model.ffn_kind"),
+        (base.replace("[serving.model]", "arrivals = [[0, 10, 10]]\n[serving.model]"), "serving.arrivals"),
+        (base.replace("[serving.model]", "arrivals = [[1, 10, 0]]\n[serving.model]"), "serving.arrivals"),
+    ] {
+        let path = dir.path().join("w.toml");
+        std::fs::write(&path, edit).unwrap();
+        let out = assert_cmd::Command::cargo_bin("allocbench").unwrap().args(["replay", path.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(field) && err.trim().lines().count() == 1, "{err}");
+    }
+}

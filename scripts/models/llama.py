@@ -27,6 +27,7 @@ PRESETS = {
     "llama2-13b": LlamaConfig(layers=40, d_model=5120, heads=40, kv_heads=40, ffn=13824),
     "llama3-8b": LlamaConfig(layers=32, d_model=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, max_positions=8192, rope_theta=500000.0),
     "tiny-llama": LlamaConfig(layers=2, d_model=64, heads=4, kv_heads=2, ffn=172, vocab=512, max_positions=128),
+    "tiny-llama-mha": LlamaConfig(layers=2, d_model=64, heads=4, kv_heads=4, ffn=172, vocab=512, max_positions=4096),
 }
 
 

@@ -83,6 +83,7 @@ def main():
     p.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     p.add_argument("--device", default="cuda")
     p.add_argument("--seed", type=int, default=11)
+    p.add_argument("--schedule-out", help="write the admitted requests as a workload's `arrivals = [[step, prompt, output], ...]` line")
     a = p.parse_args()
 
     rng = random.Random(a.seed)
@@ -92,9 +93,10 @@ def main():
     prompt_dist = [float(x) for x in a.prompt.split(",")]
     output_dist = [float(x) for x in a.output.split(",")]
     waiting, running = 0, []
+    arrived_at, schedule = [], []  # the step each waiting request arrived at; admitted [step, prompt, output]
     burst, phase_left = False, rng.expovariate(1 / a.mean_calm_steps)
     with torch.inference_mode():
-        for _ in range(a.steps):
+        for step in range(1, a.steps + 1):
             # Arrivals: Poisson, at a rate that switches between calm and burst phases.
             phase_left -= 1
             if phase_left <= 0:
@@ -106,11 +108,13 @@ def main():
                 arrivals += 1
                 t += rng.expovariate(rate)
             waiting += arrivals
+            arrived_at += [step] * arrivals
             # Admit and prefill.
             while waiting and len(running) < a.max_batch:
                 waiting -= 1
                 prompt = lognormal(rng, *prompt_dist)
                 remaining = lognormal(rng, *output_dist)
+                schedule.append([arrived_at.pop(0), prompt, remaining])
                 if a.kv_cache == "naive_cat":
                     caches = [CatCache() for _ in range(config.layers)]
                 else:
@@ -126,6 +130,9 @@ def main():
                 r[1], r[2], r[3] = pos + 1, r[2] - 1, logits[:, -1:].argmax(-1)
             running = [r for r in running if r[2] > 0]
             mark_step()
+    if a.schedule_out:
+        with open(a.schedule_out, "w") as f:
+            f.write("arrivals = [" + ", ".join(f"[{s}, {p}, {o}]" for s, p, o in schedule) + "]\n")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,12 @@ impl Workload {
                     return Err(v.fail(name, "must be ≥ 1 step"));
                 }
             }
+            if s.model.ffn_kind != spec::FfnKind::Swiglu {
+                return Err(v.fail("serving.model.ffn_kind", "the serving generator follows llama.py (RMSNorm, rotary, SwiGLU): use ffn_kind = \"swiglu\""));
+            }
+            if let Some(a) = s.arrivals.iter().find(|a| a[0] == 0 || a[0] > s.steps || a[1] == 0 || a[1] > 1 << 20 || a[2] == 0 || a[2] > 1 << 20) {
+                return Err(v.fail("serving.arrivals", format!("{a:?}: each is [step 1..=steps, prompt 1..=2^20 tokens, output 1..=2^20 tokens]")));
+            }
             let max_tokens = (s.prompt_len.max_value() + s.output_len.max_value()) as u128;
             v.size("serving.max_batch", max_tokens * s.model.d_model as u128 * 4)?;
         }

@@ -1,13 +1,24 @@
-//! LLM serving: bursty arrivals, prefill, token-by-token decode with a growing KV cache.
+//! LLM serving as eager PyTorch does it (`scripts/models/serve.py` over `scripts/models/llama.py`,
+//! under `torch.inference_mode()`), op by op: requests arrive in Poisson bursts, each is prefilled
+//! on its prompt, then decoded one token per step, one forward per request, with its own KV cache.
 //!
-//! Weights are loaded first and stay live. Arrivals are Poisson per decode step with a rate that
-//! switches between calm and burst phases (geometric phase lengths). Up to `max_batch` requests
-//! run at once; a new one is prefilled (prompt-sized activations, its KV cache), then every step
-//! decodes one token for each running request (1-token activations per block; the KV cache grows:
-//! `naive_cat` allocates K and V one token larger and frees the old, per block, per token;
-//! `paged` adds a page when a page fills; `preallocated` sized for the whole sequence at
-//! admission). A finished request frees its cache. After the last step every request still
-//! running is finished, so only the weights are live at the end.
+//! Weights load first (llama.py's parameter order) and stay live. Arrivals are Poisson per step
+//! with a rate that switches between calm and burst phases (geometric phase lengths); up to
+//! `max_batch` requests run at once. Every forward follows llama.py: the rotary tables of the
+//! whole prefix, the embedding, per block RMSNorm (an fp32 upcast and its statistics), q/k/v
+//! projections, rotary on q and k (casts of the table slices, four products, two sums, a cat),
+//! the cache update, fused SDPA (flash on fp16/bf16: its log-sum-exp dies at once), the head
+//! reshape (a copy only when more than one token), the output projection, the residual sums and
+//! the SwiGLU MLP; then the final norm and fp16 logits for every position. KV caches:
+//! `naive_cat` (torch.cat one token longer per layer per token, the old freed), `preallocated`
+//! (a max-length K and V buffer per layer, taken at the first update), `paged` (pages of
+//! `page_tokens` added as the sequence grows, gathered into contiguous K and V for attention).
+//!
+//! Python's own lifetimes are kept: the loop's names `idx`, `logits`, `token`, `caches` and `r`
+//! hold their last values until rebound (the previous prompt's ids and logits live through the
+//! next forward; a finished request's cache lives until `caches` and `r` move on), and a list
+//! frees its items from the last to the first. After the last step everything but the weights
+//! is freed.
 
 use std::collections::VecDeque;
 
@@ -15,16 +26,34 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Poisson};
 
-use super::model::{forward_block, BlockShape, Emitter, LengthSampler, ParamLayout};
-use super::spec::{Attention, KvCache, ServingSpec};
+use super::model::{Emitter, LengthSampler};
+use super::spec::{KvCache, ServingSpec};
 use crate::event::Event;
 
+const FP32: u64 = 4;
+const INT64: u64 = 8;
+
+/// One layer's cache: K and V tensors (naive: the whole prefix; preallocated: the buffers;
+/// paged: one tensor per page each) and the tokens in it.
+#[derive(Default)]
+struct LayerKv {
+    k: Vec<u64>,
+    v: Vec<u64>,
+    len: u64,
+}
+
 struct Request {
-    prompt: u64,
-    output: u64,
-    generated: u64,
-    /// Per block: K and V tensors (naive/preallocated: one each; paged: one per page).
-    kv: Vec<Vec<u64>>,
+    kv: Vec<LayerKv>,
+    /// `r[1]`: the position of the next token.
+    pos: u64,
+    /// `r[2]`: tokens still to generate.
+    remaining: i64,
+    /// `r[3]`: the last sampled token ([1, 1] int64).
+    token: u64,
+    /// Prompt plus output: the preallocated cache's length.
+    max_len: u64,
+    in_running: bool,
+    caches_freed: bool,
 }
 
 pub struct ServingGen {
@@ -37,7 +66,15 @@ pub struct ServingGen {
     step: u64,
     burst: bool,
     waiting: VecDeque<(u64, u64)>,
-    running: Vec<Request>,
+    requests: Vec<Request>,
+    /// Indices into `requests` of `running`, in order.
+    running: Vec<usize>,
+    // serve.py's loop names and what they hold.
+    idx: Option<u64>,
+    logits: Option<u64>,
+    token: Option<u64>,
+    caches: Option<usize>,
+    r: Option<usize>,
     drained: bool,
 }
 
@@ -53,118 +90,346 @@ impl ServingGen {
             step: 0,
             burst: false,
             waiting: VecDeque::new(),
+            requests: Vec::new(),
             running: Vec::new(),
+            idx: None,
+            logits: None,
+            token: None,
+            caches: None,
+            r: None,
             drained: false,
         }
     }
 
-    /// Bytes of K (or V) for `tokens` tokens in one block.
-    fn kv_bytes(&self, tokens: u64) -> u64 {
-        tokens * self.spec.model.d_model * self.spec.dtype.bytes()
+    fn dt(&self) -> u64 {
+        self.spec.dtype.bytes()
     }
 
-    fn pages(&self, tokens: u64) -> u64 {
-        tokens.div_ceil(self.spec.page_tokens)
+    /// llama.py's parameters in registration order: embedding, per block the input norm, q, k,
+    /// v, o, the post-attention norm, gate, up, down; the final norm and the output projection.
+    fn load_weights(&mut self) {
+        let m = &self.spec.model;
+        let (d, f, v) = (m.d_model, m.ffn, m.vocab);
+        let mut elems = vec![v * d];
+        for _ in 0..m.layers {
+            elems.extend([d, d * d, d * d, d * d, d * d, d, f * d, f * d, d * f]);
+        }
+        elems.push(d);
+        if !m.tied_embeddings {
+            elems.push(v * d);
+        }
+        let dt = self.dt();
+        for n in elems {
+            self.e.alloc(n * dt);
+        }
+    }
+
+    /// RMSNorm.forward on `s` tokens: `x.float()`, `pow(2).mean(-1, keepdim)`, `+ eps`, `rsqrt`,
+    /// the product, `.type_as(x)`, `* weight`.
+    fn rms_norm(&mut self, s: u64) -> u64 {
+        let (d, dt) = (self.spec.model.d_model, self.dt());
+        let upcast = dt != FP32;
+        let h = upcast.then(|| self.e.alloc(s * d * FP32));
+        let sq = self.e.alloc(s * d * FP32);
+        let mean = self.e.alloc(s * FP32);
+        self.e.free(sq);
+        let eps = self.e.alloc(s * FP32);
+        self.e.free(mean);
+        let r = self.e.alloc(s * FP32);
+        self.e.free(eps);
+        let hr = self.e.alloc(s * d * FP32);
+        self.e.free(r);
+        let cast = if upcast {
+            let t = self.e.alloc(s * d * dt);
+            self.e.free(hr);
+            t
+        } else {
+            hr
+        };
+        let out = self.e.alloc(s * d * dt);
+        self.e.free(cast);
+        if let Some(h) = h {
+            self.e.free(h);
+        }
+        out
+    }
+
+    /// apply_rope on `heads` heads of `s` tokens: the table slices cast to the dtype, x1·cos −
+    /// x2·sin and x2·cos + x1·sin, and their cat.
+    fn rope(&mut self, s: u64, heads: u64) -> u64 {
+        let m = &self.spec.model;
+        let hd = m.d_model / m.heads;
+        let half = hd / 2;
+        let dt = self.dt();
+        let casts = (dt != FP32).then(|| [self.e.alloc(s * half * dt), self.e.alloc(s * half * dt)]);
+        let piece = s * heads * half * dt;
+        let (a, b) = (self.e.alloc(piece), self.e.alloc(piece));
+        let first = self.e.alloc(piece);
+        self.e.free(a);
+        self.e.free(b);
+        let (a, b) = (self.e.alloc(piece), self.e.alloc(piece));
+        let second = self.e.alloc(piece);
+        self.e.free(a);
+        self.e.free(b);
+        let out = self.e.alloc(s * heads * hd * dt);
+        self.e.free(second);
+        self.e.free(first);
+        if let Some(c) = casts {
+            self.e.free_all(c);
+        }
+        out
+    }
+
+    /// `Llama.forward(idx, caches=..., start=start)` on `s` tokens of request `ri`; returns the
+    /// logits ([1, s, vocab] in the model's dtype).
+    fn forward(&mut self, ri: usize, s: u64, start: u64) -> u64 {
+        let m = self.spec.model.clone();
+        let (d, f, v, dt) = (m.d_model, m.ffn, m.vocab, self.dt());
+        let half = d / m.heads / 2;
+        let total = start + s;
+        // rope_tables(start + s): arange / half, theta ** that, 1 / that (reciprocal then ·1.0),
+        // the positions, their outer product, cos and sin.
+        let a = self.e.alloc(half * FP32);
+        let b = self.e.alloc(half * FP32);
+        self.e.free(a);
+        let p = self.e.alloc(half * FP32);
+        self.e.free(b);
+        let recip = self.e.alloc(half * FP32);
+        let inv = self.e.alloc(half * FP32);
+        self.e.free(recip);
+        self.e.free(p);
+        let positions = self.e.alloc(total * FP32);
+        let angles = self.e.alloc(total * half * FP32);
+        self.e.free(positions);
+        let (cos, sin) = (self.e.alloc(total * half * FP32), self.e.alloc(total * half * FP32));
+        self.e.free(inv);
+        self.e.free(angles);
+
+        let mut x = self.e.alloc(s * d * dt); // embed_tokens
+        for layer in 0..m.layers as usize {
+            let n = self.rms_norm(s);
+            let q = self.e.alloc(s * d * dt);
+            let k = self.e.alloc(s * d * dt);
+            let val = self.e.alloc(s * d * dt);
+            let qr = self.rope(s, m.heads);
+            let kr = self.rope(s, m.heads);
+            self.e.free(k);
+            self.e.free(q);
+            let gathered = self.cache_update(ri, layer, kr, val, s);
+            // SDPA: flash on fp16/bf16 returns the output and a log-sum-exp nobody keeps;
+            // memory-efficient on fp32 computes none without grad.
+            let y = self.e.alloc(s * d * dt);
+            if dt != FP32 {
+                let lse = self.e.alloc(m.heads * s * FP32);
+                self.e.free(lse);
+            }
+            // y.transpose(1, 2).reshape(b, s, -1) copies unless s == 1.
+            let reshaped = (s > 1).then(|| self.e.alloc(s * d * dt));
+            let o = self.e.alloc(s * d * dt);
+            if let Some(t) = reshaped {
+                self.e.free(t);
+            }
+            self.e.free(qr);
+            self.e.free_all(gathered);
+            self.e.free(y);
+            self.e.free(n);
+            let x2 = self.e.alloc(s * d * dt);
+            self.e.free(o);
+            let h = self.rms_norm(s);
+            let gate = self.e.alloc(s * f * dt);
+            let silu = self.e.alloc(s * f * dt);
+            self.e.free(gate);
+            let up = self.e.alloc(s * f * dt);
+            let prod = self.e.alloc(s * f * dt);
+            self.e.free(silu);
+            self.e.free(up);
+            let down = self.e.alloc(s * d * dt);
+            self.e.free(prod);
+            let x3 = self.e.alloc(s * d * dt);
+            self.e.free(down);
+            self.e.free(x2);
+            self.e.free(h);
+            self.e.free(x);
+            x = x3;
+        }
+        let n = self.rms_norm(s);
+        let logits = self.e.alloc(s * v * dt);
+        self.e.free(n);
+        self.e.free(cos);
+        self.e.free(sin);
+        self.e.free(x);
+        logits
+    }
+
+    /// `k, v = cache.update(k, v)` for `s` new tokens (`kr` the rotated keys, `val` the values);
+    /// returns the temporaries attention reads and then frees (paged: the gathered K and V).
+    fn cache_update(&mut self, ri: usize, layer: usize, kr: u64, val: u64, s: u64) -> Vec<u64> {
+        let per_token = self.spec.model.d_model * self.dt();
+        let len = self.requests[ri].kv[layer].len;
+        let new_len = len + s;
+        self.requests[ri].kv[layer].len = new_len;
+        match self.spec.kv_cache {
+            KvCache::NaiveCat => {
+                if len == 0 {
+                    // self.k = k: the cache keeps the tensors themselves.
+                    let kv = &mut self.requests[ri].kv[layer];
+                    kv.k = vec![kr];
+                    kv.v = vec![val];
+                } else {
+                    let nk = self.e.alloc(new_len * per_token);
+                    let old = std::mem::replace(&mut self.requests[ri].kv[layer].k, vec![nk]);
+                    self.e.free_all(old);
+                    let nv = self.e.alloc(new_len * per_token);
+                    let old = std::mem::replace(&mut self.requests[ri].kv[layer].v, vec![nv]);
+                    self.e.free_all(old);
+                    self.e.free(kr);
+                    self.e.free(val);
+                }
+                Vec::new()
+            }
+            KvCache::Preallocated => {
+                if self.requests[ri].kv[layer].k.is_empty() {
+                    let full = self.requests[ri].max_len * per_token;
+                    let (bk, bv) = (self.e.alloc(full), self.e.alloc(full));
+                    let kv = &mut self.requests[ri].kv[layer];
+                    kv.k = vec![bk];
+                    kv.v = vec![bv];
+                }
+                self.e.free(kr);
+                self.e.free(val);
+                Vec::new()
+            }
+            KvCache::Paged => {
+                let page = self.spec.page_tokens;
+                let have = len.div_ceil(page);
+                for _ in have..new_len.div_ceil(page) {
+                    let (pk, pv) = (self.e.alloc(page * per_token), self.e.alloc(page * per_token));
+                    let kv = &mut self.requests[ri].kv[layer];
+                    kv.k.push(pk);
+                    kv.v.push(pv);
+                }
+                let gathered = vec![self.e.alloc(new_len * per_token), self.e.alloc(new_len * per_token)];
+                self.e.free(kr);
+                self.e.free(val);
+                gathered
+            }
+        }
+    }
+
+    /// Frees what a request's list held once nothing names it: `r[3]` (unless the `token` name
+    /// still holds it), then its caches (unless the `caches` name holds them), layers from the
+    /// last, K before V.
+    fn release(&mut self, ri: usize) {
+        let req = &self.requests[ri];
+        if req.in_running || self.r == Some(ri) {
+            return;
+        }
+        if self.token != Some(req.token) && req.token != u64::MAX {
+            let t = req.token;
+            self.requests[ri].token = u64::MAX;
+            self.e.free(t);
+        }
+        if self.caches != Some(ri) && !self.requests[ri].caches_freed {
+            self.requests[ri].caches_freed = true;
+            let kv = std::mem::take(&mut self.requests[ri].kv);
+            for layer in kv.into_iter().rev() {
+                self.e.free_all(layer.k);
+                self.e.free_all(layer.v);
+            }
+        }
+    }
+
+    /// Rebinds the `token` name: the old tensor dies unless a live request still holds it.
+    fn rebind_token(&mut self, new: u64) {
+        if let Some(old) = self.token.replace(new) {
+            let held = self.requests.iter().enumerate().any(|(i, q)| q.token == old && (q.in_running || self.r == Some(i)));
+            if !held && old != new {
+                self.e.free(old);
+                for q in self.requests.iter_mut().filter(|q| q.token == old) {
+                    q.token = u64::MAX;
+                }
+            }
+        }
+    }
+
+    fn rebind_caches(&mut self, ri: usize) {
+        if let Some(old) = self.caches.replace(ri) {
+            if old != ri {
+                self.release(old);
+            }
+        }
+    }
+
+    fn rebind_r(&mut self, ri: usize) {
+        if let Some(old) = self.r.replace(ri) {
+            if old != ri {
+                self.release(old);
+            }
+        }
+    }
+
+    /// `logits = model(...)`: the old logits die once the call returns.
+    fn rebind_logits(&mut self, new: u64) {
+        if let Some(old) = self.logits.replace(new) {
+            self.e.free(old);
+        }
     }
 
     fn admit(&mut self, prompt: u64, output: u64) {
-        let m = self.spec.model.clone();
-        let dt = self.spec.dtype.bytes();
-        let shape = BlockShape { model: &m, batch: 1, seq: prompt, act_bytes: dt, attention: Attention::Flash, dropout: false };
-        let mut kv = Vec::with_capacity(m.layers as usize);
-        let mut x = self.e.alloc(prompt * m.d_model * dt);
-        for _ in 0..m.layers {
-            let fwd = forward_block(&mut self.e, shape);
-            let tensors = match self.spec.kv_cache {
-                KvCache::NaiveCat => vec![self.e.alloc(self.kv_bytes(prompt)), self.e.alloc(self.kv_bytes(prompt))],
-                KvCache::Preallocated => {
-                    let full = self.kv_bytes(prompt + output);
-                    vec![self.e.alloc(full), self.e.alloc(full)]
-                }
-                KvCache::Paged => {
-                    let page = self.kv_bytes(self.spec.page_tokens);
-                    (0..2 * self.pages(prompt)).map(|_| self.e.alloc(page)).collect()
-                }
-            };
-            kv.push(tensors);
-            self.e.free_all(fwd.saved.iter().map(|&(id, _)| id));
-            self.e.free(x);
-            x = fwd.output;
+        let layers = self.spec.model.layers as usize;
+        let ri = self.requests.len();
+        self.requests.push(Request {
+            kv: (0..layers).map(|_| LayerKv::default()).collect(),
+            pos: prompt,
+            remaining: output as i64 - 1,
+            token: u64::MAX,
+            max_len: prompt + output,
+            in_running: false,
+            caches_freed: false,
+        });
+        self.rebind_caches(ri);
+        let idx = self.e.alloc(prompt * INT64); // torch.randint(0, vocab, (1, prompt))
+        if let Some(old) = self.idx.replace(idx) {
+            self.e.free(old);
         }
-        let logits = self.e.alloc(m.vocab * 4); // last position only, fp32 for sampling
-        self.e.free(x);
-        self.e.free(logits);
-        self.running.push(Request { prompt, output, generated: 1, kv });
+        let logits = self.forward(ri, prompt, 0);
+        self.rebind_logits(logits);
+        let token = self.e.alloc(INT64); // logits[:, -1:].argmax(-1)
+        self.rebind_token(token);
+        self.requests[ri].token = token;
+        self.requests[ri].in_running = true;
+        self.running.push(ri);
     }
 
-    fn decode_step(&mut self) {
-        let m = self.spec.model.clone();
-        let dt = self.spec.dtype.bytes();
-        let b = self.running.len() as u64;
-        if b == 0 {
-            return;
+    fn decode(&mut self) {
+        for ri in self.running.clone() {
+            // caches, pos, _, token = r
+            self.rebind_r(ri);
+            self.rebind_caches(ri);
+            let token = self.requests[ri].token;
+            self.rebind_token(token);
+            let pos = self.requests[ri].pos;
+            let logits = self.forward(ri, 1, pos);
+            self.rebind_logits(logits);
+            // r[1], r[2], r[3] = pos + 1, r[2] - 1, logits[:, -1:].argmax(-1)
+            let next = self.e.alloc(INT64);
+            let req = &mut self.requests[ri];
+            req.pos += 1;
+            req.remaining -= 1;
+            req.token = next;
         }
-        let d = m.d_model;
-        let mut x = self.e.alloc(b * d * dt);
-        for layer in 0..m.layers as usize {
-            let norm = self.e.alloc(b * d * dt);
-            let qkv = self.e.alloc(b * 3 * d * dt);
-            // Grow each request's cache by this token.
-            for r in 0..self.running.len() {
-                let len = self.running[r].prompt + self.running[r].generated;
-                match self.spec.kv_cache {
-                    KvCache::NaiveCat => {
-                        for which in 0..2 {
-                            let bigger = self.e.alloc(self.kv_bytes(len + 1));
-                            let old = std::mem::replace(&mut self.running[r].kv[layer][which], bigger);
-                            self.e.free(old);
-                        }
-                    }
-                    KvCache::Preallocated => {}
-                    KvCache::Paged => {
-                        if self.pages(len + 1) > self.pages(len) {
-                            let page = self.kv_bytes(self.spec.page_tokens);
-                            for _ in 0..2 {
-                                let id = self.e.alloc(page);
-                                self.running[r].kv[layer].push(id);
-                            }
-                        }
-                    }
-                }
+        // running = [r for r in running if r[2] > 0]: the old list frees its items last first.
+        let old = std::mem::take(&mut self.running);
+        for &ri in &old {
+            if self.requests[ri].remaining > 0 {
+                self.running.push(ri);
             }
-            let ctx_tokens: u64 = self.running.iter().map(|r| r.prompt + r.generated).sum();
-            let scores = self.e.alloc(m.heads * ctx_tokens * dt);
-            let attn = self.e.alloc(b * d * dt);
-            self.e.free(scores);
-            self.e.free(qkv);
-            let h = self.e.alloc(b * d * dt);
-            self.e.free(attn);
-            self.e.free(norm);
-            let up = self.e.alloc(b * m.ffn * dt);
-            let down = self.e.alloc(b * d * dt);
-            self.e.free(up);
-            let out = self.e.alloc(b * d * dt);
-            self.e.free(down);
-            self.e.free(h);
-            self.e.free(x);
-            x = out;
         }
-        let logits = self.e.alloc(b * m.vocab * 4);
-        self.e.free(x);
-        self.e.free(logits);
-        for r in &mut self.running {
-            r.generated += 1;
-        }
-        let (done, running): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running).into_iter().partition(|r| r.generated >= r.output);
-        self.running = running;
-        for r in done {
-            self.finish(r);
-        }
-    }
-
-    fn finish(&mut self, r: Request) {
-        for layer in r.kv {
-            self.e.free_all(layer);
+        for &ri in old.iter().rev() {
+            if self.requests[ri].remaining <= 0 {
+                self.requests[ri].in_running = false;
+                self.release(ri);
+            }
         }
     }
 
@@ -176,12 +441,19 @@ impl ServingGen {
         if self.rng.random_bool((1.0 / mean.max(1.0)).min(1.0)) {
             self.burst = !self.burst;
         }
-        let rate = if self.burst { self.spec.burst_rate } else { self.spec.calm_rate };
-        let arrivals = if rate > 0.0 { Poisson::new(rate).map(|p| p.sample(&mut self.rng) as u64).unwrap_or(0) } else { 0 };
-        for _ in 0..arrivals {
-            let p = self.prompt_len.sample(&mut self.rng);
-            let o = self.output_len.sample(&mut self.rng);
-            self.waiting.push_back((p, o));
+        if self.spec.arrivals.is_empty() {
+            let rate = if self.burst { self.spec.burst_rate } else { self.spec.calm_rate };
+            let arrivals = if rate > 0.0 { Poisson::new(rate).map(|p| p.sample(&mut self.rng) as u64).unwrap_or(0) } else { 0 };
+            for _ in 0..arrivals {
+                let p = self.prompt_len.sample(&mut self.rng);
+                let o = self.output_len.sample(&mut self.rng);
+                self.waiting.push_back((p, o));
+            }
+        } else {
+            // An explicit schedule (a capture's own arrivals): [step, prompt, output] rows.
+            for a in self.spec.arrivals.iter().filter(|a| a[0] == self.step) {
+                self.waiting.push_back((a[1], a[2]));
+            }
         }
         while (self.running.len() as u64) < self.spec.max_batch {
             let Some((p, o)) = self.waiting.pop_front() else {
@@ -189,7 +461,26 @@ impl ServingGen {
             };
             self.admit(p, o);
         }
-        self.decode_step();
+        self.decode();
+    }
+
+    /// The script ends: every name and request is dropped; only the weights stay.
+    fn drain(&mut self) {
+        for ri in std::mem::take(&mut self.running) {
+            self.requests[ri].in_running = false;
+        }
+        self.r = None;
+        self.caches = None;
+        if let Some(t) = self.token.take() {
+            if self.requests.iter().all(|q| q.token != t) {
+                self.e.free(t);
+            }
+        }
+        for ri in 0..self.requests.len() {
+            self.release(ri);
+        }
+        let names = [self.idx.take(), self.logits.take()];
+        self.e.free_all(names.into_iter().flatten());
     }
 }
 
@@ -203,10 +494,7 @@ impl Iterator for ServingGen {
             }
             if !self.loaded {
                 self.loaded = true;
-                let dt = self.spec.dtype.bytes();
-                for n in ParamLayout::new(&self.spec.model).elems {
-                    self.e.alloc(n * dt);
-                }
+                self.load_weights();
                 continue;
             }
             if self.step < self.spec.steps {
@@ -215,9 +503,7 @@ impl Iterator for ServingGen {
             }
             if !self.drained {
                 self.drained = true;
-                for r in std::mem::take(&mut self.running) {
-                    self.finish(r);
-                }
+                self.drain();
                 continue;
             }
             return None;
