@@ -10,7 +10,8 @@
 //! - [`gpu`]: `GpuRunResult` and what it holds (OOM, timeline, segment maps);
 //! - [`cpu`]: `CpuRunResult` (latency, live malloc, RSS samples);
 //! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
-//! - [`fidelity`]: torch_replay.py's document and the fidelity report.
+//! - [`fidelity`]: torch_replay.py's document and the fidelity report;
+//! - [`sweep`]: a sweep's plan rows and finished rows (`SweepRow`).
 
 /// `as_str` (the serialised name) and `Display` (the same, padded as asked) for a closed set.
 macro_rules! names {
@@ -37,6 +38,7 @@ pub mod devprobe;
 pub mod diagnose;
 pub mod fidelity;
 pub mod gpu;
+pub mod sweep;
 
 use std::io::Write;
 use std::path::Path;
@@ -51,6 +53,7 @@ pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
 pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
+pub use sweep::{PlanRow, RowStatus, SweepRow};
 
 /// Bumped whenever a field changes meaning or is removed; readers refuse other versions.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -63,6 +66,7 @@ pub enum ResultRecord {
     CpuRun(Box<CpuRunResult>),
     Devprobe(Box<DevprobeResult>),
     Diagnose(Box<DiagnoseResult>),
+    SweepRow(Box<SweepRow>),
 }
 
 impl ResultRecord {
