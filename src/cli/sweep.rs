@@ -60,12 +60,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// This task's shard: I/N (0-based). Default: SLURM_ARRAY_TASK_ID/COUNT, or JOB_COMPLETION_INDEX with --shards, or the whole plan.
-    #[arg(long, value_parser = Shard::parse, conflicts_with = "shards")]
-    pub shard: Option<Shard>,
+    #[arg(long, conflicts_with = "shards")]
+    pub shard: Option<String>,
     /// The shard count, the index coming from JOB_COMPLETION_INDEX (Kubernetes) or SLURM_ARRAY_TASK_ID.
     #[arg(long)]
     pub shards: Option<u64>,
-    /// Worker threads (default: every core).
+    /// Worker threads (default: SLURM_CPUS_PER_TASK inside a Slurm job, else every core).
     #[arg(long)]
     pub threads: Option<usize>,
     /// No progress bar.
@@ -139,9 +139,13 @@ fn plan(a: &PlanArgs) -> anyhow::Result<()> {
 }
 
 fn run(a: &RunArgs) -> anyhow::Result<()> {
-    let shard = Shard::resolve(a.shard, a.shards, &|k| std::env::var(k).ok())?;
+    // Checked here rather than by clap, so that a bad shard is one line like every input error.
+    let flag = a.shard.as_deref().map(Shard::parse).transpose().map_err(|e| InputError::new("--shard", e))?;
+    let shard = Shard::resolve(flag, a.shards, &|k| std::env::var(k).ok())?;
     let plan = Plan::read(&a.plan)?;
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+    // Every core this task may use: what Slurm granted (--cpus-per-task), else the machine's.
+    let granted = std::env::var("SLURM_CPUS_PER_TASK").ok().and_then(|v| v.trim().parse::<usize>().ok());
+    let threads = a.threads.or(granted).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
     let start = std::time::Instant::now();
     // The bar learns its length once the shard knows which of its rows are left.
     let pb = progress::rows(a.quiet);
