@@ -432,3 +432,35 @@ fn a_four_task_slurm_array_merges_to_the_unsharded_run() {
     assert_eq!(comparable(&results), whole, "the array's merge differs from the unsharded run");
     drop(guard);
 }
+
+/// The `command` of the container named `name` in the Kubernetes file, /sweep mapped to `root`.
+fn k8s_command(yaml: &str, name: &str, root: &Path) -> Vec<String> {
+    let after = yaml.split(&format!("- name: {name}\n")).nth(1).unwrap();
+    let line = after.lines().find(|l| l.trim_start().starts_with("command:")).unwrap();
+    let list: Vec<String> = serde_json::from_str(line.trim_start().trim_start_matches("command:").trim()).unwrap();
+    list.into_iter().map(|a| a.replace("/sweep", s(root))).collect()
+}
+
+#[test]
+fn the_kubernetes_indexed_job_runs_every_shard_then_merges() {
+    let yaml = std::fs::read_to_string(repo("scripts/k8s/sweep-job.yaml")).unwrap();
+    let field = |k: &str| yaml.lines().find_map(|l| l.trim().strip_prefix(&format!("{k}: "))).unwrap().to_string();
+    assert_eq!(field("completionMode"), "Indexed");
+    let completions: u64 = field("completions").parse().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // small_plan writes d/plan.jsonl: the path the Job's command names under /sweep.
+    assert_eq!(small_plan(d), d.join("plan.jsonl"));
+    let shard = k8s_command(&yaml, "shard", d);
+    assert_eq!(shard[0], "allocbench");
+    let at = shard.iter().position(|a| a == "--shards").unwrap();
+    assert_eq!(shard[at + 1].parse::<u64>().unwrap(), completions, "--shards must equal the Job's completions");
+    // Each pod: the same command, its index in JOB_COMPLETION_INDEX.
+    for i in 0..completions {
+        ok(bin().args(&shard[1..]).env("JOB_COMPLETION_INDEX", i.to_string()));
+    }
+    let merge_cmd = k8s_command(&yaml, "merge", d);
+    ok(bin().args(&merge_cmd[1..]));
+    ok(&mut run(&d.join("plan.jsonl"), &d.join("whole")));
+    assert_eq!(comparable(&d.join("out/RESULTS.jsonl")), comparable(&merge(&d.join("whole"))));
+}
