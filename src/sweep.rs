@@ -118,14 +118,7 @@ impl Plan {
         let bytes = std::fs::read(path).map_err(|e| InputError::new(&name, format!("cannot read the plan: {e}")))?;
         let text = std::str::from_utf8(&bytes).map_err(|_| InputError::new(&name, "not a sweep plan (not UTF-8 text)"))?;
         let mut rows = Vec::new();
-        for (i, line) in text.lines().enumerate() {
-            if line.trim().is_empty() {
-                continue;
-            }
-            let loc = format!("{name}:{}", i + 1);
-            let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
-            check_version(&v, &loc, "plan", "make the plan again with this allocbench")?;
-            let row: PlanRow = serde_json::from_value(v).map_err(|e| InputError::new(&loc, format!("not a sweep plan row: {e}")))?;
+        for (loc, row) in versioned_lines::<PlanRow>(&name, text, "plan", "make the plan again with this allocbench")? {
             if row.index != rows.len() as u64 {
                 return Err(InputError::new(
                     &loc,
@@ -153,13 +146,25 @@ impl Plan {
     }
 }
 
-/// Refuses a record without `schema_version` or of another version (one line, exit 2).
-fn check_version(v: &serde_json::Value, loc: &str, what: &str, fix: &str) -> Result<(), InputError> {
-    match v.get("schema_version").and_then(|x| x.as_u64()) {
-        Some(x) if x == SCHEMA_VERSION as u64 => Ok(()),
-        Some(x) => Err(InputError::new(loc, format!("{what} schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: {fix}"))),
-        None => Err(InputError::new(loc, format!("not an allocbench sweep {what} row (no schema_version)"))),
+/// The records of a JSON Lines text with their `file:line`, each of this schema version (else
+/// one line naming the file and line, and `fix`; exit 2).
+fn versioned_lines<T: serde::de::DeserializeOwned>(name: &str, text: &str, what: &str, fix: &str) -> Result<Vec<(String, T)>, InputError> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let loc = format!("{name}:{}", i + 1);
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
+        match v.get("schema_version").and_then(|x| x.as_u64()) {
+            Some(x) if x == SCHEMA_VERSION as u64 => {}
+            Some(x) => return Err(InputError::new(loc, format!("{what} schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: {fix}"))),
+            None => return Err(InputError::new(loc, format!("not an allocbench sweep {what} row (no schema_version)"))),
+        }
+        let record = serde_json::from_value(v).map_err(|e| InputError::new(&loc, format!("not a sweep {what} row: {e}")))?;
+        out.push((loc, record));
     }
+    Ok(out)
 }
 
 /// What `sweep plan` is asked for.
@@ -276,14 +281,7 @@ fn read_shard_file(path: &Path, plan: &Plan, repair: bool) -> anyhow::Result<Vec
     }
     let text = String::from_utf8_lossy(&bytes[..complete]);
     let mut rows = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let loc = format!("{name}:{}", i + 1);
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
-        check_version(&v, &loc, "result", "run the sweep again with this allocbench into a new --out folder")?;
-        let row: SweepRow = serde_json::from_value(v).map_err(|e| InputError::new(&loc, format!("not a sweep row: {e}")))?;
+    for (loc, row) in versioned_lines::<SweepRow>(&name, &text, "result", "run the sweep again with this allocbench into a new --out folder")? {
         if row.plan != plan.id {
             return Err(another_plan(&loc).into());
         }
@@ -503,9 +501,14 @@ pub fn run_shard(
 
 /// Refuses a shard file of another plan (its first complete row says which plan it belongs to).
 fn check_first_row(path: &Path, plan: &Plan) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).map_err(|e| InputError::new(path.display().to_string(), format!("cannot read: {e}")))?;
-    let Some(first) = text.lines().next().filter(|_| text.contains('\n')) else { return Ok(()) };
-    let v: serde_json::Value = serde_json::from_str(first).map_err(|e| InputError::new(format!("{}:1", path.display()), format!("not JSON: {e}")))?;
+    // The first line only: other shards' files may be large, and every task checks them.
+    let f = std::fs::File::open(path).map_err(|e| InputError::new(path.display().to_string(), format!("cannot read: {e}")))?;
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(f), &mut first)?;
+    if !first.ends_with('\n') {
+        return Ok(()); // empty, or its first row still being written
+    }
+    let v: serde_json::Value = serde_json::from_str(&first).map_err(|e| InputError::new(format!("{}:1", path.display()), format!("not JSON: {e}")))?;
     if v.get("plan").and_then(|p| p.as_str()) != Some(plan.id.as_str()) {
         return Err(another_plan(&format!("{}:1", path.display())).into());
     }
