@@ -423,10 +423,22 @@ pub fn run_shard(
 ) -> anyhow::Result<ShardSummary> {
     let dir_name = dir.display().to_string();
     std::fs::create_dir_all(dir).map_err(|e| InputError::new(&dir_name, format!("cannot create the output folder: {e}")))?;
-    adopt_plan(dir, plan)?;
     let file = dir.join(shard.file_name());
+    // The shards already there first, so that a refused run leaves the folder as it was.
     for other in shard_files(dir)?.iter().filter(|p| **p != file) {
         check_first_row(other, plan)?;
+    }
+    adopt_plan(dir, plan)?;
+    let mut out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .map_err(|e| InputError::new(file.display().to_string(), format!("cannot open for appending: {e}")))?;
+    // One writer per shard file: a task requeued while its old run still writes must not
+    // interleave rows with it (the lock goes with the file descriptor when the process ends).
+    // SAFETY: flock on a file descriptor this function owns; no memory is involved.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&out), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return Err(InputError::new(file.display().to_string(), "another `sweep run` of this shard is writing it: wait for it to end, or stop it").into());
     }
     let done: HashSet<u64> = read_shard_file(&file, plan, true)?.into_iter().filter(|r| r.status == RowStatus::Ok).map(|r| r.row.index).collect();
     let mine: Vec<&PlanRow> = plan.rows.iter().filter(|r| shard.takes(r.index)).collect();
@@ -457,11 +469,6 @@ pub fn run_shard(
     }
     todo(rows.len());
 
-    let mut out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&file)
-        .map_err(|e| InputError::new(file.display().to_string(), format!("cannot open for appending: {e}")))?;
     let mut summary =
         ShardSummary { shard, file: file.clone(), rows: mine.len(), already_done: mine.len() - rows.len(), replayed: 0, failed: 0, interrupted: false };
     let next = AtomicUsize::new(0);

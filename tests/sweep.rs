@@ -314,9 +314,26 @@ fn bad_shards_plans_and_folders_exit_2() {
     let plan_b = d.join("plan-b.jsonl");
     ok(bin().args(["sweep", "plan", s(&d.join("scenario-sawtooth.toml")), "-o", s(&plan_b)]));
     assert!(one_line(fails(run(&plan_b, &out).args(["--shard", "1/2"]), 2)).contains("another plan"));
-    // ... even when its plan.jsonl is gone.
+    // ... even when its plan.jsonl is gone (and the refused run leaves none of its own).
     std::fs::remove_file(out.join("plan.jsonl")).unwrap();
     assert!(one_line(fails(run(&plan_b, &out).args(["--shard", "1/2"]), 2)).contains("another plan"));
+    assert!(!out.join("plan.jsonl").exists());
+
+    // A shard file of another schema version.
+    let shard0 = out.join("shard-0-of-2.jsonl");
+    let text = std::fs::read_to_string(&shard0).unwrap();
+    std::fs::write(&shard0, text.replacen("{\"type\":\"sweep_row\",\"schema_version\":1", "{\"type\":\"sweep_row\",\"schema_version\":7", 1)).unwrap();
+    std::fs::write(out.join("plan.jsonl"), std::fs::read(&plan).unwrap()).unwrap();
+    let e = one_line(fails(bin().args(["sweep", "merge", s(&out), "-o", s(&d.join("m.jsonl"))]), 2));
+    assert!(e.contains("shard-0-of-2.jsonl:1") && e.contains("schema version 7"), "{e}");
+    std::fs::write(&shard0, text).unwrap();
+
+    // A second run of a shard while the first still writes it (a requeued task).
+    let held = std::fs::OpenOptions::new().append(true).open(&shard0).unwrap();
+    assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+    assert!(one_line(fails(run(&plan, &out).args(["--shard", "0/2"]), 2)).contains("another `sweep run` of this shard"));
+    drop(held);
+    ok(run(&plan, &out).args(["--shard", "0/2"]));
 
     // Bad plans and conf files.
     let bad = d.join("bad-confs.txt");
