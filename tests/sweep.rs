@@ -243,6 +243,30 @@ fn a_torn_or_killed_shard_resumes_without_duplicates() {
     let mut indices: Vec<u64> = lines(&file2).iter().map(|r| r["row"]["index"].as_u64().unwrap()).collect();
     indices.sort();
     assert_eq!(indices, (0..252).collect::<Vec<_>>(), "every row once after the resume");
+
+    // Ctrl-C (SIGINT): the rows written stay, the exit code says the shard is incomplete.
+    let out3 = d.join("out3");
+    let file3 = out3.join("shard-0-of-1.jsonl");
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+        .args(["sweep", "run", s(&plan2), "--out", s(&out3), "--threads", "1", "--quiet"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&file3).map(|t| t.lines().count()).unwrap_or(0) < 3 && start.elapsed().as_secs() < 60 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+    let done = child.wait_with_output().unwrap();
+    let written = std::fs::read_to_string(&file3).unwrap();
+    if written.lines().count() < 252 {
+        assert_eq!(done.status.code(), Some(1), "{}", String::from_utf8_lossy(&done.stderr));
+        assert!(String::from_utf8_lossy(&done.stderr).contains("interrupted: run the same command again"));
+    }
+    assert!(written.ends_with('\n') && lines(&file3).iter().all(|r| r["status"] == "ok"), "only whole, finished rows");
+    ok(bin().args(["sweep", "run", s(&plan2), "--out", s(&out3), "--quiet"]));
+    assert_eq!(lines(&file3).len(), 252);
 }
 
 #[test]

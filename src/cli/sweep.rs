@@ -178,7 +178,8 @@ fn run(a: &RunArgs) -> anyhow::Result<()> {
         summary.file.display()
     );
     if summary.interrupted {
-        eprintln!("interrupted: run the same command again to finish the shard");
+        // Not a success for the scheduler: the shard is incomplete.
+        anyhow::bail!("interrupted: run the same command again to finish the shard");
     }
     Ok(())
 }
