@@ -20,25 +20,34 @@ inputs=(tests/fixtures/gpt3-xl-captured-4-steps.csv.gz tests/fixtures/llama2-7b-
 "$exe" sweep plan "${inputs[@]}" --confs advise --capacities 40GiB,80GiB,141GiB --allocators pytorch,nocache,ideal \
   -o "$tmp/plan.jsonl" >/dev/null
 
-now() { date +%s.%N; }
-t0=$(now)
-"$exe" sweep run "$tmp/plan.jsonl" --out "$tmp/one" --shard 0/1 --quiet >/dev/null
-t1=$(now)
-pids=()
-for i in 0 1 2 3; do
-  "$exe" sweep run "$tmp/plan.jsonl" --out "$tmp/four" --shard "$i/4" --quiet >/dev/null &
-  pids+=($!)
-done
-for p in "${pids[@]}"; do wait "$p"; done
-t2=$(now)
+# Wall and CPU seconds of each phase (bash's `time`: real, user, system of the children).
+TIMEFORMAT='%R %U %S'
+{ time "$exe" sweep run "$tmp/plan.jsonl" --out "$tmp/one" --shard 0/1 --quiet >/dev/null; } 2>"$tmp/time-one"
+four() {
+  local pids=() i p
+  for i in 0 1 2 3; do
+    "$exe" sweep run "$tmp/plan.jsonl" --out "$tmp/four" --shard "$i/4" --quiet >/dev/null &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+}
+{ time four; } 2>"$tmp/time-four"
 "$exe" sweep merge "$tmp/one" -o "$tmp/one.jsonl" >/dev/null
 "$exe" sweep merge "$tmp/four" -o "$tmp/four.jsonl" >/dev/null
 "$exe" advise "$tmp/four.jsonl" --top 1 --jsonl "$tmp/best.jsonl" >/dev/null
 
-python3 - "$tmp" "$t0" "$t1" "$t2" "${#inputs[@]}" <<'EOF'
+python3 - "$tmp" "${#inputs[@]}" <<'EOF'
 import json, os, sys
 
-tmp, t0, t1, t2, n_inputs = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
+tmp, n_inputs = sys.argv[1], int(sys.argv[2])
+
+
+def timed(name):
+    real, user, system = (float(x) for x in open(os.path.join(tmp, name)).read().split()[-3:])
+    return real, user + system
+
+
+(wall1, cpu1), (wall4, cpu4) = timed("time-one"), timed("time-four")
 GIB = 1 << 30
 
 
@@ -84,8 +93,9 @@ for (name, cap), rs in groups.items():
 
 text = (
     f"{len(plan)} replays ({n_inputs} inputs × {len(caps)} capacities × ({confs} confs + nocache + ideal)), "
-    f"on this {os.cpu_count()}-core machine: **{t1 - t0:.1f} s as one shard**, **{t2 - t1:.1f} s as four shards** "
-    f"run at once (they share the same {os.cpu_count()} cores, so four shards only pay off across machines); "
+    f"on this {os.cpu_count()}-core machine: **{wall1:.1f} s as one shard** ({cpu1:.1f} CPU s), "
+    f"**{wall4:.1f} s as four shards** run at once ({cpu4:.1f} CPU s; they share the same {os.cpu_count()} cores, "
+    f"so four shards pay off only across machines, and wall time above CPU time ÷ {os.cpu_count()} is other work on the machine); "
     f"the two merges are equal row for row. `allocbench advise RESULTS.jsonl --top 1` on the merge:\n\n"
     + "\n".join(table)
 )
