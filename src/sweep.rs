@@ -18,7 +18,7 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::{OnOom, ReplayOptions, StopWhen};
 use crate::gpu_run::run_one;
 use crate::input::{sha256_file, sha256_hex, Source};
-use crate::results::{Candidate, PlanRow, RowStatus, SweepRow, WorkloadInfo, SCHEMA_VERSION};
+use crate::results::{versioned_lines, Candidate, PlanRow, RowStatus, SweepRow, WorkloadInfo, SCHEMA_VERSION};
 
 /// The copy of the plan that `sweep run` keeps in its output folder: it ties the shards to their
 /// plan, and `sweep merge` reads it.
@@ -118,7 +118,7 @@ impl Plan {
         let bytes = std::fs::read(path).map_err(|e| InputError::new(&name, format!("cannot read the plan: {e}")))?;
         let text = std::str::from_utf8(&bytes).map_err(|_| InputError::new(&name, "not a sweep plan (not UTF-8 text)"))?;
         let mut rows = Vec::new();
-        for (loc, row) in versioned_lines::<PlanRow>(&name, text, "plan", "make the plan again with this allocbench")? {
+        for (loc, row) in versioned_lines::<PlanRow>(&name, text, "sweep plan", "make the plan again with this allocbench")? {
             if row.index != rows.len() as u64 {
                 return Err(InputError::new(
                     &loc,
@@ -144,27 +144,6 @@ impl Plan {
             self.dir.join(p)
         }
     }
-}
-
-/// The records of a JSON Lines text with their `file:line`, each of this schema version (else
-/// one line naming the file and line, and `fix`; exit 2).
-fn versioned_lines<T: serde::de::DeserializeOwned>(name: &str, text: &str, what: &str, fix: &str) -> Result<Vec<(String, T)>, InputError> {
-    let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let loc = format!("{name}:{}", i + 1);
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
-        match v.get("schema_version").and_then(|x| x.as_u64()) {
-            Some(x) if x == SCHEMA_VERSION as u64 => {}
-            Some(x) => return Err(InputError::new(loc, format!("{what} schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: {fix}"))),
-            None => return Err(InputError::new(loc, format!("not an allocbench sweep {what} row (no schema_version)"))),
-        }
-        let record = serde_json::from_value(v).map_err(|e| InputError::new(&loc, format!("not a sweep {what} row: {e}")))?;
-        out.push((loc, record));
-    }
-    Ok(out)
 }
 
 /// What `sweep plan` is asked for.
@@ -281,7 +260,7 @@ fn read_shard_file(path: &Path, plan: &Plan, repair: bool) -> anyhow::Result<Vec
     }
     let text = String::from_utf8_lossy(&bytes[..complete]);
     let mut rows = Vec::new();
-    for (loc, row) in versioned_lines::<SweepRow>(&name, &text, "result", "run the sweep again with this allocbench into a new --out folder")? {
+    for (loc, row) in versioned_lines::<SweepRow>(&name, &text, "sweep row", "run the sweep again with this allocbench into a new --out folder")? {
         if row.plan != plan.id {
             return Err(another_plan(&loc).into());
         }
