@@ -87,12 +87,18 @@ pub fn advise(events: &[Event], capacity: u64, confs: &[String], threads: usize,
     for r in results {
         all.extend(r?);
     }
+    Ok(rank(all))
+}
+
+/// Sorts candidates best first: no OOM, then the lowest peak reserved, then fewest device mallocs
+/// (`advise`'s own replays, and the rows of a merged sweep).
+pub fn rank(mut all: Vec<Candidate>) -> Vec<Candidate> {
     // Peak reserved decides, but within half a percent of each other the configuration with fewer
     // device mallocs wins (each costs tens of µs to ms on a real GPU: see `allocbench devprobe`).
     let best = all.iter().filter(|c| c.oom_step.is_none()).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
     let bucket = |c: &Candidate| c.peak_reserved / (best / 200).max(1);
     all.sort_by(|a, b| (a.oom_step.is_some(), bucket(a), a.device_mallocs, &a.conf).cmp(&(b.oom_step.is_some(), bucket(b), b.device_mallocs, &b.conf)));
-    Ok(all)
+    all
 }
 
 /// The full results of the default configuration and of the best one (once when they are the
@@ -118,7 +124,7 @@ pub fn full_runs(
 
 /// The ranking for people: the default, the best `top`, and the line to `export`.
 pub fn describe(info: &WorkloadInfo, ranked: &[Candidate], capacity: u64, elapsed_s: f64, threads: usize, top: usize) -> String {
-    let mut s = format!(
+    let s = format!(
         "{} ({}): {} configurations replayed on a {} device in {:.1} s ({} threads)\n",
         info.name,
         info.kind,
@@ -127,6 +133,12 @@ pub fn describe(info: &WorkloadInfo, ranked: &[Candidate], capacity: u64, elapse
         elapsed_s,
         threads
     );
+    s + &ranking(ranked, top)
+}
+
+/// The ranking table (the default, the best `top`) and the line to `export`.
+pub fn ranking(ranked: &[Candidate], top: usize) -> String {
+    let mut s = String::new();
     let row = |c: &Candidate| {
         format!(
             "{:>12} {:>9.3} {:>8} {:>7} {:>10}",

@@ -112,25 +112,9 @@ impl Source {
                 description: t.notes.join("; "),
             },
             Source::Trace(p) => {
-                let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
-                let mut f = std::fs::File::open(p).map_err(|e| InputError::new(p.display().to_string(), e.to_string()))?;
-                let mut buf = vec![0u8; 1 << 20];
-                loop {
-                    let n = f.read(&mut buf)?;
-                    if n == 0 {
-                        break;
-                    }
-                    sha2::Digest::update(&mut hasher, &buf[..n]);
-                }
+                let sha256 = sha256_file(p)?;
                 let description = read_trace(p).map(|r| capture_description(r.into_inner())).unwrap_or_default();
-                WorkloadInfo {
-                    name: trace_name(p),
-                    kind: "trace".into(),
-                    origin: p.display().to_string(),
-                    sha256: hex(&sha2::Digest::finalize(hasher)),
-                    seed: None,
-                    description,
-                }
+                WorkloadInfo { name: trace_name(p), kind: "trace".into(), origin: p.display().to_string(), sha256, seed: None, description }
             }
             Source::Embedded => WorkloadInfo {
                 name: trace_name(Path::new(EMBEDDED_TRACE_ORIGIN)),
@@ -166,6 +150,21 @@ fn trace_name(path: &Path) -> String {
     let lower = file.to_ascii_lowercase();
     let cut = [".csv.gz", ".gz", ".csv"].iter().find(|ext| lower.ends_with(*ext)).map_or(0, |ext| ext.len());
     file[..file.len() - cut].to_string()
+}
+
+/// sha256 of a file's bytes, read in 1 MiB pieces (what `WorkloadInfo::sha256` holds for every input file).
+pub fn sha256_file(path: &Path) -> anyhow::Result<String> {
+    let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
+    let mut f = std::fs::File::open(path).map_err(|e| InputError::new(path.display().to_string(), e.to_string()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| InputError::new(path.display().to_string(), e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        sha2::Digest::update(&mut hasher, &buf[..n]);
+    }
+    Ok(hex(&sha2::Digest::finalize(hasher)))
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {

@@ -13,7 +13,7 @@
 //! 4. [`gpu`]: policies over the [`gpu::device::Device`] seam (adaptors wrap it, `cuda.rs` alone
 //!    calls the driver), built in one place ([`gpu::build`]) and replayed by a small loop that
 //!    observers measure ([`gpu::replay`]). [`cpu`]: real mallocs, a per-worker driver with a clock.
-//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`report`]: runs and analyses that return data;
+//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`sweep`], [`report`]: runs and analyses that return data;
 //!    text is rendered separately.
 //! 6. [`cli`]: one module per command; progress bars and Ctrl-C live there.
 //!
@@ -41,6 +41,7 @@ pub mod input;
 pub mod interrupt;
 pub mod report;
 pub mod results;
+pub mod sweep;
 pub mod trace;
 pub mod units;
 pub mod workload;

@@ -15,6 +15,7 @@
 //! | [`diagnose`] | `allocbench diagnose` |
 //! | [`advise`] | `allocbench advise` |
 //! | [`capture`] | `allocbench capture` |
+//! | [`sweep`] | `allocbench sweep plan\|run\|merge` |
 
 pub mod advise;
 pub mod args;
@@ -29,6 +30,7 @@ pub mod progress;
 pub mod replay;
 pub mod report;
 pub mod run;
+pub mod sweep;
 pub mod trace;
 
 use std::path::PathBuf;
@@ -81,6 +83,8 @@ pub enum Command {
     Advise(advise::AdviseArgs),
     /// Run an unmodified PyTorch script and write its CUDA allocation trace (fake CUDA tensors: no GPU needed).
     Capture(capture::CaptureArgs),
+    /// Sweep inputs x confs x capacities sharded over a Slurm job array or a Kubernetes Indexed Job: plan, run a shard, merge.
+    Sweep(sweep::SweepArgs),
 }
 
 /// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
@@ -100,6 +104,7 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Diagnose(a) => diagnose::main(&a),
         Command::Advise(a) => advise::main(&a),
         Command::Capture(a) => return capture::main(a),
+        Command::Sweep(a) => sweep::main(&a),
     };
     match result {
         Ok(()) => 0,

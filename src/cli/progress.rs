@@ -25,6 +25,15 @@ pub fn configurations(quiet: bool, n: usize) -> Option<ProgressBar> {
     })
 }
 
+/// A bar over a sweep shard's rows (its length set once known), or nothing when `quiet`.
+pub fn rows(quiet: bool) -> Option<ProgressBar> {
+    (!quiet).then(|| {
+        let pb = ProgressBar::new(0);
+        pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} rows ({per_sec}, eta {eta})").expect("valid template"));
+        pb
+    })
+}
+
 /// Clears a finished bar.
 pub fn finish(pb: Option<ProgressBar>) {
     if let Some(pb) = pb {

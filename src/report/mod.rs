@@ -83,7 +83,11 @@ pub struct Chart {
 pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<ResultRecord>> {
     let mut all = Vec::new();
     for p in paths {
-        all.extend(read_results(p)?);
+        // A merged sweep's rows are replays (its failed rows have nothing to draw).
+        all.extend(read_results(p)?.into_iter().filter_map(|r| match r {
+            ResultRecord::SweepRow(s) => s.result.map(|g| ResultRecord::GpuReplay(Box::new(g))),
+            other => Some(other),
+        }));
     }
     if all.is_empty() {
         return Err(InputError::new("report", "no results records in the given files").into());

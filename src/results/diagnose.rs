@@ -70,3 +70,17 @@ pub struct Candidate {
     pub retries: i64,
     pub oom_step: Option<u64>,
 }
+
+impl Candidate {
+    /// The ranking numbers of a full replay (a sweep's row).
+    pub fn from_run(r: &super::gpu::GpuRunResult) -> Self {
+        Candidate {
+            conf: r.conf.clone(),
+            peak_reserved: r.summary.peak_reserved,
+            overhead: r.summary.overhead,
+            device_mallocs: r.summary.device_mallocs,
+            retries: r.stats.get("num_alloc_retries").copied().unwrap_or(0),
+            oom_step: r.oom.as_ref().map(|o| o.step),
+        }
+    }
+}

@@ -10,7 +10,8 @@
 //! - [`gpu`]: `GpuRunResult` and what it holds (OOM, timeline, segment maps);
 //! - [`cpu`]: `CpuRunResult` (latency, live malloc, RSS samples);
 //! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
-//! - [`fidelity`]: torch_replay.py's document and the fidelity report.
+//! - [`fidelity`]: torch_replay.py's document and the fidelity report;
+//! - [`sweep`]: a sweep's plan rows and finished rows (`SweepRow`).
 
 /// `as_str` (the serialised name) and `Display` (the same, padded as asked) for a closed set.
 macro_rules! names {
@@ -37,6 +38,7 @@ pub mod devprobe;
 pub mod diagnose;
 pub mod fidelity;
 pub mod gpu;
+pub mod sweep;
 
 use std::io::Write;
 use std::path::Path;
@@ -51,6 +53,7 @@ pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
 pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
+pub use sweep::{PlanRow, RowStatus, SweepRow};
 
 /// Bumped whenever a field changes meaning or is removed; readers refuse other versions.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -63,6 +66,7 @@ pub enum ResultRecord {
     CpuRun(Box<CpuRunResult>),
     Devprobe(Box<DevprobeResult>),
     Diagnose(Box<DiagnoseResult>),
+    SweepRow(Box<SweepRow>),
 }
 
 impl ResultRecord {
@@ -85,34 +89,37 @@ pub fn write_json_pretty<T: Serialize + ?Sized>(mut out: &mut dyn Write, value: 
     Ok(())
 }
 
+/// One record of this schema version from its JSON (`kind` names it in errors: "results", "sweep
+/// plan"); another version, none, or a malformed record is an error naming `loc` and the `fix`.
+pub fn from_versioned<T: serde::de::DeserializeOwned>(v: serde_json::Value, loc: &str, kind: &str, fix: &str) -> Result<T, InputError> {
+    match v.get("schema_version").and_then(|x| x.as_u64()) {
+        Some(x) if x == SCHEMA_VERSION as u64 => {}
+        Some(x) => return Err(InputError::new(loc, format!("{kind} schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: {fix}"))),
+        None => return Err(InputError::new(loc, format!("not an allocbench {kind} record (no schema_version)"))),
+    }
+    serde_json::from_value(v).map_err(|e| InputError::new(loc, format!("malformed {kind} record: {e}")))
+}
+
 /// Reads a results file: one JSON document, or JSON Lines. Errors name the file and line and
 /// refuse other schema versions instead of drawing broken charts.
 pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| InputError::new(&name, format!("cannot read results: {e}")))?;
-    let parse_one = |v: serde_json::Value, loc: String| -> anyhow::Result<ResultRecord> {
-        let version = v.get("schema_version").and_then(|x| x.as_u64());
-        match version {
-            Some(x) if x == SCHEMA_VERSION as u64 => {}
-            Some(x) => {
-                return Err(InputError::new(
-                    loc,
-                    format!("results schema version {x}, but this allocbench reads version {SCHEMA_VERSION}: re-run the benchmark with this version"),
-                )
-                .into())
-            }
-            None => return Err(InputError::new(loc, "not an allocbench results record (no schema_version)").into()),
-        }
-        serde_json::from_value(v).map_err(|e| InputError::new(loc, format!("malformed results record: {e}")).into())
-    };
+    const FIX: &str = "re-run the benchmark with this version";
     let trimmed = text.trim_start();
     if trimmed.is_empty() {
         return Err(InputError::new(&name, "empty results file").into());
     }
     // A whole-file JSON document (pretty-printed single run), else JSON Lines.
     if let Ok(v) = serde_json::from_str::<serde_json::Value>(trimmed) {
-        return Ok(vec![parse_one(v, name)?]);
+        return Ok(vec![from_versioned(v, &name, "results", FIX)?]);
     }
+    Ok(versioned_lines(&name, &text, "results", FIX)?.into_iter().map(|(_, r)| r).collect())
+}
+
+/// The records of a JSON Lines text, each with its `file:line` and of this schema version (else
+/// an error naming the file and line).
+pub fn versioned_lines<T: serde::de::DeserializeOwned>(name: &str, text: &str, kind: &str, fix: &str) -> Result<Vec<(String, T)>, InputError> {
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -120,7 +127,8 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
         }
         let loc = format!("{name}:{}", i + 1);
         let v: serde_json::Value = serde_json::from_str(line).map_err(|e| InputError::new(&loc, format!("not JSON: {e}")))?;
-        out.push(parse_one(v, loc)?);
+        let record = from_versioned(v, &loc, kind, fix)?;
+        out.push((loc, record));
     }
     Ok(out)
 }
