@@ -57,6 +57,8 @@ if has fidelity; then
     done
     rm -f "$out/$w.csv"
   done
+  # The table GPU-CHECKS.md shows, from the JSON just written (commit the JSON with it).
+  python3 scripts/fidelity_table.py "$out" > "$out/fidelity.md" || fail=1
 fi
 if has snapshot; then
   run python3 scripts/make_snapshot.py "$out/snapshots"
