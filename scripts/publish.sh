@@ -3,14 +3,14 @@
 # is rendered only from the results files committed beside it, in reports/<name>/data/, so the
 # pages can be re-rendered (and checked) from exactly the numbers they show:
 #   1. measure (skipped with --render-only), writing reports/<name>/data/:
-#      a. comparison/data/gpu.jsonl: the transformer (1.3B, 7B), model-switching and serving
+#      a. comparison/data/gpu.jsonl.gz: the transformer (1.3B, 7B), model-switching and serving
 #         workloads, and the captured 1.3B/7B traces, replayed through PyTorch's caching-allocator
 #         policy under its default config, tuned configs and expandable segments, plus the
 #         no-cache baseline and the ideal bound, on a simulated 80 GB H100;
-#      b. comparison/data/cpu.jsonl: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via
+#      b. comparison/data/cpu.jsonl.gz: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via
 #         scripts/compare.sh), 3 repetitions each, on the Python-like and serving workloads;
 #      c. diagnose-gpt3-73g/data/: allocbench diagnose and advise on the 1.3B workload on a
-#         73 GiB card (diagnose.jsonl, advise.jsonl, advise.txt);
+#         73 GiB card (diagnose.jsonl.gz, advise.jsonl.gz, advise.txt);
 #      d. README.md's demo block (scripts/readme_demo.py).
 #   2. render: allocbench report re-renders comparison/, diagnose-gpt3-73g/ and gpu-h100/ (whose
 #      data/ holds the --device cuda runs and devprobe of scripts/gpu_checks.sh on an H100) from
@@ -63,20 +63,21 @@ if [ "$measure" = 1 ]; then
     echo "== GPU: $w"
     "$bin" run "$work/$w.csv.gz" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
   done
-  cat "$work"/gpu-*.jsonl > "$cmp_data/gpu.jsonl"
+  cat "$work"/gpu-*.jsonl | gzip -n -9 > "$cmp_data/gpu.jsonl.gz"
 
   if [ "$quick" = 1 ]; then
     scripts/compare.sh --quick --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
   else
     scripts/compare.sh --reps 3 --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
   fi
-  cp "$work/cpu/cpu.jsonl" "$cmp_data/cpu.jsonl"
+  gzip -n -9 < "$work/cpu/cpu.jsonl" > "$cmp_data/cpu.jsonl.gz"
 
   # Diagnose and advise: the 1.3B workload (71.3 GiB live) on a 73 GiB card, where the defaults
   # OOM and expandable segments fit.
   "$bin" diagnose workloads/gpt3-xl-1.3b.toml --capacity 73GiB --jsonl "$work/diagnose.jsonl" > "$work/diagnose.txt"
-  grep '"type":"diagnose"' "$work/diagnose.jsonl" > "$diag_data/diagnose.jsonl"
-  "$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 73GiB --quiet --jsonl "$diag_data/advise.jsonl" > "$diag_data/advise.txt"
+  grep '"type":"diagnose"' "$work/diagnose.jsonl" | gzip -n -9 > "$diag_data/diagnose.jsonl.gz"
+  "$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 73GiB --quiet --jsonl "$work/advise.jsonl" > "$diag_data/advise.txt"
+  gzip -n -9 < "$work/advise.jsonl" > "$diag_data/advise.jsonl.gz"
 
   # README's demo block, from a demo run.
   python3 scripts/readme_demo.py "$bin" > /dev/null
@@ -91,9 +92,9 @@ clear_report() {
   for k in "$@"; do keep+=(! -name "$k"); done
   find "$dir" -mindepth 1 -maxdepth 1 "${keep[@]}" -exec rm -rf {} +
 }
-# Every results file of a report's data/ (JSON Lines or JSON).
+# Every results file of a report's data/ (JSON Lines or JSON, gzip-compressed or not).
 data_files() {
-  find "$1/data" -maxdepth 1 \( -name '*.jsonl' -o -name '*.json' \) | sort
+  find "$1/data" -maxdepth 1 \( -name '*.jsonl' -o -name '*.json' -o -name '*.jsonl.gz' \) | sort
 }
 
 clear_report reports/comparison

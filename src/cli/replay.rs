@@ -1,16 +1,20 @@
 //! `allocbench replay`: one replay, a printed summary and size histogram, and the results as JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
 use super::args::{print_notes, DeviceArgs};
 use super::{output, progress};
+use crate::error::InputError;
 use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
+use crate::gpu::replay::OnOom;
 use crate::gpu_run;
 use crate::input::Source;
-use crate::results::ResultRecord;
+use crate::report::gpu_label;
+use crate::report::memory_view::{self, ViewRun};
+use crate::results::{Backend, GpuRunResult, ResultRecord};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
@@ -27,6 +31,10 @@ pub struct ReplayArgs {
     /// Write the results as JSON to this file ('-' = standard output).
     #[arg(long)]
     pub json: Option<String>,
+    /// Write the interactive memory view (timeline, segment map at the peak or the OOM, hover
+    /// for blocks and, for snapshots, allocation sites) to this HTML file.
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
 }
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -36,8 +44,11 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     let spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
     let mut built = build(&a.allocator, &conf, &spec)?;
     let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
-    let result = gpu_run::run_one(&mut built, &conf, source.events()?, source.info()?, &a.device.replay_options(), &mut progress::watch(&pb))?;
+    let mut result = gpu_run::run_one(&mut built, &conf, source.events()?, source.info()?, &a.device.replay_options(), &mut progress::watch(&pb))?;
     progress::finish(pb);
+    if let Some(out) = &a.html {
+        write_memory_view(out, &source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?;
+    }
     let json = a.json.as_deref();
     if let Some(path) = json {
         output::write_json(path, &ResultRecord::GpuReplay(Box::new(result.clone())))?;
@@ -49,6 +60,42 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(path) = json.filter(|p| *p != "-") {
         eprintln!("results written to {path}");
     }
+    Ok(())
+}
+
+/// The memory view of this replay. On the simulated device a second, deterministic replay
+/// takes the segment maps at exactly the peak and at the OOM with each block's allocation (the
+/// record keeps the peak map too, as `run` does); snapshots name each block's allocation site.
+fn write_memory_view(
+    out: &Path,
+    source: &Source,
+    allocator: &str,
+    conf: &AllocatorConfig,
+    spec: &DeviceSpec,
+    result: &mut GpuRunResult,
+    on_oom: OnOom,
+) -> anyhow::Result<()> {
+    let mut sites = None;
+    let mut site_names: &[String] = &[];
+    if spec.backend == Backend::Sim && !result.summary.interrupted {
+        let owners = gpu_run::segment_owners(allocator, conf, spec, source.events()?, on_oom)?;
+        let (segments, ids) = if result.oom.is_some() { (owners.at_oom, owners.oom_owners) } else { (owners.at_peak.segments, owners.peak_owners) };
+        if result.oom.is_some() {
+            result.segments_at_oom = segments;
+        } else {
+            result.segments_at_peak = segments;
+        }
+        if let Source::Imported(trace, _) = source {
+            if !trace.site_names.is_empty() {
+                site_names = &trace.site_names;
+                sites = Some(ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| trace.sites.get(&id).copied())).collect()).collect());
+            }
+        }
+    }
+    let name = result.workload.name.clone();
+    let page = memory_view::page(&format!("{name}: memory view ({})", gpu_label(result)), &[ViewRun { run: result, sites }], site_names);
+    std::fs::write(out, page).map_err(|e| InputError::new(out.display().to_string(), format!("cannot write the memory view: {e}")))?;
+    eprintln!("memory view written to {}", out.display());
     Ok(())
 }
 

@@ -248,12 +248,19 @@ const VIEW_SCRIPT: &str = r##"<script>
     drawTimeline(run);
     var n = drawSegments(run);
     document.documentElement.setAttribute("data-blocks-drawn", String(n));
-    // A hover over the first live block must name it (checked by the browser test).
-    var first = document.querySelector("#segments rect[data-block]");
-    if (first) {
-      first.dispatchEvent(new MouseEvent("mousemove", { clientX: 1, clientY: 1, bubbles: true }));
-      document.documentElement.setAttribute("data-hover", tip.textContent.split("\n")[0]);
+    // Hovers over the first block, and the first with an allocation site, must name them
+    // (checked by the browser test).
+    var rects = document.querySelectorAll("#segments rect[data-block]");
+    function probe(r, attr, line) {
+      r.dispatchEvent(new MouseEvent("mousemove", { clientX: 1, clientY: 1, bubbles: true }));
+      var lines = tip.textContent.split("\n");
+      document.documentElement.setAttribute(attr, line < 0 ? lines[lines.length - 1] : lines[line]);
       hide();
+    }
+    if (rects.length) { probe(rects[0], "data-hover", 0); }
+    for (var i = 0; i < rects.length; i++) {
+      var s = run.segments[Number(rects[i].getAttribute("data-seg"))];
+      if (s[5][Number(rects[i].getAttribute("data-block"))][3] >= 0) { probe(rects[i], "data-hover-site", -1); break; }
     }
   }
   select.onchange = draw;

@@ -85,11 +85,20 @@ pub fn write_json_pretty<T: Serialize + ?Sized>(mut out: &mut dyn Write, value: 
     Ok(())
 }
 
-/// Reads a results file: one JSON document, or JSON Lines. Errors name the file and line and
-/// refuse other schema versions instead of drawing broken charts.
+/// Reads a results file: one JSON document, or JSON Lines, gzip-compressed when its name ends in
+/// `.gz`. Errors name the file and line and refuse other schema versions instead of drawing
+/// broken charts.
 pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| InputError::new(&name, format!("cannot read results: {e}")))?;
+    let cannot = |e: std::io::Error| InputError::new(&name, format!("cannot read results: {e}"));
+    // `.gz`: the results a published report keeps beside it, compressed.
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(cannot)?), &mut text).map_err(cannot)?;
+        text
+    } else {
+        std::fs::read_to_string(path).map_err(cannot)?
+    };
     let parse_one = |v: serde_json::Value, loc: String| -> anyhow::Result<ResultRecord> {
         let version = v.get("schema_version").and_then(|x| x.as_u64());
         match version {
