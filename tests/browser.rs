@@ -160,7 +160,12 @@ fn published_memory_views_draw_the_segments_and_answer_hovers() {
     for p in &pages {
         assert!(index.contains(&format!("href=\"{}\"", p.file_name().unwrap().to_string_lossy())), "index links {}", p.display());
     }
-    for page in pages.iter().take(2) {
+    // The diagnosis's view: the defaults run out of memory on 73 GiB, so its map is the OOM's.
+    let oom_view = root().join("reports/diagnose-gpt3-73g/memory-gpt3-xl-1-3b.html");
+    let text = std::fs::read_to_string(&oom_view).unwrap();
+    assert!(text.contains("\"at\":\"OOM\""), "{}: the map at the OOM", oom_view.display());
+    pages.push(oom_view);
+    for page in pages.iter().take(2).chain(pages.last()) {
         assert_local_files_exist(page);
         let dom = dump_dom(&browser, page);
         assert_clean(&dom, page);

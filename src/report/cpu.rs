@@ -112,11 +112,14 @@ pub fn findings(workload: &str, rows: &[CpuRow]) -> Vec<String> {
     out
 }
 
+/// One table per workload: a row per allocator, relative columns against glibc.
 fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
-    let mut s = String::from(
-        "| workload | allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift MiB/1k it | retained | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut s = String::new();
     for (workload, rows) in by_workload {
+        let _ = writeln!(
+            s,
+            "#### {workload}\n\n| allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift MiB/1k it | retained | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
         let base = rows.iter().find(|r| r.is_baseline());
         for row in rows {
             let r = row.runs[0];
@@ -134,7 +137,7 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
             let trims: Vec<f64> = row.runs.iter().filter_map(|r| r.retained_after_trim.map(|t| t as f64)).collect();
             let _ = writeln!(
                 s,
-                "| {workload} | {} | `{}` ({}) | {}{} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` ({}) | {}{} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
                 r.allocator,
                 r.live_malloc.library,
                 r.mode,
@@ -155,6 +158,7 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
                 if trims.len() == row.runs.len() { bytes(&Spread::of(&trims)) } else { "n/a".into() },
             );
         }
+        s.push('\n');
     }
     s
 }

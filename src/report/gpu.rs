@@ -138,7 +138,8 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
         .iter()
         .find(|r| r.first().allocator == "ideal")
         .map(|r| format!("; the ideal bound (peak live bytes) is {}", format_bytes(r.peak_reserved.mean as u64)));
-    if let Some(base) = rows.iter().find(|r| r.is_default()) {
+    // A run that stopped at an OOM has no full peak to compare: the OOM sentence below says it.
+    if let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) {
         let best = rows
             .iter()
             .filter(|r| r.first().allocator == "pytorch" && !r.is_default())
@@ -176,7 +177,18 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
         })
         .collect();
     if !oomed.is_empty() {
-        let fit: Vec<String> = rows.iter().filter(fits).map(|r| config_name(r.first())).collect();
+        let fit: Vec<String> = rows
+            .iter()
+            .filter(fits)
+            .map(|r| {
+                format!(
+                    "{} (peak reserved {}, {} device mallocs)",
+                    config_name(r.first()),
+                    bytes_spread(&r.peak_reserved),
+                    r.device_mallocs.show(|v| format!("{v:.0}"))
+                )
+            })
+            .collect();
         out.push(format!(
             "{workload} on {}: out of memory with {}; {}.",
             format_bytes(rows[0].first().capacity),
@@ -187,11 +199,18 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
     out
 }
 
+/// One table per workload: a row per config, relative columns against PyTorch's defaults.
 fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
-    let mut s = String::from(
-        "| workload | allocator / conf | runs | capacity | peak live | peak reserved | vs defaults | reserved / live | fragmentation at peak | device mallocs | vs defaults | retries | OOM |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
+    let mut s = String::new();
     for (workload, rows) in rows_by_workload {
+        let first = rows[0].first();
+        let _ = writeln!(
+            s,
+            "#### {workload}\n\n{} on {}, peak live {}.\n\n| allocator / conf | runs | peak reserved | vs defaults | reserved / live | fragmentation at peak | device mallocs | vs defaults | retries | OOM |\n|---|---|---|---|---|---|---|---|---|---|",
+            first.device,
+            format_bytes(first.capacity),
+            format_bytes(first.work.peak_live_bytes)
+        );
         let base = rows.iter().find(|r| r.is_default());
         for row in rows {
             let r = row.first();
@@ -216,11 +235,9 @@ fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
             };
             let _ = writeln!(
                 s,
-                "| {workload} | `{}` | {} | {} | {} | {} | {vs_reserved} | {} | {} | {} | {vs_mallocs} | {} | {oom} |",
+                "| `{}` | {} | {} | {vs_reserved} | {} | {} | {} | {vs_mallocs} | {} | {oom} |",
                 gpu_label(r),
                 row.runs.len(),
-                format_bytes(r.capacity),
-                format_bytes(r.work.peak_live_bytes),
                 bytes_spread(&row.peak_reserved),
                 row.overhead.show(|v| format!("{v:.3}")),
                 row.fragmentation.show(|v| format!("{:.1} %", 100.0 * v)),
@@ -228,6 +245,7 @@ fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
                 r.stats.get("num_alloc_retries").copied().unwrap_or(0),
             );
         }
+        s.push('\n');
     }
     s
 }

@@ -71,7 +71,7 @@ fn run_json(v: &ViewRun) -> Value {
         "at_x": at_x,
         "peak_reserved": r.summary.peak_reserved,
         "peak_live": r.work.peak_live_bytes,
-        "oom": r.oom.as_ref().map(|o| json!({"step": o.step, "event": o.event, "requested": o.requested, "cause": o.cause.as_str()})),
+        "oom": r.oom.as_ref().map(|o| json!({"x": x(o.event, o.step), "requested": o.requested, "cause": o.cause.as_str()})),
         "segments": segs,
     })
 }
@@ -138,7 +138,7 @@ const VIEW_SCRIPT: &str = r##"<script>
     while (svg.firstChild) { svg.removeChild(svg.firstChild); }
     var W = 1000, H = 280, L = 70, R = 20, T = 14, B = 36;
     var pts = run.timeline;
-    var xmax = Math.max(1, pts.length ? pts[pts.length - 1][0] : 1, run.at_x);
+    var xmax = Math.max(1, pts.length ? pts[pts.length - 1][0] : 1, run.at_x, run.oom ? run.oom.x : 0);
     var ymax = Math.max(1, run.peak_reserved, run.capacity < 4 * run.peak_reserved ? run.capacity : 0) * 1.05;
     function X(v) { return L + (W - L - R) * v / xmax; }
     function Y(v) { return T + (H - T - B) * (1 - v / ymax); }
@@ -162,9 +162,14 @@ const VIEW_SCRIPT: &str = r##"<script>
     }
     line(2, "#4c78a8", "reserved");
     line(1, "#f58518", "allocated");
-    el("line", { x1: X(run.at_x), x2: X(run.at_x), y1: T, y2: H - B, stroke: run.oom ? "#c00" : "#333", "stroke-dasharray": "3,3" }, svg);
-    el("text", { x: X(run.at_x) + 4, y: T + 12, "font-size": 11, fill: run.oom ? "#c00" : "#333" }, svg).textContent =
-      run.oom ? "OOM at " + run.x_label + " " + run.at_x + " (" + run.oom.cause + ", " + fmt(run.oom.requested) + ")" : "peak reserved (segment map below)";
+    function marker(x, colour, dy, text) {
+      el("line", { x1: X(x), x2: X(x), y1: T, y2: H - B, stroke: colour, "stroke-dasharray": "3,3" }, svg);
+      el("text", { x: X(x) + 4, y: T + dy, "font-size": 11, fill: colour }, svg).textContent = text;
+    }
+    if (run.at !== "OOM") { marker(run.at_x, "#333", 12, "peak reserved" + (run.segments.length ? " (segment map below)" : "")); }
+    if (run.oom) {
+      marker(run.oom.x, "#c00", run.at === "OOM" ? 12 : 26, "OOM at " + run.x_label + " " + run.oom.x + " (" + run.oom.cause + ", " + fmt(run.oom.requested) + " requested)" + (run.at === "OOM" ? ": segment map below" : ""));
+    }
     el("text", { x: W - R - 8, y: H - B - 26, "text-anchor": "end", "font-size": 12, fill: "#4c78a8" }, svg).textContent = "reserved (max within each sample)";
     el("text", { x: W - R - 8, y: H - B - 10, "text-anchor": "end", "font-size": 12, fill: "#f58518" }, svg).textContent = "allocated";
     var cursor = el("line", { x1: 0, x2: 0, y1: T, y2: H - B, stroke: "#999", visibility: "hidden" }, svg);
