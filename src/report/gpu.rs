@@ -262,7 +262,10 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     for (w, rows) in &by_workload {
         sec.findings.extend(findings(w, rows));
     }
-    sec.body = table(&by_workload);
+    if !on_gpu && runs.len() == by_workload.iter().map(|(_, rows)| rows.len()).sum::<usize>() {
+        sec.body += "Replays on the simulated device are deterministic: one run per config (a repetition gives the same bytes and calls).\n\n";
+    }
+    sec.body += &table(&by_workload);
     sec.body += "\nInteractive memory views (timeline and segment map at the peak or the OOM, hover for blocks):\n\n";
     for (w, _) in &by_workload {
         let group: Vec<&GpuRunResult> = runs.iter().copied().filter(|r| &r.workload.name == w).collect();
