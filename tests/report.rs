@@ -208,3 +208,20 @@ fn charts_are_inline_and_memory_views_are_written() {
         }
     }
 }
+
+#[test]
+fn without_a_defaults_run_the_finding_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "no-defaults.jsonl", |v| {
+        if v["type"] == "gpu_replay" && v["allocator"] == "pytorch" && v["conf"] == "" {
+            vec![]
+        } else {
+            vec![v.clone()]
+        }
+    });
+    report::render(&report::load(&[results]).unwrap(), &dir.path().join("r"), "no defaults").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let line = md.lines().find(|l| l.starts_with("- model-switch: ")).unwrap_or_else(|| panic!("{md}"));
+    assert!(line.contains("no run with PyTorch's defaults to compare against; `expandable_segments:True` reserves least"), "{line}");
+    assert!(md.contains("| `pytorch expandable_segments:True` | 1 |") && md.contains("| n/a |"), "relative columns without a baseline: {md}");
+}

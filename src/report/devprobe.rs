@@ -22,7 +22,10 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     if probes.is_empty() {
         return Ok(None);
     }
-    let mut sec = Section::new("Device allocation latency");
+    let mut sec = Section::new(match probes.as_slice() {
+        [one] => format!("Device allocation latency ({})", one.device),
+        _ => "Device allocation latency".to_string(),
+    });
     for (i, p) in probes.iter().enumerate() {
         if let (Some(m), Some(a)) = (slowest(&p.malloc), p.async_pool_alloc_free.iter().map(|a| a.p50_ns).max()) {
             let smallest = p.malloc.first().map(|s| format!("{} at {}", us(s.p50_ns), format_bytes(s.bytes))).unwrap_or_default();
@@ -34,7 +37,9 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
                 us(a)
             ));
         }
-        let _ = writeln!(sec.body, "#### {}\n", p.device);
+        if probes.len() > 1 {
+            let _ = writeln!(sec.body, "#### {}\n", p.device);
+        }
         let _ = writeln!(sec.body, "| size | cuMemAlloc p50 / p99 | cuMemFree p50 / p99 | async pool alloc+free p50 / p99 |\n|---|---|---|---|");
         for (j, m) in p.malloc.iter().enumerate() {
             let f = p.free.get(j);

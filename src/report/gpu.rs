@@ -167,6 +167,19 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
             )),
         }
     }
+    if !rows.iter().any(|r| r.is_default()) {
+        // The ideal policy is the bound, not a choice.
+        if let Some(low) =
+            rows.iter().filter(fits).filter(|r| r.first().allocator != "ideal").min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean))
+        {
+            out.push(format!(
+                "{workload}: no run with PyTorch's defaults to compare against; {} reserves least, {} at {} device mallocs.",
+                config_name(low.first()),
+                bytes_spread(&low.peak_reserved),
+                low.device_mallocs.show(|v| format!("{v:.0}"))
+            ));
+        }
+    }
     let oomed: Vec<String> = rows
         .iter()
         .filter(|r| r.ooms() > 0)

@@ -135,7 +135,7 @@ pub fn markdown(md: &str) -> String {
 pub fn index(title: &str, preamble: &str, sections: &[Section]) -> String {
     let mut body = String::new();
     body += "<h2>Findings</h2>\n<ul id=\"findings\">\n";
-    for f in sections.iter().flat_map(|s| &s.findings) {
+    for f in super::findings(sections) {
         let _ = writeln!(body, "<li>{}</li>", inline(f));
     }
     body += "</ul>\n";

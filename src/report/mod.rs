@@ -149,11 +149,8 @@ const DEFINITIONS: &str = "Definitions: fragmentation = 1 − allocated/reserved
 
 fn index_markdown(title: &str, preamble: &str, sections: &[Section]) -> String {
     let mut s = format!("# {title}\n\n## Findings\n\n");
-    for f in sections.iter().flat_map(|s| &s.findings) {
+    for f in findings(sections) {
         let _ = writeln!(s, "- {f}");
-    }
-    if sections.iter().all(|s| s.findings.is_empty()) {
-        let _ = writeln!(s, "- (the results hold nothing to compare)");
     }
     let _ = writeln!(s, "\n{preamble}");
     for sec in sections {
@@ -164,6 +161,16 @@ fn index_markdown(title: &str, preamble: &str, sections: &[Section]) -> String {
     }
     let _ = writeln!(s, "\n{DEFINITIONS}");
     s
+}
+
+/// Every section's findings, in order (one line saying so when there are none).
+pub fn findings(sections: &[Section]) -> Vec<&str> {
+    let all: Vec<&str> = sections.iter().flat_map(|s| s.findings.iter().map(String::as_str)).collect();
+    if all.is_empty() {
+        vec!["(the results hold nothing to compare)"]
+    } else {
+        all
+    }
 }
 
 /// Days since 1970-01-01 → (year, month, day), proleptic Gregorian (Howard Hinnant's algorithm).
