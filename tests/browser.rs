@@ -196,6 +196,25 @@ fn a_snapshots_memory_view_names_allocation_sites() {
     assert!(site.starts_with("allocated at make_snapshot.py:"), "hover shows the allocation site: {site:?}");
 }
 
+/// A memory view that cannot be written is a clear error (exit 2) after the results were written.
+#[test]
+fn an_unwritable_memory_view_keeps_the_results() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("r.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_allocbench"))
+        .args(["replay", "workloads/scenario-sawtooth.toml", "-q", "--json"])
+        .arg(&json)
+        .arg("--html")
+        .arg(dir.path().join("no-such-folder/memory.html"))
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no-such-folder/memory.html: cannot write the memory view"), "{err}");
+    assert!(allocbench::results::read_results(&json).is_ok(), "the results were written first");
+}
+
 /// The checks catch what they are for: a page with a script error and a missing image.
 #[test]
 fn a_script_error_and_a_missing_file_are_caught() {

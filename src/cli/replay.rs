@@ -1,6 +1,6 @@
 //! `allocbench replay`: one replay, a printed summary and size histogram, and the results as JSON.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::Args;
 
@@ -46,9 +46,10 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
     let mut result = gpu_run::run_one(&mut built, &conf, source.events()?, source.info()?, &a.device.replay_options(), &mut progress::watch(&pb))?;
     progress::finish(pb);
-    if let Some(out) = &a.html {
-        write_memory_view(out, &source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?;
-    }
+    let sites = match &a.html {
+        Some(_) => exact_segments_and_sites(&source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
+        None => None,
+    };
     let json = a.json.as_deref();
     if let Some(path) = json {
         output::write_json(path, &ResultRecord::GpuReplay(Box::new(result.clone())))?;
@@ -60,43 +61,49 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(path) = json.filter(|p| *p != "-") {
         eprintln!("results written to {path}");
     }
+    // After the results, so a page that cannot be written loses none of them.
+    if let Some(out) = &a.html {
+        let (sites, names) = sites.unzip();
+        let page = memory_view::page(
+            &format!("{}: memory view ({})", result.workload.name, gpu_label(&result)),
+            &[ViewRun { run: &result, sites }],
+            names.unwrap_or_default(),
+        );
+        std::fs::write(out, page).map_err(|e| InputError::new(out.display().to_string(), format!("cannot write the memory view: {e}")))?;
+        eprintln!("memory view written to {}", out.display());
+    }
     Ok(())
 }
 
-/// The memory view of this replay. On the simulated device a second, deterministic replay
-/// takes the segment maps at exactly the peak and at the OOM with each block's allocation (the
-/// record keeps the peak map too, as `run` does); snapshots name each block's allocation site.
-fn write_memory_view(
-    out: &Path,
-    source: &Source,
+/// What the memory view needs beyond the record. On the simulated device a second,
+/// deterministic replay takes the segment maps at exactly the peak and at the OOM with each
+/// block's allocation (the record keeps that peak map too, as `run` does); for snapshots, the
+/// allocation site of each block (`sites[segment][block]`) and the site names.
+fn exact_segments_and_sites<'s>(
+    source: &'s Source,
     allocator: &str,
     conf: &AllocatorConfig,
     spec: &DeviceSpec,
     result: &mut GpuRunResult,
     on_oom: OnOom,
-) -> anyhow::Result<()> {
-    let mut sites = None;
-    let mut site_names: &[String] = &[];
-    if spec.backend == Backend::Sim && !result.summary.interrupted {
-        let owners = gpu_run::segment_owners(allocator, conf, spec, source.events()?, on_oom)?;
-        let (segments, ids) = if result.oom.is_some() { (owners.at_oom, owners.oom_owners) } else { (owners.at_peak.segments, owners.peak_owners) };
-        if result.oom.is_some() {
-            result.segments_at_oom = segments;
-        } else {
-            result.segments_at_peak = segments;
-        }
-        if let Source::Imported(trace, _) = source {
-            if !trace.site_names.is_empty() {
-                site_names = &trace.site_names;
-                sites = Some(ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| trace.sites.get(&id).copied())).collect()).collect());
-            }
-        }
+) -> anyhow::Result<Option<(Vec<Vec<Option<u32>>>, &'s [String])>> {
+    if spec.backend != Backend::Sim || result.summary.interrupted {
+        return Ok(None);
     }
-    let name = result.workload.name.clone();
-    let page = memory_view::page(&format!("{name}: memory view ({})", gpu_label(result)), &[ViewRun { run: result, sites }], site_names);
-    std::fs::write(out, page).map_err(|e| InputError::new(out.display().to_string(), format!("cannot write the memory view: {e}")))?;
-    eprintln!("memory view written to {}", out.display());
-    Ok(())
+    let owners = gpu_run::segment_owners(allocator, conf, spec, source.events()?, on_oom)?;
+    let ids = if result.oom.is_some() {
+        result.segments_at_oom = owners.at_oom;
+        owners.oom_owners
+    } else {
+        result.segments_at_peak = owners.at_peak.segments;
+        owners.peak_owners
+    };
+    Ok(match source {
+        Source::Imported(trace, _) if !trace.site_names.is_empty() => {
+            Some((ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| trace.sites.get(&id).copied())).collect()).collect(), trace.site_names.as_slice()))
+        }
+        _ => None,
+    })
 }
 
 fn print_histogram(h: &[(u64, u64)]) {

@@ -94,7 +94,8 @@ pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
     // `.gz`: the results a published report keeps beside it, compressed.
     let text = if path.extension().is_some_and(|e| e == "gz") {
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(cannot)?), &mut text).map_err(cannot)?;
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(cannot)?), &mut text)
+            .map_err(|e| InputError::new(&name, format!("cannot read gzip-compressed results: {e}")))?;
         text
     } else {
         std::fs::read_to_string(path).map_err(cannot)?
