@@ -13,7 +13,7 @@ use crate::gpu::replay::OnOom;
 use crate::gpu_run;
 use crate::input::Source;
 use crate::report::gpu_label;
-use crate::report::memory_view::{self, ViewRun};
+use crate::report::memory_view::{self, BlockSites, ViewRun};
 use crate::results::{Backend, GpuRunResult, ResultRecord};
 
 #[derive(Args, Debug)]
@@ -86,7 +86,7 @@ fn exact_segments_and_sites<'s>(
     spec: &DeviceSpec,
     result: &mut GpuRunResult,
     on_oom: OnOom,
-) -> anyhow::Result<Option<(Vec<Vec<Option<u32>>>, &'s [String])>> {
+) -> anyhow::Result<Option<(BlockSites, &'s [String])>> {
     if spec.backend != Backend::Sim || result.summary.interrupted {
         return Ok(None);
     }

@@ -19,11 +19,14 @@ use super::spread::fold;
 use super::style::slug;
 use crate::results::{GpuRunResult, SegmentSnapshot};
 
-/// One run shown in the view, with the allocation site of each block of its segment map where
-/// known (`sites[segment][block]`, an index into the page's site names).
+/// The allocation site of each block of a segment map where known (`[segment][block]`, an index
+/// into the page's site names).
+pub type BlockSites = Vec<Vec<Option<u32>>>;
+
+/// One run shown in the view, with its blocks' allocation sites where known.
 pub struct ViewRun<'a> {
     pub run: &'a GpuRunResult,
-    pub sites: Option<Vec<Vec<Option<u32>>>>,
+    pub sites: Option<BlockSites>,
 }
 
 /// The segment map the view shows: at the OOM when the run had one, else at the peak.
