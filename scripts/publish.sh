@@ -1,63 +1,116 @@
 #!/usr/bin/env bash
-# Regenerates the published report in reports/comparison/ with the project's own commands:
-#   1. GPU: the transformer (1.3B, 7B), model-switching and serving workloads replayed through
-#      PyTorch's caching-allocator policy under its default config, tuned configs and expandable
-#      segments, plus the no-cache baseline and the ideal bound, on a simulated 80 GB H100.
-#   2. CPU: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via scripts/compare.sh) on the
-#      Python-like and serving workloads.
-#   3. allocbench report renders the charts and the index.
-#   4. allocbench diagnose and advise on the 1.3B workload on a 73 GiB card (reports/diagnose-gpt3-73g/).
-#   5. README.md's demo block (scripts/readme_demo.py).
-# Usage: scripts/publish.sh [--quick]   (--quick: one CPU repetition, for a smoke test)
+# Regenerates the published reports under reports/ with the project's own commands. Every report
+# is rendered only from the results files committed beside it, in reports/<name>/data/, so the
+# pages can be re-rendered (and checked) from exactly the numbers they show:
+#   1. measure (skipped with --render-only), writing reports/<name>/data/:
+#      a. comparison/data/gpu.jsonl.gz: the transformer (1.3B, 7B), model-switching and serving
+#         workloads, and the captured 1.3B/7B traces, replayed through PyTorch's caching-allocator
+#         policy under its default config, tuned configs and expandable segments, plus the
+#         no-cache baseline and the ideal bound, on a simulated 80 GB H100;
+#      b. comparison/data/cpu.jsonl.gz: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via
+#         scripts/compare.sh), 3 repetitions each, on the Python-like and serving workloads;
+#      c. diagnose-gpt3-73g/data/: allocbench diagnose and advise on the 1.3B workload on a
+#         73 GiB card (diagnose.jsonl.gz, advise.jsonl.gz, advise.txt);
+#      d. README.md's demo block (scripts/readme_demo.py).
+#   2. render: allocbench report re-renders comparison/, diagnose-gpt3-73g/ and gpu-h100/ (whose
+#      data/ holds the --device cuda runs and devprobe of scripts/gpu_checks.sh on an H100) from
+#      their data/, keeping data/ and gpu-h100/GPU-CHECKS.md.
+# Usage: scripts/publish.sh [--quick] [--render-only]
+#   --quick: one CPU repetition of 200 iterations (a smoke test; do not commit its results)
+#   --render-only: no measuring; re-render every report from its committed data/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
-[ "${1:-}" = "--quick" ] && quick=1
-cargo build --release --quiet
+measure=1
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    --render-only) measure=0 ;;
+    *) echo "publish.sh: unknown option $arg (use --quick or --render-only)" >&2; exit 2 ;;
+  esac
+done
 bin=target/release/allocbench
-work=results/publish
-rm -rf "$work"
-mkdir -p "$work"
+if [ ! -x "$bin" ] || [ -n "$(find src Cargo.toml build.rs -newer "$bin" -print -quit)" ]; then
+  cargo build --release --quiet
+fi
 
-confs=(
-  --conf ""
-  --conf "expandable_segments:True"
-  --conf "max_split_size_mb:512"
-  --conf "roundup_power2_divisions:[256:1,512:2,>:4]"
-  --conf "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95"
-)
-for w in gpt3-xl-1.3b llama2-7b-80g model-switch serving-llama7b; do
-  echo "== GPU: $w"
-  "$bin" run "workloads/$w.toml" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
-done
-# The same jobs captured from real PyTorch (scripts/capture_workloads.sh).
-# Named <workload>-captured in the report, beside the generator's runs.
-for t in workloads/captured/*.csv.gz; do
-  w=$(basename "$t" .csv.gz)-captured
-  cp "$t" "$work/$w.csv.gz"
-  echo "== GPU: $w"
-  "$bin" run "$work/$w.csv.gz" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
-done
-cat "$work"/gpu-*.jsonl > "$work/gpu.jsonl"
+if [ "$measure" = 1 ]; then
+  work=results/publish
+  rm -rf "$work"
+  mkdir -p "$work"
+  cmp_data=reports/comparison/data
+  diag_data=reports/diagnose-gpt3-73g/data
+  rm -rf "$cmp_data" "$diag_data"
+  mkdir -p "$cmp_data" "$diag_data"
 
-reps=3
-[ "$quick" = 1 ] && reps=1
-scripts/compare.sh --reps "$reps" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
+  confs=(
+    --conf ""
+    --conf "expandable_segments:True"
+    --conf "max_split_size_mb:512"
+    --conf "roundup_power2_divisions:[256:1,512:2,>:4]"
+    --conf "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95"
+  )
+  for w in gpt3-xl-1.3b llama2-7b-80g model-switch serving-llama7b; do
+    echo "== GPU: $w"
+    "$bin" run "workloads/$w.toml" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
+  done
+  # The same jobs captured from real PyTorch (scripts/capture_workloads.sh).
+  # Named <workload>-captured in the report, beside the generator's runs.
+  for t in workloads/captured/*.csv.gz; do
+    w=$(basename "$t" .csv.gz)-captured
+    cp "$t" "$work/$w.csv.gz"
+    echo "== GPU: $w"
+    "$bin" run "$work/$w.csv.gz" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
+  done
+  cat "$work"/gpu-*.jsonl | gzip -n -9 > "$cmp_data/gpu.jsonl.gz"
 
-rm -rf reports/comparison
-"$bin" report "$work/gpu.jsonl" "$work/cpu/cpu.jsonl" -o reports/comparison \
+  if [ "$quick" = 1 ]; then
+    scripts/compare.sh --quick --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
+  else
+    scripts/compare.sh --reps 3 --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
+  fi
+  gzip -n -9 < "$work/cpu/cpu.jsonl" > "$cmp_data/cpu.jsonl.gz"
+
+  # Diagnose and advise: the 1.3B workload (71.3 GiB live) on a 73 GiB card, where the defaults
+  # OOM and expandable segments fit.
+  "$bin" diagnose workloads/gpt3-xl-1.3b.toml --capacity 73GiB --jsonl "$work/diagnose.jsonl" > "$work/diagnose.txt"
+  grep '"type":"diagnose"' "$work/diagnose.jsonl" | gzip -n -9 > "$diag_data/diagnose.jsonl.gz"
+  "$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 73GiB --quiet --jsonl "$work/advise.jsonl" > "$diag_data/advise.txt"
+  gzip -n -9 < "$work/advise.jsonl" > "$diag_data/advise.jsonl.gz"
+
+  # README's demo block, from a demo run.
+  python3 scripts/readme_demo.py "$bin" > /dev/null
+fi
+
+# Removes everything in a report folder but its data/ and the files named after it.
+clear_report() {
+  local dir=$1
+  shift
+  mkdir -p "$dir"
+  local keep=(! -name data)
+  for k in "$@"; do keep+=(! -name "$k"); done
+  find "$dir" -mindepth 1 -maxdepth 1 "${keep[@]}" -exec rm -rf {} +
+}
+# Every results file of a report's data/ (JSON Lines or JSON, gzip-compressed or not).
+data_files() {
+  find "$1/data" -maxdepth 1 \( -name '*.jsonl' -o -name '*.json' -o -name '*.jsonl.gz' \) | sort
+}
+
+clear_report reports/comparison
+mapfile -t files < <(data_files reports/comparison)
+"$bin" report "${files[@]}" -o reports/comparison \
   --title "allocbench: PyTorch caching allocator configs and CPU allocators on ML workloads"
 
-# 4. Diagnose and advise: the 1.3B workload (71.3 GiB live) on a 73 GiB card, where the defaults OOM
-#    and expandable segments fit.
-"$bin" diagnose workloads/gpt3-xl-1.3b.toml --capacity 73GiB --jsonl "$work/diagnose.jsonl" > "$work/diagnose.txt"
-"$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 73GiB --quiet --jsonl "$work/advise.jsonl" > "$work/advise.txt"
-rm -rf reports/diagnose-gpt3-73g
-grep '"type":"diagnose"' "$work/diagnose.jsonl" > "$work/diagnosis-only.jsonl"
-"$bin" report "$work/diagnosis-only.jsonl" "$work/advise.jsonl" -o reports/diagnose-gpt3-73g \
+clear_report reports/diagnose-gpt3-73g
+mapfile -t files < <(data_files reports/diagnose-gpt3-73g)
+"$bin" report "${files[@]}" -o reports/diagnose-gpt3-73g \
   --title "allocbench diagnose + advise: GPT-3 XL (1.3B) training on a 73 GiB card"
-{ echo; echo '## `allocbench advise` output'; echo; echo '```'; cat "$work/advise.txt"; echo '```'; } >> reports/diagnose-gpt3-73g/README.md
-# 5. README's demo block, from a demo run.
-python3 scripts/readme_demo.py "$bin" > /dev/null
-echo "published reports/comparison/ and reports/diagnose-gpt3-73g/, README demo block"
+{ echo; echo '## `allocbench advise` output'; echo; echo '```'; cat reports/diagnose-gpt3-73g/data/advise.txt; echo '```'; } >> reports/diagnose-gpt3-73g/README.md
+
+clear_report reports/gpu-h100 GPU-CHECKS.md
+mapfile -t files < <(data_files reports/gpu-h100)
+"$bin" report "${files[@]}" -o reports/gpu-h100 \
+  --title "allocbench on a real NVIDIA H100: CUDA backend, device latency"
+
+echo "published reports/comparison/, reports/diagnose-gpt3-73g/ and reports/gpu-h100/ from their data/$([ "$measure" = 1 ] && echo ', README demo block')"

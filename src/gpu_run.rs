@@ -6,7 +6,7 @@ use crate::gpu::build::{build, pytorch_on_sim, unknown_allocator, Built, DeviceS
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::SimDevice;
-use crate::gpu::replay::{replay_observed, replay_watched, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtExactPeak, StopWhen};
+use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtExactPeak, StopWhen};
 use crate::gpu::GpuAllocator;
 use crate::input::Source;
 use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, SegmentSnapshot, WorkDone, WorkloadInfo, SCHEMA_VERSION};
@@ -69,6 +69,16 @@ pub fn segments_at_exact_peak(allocator: &str, conf: &AllocatorConfig, device: &
     let mut exact = SegmentsAtExactPeak::default();
     replay_observed(built.alloc.as_mut(), events, OnOom::Stop, &mut exact)?;
     Ok(exact.segments)
+}
+
+/// The segment maps at exactly the peak and at the first OOM with the trace id of every live
+/// block ([`BlockOwners`]), from a replay of their own on a fresh allocator (deterministic, as
+/// [`segments_at_exact_peak`]): what the memory view needs to name allocation sites.
+pub fn segment_owners(allocator: &str, conf: &AllocatorConfig, device: &DeviceSpec, events: EventStream<'_>, on_oom: OnOom) -> anyhow::Result<BlockOwners> {
+    let mut built = build(allocator, conf, device)?;
+    let mut owners = BlockOwners::default();
+    replay_observed(built.alloc.as_mut(), events, on_oom, &mut owners)?;
+    Ok(owners)
 }
 
 /// Replays `events` through a built policy and returns the results record; `watch` sees the

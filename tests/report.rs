@@ -54,7 +54,7 @@ fn svgs_parse_and_name_their_series() {
     for f in &files {
         assert!(index.contains(&format!("]({f})")), "index embeds {f}");
     }
-    assert!(index.contains("| model-switch | `pytorch expandable_segments:True` |"), "{index}");
+    assert!(index.contains("#### model-switch") && index.contains("| `pytorch expandable_segments:True` | 1 |"), "{index}");
     assert!(index.contains("/lib/x86_64-linux-gnu/libc.so.6") || index.contains("libc.so"), "the live malloc is named");
     roxmltree::Document::parse(&std::fs::read_to_string(dir.path().join("index.html")).unwrap().replace("<!DOCTYPE html>", ""))
         .expect("index.html is well-formed");
@@ -93,4 +93,135 @@ fn other_schema_versions_and_broken_files_are_clear_errors() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// The fixture's records with `edit` applied to each (as JSON), written to a results file.
+fn edited_fixture(dir: &Path, name: &str, edit: impl Fn(&mut serde_json::Value) -> Vec<serde_json::Value>) -> PathBuf {
+    let text = std::fs::read_to_string(fixture()).unwrap();
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+        for rec in edit(&mut v) {
+            out += &rec.to_string();
+            out.push('\n');
+        }
+    }
+    let path = dir.join(name);
+    std::fs::write(&path, out).unwrap();
+    path
+}
+
+fn bytes(v: &serde_json::Value) -> String {
+    allocbench::units::format_bytes(v.as_u64().unwrap())
+}
+
+#[test]
+fn findings_come_first_with_numbers_from_the_results() {
+    let dir = tempfile::tempdir().unwrap();
+    render(dir.path());
+    let md = std::fs::read_to_string(dir.path().join("README.md")).unwrap();
+    assert!(md.starts_with("# fixture report\n\n## Findings\n\n- "), "{md}");
+    let findings: Vec<&str> = md.lines().skip(4).take_while(|l| l.starts_with("- ")).collect();
+    // The numbers of the sentence are the records': defaults and expandable segments on model-switch.
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(fixture()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let run = |conf: &str| recs.iter().find(|r| r["workload"]["name"] == "model-switch" && r["allocator"] == "pytorch" && r["conf"] == conf).unwrap();
+    let (base, best) = (run(""), run("expandable_segments:True"));
+    let cut = 1.0 - best["summary"]["peak_reserved"].as_f64().unwrap() / base["summary"]["peak_reserved"].as_f64().unwrap();
+    let want = format!(
+        "- model-switch: `expandable_segments:True` cuts peak reserved most, {} → {} (−{:.1} %",
+        bytes(&base["summary"]["peak_reserved"]),
+        bytes(&best["summary"]["peak_reserved"]),
+        100.0 * cut
+    );
+    assert!(findings.iter().any(|f| f.starts_with(&want)), "{want}\n{findings:#?}");
+    let mallocs = format!("at {} device mallocs instead of {}", best["summary"]["device_mallocs"], base["summary"]["device_mallocs"]);
+    assert!(findings.iter().any(|f| f.contains(&mallocs)), "{mallocs}\n{findings:#?}");
+    // The OOM of the 'pinned' scenario is a finding too, with its step and cause.
+    let pinned = recs.iter().find(|r| r["workload"]["name"] == "pinned").unwrap();
+    let oom = format!("out of memory with PyTorch's defaults at step {} ({}", pinned["oom"]["step"], pinned["oom"]["cause"].as_str().unwrap());
+    assert!(findings.iter().any(|f| f.starts_with("- pinned on ") && f.contains(&oom)), "{oom}\n{findings:#?}");
+    assert!(findings.iter().any(|f| f.contains("python-objects: ") && f.contains("is fastest")), "{findings:#?}");
+    // The HTML opens with the same list.
+    let html = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
+    let list = &html[html.find("<ul id=\"findings\">").expect("an id=findings list")..];
+    assert_eq!(list[..list.find("</ul>").unwrap()].matches("<li>").count(), findings.len());
+    assert!(html.find("id=\"findings\"").unwrap() < html.find("<table>").unwrap(), "findings before the tables");
+}
+
+#[test]
+fn repetitions_fold_into_one_row_with_a_95_percent_ci() {
+    let dir = tempfile::tempdir().unwrap();
+    // Three runs of each CPU allocator: ops/s 10, 11 and 12 M (mean 11, CI half-width
+    // t(0.975, 2)·1/√3 = 2.48), glibc's three times slower.
+    let results = edited_fixture(dir.path(), "reps.jsonl", |v| {
+        if v["type"] != "cpu_run" {
+            return vec![v.clone()];
+        }
+        let slow = if v["allocator"] == "glibc" { 3.0 } else { 1.0 };
+        [10e6, 11e6, 12e6]
+            .iter()
+            .map(|ops| {
+                let mut r = v.clone();
+                r["ops_per_s"] = serde_json::json!(ops / slow);
+                r
+            })
+            .collect()
+    });
+    let records = report::load(&[results]).unwrap();
+    report::render(&records, &dir.path().join("r"), "reps").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| mimalloc |")).collect();
+    assert_eq!(rows.len(), 1, "one row for three runs: {rows:?}");
+    assert!(rows[0].contains("| 3 | 11.00 ± 2.48 | +200.0 % |"), "{}", rows[0]);
+    assert!(md.lines().any(|l| l.starts_with("| glibc |") && l.contains("| 3 | 3.67 ± 0.83 | baseline |")), "{md}");
+    let finding = md.lines().find(|l| l.contains("is fastest")).unwrap();
+    assert!(finding.contains("mimalloc is fastest, 11.00 ± 2.48 M ops/s (95 % CI over 3 runs), 3.00× glibc (3.67 ± 0.83 M ops/s)"), "{finding}");
+    // The spread is drawn as whiskers in the throughput chart.
+    let svg = std::fs::read_to_string(dir.path().join("r/cpu-throughput-python-objects.svg")).unwrap();
+    let whiskers = |svg: &str| svg.matches("stroke=\"#000000\" stroke-width=\"2\"").count();
+    assert_eq!(whiskers(&svg), 4, "a whisker per allocator in each of the two panels");
+    render(&dir.path().join("single"));
+    assert_eq!(whiskers(&std::fs::read_to_string(dir.path().join("single/cpu-throughput-python-objects.svg")).unwrap()), 0, "one run: no whisker");
+}
+
+#[test]
+fn charts_are_inline_and_memory_views_are_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = render(dir.path());
+    let html = std::fs::read_to_string(dir.path().join("index.html")).unwrap();
+    let xml = html.replace("<!DOCTYPE html>", "");
+    let doc = roxmltree::Document::parse(&xml).unwrap();
+    let inline_svgs = doc.descendants().filter(|n| n.has_tag_name("figure")).filter(|f| f.descendants().any(|n| n.tag_name().name() == "svg")).count();
+    assert_eq!(inline_svgs, files.len(), "every chart inline");
+    for view in ["memory-model-switch.html", "memory-pinned.html"] {
+        assert!(html.contains(&format!("href=\"{view}\"")), "index links {view}");
+        let page = std::fs::read_to_string(dir.path().join(view)).unwrap();
+        assert!(!page.contains("http://") || page.matches("http://").all(|_| page.contains("xmlns=\"http://www.w3.org/2000/svg\"")), "no network");
+        let data = &page[page.find("id=\"data\">").unwrap() + 10..];
+        let data: serde_json::Value = serde_json::from_str(&data[..data.find("</script>").unwrap()]).unwrap();
+        let runs = data["runs"].as_array().unwrap();
+        assert!(!runs.is_empty() && runs.iter().all(|r| !r["timeline"].as_array().unwrap().is_empty()), "{view}");
+        if view == "memory-pinned.html" {
+            // The fixture's record predates `segments_at_oom`: the peak's map, the OOM marked.
+            assert_eq!((runs[0]["at"].as_str(), runs[0]["oom"]["cause"].as_str()), (Some("peak"), Some("fragmentation")));
+            assert_eq!(runs[0]["oom"]["x"], 8, "the OOM's event (a run of 2 steps is drawn over events)");
+        }
+    }
+}
+
+#[test]
+fn without_a_defaults_run_the_finding_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "no-defaults.jsonl", |v| {
+        if v["type"] == "gpu_replay" && v["allocator"] == "pytorch" && v["conf"] == "" {
+            vec![]
+        } else {
+            vec![v.clone()]
+        }
+    });
+    report::render(&report::load(&[results]).unwrap(), &dir.path().join("r"), "no defaults").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let line = md.lines().find(|l| l.starts_with("- model-switch: ")).unwrap_or_else(|| panic!("{md}"));
+    assert!(line.contains("no run with PyTorch's defaults to compare against; `expandable_segments:True` reserves least"), "{line}");
+    assert!(md.contains("| `pytorch expandable_segments:True` | 1 |") && md.contains("| n/a |"), "relative columns without a baseline: {md}");
 }

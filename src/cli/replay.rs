@@ -6,11 +6,15 @@ use clap::Args;
 
 use super::args::{print_notes, DeviceArgs};
 use super::{output, progress};
+use crate::error::InputError;
 use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
+use crate::gpu::replay::OnOom;
 use crate::gpu_run;
 use crate::input::Source;
-use crate::results::ResultRecord;
+use crate::report::gpu_label;
+use crate::report::memory_view::{self, BlockSites, ViewRun};
+use crate::results::{Backend, GpuRunResult, ResultRecord};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
@@ -27,6 +31,10 @@ pub struct ReplayArgs {
     /// Write the results as JSON to this file ('-' = standard output).
     #[arg(long)]
     pub json: Option<String>,
+    /// Write the interactive memory view (timeline, segment map at the peak or the OOM, hover
+    /// for blocks and, for snapshots, allocation sites) to this HTML file.
+    #[arg(long, value_name = "OUT.html")]
+    pub html: Option<PathBuf>,
 }
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
@@ -36,8 +44,12 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     let spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
     let mut built = build(&a.allocator, &conf, &spec)?;
     let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
-    let result = gpu_run::run_one(&mut built, &conf, source.events()?, source.info()?, &a.device.replay_options(), &mut progress::watch(&pb))?;
+    let mut result = gpu_run::run_one(&mut built, &conf, source.events()?, source.info()?, &a.device.replay_options(), &mut progress::watch(&pb))?;
     progress::finish(pb);
+    let sites = match &a.html {
+        Some(_) => exact_segments_and_sites(&source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
+        None => None,
+    };
     let json = a.json.as_deref();
     if let Some(path) = json {
         output::write_json(path, &ResultRecord::GpuReplay(Box::new(result.clone())))?;
@@ -49,7 +61,49 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(path) = json.filter(|p| *p != "-") {
         eprintln!("results written to {path}");
     }
+    // After the results, so a page that cannot be written loses none of them.
+    if let Some(out) = &a.html {
+        let (sites, names) = sites.unzip();
+        let page = memory_view::page(
+            &format!("{}: memory view ({})", result.workload.name, gpu_label(&result)),
+            &[ViewRun { run: &result, sites }],
+            names.unwrap_or_default(),
+        );
+        std::fs::write(out, page).map_err(|e| InputError::new(out.display().to_string(), format!("cannot write the memory view: {e}")))?;
+        eprintln!("memory view written to {}", out.display());
+    }
     Ok(())
+}
+
+/// What the memory view needs beyond the record. On the simulated device a second,
+/// deterministic replay takes the segment maps at exactly the peak and at the OOM with each
+/// block's allocation (the record keeps that peak map too, as `run` does); for snapshots, the
+/// allocation site of each block (`sites[segment][block]`) and the site names.
+fn exact_segments_and_sites<'s>(
+    source: &'s Source,
+    allocator: &str,
+    conf: &AllocatorConfig,
+    spec: &DeviceSpec,
+    result: &mut GpuRunResult,
+    on_oom: OnOom,
+) -> anyhow::Result<Option<(BlockSites, &'s [String])>> {
+    if spec.backend != Backend::Sim || result.summary.interrupted {
+        return Ok(None);
+    }
+    let owners = gpu_run::segment_owners(allocator, conf, spec, source.events()?, on_oom)?;
+    let ids = if result.oom.is_some() {
+        result.segments_at_oom = owners.at_oom;
+        owners.oom_owners
+    } else {
+        result.segments_at_peak = owners.at_peak.segments;
+        owners.peak_owners
+    };
+    Ok(match source {
+        Source::Imported(trace, _) if !trace.site_names.is_empty() => {
+            Some((ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| trace.sites.get(&id).copied())).collect()).collect(), trace.site_names.as_slice()))
+        }
+        _ => None,
+    })
 }
 
 fn print_histogram(h: &[(u64, u64)]) {

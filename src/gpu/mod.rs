@@ -140,6 +140,11 @@ pub trait GpuAllocator {
     fn segments(&self) -> Vec<SegmentSnapshot> {
         Vec::new()
     }
+    /// The device address of a live allocation's block (policies that keep blocks), so a view
+    /// can tell which allocation each block of a segment map holds.
+    fn block_address(&self, _handle: Handle) -> Option<u64> {
+        None
+    }
     /// Bytes in the largest free block inside a segment.
     fn largest_free_block(&self) -> u64 {
         0

@@ -20,7 +20,7 @@ use crate::event::Event;
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Coarse, Observer};
-pub use observers::{AtStep, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
+pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 pub struct ReplayOptions {
     pub on_oom: OnOom,
@@ -79,6 +79,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                             }
                             at.live += bytes;
                             out.peak_live_bytes = out.peak_live_bytes.max(at.live);
+                            obs.placed(alloc, id, h);
                             obs.allocated(alloc, alloc.stats(), at, bytes);
                         }
                         Err(AllocError::OutOfMemory(info)) => {

@@ -100,11 +100,21 @@ pub fn from_versioned<T: serde::de::DeserializeOwned>(v: serde_json::Value, loc:
     serde_json::from_value(v).map_err(|e| InputError::new(loc, format!("malformed {kind} record: {e}")))
 }
 
-/// Reads a results file: one JSON document, or JSON Lines. Errors name the file and line and
-/// refuse other schema versions instead of drawing broken charts.
+/// Reads a results file: one JSON document, or JSON Lines, gzip-compressed when its name ends in
+/// `.gz`. Errors name the file and line and refuse other schema versions instead of drawing
+/// broken charts.
 pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| InputError::new(&name, format!("cannot read results: {e}")))?;
+    let cannot = |e: std::io::Error| InputError::new(&name, format!("cannot read results: {e}"));
+    // `.gz`: the results a published report keeps beside it, compressed.
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(cannot)?), &mut text)
+            .map_err(|e| InputError::new(&name, format!("cannot read gzip-compressed results: {e}")))?;
+        text
+    } else {
+        std::fs::read_to_string(path).map_err(cannot)?
+    };
     const FIX: &str = "re-run the benchmark with this version";
     let trimmed = text.trim_start();
     if trimmed.is_empty() {

@@ -834,6 +834,10 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         self.release_cached_blocks()
     }
 
+    fn block_address(&self, handle: Handle) -> Option<u64> {
+        (handle != NULL_HANDLE).then(|| self.blocks[handle as usize].ptr)
+    }
+
     fn stats(&self) -> &DeviceStats {
         &self.stats
     }

@@ -1,7 +1,7 @@
 //! The observer seam of a replay: what the loop tells observers, and how observers compose.
 
 use crate::gpu::stats::DeviceStats;
-use crate::gpu::{GpuAllocator, OomInfo};
+use crate::gpu::{GpuAllocator, Handle, OomInfo};
 
 /// Where a replay stands: the event's 0-based index, the step it belongs to, and the bytes the
 /// workload holds (independent of the allocator).
@@ -21,6 +21,9 @@ pub trait Observer<A: GpuAllocator + ?Sized> {
     /// After an allocation of `bytes` (the request) succeeded; `stats` are the allocator's now
     /// (read once for every observer).
     fn allocated(&mut self, _alloc: &A, _stats: &DeviceStats, _at: At, _bytes: u64) {}
+    /// Right after a successful allocation, before [`Observer::allocated`]: the trace's `id` for
+    /// it and the policy's handle (for `GpuAllocator::block_address`).
+    fn placed(&mut self, _alloc: &A, _id: u64, _handle: Handle) {}
     /// An allocation of `bytes` failed with an OOM (before the replay stops or skips it).
     fn out_of_memory(&mut self, _alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {}
     /// At a `step` marker, before it takes effect (the state after all earlier events).
@@ -45,6 +48,10 @@ impl<A: GpuAllocator + ?Sized, O: Observer<A> + ?Sized> Observer<A> for &mut O {
     #[inline]
     fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
         (**self).allocated(alloc, stats, at, bytes)
+    }
+    #[inline]
+    fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
+        (**self).placed(alloc, id, handle)
     }
     #[inline]
     fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {
@@ -78,6 +85,10 @@ macro_rules! tuple_observer {
             #[inline]
             fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
                 $(self.$i.allocated(alloc, stats, at, bytes);)+
+            }
+            #[inline]
+            fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
+                $(self.$i.placed(alloc, id, handle);)+
             }
             #[inline]
             fn out_of_memory(&mut self, alloc: &A, at: At, bytes: u64, info: &OomInfo) {

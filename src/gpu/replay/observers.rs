@@ -1,8 +1,10 @@
 //! The standard measurements of a replay, one observer per concern.
 
+use rustc_hash::FxHashMap;
+
 use super::observer::{At, Observer};
 use crate::gpu::stats::DeviceStats;
-use crate::gpu::{GpuAllocator, OomInfo};
+use crate::gpu::{GpuAllocator, Handle, OomInfo};
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 
 /// Allocated and reserved bytes.
@@ -49,6 +51,63 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtExactPeak {
         Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
         if (self.peak.reserved, self.peak.allocated_at_peak) != before {
             self.segments = alloc.segments();
+        }
+    }
+}
+
+/// The trace id of every live block of the segment map at exactly the peak ([`SegmentsAtExactPeak`])
+/// and at the first OOM (`owners[segment][block]`, `None` for free pieces): what lets the memory
+/// view name each block's allocation site. Blocks are matched by address (a segment's blocks are
+/// contiguous from its address), the latest allocation placed at an address being the live one.
+#[derive(Debug, Default)]
+pub struct BlockOwners {
+    pub at_peak: SegmentsAtExactPeak,
+    pub peak_owners: Vec<Vec<Option<u64>>>,
+    pub at_oom: Vec<SegmentSnapshot>,
+    pub oom_owners: Vec<Vec<Option<u64>>>,
+    by_address: FxHashMap<u64, u64>,
+    oom_taken: bool,
+}
+
+impl BlockOwners {
+    fn owners(&self, segments: &[SegmentSnapshot]) -> Vec<Vec<Option<u64>>> {
+        segments
+            .iter()
+            .map(|s| {
+                let mut address = s.address;
+                s.blocks
+                    .iter()
+                    .map(|b| {
+                        let id = if b.is_allocated() { self.by_address.get(&address).copied() } else { None };
+                        address += b.size;
+                        id
+                    })
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
+    fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
+        if let Some(address) = alloc.block_address(handle) {
+            self.by_address.insert(address, id);
+        }
+    }
+
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+        let before = (self.at_peak.peak.reserved, self.at_peak.peak.allocated_at_peak);
+        Observer::<A>::allocated(&mut self.at_peak, alloc, stats, at, bytes);
+        if (self.at_peak.peak.reserved, self.at_peak.peak.allocated_at_peak) != before {
+            self.peak_owners = self.owners(&self.at_peak.segments);
+        }
+    }
+
+    fn out_of_memory(&mut self, alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {
+        if !self.oom_taken {
+            self.oom_taken = true;
+            self.at_oom = alloc.segments();
+            self.oom_owners = self.owners(&self.at_oom);
         }
     }
 }

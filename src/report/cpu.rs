@@ -1,0 +1,235 @@
+//! The CPU section (`cpu_run` records): per workload, the fastest allocator and the one that
+//! retains least after the drain, with their spread; one row per allocator (repetitions folded,
+//! mean ± 95 % CI, relative to glibc); the charts.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::charts::{self, BarGroup, BarOptions, Line};
+use super::spread::{fold, Spread};
+use super::style::slug;
+use super::{percent_change, write_chart, Chart, Section};
+use crate::results::{CpuRunResult, ResultRecord};
+use crate::units::format_bytes_signed;
+
+/// Repetitions of one allocator on one workload (same threads, cross-thread frees and scale).
+pub struct CpuRow<'a> {
+    pub runs: Vec<&'a CpuRunResult>,
+    pub ops_per_s: Spread,
+    pub peak_rss: Spread,
+    pub retained: Spread,
+    pub drift: Spread,
+    pub alloc_p99: Spread,
+}
+
+impl<'a> CpuRow<'a> {
+    fn new(runs: Vec<&'a CpuRunResult>) -> Self {
+        let s = |f: &dyn Fn(&CpuRunResult) -> f64| Spread::of(&runs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        CpuRow {
+            ops_per_s: s(&|r| r.ops_per_s),
+            peak_rss: s(&|r| r.peak_rss as f64),
+            retained: s(&|r| r.retained as f64),
+            drift: s(&|r| r.drift_mib_per_1k_iterations.unwrap_or(0.0)),
+            alloc_p99: s(&|r| r.alloc_ns.p99 as f64),
+            runs,
+        }
+    }
+    fn allocator(&self) -> &str {
+        &self.runs[0].allocator
+    }
+    /// The relative columns' baseline: glibc (`system` when nothing was preloaded).
+    fn is_baseline(&self) -> bool {
+        matches!(self.allocator(), "glibc" | "system")
+    }
+}
+
+/// One workload's rows (one per allocator and thread setup), repetitions folded.
+pub fn rows_by_workload<'a>(runs: &[&'a CpuRunResult]) -> Vec<(String, Vec<CpuRow<'a>>)> {
+    fold(runs.iter().copied(), |r| r.workload.name.clone())
+        .into_iter()
+        .map(|(w, group)| {
+            let rows =
+                fold(group, |r| (r.allocator.clone(), r.threads, r.cross_thread, r.scale.to_bits())).into_iter().map(|(_, reps)| CpuRow::new(reps)).collect();
+            (w, rows)
+        })
+        .collect()
+}
+
+fn mops(s: &Spread) -> String {
+    s.show(|v| format!("{:.2}", v / 1e6))
+}
+
+fn bytes(s: &Spread) -> String {
+    match s.ci95 {
+        Some(h) => format!("{} ± {}", format_bytes_signed(s.mean as i128), crate::units::format_bytes(h as u64)),
+        None => format_bytes_signed(s.mean as i128),
+    }
+}
+
+fn runs_note(s: &Spread) -> String {
+    if s.n > 1 {
+        format!("95 % CI over {} runs", s.n)
+    } else {
+        "one run, no spread".into()
+    }
+}
+
+/// The findings of one workload: the fastest allocator and the one that retains least after
+/// every block was freed, each against glibc and the runner-up, with the spread.
+pub fn findings(workload: &str, rows: &[CpuRow]) -> Vec<String> {
+    let mut out = Vec::new();
+    let base = rows.iter().find(|r| r.is_baseline());
+    let mut by_speed: Vec<&CpuRow> = rows.iter().collect();
+    by_speed.sort_by(|a, b| b.ops_per_s.mean.total_cmp(&a.ops_per_s.mean));
+    if let Some(best) = by_speed.first() {
+        let mut s = format!("{workload}: {} is fastest, {} M ops/s ({})", best.allocator(), mops(&best.ops_per_s), runs_note(&best.ops_per_s));
+        if let Some(b) = base.filter(|_| !best.is_baseline()) {
+            let _ = write!(s, ", {:.2}× glibc ({} M ops/s)", best.ops_per_s.mean / b.ops_per_s.mean, mops(&b.ops_per_s));
+        }
+        if let Some(second) = by_speed.get(1) {
+            let _ = write!(
+                s,
+                "; {} next at {} M ops/s{}",
+                second.allocator(),
+                mops(&second.ops_per_s),
+                if best.ops_per_s.overlaps(&second.ops_per_s) { ", within the spread (the difference is not shown by these runs)" } else { "" }
+            );
+        }
+        out.push(s + ".");
+    }
+    let mut by_retained: Vec<&CpuRow> = rows.iter().collect();
+    by_retained.sort_by(|a, b| a.retained.mean.total_cmp(&b.retained.mean));
+    if let Some(least) = by_retained.first() {
+        let mut s = format!("{workload}: {} retains least after the drain, {} ({})", least.allocator(), bytes(&least.retained), runs_note(&least.retained));
+        if let Some(b) = base.filter(|_| !least.is_baseline()) {
+            let _ = write!(s, ", against {} for glibc", bytes(&b.retained));
+        }
+        if let Some(worst) = by_retained.last().filter(|w| w.allocator() != least.allocator()) {
+            let _ = write!(s, "; {} retains most, {}", worst.allocator(), bytes(&worst.retained));
+        }
+        out.push(s + ".");
+    }
+    out
+}
+
+/// One table per workload: a row per allocator, relative columns against glibc.
+fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
+    let mut s = String::new();
+    for (workload, rows) in by_workload {
+        let _ = writeln!(
+            s,
+            "#### {workload}\n\n| allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift MiB/1k it | retained | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        let base = rows.iter().find(|r| r.is_baseline());
+        for row in rows {
+            let r = row.runs[0];
+            let n = row.runs.len() as f64;
+            let mean = |f: &dyn Fn(&CpuRunResult) -> u64| (row.runs.iter().map(|r| f(r) as f64).sum::<f64>() / n).round();
+            let rel = |v: f64, b: f64| -> String {
+                if row.is_baseline() {
+                    "baseline".into()
+                } else if base.is_some() {
+                    percent_change(v, b)
+                } else {
+                    "n/a".into()
+                }
+            };
+            let trims: Vec<f64> = row.runs.iter().filter_map(|r| r.retained_after_trim.map(|t| t as f64)).collect();
+            let _ = writeln!(
+                s,
+                "| {} | `{}` ({}) | {}{} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
+                r.allocator,
+                r.live_malloc.library,
+                r.mode,
+                r.threads,
+                if r.cross_thread { " cross" } else { "" },
+                r.scale,
+                row.runs.len(),
+                mops(&row.ops_per_s),
+                rel(row.ops_per_s.mean, base.map(|b| b.ops_per_s.mean).unwrap_or(0.0)),
+                mean(&|r| r.alloc_ns.p50),
+                mean(&|r| r.alloc_ns.p99),
+                mean(&|r| r.free_ns.p50),
+                mean(&|r| r.free_ns.p99),
+                bytes(&row.peak_rss),
+                rel(row.peak_rss.mean, base.map(|b| b.peak_rss.mean).unwrap_or(0.0)),
+                if row.runs.iter().any(|r| r.drift_mib_per_1k_iterations.is_some()) { row.drift.show(|v| format!("{v:+.2}")) } else { "n/a".into() },
+                bytes(&row.retained),
+                if trims.len() == row.runs.len() { bytes(&Spread::of(&trims)) } else { "n/a".into() },
+            );
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The CPU section, from every `cpu_run` record.
+pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Section>> {
+    let runs: Vec<&CpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::CpuRun(c) = r { Some(c.as_ref()) } else { None }).collect();
+    if runs.is_empty() {
+        return Ok(None);
+    }
+    let mut sec = Section::new("CPU allocators");
+    let by_workload = rows_by_workload(&runs);
+    for (w, rows) in &by_workload {
+        sec.findings.extend(findings(w, rows));
+    }
+    sec.body = table(&by_workload);
+    sec.charts = charts_for(out, &by_workload)?;
+    Ok(Some(sec))
+}
+
+fn charts_for(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Result<Vec<Chart>> {
+    let mut charts = Vec::new();
+    for (workload, rows) in by_workload {
+        let ws = slug(workload);
+        // RSS over time: every repetition, one colour per allocator.
+        let mut lines = Vec::new();
+        for row in rows {
+            let name = row.allocator();
+            for (i, r) in row.runs.iter().enumerate() {
+                lines.push(Line {
+                    label: if row.runs.len() > 1 { format!("{name} (run {})", i + 1) } else { name.to_string() },
+                    color_key: name.to_string(),
+                    points: r.rss_timeline.iter().map(|s| (s.t_s, s.rss as f64)).collect(),
+                    dashed: i > 0,
+                });
+            }
+        }
+        let title = format!("{workload}: RSS over time");
+        let svg = charts::lines(&title, "time (s)", "RSS", true, &lines, &[], charts::LegendAt::UpperRight);
+        charts.push(write_chart(out, format!("cpu-rss-{ws}.svg"), title, svg)?);
+
+        // Bars are the mean, whiskers the 95 % confidence interval.
+        let bar = |f: &dyn Fn(&CpuRow) -> Spread, scale: f64| -> Vec<BarGroup> {
+            rows.iter()
+                .map(|row| {
+                    let s = f(row);
+                    let (lo, hi) = s.bounds();
+                    let name = row.allocator().to_string();
+                    BarGroup { category: name.clone(), bars: vec![(name.clone(), name, s.mean / scale, s.ci95.map(|_| (lo / scale, hi / scale)))] }
+                })
+                .collect()
+        };
+        let thr = bar(&|r| r.ops_per_s, 1e6);
+        let p99 = bar(&|r| r.alloc_p99, 1.0);
+        let title = format!("{workload}: throughput and malloc p99 (mean, 95 % CI)");
+        let (t1, t2) = (format!("{workload}: throughput (wall)"), "malloc latency p99".to_string());
+        let svg = charts::bars_pair(
+            (&thr, &BarOptions { title: &t1, y_desc: "M ops/s", log: false, y_is_bytes: false, reference: None }),
+            (&p99, &BarOptions { title: &t2, y_desc: "ns", log: false, y_is_bytes: false, reference: None }),
+        );
+        charts.push(write_chart(out, format!("cpu-throughput-{ws}.svg"), title, svg)?);
+
+        let drift = bar(&|r| r.drift, 1.0);
+        let retained = bar(&|r| r.retained, 1.0);
+        let title = format!("{workload}: RSS drift and retained memory (mean, 95 % CI)");
+        let (t1, t2) = ("RSS drift (steady state)".to_string(), "retained after everything is freed".to_string());
+        let svg = charts::bars_pair(
+            (&drift, &BarOptions { title: &t1, y_desc: "MiB per 1,000 iterations", log: false, y_is_bytes: false, reference: None }),
+            (&retained, &BarOptions { title: &t2, y_desc: "retained", log: false, y_is_bytes: true, reference: None }),
+        );
+        charts.push(write_chart(out, format!("cpu-drift-retained-{ws}.svg"), title, svg)?);
+    }
+    Ok(charts)
+}

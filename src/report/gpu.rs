@@ -1,0 +1,391 @@
+//! The GPU section (`gpu_replay` records): per workload, which config cuts peak reserved most
+//! against PyTorch's defaults and at what cost in device calls, the OOMs; one row per
+//! allocator × conf (repetitions folded, with their spread); the charts; and a memory view page
+//! per workload.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use super::charts::{self, BarGroup, BarOptions, Line, Marker, SegmentRow};
+use super::spread::{fold, Spread};
+use super::style::{self, slug};
+use super::{memory_view, percent_change, write_chart, Chart, Section};
+use crate::results::{Backend, GpuRunResult, ResultRecord, SegmentSnapshot, TimelinePoint};
+use crate::units::format_bytes;
+
+/// The label of a GPU run: allocator, plus the conf for the pytorch policy.
+pub fn gpu_label(r: &GpuRunResult) -> String {
+    if r.allocator == "pytorch" && !r.conf.is_empty() {
+        format!("pytorch {}", r.conf)
+    } else {
+        r.allocator.clone()
+    }
+}
+
+/// A short form of a GPU run's label for axes: the conf's keys abbreviated.
+pub fn gpu_short_label(r: &GpuRunResult) -> String {
+    if r.allocator != "pytorch" {
+        return r.allocator.clone();
+    }
+    if r.conf.is_empty() {
+        return "pytorch default".into();
+    }
+    let mut parts = Vec::new();
+    let mut depth = 0;
+    let mut cur = String::new();
+    for c in r.conf.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(c);
+    }
+    parts.push(cur);
+    let short: Vec<String> = parts
+        .iter()
+        .map(|p| {
+            let (k, v) = p.split_once(':').unwrap_or((p, ""));
+            match k.trim() {
+                "expandable_segments" => {
+                    if v.trim() == "True" {
+                        "expandable".into()
+                    } else {
+                        "not expandable".into()
+                    }
+                }
+                "max_split_size_mb" => format!("split<{v}M"),
+                "roundup_power2_divisions" => "roundup".into(),
+                "garbage_collection_threshold" => format!("gc {v}"),
+                "per_process_memory_fraction" => format!("cap {v}"),
+                "max_non_split_rounding_mb" => format!("nonsplit {v}M"),
+                other => other.to_string(),
+            }
+        })
+        .collect();
+    short.join(" ")
+}
+
+/// The label of a config in findings: the conf string, or what the allocator is.
+fn config_name(r: &GpuRunResult) -> String {
+    match (r.allocator.as_str(), r.conf.is_empty()) {
+        ("pytorch", true) => "PyTorch's defaults".into(),
+        ("pytorch", false) => format!("`{}`", r.conf),
+        (other, _) => format!("`{other}`"),
+    }
+}
+
+/// Repetitions of one configuration on one workload (same allocator, conf, capacity, backend).
+pub struct GpuRow<'a> {
+    pub runs: Vec<&'a GpuRunResult>,
+    pub peak_reserved: Spread,
+    pub device_mallocs: Spread,
+    pub overhead: Spread,
+    pub fragmentation: Spread,
+}
+
+impl<'a> GpuRow<'a> {
+    fn new(runs: Vec<&'a GpuRunResult>) -> Self {
+        let s = |f: &dyn Fn(&GpuRunResult) -> f64| Spread::of(&runs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        GpuRow {
+            peak_reserved: s(&|r| r.summary.peak_reserved as f64),
+            device_mallocs: s(&|r| r.summary.device_mallocs as f64),
+            overhead: s(&|r| r.summary.overhead),
+            fragmentation: s(&|r| r.summary.fragmentation_at_peak),
+            runs,
+        }
+    }
+    fn first(&self) -> &'a GpuRunResult {
+        self.runs[0]
+    }
+    fn ooms(&self) -> usize {
+        self.runs.iter().filter(|r| r.oom.is_some()).count()
+    }
+    /// PyTorch's default config: the baseline of the relative columns.
+    fn is_default(&self) -> bool {
+        self.first().allocator == "pytorch" && self.first().conf.is_empty()
+    }
+}
+
+/// One workload's rows, repetitions folded, in first-seen order.
+pub fn rows_by_workload<'a>(runs: &[&'a GpuRunResult]) -> Vec<(String, Vec<GpuRow<'a>>)> {
+    fold(runs.iter().copied(), |r| r.workload.name.clone())
+        .into_iter()
+        .map(|(w, group)| {
+            let rows = fold(group, |r| (r.allocator.clone(), r.conf.clone(), r.capacity, r.backend)).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect();
+            (w, rows)
+        })
+        .collect()
+}
+
+fn bytes_spread(s: &Spread) -> String {
+    match s.ci95 {
+        Some(h) => format!("{} ± {}", format_bytes(s.mean as u64), format_bytes(h as u64)),
+        None => format_bytes(s.mean as u64),
+    }
+}
+
+/// The findings of one workload: the config that cuts peak reserved most against the defaults,
+/// by how much and at what cost in device calls; and the OOMs.
+pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
+    let mut out = Vec::new();
+    let fits = |r: &&GpuRow| r.ooms() == 0;
+    let ideal = rows
+        .iter()
+        .find(|r| r.first().allocator == "ideal")
+        .map(|r| format!("; the ideal bound (peak live bytes) is {}", format_bytes(r.peak_reserved.mean as u64)));
+    // A run that stopped at an OOM has no full peak to compare: the OOM sentence below says it.
+    if let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) {
+        let best = rows
+            .iter()
+            .filter(|r| r.first().allocator == "pytorch" && !r.is_default())
+            .filter(fits)
+            .min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean));
+        match best {
+            Some(b) if b.peak_reserved.mean < base.peak_reserved.mean => {
+                out.push(format!(
+                    "{workload}: {} cuts peak reserved most, {} → {} ({}, {} less) at {} device mallocs instead of {} ({:.2}×){}.",
+                    config_name(b.first()),
+                    bytes_spread(&base.peak_reserved),
+                    bytes_spread(&b.peak_reserved),
+                    percent_change(b.peak_reserved.mean, base.peak_reserved.mean),
+                    format_bytes((base.peak_reserved.mean - b.peak_reserved.mean) as u64),
+                    b.device_mallocs.show(|v| format!("{v:.0}")),
+                    base.device_mallocs.show(|v| format!("{v:.0}")),
+                    if base.device_mallocs.mean > 0.0 { b.device_mallocs.mean / base.device_mallocs.mean } else { f64::NAN },
+                    ideal.clone().unwrap_or_default()
+                ));
+            }
+            _ => out.push(format!(
+                "{workload}: no config tried reserves less than PyTorch's defaults ({}){}.",
+                bytes_spread(&base.peak_reserved),
+                ideal.clone().unwrap_or_default()
+            )),
+        }
+    }
+    if !rows.iter().any(|r| r.is_default()) {
+        // The ideal policy is the bound, not a choice.
+        if let Some(low) =
+            rows.iter().filter(fits).filter(|r| r.first().allocator != "ideal").min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean))
+        {
+            out.push(format!(
+                "{workload}: no run with PyTorch's defaults to compare against; {} reserves least, {} at {} device mallocs.",
+                config_name(low.first()),
+                bytes_spread(&low.peak_reserved),
+                low.device_mallocs.show(|v| format!("{v:.0}"))
+            ));
+        }
+    }
+    let oomed: Vec<String> = rows
+        .iter()
+        .filter(|r| r.ooms() > 0)
+        .map(|r| {
+            let o = r.first().oom.as_ref().or_else(|| r.runs.iter().find_map(|x| x.oom.as_ref())).expect("a run with an OOM");
+            let reps = if r.runs.len() > 1 { format!(" in {} of {} runs", r.ooms(), r.runs.len()) } else { String::new() };
+            format!("{} at step {} ({}, {} requested){reps}", config_name(r.first()), o.step, o.cause, format_bytes(o.requested))
+        })
+        .collect();
+    if !oomed.is_empty() {
+        let fit: Vec<String> = rows
+            .iter()
+            .filter(fits)
+            .map(|r| {
+                format!(
+                    "{} (peak reserved {}, {} device mallocs)",
+                    config_name(r.first()),
+                    bytes_spread(&r.peak_reserved),
+                    r.device_mallocs.show(|v| format!("{v:.0}"))
+                )
+            })
+            .collect();
+        out.push(format!(
+            "{workload} on {}: out of memory with {}; {}.",
+            format_bytes(rows[0].first().capacity),
+            oomed.join(", "),
+            if fit.is_empty() { "no config tried fits".to_string() } else { format!("fits with {}", fit.join(", ")) }
+        ));
+    }
+    out
+}
+
+/// One table per workload: a row per config, relative columns against PyTorch's defaults.
+fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
+    let mut s = String::new();
+    for (workload, rows) in rows_by_workload {
+        let first = rows[0].first();
+        let _ = writeln!(
+            s,
+            "#### {workload}\n\n{} on {}, peak live {}.\n\n| allocator / conf | runs | peak reserved | vs defaults | reserved / live | fragmentation at peak | device mallocs | vs defaults | retries | OOM |\n|---|---|---|---|---|---|---|---|---|---|",
+            first.device,
+            format_bytes(first.capacity),
+            format_bytes(first.work.peak_live_bytes)
+        );
+        let base = rows.iter().find(|r| r.is_default());
+        for row in rows {
+            let r = row.first();
+            let oom = match (&r.oom, row.ooms()) {
+                (_, 0) => "none".to_string(),
+                (Some(o), n) => format!(
+                    "step {} ({}; {} requested){}",
+                    o.step,
+                    o.cause,
+                    format_bytes(o.requested),
+                    if row.runs.len() > 1 { format!(", {n} of {} runs", row.runs.len()) } else { String::new() }
+                ),
+                (None, n) => format!("{n} of {} runs", row.runs.len()),
+            };
+            let (vs_reserved, vs_mallocs) = match base {
+                Some(b) if !row.is_default() => (
+                    percent_change(row.peak_reserved.mean, b.peak_reserved.mean),
+                    if b.device_mallocs.mean > 0.0 { format!("{:.2}×", row.device_mallocs.mean / b.device_mallocs.mean) } else { "n/a".into() },
+                ),
+                Some(_) => ("baseline".into(), "baseline".into()),
+                None => ("n/a".into(), "n/a".into()),
+            };
+            let _ = writeln!(
+                s,
+                "| `{}` | {} | {} | {vs_reserved} | {} | {} | {} | {vs_mallocs} | {} | {oom} |",
+                gpu_label(r),
+                row.runs.len(),
+                bytes_spread(&row.peak_reserved),
+                row.overhead.show(|v| format!("{v:.3}")),
+                row.fragmentation.show(|v| format!("{:.1} %", 100.0 * v)),
+                row.device_mallocs.show(|v| format!("{v:.0}")),
+                r.stats.get("num_alloc_retries").copied().unwrap_or(0),
+            );
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// The GPU section, from every `gpu_replay` record.
+pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Section>> {
+    let runs: Vec<&GpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::GpuReplay(g) = r { Some(g.as_ref()) } else { None }).collect();
+    if runs.is_empty() {
+        return Ok(None);
+    }
+    let on_gpu = runs.iter().any(|r| r.backend != Backend::Sim);
+    let mut sec = Section::new(if on_gpu { "GPU allocator policies on a real GPU (`--device cuda`)" } else { "GPU allocator policies on a simulated device" });
+    let by_workload = rows_by_workload(&runs);
+    for (w, rows) in &by_workload {
+        sec.findings.extend(findings(w, rows));
+    }
+    if !on_gpu && runs.len() == by_workload.iter().map(|(_, rows)| rows.len()).sum::<usize>() {
+        sec.body += "Replays on the simulated device are deterministic: one run per config (a repetition gives the same bytes and calls).\n\n";
+    }
+    sec.body += &table(&by_workload);
+    sec.body += "\nInteractive memory views (timeline and segment map at the peak or the OOM, hover for blocks):\n\n";
+    for (w, _) in &by_workload {
+        let group: Vec<&GpuRunResult> = runs.iter().copied().filter(|r| &r.workload.name == w).collect();
+        let file = memory_view::write_for_runs(out, w, &group)?;
+        let _ = writeln!(sec.body, "- [{w}]({file})");
+    }
+    sec.charts = charts_for(out, &runs)?;
+    Ok(Some(sec))
+}
+
+fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> {
+    let mut charts = Vec::new();
+    for (workload, group) in fold(runs.iter().copied(), |r| r.workload.name.clone()) {
+        let ws = slug(&workload);
+        // One run per config in the line and segment charts: repetitions replay the same
+        // deterministic policy on the simulated device.
+        let group: Vec<&GpuRunResult> = fold(group, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| reps[0]).collect();
+        // Memory over time: reserved per config, and what is allocated.
+        let use_steps = group[0].work.steps >= 10;
+        let x = |p: &TimelinePoint| if use_steps { p.step as f64 } else { p.event as f64 };
+        let mut lines = Vec::new();
+        let mut markers = Vec::new();
+        for r in &group {
+            let label = gpu_label(r);
+            lines.push(Line {
+                label: format!("reserved: {label}"),
+                color_key: label.clone(),
+                points: r.timeline.iter().map(|p| (x(p), p.reserved_max as f64)).collect(),
+                dashed: false,
+            });
+            if let Some(o) = &r.oom {
+                let at_x = if use_steps { o.step as f64 } else { o.event as f64 };
+                markers.push(Marker { label: format!("OOM ({}) at step {}: {}", style::clip(&label, 24), o.step, o.cause), at: (at_x, o.reserved as f64) });
+            }
+        }
+        // Allocated bytes are the same for every policy until one stops at an OOM: take the run
+        // that went furthest.
+        if let Some(first) =
+            group.iter().find(|r| r.allocator == "ideal").or_else(|| group.iter().max_by_key(|r| (r.work.events, std::cmp::Reverse(r.oom.is_some()))))
+        {
+            lines.push(Line {
+                label: "allocated (live tensors)".into(),
+                color_key: "allocated".into(),
+                points: first.timeline.iter().map(|p| (x(p), p.allocated_max as f64)).collect(),
+                dashed: true,
+            });
+        }
+        let title = format!("{workload}: reserved vs allocated (peak within each step)");
+        let svg = charts::lines(&title, if use_steps { "step" } else { "event" }, "memory", true, &lines, &markers, charts::LegendAt::UpperLeft);
+        charts.push(write_chart(out, format!("gpu-memory-{ws}.svg"), title, svg)?);
+
+        // Device calls per config (log scale: no-cache makes one per tensor).
+        let groups: Vec<BarGroup> = group
+            .iter()
+            .map(|r| BarGroup {
+                category: gpu_short_label(r),
+                bars: vec![
+                    ("cudaMalloc / map calls".into(), "device malloc".into(), r.summary.device_mallocs as f64, None),
+                    ("cudaFree / unmap calls".into(), "device free".into(), r.summary.device_frees as f64, None),
+                ],
+            })
+            .collect();
+        let title = format!("{workload}: device allocation calls");
+        let svg = charts::bars(&groups, &BarOptions { title: &title, y_desc: "calls (log scale)", log: true, y_is_bytes: false, reference: None });
+        charts.push(write_chart(out, format!("gpu-device-calls-{ws}.svg"), title, svg)?);
+
+        // Segment map at peak (or at the OOM) for each caching-allocator config.
+        for r in group.iter().filter(|r| r.allocator == "pytorch" && !r.segments_at_peak.is_empty()) {
+            let label = gpu_label(r);
+            const ROWS: usize = 40;
+            let (at, source) = if r.segments_at_oom.is_empty() { ("peak", &r.segments_at_peak) } else { ("the OOM", &r.segments_at_oom) };
+            let mut segs: Vec<&SegmentSnapshot> = source.iter().collect();
+            let total = segs.len();
+            // Segments whose free space is pinned by a live block first (the fragmentation), then
+            // wholly free cached segments; most free bytes first within each.
+            segs.sort_by_key(|s| (s.allocated() == 0, std::cmp::Reverse(s.total_size - s.allocated()), s.address));
+            segs.truncate(ROWS);
+            let rows: Vec<SegmentRow> = segs
+                .iter()
+                .map(|s| SegmentRow {
+                    label: format!("{} {} ({} free)", s.segment_type, format_bytes(s.total_size), format_bytes(s.total_size - s.allocated())),
+                    blocks: s.blocks.iter().map(|b| (b.size, b.is_allocated())).collect(),
+                })
+                .collect();
+            let pinned = source.iter().filter(|s| s.allocated() > 0).count();
+            let title = format!("{workload}: segments at {at}, {} ({} of {total} shown; {pinned} hold live blocks)", gpu_short_label(r), rows.len());
+            let mut chart = write_chart(out, format!("gpu-segments-{ws}-{}.svg", slug(&label)), title.clone(), charts::segment_map(&title, &label, &rows))?;
+            chart.folded = true;
+            charts.push(chart);
+        }
+    }
+    // Overhead: peak reserved ÷ peak live per workload × config, with the spread over repetitions.
+    let groups: Vec<BarGroup> = rows_by_workload(runs)
+        .into_iter()
+        .map(|(w, rows)| BarGroup {
+            category: w,
+            bars: rows
+                .iter()
+                .map(|row| (gpu_short_label(row.first()), gpu_label(row.first()), row.overhead.mean, row.overhead.ci95.map(|_| row.overhead.bounds())))
+                .collect(),
+        })
+        .collect();
+    let title = "Peak reserved / peak live bytes (1.0 = ideal)".to_string();
+    let svg = charts::bars(
+        &groups,
+        &BarOptions { title: &title, y_desc: "peak reserved / peak live", log: false, y_is_bytes: false, reference: Some((1.0, "ideal = 1.0")) },
+    );
+    charts.push(write_chart(out, "gpu-overhead.svg".into(), title, svg)?);
+    Ok(charts)
+}
