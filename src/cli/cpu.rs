@@ -100,6 +100,9 @@ const CHILD_ALLOCATOR_ENV: &str = "ALLOCBENCH_CPU_CHILD_ALLOCATOR";
 const CHILD_RESULT_ENV: &str = "ALLOCBENCH_CPU_CHILD_RESULT";
 
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
+    // From here on the harness's own allocations come from its private arena, never from the
+    // malloc under test.
+    crate::cpu::harness_alloc::isolate();
     if a.exec {
         return exec_main(a);
     }

@@ -21,6 +21,7 @@
 pub mod allocators;
 pub mod driver;
 pub mod exec;
+pub mod harness_alloc;
 pub mod preload;
 pub mod rss;
 
@@ -180,6 +181,7 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
         rss_timeline: samples,
         native_stats,
         interrupted: out.interrupted || crate::interrupt::interrupted(),
+        pid: std::process::id(),
     })
 }
 

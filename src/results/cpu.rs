@@ -124,6 +124,9 @@ pub struct CpuRunResult {
     pub rss_timeline: Vec<RssSample>,
     pub native_stats: BTreeMap<String, u64>,
     pub interrupted: bool,
+    /// The process that ran it (each allocator of a multi-allocator run has its own).
+    #[serde(default)]
+    pub pid: u32,
 }
 
 /// One run of a program under one allocator (`allocbench cpu --exec`, `"type": "cpu_exec"`).
