@@ -2,6 +2,7 @@
 //! (`README.md` and `index.html`) into a folder. Output is deterministic for the same input.
 
 pub mod charts;
+pub mod cpu_exec;
 pub mod style;
 
 use std::collections::BTreeMap;
@@ -364,10 +365,14 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     if !cpu.is_empty() {
         cpu_charts(out, &cpu, &mut charts)?;
     }
+    let exec: Vec<&crate::results::CpuExecResult> =
+        records.iter().filter_map(|r| if let ResultRecord::CpuExec(c) = r { Some(c.as_ref()) } else { None }).collect();
+    cpu_exec::exec_charts(out, &exec, &mut charts)?;
     let probes: Vec<&crate::results::DevprobeResult> =
         records.iter().filter_map(|r| if let ResultRecord::Devprobe(p) = r { Some(p.as_ref()) } else { None }).collect();
     devprobe_charts(out, &probes, &mut charts)?;
     let mut md = index_markdown(title, &gpu, &cpu, &probes, &charts);
+    md += &(cpu_exec::run_spread_markdown(&cpu) + &cpu_exec::exec_markdown(&exec));
     for r in records {
         if let ResultRecord::Diagnose(d) = r {
             let _ = writeln!(
