@@ -4,18 +4,20 @@
 #      PyTorch's caching-allocator policy under its default config, tuned configs and expandable
 #      segments, plus the no-cache baseline and the ideal bound, on a simulated 80 GB H100.
 #   2. CPU: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via scripts/compare.sh) on the
-#      Python-like and serving workloads.
+#      Python-like and serving workloads (5 repetitions, a 12 s drain) and on the real Python
+#      programs in workloads/python/.
 #   3. allocbench report renders the charts and the index.
 #   4. allocbench diagnose and advise on the 1.3B workload on a 73 GiB card (reports/diagnose-gpt3-73g/).
 #   5. README.md's demo block (scripts/readme_demo.py).
-# Usage: scripts/publish.sh [--quick]   (--quick: one CPU repetition, for a smoke test)
+# Usage: scripts/publish.sh [--quick]   (--quick: compare.sh --quick, for a smoke test)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 cargo build --release --quiet
-bin=target/release/allocbench
+# The binary wherever cargo puts it (CARGO_TARGET_DIR included).
+bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/allocbench"
 work=results/publish
 rm -rf "$work"
 mkdir -p "$work"
@@ -41,9 +43,9 @@ for t in workloads/captured/*.csv.gz; do
 done
 cat "$work"/gpu-*.jsonl > "$work/gpu.jsonl"
 
-reps=3
-[ "$quick" = 1 ] && reps=1
-scripts/compare.sh --reps "$reps" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
+cpu_args=()
+[ "$quick" = 1 ] && cpu_args=(--quick)
+scripts/compare.sh "${cpu_args[@]}" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml workloads/python/*.py
 
 rm -rf reports/comparison
 "$bin" report "$work/gpu.jsonl" "$work/cpu/cpu.jsonl" -o reports/comparison \

@@ -557,6 +557,20 @@ mod tests {
     use super::*;
 
     #[test]
+    fn sampling_gaps_are_random_with_the_stated_mean() {
+        let mut g = SampleGaps::new(7);
+        let gaps: Vec<u64> = (0..100_000).map(|_| g.next_gap()).collect();
+        assert!(gaps.iter().all(|&x| (1..2 * LATENCY_SAMPLE_EVERY).contains(&x)));
+        let mean = gaps.iter().sum::<u64>() as f64 / gaps.len() as f64;
+        assert!((mean - LATENCY_SAMPLE_EVERY as f64).abs() < 1.0, "mean gap {mean}");
+        let mut distinct = gaps.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len() as u64, 2 * LATENCY_SAMPLE_EVERY - 1, "every gap length occurs: no fixed stride");
+        assert_ne!(SampleGaps::new(1).next_gap(), SampleGaps::new(2).next_gap(), "seeds differ per worker");
+    }
+
+    #[test]
     fn zero_byte_allocations_compile_to_nothing() {
         let mut compiler = Compiler::default();
         let mut ops = Vec::new();

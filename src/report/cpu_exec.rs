@@ -109,18 +109,32 @@ pub fn exec_charts(out: &Path, runs: &[&CpuExecResult], charts: &mut Vec<Chart>)
     Ok(())
 }
 
-/// The best allocator by `metric` (lower is better) against glibc, in one clause.
+/// The best allocator (lowest mean) against glibc, in one clause; whether the runner-up is
+/// within its spread is said. `f` formats a value.
 fn verdict_clause(what: &str, spreads: &[(String, Spread)], f: &dyn Fn(f64) -> String) -> Option<String> {
-    let best = spreads.iter().min_by(|a, b| a.1.mean.total_cmp(&b.1.mean))?;
-    let runner_up = spreads.iter().filter(|s| s.0 != best.0).min_by(|a, b| a.1.mean.total_cmp(&b.1.mean));
-    let clear = runner_up.is_none_or(|r| best.1.clearly_below(&r.1));
+    verdict_clause_by(what, spreads, &|s| s.mean, f)
+}
+
+/// [`verdict_clause`] ranking by `key` (lower is better), e.g. the magnitude of a drift.
+fn verdict_clause_by(what: &str, spreads: &[(String, Spread)], key: &dyn Fn(&Spread) -> f64, f: &dyn Fn(f64) -> String) -> Option<String> {
+    let best = spreads.iter().min_by(|a, b| key(&a.1).total_cmp(&key(&b.1)))?;
+    let runner_up = spreads.iter().filter(|s| s.0 != best.0).min_by(|a, b| key(&a.1).total_cmp(&key(&b.1)));
     let base = spreads.iter().find(|s| s.0 == "glibc").filter(|g| g.0 != best.0);
     let vs = base.map(|g| format!(" vs glibc {}", f(g.1.mean))).unwrap_or_default();
-    Some(if clear {
-        format!("{what}: {} ({}{vs})", best.0, f(best.1.mean))
-    } else {
-        format!("{what}: {} ({}{vs}, within the spread of {})", best.0, f(best.1.mean), runner_up.map(|r| r.0.as_str()).unwrap_or("-"))
-    })
+    let qualifier = match runner_up {
+        None => String::new(),
+        Some(_) if best.1.ci95.is_none() => ", one run each: no spread to judge by".into(),
+        Some(r) => {
+            // Ranked by key: compare the keys' intervals.
+            let (b, o) = (Spread { mean: key(&best.1), ..best.1 }, Spread { mean: key(&r.1), ..r.1 });
+            if b.clearly_below(&o) {
+                String::new()
+            } else {
+                format!(", within the spread of {}", r.0)
+            }
+        }
+    };
+    Some(format!("{what}: {} ({}{vs}{qualifier})", best.0, f(best.1.mean)))
 }
 
 /// Per program: a table of every allocator with spread, and a one-line verdict.
@@ -221,14 +235,16 @@ pub fn run_spread_markdown(runs: &[&CpuRunResult]) -> String {
                 drains.push((name.clone(), last));
             }
             if let Some(d) = overhead {
-                drifts.push((name.clone(), Spread { mean: d.mean.abs(), ..d }));
+                drifts.push((name.clone(), d));
             }
         }
-        let clauses: Vec<String> =
-            [verdict_clause("least retained at the end of the drain", &drains, &signed), verdict_clause("least overhead drift (|MiB/1k it|)", &drifts, &mib)]
-                .into_iter()
-                .flatten()
-                .collect();
+        let clauses: Vec<String> = [
+            verdict_clause("least retained at the end of the drain", &drains, &signed),
+            verdict_clause_by("overhead drift closest to zero (MiB/1k it)", &drifts, &|d| d.mean.abs(), &mib),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         if !clauses.is_empty() {
             let _ = writeln!(s, "\n**Verdict ({workload})**: {}.\n", clauses.join("; "));
         }
