@@ -53,8 +53,11 @@ impl Spread {
     }
 }
 
+/// One program's verified runs by allocator, in the order met.
+type ByAllocator<'a> = Vec<(String, Vec<&'a CpuExecResult>)>;
+
 /// Verified runs by program, then by allocator in the order met.
-fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<(String, Vec<(String, Vec<&'a CpuExecResult>)>)> {
+fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<(String, ByAllocator<'a>)> {
     let verified: Vec<&CpuExecResult> = runs.iter().copied().filter(|r| r.verified()).collect();
     by_workload(verified.iter().copied(), |r| &r.name).into_iter().map(|(name, group)| (name, by_workload(group.into_iter(), |r| &r.allocator))).collect()
 }

@@ -287,11 +287,11 @@ fn cpu_charts(out: &Path, runs: &[&CpuRunResult], charts: &mut Vec<Chart>) -> an
         )?;
         charts.push(Chart { file, title });
 
-        let drift = bar(&|r| r.drift_mib_per_1k_iterations.unwrap_or(0.0));
+        let drift = bar(&|r| r.drift_overhead_mib_per_1k.or(r.drift_mib_per_1k_iterations).unwrap_or(0.0));
         let retained = bar(&|r| r.retained as f64);
         let file = format!("cpu-drift-retained-{ws}.svg");
         let title = format!("{workload}: RSS drift and retained memory");
-        let t1 = "RSS drift (steady state)".to_string();
+        let t1 = "drift of RSS − live bytes (steady state)".to_string();
         let t2 = "retained after everything is freed".to_string();
         write(
             out,
