@@ -122,6 +122,7 @@ fn cpu_bad_input_exits_2() {
     let cases: Vec<(Vec<String>, &str)> = vec![
         (vec!["cpu".into(), w("python-objects.toml"), "--allocator".into(), "hoard".into()], "unknown CPU allocator 'hoard'"),
         (vec!["cpu".into(), w("python-objects.toml"), "--preload".into(), "/no/such/libfoo.so".into()], "not found"),
+        (vec!["cpu".into(), w("python-objects.toml"), "--preload".into(), "/usr/lib/x86_64-linux-gnu/libm.so.6".into()], "is not an allocator"),
         (vec!["cpu".into(), w("llama2-7b-80g.toml"), "--allocator".into(), "system".into()], "try --scale 1/"),
         (vec!["cpu".into(), w("python-objects.toml"), "--scale".into(), "3".into()], "must be in (0, 1]"),
         (vec!["cpu".into(), w("python-objects.toml"), "--expect-malloc".into(), "tcmalloc".into(), "--allocator".into(), "system".into()], "refusing"),

@@ -146,7 +146,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     };
     if let Some(result) = std::env::var_os(CHILD_RESULT_ENV).filter(|_| child_allocator.is_some()) {
         // A child of a multi-allocator run: one run, its record for the parent.
-        let r = crate::cpu::run(&source, allocs[0], &opts)?;
+        let r = running(allocs[0].name, a.drain, || crate::cpu::run(&source, allocs[0], &opts))?;
         if a.json.as_deref() != Some("-") {
             print!("{}", crate::cpu::describe(&r));
         }
@@ -155,7 +155,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let mut jsonl = Jsonl::open(a.jsonl.as_deref())?;
     let mut records = Vec::new();
     if allocs.len() == 1 && a.reps == 1 {
-        let r = crate::cpu::run(&source, allocs[0], &opts)?;
+        let r = running(allocs[0].name, a.drain, || crate::cpu::run(&source, allocs[0], &opts))?;
         if a.json.as_deref() != Some("-") {
             print!("{}", crate::cpu::describe(&r));
         }
@@ -335,4 +335,16 @@ fn describe_exec(r: &crate::results::CpuExecResult) -> String {
         r.major_faults,
         r.served_by_library.as_deref().unwrap_or("unproven")
     )
+}
+
+/// Runs `f` under a spinner on stderr (hidden when stderr is not a terminal): a run plus its
+/// drain can take a while.
+fn running<T>(allocator: &str, drain_s: f64, f: impl FnOnce() -> T) -> T {
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
+    pb.set_message(if drain_s > 0.0 { format!("{allocator}: running, then a {drain_s} s drain") } else { format!("{allocator}: running") });
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    let out = f();
+    pb.finish_and_clear();
+    out
 }
