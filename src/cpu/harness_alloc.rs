@@ -46,7 +46,11 @@ unsafe impl Source for ReservedRange {
     }
 }
 
-static ARENA: talc::TalcLock<spinning_top::RawSpinlock, ReservedRange> = talc::TalcLock::new(ReservedRange);
+/// A spinlock that yields to the scheduler while it waits: with more workers than cores a pure
+/// spinlock would burn the holder's time slice.
+type YieldingLock = spin::mutex::SpinMutex<(), spin::relax::Yield>;
+
+static ARENA: talc::TalcLock<YieldingLock, ReservedRange> = talc::TalcLock::new(ReservedRange);
 
 /// Routes the harness's allocations to the private arena from now on.
 pub fn isolate() {
