@@ -2,10 +2,9 @@
 //! the replay loop through a no-op allocator vs through the cheapest real one (target: ≤ 10 %).
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::AtomicU64;
 
 use allocbench::cpu::allocators::CpuAllocator;
-use allocbench::cpu::driver::{drive, DriverOptions};
+use allocbench::cpu::driver::{drive, DriverOptions, RunProgress};
 use allocbench::input::Source;
 use allocbench::workload::Workload;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -71,7 +70,7 @@ fn harness_overhead(c: &mut Criterion) {
     let path = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
     let source = Source::Workload(Box::new(Workload::load(std::path::Path::new(&path)).unwrap()));
     let opts = DriverOptions { threads: 1, cross_thread: false, scale: 1.0, iterations: Some(200), duration: None, touch: false };
-    let iteration = AtomicU64::new(0);
+    let progress = RunProgress::default();
     let mut group = c.benchmark_group("cpu_harness_overhead");
     group.sample_size(10);
     // 200 iterations x 500 allocs, and as many frees.
@@ -85,7 +84,7 @@ fn harness_overhead(c: &mut Criterion) {
         // Only the timed replay of compiled ops counts (what the driver reports as replay time);
         // event generation and compilation happen outside it.
         group.bench_function(format!("replay_loop/{}", alloc.name), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| std::time::Duration::from_nanos(drive(&source, alloc, &opts, &iteration).unwrap().replay_ns)).sum())
+            b.iter_custom(|iters| (0..iters).map(|_| std::time::Duration::from_nanos(drive(&source, alloc, &opts, &progress).unwrap().replay_ns)).sum())
         });
     }
     group.finish();

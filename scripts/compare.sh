@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Runs CPU workloads under every LD_PRELOAD allocator that is installed (glibc, jemalloc,
-# tcmalloc, mimalloc), several repetitions each, and writes a results folder that
-# `allocbench report` renders.
+# Runs the CPU workloads under every LD_PRELOAD allocator that is installed (glibc, jemalloc,
+# tcmalloc, mimalloc), repetitions interleaved (glibc, jemalloc, tcmalloc, mimalloc, glibc, ...),
+# and writes a results folder that `allocbench report` renders:
+#   - in-process workloads (.toml): `allocbench cpu W --allocator system` under LD_PRELOAD, each
+#     run in its own process, with a drain after the last free (retained at 0.1 / 1 / 10 s, then
+#     the allocator's own trim);
+#   - real programs (.py, plain python3): `allocbench cpu --exec --allocator all -- python3 X.py`.
 #
-#   scripts/compare.sh [--quick] [--reps N] [--out DIR] [--threads N] [--cross-thread]
-#                      [--scale F] [--iterations N] [WORKLOAD...]
+#   scripts/compare.sh [--quick] [--reps N] [--drain S] [--out DIR] [--threads N] [--cross-thread]
+#                      [--scale F] [--iterations N] [WORKLOAD.toml|PROGRAM.py ...]
 #
-# Defaults: workloads/python-objects.toml and workloads/serving-llama7b.toml (scale 1/64),
-# 3 repetitions, results in results/compare-<date>/cpu.jsonl.
-# An allocator whose library is missing is skipped with a message. Every run passes
-# --expect-malloc, so a run is never labelled with an allocator that did not serve it.
-# Exit status is non-zero only on a real failure.
+# Defaults: workloads/python-objects.toml, workloads/serving-llama7b.toml (scale 1/64) and
+# workloads/python/*.py; 5 repetitions, a 12 s drain; results in results/compare-<date>/cpu.jsonl.
+# --quick: 1 repetition, 200 iterations, a 1 s drain and short programs (a smoke test).
+# An allocator whose library is missing is skipped with a message. Every in-process run passes
+# --expect-malloc and every program run is proven from its mappings, so no run is labelled with
+# an allocator that did not serve it. Exit status is non-zero only on a real failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-reps=3
+reps=5
+drain=12
 out="results/compare-$(date +%Y%m%d-%H%M%S)"
 threads=1
 cross=""
@@ -22,33 +28,38 @@ scale=""
 iterations=""
 quick=0
 workloads=()
+programs=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
     --reps) reps="$2"; shift ;;
+    --drain) drain="$2"; shift ;;
     --out) out="$2"; shift ;;
     --threads) threads="$2"; shift ;;
     --cross-thread) cross="--cross-thread" ;;
     --scale) scale="$2"; shift ;;
     --iterations) iterations="$2"; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     -*) echo "compare.sh: unknown option $1" >&2; exit 2 ;;
+    *.py) programs+=("$1") ;;
     *) workloads+=("$1") ;;
   esac
   shift
 done
-if [ ${#workloads[@]} -eq 0 ]; then
+if [ ${#workloads[@]} -eq 0 ] && [ ${#programs[@]} -eq 0 ]; then
   workloads=(workloads/python-objects.toml workloads/serving-llama7b.toml)
+  programs=(workloads/python/*.py)
 fi
 if [ "$quick" = 1 ]; then
   reps=1
+  drain=1
   iterations="${iterations:-200}"
 fi
 
-bin=target/release/allocbench
-if [ ! -x "$bin" ] || [ -n "$(find src Cargo.toml -newer "$bin" -print -quit)" ]; then
-  cargo build --release --quiet
-fi
+# The binary wherever cargo puts it (CARGO_TARGET_DIR, a workspace's target/, ...).
+cargo build --release --quiet
+target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+bin="$target_dir/release/allocbench"
 mkdir -p "$out"
 jsonl="$out/cpu.jsonl"
 : > "$jsonl"
@@ -61,6 +72,15 @@ declare -A libs=(
   [mimalloc]="$libdir/libmimalloc.so.2"
 )
 declare -A packages=([jemalloc]=libjemalloc2 [tcmalloc]=libtcmalloc-minimal4 [mimalloc]=libmimalloc2.0)
+installed=()
+for name in glibc jemalloc tcmalloc mimalloc; do
+  lib="${libs[$name]}"
+  if [ -n "$lib" ] && [ ! -f "$lib" ]; then
+    echo "skip: $name ($lib not installed; apt-get install ${packages[$name]})"
+  else
+    installed+=("$name")
+  fi
+done
 
 ran=0
 for w in "${workloads[@]}"; do
@@ -72,28 +92,44 @@ for w in "${workloads[@]}"; do
       *) wscale=1/64 ;;
     esac
   fi
-  for name in glibc jemalloc tcmalloc mimalloc; do
-    lib="${libs[$name]}"
-    if [ -n "$lib" ] && [ ! -f "$lib" ]; then
-      echo "skip: $name ($lib not installed; apt-get install ${packages[$name]})"
-      continue
-    fi
-    for rep in $(seq 1 "$reps"); do
-      echo "== $(basename "$w") under $name (repetition $rep/$reps)"
-      args=(cpu "$w" --allocator system --expect-malloc "$name" --threads "$threads" --scale "$wscale" --jsonl "$jsonl.part")
+  for rep in $(seq 1 "$reps"); do
+    for name in "${installed[@]}"; do
+      lib="${libs[$name]}"
+      echo "== $(basename "$w") under $name (repetition $rep/$reps, drain ${drain} s)"
+      args=(cpu "$w" --allocator system --expect-malloc "$name" --threads "$threads" --scale "$wscale" --drain "$drain" --jsonl "$jsonl.part")
       [ -n "$cross" ] && args+=("$cross")
       [ -n "$iterations" ] && args+=(--iterations "$iterations")
       rm -f "$jsonl.part"
       if [ -n "$lib" ]; then
         LD_PRELOAD="$lib" "$bin" "${args[@]}"
       else
-        "$bin" "${args[@]}"
+        env -u LD_PRELOAD "$bin" "${args[@]}"
       fi
       cat "$jsonl.part" >> "$jsonl"
       rm -f "$jsonl.part"
       ran=$((ran + 1))
     done
   done
+done
+
+allocators=$(IFS=,; echo "${installed[*]}")
+for p in "${programs[@]}"; do
+  if [ ! -f "$p" ]; then echo "compare.sh: no such program: $p" >&2; exit 2; fi
+  # Short runs for a smoke test; the programs' defaults otherwise.
+  short=()
+  if [ "$quick" = 1 ]; then
+    case "$(basename "$p")" in
+      object_churn.py) short=(--steps 300 --drain 0.3) ;;
+      tokenizer_loader.py) short=(--batches 20) ;;
+      serving_loop.py) short=(--bursts 3) ;;
+    esac
+  fi
+  echo "== $(basename "$p") under $allocators ($reps repetitions, interleaved)"
+  rm -f "$jsonl.part"
+  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- python3 "$p" "${short[@]}"
+  cat "$jsonl.part" >> "$jsonl"
+  rm -f "$jsonl.part"
+  ran=$((ran + reps * ${#installed[@]}))
 done
 echo "wrote $ran runs to $jsonl"
 echo "render: $bin report $jsonl -o reports/<name>/"

@@ -8,7 +8,8 @@
 #         policy under its default config, tuned configs and expandable segments, plus the
 #         no-cache baseline and the ideal bound, on a simulated 80 GB H100;
 #      b. comparison/data/cpu.jsonl.gz: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via
-#         scripts/compare.sh), 3 repetitions each, on the Python-like and serving workloads;
+#         scripts/compare.sh: repetitions interleaved, 5 each, a 12 s drain) on the Python-like and
+#         serving workloads in process and on the real Python programs in workloads/python/;
 #      c. diagnose-gpt3-73g/data/: allocbench diagnose and advise on the 1.3B workload on a
 #         73 GiB card (diagnose.jsonl.gz, advise.jsonl.gz, advise.txt);
 #      d. README.md's demo block (scripts/readme_demo.py).
@@ -16,7 +17,8 @@
 #      data/ holds the --device cuda runs and devprobe of scripts/gpu_checks.sh on an H100) from
 #      their data/, keeping data/ and gpu-h100/GPU-CHECKS.md.
 # Usage: scripts/publish.sh [--quick] [--render-only]
-#   --quick: one CPU repetition of 200 iterations (a smoke test; do not commit its results)
+#   --quick: compare.sh --quick: one CPU repetition, 200 iterations, short programs (a smoke test;
+#            do not commit its results)
 #   --render-only: no measuring; re-render every report from its committed data/
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,10 +32,9 @@ for arg in "$@"; do
     *) echo "publish.sh: unknown option $arg (use --quick or --render-only)" >&2; exit 2 ;;
   esac
 done
-bin=target/release/allocbench
-if [ ! -x "$bin" ] || [ -n "$(find src Cargo.toml build.rs -newer "$bin" -print -quit)" ]; then
-  cargo build --release --quiet
-fi
+cargo build --release --quiet
+# The binary wherever cargo puts it (CARGO_TARGET_DIR included).
+bin="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/release/allocbench"
 
 if [ "$measure" = 1 ]; then
   work=results/publish
@@ -65,11 +66,9 @@ if [ "$measure" = 1 ]; then
   done
   cat "$work"/gpu-*.jsonl | gzip -n -9 > "$cmp_data/gpu.jsonl.gz"
 
-  if [ "$quick" = 1 ]; then
-    scripts/compare.sh --quick --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
-  else
-    scripts/compare.sh --reps 3 --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml
-  fi
+  cpu_args=()
+  [ "$quick" = 1 ] && cpu_args=(--quick)
+  scripts/compare.sh "${cpu_args[@]}" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml workloads/python/*.py
   gzip -n -9 < "$work/cpu/cpu.jsonl" > "$cmp_data/cpu.jsonl.gz"
 
   # Diagnose and advise: the 1.3B workload (71.3 GiB live) on a 73 GiB card, where the defaults

@@ -349,7 +349,11 @@ fn shipped_captures_are_complete_and_the_demo_replays_one() {
         seen += 1;
         let mut text = String::new();
         std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&path).unwrap()), &mut text).unwrap();
-        assert!(text.contains("# script: scripts/models/train.py") || text.contains("# script: scripts/models/serve.py"), "{}: says how it was made", path.display());
+        assert!(
+            text.contains("# script: scripts/models/train.py") || text.contains("# script: scripts/models/serve.py"),
+            "{}: says how it was made",
+            path.display()
+        );
         assert!(text.trim_end().lines().last().unwrap().starts_with("# capture complete"), "{}: a complete capture", path.display());
         let evs = events(&path);
         assert!(steps(&evs).len() >= 30, "{}: many steps", path.display());

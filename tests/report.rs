@@ -225,3 +225,42 @@ fn without_a_defaults_run_the_finding_says_so() {
     assert!(line.contains("no run with PyTorch's defaults to compare against; `expandable_segments:True` reserves least"), "{line}");
     assert!(md.contains("| `pytorch expandable_segments:True` | 1 |") && md.contains("| n/a |"), "relative columns without a baseline: {md}");
 }
+
+/// Real-program runs render RSS-over-time and time/peak charts, a table with the spread over
+/// repetitions and a verdict; in-process runs with a drain get their drift and drain table.
+#[test]
+fn cpu_exec_and_drain_runs_render_with_spread_and_verdicts() {
+    let dir = tempfile::tempdir().unwrap();
+    let exec = dir.path().join("exec.jsonl");
+    let script = format!("{}/workloads/python/serving_loop.py", env!("CARGO_MANIFEST_DIR"));
+    let allocators = if Path::new("/usr/lib/x86_64-linux-gnu/libmimalloc.so.2").exists() { "glibc,mimalloc" } else { "glibc" };
+    let run = assert_cmd::Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["cpu", "--exec", "--allocator", allocators, "--reps", "2", "--jsonl", exec.to_str().unwrap(), "--", "python3", &script, "--bursts", "1"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let inproc = dir.path().join("cpu.jsonl");
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let run = assert_cmd::Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["cpu", &w, "--allocator", "system", "--reps", "2", "--iterations", "50", "--drain", "0.2", "--jsonl", inproc.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let out = dir.path().join("report");
+    let records: Vec<_> = [&exec, &inproc].iter().flat_map(|p| allocbench::results::read_results(p).unwrap()).collect();
+    report::render(&records, &out, "t").unwrap();
+    for f in ["cpu-exec-rss-serving-loop-py.svg", "cpu-exec-time-peak-serving-loop-py.svg"] {
+        let svg = std::fs::read_to_string(out.join(f)).unwrap();
+        roxmltree::Document::parse(&svg).unwrap();
+    }
+    let md = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(md.contains("**Verdict (serving_loop.py)**: lowest peak RSS: "), "{md}");
+    assert!(md.contains("**Verdict (python-objects)**: least retained at the end of the drain: glibc"), "{md}");
+    // Two repetitions: every figure has its CI and its min–max.
+    let row = md.lines().find(|l| l.starts_with("| glibc | 2 | ") && l.contains(" s ± ")).expect("the glibc exec row");
+    assert!(row.contains('–'), "{row}");
+    let drain_row = md.lines().find(|l| l.starts_with("| glibc | 2 | ") && l.contains("MiB") && !l.contains(" s ± ")).expect("the drain row");
+    assert_eq!(drain_row.matches("n/a").count(), 2, "retained at 1 s and 10 s are past a 0.2 s drain: {drain_row}");
+}

@@ -1,4 +1,5 @@
-//! `allocbench cpu` (real CPU allocators driven with a workload) and `allocbench malloc-info`.
+//! `allocbench cpu` (real CPU allocators driven with a workload, or `--exec`: a real program under
+//! each LD_PRELOAD allocator) and `allocbench malloc-info`.
 
 use std::path::{Path, PathBuf};
 
@@ -10,11 +11,27 @@ use crate::results::ResultRecord;
 
 #[derive(Args, Debug)]
 pub struct CpuArgs {
-    /// A workload (.toml) or trace (.csv).
-    pub input: PathBuf,
-    /// system (the process's malloc: glibc, or what LD_PRELOAD put there), jemalloc, mimalloc, or all.
+    /// A workload (.toml) or trace (.csv); not with --exec.
+    #[arg(required_unless_present = "exec")]
+    pub input: Option<PathBuf>,
+    /// Run the program given after `--` under each allocator instead of a workload.
+    #[arg(long, requires = "command", conflicts_with_all = ["input", "threads", "cross_thread", "scale", "duration", "iterations", "no_touch", "preload", "expect_malloc", "drain"])]
+    pub exec: bool,
+    /// In-process: system (the process's malloc: glibc, or what LD_PRELOAD put there), jemalloc,
+    /// mimalloc, or all (each in its own child process). With --exec: glibc, jemalloc, tcmalloc,
+    /// mimalloc (LD_PRELOAD; glibc = none), a path to a .so, or all.
     #[arg(long, default_value = "all")]
     pub allocator: String,
+    /// Repetitions of every allocator, interleaved (a, b, c, a, b, c, …), each in its own process.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub reps: u32,
+    /// Keep sampling RSS this many seconds after the last free (retained at 0.1 / 1 / 10 s),
+    /// then trim.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_drain)]
+    pub drain: f64,
+    /// The program and its arguments, after `--` (with --exec).
+    #[arg(last = true)]
+    pub command: Vec<String>,
     /// Worker threads, each replaying the workload.
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
@@ -50,6 +67,13 @@ pub struct CpuArgs {
     pub jsonl: Option<PathBuf>,
 }
 
+fn parse_drain(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if (0.0..=3600.0).contains(&v) => Ok(v),
+        _ => Err(format!("bad drain '{s}': seconds between 0 and 3600, e.g. 12")),
+    }
+}
+
 fn parse_scale(s: &str) -> Result<f64, String> {
     let v = match s.split_once('/') {
         Some((a, b)) => {
@@ -70,7 +94,18 @@ pub fn malloc_info() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Set in a child that runs one allocator of a multi-allocator in-process run: the allocator's
+/// name; the child appends its record to the file named by [`CHILD_RESULT_ENV`].
+const CHILD_ALLOCATOR_ENV: &str = "ALLOCBENCH_CPU_CHILD_ALLOCATOR";
+const CHILD_RESULT_ENV: &str = "ALLOCBENCH_CPU_CHILD_RESULT";
+
 pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
+    // From here on the harness's own allocations come from its private arena, never from the
+    // malloc under test.
+    crate::cpu::harness_alloc::isolate();
+    if a.exec {
+        return exec_main(a);
+    }
     use crate::cpu::{allocators::CpuAllocator, driver::DriverOptions, preload, CpuRunOptions};
     // --preload re-runs this command with LD_PRELOAD set, so the allocator serves every malloc.
     if let Some(spec) = &a.preload {
@@ -82,9 +117,13 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         .expect_malloc
         .clone()
         .or_else(|| a.preload.as_deref().and_then(|p| preload::resolve_preload(p).ok()).map(|p| preload::classify(&p.display().to_string())));
-    let source = Source::open(Some(&a.input))?;
-    let names: Vec<&str> =
-        if a.allocator == "all" { crate::cpu::allocators::CPU_ALLOCATORS.iter().map(|(n, _)| *n).collect() } else { a.allocator.split(',').collect() };
+    let source = Source::open(a.input.as_deref())?;
+    let child_allocator = std::env::var(CHILD_ALLOCATOR_ENV).ok();
+    let names: Vec<&str> = match &child_allocator {
+        Some(one) => vec![one.as_str()],
+        None if a.allocator == "all" => crate::cpu::allocators::CPU_ALLOCATORS.iter().map(|(n, _)| *n).collect(),
+        None => a.allocator.split(',').collect(),
+    };
     let allocs: Vec<CpuAllocator> = names.iter().map(|n| CpuAllocator::by_name(n)).collect::<Result<_, _>>()?;
     let live = preload::live_malloc();
     if let Some(e) = expect.as_deref() {
@@ -103,21 +142,43 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
             touch: !a.no_touch,
         },
         sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)),
+        drain: std::time::Duration::from_secs_f64(a.drain),
     };
+    if let Some(result) = std::env::var_os(CHILD_RESULT_ENV).filter(|_| child_allocator.is_some()) {
+        // A child of a multi-allocator run: one run, its record for the parent.
+        let r = running(allocs[0].name, a.drain, || crate::cpu::run(&source, allocs[0], &opts))?;
+        if a.json.as_deref() != Some("-") {
+            print!("{}", crate::cpu::describe(&r));
+        }
+        return output::write_json(&result.to_string_lossy(), &ResultRecord::CpuRun(Box::new(r)));
+    }
     let mut jsonl = Jsonl::open(a.jsonl.as_deref())?;
     let mut records = Vec::new();
-    for al in allocs {
-        let r = crate::cpu::run(&source, al, &opts)?;
+    if allocs.len() == 1 && a.reps == 1 {
+        let r = running(allocs[0].name, a.drain, || crate::cpu::run(&source, allocs[0], &opts))?;
         if a.json.as_deref() != Some("-") {
             print!("{}", crate::cpu::describe(&r));
         }
         let rec = ResultRecord::CpuRun(Box::new(r));
         jsonl.write(&rec)?;
-        let interrupted = matches!(&rec, ResultRecord::CpuRun(r) if r.interrupted);
         records.push(rec);
-        if interrupted {
-            break;
+    } else {
+        // Every allocator in its own process, repetitions interleaved: what one allocator keeps
+        // mapped never shows in another's peak.
+        'reps: for _ in 0..a.reps {
+            for al in &allocs {
+                let rec = run_in_child(al.name)?;
+                jsonl.write(&rec)?;
+                let interrupted = matches!(&rec, ResultRecord::CpuRun(r) if r.interrupted);
+                records.push(rec);
+                if interrupted || crate::interrupt::interrupted() {
+                    break 'reps;
+                }
+            }
         }
+    }
+    if records.len() > 1 {
+        print!("{}", drift_summary(&records));
     }
     if let Some(path) = &a.json {
         if records.len() == 1 {
@@ -130,4 +191,160 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Re-runs this command for one allocator in a child process and reads back its record. Ctrl-C
+/// is passed on, and the child still writes what it measured.
+fn run_in_child(allocator: &str) -> anyhow::Result<ResultRecord> {
+    let dir = tempfile::tempdir()?;
+    let result = dir.path().join("run.json");
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(std::env::args_os().skip(1))
+        .env(CHILD_ALLOCATOR_ENV, allocator)
+        .env(CHILD_RESULT_ENV, &result)
+        .spawn()?;
+    let mut forwarded = false;
+    let status = loop {
+        if let Some(s) = child.try_wait()? {
+            break s;
+        }
+        if crate::interrupt::interrupted() && !forwarded {
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            forwarded = true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    if !status.success() {
+        // The child said why on stderr; its exit code (2 for bad input) passes through.
+        std::process::exit(status.code().unwrap_or(1));
+    }
+    let mut recs = crate::results::read_results(&result)?;
+    recs.pop().ok_or_else(|| anyhow::anyhow!("the {allocator} child wrote no result"))
+}
+
+/// Mean overhead drift per allocator and workload with its 95 % CI over repetitions.
+fn drift_summary(records: &[ResultRecord]) -> String {
+    use std::collections::BTreeMap;
+    let mut by: BTreeMap<(String, String), (Vec<f64>, Vec<f64>)> = BTreeMap::new();
+    for r in records {
+        if let ResultRecord::CpuRun(r) = r {
+            let e = by.entry((r.workload.name.clone(), r.allocator.clone())).or_default();
+            e.0.extend(r.drift_overhead_mib_per_1k);
+            e.1.extend(r.drift_mib_per_1k_iterations);
+        }
+    }
+    let fmt = |v: &[f64]| match crate::cpu::rss::mean_ci95(v) {
+        Some((m, Some(h))) => format!("{m:+.3} ± {h:.3}"),
+        Some((m, None)) => format!("{m:+.3}"),
+        None => "n/a".into(),
+    };
+    let mut s = String::from("drift, MiB per 1,000 iterations (mean ± 95 % CI over repetitions):\n");
+    for ((w, al), (overhead, raw)) in by {
+        s += &format!("  {w} {al:<9} RSS - live {}  (raw RSS {}), {} run(s)\n", fmt(&overhead), fmt(&raw), overhead.len().max(raw.len()));
+    }
+    s
+}
+
+/// `allocbench cpu --exec [--allocator ...] [--reps N] [--sample-ms MS] [--jsonl OUT] -- CMD ...`
+fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
+    use crate::cpu::exec;
+    use crate::error::InputError;
+    if a.command.is_empty() {
+        return Err(InputError::new("--exec", "needs a command after `--`, e.g. allocbench cpu --exec -- python3 script.py").into());
+    }
+    let (allocs, notes) = exec::resolve_allocators(&a.allocator)?;
+    for n in &notes {
+        eprintln!("{n}");
+    }
+    let probe = std::env::current_exe()?;
+    for al in &allocs {
+        if let Some(lib) = &al.library {
+            exec::check_serves_malloc(&probe, lib)?;
+        }
+    }
+    let opts = exec::ExecOptions { sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)) };
+    let mut jsonl = Jsonl::open(a.jsonl.as_deref())?;
+    let mut records = Vec::new();
+    let total = a.reps as u64 * allocs.len() as u64;
+    let pb = indicatif::ProgressBar::new(total);
+    pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs {msg} {elapsed}").expect("valid template"));
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    let mut unproven = 0;
+    'reps: for rep in 1..=a.reps {
+        for al in &allocs {
+            pb.set_message(format!("{} (repetition {rep}/{})", al.name, a.reps));
+            let r = exec::run_once(&a.command, al, rep, &opts);
+            if r.interrupted {
+                // The stopped run is not a result; every finished one is already written.
+                break 'reps;
+            }
+            pb.suspend(|| {
+                println!("{}", describe_exec(&r));
+                if r.served_by.as_deref() != Some(r.allocator.as_str()) && r.error.is_none() {
+                    eprintln!(
+                        "not labelled {}: {}",
+                        r.allocator,
+                        match &r.served_by {
+                            Some(other) => format!("the process tree mapped {other} ({})", r.served_by_library.as_deref().unwrap_or("?")),
+                            None => "no process of the run was seen mapping it (static binary, or it exited before the first sample)".into(),
+                        }
+                    );
+                }
+            });
+            if r.served_by.as_deref() != Some(r.allocator.as_str()) {
+                unproven += 1;
+            }
+            let rec = ResultRecord::CpuExec(Box::new(r));
+            jsonl.write(&rec)?;
+            records.push(rec);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    if let Some(path) = &a.json {
+        let mut out = Jsonl::open(Some(Path::new(path)))?;
+        for r in &records {
+            out.write(r)?;
+        }
+    }
+    if crate::interrupt::interrupted() {
+        eprintln!("interrupted: {} finished run(s) kept", records.len());
+        std::process::exit(130);
+    }
+    if unproven > 0 {
+        eprintln!("{unproven} run(s) not labelled: their allocator was not proven");
+    }
+    Ok(())
+}
+
+/// One line per exec run.
+fn describe_exec(r: &crate::results::CpuExecResult) -> String {
+    use crate::units::format_bytes;
+    format!(
+        "{:<9} rep {} {}: exit {}{}, wall {:.2} s, user {:.2} s, sys {:.2} s, peak RSS {}, faults {} minor / {} major, served by {}",
+        r.allocator,
+        r.rep,
+        r.name,
+        r.exit_code,
+        r.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default(),
+        r.wall_s,
+        r.user_s,
+        r.sys_s,
+        format_bytes(r.peak_rss_bytes),
+        r.minor_faults,
+        r.major_faults,
+        r.served_by_library.as_deref().unwrap_or("unproven")
+    )
+}
+
+/// Runs `f` under a spinner on stderr (hidden when stderr is not a terminal): a run plus its
+/// drain can take a while.
+fn running<T>(allocator: &str, drain_s: f64, f: impl FnOnce() -> T) -> T {
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_style(indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}").expect("valid template"));
+    pb.set_message(if drain_s > 0.0 { format!("{allocator}: running, then a {drain_s} s drain") } else { format!("{allocator}: running") });
+    pb.enable_steady_tick(std::time::Duration::from_millis(200));
+    let out = f();
+    pb.finish_and_clear();
+    out
 }

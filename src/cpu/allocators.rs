@@ -104,8 +104,9 @@ impl CpuAllocator {
         }
     }
 
-    /// Gives cached memory back to the OS where the allocator can: glibc's `malloc_trim(0)`,
-    /// mimalloc's `mi_collect(true)`, jemalloc's arena purge. Returns what was called.
+    /// Gives cached memory back to the OS through the allocator's own call: mimalloc's
+    /// `mi_collect(true)`, jemalloc's arena purge, and for `system` the call of whatever serves
+    /// malloc (glibc or a preloaded allocator). Returns what was called.
     pub fn trim(&self, live_malloc: &str) -> Option<&'static str> {
         match self.name {
             "mimalloc" => {
@@ -118,11 +119,7 @@ impl CpuAllocator {
                     unsafe { tikv_jemalloc_sys::mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0) };
                 (rc == 0).then_some("arena.<ALL>.purge")
             }
-            _ if live_malloc == "glibc" => {
-                unsafe { libc::malloc_trim(0) };
-                Some("malloc_trim(0)")
-            }
-            _ => None,
+            _ => super::preload::trim_live_malloc(live_malloc),
         }
     }
 }

@@ -2,13 +2,15 @@
 //!
 //! Every allocated block is written to (one byte per page, and its last byte), so RSS is real.
 //! Events are compiled in chunks to slot-indexed ops outside the timed region, so the replay loop
-//! costs a few ns per op; one op in [`LATENCY_SAMPLE_EVERY`] is timed with a [`Clock`] (the TSC,
-//! [`Tsc`], calibrated against the monotonic clock) into an HDR histogram. Each worker thread
+//! costs a few ns per op; one op in [`LATENCY_SAMPLE_EVERY`] on average, at random gaps (a fixed
+//! stride can beat in step with an allocator's own periodic work), is timed with a [`Clock`] (the
+//! TSC read behind `lfence`/`rdtscp`, [`Tsc`], calibrated against the monotonic clock) into an HDR
+//! histogram. Each worker thread
 //! replays the workload pass after pass (`Worker::pass`) until the run's bound. With
 //! `cross_thread`, worker i hands every block it frees to worker i+1, which frees it (the larson
 //! pattern: where allocators differ most).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +27,9 @@ pub struct DriverOptions {
     pub cross_thread: bool,
     /// Multiplies every allocation size (GPU-sized workloads at e.g. 1/256).
     pub scale: f64,
-    /// Stop after this many steps (iterations) per worker, repeating the workload if needed.
+    /// Stop after this many iterations on every worker, repeating the workload if needed. An
+    /// iteration starts at a step event (the generators' convention), so the run stops at the
+    /// N+1-th step.
     pub iterations: Option<u64>,
     /// Stop after this long, repeating the workload if needed.
     pub duration: Option<Duration>,
@@ -78,14 +82,45 @@ impl Clock for Tsc {
 
     #[inline(always)]
     fn start(&self) -> u64 {
-        ticks()
+        ticks_start()
     }
 
     #[inline(always)]
     fn elapsed_ns(&self, start: u64) -> u64 {
-        let dt = ticks().wrapping_sub(start);
+        let dt = ticks_end().wrapping_sub(start);
         ((dt as f64 * self.ns_per_tick) as u64).max(1)
     }
+}
+
+/// A start read: `lfence` before `rdtsc` so earlier instructions have finished, and after it so
+/// the timed call does not start early (Intel's "How to Benchmark Code Execution Times").
+#[inline(always)]
+fn ticks_start() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use core::arch::x86_64::{_mm_lfence, _rdtsc};
+        _mm_lfence();
+        let t = _rdtsc();
+        _mm_lfence();
+        t
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    ticks()
+}
+
+/// An end read: `rdtscp` waits for the timed call to finish, `lfence` keeps later work out.
+#[inline(always)]
+fn ticks_end() -> u64 {
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use core::arch::x86_64::{__rdtscp, _mm_lfence};
+        let mut aux = 0u32;
+        let t = __rdtscp(&mut aux);
+        _mm_lfence();
+        t
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    ticks()
 }
 
 #[inline]
@@ -135,10 +170,39 @@ unsafe fn touch(p: *mut u8, len: usize) {
     std::ptr::write_volatile(p.add(len - 1), 1);
 }
 
-/// Latency is timed on one op in this many (a power of two). Two TSC reads cost ~10 ns, a third
-/// of mimalloc's own per-op time: at 1 in 64 the replay loop's overhead is 2.7 ns per op, 9 % of
-/// the cheapest allocator's (benches/cpu_allocators.rs, `cpu_harness_overhead`).
+/// Latency is timed on one op in this many on average: the gap to the next timed op is drawn
+/// uniformly from 1 ..= 2 × this − 1. Two TSC reads cost ~10 ns, a third of mimalloc's own per-op
+/// time: at 1 in 64 the replay loop's overhead stays under 10 % of the cheapest allocator's
+/// (benches/cpu_allocators.rs, `cpu_harness_overhead`).
 pub const LATENCY_SAMPLE_EVERY: u64 = 64;
+
+/// The gaps between timed ops: xorshift64 (a few cycles; statistical quality is not needed, only
+/// no fixed period an allocator could beat in step with).
+#[derive(Debug, Clone)]
+pub struct SampleGaps {
+    state: u64,
+}
+
+impl SampleGaps {
+    pub fn new(seed: u64) -> Self {
+        // splitmix64 of the seed: never the all-zero state xorshift cannot leave.
+        let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        SampleGaps { state: (z ^ (z >> 31)) | 1 }
+    }
+
+    /// The number of ops until the next timed one, uniform in 1 ..= 2 × LATENCY_SAMPLE_EVERY − 1.
+    #[inline]
+    pub fn next_gap(&mut self) -> u64 {
+        let mut x = self.state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.state = x;
+        1 + x % (2 * LATENCY_SAMPLE_EVERY - 1)
+    }
+}
 /// Events are compiled to slot-indexed ops in chunks of this many, outside the timed replay.
 const CHUNK_EVENTS: usize = 4096;
 
@@ -197,7 +261,9 @@ struct Worker<'a, C: Clock> {
     free_ns: Histogram<u64>,
     allocs: u64,
     frees: u64,
-    ops: u64,
+    /// Ops left until the next timed one, and where the gaps come from.
+    until_sample: u64,
+    gaps: SampleGaps,
     replay_ns: u64,
     handoff: Option<mpsc::Sender<(usize, usize)>>,
     bytes_allocated: u64,
@@ -205,21 +271,24 @@ struct Worker<'a, C: Clock> {
     /// Steps and events replayed over all passes.
     steps: u64,
     events: u64,
+    /// This worker's live bytes as last added to the run's shared count.
+    live_published: i64,
 }
 
 /// What every worker of a run shares.
 struct Run<'a> {
     source: &'a Source,
     opts: &'a DriverOptions,
-    /// Worker 0's step count, for the RSS sampler.
-    iteration: &'a AtomicU64,
+    /// Worker 0's step count and every worker's live bytes, for the RSS sampler.
+    progress: &'a RunProgress,
     deadline: Option<Instant>,
     passes: AtomicU64,
     interrupted: AtomicBool,
 }
 
 impl<'a, C: Clock> Worker<'a, C> {
-    fn new(alloc: CpuAllocator, opts: &DriverOptions, clock: &'a C, handoff: Option<mpsc::Sender<(usize, usize)>>) -> Self {
+    fn new(w: usize, alloc: CpuAllocator, opts: &DriverOptions, clock: &'a C, handoff: Option<mpsc::Sender<(usize, usize)>>) -> Self {
+        let mut gaps = SampleGaps::new(ticks() ^ (w as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         Worker {
             alloc,
             touch: opts.touch,
@@ -228,20 +297,34 @@ impl<'a, C: Clock> Worker<'a, C> {
             free_ns: histogram(),
             allocs: 0,
             frees: 0,
-            ops: 0,
+            until_sample: gaps.next_gap(),
+            gaps,
             replay_ns: 0,
             handoff,
             bytes_allocated: 0,
             bytes_freed: 0,
             steps: 0,
             events: 0,
+            live_published: 0,
         }
     }
 
     #[inline]
     fn sampled(&mut self) -> bool {
-        self.ops += 1;
-        self.ops & (LATENCY_SAMPLE_EVERY - 1) == 0
+        self.until_sample -= 1;
+        if self.until_sample == 0 {
+            self.until_sample = self.gaps.next_gap();
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Adds what this worker's live bytes changed by since the last call to the shared count.
+    fn publish_live(&mut self, progress: &RunProgress) {
+        let live = self.bytes_allocated as i64 - self.bytes_freed as i64;
+        progress.live_bytes.fetch_add(live - self.live_published, Ordering::Relaxed);
+        self.live_published = live;
     }
 
     #[inline(always)]
@@ -298,9 +381,13 @@ impl<'a, C: Clock> Worker<'a, C> {
         let mut ops: Vec<Op> = Vec::with_capacity(CHUNK_EVENTS);
         while !self.pass(w, run, &rx, &mut slots, &mut ops)? {}
         self.handoff = None;
+        // Blocks other workers still hand over are freed (and timed) here.
+        let t0 = Instant::now();
         for (p, b) in rx.iter() {
             self.free_here(p, b);
         }
+        self.replay_ns += t0.elapsed().as_nanos() as u64;
+        self.publish_live(run.progress);
         Ok(())
     }
 
@@ -346,21 +433,25 @@ impl<'a, C: Clock> Worker<'a, C> {
                         }
                     }
                     Op::Step => {
-                        self.steps += 1;
-                        if w == 0 {
-                            run.iteration.store(self.steps, Ordering::Relaxed);
-                        }
+                        // A step starts an iteration: the N+1-th ends a run of N.
                         if opts.iterations.is_some_and(|max| self.steps >= max) {
                             done = true;
                             break;
                         }
+                        self.steps += 1;
+                        self.publish_live(run.progress);
+                        if w == 0 {
+                            run.progress.iteration.store(self.steps, Ordering::Relaxed);
+                        }
                     }
                 }
             }
-            self.replay_ns += t0.elapsed().as_nanos() as u64;
+            // Frees handed over by the previous worker are ops of this one: timed and counted here.
             while let Ok((p, b)) = rx.try_recv() {
                 self.free_here(p, b);
             }
+            self.replay_ns += t0.elapsed().as_nanos() as u64;
+            self.publish_live(run.progress);
             if crate::interrupt::interrupted() {
                 run.interrupted.store(true, Ordering::Relaxed);
                 done = true;
@@ -369,11 +460,14 @@ impl<'a, C: Clock> Worker<'a, C> {
                 done = true;
             }
         }
+        let t0 = Instant::now();
         for (p, b) in slots.iter_mut().map(std::mem::take) {
             if p != 0 {
-                self.free_here(p, b);
+                self.free(p, b);
             }
         }
+        self.replay_ns += t0.elapsed().as_nanos() as u64;
+        self.publish_live(run.progress);
         run.passes.fetch_add(1, Ordering::Relaxed);
         Ok(done || !saw_event || (opts.iterations.is_none() && run.deadline.is_none()))
     }
@@ -383,14 +477,22 @@ fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
 }
 
-/// Runs the workload on `opts.threads` workers, timing sampled ops with the TSC. `iteration` is
+/// What a run publishes while it goes, for the RSS sampler: worker 0's iteration and the live
+/// bytes of all workers (updated at every step and after every chunk of ops).
+#[derive(Debug, Default)]
+pub struct RunProgress {
+    pub iteration: AtomicU64,
+    pub live_bytes: AtomicI64,
+}
+
+/// Runs the workload on `opts.threads` workers, timing sampled ops with the TSC; `progress` is
 /// published for the RSS sampler.
-pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iteration: &AtomicU64) -> anyhow::Result<DriverOutcome> {
-    drive_with(source, alloc, opts, iteration, &Tsc::calibrated())
+pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, progress: &RunProgress) -> anyhow::Result<DriverOutcome> {
+    drive_with(source, alloc, opts, progress, &Tsc::calibrated())
 }
 
 /// [`drive`] with the clock sampled ops are timed with.
-pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, iteration: &AtomicU64, clock: &C) -> anyhow::Result<DriverOutcome> {
+pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, progress: &RunProgress, clock: &C) -> anyhow::Result<DriverOutcome> {
     if opts.threads == 0 || opts.threads > 1024 {
         return Err(InputError::new("--threads", "must be between 1 and 1024").into());
     }
@@ -398,7 +500,7 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
         return Err(InputError::new("--scale", "must be in (0, 1]").into());
     }
     let start = Instant::now();
-    let run = Run { source, opts, iteration, deadline: opts.duration.map(|d| start + d), passes: AtomicU64::new(0), interrupted: AtomicBool::new(false) };
+    let run = Run { source, opts, progress, deadline: opts.duration.map(|d| start + d), passes: AtomicU64::new(0), interrupted: AtomicBool::new(false) };
     let n = opts.threads;
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
     let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> = senders.into_iter().map(Some).collect();
@@ -410,7 +512,7 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
             let tx = if opts.cross_thread && n > 1 { senders[(w + 1) % n].take() } else { None };
             let run = &run;
             handles.push(scope.spawn(move || -> anyhow::Result<Worker<C>> {
-                let mut worker = Worker::new(alloc, opts, clock, tx);
+                let mut worker = Worker::new(w, alloc, opts, clock, tx);
                 worker.run(w, run, rx)?;
                 Ok(worker)
             }));
@@ -454,6 +556,20 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sampling_gaps_are_random_with_the_stated_mean() {
+        let mut g = SampleGaps::new(7);
+        let gaps: Vec<u64> = (0..100_000).map(|_| g.next_gap()).collect();
+        assert!(gaps.iter().all(|&x| (1..2 * LATENCY_SAMPLE_EVERY).contains(&x)));
+        let mean = gaps.iter().sum::<u64>() as f64 / gaps.len() as f64;
+        assert!((mean - LATENCY_SAMPLE_EVERY as f64).abs() < 1.0, "mean gap {mean}");
+        let mut distinct = gaps.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len() as u64, 2 * LATENCY_SAMPLE_EVERY - 1, "every gap length occurs: no fixed stride");
+        assert_ne!(SampleGaps::new(1).next_gap(), SampleGaps::new(2).next_gap(), "seeds differ per worker");
+    }
 
     #[test]
     fn zero_byte_allocations_compile_to_nothing() {

@@ -9,14 +9,19 @@
 //!   allocator alone).
 //! - **peak RSS**: the highest RSS during the run (VmHWM, reset before the run where the kernel
 //!   allows, else the sampled maximum).
-//! - **drift**: the least-squares slope of RSS over the steady-state part of the run (after its
-//!   first quarter), per 1,000 iterations (steps) and per minute.
-//! - **retained**: RSS after every block is freed minus RSS before the workload started;
-//!   **retained after trim**: the same after the allocator's trim call (glibc `malloc_trim(0)`,
-//!   mimalloc `mi_collect(true)`, jemalloc arena purge).
+//! - **drift**: the least-squares slope over the steady-state part of the run (after its first
+//!   quarter) of RSS minus live bytes per 1,000 iterations (`drift_overhead_mib_per_1k`: what
+//!   the allocator adds), beside the slope of raw RSS per 1,000 iterations and per minute.
+//! - **retained**: RSS after every block is freed minus RSS before the workload started, right
+//!   away and at 0.1 / 1 / 10 s into the drain (`--drain`); **retained after trim**: the same
+//!   after the allocator's own trim call at the end of the drain (glibc `malloc_trim(0)`,
+//!   jemalloc `arena.<all>.purge`, tcmalloc `MallocExtension_ReleaseFreeMemory`, mimalloc
+//!   `mi_collect(true)`), in-process or under LD_PRELOAD.
 
 pub mod allocators;
 pub mod driver;
+pub mod exec;
+pub mod harness_alloc;
 pub mod preload;
 pub mod rss;
 
@@ -24,7 +29,7 @@ use std::time::Duration;
 
 use crate::error::InputError;
 use crate::input::Source;
-use crate::results::{CpuMode, CpuRunResult, Latency, LiveMalloc, MachineInfo, WorkDone, SCHEMA_VERSION};
+use crate::results::{CpuMode, CpuRunResult, Latency, LiveMalloc, MachineInfo, RetainedAt, WorkDone, SCHEMA_VERSION};
 use allocators::CpuAllocator;
 use driver::{drive, DriverOptions};
 use rss::RssSampler;
@@ -33,6 +38,25 @@ use rss::RssSampler;
 pub struct CpuRunOptions {
     pub driver: DriverOptions,
     pub sample_interval: Duration,
+    /// How long to keep sampling RSS after the last free, before the trim call.
+    pub drain: Duration,
+}
+
+/// When retained memory is read during the drain, in seconds after the last free.
+pub const DRAIN_CHECKPOINTS_S: [f64; 3] = [0.1, 1.0, 10.0];
+
+/// Sleeps until `until`, in short naps so Ctrl-C ends the wait; returns false if interrupted.
+fn sleep_until(until: std::time::Instant) -> bool {
+    loop {
+        if crate::interrupt::interrupted() {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        if now >= until {
+            return true;
+        }
+        std::thread::sleep((until - now).min(Duration::from_millis(20)));
+    }
 }
 
 /// The label a run gets: an in-process allocator's own name, or what really serves malloc.
@@ -89,17 +113,31 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
     let rss_before = rss::rss_bytes();
     let vmhwm_reset = rss::reset_peak_rss();
     let sampler = RssSampler::start(opts.sample_interval);
-    let iteration = sampler.iteration.clone();
-    let outcome = drive(source, alloc, &opts.driver, &iteration);
+    let progress = sampler.progress.clone();
+    let outcome = drive(source, alloc, &opts.driver, &progress);
+    let last_free = std::time::Instant::now();
+    let rss_after_free = rss::rss_bytes();
+    let peak_rss = if vmhwm_reset { rss::peak_rss_bytes() } else { 0 };
+    // The drain: the allocator's decay and purge timers run while nothing is allocated.
+    let mut retained_after_drain = Vec::new();
+    if outcome.is_ok() {
+        for after_s in DRAIN_CHECKPOINTS_S.into_iter().filter(|&c| c <= opts.drain.as_secs_f64()) {
+            if !sleep_until(last_free + Duration::from_secs_f64(after_s)) {
+                break;
+            }
+            retained_after_drain.push(RetainedAt { after_s, retained: rss::rss_bytes() as i64 - rss_before as i64 });
+        }
+        sleep_until(last_free + opts.drain);
+    }
+    let drain_s = last_free.elapsed().as_secs_f64();
     let samples = sampler.finish();
     let out = outcome?;
-    let rss_after_free = rss::rss_bytes();
     let sampled_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
-    let peak_rss = if vmhwm_reset { rss::peak_rss_bytes().max(sampled_peak) } else { sampled_peak };
+    let peak_rss = peak_rss.max(sampled_peak);
     let native_stats = alloc.native_stats(&live.name);
     let trim_call = alloc.trim(&live.name);
     let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
-    let (drift_iter, drift_min) = rss::drift(&samples);
+    let drift = rss::drift(&samples);
     let ops = (out.allocs + out.frees) as f64;
     Ok(CpuRunResult {
         schema_version: SCHEMA_VERSION,
@@ -135,11 +173,15 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
         retained: rss_after_free as i64 - rss_before as i64,
         trim_call: trim_call.map(str::to_string),
         retained_after_trim,
-        drift_mib_per_1k_iterations: drift_iter,
-        drift_mib_per_minute: drift_min,
+        drift_mib_per_1k_iterations: drift.rss_per_1k,
+        drift_mib_per_minute: drift.rss_per_minute,
+        drift_overhead_mib_per_1k: drift.overhead_per_1k,
+        drain_s,
+        retained_after_drain,
         rss_timeline: samples,
         native_stats,
-        interrupted: out.interrupted,
+        interrupted: out.interrupted || crate::interrupt::interrupted(),
+        pid: std::process::id(),
     })
 }
 
@@ -182,7 +224,16 @@ pub fn describe(r: &CpuRunResult) -> String {
             _ => String::new(),
         }
     );
-    s += &format!("  drift {} MiB per 1,000 iterations, {} MiB per minute\n", opt(r.drift_mib_per_1k_iterations), opt(r.drift_mib_per_minute));
+    if !r.retained_after_drain.is_empty() {
+        let at: Vec<String> = r.retained_after_drain.iter().map(|d| format!("{} s {}", d.after_s, format_bytes_signed(d.retained as i128))).collect();
+        s += &format!("  retained into the drain: {}\n", at.join(", "));
+    }
+    s += &format!(
+        "  drift (RSS - live) {} MiB per 1,000 iterations; raw RSS {} MiB per 1,000 iterations, {} MiB per minute\n",
+        opt(r.drift_overhead_mib_per_1k),
+        opt(r.drift_mib_per_1k_iterations),
+        opt(r.drift_mib_per_minute)
+    );
     if r.interrupted {
         s += "  interrupted (Ctrl-C): numbers cover the part that ran\n";
     }

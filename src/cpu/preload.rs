@@ -84,6 +84,9 @@ pub fn rerun_preloaded(spec: &str) -> anyhow::Result<Option<i32>> {
     }
     let lib = resolve_preload(spec)?;
     let exe = std::env::current_exe()?;
+    // A library that does not load or does not serve malloc is refused before anything runs.
+    let canonical = std::fs::canonicalize(&lib).map_err(|e| InputError::new(spec, format!("cannot preload it: {e}")))?;
+    super::exec::check_serves_malloc(&exe, &canonical)?;
     let status = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_PRELOAD", &lib).env(PRELOAD_CHILD_ENV, "1").status()?;
     Ok(Some(status.code().unwrap_or(1)))
 }
@@ -149,6 +152,50 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
         }
     }
     m
+}
+
+/// Gives cached memory back to the OS through the serving malloc's own call, found with `dlsym`
+/// so it works under LD_PRELOAD: glibc `malloc_trim(0)`, jemalloc `mallctl("arena.4096.purge")`
+/// (4096 = MALLCTL_ARENAS_ALL), tcmalloc `MallocExtension_ReleaseFreeMemory()`, mimalloc
+/// `mi_collect(true)`. Returns what was called, or None when the allocator has no such call.
+pub fn trim_live_malloc(live: &str) -> Option<&'static str> {
+    unsafe {
+        match live {
+            "glibc" => {
+                libc::malloc_trim(0);
+                Some("malloc_trim(0)")
+            }
+            "jemalloc" => {
+                let f = symbol(c"mallctl");
+                if f.is_null() {
+                    return None;
+                }
+                let mallctl: MallctlFn = std::mem::transmute(f);
+                // The purge takes no value: newp NULL, newlen 0.
+                let rc = mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0);
+                (rc == 0).then_some("mallctl(arena.<ALL>.purge)")
+            }
+            "tcmalloc" => {
+                let f = symbol(c"MallocExtension_ReleaseFreeMemory");
+                if f.is_null() {
+                    return None;
+                }
+                let release: unsafe extern "C" fn() = std::mem::transmute(f);
+                release();
+                Some("MallocExtension_ReleaseFreeMemory()")
+            }
+            "mimalloc" => {
+                let f = symbol(c"mi_collect");
+                if f.is_null() {
+                    return None;
+                }
+                let collect: unsafe extern "C" fn(bool) = std::mem::transmute(f);
+                collect(true);
+                Some("mi_collect(true)")
+            }
+            _ => None,
+        }
+    }
 }
 
 #[cfg(test)]

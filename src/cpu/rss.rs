@@ -1,10 +1,11 @@
 //! Process RSS from /proc (the `psutil` crate cannot be used: see README), sampled on a
 //! background thread into a timeline.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::driver::RunProgress;
 use crate::results::RssSample;
 
 fn page_size() -> u64 {
@@ -48,25 +49,29 @@ pub fn mem_available_bytes() -> u64 {
         .unwrap_or(u64::MAX)
 }
 
-/// Samples RSS every `interval` until stopped; the driver publishes its iteration count.
+/// Samples RSS every `interval` until stopped; the driver publishes its iteration count and live
+/// bytes in `progress`.
 pub struct RssSampler {
     stop: Arc<AtomicBool>,
     samples: Arc<Mutex<Vec<RssSample>>>,
     handle: Option<std::thread::JoinHandle<()>>,
-    pub iteration: Arc<AtomicU64>,
+    pub progress: Arc<RunProgress>,
+    /// When sampling started: sample times count from here.
+    pub start: Instant,
 }
 
 impl RssSampler {
     pub fn start(interval: Duration) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let samples = Arc::new(Mutex::new(Vec::new()));
-        let iteration = Arc::new(AtomicU64::new(0));
-        let (s2, st2, it2) = (samples.clone(), stop.clone(), iteration.clone());
+        let progress = Arc::new(RunProgress::default());
+        let (s2, st2, p2) = (samples.clone(), stop.clone(), progress.clone());
         let start = Instant::now();
         let handle = std::thread::Builder::new()
             .name("rss-sampler".into())
             .spawn(move || loop {
-                let sample = RssSample { t_s: start.elapsed().as_secs_f64(), iteration: it2.load(Ordering::Relaxed), rss: rss_bytes() };
+                let live_bytes = p2.live_bytes.load(Ordering::Relaxed);
+                let sample = RssSample { t_s: start.elapsed().as_secs_f64(), iteration: p2.iteration.load(Ordering::Relaxed), rss: rss_bytes(), live_bytes };
                 s2.lock().expect("sampler lock").push(sample);
                 if st2.load(Ordering::Relaxed) {
                     break;
@@ -74,7 +79,7 @@ impl RssSampler {
                 std::thread::sleep(interval);
             })
             .expect("spawn the RSS sampler");
-        RssSampler { stop, samples, handle: Some(handle), iteration }
+        RssSampler { stop, samples, handle: Some(handle), progress, start }
     }
 
     pub fn finish(mut self) -> Vec<RssSample> {
@@ -102,19 +107,55 @@ pub fn slope(points: &[(f64, f64)]) -> Option<f64> {
     Some(sxy / sxx)
 }
 
-/// Drift: the slope of RSS over the steady-state part of the run, in MiB per 1,000 iterations
-/// and MiB per minute. Steady state is from a quarter of the way to the last iteration until the
-/// last iteration is reached (the warm-up and the final teardown are excluded).
-pub fn drift(samples: &[RssSample]) -> (Option<f64>, Option<f64>) {
+/// The slopes of a run's steady state, in MiB.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Drift {
+    /// Raw RSS per 1,000 iterations: includes the workload's own growth of live data.
+    pub rss_per_1k: Option<f64>,
+    /// RSS per minute.
+    pub rss_per_minute: Option<f64>,
+    /// RSS minus live bytes per 1,000 iterations: what the allocator adds on top of the
+    /// workload (0 for a growth-only workload an allocator serves without waste).
+    pub overhead_per_1k: Option<f64>,
+}
+
+/// Drift: least-squares slopes over the steady-state part of the run, from a quarter of the way
+/// to the last iteration until the last iteration is reached (the warm-up, the final teardown
+/// and the drain are excluded).
+pub fn drift(samples: &[RssSample]) -> Drift {
     const MIB: f64 = 1048576.0;
     let Some(last_iter) = samples.iter().map(|s| s.iteration).max() else {
-        return (None, None);
+        return Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None };
     };
     let t_end = samples.iter().find(|s| s.iteration == last_iter).map(|s| s.t_s).unwrap_or(0.0);
     let steady: Vec<&RssSample> = samples.iter().filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end).collect();
-    let per_iter = slope(&steady.iter().map(|s| (s.iteration as f64, s.rss as f64)).collect::<Vec<_>>()).map(|b| b * 1000.0 / MIB);
-    let per_min = slope(&steady.iter().map(|s| (s.t_s, s.rss as f64)).collect::<Vec<_>>()).map(|b| b * 60.0 / MIB);
-    (per_iter, per_min)
+    let fit = |f: &dyn Fn(&RssSample) -> (f64, f64)| slope(&steady.iter().map(|s| f(s)).collect::<Vec<_>>());
+    Drift {
+        rss_per_1k: fit(&|s| (s.iteration as f64, s.rss as f64)).map(|b| b * 1000.0 / MIB),
+        rss_per_minute: fit(&|s| (s.t_s, s.rss as f64)).map(|b| b * 60.0 / MIB),
+        overhead_per_1k: fit(&|s| (s.iteration as f64, s.rss as f64 - s.live_bytes as f64)).map(|b| b * 1000.0 / MIB),
+    }
+}
+
+/// Mean and the half-width of its 95 % confidence interval (Student's t) over repetitions;
+/// no interval for fewer than two values.
+pub fn mean_ci95(values: &[f64]) -> Option<(f64, Option<f64>)> {
+    if values.is_empty() {
+        return None;
+    }
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    if values.len() < 2 {
+        return Some((mean, None));
+    }
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    // Two-sided 97.5 % quantiles of Student's t for 1..=30 degrees of freedom, then the normal's.
+    const T975: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080,
+        2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+    ];
+    let t = T975.get(values.len() - 2).copied().unwrap_or(1.96);
+    Some((mean, Some(t * (var / n).sqrt())))
 }
 
 #[cfg(test)]
@@ -132,6 +173,26 @@ mod tests {
         std::hint::black_box(&v);
         assert!(rss_bytes() >= before + (48 << 20), "RSS did not grow by the touched 64 MiB");
         assert!(peak_rss_bytes() >= rss_bytes() - (1 << 20));
+    }
+
+    #[test]
+    fn ci95_of_known_values() {
+        // mean 2, sample sd 1, n 3: half-width t(2) * 1/sqrt(3) = 4.303 / 1.732.
+        let (m, h) = mean_ci95(&[1.0, 2.0, 3.0]).unwrap();
+        assert!((m - 2.0).abs() < 1e-12);
+        assert!((h.unwrap() - 4.303 / 3f64.sqrt()).abs() < 1e-9);
+        assert_eq!(mean_ci95(&[5.0]), Some((5.0, None)));
+        assert_eq!(mean_ci95(&[]), None);
+    }
+
+    #[test]
+    fn overhead_drift_is_net_of_live_bytes() {
+        // RSS grows 1 MiB per iteration, all of it live data, over a constant 8 MiB overhead.
+        let samples: Vec<RssSample> =
+            (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i, rss: (8 << 20) + (i << 20), live_bytes: (i << 20) as i64 }).collect();
+        let d = drift(&samples);
+        assert!((d.rss_per_1k.unwrap() - 1000.0).abs() < 1e-6, "{d:?}");
+        assert!(d.overhead_per_1k.unwrap().abs() < 1e-6, "{d:?}");
     }
 
     #[test]

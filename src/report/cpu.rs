@@ -29,7 +29,8 @@ impl<'a> CpuRow<'a> {
             ops_per_s: s(&|r| r.ops_per_s),
             peak_rss: s(&|r| r.peak_rss as f64),
             retained: s(&|r| r.retained as f64),
-            drift: s(&|r| r.drift_mib_per_1k_iterations.unwrap_or(0.0)),
+            // The drift of RSS net of live bytes (the allocator's own), else the raw RSS slope.
+            drift: s(&|r| r.drift_overhead_mib_per_1k.or(r.drift_mib_per_1k_iterations).unwrap_or(0.0)),
             alloc_p99: s(&|r| r.alloc_ns.p99 as f64),
             runs,
         }
@@ -118,7 +119,7 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
     for (workload, rows) in by_workload {
         let _ = writeln!(
             s,
-            "#### {workload}\n\n| allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift MiB/1k it | retained | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "#### {workload}\n\n| allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift of RSS − live, MiB/1k it | retained | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let base = rows.iter().find(|r| r.is_baseline());
         for row in rows {
@@ -153,7 +154,11 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
                 mean(&|r| r.free_ns.p99),
                 bytes(&row.peak_rss),
                 rel(row.peak_rss.mean, base.map(|b| b.peak_rss.mean).unwrap_or(0.0)),
-                if row.runs.iter().any(|r| r.drift_mib_per_1k_iterations.is_some()) { row.drift.show(|v| format!("{v:+.2}")) } else { "n/a".into() },
+                if row.runs.iter().any(|r| r.drift_overhead_mib_per_1k.or(r.drift_mib_per_1k_iterations).is_some()) {
+                    row.drift.show(|v| format!("{v:+.2}"))
+                } else {
+                    "n/a".into()
+                },
                 bytes(&row.retained),
                 if trims.len() == row.runs.len() { bytes(&Spread::of(&trims)) } else { "n/a".into() },
             );
@@ -224,7 +229,7 @@ fn charts_for(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Resu
         let drift = bar(&|r| r.drift, 1.0);
         let retained = bar(&|r| r.retained, 1.0);
         let title = format!("{workload}: RSS drift and retained memory (mean, 95 % CI)");
-        let (t1, t2) = ("RSS drift (steady state)".to_string(), "retained after everything is freed".to_string());
+        let (t1, t2) = ("drift of RSS − live bytes (steady state)".to_string(), "retained after everything is freed".to_string());
         let svg = charts::bars_pair(
             (&drift, &BarOptions { title: &t1, y_desc: "MiB per 1,000 iterations", log: false, y_is_bytes: false, reference: None }),
             (&retained, &BarOptions { title: &t2, y_desc: "retained", log: false, y_is_bytes: true, reference: None }),

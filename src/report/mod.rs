@@ -9,6 +9,7 @@
 
 pub mod charts;
 pub mod cpu;
+pub mod cpu_exec;
 pub mod devprobe;
 pub mod diagnose;
 pub mod gpu;
@@ -58,7 +59,7 @@ impl Section {
 pub type SectionFn = fn(&[ResultRecord], &Path) -> anyhow::Result<Option<Section>>;
 
 /// The sections, in the order the index shows them.
-pub const SECTIONS: &[SectionFn] = &[gpu::section, cpu::section, devprobe::section, diagnose::section];
+pub const SECTIONS: &[SectionFn] = &[gpu::section, cpu::section, cpu_exec::section, devprobe::section, diagnose::section];
 
 /// Loads every results file (errors name the file and line).
 pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<ResultRecord>> {
@@ -111,6 +112,7 @@ fn common(r: &ResultRecord) -> (Option<&MachineInfo>, Option<&WorkloadInfo>) {
         ResultRecord::CpuRun(c) => (Some(&c.machine), Some(&c.workload)),
         ResultRecord::Devprobe(p) => (Some(&p.machine), None),
         ResultRecord::Diagnose(d) => (None, Some(&d.workload)),
+        ResultRecord::CpuExec(c) => (Some(&c.machine), None),
         // `load` turns sweep rows into replays; one read otherwise holds its replay.
         ResultRecord::SweepRow(s) => s.result.as_ref().map_or((None, None), |g| (Some(&g.machine), Some(&g.workload))),
     }

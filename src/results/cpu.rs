@@ -64,6 +64,18 @@ pub struct RssSample {
     pub t_s: f64,
     pub iteration: u64,
     pub rss: u64,
+    /// Bytes the workload held when the sample was taken (all workers).
+    #[serde(default)]
+    pub live_bytes: i64,
+}
+
+/// Retained memory a while after the last free (`"retained_after_drain"`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct RetainedAt {
+    /// Seconds after the last free.
+    pub after_s: f64,
+    /// RSS then minus RSS before the workload.
+    pub retained: i64,
 }
 
 /// One CPU run (`allocbench cpu`).
@@ -97,9 +109,70 @@ pub struct CpuRunResult {
     pub retained: i64,
     pub trim_call: Option<String>,
     pub retained_after_trim: Option<i64>,
+    /// Slope of raw RSS per 1,000 iterations (includes the workload's own growth).
     pub drift_mib_per_1k_iterations: Option<f64>,
     pub drift_mib_per_minute: Option<f64>,
+    /// Slope of RSS minus live bytes per 1,000 iterations: the allocator's own drift.
+    #[serde(default)]
+    pub drift_overhead_mib_per_1k: Option<f64>,
+    /// Seconds RSS was sampled after the last free (`--drain`).
+    #[serde(default)]
+    pub drain_s: f64,
+    /// Retained at 0.1, 1 and 10 s after the last free, those the drain reached.
+    #[serde(default)]
+    pub retained_after_drain: Vec<RetainedAt>,
     pub rss_timeline: Vec<RssSample>,
     pub native_stats: BTreeMap<String, u64>,
     pub interrupted: bool,
+    /// The process that ran it (each allocator of a multi-allocator run has its own).
+    #[serde(default)]
+    pub pid: u32,
+}
+
+/// One run of a program under one allocator (`allocbench cpu --exec`, `"type": "cpu_exec"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuExecResult {
+    pub schema_version: u32,
+    /// The allocator asked for: glibc, jemalloc, tcmalloc, mimalloc, or a preloaded `.so`'s name.
+    pub allocator: String,
+    /// What the process tree's mappings proved served malloc (the preloaded library was mapped;
+    /// glibc when libc and no other allocator was); None when nothing proved it, and then the run
+    /// is not labelled with `allocator` in reports.
+    pub served_by: Option<String>,
+    /// The library that proved it (the preloaded `.so`, or libc).
+    pub served_by_library: Option<String>,
+    /// LD_PRELOAD as given to the program (None for glibc).
+    pub ld_preload: Option<String>,
+    pub command: Vec<String>,
+    /// A short name for the program: the script (`*.py`) or the executable's file name.
+    pub name: String,
+    /// 1-based repetition; repetitions are interleaved across allocators.
+    pub rep: u32,
+    /// The exit status (128 + signal when killed by one; 127 when the command was not found).
+    pub exit_code: i32,
+    /// Why the program did not run or finish, if it did not.
+    pub error: Option<String>,
+    pub wall_s: f64,
+    /// CPU time of the program and its waited-for descendants (`wait4`'s rusage).
+    pub user_s: f64,
+    pub sys_s: f64,
+    pub minor_faults: u64,
+    pub major_faults: u64,
+    /// The largest sampled RSS of the whole process tree, or the largest process's own peak
+    /// (`ru_maxrss`) if that is higher.
+    pub peak_rss_bytes: u64,
+    /// The most processes the tree had at one sample.
+    pub max_processes: u32,
+    /// RSS of the process tree over time: `[t_s, bytes]`, every `--sample-ms`.
+    pub rss: Vec<(f64, u64)>,
+    pub machine: MachineInfo,
+    /// Stopped by Ctrl-C before it finished.
+    pub interrupted: bool,
+}
+
+impl CpuExecResult {
+    /// The run ran to its end and its allocator is proven.
+    pub fn verified(&self) -> bool {
+        self.served_by.as_deref() == Some(self.allocator.as_str()) && !self.interrupted
+    }
 }

@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::InputError;
 
 pub use common::{MachineInfo, WorkDone, WorkloadInfo};
-pub use cpu::{CpuMode, CpuRunResult, Latency, LiveMalloc, RssSample};
+pub use cpu::{CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
@@ -64,6 +64,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 pub enum ResultRecord {
     GpuReplay(Box<GpuRunResult>),
     CpuRun(Box<CpuRunResult>),
+    CpuExec(Box<CpuExecResult>),
     Devprobe(Box<DevprobeResult>),
     Diagnose(Box<DiagnoseResult>),
     SweepRow(Box<SweepRow>),

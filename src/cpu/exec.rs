@@ -1,0 +1,390 @@
+//! `allocbench cpu --exec -- CMD`: runs a real program under each allocator (LD_PRELOAD; glibc =
+//! none), samples the RSS of its whole process tree from /proc from start to exit, and proves
+//! from the tree's mappings which malloc served it. CPU time and page faults come from `wait4`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::preload::{classify, PRELOAD_LIBRARIES};
+use crate::error::InputError;
+use crate::results::{CpuExecResult, MachineInfo, SCHEMA_VERSION};
+
+/// The names `--allocator all` expands to, in the order repetitions interleave them.
+pub const EXEC_ALLOCATORS: [&str; 4] = ["glibc", "jemalloc", "tcmalloc", "mimalloc"];
+
+/// One allocator a program runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecAllocator {
+    pub name: String,
+    /// The library preloaded (canonical path); None for glibc.
+    pub library: Option<PathBuf>,
+}
+
+/// Resolves `--allocator` for `--exec`: `all`, or a comma list of glibc, jemalloc, tcmalloc,
+/// mimalloc and `.so` paths. `all` skips a Debian library that is not installed (said in the
+/// returned notes); naming one that is missing is an error.
+pub fn resolve_allocators(spec: &str) -> Result<(Vec<ExecAllocator>, Vec<String>), InputError> {
+    let mut out = Vec::new();
+    let mut notes = Vec::new();
+    let names: Vec<&str> = if spec == "all" { EXEC_ALLOCATORS.to_vec() } else { spec.split(',').map(str::trim).collect() };
+    for name in names {
+        if name == "glibc" {
+            out.push(ExecAllocator { name: "glibc".into(), library: None });
+        } else if let Some((_, path, package)) = PRELOAD_LIBRARIES.iter().find(|(n, _, _)| *n == name) {
+            match std::fs::canonicalize(path) {
+                Ok(p) => out.push(ExecAllocator { name: name.into(), library: Some(p) }),
+                Err(_) if spec == "all" => notes.push(format!("skipped {name}: {path} is not installed (apt-get install {package})")),
+                Err(_) => return Err(InputError::new("--allocator", format!("{path} not found: install it with `apt-get install {package}`"))),
+            }
+        } else if name.contains('/') || name.contains(".so") {
+            let p = std::fs::canonicalize(name).map_err(|e| InputError::new(name, format!("cannot preload it: {e}")))?;
+            out.push(ExecAllocator { name: classify(&p.display().to_string()), library: Some(p) });
+        } else {
+            return Err(InputError::new(
+                "--allocator",
+                format!("unknown allocator '{name}' for --exec (known: {}, all, or a path to a .so)", EXEC_ALLOCATORS.join(", ")),
+            ));
+        }
+    }
+    if out.is_empty() {
+        return Err(InputError::new("--allocator", "no allocator to run under"));
+    }
+    Ok((out, notes))
+}
+
+/// Checks that a library loads under LD_PRELOAD and serves malloc: `probe` (this binary's
+/// `malloc-info`) is run with it preloaded and must name it as malloc's library.
+pub fn check_serves_malloc(probe: &Path, library: &Path) -> Result<(), InputError> {
+    let loc = library.display().to_string();
+    let out = std::process::Command::new(probe)
+        .arg("malloc-info")
+        .env("LD_PRELOAD", library)
+        .output()
+        .map_err(|e| InputError::new(&loc, format!("cannot run {} to check it: {e}", probe.display())))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // ld.so ignores a preload it cannot load and says so on stderr.
+    if let Some(line) = stderr.lines().find(|l| l.contains("cannot be preloaded") || l.contains("ld.so")) {
+        return Err(InputError::new(&loc, format!("fails to load under LD_PRELOAD: {}", line.trim())));
+    }
+    let live: crate::results::LiveMalloc = serde_json::from_slice(&out.stdout)
+        .map_err(|_| InputError::new(&loc, format!("fails to load under LD_PRELOAD: {}", stderr.lines().next().unwrap_or("the probe crashed"))))?;
+    let serves = std::fs::canonicalize(&live.library).map(|p| p == library).unwrap_or(false);
+    if !serves {
+        return Err(InputError::new(&loc, format!("is not an allocator: with it preloaded, malloc still comes from {}", live.library)));
+    }
+    Ok(())
+}
+
+/// How to run.
+#[derive(Debug, Clone)]
+pub struct ExecOptions {
+    pub sample_interval: Duration,
+}
+
+/// RSS of one process (`/proc/PID/statm` resident pages × page size); 0 once it is gone.
+fn process_rss(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/statm"))
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map(|pages| pages * page_size())
+        .unwrap_or(0)
+}
+
+fn page_size() -> u64 {
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as u64
+    } else {
+        4096
+    }
+}
+
+/// `root` and every descendant: children from `/proc/PID/task/*/children`, else (kernels
+/// without CONFIG_PROC_CHILDREN) from the parent field of every `/proc/PID/stat`.
+pub fn process_tree(root: i32) -> Vec<i32> {
+    let mut tree = vec![root];
+    let mut i = 0;
+    let with_children_files = Path::new(&format!("/proc/{root}/task/{root}/children")).exists();
+    let parents = if with_children_files { Vec::new() } else { all_parents() };
+    while i < tree.len() {
+        let pid = tree[i];
+        if with_children_files {
+            if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+                for t in tasks.flatten() {
+                    let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+                    tree.extend(kids.split_whitespace().filter_map(|k| k.parse::<i32>().ok()));
+                }
+            }
+        } else {
+            tree.extend(parents.iter().filter(|(_, pp)| *pp == pid).map(|(p, _)| *p));
+        }
+        i += 1;
+    }
+    tree.sort_unstable();
+    tree.dedup();
+    tree
+}
+
+/// (pid, parent pid) of every process.
+fn all_parents() -> Vec<(i32, i32)> {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // The name is in parentheses and may hold spaces: fields after the last ')'.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect()
+}
+
+/// What the mappings of a process tree showed: allocator libraries and libc.
+#[derive(Debug, Default, Clone)]
+pub struct MappedAllocators {
+    /// Paths of mapped allocator libraries (jemalloc, tcmalloc, mimalloc, or the preloaded one).
+    pub allocators: BTreeSet<String>,
+    /// A mapped libc, if any process mapped one.
+    pub libc: Option<String>,
+}
+
+impl MappedAllocators {
+    /// Adds what `/proc/PID/maps` shows; `preloaded` counts as an allocator whatever its name.
+    pub fn scan(&mut self, pid: i32, preloaded: Option<&Path>) {
+        let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else { return };
+        for path in maps.lines().filter_map(|l| l.split_whitespace().nth(5)) {
+            let kind = classify(path);
+            if ["jemalloc", "tcmalloc", "mimalloc"].contains(&kind.as_str()) || preloaded.is_some_and(|p| Path::new(path) == p) {
+                self.allocators.insert(path.to_string());
+            } else if kind == "glibc" && self.libc.is_none() {
+                self.libc = Some(path.to_string());
+            }
+        }
+    }
+
+    /// Which malloc this proves, and by which library: the preloaded library if it was mapped;
+    /// for no preload, glibc when libc and no other allocator was mapped.
+    pub fn proof(&self, preloaded: Option<&Path>, name: &str) -> (Option<String>, Option<String>) {
+        match preloaded {
+            Some(lib) => {
+                let lib = lib.display().to_string();
+                if self.allocators.contains(&lib) {
+                    (Some(name.to_string()), Some(lib))
+                } else {
+                    (None, None)
+                }
+            }
+            None => match (self.allocators.iter().next(), &self.libc) {
+                (Some(other), _) => (Some(classify(other)), Some(other.clone())),
+                (None, Some(libc)) => (Some("glibc".into()), Some(libc.clone())),
+                (None, None) => (None, None),
+            },
+        }
+    }
+}
+
+/// The program's short name: its first `*.py` argument, else the executable's file name.
+pub fn program_name(command: &[String]) -> String {
+    let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
+    command.iter().find(|a| a.ends_with(".py")).or(command.first()).map(|a| base(a)).unwrap_or_default()
+}
+
+/// What the sampler thread saw.
+#[derive(Default)]
+struct Observed {
+    rss: Vec<(f64, u64)>,
+    mapped: MappedAllocators,
+    max_processes: u32,
+    interrupted: bool,
+}
+
+/// Runs `command` once under `alloc`, sampling its process tree until it exits. A command that
+/// cannot start is a result (exit code 127 or 126, `error` says why), never an error.
+pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &ExecOptions) -> CpuExecResult {
+    let mut cmd = std::process::Command::new(&command[0]);
+    cmd.args(&command[1..]);
+    match &alloc.library {
+        Some(lib) => cmd.env("LD_PRELOAD", lib),
+        None => cmd.env_remove("LD_PRELOAD"),
+    };
+    let mut result = CpuExecResult {
+        schema_version: SCHEMA_VERSION,
+        allocator: alloc.name.clone(),
+        served_by: None,
+        served_by_library: None,
+        ld_preload: alloc.library.as_ref().map(|p| p.display().to_string()),
+        command: command.to_vec(),
+        name: program_name(command),
+        rep,
+        exit_code: 0,
+        error: None,
+        wall_s: 0.0,
+        user_s: 0.0,
+        sys_s: 0.0,
+        minor_faults: 0,
+        major_faults: 0,
+        peak_rss_bytes: 0,
+        max_processes: 0,
+        rss: Vec::new(),
+        machine: MachineInfo::current(),
+        interrupted: false,
+    };
+    let start = Instant::now();
+    // spawn returns after the exec succeeded (or failed): the sampler sees the program, not a
+    // copy of this process.
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            result.exit_code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            result.error = Some(format!("cannot run {}: {e}", command[0]));
+            return result;
+        }
+    };
+    let pid = child.id() as i32;
+    let done = Arc::new(AtomicBool::new(false));
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let sampler = {
+        let (done, observed, interval) = (done.clone(), observed.clone(), opts.sample_interval);
+        let preloaded = alloc.library.clone();
+        let name = alloc.name.clone();
+        std::thread::spawn(move || sample_tree(pid, start, interval, preloaded.as_deref(), &name, &done, &observed))
+    };
+    // wait4 reaps the child and gives its rusage (and that of its waited-for descendants).
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let waited = loop {
+        let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if rc == pid || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            break rc == pid;
+        }
+    };
+    result.wall_s = start.elapsed().as_secs_f64();
+    done.store(true, Ordering::SeqCst);
+    let _ = sampler.join();
+    drop(child);
+    let obs = std::mem::take(&mut *observed.lock().expect("sampler lock"));
+    if waited {
+        if libc::WIFEXITED(status) {
+            result.exit_code = libc::WEXITSTATUS(status);
+        } else if libc::WIFSIGNALED(status) {
+            let sig = libc::WTERMSIG(status);
+            result.exit_code = 128 + sig;
+            result.error = Some(format!("killed by signal {sig}"));
+        }
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+        result.user_s = secs(usage.ru_utime);
+        result.sys_s = secs(usage.ru_stime);
+        result.minor_faults = usage.ru_minflt as u64;
+        result.major_faults = usage.ru_majflt as u64;
+    } else {
+        result.exit_code = -1;
+        result.error = Some(format!("wait4 failed: {}", std::io::Error::last_os_error()));
+    }
+    let sampled_peak = obs.rss.iter().map(|&(_, b)| b).max().unwrap_or(0);
+    result.peak_rss_bytes = sampled_peak.max(usage.ru_maxrss.max(0) as u64 * 1024);
+    let (served_by, library) = obs.mapped.proof(alloc.library.as_deref(), &alloc.name);
+    result.served_by = served_by;
+    result.served_by_library = library;
+    result.max_processes = obs.max_processes;
+    result.rss = obs.rss;
+    result.interrupted = obs.interrupted;
+    if obs.interrupted && result.error.is_none() {
+        result.error = Some("stopped by Ctrl-C".into());
+    }
+    result
+}
+
+/// The sampler: the tree's RSS every `interval`, the mappings until they prove the allocator
+/// (every 1 ms until then, so a short program is still caught), and Ctrl-C: SIGTERM to the
+/// program, SIGKILL 2 s later.
+fn sample_tree(pid: i32, start: Instant, interval: Duration, preloaded: Option<&Path>, name: &str, done: &AtomicBool, observed: &Mutex<Observed>) {
+    let mut next_sample = start;
+    let mut stopped_at: Option<Instant> = None;
+    let mut proven = false;
+    while !done.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let tree = process_tree(pid);
+        let mut obs = observed.lock().expect("sampler lock");
+        if !proven || preloaded.is_none() {
+            // Without a preload, every process is watched: one that maps another allocator
+            // disproves glibc.
+            for &p in &tree {
+                obs.mapped.scan(p, preloaded);
+            }
+            proven = preloaded.is_some() && obs.mapped.proof(preloaded, name).0.is_some();
+        }
+        if now >= next_sample {
+            let rss: u64 = tree.iter().map(|&p| process_rss(p)).sum();
+            obs.rss.push((now.duration_since(start).as_secs_f64(), rss));
+            obs.max_processes = obs.max_processes.max(tree.len() as u32);
+            next_sample += interval;
+            if next_sample < now {
+                next_sample = now + interval;
+            }
+        }
+        if crate::interrupt::interrupted() {
+            obs.interrupted = true;
+            match stopped_at {
+                None => {
+                    unsafe { libc::kill(pid, libc::SIGTERM) };
+                    stopped_at = Some(now);
+                }
+                Some(t) if now.duration_since(t) > Duration::from_secs(2) => unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                },
+                _ => {}
+            }
+        }
+        drop(obs);
+        let nap = if proven && preloaded.is_some() { next_sample.saturating_duration_since(Instant::now()) } else { Duration::from_millis(1) };
+        std::thread::sleep(nap.clamp(Duration::from_micros(200), Duration::from_millis(20)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn program_names() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(program_name(&v(&["python3", "workloads/python/churn.py", "--n", "3"])), "churn.py");
+        assert_eq!(program_name(&v(&["/usr/bin/sort", "x"])), "sort");
+    }
+
+    #[test]
+    fn the_tree_of_a_shell_holds_its_children() {
+        let mut child = std::process::Command::new("sh").args(["-c", "sleep 5 & sleep 5 & wait"]).spawn().unwrap();
+        let pid = child.id() as i32;
+        let mut seen = 0;
+        for _ in 0..200 {
+            seen = process_tree(pid).len();
+            if seen >= 3 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let tree = process_tree(pid);
+        for p in &tree[..] {
+            if *p != pid {
+                unsafe { libc::kill(*p, libc::SIGKILL) };
+            }
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(seen >= 3, "the shell and its two sleeps: saw {seen}");
+    }
+
+    #[test]
+    fn glibc_is_proven_only_without_another_allocator() {
+        let mut m = MappedAllocators { libc: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()), ..Default::default() };
+        assert_eq!(m.proof(None, "glibc").0.as_deref(), Some("glibc"));
+        m.allocators.insert("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2".into());
+        assert_eq!(m.proof(None, "glibc").0.as_deref(), Some("jemalloc"));
+        let tc = Path::new("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4.5.10");
+        assert_eq!(m.proof(Some(tc), "tcmalloc").0, None, "the preloaded library itself must be mapped");
+    }
+}
