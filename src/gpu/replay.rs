@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::devprobe::LatencyModel;
 use super::stats::DeviceStats;
 use super::{AllocError, GpuAllocator, Handle};
 use crate::error::InputError;
@@ -22,17 +23,20 @@ use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Coarse, Observer};
 pub use observers::{AtStep, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
+#[derive(Clone)]
 pub struct ReplayOptions {
     pub on_oom: OnOom,
     /// Also sample the timeline every N events (besides every step).
     pub sample_every_events: Option<u64>,
     /// The timeline is thinned (every other point dropped) whenever it reaches twice this.
     pub max_timeline_points: usize,
+    /// Prices the timeline's per-step allocator time (`run_one` sets the built device's model).
+    pub time_model: Option<LatencyModel>,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000 }
+        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000, time_model: None }
     }
 }
 
@@ -210,7 +214,7 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
 ) -> anyhow::Result<ReplayOutcome> {
     let mut peak = Peak::default();
     let mut segments = SegmentsAtPeak::default();
-    let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points);
+    let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points, opts.time_model.clone());
     let mut first_oom = FirstOom::default();
     let mut sizes = SizeHistogram::default();
     let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
