@@ -72,6 +72,8 @@ pub fn probe(device: CudaDevice, reps: usize) -> Result<DevprobeResult, DeviceEr
 /// operation and a device synchronisation. [`LatencyModel::alloc_time_ns`] prices a replay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatencyModel {
+    /// The probed device (`devprobe`'s `device`), for results.
+    pub device: String,
     malloc: Vec<(f64, f64)>,
     free: Vec<(f64, f64)>,
     /// One malloc or free served from the cache: half the warm pool's alloc + free p50 (the
@@ -113,7 +115,7 @@ impl LatencyModel {
         let mut pool: Vec<u64> = p.async_pool_alloc_free.iter().map(|s| s.p50_ns).collect();
         pool.sort_unstable();
         let cached_op_ns = pool.get(pool.len() / 2).map_or(0, |ns| ns / 2);
-        Ok(LatencyModel { malloc: pts(&p.malloc), free: pts(&p.free), cached_op_ns, sync_ns: SYNC_STALL_NS })
+        Ok(LatencyModel { device: p.device.clone(), malloc: pts(&p.malloc), free: pts(&p.free), cached_op_ns, sync_ns: SYNC_STALL_NS })
     }
 
     /// The embedded default: an H100's devprobe.

@@ -9,7 +9,7 @@
 //! - [`common`]: what every record carries (machine, workload, work done);
 //! - [`gpu`]: `GpuRunResult` and what it holds (OOM, timeline, segment maps);
 //! - [`cpu`]: `CpuRunResult` (latency, live malloc, RSS samples);
-//! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
+//! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult`, and `AdviseResult` with its `Candidate`s;
 //! - [`fidelity`]: torch_replay.py's document and the fidelity report.
 
 /// `as_str` (the serialised name) and `Display` (the same, padded as asked) for a closed set.
@@ -48,7 +48,7 @@ use crate::error::InputError;
 pub use common::{MachineInfo, WorkDone, WorkloadInfo};
 pub use cpu::{CpuMode, CpuRunResult, Latency, LiveMalloc, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
-pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
+pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
 pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
 
@@ -63,6 +63,7 @@ pub enum ResultRecord {
     CpuRun(Box<CpuRunResult>),
     Devprobe(Box<DevprobeResult>),
     Diagnose(Box<DiagnoseResult>),
+    Advise(Box<AdviseResult>),
 }
 
 impl ResultRecord {
