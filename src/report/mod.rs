@@ -2,6 +2,7 @@
 //! (`README.md` and `index.html`) into a folder. Output is deterministic for the same input.
 
 pub mod charts;
+pub mod front;
 pub mod style;
 
 use std::collections::BTreeMap;
@@ -367,6 +368,8 @@ pub fn render(records: &[ResultRecord], out: &Path, title: &str) -> anyhow::Resu
     let probes: Vec<&crate::results::DevprobeResult> =
         records.iter().filter_map(|r| if let ResultRecord::Devprobe(p) = r { Some(p.as_ref()) } else { None }).collect();
     devprobe_charts(out, &probes, &mut charts)?;
+    let searches: Vec<_> = records.iter().filter_map(|r| if let ResultRecord::Advise(a) = r { Some(a.as_ref()) } else { None }).collect();
+    front::charts(out, &searches, &mut charts)?;
     let mut md = index_markdown(title, &gpu, &cpu, &probes, &charts);
     for r in records {
         if let ResultRecord::Diagnose(d) = r {
