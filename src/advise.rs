@@ -432,3 +432,45 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
     }
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    fn events(file: &str) -> Vec<Event> {
+        let path = format!("{}/workloads/{file}", env!("CARGO_MANIFEST_DIR"));
+        Workload::load(std::path::Path::new(&path)).unwrap().events().collect()
+    }
+
+    /// Configurations `behaviour_key` puts together really replay identically: every
+    /// `memory_stats()` counter but max_split_size (the setting itself) agrees at the end.
+    #[test]
+    fn configurations_collapsed_as_equivalent_replay_identically() {
+        let events = events("model-switch.toml");
+        let confs = search_space();
+        let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c).unwrap()).collect();
+        let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let rep = behaviour_key(&parsed, &sizes);
+        let collapsed: Vec<usize> = (0..confs.len()).filter(|&i| rep[i] != i).collect();
+        assert!(collapsed.len() > 100, "GC without effect, max_non_split_rounding without max_split and unused roundup buckets collapse");
+        assert!(rep.iter().all(|&r| rep[r] == r), "a representative stands for itself");
+        let model = LatencyModel::h100();
+        let stats = |i: usize| {
+            let mut a = pytorch_on_sim(&parsed[i], 24 << 30, &model);
+            crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
+            let mut m = a.stats().to_torch_map();
+            m.remove("max_split_size");
+            (m, a.device_time_ns())
+        };
+        // A spread of the collapsed ones (every 7th), each against its representative.
+        for &i in collapsed.iter().step_by(7) {
+            assert!(confs[rep[i]].len() <= confs[i].len(), "the representative is the shortest conf");
+            assert_eq!(stats(i), stats(rep[i]), "{} replays unlike {}", confs[i], confs[rep[i]]);
+        }
+        // And configurations it keeps apart can differ: the defaults and expandable segments.
+        assert_ne!(rep[0], rep[confs.iter().position(|c| c == "expandable_segments:True").unwrap()]);
+    }
+}
