@@ -24,18 +24,19 @@ ROWS = [
 ADVISE_GROUP = "advise"
 
 
-def load(root, group, bench):
-    d = os.path.join(root, "target", "criterion", group, bench.replace("/", "_").replace("[", "_").replace("]", "_"))
-    # criterion keeps the id's characters in the folder name on Linux except '/', which nests.
-    candidates = [os.path.join(root, "target", "criterion", group, *bench.split("/")), d]
-    for c in candidates:
-        est = os.path.join(c, "new", "estimates.json")
-        if os.path.exists(est):
-            mean_ns = json.load(open(est))["mean"]["point_estimate"]
-            meta = json.load(open(os.path.join(c, "new", "benchmark.json")))
-            elements = (meta.get("throughput") or {}).get("Elements")
-            return mean_ns, elements
-    sys.exit(f"bench_readme.py: no criterion results for {group}/{bench} (run `cargo bench --bench gpu_policy` first)")
+def load(folder):
+    """(mean ns per iteration, elements per iteration) of one criterion benchmark folder."""
+    est = os.path.join(folder, "new", "estimates.json")
+    if not os.path.exists(est):
+        sys.exit(f"bench_readme.py: no criterion results in {folder} (run `cargo bench --bench gpu_policy` first)")
+    mean_ns = json.load(open(est))["mean"]["point_estimate"]
+    meta = json.load(open(os.path.join(folder, "new", "benchmark.json")))
+    return mean_ns, (meta.get("throughput") or {}).get("Elements")
+
+
+def bench_dir(root, group, bench):
+    # criterion writes an id's '/' as '_' in its folder name.
+    return os.path.join(root, "target", "criterion", group, bench.replace("/", "_"))
 
 
 def main():
@@ -45,7 +46,7 @@ def main():
         "|---|---|---|",
     ]
     for group, bench, what, _unit, target in ROWS:
-        mean_ns, elements = load(root, group, bench)
+        mean_ns, elements = load(bench_dir(root, group, bench))
         rate = elements / (mean_ns / 1e9)
         goal = "-"
         if target:
@@ -54,20 +55,24 @@ def main():
             goal = f"{op} {value / 1e6:.0f} M {unit} ({'met' if met else f'missed: {rate / value:.0%} of it'})"
         lines.append(f"| {what} | {rate / 1e6:.1f} M events/s ({mean_ns / 1e6:.0f} ms for {elements:,} events) | {goal} |")
     adv = os.path.join(root, "target", "criterion", ADVISE_GROUP)
-    benches = sorted(b for b in os.listdir(adv) if b != "report") if os.path.isdir(adv) else []
+    benches = sorted(b for b in os.listdir(adv) if b != "report" and b.startswith("captured")) if os.path.isdir(adv) else []
     if not benches:
         sys.exit("bench_readme.py: no criterion results for the advise group")
     for b in benches:
-        sub = os.path.join(adv, b)
-        inner = [x for x in os.listdir(sub) if os.path.isdir(os.path.join(sub, x)) and x != "report" and x != "new" and x != "base"]
-        bench = b + ("/" + "/".join([inner[0]] + sorted(os.listdir(os.path.join(sub, inner[0])))[:0]) if inner else "")
-        mean_ns, elements = load_nested(sub)
-        s = mean_ns / 1e9
-        goal = f"< 60 s for ≥ 1,000 configurations ({'met' if s < 60 and elements >= 1000 else 'missed'})"
-        lines.append(f"| `advise`: {elements:,} configurations, captured 1.3B trace, 80 GiB, 2 threads ({b}) | {s:.1f} s | {goal} |")
+        mean_ns, elements = load(os.path.join(adv, b))
+        secs = mean_ns / 1e9
+        goal = f"< 60 s for ≥ 1,000 configurations ({'met' if secs < 60 and elements >= 1000 else 'missed'})"
+        lines.append(f"| `advise`: {elements:,} configurations, captured 1.3B trace, 80 GiB card, 2 threads | {secs:.1f} s | {goal} |")
+    policy, _ = load(bench_dir(root, "captured_1.3b", "policy/pytorch[default]"))
+    ideal, _ = load(bench_dir(root, "captured_1.3b", "policy/ideal"))
     cpu = platform.processor() or platform.machine()
+    load1, _, load15 = os.getloadavg()
     lines.append("")
-    lines.append(f"Criterion means on this machine ({os.cpu_count()} cores, {cpu}), other builds sharing it: wall-clock figures vary with the load.")
+    lines.append(
+        f"Criterion means on this machine ({os.cpu_count()} cores, {cpu}), shared with other builds (load average "
+        f"{load1:.1f} over 1 min, {load15:.1f} over 15 min when this table was written): wall-clock figures scale with the load; "
+        f"the default policy takes {policy / ideal:.1f}× the time of the bookkeeping-only replay under the same load."
+    )
     block = "\n".join(lines)
     path = os.path.join(root, "README.md")
     text = open(path).read()
@@ -77,16 +82,6 @@ def main():
     _, tail = rest.split(END, 1)
     open(path, "w").write(f"{head}{BEGIN}\n{block}\n{END}{tail}")
     print(block)
-
-
-def load_nested(folder):
-    """The one estimates.json under `folder` (criterion nests ids with '/')."""
-    for dirpath, _dirs, files in os.walk(folder):
-        if os.path.basename(dirpath) == "new" and "estimates.json" in files:
-            mean_ns = json.load(open(os.path.join(dirpath, "estimates.json")))["mean"]["point_estimate"]
-            meta = json.load(open(os.path.join(dirpath, "benchmark.json")))
-            return mean_ns, (meta.get("throughput") or {}).get("Elements")
-    sys.exit(f"bench_readme.py: no estimates under {folder}")
 
 
 if __name__ == "__main__":
