@@ -3,16 +3,18 @@
 //! configuration priced in modelled allocator time ([`LatencyModel`]); [`describe`] renders it.
 //!
 //! Speed: configurations that replay identically on the trace are replayed once
-//! ([`behaviour_key`]), and a replay stops as soon as a finished configuration beats it for the
-//! objective ([`Pruner`]).
+//! ([`behaviour_key`]; a memory fraction or GC that never bites shares its base's replay:
+//! [`same_as_base`]), and a replay stops as soon as a finished configuration beats it for the
+//! objective ([`Pruner`]). Which configurations stop early can depend on which finished first
+//! (two threads); the recommendation cannot, as nothing is stopped by a worse one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::RwLock;
+use std::sync::{Mutex, RwLock};
 
 use crate::event::Event;
 use crate::gpu::build::{build, pytorch_on_sim, DeviceSpec};
-use crate::gpu::caching::round_size;
+use crate::gpu::caching::{allocation_size, round_size};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::devprobe::{syncs, LatencyModel};
 use crate::gpu::replay::{replay_observed, At, Observer, Peak, ReplayOptions, StopWhen, CHECK_EVERY_EVENTS};
@@ -87,7 +89,7 @@ struct BehaviourKey {
 /// Groups `configs` by [`BehaviourKey`] on a trace whose distinct request sizes are `sizes`.
 /// Returns, per configuration, the index of its group's representative: the shortest conf
 /// string (the fewest settings that give this behaviour), the first of those.
-fn behaviour_key(configs: &[AllocatorConfig], sizes: &[u64]) -> Vec<usize> {
+fn behaviour_key(configs: &[AllocatorConfig], sizes: &[u64]) -> (Vec<usize>, Vec<BehaviourKey>) {
     let mut roundings: Vec<Vec<u64>> = Vec::new();
     let mut by_divisions: HashMap<[u64; crate::gpu::config::ROUNDUP_INTERVALS], usize> = HashMap::new();
     let mut groups: HashMap<BehaviourKey, usize> = HashMap::new();
@@ -116,7 +118,20 @@ fn behaviour_key(configs: &[AllocatorConfig], sizes: &[u64]) -> Vec<usize> {
         }
         keys.push(key);
     }
-    keys.iter().map(|k| groups[k]).collect()
+    (keys.iter().map(|k| groups[k]).collect(), keys)
+}
+
+/// Whether a replay of `cfg` (a memory fraction, maybe a GC) is the replay of its base (the same
+/// settings without them) that ended with `base_peak` reserved (`reserved_bytes.all.peak`): the
+/// fraction refuses a segment only when reserved + alloc_size > allowed (alloc_block), and the GC
+/// frees only when reserved > threshold × allowed (garbage_collect_cached_blocks); if the base
+/// never came near either line, the two replays are the same up to the last event.
+fn same_as_base(cfg: &AllocatorConfig, capacity: u64, sizes: &[u64], base_peak: u64) -> bool {
+    let allowed = (cfg.per_process_memory_fraction * capacity as f64).floor() as u64;
+    let largest_segment = sizes.iter().map(|&n| allocation_size(cfg, round_size(cfg, n))).max().unwrap_or(0);
+    let fraction_idle = base_peak.saturating_add(largest_segment) <= allowed;
+    let gc_idle = !cfg.gc_enabled() || cfg.expandable_segments || base_peak <= (cfg.garbage_collection_threshold * allowed as f64) as u64;
+    fraction_idle && gc_idle
 }
 
 /// A finished, OOM-free replay: what later replays are measured against.
@@ -210,60 +225,76 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
     let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { (*bytes > 0).then_some(*bytes) } else { None }).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let rep = behaviour_key(&parsed, &sizes);
+    let (rep, keys) = behaviour_key(&parsed, &sizes);
     let mut members: HashMap<usize, u64> = HashMap::new();
     for &r in &rep {
         *members.entry(r).or_default() += 1;
     }
+    // A configuration with a memory fraction (and maybe a GC) may share the replay of its base,
+    // the same settings without them (`same_as_base`): bases run first.
+    let rep_of_key: HashMap<&BehaviourKey, usize> = keys.iter().zip(&rep).map(|(k, &r)| (k, r)).collect();
+    let base_of = |i: usize| -> Option<usize> {
+        (parsed[i].per_process_memory_fraction < 1.0)
+            .then(|| rep_of_key.get(&BehaviourKey { fraction_bits: 1f64.to_bits(), gc_threshold_bits: 0, ..keys[i].clone() }).copied())
+            .flatten()
+    };
     // The defaults first: the balanced budget and every comparison start from them.
-    let mut work: Vec<usize> = (0..parsed.len()).filter(|&i| rep[i] == i).collect();
-    work.sort_by_key(|&i| !parsed[i].source.is_empty());
+    let (mut first, second): (Vec<usize>, Vec<usize>) = (0..parsed.len()).filter(|&i| rep[i] == i).partition(|&i| base_of(i).is_none());
+    first.sort_by_key(|&i| !parsed[i].source.is_empty());
     let board = Board { objective: o.objective, finished: RwLock::new(Vec::new()), budget_ns: RwLock::new(None) };
-    let next = AtomicUsize::new(0);
-    let results: Vec<anyhow::Result<Vec<(usize, Candidate)>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..o.threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> anyhow::Result<Vec<(usize, Candidate)>> {
-                    let mut mine = Vec::new();
-                    loop {
-                        let k = next.fetch_add(1, Ordering::Relaxed);
-                        if k >= work.len() || crate::interrupt::interrupted() {
-                            return Ok(mine);
-                        }
-                        let i = work[k];
-                        let is_default = parsed[i].source.is_empty();
-                        let c = replay_one(events, &parsed[i], o, &board, is_default)?;
-                        if c.oom_step.is_none() && !c.pruned {
-                            let time_ns = (c.modelled_alloc_time_s * 1e9).round() as u64;
-                            board.finished.write().expect("advise board lock").push(Finished { peak_reserved: c.peak_reserved, time_ns });
-                            if is_default {
-                                *board.budget_ns.write().expect("advise board lock") = Some((time_ns as f64 * BALANCED_TIME_TOLERANCE) as u64);
+    // Representative → (its candidate, its reserved_bytes.all.peak, the base it shares a replay with).
+    let settled: Mutex<HashMap<usize, (Candidate, u64, Option<usize>)>> = Mutex::new(HashMap::new());
+    for work in [&first, &second] {
+        let next = AtomicUsize::new(0);
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..o.threads.max(1))
+                .map(|_| {
+                    s.spawn(|| -> anyhow::Result<()> {
+                        loop {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            if k >= work.len() || crate::interrupt::interrupted() {
+                                return Ok(());
+                            }
+                            let i = work[k];
+                            let shared = base_of(i).and_then(|b| {
+                                let settled = settled.lock().expect("advise results lock");
+                                let (c, peak, _) = settled.get(&b)?;
+                                (!c.oom && !c.pruned && same_as_base(&parsed[i], o.capacity, &sizes, *peak)).then(|| (c.clone(), *peak, Some(b)))
+                            });
+                            let (c, peak, base) = match shared {
+                                Some(s) => s,
+                                None => {
+                                    let is_default = parsed[i].source.is_empty();
+                                    let (c, peak) = replay_one(events, &parsed[i], o, &board, is_default)?;
+                                    if c.oom_step.is_none() && !c.pruned {
+                                        let time_ns = (c.modelled_alloc_time_s * 1e9).round() as u64;
+                                        board.finished.write().expect("advise board lock").push(Finished { peak_reserved: c.peak_reserved, time_ns });
+                                        if is_default {
+                                            *board.budget_ns.write().expect("advise board lock") = Some((time_ns as f64 * BALANCED_TIME_TOLERANCE) as u64);
+                                        }
+                                    }
+                                    (c, peak, None)
+                                }
+                            };
+                            settled.lock().expect("advise results lock").insert(i, (c, peak, base));
+                            if let Some(done) = done {
+                                done(members[&i]);
                             }
                         }
-                        if let Some(done) = done {
-                            done(members[&i]);
-                        }
-                        mine.push((i, c));
-                    }
+                    })
                 })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
-    });
-    let mut by_rep: HashMap<usize, Candidate> = HashMap::new();
-    for r in results {
-        by_rep.extend(r?);
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
+        });
+        results.into_iter().collect::<anyhow::Result<()>>()?;
     }
-    let replays = by_rep.len();
+    let settled = settled.into_inner().expect("advise results lock");
+    let replays = settled.values().filter(|(_, _, base)| base.is_none()).count();
     let mut all: Vec<Candidate> = (0..parsed.len())
         .filter_map(|i| {
-            let c = by_rep.get(&rep[i])?;
-            Some(Candidate {
-                conf: confs[i].clone(),
-                equivalent_to: (rep[i] != i).then(|| confs[rep[i]].clone()),
-                conflicts: parsed[i].conflicts(),
-                ..c.clone()
-            })
+            let (c, _, base) = settled.get(&rep[i])?;
+            let same = if rep[i] != i { Some(rep[i]) } else { *base };
+            Some(Candidate { conf: confs[i].clone(), equivalent_to: same.map(|r| confs[r].clone()), conflicts: parsed[i].conflicts(), ..c.clone() })
         })
         .collect();
     let budget_ns = time_budget_ns(&all);
@@ -285,12 +316,13 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
 }
 
 /// One configuration's replay on a priced simulated device, pruned by the board.
-fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<Candidate> {
+/// Returns the candidate and `reserved_bytes.all.peak` (for [`same_as_base`]).
+fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<(Candidate, u64)> {
     let mut a = pytorch_on_sim(cfg, o.capacity, &o.model);
     let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom_step: None };
     let out = replay_observed(&mut a, events.iter().copied().map(Ok), OnOom::Stop, &mut w)?;
     let st = a.stats();
-    Ok(Candidate {
+    let candidate = Candidate {
         conf: cfg.source.clone(),
         peak_reserved: w.peak.reserved,
         overhead: if out.peak_live_bytes == 0 { 0.0 } else { w.peak.reserved as f64 / out.peak_live_bytes as f64 },
@@ -304,7 +336,8 @@ fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board:
         pruned: w.stop && out.interrupted,
         equivalent_to: None,
         conflicts: Vec::new(),
-    })
+    };
+    Ok((candidate, st.reserved_bytes.all.peak as u64))
 }
 
 /// The balanced objective's limit: the defaults' modelled time × [`BALANCED_TIME_TOLERANCE`], or
@@ -453,7 +486,7 @@ mod tests {
         let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
         sizes.sort_unstable();
         sizes.dedup();
-        let rep = behaviour_key(&parsed, &sizes);
+        let (rep, _) = behaviour_key(&parsed, &sizes);
         let collapsed: Vec<usize> = (0..confs.len()).filter(|&i| rep[i] != i).collect();
         assert!(collapsed.len() > 100, "GC without effect, max_non_split_rounding without max_split and unused roundup buckets collapse");
         assert!(rep.iter().all(|&r| rep[r] == r), "a representative stands for itself");
@@ -472,5 +505,38 @@ mod tests {
         }
         // And configurations it keeps apart can differ: the defaults and expandable segments.
         assert_ne!(rep[0], rep[confs.iter().position(|c| c == "expandable_segments:True").unwrap()]);
+    }
+
+    /// A configuration `same_as_base` says shares its base's replay really replays like it; and
+    /// on a small card, where the fraction bites, it says no.
+    #[test]
+    fn a_fraction_that_never_bites_shares_the_base_replay() {
+        let events = events("model-switch.toml");
+        let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let model = LatencyModel::h100();
+        let run = |conf: &str, capacity: u64| {
+            let cfg = AllocatorConfig::parse(conf).unwrap();
+            let mut a = pytorch_on_sim(&cfg, capacity, &model);
+            let out = crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
+            let mut m = a.stats().to_torch_map();
+            m.remove("max_split_size");
+            (m, a.device_time_ns(), out.oom.is_some(), a.stats().reserved_bytes.all.peak as u64)
+        };
+        let (base, base_time, base_oom, base_peak) = run("max_split_size_mb:64", 80 << 30);
+        assert!(!base_oom);
+        for derived in
+            ["max_split_size_mb:64,per_process_memory_fraction:0.99", "max_split_size_mb:64,garbage_collection_threshold:0.6,per_process_memory_fraction:0.99"]
+        {
+            let cfg = AllocatorConfig::parse(derived).unwrap();
+            assert!(same_as_base(&cfg, 80 << 30, &sizes, base_peak), "{derived} on 80 GiB never nears its limits");
+            let (stats, time, _, _) = run(derived, 80 << 30);
+            assert_eq!((stats, time), (base.clone(), base_time), "{derived}");
+        }
+        // On a card just above the base's peak the GC threshold and the fraction are in reach.
+        let tight = base_peak + (base_peak >> 4);
+        let gc = AllocatorConfig::parse("max_split_size_mb:64,garbage_collection_threshold:0.6,per_process_memory_fraction:0.99").unwrap();
+        assert!(!same_as_base(&gc, tight, &sizes, base_peak));
     }
 }
