@@ -6,7 +6,7 @@
 //! ([`behaviour_key`]; a memory fraction or GC that never bites shares its base's replay:
 //! [`same_as_base`]), and a replay stops as soon as a finished configuration beats it for the
 //! objective ([`Pruner`]). Which configurations stop early can depend on which finished first
-//! (two threads); the recommendation cannot, as nothing is stopped by a worse one.
+//! (two threads); the recommendation cannot (exact ties aside): nothing is stopped by a worse one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -134,6 +134,11 @@ fn replay_reports_modelled_time_per_run_and_per_step() {
     let per_step: f64 = v["timeline"].as_array().unwrap().iter().map(|p| p["modelled_alloc_time_s"].as_f64().unwrap()).sum();
     assert!(total > 0.0 && (total - per_step).abs() < 1e-6, "the timeline's steps add up to the run: {per_step} vs {total}");
     assert!(v["summary"]["device_time_s"].is_null(), "device_time_s stays for --sim-latency");
+    // --latency with the same H100 table: the same modelled time, and the device time shown.
+    let out = bin().args(["replay", &trace, "--latency", &root("reports/gpu-h100/devprobe.json"), "--json", "-"]).output().unwrap();
+    let w: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(w["summary"]["modelled_alloc_time_s"], v["summary"]["modelled_alloc_time_s"]);
+    assert!(w["summary"]["device_time_s"].as_f64().unwrap() > 0.0);
     let syncs = v["summary"]["syncs"].as_u64().unwrap();
     assert_eq!(syncs as i64, v["stats"]["num_device_free"].as_i64().unwrap() + v["stats"]["num_sync_all_streams"].as_i64().unwrap());
 }

@@ -6,15 +6,10 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use super::charts::{err, root, FONT};
 use super::style::{byte_unit, clip, slug};
 use super::Chart;
 use crate::results::{AdviseResult, Candidate};
-
-const FONT: &str = "sans-serif";
-
-fn err<E: std::fmt::Debug>(e: E) -> String {
-    format!("chart rendering failed: {e:?}")
-}
 
 /// The complete, OOM-free configurations no other one beats on both memory and time, by time.
 pub fn pareto_front(configs: &[Candidate]) -> Vec<&Candidate> {
@@ -34,8 +29,7 @@ pub fn render(r: &AdviseResult) -> Result<String, String> {
     let shown: Vec<&Candidate> = r.configs.iter().filter(|c| !c.oom && c.equivalent_to.is_none()).collect();
     let mut buf = String::new();
     {
-        let root = SVGBackend::with_string(&mut buf, (960, 540)).into_drawing_area();
-        root.fill(&WHITE).map_err(err)?;
+        let root = root(&mut buf, (960, 540));
         let t_max = shown.iter().map(|c| c.modelled_alloc_time_s).fold(1e-3, f64::max) * 1.05;
         let (y_lo, y_hi) = shown.iter().fold((f64::MAX, 0f64), |(lo, hi), c| (lo.min(c.peak_reserved as f64), hi.max(c.peak_reserved as f64)));
         let (div, unit) = byte_unit(y_hi.max(1.0));
