@@ -208,6 +208,10 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
     }
 }
 
+/// A representative's outcome: its candidate, its `reserved_bytes.all.peak` (for
+/// [`same_as_base`]), and the base whose replay it shares, if it does.
+type Settled = (Candidate, u64, Option<usize>);
+
 /// How `advise` searches.
 pub struct AdviseOptions {
     pub capacity: u64,
@@ -242,8 +246,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
     let (mut first, second): (Vec<usize>, Vec<usize>) = (0..parsed.len()).filter(|&i| rep[i] == i).partition(|&i| base_of(i).is_none());
     first.sort_by_key(|&i| !parsed[i].source.is_empty());
     let board = Board { objective: o.objective, finished: RwLock::new(Vec::new()), budget_ns: RwLock::new(None) };
-    // Representative → (its candidate, its reserved_bytes.all.peak, the base it shares a replay with).
-    let settled: Mutex<HashMap<usize, (Candidate, u64, Option<usize>)>> = Mutex::new(HashMap::new());
+    let settled: Mutex<HashMap<usize, Settled>> = Mutex::new(HashMap::new());
     for work in [&first, &second] {
         let next = AtomicUsize::new(0);
         let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
