@@ -1,45 +1,66 @@
 //! `allocbench advise`: replays a space of `PYTORCH_CUDA_ALLOC_CONF` settings on every core and
-//! ranks them (no OOM first, then the lowest peak reserved memory); [`describe`] renders the
-//! ranking.
+//! picks one for an objective (memory, time, or least memory at about the defaults' time), every
+//! configuration priced in modelled allocator time ([`LatencyModel`]); [`describe`] renders it.
+//!
+//! Speed: configurations that replay identically on the trace are replayed once
+//! ([`behaviour_key`]; a memory fraction or GC that never bites shares its base's replay:
+//! [`same_as_base`]), and a replay stops as soon as a finished configuration beats it for the
+//! objective ([`Pruner`]). Which configurations stop early can depend on which finished first
+//! (two threads); the recommendation cannot (exact ties aside): nothing is stopped by a worse one.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use crate::event::Event;
-use crate::gpu::build::{build, DeviceSpec};
+use crate::gpu::build::{build, pytorch_on_sim, DeviceSpec};
+use crate::gpu::caching::{allocation_size, round_size};
 use crate::gpu::config::AllocatorConfig;
-use crate::gpu::replay::{ReplayOptions, StopWhen};
-use crate::gpu::GpuAllocator;
-use crate::gpu_run::{replay_sim, run_one};
-use crate::results::{Candidate, GpuRunResult, OnOom, WorkloadInfo};
+use crate::gpu::devprobe::{syncs, LatencyModel};
+use crate::gpu::replay::{replay_observed, At, Observer, Peak, ReplayOptions, StopWhen, CHECK_EVERY_EVENTS};
+use crate::gpu::stats::DeviceStats;
+use crate::gpu::{GpuAllocator, OomInfo};
+use crate::gpu_run::run_one;
+use crate::results::{AdviseResult, Candidate, GpuRunResult, Objective, OnOom, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
-/// The space `advise` searches: expandable × max_split_size_mb × roundup_power2_divisions × GC.
+/// The balanced objective accepts a modelled allocator time up to this factor of the reference
+/// (the defaults', or the fastest configuration's when the defaults OOM).
+pub const BALANCED_TIME_TOLERANCE: f64 = 1.10;
+
+/// The space `advise` searches (1,216 settings): expandable segments × roundup_power2_divisions
+/// (scalar and per-interval lists) × max_split_size_mb (with max_non_split_rounding_mb) × garbage
+/// collection / memory fraction. PyTorch's defaults ("") come first.
 pub fn search_space() -> Vec<String> {
     let expandable = ["", "expandable_segments:True"];
-    let split = [
-        "",
-        "max_split_size_mb:32",
-        "max_split_size_mb:64",
-        "max_split_size_mb:128",
-        "max_split_size_mb:256",
-        "max_split_size_mb:512",
-        "max_split_size_mb:1024",
-    ];
     let roundup = [
         "",
         "roundup_power2_divisions:2",
         "roundup_power2_divisions:4",
         "roundup_power2_divisions:8",
+        "roundup_power2_divisions:16",
         "roundup_power2_divisions:[256:1,512:2,>:4]",
         "roundup_power2_divisions:[64:8,256:4,1024:2,>:1]",
+        "roundup_power2_divisions:[128:2,>:8]",
     ];
-    let gc = ["", "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99", "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99"];
+    let mut split = vec![String::new()];
+    for mb in [32, 64, 128, 256, 512, 1024] {
+        for rounding in ["", ",max_non_split_rounding_mb:64", ",max_non_split_rounding_mb:256"] {
+            split.push(format!("max_split_size_mb:{mb}{rounding}"));
+        }
+    }
+    let gc = [
+        "",
+        "per_process_memory_fraction:0.99",
+        "garbage_collection_threshold:0.6,per_process_memory_fraction:0.99",
+        "garbage_collection_threshold:0.8,per_process_memory_fraction:0.99",
+    ];
     let mut out = Vec::new();
     for e in expandable {
-        for s in split {
+        for s in &split {
             for r in roundup {
                 for g in gc {
-                    let parts: Vec<&str> = [s, r, g, e].into_iter().filter(|p| !p.is_empty()).collect();
+                    let parts: Vec<&str> = [s.as_str(), r, g, e].into_iter().filter(|p| !p.is_empty()).collect();
                     out.push(parts.join(","));
                 }
             }
@@ -48,71 +69,344 @@ pub fn search_space() -> Vec<String> {
     out
 }
 
-/// Replays every configuration on `threads` threads; results sorted best first (no OOM, then
-/// lowest peak reserved, then fewest device mallocs). `done` is called as each one finishes (the
-/// command's progress bar).
-pub fn advise(events: &[Event], capacity: u64, confs: &[String], threads: usize, done: Option<&(dyn Fn() + Sync)>) -> anyhow::Result<Vec<Candidate>> {
-    let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
-    let next = AtomicUsize::new(0);
-    let results: Vec<anyhow::Result<Vec<Candidate>>> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads.max(1))
-            .map(|_| {
-                s.spawn(|| -> anyhow::Result<Vec<Candidate>> {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, Ordering::Relaxed);
-                        if i >= parsed.len() || crate::interrupt::interrupted() {
-                            return Ok(mine);
-                        }
-                        let (out, a) = replay_sim(events, &parsed[i], capacity, OnOom::Stop)?;
-                        let st = a.stats();
-                        mine.push(Candidate {
-                            conf: confs[i].clone(),
-                            peak_reserved: out.peak_reserved,
-                            overhead: out.overhead(),
-                            device_mallocs: st.num_device_alloc,
-                            retries: st.num_alloc_retries,
-                            oom_step: out.oom.as_ref().map(|o| o.step),
-                        });
-                        if let Some(done) = done {
-                            done();
-                        }
-                    }
-                })
+/// What decides a replay on this trace: configurations with equal keys make identical replays.
+/// The policy sees a request only through its rounded size (`round_size`; pool, segment size and
+/// fit all follow from it), so the roundup setting counts by the rounded sizes of the trace's
+/// request sizes (`rounding` indexes the distinct vectors); max_non_split_rounding_mb acts only
+/// on oversize blocks, which exist only with max_split_size_mb; the GC runs only under a memory
+/// fraction and frees only non-expandable segments (garbage_collect_cached_blocks).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct BehaviourKey {
+    rounding: usize,
+    expandable: bool,
+    max_split_size: u64,
+    max_non_split_rounding: u64,
+    gc_threshold_bits: u64,
+    fraction_bits: u64,
+    large_segment_size: u64,
+}
+
+/// Groups `configs` by [`BehaviourKey`] on a trace whose distinct request sizes are `sizes`.
+/// Returns, per configuration, the index of its group's representative: the shortest conf
+/// string (the fewest settings that give this behaviour), the first of those.
+fn behaviour_key(configs: &[AllocatorConfig], sizes: &[u64]) -> (Vec<usize>, Vec<BehaviourKey>) {
+    let mut roundings: Vec<Vec<u64>> = Vec::new();
+    let mut by_divisions: HashMap<[u64; crate::gpu::config::ROUNDUP_INTERVALS], usize> = HashMap::new();
+    let mut groups: HashMap<BehaviourKey, usize> = HashMap::new();
+    let mut keys = Vec::with_capacity(configs.len());
+    for (i, c) in configs.iter().enumerate() {
+        let rounding = *by_divisions.entry(c.roundup_power2_divisions).or_insert_with(|| {
+            let v: Vec<u64> = sizes.iter().map(|&n| round_size(c, n)).collect();
+            roundings.iter().position(|r| *r == v).unwrap_or_else(|| {
+                roundings.push(v);
+                roundings.len() - 1
             })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
-    });
-    let mut all = Vec::new();
-    for r in results {
-        all.extend(r?);
+        });
+        let split = c.max_split_size != u64::MAX;
+        let key = BehaviourKey {
+            rounding,
+            expandable: c.expandable_segments,
+            max_split_size: c.max_split_size,
+            max_non_split_rounding: if split { c.max_non_split_rounding_size } else { 0 },
+            gc_threshold_bits: if c.gc_enabled() && !c.expandable_segments { c.garbage_collection_threshold.to_bits() } else { 0 },
+            fraction_bits: c.per_process_memory_fraction.to_bits(),
+            large_segment_size: c.large_segment_size,
+        };
+        let r = groups.entry(key.clone()).or_insert(i);
+        if (c.source.len(), i) < (configs[*r].source.len(), *r) {
+            *r = i;
+        }
+        keys.push(key);
     }
-    Ok(rank(all))
+    (keys.iter().map(|k| groups[k]).collect(), keys)
 }
 
-/// Sorts candidates best first: no OOM, then the lowest peak reserved, then fewest device mallocs
-/// (`advise`'s own replays, and the rows of a merged sweep).
-pub fn rank(mut all: Vec<Candidate>) -> Vec<Candidate> {
-    // Peak reserved decides, but within half a percent of each other the configuration with fewer
-    // device mallocs wins (each costs tens of µs to ms on a real GPU: see `allocbench devprobe`).
-    let best = all.iter().filter(|c| c.oom_step.is_none()).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
+/// Whether a replay of `cfg` (a memory fraction, maybe a GC) is the replay of its base (the same
+/// settings without them) that ended with `base_peak` reserved (`reserved_bytes.all.peak`): the
+/// fraction refuses a segment only when reserved + alloc_size > allowed (alloc_block), and the GC
+/// frees only when reserved > threshold × allowed (garbage_collect_cached_blocks); if the base
+/// never came near either line, the two replays are the same up to the last event.
+fn same_as_base(cfg: &AllocatorConfig, capacity: u64, sizes: &[u64], base_peak: u64) -> bool {
+    let allowed = (cfg.per_process_memory_fraction * capacity as f64).floor() as u64;
+    let largest_segment = sizes.iter().map(|&n| allocation_size(cfg, round_size(cfg, n))).max().unwrap_or(0);
+    let fraction_idle = base_peak.saturating_add(largest_segment) <= allowed;
+    let gc_idle = !cfg.gc_enabled() || cfg.expandable_segments || base_peak <= (cfg.garbage_collection_threshold * allowed as f64) as u64;
+    fraction_idle && gc_idle
+}
+
+/// A finished, OOM-free replay: what later replays are measured against.
+#[derive(Debug, Clone, Copy)]
+struct Finished {
+    peak_reserved: u64,
+    time_ns: u64,
+}
+
+/// What the running replays share: the finished ones, and the balanced objective's budget.
+struct Board {
+    objective: Objective,
+    finished: RwLock<Vec<Finished>>,
+    /// The balanced budget, known once the defaults finished without an OOM.
+    budget_ns: RwLock<Option<u64>>,
+}
+
+impl Board {
+    /// Whether a replay at `peak` reserved and `time_ns` so far can no longer be the pick (nor
+    /// on the memory-time front): a finished configuration is at least as good on both; or, for
+    /// the objective, strictly better on its measure (memory: less peak; time: less time;
+    /// balanced: within the budget and less peak, or this one is over the budget already).
+    /// Peak reserved and time only grow as a replay goes on, so the verdict is final.
+    fn beaten(&self, peak: u64, time_ns: u64) -> bool {
+        let budget = *self.budget_ns.read().expect("advise board lock");
+        if self.objective == Objective::Balanced && budget.is_some_and(|b| time_ns > b) {
+            return true;
+        }
+        self.finished.read().expect("advise board lock").iter().any(|f| {
+            (f.peak_reserved <= peak && f.time_ns <= time_ns)
+                || match self.objective {
+                    // Past the half-percent band `rank` treats as a tie.
+                    Objective::Memory => f.peak_reserved + f.peak_reserved / 200 < peak,
+                    Objective::Time => f.time_ns < time_ns,
+                    Objective::Balanced => budget.is_some_and(|b| f.time_ns <= b) && f.peak_reserved < peak,
+                }
+        })
+    }
+}
+
+/// Watches one advise replay: its peak reserved, its first OOM, and whether [`Board::beaten`]
+/// stops it (checked every `CHECK_EVERY_EVENTS` events).
+struct Pruner<'a> {
+    board: &'a Board,
+    model: &'a LatencyModel,
+    /// Never stop this one (the defaults: the reference every answer is compared with).
+    keep: bool,
+    stop: bool,
+    peak: Peak,
+    oom_step: Option<u64>,
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
+    #[inline]
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+        Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
+    }
+
+    fn out_of_memory(&mut self, _alloc: &A, at: At, _bytes: u64, _info: &OomInfo) {
+        self.oom_step.get_or_insert(at.step);
+    }
+
+    #[inline]
+    fn after_event(&mut self, alloc: &A, at: At) {
+        if !self.keep && at.index.is_multiple_of(CHECK_EVERY_EVENTS) {
+            let s = alloc.stats();
+            let time_ns = self.model.alloc_time_ns(alloc.device_time_ns().unwrap_or(0), s);
+            self.stop = self.board.beaten(s.reserved_bytes.all.peak as u64, time_ns);
+        }
+    }
+
+    fn checkpoint(&mut self, _events: u64) -> bool {
+        self.stop || crate::interrupt::interrupted()
+    }
+}
+
+/// A representative's outcome: its candidate, its `reserved_bytes.all.peak` (for
+/// [`same_as_base`]), and the base whose replay it shares, if it does.
+type Settled = (Candidate, u64, Option<usize>);
+
+/// How `advise` searches.
+pub struct AdviseOptions {
+    pub capacity: u64,
+    pub threads: usize,
+    pub objective: Objective,
+    pub model: LatencyModel,
+}
+
+/// Replays every configuration (once per behaviour) on `threads` threads and returns them all,
+/// best first for the objective, with the recommendation. `done` is called as each configuration
+/// is settled (the command's progress bar).
+pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &AdviseOptions, done: Option<&(dyn Fn(u64) + Sync)>) -> anyhow::Result<AdviseResult> {
+    let start = std::time::Instant::now();
+    let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
+    let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { (*bytes > 0).then_some(*bytes) } else { None }).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let (rep, keys) = behaviour_key(&parsed, &sizes);
+    let mut members: HashMap<usize, u64> = HashMap::new();
+    for &r in &rep {
+        *members.entry(r).or_default() += 1;
+    }
+    // A configuration with a memory fraction (and maybe a GC) may share the replay of its base,
+    // the same settings without them (`same_as_base`): bases run first.
+    let rep_of_key: HashMap<&BehaviourKey, usize> = keys.iter().zip(&rep).map(|(k, &r)| (k, r)).collect();
+    let base_of = |i: usize| -> Option<usize> {
+        (parsed[i].per_process_memory_fraction < 1.0)
+            .then(|| rep_of_key.get(&BehaviourKey { fraction_bits: 1f64.to_bits(), gc_threshold_bits: 0, ..keys[i].clone() }).copied())
+            .flatten()
+    };
+    // The defaults first: the balanced budget and every comparison start from them.
+    let (mut first, second): (Vec<usize>, Vec<usize>) = (0..parsed.len()).filter(|&i| rep[i] == i).partition(|&i| base_of(i).is_none());
+    first.sort_by_key(|&i| !parsed[i].source.is_empty());
+    let board = Board { objective: o.objective, finished: RwLock::new(Vec::new()), budget_ns: RwLock::new(None) };
+    let settled: Mutex<HashMap<usize, Settled>> = Mutex::new(HashMap::new());
+    for work in [&first, &second] {
+        let next = AtomicUsize::new(0);
+        let results: Vec<anyhow::Result<()>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..o.threads.max(1))
+                .map(|_| {
+                    s.spawn(|| -> anyhow::Result<()> {
+                        loop {
+                            let k = next.fetch_add(1, Ordering::Relaxed);
+                            if k >= work.len() || crate::interrupt::interrupted() {
+                                return Ok(());
+                            }
+                            let i = work[k];
+                            let shared = base_of(i).and_then(|b| {
+                                let settled = settled.lock().expect("advise results lock");
+                                let (c, peak, _) = settled.get(&b)?;
+                                (!c.oom && !c.pruned && same_as_base(&parsed[i], o.capacity, &sizes, *peak)).then(|| (c.clone(), *peak, Some(b)))
+                            });
+                            let (c, peak, base) = match shared {
+                                Some(s) => s,
+                                None => {
+                                    let is_default = parsed[i].source.is_empty();
+                                    let (c, peak) = replay_one(events, &parsed[i], o, &board, is_default)?;
+                                    if c.oom_step.is_none() && !c.pruned {
+                                        let time_ns = (c.modelled_alloc_time_s * 1e9).round() as u64;
+                                        board.finished.write().expect("advise board lock").push(Finished { peak_reserved: c.peak_reserved, time_ns });
+                                        if is_default {
+                                            *board.budget_ns.write().expect("advise board lock") = Some((time_ns as f64 * BALANCED_TIME_TOLERANCE) as u64);
+                                        }
+                                    }
+                                    (c, peak, None)
+                                }
+                            };
+                            settled.lock().expect("advise results lock").insert(i, (c, peak, base));
+                            if let Some(done) = done {
+                                done(members[&i]);
+                            }
+                        }
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("an advise worker panicked")))).collect()
+        });
+        results.into_iter().collect::<anyhow::Result<()>>()?;
+    }
+    let settled = settled.into_inner().expect("advise results lock");
+    let replays = settled.values().filter(|(_, _, base)| base.is_none()).count();
+    let mut all: Vec<Candidate> = (0..parsed.len())
+        .filter_map(|i| {
+            let (c, _, base) = settled.get(&rep[i])?;
+            let same = if rep[i] != i { Some(rep[i]) } else { *base };
+            Some(Candidate { conf: confs[i].clone(), equivalent_to: same.map(|r| confs[r].clone()), conflicts: parsed[i].conflicts(), ..c.clone() })
+        })
+        .collect();
+    let budget_ns = time_budget_ns(&all);
+    rank(&mut all, o.objective, budget_ns);
+    let recommended = all.iter().find(|c| c.conflicts.is_empty() && !c.pruned).cloned();
+    Ok(AdviseResult {
+        schema_version: SCHEMA_VERSION,
+        workload: info.clone(),
+        capacity: o.capacity,
+        objective: o.objective,
+        latency_table: o.model.device.clone(),
+        time_budget_s: (o.objective == Objective::Balanced).then(|| budget_ns.map(|b| b as f64 / 1e9)).flatten(),
+        replays,
+        elapsed_s: start.elapsed().as_secs_f64(),
+        threads: o.threads.max(1),
+        recommended,
+        configs: all,
+    })
+}
+
+/// One configuration's replay on a priced simulated device, pruned by the board.
+/// Returns the candidate and `reserved_bytes.all.peak` (for [`same_as_base`]).
+fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<(Candidate, u64)> {
+    let mut a = pytorch_on_sim(cfg, o.capacity, &o.model);
+    let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom_step: None };
+    let out = replay_observed(&mut a, events.iter().copied().map(Ok), OnOom::Stop, &mut w)?;
+    let st = a.stats();
+    let candidate = Candidate {
+        conf: cfg.source.clone(),
+        peak_reserved: w.peak.reserved,
+        overhead: if out.peak_live_bytes == 0 { 0.0 } else { w.peak.reserved as f64 / out.peak_live_bytes as f64 },
+        device_mallocs: st.num_device_alloc,
+        device_frees: st.num_device_free,
+        syncs: syncs(st),
+        modelled_alloc_time_s: o.model.alloc_time_ns(a.device_time_ns().unwrap_or(0), st) as f64 / 1e9,
+        retries: st.num_alloc_retries,
+        oom: w.oom_step.is_some(),
+        oom_step: w.oom_step,
+        pruned: w.stop && out.interrupted,
+        equivalent_to: None,
+        conflicts: Vec::new(),
+    };
+    Ok((candidate, st.reserved_bytes.all.peak as u64))
+}
+
+/// The balanced objective's limit: the defaults' modelled time × [`BALANCED_TIME_TOLERANCE`], or
+/// the fastest complete configuration's when the defaults OOM.
+fn time_budget_ns(all: &[Candidate]) -> Option<u64> {
+    let ns = |c: &Candidate| (c.modelled_alloc_time_s * 1e9).round() as u64;
+    let complete = |c: &&Candidate| !c.oom && !c.pruned;
+    let reference = all.iter().filter(complete).find(|c| c.conf.is_empty()).or_else(|| all.iter().filter(complete).min_by_key(|c| ns(c)))?;
+    Some((ns(reference) as f64 * BALANCED_TIME_TOLERANCE) as u64)
+}
+
+/// Sorts best first for `objective`. Complete, OOM-free, conflict-free configurations lead; then
+/// memory: least peak reserved (within half a percent of each other, the faster one first);
+/// time: least modelled time; balanced: within the budget first, then least peak reserved. OOMs
+/// go last, the latest OOM first.
+fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
+    let best = all.iter().filter(|c| !c.oom).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
     let bucket = |c: &Candidate| c.peak_reserved / (best / 200).max(1);
-    all.sort_by(|a, b| (a.oom_step.is_some(), bucket(a), a.device_mallocs, &a.conf).cmp(&(b.oom_step.is_some(), bucket(b), b.device_mallocs, &b.conf)));
-    all
+    let ns = |c: &Candidate| (c.modelled_alloc_time_s * 1e9).round() as u64;
+    let over_budget = |c: &Candidate| objective == Objective::Balanced && budget_ns.is_some_and(|b| ns(c) > b);
+    all.sort_by(|a, b| {
+        let class = |c: &Candidate| (c.oom, c.pruned, !c.conflicts.is_empty(), std::cmp::Reverse(c.oom_step));
+        let measure = |c: &Candidate| match objective {
+            Objective::Memory => (bucket(c), ns(c), 0),
+            Objective::Time => (ns(c), c.peak_reserved, 0),
+            Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c)),
+        };
+        (class(a), measure(a), a.conf.len(), &a.conf).cmp(&(class(b), measure(b), b.conf.len(), &b.conf))
+    });
 }
 
-/// The full results of the default configuration and of the best one (once when they are the
-/// same), each handed to `each` as it finishes: what `advise --jsonl` writes for the report.
+/// A search made of candidates measured elsewhere (a merged sweep's rows): ranked for
+/// `objective` as [`advise`] ranks its own, with the same recommendation rule.
+pub fn from_candidates(info: &WorkloadInfo, capacity: u64, objective: Objective, latency_table: &str, mut all: Vec<Candidate>) -> AdviseResult {
+    let budget_ns = time_budget_ns(&all);
+    rank(&mut all, objective, budget_ns);
+    let recommended = all.iter().find(|c| c.conflicts.is_empty() && !c.pruned).cloned();
+    AdviseResult {
+        schema_version: SCHEMA_VERSION,
+        workload: info.clone(),
+        capacity,
+        objective,
+        latency_table: latency_table.to_string(),
+        time_budget_s: (objective == Objective::Balanced).then(|| budget_ns.map(|b| b as f64 / 1e9)).flatten(),
+        replays: all.len(),
+        elapsed_s: 0.0,
+        threads: 1,
+        recommended,
+        configs: all,
+    }
+}
+
+/// The full results of the default configuration and of the recommended one (once when they
+/// are the same), each handed to `each` as it finishes: what `advise --jsonl` writes for the
+/// report.
 pub fn full_runs(
     events: &[Event],
     info: &WorkloadInfo,
     capacity: u64,
+    model: &LatencyModel,
     best: &Candidate,
     mut each: impl FnMut(GpuRunResult) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     for conf in ["", best.conf.as_str()] {
         let cfg = AllocatorConfig::parse(conf)?;
-        let mut built = build("pytorch", &cfg, &DeviceSpec::sim(capacity))?;
+        let mut built = build("pytorch", &cfg, &DeviceSpec { latency: Some(model.clone()), ..DeviceSpec::sim(capacity) })?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
         each(run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?)?;
         if best.conf.is_empty() {
@@ -122,45 +416,151 @@ pub fn full_runs(
     Ok(())
 }
 
-/// The ranking for people: the default, the best `top`, and the line to `export`.
-pub fn describe(info: &WorkloadInfo, ranked: &[Candidate], capacity: u64, elapsed_s: f64, threads: usize, top: usize) -> String {
-    let s = format!(
-        "{} ({}): {} configurations replayed on a {} device in {:.1} s ({} threads)\n",
-        info.name,
-        info.kind,
-        ranked.len(),
-        format_bytes(capacity),
-        elapsed_s,
-        threads
+/// The search for people: the defaults, the best `top` with memory and time side by side, the
+/// conflicts, and the line to `export`.
+pub fn describe(r: &AdviseResult, top: usize) -> String {
+    let pruned = r.configs.iter().filter(|c| c.pruned).count();
+    let mut s = format!(
+        "{} ({}): {} configurations ({} distinct replays, {} stopped early) on a {} device in {:.1} s ({} threads); time priced with {}\n",
+        r.workload.name,
+        r.workload.kind,
+        r.configs.len(),
+        r.replays,
+        pruned,
+        format_bytes(r.capacity),
+        r.elapsed_s,
+        r.threads,
+        r.latency_table
     );
-    s + &ranking(ranked, top)
-}
-
-/// The ranking table (the default, the best `top`) and the line to `export`.
-pub fn ranking(ranked: &[Candidate], top: usize) -> String {
-    let mut s = String::new();
     let row = |c: &Candidate| {
         format!(
-            "{:>12} {:>9.3} {:>8} {:>7} {:>10}",
+            "{:>10} {:>9.3} {:>8} {:>8} {:>7} {:>10.3} {:>7} {:>9}",
             format_bytes(c.peak_reserved),
             c.overhead,
             c.device_mallocs,
+            c.device_frees,
+            c.syncs,
+            c.modelled_alloc_time_s,
             c.retries,
             c.oom_step.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into())
         )
     };
-    s += &format!("{:<4} {:>12} {:>9} {:>8} {:>7} {:>10}  conf\n", "rank", "peak rsvd", "rsvd/live", "mallocs", "retries", "OOM");
-    if let Some(d) = ranked.iter().find(|c| c.conf.is_empty()) {
+    s += &format!(
+        "{:<4} {:>10} {:>9} {:>8} {:>8} {:>7} {:>10} {:>7} {:>9}  conf\n",
+        "rank", "peak rsvd", "rsvd/live", "mallocs", "frees", "syncs", "alloc s", "retries", "OOM"
+    );
+    let label = |c: &Candidate| {
+        let mut l = if c.conf.is_empty() { "(defaults)".to_string() } else { c.conf.clone() };
+        if c.pruned {
+            l += "  [stopped early: beaten]";
+        }
+        if !c.conflicts.is_empty() {
+            l += "  [conflict]";
+        }
+        l
+    };
+    if let Some(d) = r.configs.iter().find(|c| c.conf.is_empty()) {
         s += &format!("{:<4} {}  (PyTorch defaults)\n", "base", row(d));
     }
-    for (i, c) in ranked.iter().take(top).enumerate() {
-        s += &format!("{:<4} {}  {}\n", i + 1, row(c), if c.conf.is_empty() { "(defaults)" } else { &c.conf });
-    }
-    if let Some(best) = ranked.first() {
-        if best.oom_step.is_some() {
-            s += "\nNo configuration avoids the OOM on this device; the least bad one is first.\n";
+    let mut shown = 0;
+    for c in r.configs.iter().filter(|c| c.equivalent_to.is_none()) {
+        if shown == top {
+            break;
         }
-        s += &format!("\nexport PYTORCH_CUDA_ALLOC_CONF={}\n", if best.conf.is_empty() { "''".to_string() } else { format!("'{}'", best.conf) });
+        shown += 1;
+        s += &format!("{:<4} {}  {}\n", shown, row(c), label(c));
+    }
+    match r.time_budget_s {
+        Some(b) => s += &format!("\nobjective balanced: the least memory with a modelled allocator time within {b:.3} s (10 % over the reference)\n"),
+        None => s += &format!("\nobjective {}\n", r.objective),
+    }
+    let flagged: Vec<&Candidate> = r.configs.iter().filter(|c| !c.conflicts.is_empty() && c.equivalent_to.is_none()).collect();
+    if !flagged.is_empty() {
+        s += &format!("{} configurations conflict and are never recommended, e.g. {}: {}\n", flagged.len(), flagged[0].conf, flagged[0].conflicts[0]);
+    }
+    match &r.recommended {
+        Some(best) => {
+            if best.oom {
+                s += "No configuration avoids the OOM on this device; the least bad one is recommended.\n";
+            }
+            s += &format!("\nexport PYTORCH_CUDA_ALLOC_CONF={}\n", if best.conf.is_empty() { "''".to_string() } else { format!("'{}'", best.conf) });
+        }
+        None => s += "\nNothing was replayed (interrupted).\n",
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::Workload;
+
+    fn events(file: &str) -> Vec<Event> {
+        let path = format!("{}/workloads/{file}", env!("CARGO_MANIFEST_DIR"));
+        Workload::load(std::path::Path::new(&path)).unwrap().events().collect()
+    }
+
+    /// Configurations `behaviour_key` puts together really replay identically: every
+    /// `memory_stats()` counter but max_split_size (the setting itself) agrees at the end.
+    #[test]
+    fn configurations_collapsed_as_equivalent_replay_identically() {
+        let events = events("model-switch.toml");
+        let confs = search_space();
+        let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c).unwrap()).collect();
+        let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let (rep, _) = behaviour_key(&parsed, &sizes);
+        let collapsed: Vec<usize> = (0..confs.len()).filter(|&i| rep[i] != i).collect();
+        assert!(collapsed.len() > 100, "GC without effect, max_non_split_rounding without max_split and unused roundup buckets collapse");
+        assert!(rep.iter().all(|&r| rep[r] == r), "a representative stands for itself");
+        let model = LatencyModel::h100();
+        let stats = |i: usize| {
+            let mut a = pytorch_on_sim(&parsed[i], 24 << 30, &model);
+            crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
+            let mut m = a.stats().to_torch_map();
+            m.remove("max_split_size");
+            (m, a.device_time_ns())
+        };
+        // A spread of the collapsed ones (every 7th), each against its representative.
+        for &i in collapsed.iter().step_by(7) {
+            assert!(confs[rep[i]].len() <= confs[i].len(), "the representative is the shortest conf");
+            assert_eq!(stats(i), stats(rep[i]), "{} replays unlike {}", confs[i], confs[rep[i]]);
+        }
+        // And configurations it keeps apart can differ: the defaults and expandable segments.
+        assert_ne!(rep[0], rep[confs.iter().position(|c| c == "expandable_segments:True").unwrap()]);
+    }
+
+    /// A configuration `same_as_base` says shares its base's replay really replays like it; and
+    /// on a small card, where the fraction bites, it says no.
+    #[test]
+    fn a_fraction_that_never_bites_shares_the_base_replay() {
+        let events = events("model-switch.toml");
+        let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
+        sizes.sort_unstable();
+        sizes.dedup();
+        let model = LatencyModel::h100();
+        let run = |conf: &str, capacity: u64| {
+            let cfg = AllocatorConfig::parse(conf).unwrap();
+            let mut a = pytorch_on_sim(&cfg, capacity, &model);
+            let out = crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
+            let mut m = a.stats().to_torch_map();
+            m.remove("max_split_size");
+            (m, a.device_time_ns(), out.oom.is_some(), a.stats().reserved_bytes.all.peak as u64)
+        };
+        let (base, base_time, base_oom, base_peak) = run("max_split_size_mb:64", 80 << 30);
+        assert!(!base_oom);
+        for derived in
+            ["max_split_size_mb:64,per_process_memory_fraction:0.99", "max_split_size_mb:64,garbage_collection_threshold:0.6,per_process_memory_fraction:0.99"]
+        {
+            let cfg = AllocatorConfig::parse(derived).unwrap();
+            assert!(same_as_base(&cfg, 80 << 30, &sizes, base_peak), "{derived} on 80 GiB never nears its limits");
+            let (stats, time, _, _) = run(derived, 80 << 30);
+            assert_eq!((stats, time), (base.clone(), base_time), "{derived}");
+        }
+        // On a card just above the base's peak the GC threshold and the fraction are in reach.
+        let tight = base_peak + (base_peak >> 4);
+        let gc = AllocatorConfig::parse("max_split_size_mb:64,garbage_collection_threshold:0.6,per_process_memory_fraction:0.99").unwrap();
+        assert!(!same_as_base(&gc, tight, &sizes, base_peak));
+    }
 }

@@ -89,6 +89,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         pinning_size_classes: w.pinning,
         top_sites,
         min_capacity: min_cap,
+        conflicts: conf.conflicts(),
         summary: Vec::new(),
     };
     result.summary = summary(&result);
@@ -252,6 +253,7 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
         )),
         None => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
     }
+    summary.extend(d.conflicts.iter().map(|c| format!("Conflict in the conf: {c}.")));
     summary
 }
 

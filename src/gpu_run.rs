@@ -5,7 +5,9 @@ use crate::event::{Event, EventStream};
 use crate::gpu::build::{build, pytorch_on_sim, unknown_allocator, Built, DeviceSpec, GPU_ALLOCATORS};
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
+use crate::gpu::device::latency::WithLatency;
 use crate::gpu::device::SimDevice;
+use crate::gpu::devprobe::LatencyModel;
 use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtExactPeak, StopWhen};
 use crate::gpu::GpuAllocator;
 use crate::input::Source;
@@ -92,6 +94,7 @@ pub fn run_one(
     watch: &mut dyn Observer<dyn GpuAllocator>,
 ) -> anyhow::Result<GpuRunResult> {
     let alloc = built.alloc.as_mut();
+    let opts = &ReplayOptions { time_model: built.time_model.clone(), ..opts.clone() };
     let outcome = replay_watched(alloc, events, opts, watch)?;
     let stats = alloc.stats();
     let conf_str = if alloc.name() == "pytorch" { conf.source.clone() } else { String::new() };
@@ -131,7 +134,9 @@ pub fn run_one(
             interrupted: outcome.interrupted,
             elapsed_s: outcome.elapsed_s,
             events_per_s: outcome.events_per_s(),
-            device_time_s: alloc.device_time_ns().map(|ns| ns as f64 / 1e9),
+            device_time_s: alloc.device_time_ns().filter(|_| built.reports_device_time).map(|ns| ns as f64 / 1e9),
+            syncs: crate::gpu::devprobe::syncs(stats),
+            modelled_alloc_time_s: built.time_model.as_ref().map(|m| m.alloc_time_ns(alloc.device_time_ns().unwrap_or(0), stats) as f64 / 1e9),
         },
         timeline: outcome.timeline,
         segments_at_peak: outcome.segments_at_peak,
@@ -191,6 +196,9 @@ pub fn describe(r: &GpuRunResult) -> String {
         let how = if r.backend == Backend::Cuda { "measured on the GPU" } else { "modelled from --sim-latency" };
         s += &format!("device time {t:.3} s in allocation calls ({how})\n");
     }
+    if let Some(t) = sm.modelled_alloc_time_s {
+        s += &format!("alloc time  {t:.3} s modelled: device calls by size, {} syncs, the cached path per malloc/free\n", sm.syncs);
+    }
     s += &format!("speed       {:.2} M events/s ({:.3} s)\n", sm.events_per_s / 1e6, sm.elapsed_s);
     s
 }
@@ -224,10 +232,15 @@ pub fn comparison_table(rows: &[GpuRunResult]) -> String {
     s
 }
 
-/// Replays materialised events through PyTorch's policy on a plain simulated device (the many
-/// replays of `diagnose`'s capacity search and of `advise`); Ctrl-C stops it.
-pub fn replay_sim(events: &[Event], conf: &AllocatorConfig, capacity: u64, on_oom: OnOom) -> anyhow::Result<(ReplayOutcome, CachingAllocator<SimDevice>)> {
-    let mut a = pytorch_on_sim(conf, capacity);
+/// Replays materialised events through PyTorch's policy on a simulated device priced with the
+/// default time table (the many replays of `diagnose`'s capacity search); Ctrl-C stops it.
+pub fn replay_sim(
+    events: &[Event],
+    conf: &AllocatorConfig,
+    capacity: u64,
+    on_oom: OnOom,
+) -> anyhow::Result<(ReplayOutcome, CachingAllocator<WithLatency<SimDevice>>)> {
+    let mut a = pytorch_on_sim(conf, capacity, &LatencyModel::h100());
     let out =
         replay_watched(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() }, &mut StopWhen(crate::interrupt::interrupted))?;
     Ok((out, a))

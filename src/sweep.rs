@@ -545,28 +545,23 @@ pub fn merge(dir: &Path) -> anyhow::Result<Merged> {
 pub struct Advice {
     pub workload: WorkloadInfo,
     pub capacity: u64,
-    pub ranked: Vec<Candidate>,
+    pub candidates: Vec<Candidate>,
 }
 
-/// Ranks the confs of every input × capacity in `rows` (first-seen order) with `advise::rank`.
+/// The confs of every input × capacity in `rows` (first-seen order), as advise candidates.
 pub fn advice(rows: &[SweepRow]) -> Vec<Advice> {
     let mut groups: Vec<((String, String, u64), Advice)> = Vec::new();
     for r in rows {
         let Some(result) = r.result.as_ref().filter(|g| g.allocator == "pytorch") else { continue };
         let key = (r.row.input.clone(), r.row.sha256.clone(), r.row.capacity);
-        let candidate = Candidate::from_run(result);
+        let mut candidate = Candidate::from_run(result);
+        candidate.conflicts = crate::gpu::config::AllocatorConfig::parse(&result.conf).map(|c| c.conflicts()).unwrap_or_default();
         match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, a)) => a.ranked.push(candidate),
-            None => groups.push((key, Advice { workload: result.workload.clone(), capacity: r.row.capacity, ranked: vec![candidate] })),
+            Some((_, a)) => a.candidates.push(candidate),
+            None => groups.push((key, Advice { workload: result.workload.clone(), capacity: r.row.capacity, candidates: vec![candidate] })),
         }
     }
-    groups
-        .into_iter()
-        .map(|(_, mut a)| {
-            a.ranked = crate::advise::rank(a.ranked);
-            a
-        })
-        .collect()
+    groups.into_iter().map(|(_, a)| a).collect()
 }
 
 #[cfg(test)]

@@ -227,13 +227,24 @@ fn advise_finds_a_configuration_that_avoids_the_oom() {
     let source = Source::open(Some(Path::new(&w.0))).unwrap();
     let events = allocbench::diagnose::load_events(&source).unwrap();
     let confs = vec![String::new(), "expandable_segments:True".to_string(), "max_split_size_mb:512".to_string()];
-    let ranked = allocbench::advise::advise(&events, 73 << 30, &confs, 2, None).unwrap();
-    assert_eq!(ranked.len(), 3);
-    assert_eq!(ranked[0].conf, "expandable_segments:True");
-    assert!(ranked[0].oom_step.is_none());
-    assert!(ranked.iter().find(|c| c.conf.is_empty()).unwrap().oom_step.is_some(), "the defaults OOM on 73 GiB");
-    assert!(allocbench::advise::search_space().len() >= 200);
-    assert!(allocbench::advise::search_space().iter().all(|c| AllocatorConfig::parse(c).is_ok()));
+    let info = source.info().unwrap();
+    let opts = allocbench::advise::AdviseOptions {
+        capacity: 73 << 30,
+        threads: 2,
+        objective: allocbench::results::Objective::Memory,
+        model: allocbench::gpu::devprobe::LatencyModel::h100(),
+    };
+    let r = allocbench::advise::advise(&events, &info, &confs, &opts, None).unwrap();
+    assert_eq!(r.configs.len(), 3);
+    assert_eq!(r.configs[0].conf, "expandable_segments:True");
+    assert_eq!(r.recommended.as_ref().map(|c| c.conf.as_str()), Some("expandable_segments:True"));
+    assert!(!r.configs[0].oom && r.configs[0].modelled_alloc_time_s > 0.0);
+    assert!(r.configs.iter().find(|c| c.conf.is_empty()).unwrap().oom_step.is_some(), "the defaults OOM on 73 GiB");
+    let space = allocbench::advise::search_space();
+    assert!(space.len() >= 1000 && space[0].is_empty(), "PyTorch's defaults lead a space of {} settings", space.len());
+    assert!(space.iter().all(|c| AllocatorConfig::parse(c).is_ok()));
+    let unique: std::collections::HashSet<&String> = space.iter().collect();
+    assert_eq!(unique.len(), space.len());
 }
 
 struct Workload(String);

@@ -1,4 +1,5 @@
-//! `allocbench advise`: the `PYTORCH_CUDA_ALLOC_CONF` that minimises peak reserved memory.
+//! `allocbench advise`: the `PYTORCH_CUDA_ALLOC_CONF` for an objective (memory, time, balanced),
+//! every configuration priced in modelled allocator time.
 
 use std::path::PathBuf;
 
@@ -8,9 +9,9 @@ use super::args::{parse_capacity, print_notes};
 use super::output::{self, Jsonl};
 use super::progress;
 use crate::error::InputError;
+use crate::gpu::devprobe::LatencyModel;
 use crate::input::Source;
-use crate::results::{read_results, ResultRecord, SweepRow};
-use crate::units::format_bytes;
+use crate::results::{read_results, Objective, ResultRecord, SweepRow};
 
 #[derive(Args, Debug)]
 pub struct AdviseArgs {
@@ -20,16 +21,25 @@ pub struct AdviseArgs {
     /// Device memory (default: an H100 80 GB card, 81,559 MiB); with a merged sweep, only its rows of this capacity.
     #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
+    /// What the recommendation minimises: memory; time (modelled allocator time); balanced (the
+    /// least memory whose modelled time stays within 10 % of the defaults').
+    #[arg(long, value_enum, default_value = "balanced")]
+    pub objective: Objective,
+    /// Price device calls with another GPU's `allocbench devprobe --json` file (default: the
+    /// embedded H100 80GB table, reports/gpu-h100/data/devprobe.json).
+    #[arg(long)]
+    pub latency: Option<PathBuf>,
     /// How many of the best configurations to print.
     #[arg(long, default_value_t = 5)]
     pub top: usize,
     /// Worker threads (default: every core).
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Write every evaluated configuration as JSON ('-' = standard output).
+    /// Write every configuration searched and the recommendation as JSON ('-' = standard output).
     #[arg(long)]
     pub json: Option<String>,
-    /// Write the default and the best configuration's full results (JSON Lines) for `allocbench report`.
+    /// Write the default and the recommended configuration's full results and the search (JSON
+    /// Lines) for `allocbench report`.
     #[arg(long)]
     pub jsonl: Option<PathBuf>,
     /// No progress bar.
@@ -44,36 +54,49 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     let source = Source::open(Some(&a.input))?;
     print_notes(&source);
     let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let model = match &a.latency {
+        Some(p) => LatencyModel::load(p)?,
+        None => LatencyModel::h100(),
+    };
     let events = crate::diagnose::load_events(&source)?;
+    let info = source.info()?;
     let confs = crate::advise::search_space();
     let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    let pb = progress::configurations(a.quiet, confs.len());
-    let start = std::time::Instant::now();
-    let tick = || {
+    let to_stdout = a.json.as_deref() == Some("-");
+    let pb = progress::configurations(a.quiet || to_stdout, confs.len());
+    let tick = |n: u64| {
         if let Some(pb) = &pb {
-            pb.inc(1);
+            pb.inc(n);
         }
     };
-    let ranked = crate::advise::advise(&events, capacity, &confs, threads, Some(&tick))?;
+    let opts = crate::advise::AdviseOptions { capacity, threads, objective: a.objective, model: model.clone() };
+    let result = crate::advise::advise(&events, &info, &confs, &opts, Some(&tick))?;
     progress::finish(pb);
-    let elapsed = start.elapsed().as_secs_f64();
-    let info = source.info()?;
-    print!("{}", crate::advise::describe(&info, &ranked, capacity, elapsed, threads, a.top));
-    if let Some(path) = &a.json {
-        output::write_json(path, &ranked)?;
+    if !to_stdout {
+        print!("{}", crate::advise::describe(&result, a.top));
     }
-    if let (Some(p), Some(best)) = (&a.jsonl, ranked.first()) {
+    if let Some(path) = &a.json {
+        output::write_json(path, &ResultRecord::Advise(Box::new(result.clone())))?;
+    }
+    if let Some(p) = &a.jsonl {
         let mut out = Jsonl::open(Some(p))?;
-        crate::advise::full_runs(&events, &info, capacity, best, |r| out.write(&ResultRecord::GpuReplay(Box::new(r))))?;
+        out.write(&ResultRecord::Advise(Box::new(result.clone())))?;
+        if let Some(best) = &result.recommended {
+            crate::advise::full_runs(&events, &info, capacity, &model, best, |r| out.write(&ResultRecord::GpuReplay(Box::new(r))))?;
+        }
     }
     Ok(())
 }
 
-/// The ranking of every input × capacity of a merged sweep, from its rows (nothing replayed).
+/// The ranking of every input × capacity of a merged sweep, from its rows (nothing replayed):
+/// the rows' own modelled times, ranked for `--objective` as a search's are.
 fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
     let name = a.input.display().to_string();
     if a.json.is_some() {
         return Err(InputError::new("--json", "is for an input advise replays; with a merged sweep use --jsonl").into());
+    }
+    if a.latency.is_some() {
+        return Err(InputError::new("--latency", "a merged sweep's rows are already priced: re-run the sweep to reprice them").into());
     }
     let rows: Vec<SweepRow> = read_results(&a.input)?
         .into_iter()
@@ -85,22 +108,18 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
         return Err(InputError::new(&name, "no replayed pytorch rows of a sweep (of this --capacity) to rank: give `sweep merge`'s output").into());
     }
     let mut out = Jsonl::open(a.jsonl.as_deref())?;
-    for (i, g) in groups.iter().enumerate() {
+    let table = LatencyModel::h100().device;
+    for (i, g) in groups.into_iter().enumerate() {
         if i > 0 {
             println!();
         }
-        println!(
-            "{} ({}): {} configurations on a {} device, from the sweep {}",
-            g.workload.name,
-            g.workload.kind,
-            g.ranked.len(),
-            format_bytes(g.capacity),
-            name
-        );
-        print!("{}", crate::advise::ranking(&g.ranked, a.top));
-        // The full rows of the defaults and the best, as advise --jsonl writes them for the report.
-        let Some(best) = g.ranked.first() else { continue };
-        for conf in ["", best.conf.as_str()] {
+        let result = crate::advise::from_candidates(&g.workload, g.capacity, a.objective, &table, g.candidates);
+        println!("from the sweep {name}:");
+        print!("{}", crate::advise::describe(&result, a.top));
+        out.write(&ResultRecord::Advise(Box::new(result.clone())))?;
+        // The full rows of the defaults and the pick, as advise --jsonl writes them for the report.
+        let pick = result.recommended.as_ref().map(|c| c.conf.as_str()).unwrap_or("");
+        for conf in if pick.is_empty() { vec![""] } else { vec!["", pick] } {
             let row = rows.iter().filter_map(|s| s.result.as_ref()).find(|r| {
                 r.allocator == "pytorch"
                     && r.conf == conf
@@ -110,9 +129,6 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
             });
             if let Some(r) = row {
                 out.write(&ResultRecord::GpuReplay(Box::new(r.clone())))?;
-            }
-            if best.conf.is_empty() {
-                break;
             }
         }
     }

@@ -28,8 +28,9 @@ pub struct DeviceArgs {
     /// Where device memory comes from: the simulated device, or a real GPU (CUDA driver).
     #[arg(long, value_enum, default_value = "sim")]
     pub device: Backend,
-    /// Account simulated device time with latencies measured by `allocbench devprobe` (its results file).
-    #[arg(long)]
+    /// Price the simulated device's calls with latencies measured by `allocbench devprobe` (its
+    /// results file; default: the embedded H100 table) and report them as device time.
+    #[arg(long, visible_alias = "latency")]
     pub sim_latency: Option<PathBuf>,
     /// Where the simulated device places cudaMallocs: `lowest` (first fit, the default) or
     /// `driver` (as an H100's driver did: large ones top-down, freed ranges not reused at once).

@@ -33,7 +33,8 @@ pub struct DeviceSpec {
     pub capacity: Option<u64>,
     /// cudaMalloc `(address, size)`s a real GPU returned, replayed in order (simulator only).
     pub addresses: Vec<(u64, u64)>,
-    /// Device-call latencies to account device time with (simulator only, `--sim-latency`).
+    /// Device-call latencies to account device time with (simulator only, `--sim-latency` /
+    /// `--latency`); without one the modelled allocator time uses the embedded H100 table.
     pub latency: Option<LatencyModel>,
     /// Where the simulated device places cudaMallocs (simulator only, `--address-order`).
     pub address_order: AddressOrder,
@@ -51,6 +52,11 @@ pub struct Built {
     pub alloc: Box<dyn GpuAllocator>,
     pub backend: Backend,
     pub capacity: u64,
+    /// The time model the simulated device charges (`None` on a real GPU, which measures).
+    pub time_model: Option<LatencyModel>,
+    /// Whether the device time is the user's to see (`device_time_s`): measured on a GPU, or
+    /// asked for with a latency file; the embedded default only feeds `modelled_alloc_time_s`.
+    pub reports_device_time: bool,
 }
 
 pub fn unknown_allocator(name: &str) -> InputError {
@@ -71,13 +77,14 @@ pub fn build(allocator: &str, conf: &AllocatorConfig, spec: &DeviceSpec) -> Resu
                 return Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"));
             }
             let capacity = spec.capacity.unwrap_or(H100_CAPACITY_BYTES);
-            let device = sim_device(capacity, spec);
+            let model = spec.latency.clone().unwrap_or_else(LatencyModel::h100);
+            let device = sim_device(capacity, spec, &model);
             let alloc: Box<dyn GpuAllocator> = match allocator {
                 "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
                 "nocache" => Box::new(NoCacheAllocator::new(device)),
                 _ => Box::new(IdealAllocator::new(capacity)),
             };
-            Ok(Built { alloc, backend: Backend::Sim, capacity })
+            Ok(Built { alloc, backend: Backend::Sim, capacity, time_model: Some(model), reports_device_time: spec.latency.is_some() })
         }
         Backend::Cuda => {
             if spec.capacity.is_some() {
@@ -91,22 +98,20 @@ pub fn build(allocator: &str, conf: &AllocatorConfig, spec: &DeviceSpec) -> Resu
                 "async" => Box::new(AsyncPoolAllocator::new(device).map_err(|e| InputError::new("--device cuda", e.to_string()))?),
                 _ => Box::new(IdealAllocator::new(capacity)),
             };
-            Ok(Built { alloc, backend: Backend::Cuda, capacity })
+            Ok(Built { alloc, backend: Backend::Cuda, capacity, time_model: None, reports_device_time: true })
         }
     }
 }
 
-/// The simulated device with the adaptors `spec` asks for.
-fn sim_device(capacity: u64, spec: &DeviceSpec) -> Box<dyn Device> {
+/// The simulated device with the adaptors `spec` asks for; device calls are always priced
+/// (`model`), for the modelled allocator time.
+fn sim_device(capacity: u64, spec: &DeviceSpec, model: &LatencyModel) -> Box<dyn Device> {
     let sim = SimDevice::new(capacity).with_address_order(spec.address_order);
     let device: Box<dyn Device> = if spec.addresses.is_empty() { Box::new(sim) } else { Box::new(AddressReplay::new(sim, spec.addresses.clone())) };
-    match &spec.latency {
-        Some(m) => Box::new(WithLatency::new(device, m.clone())),
-        None => device,
-    }
+    Box::new(WithLatency::new(device, model.clone()))
 }
 
-/// PyTorch's policy on a plain simulated device, statically dispatched.
-pub fn pytorch_on_sim(conf: &AllocatorConfig, capacity: u64) -> CachingAllocator<SimDevice> {
-    CachingAllocator::new(conf.clone(), SimDevice::new(capacity))
+/// PyTorch's policy on a simulated device whose calls `model` prices, statically dispatched.
+pub fn pytorch_on_sim(conf: &AllocatorConfig, capacity: u64, model: &LatencyModel) -> CachingAllocator<WithLatency<SimDevice>> {
+    CachingAllocator::new(conf.clone(), WithLatency::new(SimDevice::new(capacity), model.clone()))
 }

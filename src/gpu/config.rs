@@ -193,6 +193,41 @@ impl AllocatorConfig {
     pub fn gc_enabled(&self) -> bool {
         self.garbage_collection_threshold > 0.0 && self.per_process_memory_fraction < 1.0
     }
+
+    /// Settings that fight each other, or that PyTorch ignores in the mode chosen: one line each,
+    /// flagged by `advise` (never recommended) and `diagnose`. The one place these rules live.
+    pub fn conflicts(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let split_set = self.max_split_size != u64::MAX;
+        if split_set && self.expandable_segments {
+            out.push(
+                "max_split_size_mb with expandable_segments:True: together they let reserved memory grow without bound \
+                 (pytorch PR #193400); keep one of them"
+                    .into(),
+            );
+        }
+        if self.garbage_collection_threshold > 0.0 && self.per_process_memory_fraction >= 1.0 {
+            out.push(
+                "garbage_collection_threshold without per_process_memory_fraction below 1: PyTorch runs the GC only under a memory cap \
+                 (malloc checks allowed_memory_maximum), so it never runs; add e.g. per_process_memory_fraction:0.99"
+                    .into(),
+            );
+        } else if self.gc_enabled() && self.expandable_segments {
+            out.push(
+                "garbage_collection_threshold with expandable_segments:True: the GC frees only whole non-expandable segments \
+                 (garbage_collect_cached_blocks), and every segment is expandable, so it frees nothing"
+                    .into(),
+            );
+        }
+        if !split_set && self.max_non_split_rounding_size != self.large_segment_size {
+            out.push(
+                "max_non_split_rounding_mb without max_split_size_mb: it applies only to oversize blocks (get_free_block), \
+                 and without max_split_size_mb there are none, so PyTorch ignores it"
+                    .into(),
+            );
+        }
+        out
+    }
 }
 
 /// parseLargeSegmentSize (c10/core/AllocatorConfig.cpp): `large_segment_size_mb` must be
@@ -422,5 +457,20 @@ mod tests {
         assert!(!AllocatorConfig::parse("garbage_collection_threshold:0.6").unwrap().gc_enabled());
         assert!(AllocatorConfig::parse("garbage_collection_threshold:0.6,per_process_memory_fraction:0.9").unwrap().gc_enabled());
         assert!(!AllocatorConfig::parse("garbage_collection_threshold:0.6,per_process_memory_fraction:1.0").unwrap().gc_enabled());
+    }
+
+    #[test]
+    fn conflicts_are_flagged_once_each() {
+        let flagged = |c: &str| AllocatorConfig::parse(c).unwrap().conflicts();
+        assert!(flagged("").is_empty());
+        assert!(flagged("expandable_segments:True,garbage_collection_threshold:0.6").len() == 1, "GC without a fraction is the one flagged");
+        assert!(flagged("max_split_size_mb:64,max_non_split_rounding_mb:64,garbage_collection_threshold:0.8,per_process_memory_fraction:0.9").is_empty());
+        let both = flagged("max_split_size_mb:64,expandable_segments:True");
+        assert!(both.len() == 1 && both[0].contains("#193400"), "{both:?}");
+        assert!(flagged("garbage_collection_threshold:0.6")[0].contains("per_process_memory_fraction"));
+        assert!(flagged("garbage_collection_threshold:0.6,per_process_memory_fraction:0.9,expandable_segments:True")[0].contains("frees nothing"));
+        assert!(flagged("max_non_split_rounding_mb:64")[0].contains("ignores it"));
+        // large_segment_size_mb moves the default of max_non_split_rounding_mb with it: no flag.
+        assert!(flagged("large_segment_size_mb:64").is_empty());
     }
 }

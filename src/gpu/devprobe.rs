@@ -67,12 +67,30 @@ pub fn probe(device: CudaDevice, reps: usize) -> Result<DevprobeResult, DeviceEr
     })
 }
 
-/// Device-call latency by size, interpolated in log(size) between probed points.
+/// The allocator-time model (issue 15): device-call latency by size, interpolated in log(size)
+/// between probed points, plus what a replay charges besides device calls: a cached-path
+/// operation and a device synchronisation. [`LatencyModel::alloc_time_ns`] prices a replay.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LatencyModel {
+    /// The probed device (`devprobe`'s `device`), for results.
+    pub device: String,
     malloc: Vec<(f64, f64)>,
     free: Vec<(f64, f64)>,
+    /// One malloc or free served from the cache: half the warm pool's alloc + free p50 (the
+    /// median over the probed sizes), the device's own cached path.
+    pub cached_op_ns: u64,
+    /// The stall of one device synchronisation (a cudaFree, an unmap, synchronize_and_free_events):
+    /// the queued kernels it waits for. Traces carry no kernel times, so this is an assumption
+    /// ([`SYNC_STALL_NS`]), not a measurement; `syncs` is reported beside it to reprice.
+    pub sync_ns: u64,
 }
+
+/// The stall charged per device synchronisation: 100 µs, a few transformer-layer kernels left in
+/// the queue. An assumption (traces have no kernel timings); the sync count is reported with it.
+pub const SYNC_STALL_NS: u64 = 100_000;
+
+/// The default time table: the devprobe of an H100 80GB HBM3 (`reports/gpu-h100/data/devprobe.json`).
+const H100_DEVPROBE_JSON: &str = include_str!("../../reports/gpu-h100/data/devprobe.json");
 
 fn interpolate(points: &[(f64, f64)], bytes: u64) -> f64 {
     let x = (bytes.max(1) as f64).ln();
@@ -94,7 +112,31 @@ impl LatencyModel {
         if p.malloc.is_empty() || p.free.is_empty() {
             return Err("the devprobe results have no malloc/free timings".into());
         }
-        Ok(LatencyModel { malloc: pts(&p.malloc), free: pts(&p.free) })
+        let mut pool: Vec<u64> = p.async_pool_alloc_free.iter().map(|s| s.p50_ns).collect();
+        pool.sort_unstable();
+        let cached_op_ns = pool.get(pool.len() / 2).map_or(0, |ns| ns / 2);
+        Ok(LatencyModel { device: p.device.clone(), malloc: pts(&p.malloc), free: pts(&p.free), cached_op_ns, sync_ns: SYNC_STALL_NS })
+    }
+
+    /// The embedded default: an H100's devprobe.
+    pub fn h100() -> Self {
+        static H100: std::sync::OnceLock<LatencyModel> = std::sync::OnceLock::new();
+        H100.get_or_init(|| {
+            let rec: ResultRecord = serde_json::from_str(H100_DEVPROBE_JSON).expect("the embedded devprobe parses");
+            let ResultRecord::Devprobe(p) = rec else { unreachable!("the embedded file is a devprobe record") };
+            Self::from_probe(&p).expect("the embedded devprobe has timings")
+        })
+        .clone()
+    }
+
+    /// Modelled allocator time of a replay so far: `device_calls_ns` (what [`WithLatency`]
+    /// charged for cudaMalloc/cudaFree and the expandable-segment calls), plus one stall per
+    /// synchronisation and the cached path for every malloc and free.
+    ///
+    /// [`WithLatency`]: crate::gpu::device::latency::WithLatency
+    pub fn alloc_time_ns(&self, device_calls_ns: u64, stats: &crate::gpu::stats::DeviceStats) -> u64 {
+        let ops = (stats.allocation.all.allocated + stats.allocation.all.freed) as u64;
+        device_calls_ns + syncs(stats) * self.sync_ns + ops * self.cached_op_ns
     }
 
     /// Reads `--sim-latency FILE` (a devprobe results file).
@@ -113,6 +155,13 @@ impl LatencyModel {
     pub fn free_ns(&self, bytes: u64) -> u64 {
         interpolate(&self.free, bytes) as u64
     }
+}
+
+/// Device synchronisations so far: every cudaFree (release_block: a release, a GC, a retry or
+/// empty_cache; cudaFree synchronises the device), every unmap_block (the stream is synchronised
+/// before unmapping) and every synchronize_and_free_events (`num_sync_all_streams`).
+pub fn syncs(stats: &crate::gpu::stats::DeviceStats) -> u64 {
+    (stats.num_device_free + stats.num_sync_all_streams) as u64
 }
 
 #[cfg(test)]

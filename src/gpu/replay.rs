@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
+use super::devprobe::LatencyModel;
 use super::stats::DeviceStats;
 use super::{AllocError, GpuAllocator, Handle};
 use crate::error::InputError;
@@ -22,17 +23,20 @@ use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Coarse, Observer};
 pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
+#[derive(Clone)]
 pub struct ReplayOptions {
     pub on_oom: OnOom,
     /// Also sample the timeline every N events (besides every step).
     pub sample_every_events: Option<u64>,
     /// The timeline is thinned (every other point dropped) whenever it reaches twice this.
     pub max_timeline_points: usize,
+    /// Prices the timeline's per-step allocator time (`run_one` sets the built device's model).
+    pub time_model: Option<LatencyModel>,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000 }
+        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000, time_model: None }
     }
 }
 
@@ -69,7 +73,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                     if handles.contains_key(&id) || !null.insert(id) {
                         return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                     }
-                } else if null.contains(&id) {
+                } else if !null.is_empty() && null.contains(&id) {
                     return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                 } else {
                     match alloc.malloc(bytes, stream) {
@@ -100,14 +104,15 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
             Event::Free { id } => {
                 out.frees += 1;
                 // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
-                if !null.remove(&id) {
+                // (The sets are empty in almost every trace: skip the hash then.)
+                if null.is_empty() || !null.remove(&id) {
                     match handles.remove(&id) {
                         Some((h, bytes)) => {
                             alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
                             at.live -= bytes;
                         }
                         None => {
-                            if !failed.remove(&id) {
+                            if failed.is_empty() || !failed.remove(&id) {
                                 return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
                             }
                         }
@@ -218,7 +223,7 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
 ) -> anyhow::Result<ReplayOutcome> {
     let mut peak = Peak::default();
     let mut segments = SegmentsAtPeak::default();
-    let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points);
+    let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points, opts.time_model.clone());
     let mut first_oom = FirstOom::default();
     let mut sizes = SizeHistogram::default();
     let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;

@@ -8,13 +8,13 @@ use super::style::{byte_unit, clip, color_for};
 
 pub type ChartResult = Result<String, String>;
 
-fn err<E: std::fmt::Debug>(e: E) -> String {
+pub(super) fn err<E: std::fmt::Debug>(e: E) -> String {
     format!("chart rendering failed: {e:?}")
 }
 
 const W: u32 = 960;
 const H: u32 = 540;
-const FONT: &str = "sans-serif";
+pub(super) const FONT: &str = "sans-serif";
 
 /// One line of a line chart.
 pub struct Line {
@@ -30,7 +30,7 @@ pub struct Marker {
     pub at: (f64, f64),
 }
 
-fn root(buf: &mut String, size: (u32, u32)) -> DrawingArea<SVGBackend<'_>, Shift> {
+pub(super) fn root(buf: &mut String, size: (u32, u32)) -> DrawingArea<SVGBackend<'_>, Shift> {
     let root = SVGBackend::with_string(buf, size).into_drawing_area();
     let _ = root.fill(&WHITE);
     root

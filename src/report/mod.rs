@@ -12,6 +12,7 @@ pub mod cpu;
 pub mod cpu_exec;
 pub mod devprobe;
 pub mod diagnose;
+pub mod front;
 pub mod gpu;
 pub mod html;
 pub mod memory_view;
@@ -59,7 +60,7 @@ impl Section {
 pub type SectionFn = fn(&[ResultRecord], &Path) -> anyhow::Result<Option<Section>>;
 
 /// The sections, in the order the index shows them.
-pub const SECTIONS: &[SectionFn] = &[gpu::section, cpu::section, cpu_exec::section, devprobe::section, diagnose::section];
+pub const SECTIONS: &[SectionFn] = &[gpu::section, cpu::section, cpu_exec::section, devprobe::section, diagnose::section, front::section];
 
 /// Loads every results file (errors name the file and line).
 pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<ResultRecord>> {
@@ -113,6 +114,7 @@ fn common(r: &ResultRecord) -> (Option<&MachineInfo>, Option<&WorkloadInfo>) {
         ResultRecord::Devprobe(p) => (Some(&p.machine), None),
         ResultRecord::Diagnose(d) => (None, Some(&d.workload)),
         ResultRecord::CpuExec(c) => (Some(&c.machine), None),
+        ResultRecord::Advise(a) => (None, Some(&a.workload)),
         // `load` turns sweep rows into replays; one read otherwise holds its replay.
         ResultRecord::SweepRow(s) => s.result.as_ref().map_or((None, None), |g| (Some(&g.machine), Some(&g.workload))),
     }

@@ -57,18 +57,79 @@ pub struct DiagnoseResult {
     pub top_sites: Vec<(String, u64)>,
     /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
     pub min_capacity: Option<u64>,
+    /// The conf's settings that conflict or that PyTorch ignores (`AllocatorConfig::conflicts`).
+    #[serde(default)]
+    pub conflicts: Vec<String>,
     pub summary: Vec<String>,
 }
 
-/// One configuration evaluated by `allocbench advise` (its `--json` is a list of these).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One configuration evaluated by `allocbench advise` (the `configs` of its `--json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Candidate {
+    /// The `PYTORCH_CUDA_ALLOC_CONF` string ("" = PyTorch's defaults).
     pub conf: String,
     pub peak_reserved: u64,
     pub overhead: f64,
     pub device_mallocs: i64,
+    #[serde(default)]
+    pub device_frees: i64,
+    /// Device synchronisations (`devprobe::syncs`).
+    #[serde(default)]
+    pub syncs: u64,
+    /// The modelled allocator time of the replay (`devprobe::LatencyModel::alloc_time_ns`).
+    #[serde(default)]
+    pub modelled_alloc_time_s: f64,
     pub retries: i64,
+    /// Whether the replay hit an OOM (it stops there).
+    #[serde(default)]
+    pub oom: bool,
     pub oom_step: Option<u64>,
+    /// Stopped early because a finished configuration already beat it (see `advise::Pruner`):
+    /// the numbers are those at the stop, lower bounds of the full replay's.
+    #[serde(default)]
+    pub pruned: bool,
+    /// Replays identically to this configuration on the trace (same rounded sizes, same
+    /// effective settings): replayed once, numbers shared.
+    #[serde(default)]
+    pub equivalent_to: Option<String>,
+    /// Settings that conflict or that PyTorch ignores (`AllocatorConfig::conflicts`).
+    #[serde(default)]
+    pub conflicts: Vec<String>,
+}
+
+/// What `--objective` minimises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// The least peak reserved memory, whatever the device calls cost.
+    Memory,
+    /// The least memory among configurations whose modelled allocator time stays within 10 %
+    /// of the defaults' (of the fastest configuration's when the defaults OOM).
+    Balanced,
+    /// The least modelled allocator time.
+    Time,
+}
+names!(Objective { Memory => "memory", Balanced => "balanced", Time => "time" });
+
+/// What `allocbench advise --json` writes (`"type": "advise"`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AdviseResult {
+    pub schema_version: u32,
+    pub workload: WorkloadInfo,
+    pub capacity: u64,
+    pub objective: Objective,
+    /// The device whose devprobe prices the time (`--latency`, else the embedded H100's).
+    pub latency_table: String,
+    /// The balanced objective's limit on modelled allocator time.
+    pub time_budget_s: Option<f64>,
+    /// Distinct replays run (configurations equivalent on the trace share one).
+    pub replays: usize,
+    pub elapsed_s: f64,
+    pub threads: usize,
+    /// The pick for `objective`, never a conflicting configuration; `None` only when nothing ran.
+    pub recommended: Option<Candidate>,
+    /// Every configuration searched, best first for `objective`; PyTorch's defaults among them.
+    pub configs: Vec<Candidate>,
 }
 
 impl Candidate {
@@ -79,8 +140,16 @@ impl Candidate {
             peak_reserved: r.summary.peak_reserved,
             overhead: r.summary.overhead,
             device_mallocs: r.summary.device_mallocs,
+            device_frees: r.summary.device_frees,
+            syncs: r.summary.syncs,
+            modelled_alloc_time_s: r.summary.modelled_alloc_time_s.unwrap_or(0.0),
             retries: r.stats.get("num_alloc_retries").copied().unwrap_or(0),
+            oom: r.oom.is_some(),
             oom_step: r.oom.as_ref().map(|o| o.step),
+            pruned: false,
+            equivalent_to: None,
+            // Filled by the caller, which knows the policy's rules (`AllocatorConfig::conflicts`).
+            conflicts: Vec::new(),
         }
     }
 }

@@ -78,6 +78,9 @@ pub struct TimelinePoint {
     /// The most allocated and reserved since the previous sample (the step's peak).
     pub allocated_max: u64,
     pub reserved_max: u64,
+    /// Modelled allocator time since the previous sample (the step's; `devprobe::LatencyModel`).
+    #[serde(default)]
+    pub modelled_alloc_time_s: f64,
 }
 
 /// The pool a segment belongs to (`"segment_type"`, as `torch.cuda.memory_snapshot()` names it).
@@ -163,6 +166,13 @@ pub struct GpuSummary {
     /// Time in device calls: measured on a GPU, modelled with `--sim-latency`, else absent.
     #[serde(default)]
     pub device_time_s: Option<f64>,
+    /// Device synchronisations: cudaFrees, unmaps and synchronize_and_free_events calls.
+    #[serde(default)]
+    pub syncs: u64,
+    /// Modelled allocator time (simulated device): device calls by size, a stall per sync, the
+    /// cached path per malloc/free, from the H100 devprobe table or `--latency FILE`.
+    #[serde(default)]
+    pub modelled_alloc_time_s: Option<f64>,
 }
 
 /// One GPU replay (`allocbench replay`, one row of `allocbench run`).

@@ -9,7 +9,7 @@
 //! - [`common`]: what every record carries (machine, workload, work done);
 //! - [`gpu`]: `GpuRunResult` and what it holds (OOM, timeline, segment maps);
 //! - [`cpu`]: `CpuRunResult` (latency, live malloc, RSS samples);
-//! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult` and advise's `Candidate`;
+//! - [`devprobe`]: `DevprobeResult`; [`diagnose`]: `DiagnoseResult`, and `AdviseResult` with its `Candidate`s;
 //! - [`fidelity`]: torch_replay.py's document and the fidelity report;
 //! - [`sweep`]: a sweep's plan rows and finished rows (`SweepRow`).
 
@@ -50,7 +50,7 @@ use crate::error::InputError;
 pub use common::{MachineInfo, WorkDone, WorkloadInfo};
 pub use cpu::{CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
-pub use diagnose::{Candidate, DiagnoseResult, PinningClass, SegmentWaste};
+pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
 pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
 pub use sweep::{PlanRow, RowStatus, SweepRow};
@@ -68,6 +68,7 @@ pub enum ResultRecord {
     Devprobe(Box<DevprobeResult>),
     Diagnose(Box<DiagnoseResult>),
     SweepRow(Box<SweepRow>),
+    Advise(Box<AdviseResult>),
 }
 
 impl ResultRecord {

@@ -1,5 +1,8 @@
 //! Device time on a simulated device: every successful device call is charged the latency
-//! measured on a real GPU at its size (`--sim-latency FILE`, from `allocbench devprobe`).
+//! measured on a real GPU at its size (`--sim-latency`/`--latency FILE`, from `allocbench
+//! devprobe`; the embedded H100 table otherwise). Page maps cost a cudaMalloc of the page
+//! (cuMemCreate + cuMemMap + cuMemSetAccess), unmaps a cudaFree, and a VA reserve or release
+//! the smallest probed call (a driver round trip that moves no memory).
 
 use super::{Device, DeviceResult};
 use crate::gpu::devprobe::LatencyModel;
@@ -23,7 +26,19 @@ impl<D: Device> WithLatency<D> {
 }
 
 impl<D: Device> Device for WithLatency<D> {
-    forward_to_inner!(capacity, free_memory, reserve_address, release_address, describe);
+    forward_to_inner!(capacity, free_memory, describe);
+
+    fn reserve_address(&mut self, bytes: u64) -> DeviceResult<u64> {
+        let ptr = self.inner.reserve_address(bytes)?;
+        self.device_time_ns += self.model.malloc_ns(0);
+        Ok(ptr)
+    }
+
+    fn release_address(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
+        self.inner.release_address(ptr, bytes)?;
+        self.device_time_ns += self.model.free_ns(0);
+        Ok(())
+    }
 
     fn malloc(&mut self, bytes: u64, stream: u64) -> DeviceResult<u64> {
         let ptr = self.inner.malloc(bytes, stream)?;

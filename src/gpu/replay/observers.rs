@@ -3,6 +3,7 @@
 use rustc_hash::FxHashMap;
 
 use super::observer::{At, Observer};
+use crate::gpu::devprobe::LatencyModel;
 use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, Handle, OomInfo};
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
@@ -172,16 +173,32 @@ pub struct Timeline {
     steps: u64,
     /// Allocated and reserved peaks since the last point.
     interval: (u64, u64),
+    /// Prices each interval's allocator time (`modelled_alloc_time_s`); none: 0.
+    time_model: Option<LatencyModel>,
+    /// Modelled allocator time up to the last point.
+    time_ns_at_last: u64,
 }
 
 impl Timeline {
-    pub fn new(sample_every_events: Option<u64>, max_points: usize) -> Self {
-        Timeline { points: Vec::new(), max_points, stride_steps: 1, stride_events: sample_every_events.unwrap_or(0), steps: 0, interval: (0, 0) }
+    pub fn new(sample_every_events: Option<u64>, max_points: usize, time_model: Option<LatencyModel>) -> Self {
+        Timeline {
+            points: Vec::new(),
+            max_points,
+            stride_steps: 1,
+            stride_events: sample_every_events.unwrap_or(0),
+            steps: 0,
+            interval: (0, 0),
+            time_model,
+            time_ns_at_last: 0,
+        }
     }
 
     fn sample<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, event: u64, step: u64, live: u64) {
         let s = alloc.stats();
         let (allocated, reserved) = (s.allocated_bytes.all.current as u64, s.reserved_bytes.all.current as u64);
+        let time_ns = self.time_model.as_ref().map_or(0, |m| m.alloc_time_ns(alloc.device_time_ns().unwrap_or(0), s));
+        let interval_time_ns = time_ns.saturating_sub(self.time_ns_at_last);
+        self.time_ns_at_last = time_ns;
         self.points.push(TimelinePoint {
             event,
             step,
@@ -191,6 +208,7 @@ impl Timeline {
             live,
             allocated_max: self.interval.0.max(allocated),
             reserved_max: self.interval.1.max(reserved),
+            modelled_alloc_time_s: interval_time_ns as f64 / 1e9,
         });
         self.interval = (allocated, reserved);
     }
@@ -229,6 +247,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
                     let mut p = *c.last().expect("non-empty chunk");
                     p.allocated_max = c.iter().map(|q| q.allocated_max).max().unwrap_or(0);
                     p.reserved_max = c.iter().map(|q| q.reserved_max).max().unwrap_or(0);
+                    p.modelled_alloc_time_s = c.iter().map(|q| q.modelled_alloc_time_s).sum();
                     p
                 })
                 .collect();
