@@ -3,7 +3,7 @@
 # is rendered only from the results files committed beside it, in reports/<name>/data/, so the
 # pages can be re-rendered (and checked) from exactly the numbers they show:
 #   1. measure (skipped with --render-only), writing reports/<name>/data/:
-#      a. comparison/data/gpu.jsonl.gz: the transformer (1.3B, 7B), model-switching and serving
+#      a. comparison/data/gpu.jsonl.gz: the transformer (1.3B, 1.3B under DDP with a prefetch stream, 7B), model-switching and serving
 #         workloads, and the captured 1.3B/7B traces, replayed through PyTorch's caching-allocator
 #         policy under its default config, tuned configs and expandable segments, plus the
 #         no-cache baseline and the ideal bound, on a simulated 80 GB H100;
@@ -52,7 +52,7 @@ if [ "$measure" = 1 ]; then
     --conf "roundup_power2_divisions:[256:1,512:2,>:4]"
     --conf "garbage_collection_threshold:0.8,per_process_memory_fraction:0.95"
   )
-  for w in gpt3-xl-1.3b llama2-7b-80g model-switch serving-llama7b; do
+  for w in gpt3-xl-1.3b gpt3-xl-1.3b-ddp llama2-7b-80g model-switch serving-llama7b; do
     echo "== GPU: $w"
     "$bin" run "workloads/$w.toml" --allocators pytorch,nocache,ideal "${confs[@]}" --jsonl "$work/gpu-$w.jsonl" --quiet
   done

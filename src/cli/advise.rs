@@ -114,7 +114,6 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
             println!();
         }
         let result = crate::advise::from_candidates(&g.workload, g.capacity, a.objective, &table, g.candidates);
-        println!("from the sweep {name}:");
         print!("{}", crate::advise::describe(&result, a.top));
         out.write(&ResultRecord::Advise(Box::new(result.clone())))?;
         // The full rows of the defaults and the pick, as advise --jsonl writes them for the report.

@@ -11,7 +11,9 @@ impl<D: Device> CachingAllocator<D> {
     /// that covers `size` (starting at a free mapped block just before an unmapped one when there
     /// is one), else a new segment.
     fn find_expandable_block(&mut self, stream: u32, pool: PoolKind, size: u64) -> Result<u32, DeviceError> {
-        let allocatable = |s: &Self, i: u32| i != NIL && !s.blocks[i as usize].allocated;
+        // allocatable: not allocated, and no event outstanding (`event_count == 0`: a block
+        // awaiting another stream's work is not free yet).
+        let allocatable = |s: &Self, i: u32| i != NIL && !s.blocks[i as usize].allocated && !s.events.is_pending(i);
         let unmapped: Vec<u32> = self.pools[pool as usize].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &i)| i).collect();
         for u in unmapped {
             let mut c = u;
