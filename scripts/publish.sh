@@ -112,4 +112,6 @@ mapfile -t files < <(data_files reports/gpu-h100)
 "$bin" report "${files[@]}" -o reports/gpu-h100 \
   --title "allocbench on a real NVIDIA H100: CUDA backend, device latency"
 
+# README.md's findings block: the comparison's findings, as rendered.
+python3 scripts/readme_findings.py
 echo "published reports/comparison/, reports/diagnose-gpt3-73g/ and reports/gpu-h100/ from their data/$([ "$measure" = 1 ] && echo ', README demo block')"

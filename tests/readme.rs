@@ -1,5 +1,6 @@
 //! Numbers in the README are produced, not typed: its demo table is what `allocbench demo` prints
-//! (rewritten by `scripts/readme_demo.py`).
+//! (rewritten by `scripts/readme_demo.py`), its findings are the published report's (copied by
+//! `scripts/readme_findings.py`).
 
 use assert_cmd::Command;
 
@@ -19,4 +20,18 @@ fn readme_demo_table_is_what_the_demo_prints() {
         readme[begin..end].contains(&format!("```\n{table}\n```")),
         "README's demo table is stale: run `python3 scripts/readme_demo.py`\n--- demo prints ---\n{table}"
     );
+}
+
+#[test]
+fn readme_findings_are_the_published_reports() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let report = std::fs::read_to_string(format!("{root}/reports/comparison/README.md")).unwrap();
+    let after = report.split("## Findings\n").nth(1).expect("the report opens with its findings");
+    let listed: Vec<&str> = after.lines().take_while(|l| !l.starts_with("## ")).filter(|l| l.starts_with("- ")).collect();
+    assert!(listed.len() >= 4, "findings for the GPU and CPU workloads: {listed:?}");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    let begin = readme.find("<!-- findings:begin").expect("README has the findings block");
+    let end = readme.find("<!-- findings:end -->").expect("README has the findings block's end");
+    let block: Vec<&str> = readme[begin..end].lines().filter(|l| l.starts_with("- ")).collect();
+    assert_eq!(block, listed, "README's findings are stale: run `python3 scripts/readme_findings.py`");
 }
