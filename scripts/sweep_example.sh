@@ -72,9 +72,9 @@ plan = [json.loads(line) for line in open(os.path.join(tmp, "plan.jsonl"))]
 caps = sorted({r["capacity"] for r in plan})
 confs = len({r["conf"] for r in plan if r["allocator"] == "pytorch"})
 
-# advise --jsonl writes, per input and capacity, the defaults' row and then the best one's
-# (once when the defaults are the best).
-best = [json.loads(line) for line in open(os.path.join(tmp, "best.jsonl"))]
+# advise --jsonl writes, per input and capacity, its search, then the defaults' row and the
+# recommended one's (once when the defaults are the pick).
+best = [r for r in map(json.loads, open(os.path.join(tmp, "best.jsonl"))) if r["type"] == "gpu_replay"]
 groups = {}
 for r in best:
     groups.setdefault((r["workload"]["name"], r["capacity"]), []).append(r)
