@@ -31,6 +31,7 @@
 pub mod advise;
 pub mod capture;
 pub mod cli;
+pub mod confidence;
 pub mod cpu;
 pub mod diagnose;
 pub mod error;

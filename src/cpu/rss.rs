@@ -137,26 +137,7 @@ pub fn drift(samples: &[RssSample]) -> Drift {
     }
 }
 
-/// Mean and the half-width of its 95 % confidence interval (Student's t) over repetitions;
-/// no interval for fewer than two values.
-pub fn mean_ci95(values: &[f64]) -> Option<(f64, Option<f64>)> {
-    if values.is_empty() {
-        return None;
-    }
-    let n = values.len() as f64;
-    let mean = values.iter().sum::<f64>() / n;
-    if values.len() < 2 {
-        return Some((mean, None));
-    }
-    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0);
-    // Two-sided 97.5 % quantiles of Student's t for 1..=30 degrees of freedom, then the normal's.
-    const T975: [f64; 30] = [
-        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080,
-        2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-    ];
-    let t = T975.get(values.len() - 2).copied().unwrap_or(1.96);
-    Some((mean, Some(t * (var / n).sqrt())))
-}
+pub use crate::confidence::mean_ci95;
 
 #[cfg(test)]
 mod tests {

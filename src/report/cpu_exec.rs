@@ -7,52 +7,12 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use super::charts::{self, BarGroup, BarOptions, Line};
+use super::spread::Spread;
 use super::style::slug;
 use super::{write_chart, Chart, Section};
-use crate::cpu::rss::mean_ci95;
 use crate::results::ResultRecord;
 use crate::results::{CpuExecResult, CpuRunResult};
 use crate::units::{format_bytes, format_bytes_signed};
-
-/// Mean, 95 % CI half-width and (min, max) of some repetitions.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Spread {
-    pub mean: f64,
-    pub ci95: Option<f64>,
-    pub min: f64,
-    pub max: f64,
-    pub n: usize,
-}
-
-impl Spread {
-    pub fn of(values: &[f64]) -> Option<Spread> {
-        let (mean, ci95) = mean_ci95(values)?;
-        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
-        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-        Some(Spread { mean, ci95, min, max, n: values.len() })
-    }
-
-    /// The whisker a bar chart draws: min to max, when there is more than one repetition.
-    fn whisker(&self) -> Option<(f64, f64)> {
-        (self.n > 1).then_some((self.min, self.max))
-    }
-
-    /// Whether the two means differ by more than their CIs allow (no CI: never).
-    fn clearly_below(&self, other: &Spread) -> bool {
-        match (self.ci95, other.ci95) {
-            (Some(a), Some(b)) => self.mean + a < other.mean - b,
-            _ => false,
-        }
-    }
-
-    /// `mean ± ci (min–max)` with `f` formatting each number.
-    fn show(&self, f: &dyn Fn(f64) -> String) -> String {
-        match self.ci95 {
-            Some(h) => format!("{} ± {} ({}–{})", f(self.mean), f(h).trim_start_matches('+'), f(self.min), f(self.max)),
-            None => f(self.mean),
-        }
-    }
-}
 
 /// The report's section for real-program runs (`cpu_exec`) and the in-process runs' drift and
 /// drain: its verdicts are findings.
@@ -107,7 +67,7 @@ pub fn exec_charts(out: &Path, runs: &[&CpuExecResult], charts: &mut Vec<Chart>)
             allocs
                 .iter()
                 .filter_map(|(name, reps)| {
-                    let s = Spread::of(&reps.iter().map(|r| f(r)).collect::<Vec<_>>())?;
+                    let s = Spread::of_some(&reps.iter().map(|r| f(r)).collect::<Vec<_>>())?;
                     Some(BarGroup { category: name.clone(), bars: vec![(name.clone(), name.clone(), s.mean, s.whisker())] })
                 })
                 .collect()
@@ -179,7 +139,7 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
         let mut walls = Vec::new();
         let mut peaks = Vec::new();
         for (name, reps) in &allocs {
-            let spread = |f: &dyn Fn(&CpuExecResult) -> f64| Spread::of(&reps.iter().map(|r| f(r)).collect::<Vec<_>>()).expect("a group has runs");
+            let spread = |f: &dyn Fn(&CpuExecResult) -> f64| Spread::of_some(&reps.iter().map(|r| f(r)).collect::<Vec<_>>()).expect("a group has runs");
             let (wall, cpu, peak, faults) =
                 (spread(&|r| r.wall_s), spread(&|r| r.user_s + r.sys_s), spread(&|r| r.peak_rss_bytes as f64), spread(&|r| r.minor_faults as f64));
             let mut codes: Vec<i32> = reps.iter().map(|r| r.exit_code).collect();
@@ -188,10 +148,10 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
                 s,
                 "| {name} | {} | {} | {} | {} | {} | {} |",
                 reps.len(),
-                wall.show(&secs),
-                cpu.show(&secs),
-                peak.show(&bytes),
-                faults.show(&|v| format!("{v:.0}")),
+                wall.show_range(&secs),
+                cpu.show_range(&secs),
+                peak.show_range(&bytes),
+                faults.show_range(&|v| format!("{v:.0}")),
                 codes.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
             );
             walls.push((name.clone(), wall));
@@ -231,8 +191,8 @@ pub fn run_spread_markdown(runs: &[&CpuRunResult]) -> String {
         let mut drains = Vec::new();
         let mut drifts = Vec::new();
         for (name, reps) in super::spread::fold(group, |r| r.allocator.clone()) {
-            let spread = |v: Vec<f64>| Spread::of(&v);
-            let show = |v: Option<Spread>, f: &dyn Fn(f64) -> String| v.map(|x| x.show(f)).unwrap_or_else(|| "n/a".into());
+            let spread = |v: Vec<f64>| Spread::of_some(&v);
+            let show = |v: Option<Spread>, f: &dyn Fn(f64) -> String| v.map(|x| x.show_range(f)).unwrap_or_else(|| "n/a".into());
             let overhead = spread(reps.iter().filter_map(|r| r.drift_overhead_mib_per_1k).collect());
             let raw = spread(reps.iter().filter_map(|r| r.drift_mib_per_1k_iterations).collect());
             let at = |t: f64| spread(reps.iter().filter_map(|r| r.retained_after_drain.iter().find(|d| d.after_s == t).map(|d| d.retained as f64)).collect());
@@ -276,15 +236,16 @@ mod tests {
 
     #[test]
     fn spread_and_verdict() {
-        let s = Spread::of(&[1.0, 2.0, 3.0]).unwrap();
+        let s = Spread::of_some(&[1.0, 2.0, 3.0]).unwrap();
         assert_eq!((s.min, s.max, s.n), (1.0, 3.0, 3));
         assert_eq!(s.whisker(), Some((1.0, 3.0)));
-        let low = Spread::of(&[10.0, 10.1, 9.9]).unwrap();
-        let high = Spread::of(&[20.0, 20.1, 19.9]).unwrap();
+        let low = Spread::of_some(&[10.0, 10.1, 9.9]).unwrap();
+        let high = Spread::of_some(&[20.0, 20.1, 19.9]).unwrap();
         assert!(low.clearly_below(&high) && !high.clearly_below(&low));
         let v = verdict_clause("fastest", &[("glibc".into(), high), ("mimalloc".into(), low)], &|x| format!("{x:.1}")).unwrap();
         assert_eq!(v, "fastest: mimalloc (10.0 vs glibc 20.0)");
-        let v = verdict_clause("fastest", &[("glibc".into(), s), ("mimalloc".into(), Spread::of(&[1.5, 2.5, 2.0]).unwrap())], &|x| format!("{x:.1}")).unwrap();
+        let v =
+            verdict_clause("fastest", &[("glibc".into(), s), ("mimalloc".into(), Spread::of_some(&[1.5, 2.5, 2.0]).unwrap())], &|x| format!("{x:.1}")).unwrap();
         assert!(v.contains("within the spread"), "{v}");
     }
 }

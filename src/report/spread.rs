@@ -1,44 +1,54 @@
 //! Spread over repetitions: the mean and its 95 % confidence interval (Student's t), and the
 //! folding of repeated runs into one row each.
 
-/// Two-sided 97.5 % quantiles of Student's t for 1..=30 degrees of freedom (any statistics
-/// table; e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2). A table of 30 numbers, not a dependency:
-/// the statistics crates that compute it pull in a linear-algebra stack.
-const T_975: [f64; 30] = [
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074,
-    2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-];
+pub use crate::confidence::t_975;
 
-/// t(0.975, df): the table up to 30, then the coarser rows of the same table, then the normal.
-pub fn t_975(df: usize) -> f64 {
-    match df {
-        0 => f64::NAN,
-        1..=30 => T_975[df - 1],
-        31..=40 => 2.021,
-        41..=60 => 2.000,
-        61..=120 => 1.980,
-        _ => 1.960,
-    }
-}
-
-/// The mean of repeated measurements and the half-width of its 95 % confidence interval
-/// (`None` with a single run: no spread is known).
+/// The mean of repeated measurements, the half-width of its 95 % confidence interval (`None`
+/// with a single run: no spread is known) and their range.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Spread {
     pub mean: f64,
     pub ci95: Option<f64>,
+    pub min: f64,
+    pub max: f64,
     pub n: usize,
 }
 
 impl Spread {
+    /// The spread of `values` (all zero for none).
     pub fn of(values: &[f64]) -> Spread {
-        let n = values.len();
-        let mean = values.iter().sum::<f64>() / n.max(1) as f64;
-        let ci95 = (n > 1).then(|| {
-            let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1) as f64;
-            t_975(n - 1) * (var / n as f64).sqrt()
-        });
-        Spread { mean, ci95, n }
+        let Some((mean, ci95)) = crate::confidence::mean_ci95(values) else {
+            return Spread { mean: 0.0, ci95: None, min: 0.0, max: 0.0, n: 0 };
+        };
+        let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        Spread { mean, ci95, min, max, n: values.len() }
+    }
+
+    /// The spread of `values`, `None` when there are none.
+    pub fn of_some(values: &[f64]) -> Option<Spread> {
+        (!values.is_empty()).then(|| Spread::of(values))
+    }
+
+    /// The whisker a bar chart draws for the range: min to max, when there is more than one run.
+    pub fn whisker(&self) -> Option<(f64, f64)> {
+        (self.n > 1).then_some((self.min, self.max))
+    }
+
+    /// Whether this mean is below the other's by more than both CIs allow (no CI: never).
+    pub fn clearly_below(&self, other: &Spread) -> bool {
+        match (self.ci95, other.ci95) {
+            (Some(a), Some(b)) => self.mean + a < other.mean - b,
+            _ => false,
+        }
+    }
+
+    /// `mean ± ci (min–max)` with `f` formatting each number (the mean alone for one run).
+    pub fn show_range(&self, f: &dyn Fn(f64) -> String) -> String {
+        match self.ci95 {
+            Some(h) => format!("{} ± {} ({}–{})", f(self.mean), f(h).trim_start_matches('+'), f(self.min), f(self.max)),
+            None => f(self.mean),
+        }
     }
 
     /// The interval's ends (the mean twice without spread).
