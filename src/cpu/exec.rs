@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::preload::{classify, PRELOAD_LIBRARIES};
+use super::rss::process_rss;
 use crate::error::InputError;
 use crate::results::{CpuExecResult, MachineInfo, SCHEMA_VERSION};
 
@@ -82,24 +83,6 @@ pub fn check_serves_malloc(probe: &Path, library: &Path) -> Result<(), InputErro
 #[derive(Debug, Clone)]
 pub struct ExecOptions {
     pub sample_interval: Duration,
-}
-
-/// RSS of one process (`/proc/PID/statm` resident pages × page size); 0 once it is gone.
-fn process_rss(pid: i32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/statm"))
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
-        .map(|pages| pages * page_size())
-        .unwrap_or(0)
-}
-
-fn page_size() -> u64 {
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as u64
-    } else {
-        4096
-    }
 }
 
 /// `root` and every descendant: children from `/proc/PID/task/*/children`, else (kernels

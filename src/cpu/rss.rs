@@ -19,7 +19,17 @@ fn page_size() -> u64 {
 
 /// Resident set size now: `/proc/self/statm` field 2 × page size (exact, ~8 µs).
 pub fn rss_bytes() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
+    statm_rss("/proc/self/statm")
+}
+
+/// RSS of another process (`/proc/PID/statm`); 0 once it is gone.
+pub fn process_rss(pid: i32) -> u64 {
+    statm_rss(&format!("/proc/{pid}/statm"))
+}
+
+/// Resident pages (field 2 of a statm file) × page size; 0 when unreadable.
+fn statm_rss(path: &str) -> u64 {
+    std::fs::read_to_string(path)
         .ok()
         .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map(|pages| pages * page_size())

@@ -72,7 +72,8 @@ pub struct ServingGen {
     // serve.py's loop names and what they hold.
     idx: Option<u64>,
     logits: Option<u64>,
-    token: Option<u64>,
+    /// The `token` name: the tensor and the request it came from.
+    token: Option<(u64, usize)>,
     caches: Option<usize>,
     r: Option<usize>,
     drained: bool,
@@ -324,7 +325,7 @@ impl ServingGen {
         if req.in_running || self.r == Some(ri) {
             return;
         }
-        if self.token != Some(req.token) && req.token != u64::MAX {
+        if self.token.map(|(t, _)| t) != Some(req.token) && req.token != u64::MAX {
             let t = req.token;
             self.requests[ri].token = u64::MAX;
             self.e.free(t);
@@ -339,14 +340,16 @@ impl ServingGen {
         }
     }
 
-    /// Rebinds the `token` name: the old tensor dies unless a live request still holds it.
-    fn rebind_token(&mut self, new: u64) {
-        if let Some(old) = self.token.replace(new) {
-            let held = self.requests.iter().enumerate().any(|(i, q)| q.token == old && (q.in_running || self.r == Some(i)));
+    /// Rebinds the `token` name to request `owner`'s `new` token: the old tensor dies unless its
+    /// request is alive and still holds it as `r[3]`.
+    fn rebind_token(&mut self, new: u64, owner: usize) {
+        if let Some((old, from)) = self.token.replace((new, owner)) {
+            let q = &self.requests[from];
+            let held = q.token == old && (q.in_running || self.r == Some(from));
             if !held && old != new {
                 self.e.free(old);
-                for q in self.requests.iter_mut().filter(|q| q.token == old) {
-                    q.token = u64::MAX;
+                if q.token == old {
+                    self.requests[from].token = u64::MAX;
                 }
             }
         }
@@ -395,8 +398,8 @@ impl ServingGen {
         let logits = self.forward(ri, prompt, 0);
         self.rebind_logits(logits);
         let token = self.e.alloc(INT64); // logits[:, -1:].argmax(-1)
-        self.rebind_token(token);
         self.requests[ri].token = token;
+        self.rebind_token(token, ri);
         self.requests[ri].in_running = true;
         self.running.push(ri);
     }
@@ -407,7 +410,7 @@ impl ServingGen {
             self.rebind_r(ri);
             self.rebind_caches(ri);
             let token = self.requests[ri].token;
-            self.rebind_token(token);
+            self.rebind_token(token, ri);
             let pos = self.requests[ri].pos;
             let logits = self.forward(ri, 1, pos);
             self.rebind_logits(logits);
@@ -471,8 +474,9 @@ impl ServingGen {
         }
         self.r = None;
         self.caches = None;
-        if let Some(t) = self.token.take() {
-            if self.requests.iter().all(|q| q.token != t) {
+        if let Some((t, owner)) = self.token.take() {
+            // Freed here unless its request still holds it (then `release` frees it).
+            if self.requests[owner].token != t {
                 self.e.free(t);
             }
         }
