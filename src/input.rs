@@ -87,9 +87,9 @@ impl Source {
     pub fn events(&self) -> anyhow::Result<EventStream<'_>> {
         match self {
             Source::Workload(w) => Ok(infallible(w.events())),
-            Source::Trace(p) => Ok(Box::new(read_trace(p)?)),
+            Source::Trace(p) => Ok(Box::new(crate::trace::ReadAhead::spawn(read_trace(p)?))),
             Source::Imported(t, _) => Ok(Box::new(t.events.iter().copied().map(Ok))),
-            Source::Embedded => Ok(Box::new(crate::trace::TraceReader::new(embedded_trace(), EMBEDDED_TRACE_ORIGIN))),
+            Source::Embedded => Ok(Box::new(crate::trace::ReadAhead::spawn(crate::trace::TraceReader::new(embedded_trace(), EMBEDDED_TRACE_ORIGIN)))),
         }
     }
 

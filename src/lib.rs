@@ -7,7 +7,7 @@
 //! (GPU policy over a device, or a CPU malloc) → results (versioned JSON) → reports.
 //!
 //! ## The map (layers; each imports only those below it)
-//! 1. [`event`], [`units`], [`error`], [`interrupt`]: events, sizes, input errors, the stop flag.
+//! 1. [`event`], [`ids`], [`units`], [`error`], [`interrupt`]: events, id maps, sizes, input errors, the stop flag.
 //! 2. [`results`]: the schema, every serialised type; imports nothing above layer 1.
 //! 3. [`trace`], [`workload`], [`input`]: where events come from.
 //! 4. [`gpu`]: policies over the [`gpu::device::Device`] seam (adaptors wrap it, `cuda.rs` alone
@@ -38,6 +38,7 @@ pub mod error;
 pub mod event;
 pub mod gpu;
 pub mod gpu_run;
+pub mod ids;
 pub mod input;
 pub mod interrupt;
 pub mod report;

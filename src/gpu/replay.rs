@@ -11,11 +11,11 @@ mod observers;
 
 use std::time::Instant;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 
 use super::devprobe::LatencyModel;
 use super::stats::DeviceStats;
-use super::{AllocError, GpuAllocator, Handle};
+use super::{AllocError, GpuAllocator};
 use crate::error::InputError;
 use crate::event::Event;
 pub use crate::results::OnOom;
@@ -55,7 +55,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
 ) -> anyhow::Result<ReplayOutcome> {
     let start = Instant::now();
     let mut out = ReplayOutcome::default();
-    let mut handles: FxHashMap<u64, (Handle, u64)> = FxHashMap::default();
+    let mut handles: crate::ids::IdMap<(super::Handle, u64)> = crate::ids::IdMap::default();
     let mut failed: FxHashSet<u64> = FxHashSet::default();
     // Live 0-byte allocations: null pointers that never reached the allocator.
     let mut null: FxHashSet<u64> = FxHashSet::default();
@@ -70,7 +70,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 if bytes == 0 {
                     // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp):
                     // malloc only `if (size != 0)`; the null pointer touches no stat.
-                    if handles.contains_key(&id) || !null.insert(id) {
+                    if handles.contains(id) || !null.insert(id) {
                         return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                     }
                 } else if !null.is_empty() && null.contains(&id) {
@@ -78,7 +78,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 } else {
                     match alloc.malloc(bytes, stream) {
                         Ok(h) => {
-                            if handles.insert(id, (h, bytes)).is_some() {
+                            if !handles.insert(id, (h, bytes)) {
                                 return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                             }
                             at.live += bytes;
@@ -106,7 +106,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
                 // (The sets are empty in almost every trace: skip the hash then.)
                 if null.is_empty() || !null.remove(&id) {
-                    match handles.remove(&id) {
+                    match handles.remove(id) {
                         Some((h, bytes)) => {
                             alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
                             at.live -= bytes;
@@ -120,8 +120,8 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 }
             }
             Event::EmptyCache => alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?,
-            Event::RecordStream { id, stream } => match handles.get(&id) {
-                Some(&(h, _)) => alloc.record_stream(h, stream),
+            Event::RecordStream { id, stream } => match handles.get(id) {
+                Some((h, _)) => alloc.record_stream(h, stream),
                 // A null pointer or an allocation that failed (--on-oom continue): nothing to use.
                 None if null.contains(&id) || failed.contains(&id) => {}
                 None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),

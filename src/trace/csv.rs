@@ -21,8 +21,6 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 
-use rustc_hash::FxHashSet;
-
 use crate::error::InputError;
 use crate::event::Event;
 use crate::units::MAX_REQUEST_BYTES;
@@ -37,7 +35,7 @@ pub struct TraceReader<R> {
     name: String,
     line_no: u64,
     seen_header: bool,
-    live: FxHashSet<u64>,
+    live: crate::ids::IdSet,
     buf: Vec<u8>,
     failed: bool,
 }
@@ -60,7 +58,15 @@ pub fn is_gzip_name(path: &Path) -> bool {
 
 impl<R: BufRead> TraceReader<R> {
     pub fn new(input: R, name: impl Into<String>) -> Self {
-        TraceReader { input, name: name.into(), line_no: 0, seen_header: false, live: FxHashSet::default(), buf: Vec::with_capacity(128), failed: false }
+        TraceReader {
+            input,
+            name: name.into(),
+            line_no: 0,
+            seen_header: false,
+            live: crate::ids::IdSet::default(),
+            buf: Vec::with_capacity(128),
+            failed: false,
+        }
     }
 
     fn err(&self, msg: impl Into<String>) -> anyhow::Error {
@@ -98,8 +104,8 @@ impl<R: BufRead> TraceReader<R> {
         // (spaces, comments, errors) goes the general way below, which words the errors.
         if self.seen_header {
             match fast_event(&self.buf) {
-                Some(ev @ Event::Alloc { id, bytes, .. }) if bytes < MAX_REQUEST_BYTES && self.live.insert(id) => return Ok(Some(ev)),
-                Some(ev @ Event::Free { id }) if self.live.remove(&id) => return Ok(Some(ev)),
+                Some(ev @ Event::Alloc { id, bytes, .. }) if bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()) => return Ok(Some(ev)),
+                Some(ev @ Event::Free { id }) if self.live.remove(id).is_some() => return Ok(Some(ev)),
                 Some(ev @ (Event::Step { .. } | Event::EmptyCache)) => return Ok(Some(ev)),
                 _ => {}
             }
@@ -141,14 +147,14 @@ impl<R: BufRead> TraceReader<R> {
                     return Err(self.err(format!("alloc of {bytes} bytes is 1 EiB or more: PyTorch refuses it (\"more than 1EB\")")));
                 }
                 let stream = if stream.is_empty() { 0 } else { self.number(stream, "stream")? };
-                if !self.live.insert(id) {
+                if !self.live.insert(id, ()) {
                     return Err(self.err(format!("alloc of id {id}, which is still live (free it first)")));
                 }
                 Event::Alloc { id, bytes, stream }
             }
             "free" => {
                 let id = self.number(id, "id")?;
-                if !self.live.remove(&id) {
+                if self.live.remove(id).is_none() {
                     return Err(self.err(format!("free of id {id}, which is not live")));
                 }
                 Event::Free { id }
@@ -157,7 +163,7 @@ impl<R: BufRead> TraceReader<R> {
             "empty_cache" => Event::EmptyCache,
             "record_stream" => {
                 let id = self.number(id, "id")?;
-                if !self.live.contains(&id) {
+                if !self.live.contains(id) {
                     return Err(self.err(format!("record_stream of id {id}, which is not live")));
                 }
                 Event::RecordStream { id, stream: self.number(stream, "stream")? }
