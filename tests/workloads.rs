@@ -424,3 +424,39 @@ fn model_switch_generator_matches_pytorch_captures_op_by_op() {
         assert_eq!(c.peak_live, g.peak_live, "{capture}: peak live");
     }
 }
+
+/// workloads/model-switch.toml's comment states each model's weights and the peak one of its
+/// steps reaches at the longest sequence (after a first step, whose logits are still named when
+/// the next forward runs): recomputed here from the generator, so the comment stays true.
+#[test]
+fn model_switch_preset_matches_its_documented_numbers() {
+    let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/model-switch.toml"));
+    let w = Workload::load(&path).unwrap();
+    let ms = w.file.model_switch.as_ref().unwrap();
+    let longest = match ms.seq_len {
+        allocbench::workload::spec::LengthDist::Uniform { max, .. } => max,
+        ref d => panic!("expected uniform lengths, found {d:?}"),
+    };
+    let (gib, mib) = ((1u64 << 30) as f64, (1u64 << 20) as f64);
+    let mut documented = Vec::new();
+    for m in &ms.models {
+        let elems = allocbench::workload::inference::param_elems(m);
+        let weights = elems.iter().sum::<u64>() * ms.dtype.bytes();
+        let mut one = w.clone();
+        let spec = one.file.model_switch.as_mut().unwrap();
+        (spec.models, spec.switches, spec.steps_per_model) = (vec![m.clone()], 1, 2);
+        spec.seq_len = allocbench::workload::spec::LengthDist::Fixed { value: longest };
+        let peak = walk(&one).peak_live;
+        documented.push(format!(
+            "{}: {} tensors, {:.2} GiB, peak {:.2} GiB (+{:.0} MiB)",
+            m.name,
+            elems.len(),
+            weights as f64 / gib,
+            peak as f64 / gib,
+            (peak - weights) as f64 / mib
+        ));
+    }
+    let comment: String = w.source.lines().filter_map(|l| l.strip_prefix("# ")).collect::<Vec<_>>().join(" ");
+    let missing: Vec<&String> = documented.iter().filter(|d| !comment.contains(d.as_str())).collect();
+    assert!(missing.is_empty(), "workloads/model-switch.toml's comment should state {missing:?}");
+}

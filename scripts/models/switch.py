@@ -20,6 +20,8 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gpt  # noqa: E402
+import llama  # noqa: E402
 import train  # noqa: E402  (build: the shipped presets; lengths: the --seq-len forms)
 
 try:
@@ -58,6 +60,11 @@ def main():
     p.add_argument("--seed", type=int, default=3)
     p.add_argument("--schedule-out", help="write the residencies as a workload's `residencies = [{ model = I, seq_lens = [...] }, ...]` line")
     a = p.parse_args()
+    unknown = [m for m in a.model if m not in gpt.PRESETS and m not in llama.PRESETS and not m.startswith("hf:")]
+    if unknown:
+        p.error(f"unknown model {unknown[0]!r} (known: {', '.join([*gpt.PRESETS, *llama.PRESETS])}, or hf:MODEL_TYPE[,key=value...])")
+    if a.switches < 1 or a.steps_per_model < 1 or a.batch < 1:
+        p.error("--switches, --steps-per-model and --batch must be at least 1")
 
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
