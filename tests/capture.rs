@@ -350,7 +350,7 @@ fn shipped_captures_are_complete_and_the_demo_replays_one() {
         let mut text = String::new();
         std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&path).unwrap()), &mut text).unwrap();
         assert!(
-            text.contains("# script: scripts/models/train.py") || text.contains("# script: scripts/models/serve.py"),
+            ["train.py", "serve.py", "switch.py"].iter().any(|s| text.contains(&format!("# script: scripts/models/{s}"))),
             "{}: says how it was made",
             path.display()
         );

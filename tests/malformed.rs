@@ -86,3 +86,24 @@ fn serving_workloads_refuse_a_gelu_model_and_bad_arrivals() {
         assert!(err.contains(field) && err.trim().lines().count() == 1, "{err}");
     }
 }
+
+/// A model-switch schedule (`residencies`, as switch.py --schedule-out writes it) that does not
+/// fit its table: one line naming the file, line and residency.
+#[test]
+fn model_switch_residencies_must_fit_the_table() {
+    let good = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/switch-small-math.toml")).unwrap();
+    assert!(Workload::parse(&good, "w.toml").is_ok());
+    let line = good.lines().position(|l| l.starts_with("residencies = ")).unwrap() + 1;
+    let cases = [
+        (good.replacen("{ model = 1,", "{ model = 2,", 1), "residency 1: model = 2 is not an index into the 2 models"),
+        (good.replacen("seq_lens = [52, 21, 47]", "seq_lens = [52, 21]", 1), "residency 0: needs steps_per_model = 3 sequence lengths"),
+        (good.replacen("seq_lens = [52, 21, 47]", "seq_lens = [52, 0, 47]", 1), "residency 0: needs steps_per_model = 3 sequence lengths in 1..=2^24"),
+        (good.replace("switches = 4", "switches = 5"), "lists 4 residencies but switches = 5"),
+    ];
+    for (src, want) in cases {
+        let e = err(&src);
+        assert!(e.contains(want), "expected {want:?} in {e:?}");
+        assert!(e.starts_with(&format!("w.toml:{line}: field `model_switch.residencies`")), "{e}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+}

@@ -25,6 +25,7 @@ class GPTConfig:
 
 PRESETS = {
     # 16 heads of 128 (the paper's 24 heads do not multiply to 2048).
+    "gpt3-medium": GPTConfig(layers=24, d_model=1024, heads=16, ffn=4096),
     "gpt3-xl": GPTConfig(layers=24, d_model=2048, heads=16, ffn=8192),
     "gpt2-xl": GPTConfig(layers=48, d_model=1600, heads=25, ffn=6400, max_positions=1024),
     "gpt2-small": GPTConfig(layers=12, d_model=768, heads=12, ffn=3072, max_positions=1024),

@@ -5,6 +5,7 @@
 //! deterministic for a given `seed` and yields events lazily: memory is bounded by one phase
 //! (a training step, a model load), never by the workload's length.
 
+pub mod inference;
 pub mod model;
 pub mod model_switch;
 pub mod python_objects;
@@ -94,7 +95,8 @@ impl Workload {
             }
             for (i, m) in ms.models.iter().enumerate() {
                 v.model(&format!("model_switch.models[{i}]"), m)?;
-                let s = ms.seq_len.max_value() as u128;
+                let listed = ms.residencies.iter().flat_map(|r| r.seq_lens.iter().copied()).max().unwrap_or(0);
+                let s = ms.seq_len.max_value().max(listed) as u128;
                 v.size("model_switch.batch", ms.batch as u128 * s * m.vocab as u128 * 4)?;
                 v.size("model_switch.seq_len", ms.batch as u128 * m.heads as u128 * s * s * 4)?;
             }
@@ -102,6 +104,22 @@ impl Workload {
             v.positive("model_switch.steps_per_model", ms.steps_per_model, 100_000_000)?;
             v.positive("model_switch.batch", ms.batch, 1 << 20)?;
             v.length("model_switch.seq_len", &ms.seq_len)?;
+            if !ms.residencies.is_empty() && ms.residencies.len() as u64 != ms.switches {
+                return Err(v.fail("model_switch.residencies", format!("lists {} residencies but switches = {}", ms.residencies.len(), ms.switches)));
+            }
+            for (i, r) in ms.residencies.iter().enumerate() {
+                if r.model >= ms.models.len() {
+                    return Err(
+                        v.fail("model_switch.residencies", format!("residency {i}: model = {} is not an index into the {} models", r.model, ms.models.len()))
+                    );
+                }
+                if r.seq_lens.len() as u64 != ms.steps_per_model || r.seq_lens.iter().any(|&s| s == 0 || s > 1 << 24) {
+                    return Err(v.fail(
+                        "model_switch.residencies",
+                        format!("residency {i}: needs steps_per_model = {} sequence lengths in 1..=2^24", ms.steps_per_model),
+                    ));
+                }
+            }
         }
         if let Some(s) = &f.serving {
             v.model("serving.model", &s.model)?;

@@ -1,5 +1,5 @@
 //! Shared pieces of the model-shaped generators: the event emitter, parameter layouts in
-//! state-dict order, and one transformer block's forward pass as eager PyTorch allocates it.
+//! state-dict order and sequence-length sampling.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -8,7 +8,7 @@ use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, LogNormal};
 
-use super::spec::{Attention, FfnKind, LengthDist, ModelSpec};
+use super::spec::{FfnKind, LengthDist, ModelSpec};
 use crate::event::Event;
 
 /// Buffers the events of one phase (a step, a load) so generators stay lazy: memory is bounded
@@ -43,6 +43,10 @@ impl Emitter {
 
     pub fn step(&mut self, n: u64) {
         self.queue.push_back(Event::Step { n });
+    }
+
+    pub fn empty_cache(&mut self) {
+        self.queue.push_back(Event::EmptyCache);
     }
 
     pub fn record_stream(&mut self, id: u64, stream: u64) {
@@ -230,104 +234,4 @@ impl LengthSampler {
             LengthDist::Fixed { value } => *value,
         }
     }
-}
-
-/// What one block's forward pass keeps for backward.
-pub struct LayerForward {
-    /// (id, bytes) of tensors saved for backward, in allocation order.
-    pub saved: Vec<(u64, u64)>,
-    /// The block's output (the next block's input).
-    pub output: u64,
-}
-
-/// Shapes of one forward pass through a block.
-#[derive(Clone, Copy)]
-pub struct BlockShape<'a> {
-    pub model: &'a ModelSpec,
-    pub batch: u64,
-    pub seq: u64,
-    pub act_bytes: u64,
-    pub attention: Attention,
-    pub dropout: bool,
-}
-
-/// Emits one transformer block's forward pass as eager PyTorch allocates it (WORKLOADS.md):
-/// norm output and statistics, QKV, attention (math: B·H·S² scores, masked scores and softmax;
-/// flash: output and logsumexp), output projection and residual, norm, MLP, residual.
-/// Tensors autograd saves are returned; short-lived temporaries are freed where torch frees them.
-pub fn forward_block(e: &mut Emitter, s: BlockShape<'_>) -> LayerForward {
-    let m = s.model;
-    let (d, f, h) = (m.d_model, m.ffn, m.heads);
-    let t = s.batch * s.seq;
-    let a = s.act_bytes;
-    let mut saved = Vec::with_capacity(20);
-    let mut keep = |e: &mut Emitter, bytes: u64| {
-        let id = e.alloc(bytes);
-        saved.push((id, bytes));
-        id
-    };
-    let layer_norm_stats = |e: &mut Emitter, keep: &mut dyn FnMut(&mut Emitter, u64) -> u64| {
-        if m.ffn_kind == FfnKind::Gelu {
-            keep(e, t * 4); // mean (fp32)
-        }
-        keep(e, t * 4); // rstd (fp32)
-    };
-    keep(e, t * d * a); // norm 1 output
-    layer_norm_stats(e, &mut keep);
-    match m.ffn_kind {
-        FfnKind::Gelu => {
-            keep(e, t * 3 * d * a); // fused QKV projection
-        }
-        FfnKind::Swiglu => {
-            let q = e.alloc(t * d * a);
-            let k = e.alloc(t * d * a);
-            keep(e, t * d * a); // v
-            keep(e, t * d * a); // rotary q
-            keep(e, t * d * a); // rotary k
-            e.free(q);
-            e.free(k);
-        }
-    }
-    match s.attention {
-        Attention::Math => {
-            let scores_bytes = s.batch * h * s.seq * s.seq * a;
-            let scores = e.alloc(scores_bytes);
-            let masked = e.alloc(scores_bytes);
-            e.free(scores);
-            keep(e, scores_bytes); // softmax output
-            e.free(masked);
-            if s.dropout {
-                keep(e, s.batch * h * s.seq * s.seq); // bool dropout mask
-                keep(e, scores_bytes); // dropped probabilities
-            }
-            let ctx = e.alloc(t * d * a);
-            keep(e, t * d * a); // transpose(1, 2).contiguous()
-            e.free(ctx);
-        }
-        Attention::Flash => {
-            keep(e, t * d * a); // output
-            keep(e, s.batch * h * s.seq * 4); // logsumexp (fp32)
-        }
-    }
-    let proj = e.alloc(t * d * a);
-    keep(e, t * d * a); // residual sum
-    e.free(proj);
-    keep(e, t * d * a); // norm 2 output
-    layer_norm_stats(e, &mut keep);
-    match m.ffn_kind {
-        FfnKind::Gelu => {
-            keep(e, t * f * a); // up
-            keep(e, t * f * a); // gelu
-        }
-        FfnKind::Swiglu => {
-            keep(e, t * f * a); // gate
-            keep(e, t * f * a); // up
-            keep(e, t * f * a); // silu(gate)
-            keep(e, t * f * a); // silu(gate) * up
-        }
-    }
-    let down = e.alloc(t * d * a);
-    let output = e.alloc(t * d * a);
-    e.free(down);
-    LayerForward { saved, output }
 }

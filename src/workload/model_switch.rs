@@ -1,68 +1,105 @@
-//! Several models loaded, run for K inference steps, and unloaded, in a schedule.
+//! Several models served from one GPU in turn, as `scripts/models/switch.py` runs them in eager
+//! PyTorch, op by op: each residency builds a model (gpt.py for GELU models, llama.py for SwiGLU)
+//! and moves it to the GPU (one allocation per parameter, in registration order), runs
+//! `steps_per_model` batched forwards under `torch.no_grad()` (see [`super::inference`]), and is
+//! unloaded (`del model, idx, logits`: the parameters in order, a tied embedding last, then the
+//! last ids and logits),
+//! optionally followed by `torch.cuda.empty_cache()`. Python's names keep their values until
+//! rebound: a step's new ids are allocated before the old ones die, its logits outlive the next
+//! forward. The cuBLAS workspace is taken at the first matmul of the run and kept across models;
+//! it is freed after the last residency (process exit), so nothing is live at the end.
 //!
-//! Loading allocates every parameter tensor in state-dict order; each inference step runs the
-//! blocks under `no_grad` (a block's activations die when the block ends; its output when the next
-//! block has consumed it), then the logits; unloading frees the parameters in order. Nothing is
-//! live at the end.
+//! Which model each residency loads (uniform or round-robin) and the sequence lengths are drawn
+//! from the seed, or taken from `residencies` (a capture's own schedule).
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use super::model::{forward_block, BlockShape, Emitter, LengthSampler, ParamLayout};
-use super::spec::{ModelSwitchSpec, Schedule};
+use super::inference::{param_elems, CublasWorkspace, Forward, INT64};
+use super::model::{Emitter, LengthSampler};
+use super::spec::{FfnKind, ModelSwitchSpec, Schedule};
+use super::transformer::DEFAULT_CUBLAS_WORKSPACE;
 use crate::event::Event;
 
 pub struct ModelSwitchGen {
     spec: ModelSwitchSpec,
-    layouts: Vec<ParamLayout>,
+    /// Parameter element counts per model, in load order.
+    params: Vec<Vec<u64>>,
     rng: ChaCha8Rng,
     seq: LengthSampler,
     e: Emitter,
+    cublas: CublasWorkspace,
     residency: u64,
     step: u64,
+    finished: bool,
 }
 
 impl ModelSwitchGen {
     pub fn new(spec: &ModelSwitchSpec, seed: u64) -> Self {
+        let workspace = spec.cublas_workspace.map(|b| b.0).unwrap_or(DEFAULT_CUBLAS_WORKSPACE);
         ModelSwitchGen {
-            layouts: spec.models.iter().map(ParamLayout::new).collect(),
+            params: spec.models.iter().map(param_elems).collect(),
             spec: spec.clone(),
             rng: ChaCha8Rng::seed_from_u64(seed),
             seq: LengthSampler::new(&spec.seq_len),
             e: Emitter::default(),
+            cublas: CublasWorkspace::new(workspace),
             residency: 0,
             step: 0,
+            finished: false,
         }
     }
 
-    fn run_residency(&mut self) {
+    /// The model and the sequence lengths of the next residency.
+    fn plan(&mut self) -> (usize, Vec<u64>) {
+        if let Some(r) = self.spec.residencies.get(self.residency as usize) {
+            return (r.model, r.seq_lens.clone());
+        }
+        let n = self.spec.models.len();
         let which = match self.spec.schedule {
-            Schedule::RoundRobin => (self.residency % self.spec.models.len() as u64) as usize,
-            Schedule::Random => self.rng.random_range(0..self.spec.models.len()),
+            Schedule::RoundRobin => (self.residency % n as u64) as usize,
+            Schedule::Random => self.rng.random_range(0..n),
         };
-        let model = self.spec.models[which].clone();
+        let lens = (0..self.spec.steps_per_model).map(|_| self.seq.sample(&mut self.rng)).collect();
+        (which, lens)
+    }
+
+    fn run_residency(&mut self) {
+        let (which, seq_lens) = self.plan();
         let dt = self.spec.dtype.bytes();
-        let params: Vec<u64> = self.layouts[which].elems.iter().map(|&n| self.e.alloc(n * dt)).collect();
-        for _ in 0..self.spec.steps_per_model {
+        let params: Vec<u64> = self.params[which].iter().map(|&n| self.e.alloc(n * dt)).collect();
+        let model = &self.spec.models[which];
+        let (mut idx, mut logits): (Option<u64>, Option<u64>) = (None, None);
+        for s in seq_lens {
+            let b = self.spec.batch;
+            // idx = torch.randint(0, vocab, (batch, s)): the old ids die on rebinding.
+            if let Some(old) = idx.replace(self.e.alloc(b * s * INT64)) {
+                self.e.free(old);
+            }
+            let mut f = Forward { e: &mut self.e, model, dt, cublas: &mut self.cublas };
+            let out = match model.ffn_kind {
+                FfnKind::Gelu => f.gpt(b, s, self.spec.attention),
+                // llama.py always attends with SDPA; no cache: k and v die with attention's locals.
+                FfnKind::Swiglu => f.llama(b, s, 0, &mut |_, _, k, v| vec![k, v]),
+            };
+            if let Some(old) = logits.replace(out) {
+                self.e.free(old);
+            }
             self.step += 1;
             self.e.step(self.step);
-            let s = self.seq.sample(&mut self.rng);
-            let b = self.spec.batch;
-            let shape = BlockShape { model: &model, batch: b, seq: s, act_bytes: dt, attention: self.spec.attention, dropout: false };
-            let mut x = self.e.alloc(b * s * model.d_model * dt);
-            for _ in 0..model.layers {
-                let fwd = forward_block(&mut self.e, shape);
-                self.e.free_all(fwd.saved.iter().map(|&(id, _)| id));
-                self.e.free(x);
-                x = fwd.output;
-            }
-            let norm = self.e.alloc(b * s * model.d_model * dt);
-            self.e.free(x);
-            let logits = self.e.alloc(b * s * model.vocab * dt);
-            self.e.free(norm);
-            self.e.free(logits);
+        }
+        // del model, idx, logits: the modules die in registration order, each with its
+        // parameters, but a tied token embedding (the first parameter) lives on in `lm_head`,
+        // the last module.
+        let mut params = params;
+        if model.tied_embeddings {
+            params.rotate_left(1);
         }
         self.e.free_all(params);
+        self.e.free_all(idx.into_iter().chain(logits));
+        if self.spec.empty_cache {
+            self.e.empty_cache();
+        }
         self.residency += 1;
     }
 }
@@ -75,10 +112,16 @@ impl Iterator for ModelSwitchGen {
             if let Some(ev) = self.e.pop() {
                 return Some(ev);
             }
-            if self.residency >= self.spec.switches {
-                return None;
+            if self.residency < self.spec.switches {
+                self.run_residency();
+                continue;
             }
-            self.run_residency();
+            if !self.finished {
+                self.finished = true;
+                self.cublas.release(&mut self.e);
+                continue;
+            }
+            return None;
         }
     }
 }

@@ -26,12 +26,10 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rand_distr::{Distribution, Poisson};
 
+use super::inference::{llama_param_elems, CublasWorkspace, Forward, INT64};
 use super::model::{Emitter, LengthSampler};
 use super::spec::{KvCache, ServingSpec};
 use crate::event::Event;
-
-const FP32: u64 = 4;
-const INT64: u64 = 8;
 
 /// One layer's cache: K and V tensors (naive: the whole prefix; preallocated: the buffers;
 /// paged: one tensor per page each) and the tokens in it.
@@ -40,6 +38,15 @@ struct LayerKv {
     k: Vec<u64>,
     v: Vec<u64>,
     len: u64,
+}
+
+/// What a layer's cache update needs of the serving setup.
+#[derive(Clone, Copy)]
+struct CacheLayout {
+    kind: KvCache,
+    page_tokens: u64,
+    /// One token's K (or V) of one layer.
+    token_bytes: u64,
 }
 
 struct Request {
@@ -62,6 +69,9 @@ pub struct ServingGen {
     prompt_len: LengthSampler,
     output_len: LengthSampler,
     e: Emitter,
+    /// serve.py runs under inference_mode, where the capture sees `linear` whole and so never
+    /// the workspace of the matmul inside it: the twin models none.
+    cublas: CublasWorkspace,
     loaded: bool,
     step: u64,
     burst: bool,
@@ -87,6 +97,7 @@ impl ServingGen {
             prompt_len: LengthSampler::new(&spec.prompt_len),
             output_len: LengthSampler::new(&spec.output_len),
             e: Emitter::default(),
+            cublas: CublasWorkspace::new(0),
             loaded: false,
             step: 0,
             burst: false,
@@ -106,215 +117,21 @@ impl ServingGen {
         self.spec.dtype.bytes()
     }
 
-    /// llama.py's parameters in registration order: embedding, per block the input norm, q, k,
-    /// v, o, the post-attention norm, gate, up, down; the final norm and the output projection.
     fn load_weights(&mut self) {
-        let m = &self.spec.model;
-        let (d, f, v) = (m.d_model, m.ffn, m.vocab);
-        let mut elems = vec![v * d];
-        for _ in 0..m.layers {
-            elems.extend([d, d * d, d * d, d * d, d * d, d, f * d, f * d, d * f]);
-        }
-        elems.push(d);
-        if !m.tied_embeddings {
-            elems.push(v * d);
-        }
         let dt = self.dt();
-        for n in elems {
+        for n in llama_param_elems(&self.spec.model) {
             self.e.alloc(n * dt);
         }
-    }
-
-    /// RMSNorm.forward on `s` tokens: `x.float()`, `pow(2).mean(-1, keepdim)`, `+ eps`, `rsqrt`,
-    /// the product, `.type_as(x)`, `* weight`.
-    fn rms_norm(&mut self, s: u64) -> u64 {
-        let (d, dt) = (self.spec.model.d_model, self.dt());
-        let upcast = dt != FP32;
-        let h = upcast.then(|| self.e.alloc(s * d * FP32));
-        let sq = self.e.alloc(s * d * FP32);
-        let mean = self.e.alloc(s * FP32);
-        self.e.free(sq);
-        let eps = self.e.alloc(s * FP32);
-        self.e.free(mean);
-        let r = self.e.alloc(s * FP32);
-        self.e.free(eps);
-        let hr = self.e.alloc(s * d * FP32);
-        self.e.free(r);
-        let cast = if upcast {
-            let t = self.e.alloc(s * d * dt);
-            self.e.free(hr);
-            t
-        } else {
-            hr
-        };
-        let out = self.e.alloc(s * d * dt);
-        self.e.free(cast);
-        if let Some(h) = h {
-            self.e.free(h);
-        }
-        out
-    }
-
-    /// apply_rope on `heads` heads of `s` tokens: the table slices cast to the dtype, x1·cos −
-    /// x2·sin and x2·cos + x1·sin, and their cat.
-    fn rope(&mut self, s: u64, heads: u64) -> u64 {
-        let m = &self.spec.model;
-        let hd = m.d_model / m.heads;
-        let half = hd / 2;
-        let dt = self.dt();
-        let casts = (dt != FP32).then(|| [self.e.alloc(s * half * dt), self.e.alloc(s * half * dt)]);
-        let piece = s * heads * half * dt;
-        let (a, b) = (self.e.alloc(piece), self.e.alloc(piece));
-        let first = self.e.alloc(piece);
-        self.e.free(a);
-        self.e.free(b);
-        let (a, b) = (self.e.alloc(piece), self.e.alloc(piece));
-        let second = self.e.alloc(piece);
-        self.e.free(a);
-        self.e.free(b);
-        let out = self.e.alloc(s * heads * hd * dt);
-        self.e.free(second);
-        self.e.free(first);
-        if let Some(c) = casts {
-            self.e.free_all(c);
-        }
-        out
     }
 
     /// `Llama.forward(idx, caches=..., start=start)` on `s` tokens of request `ri`; returns the
     /// logits ([1, s, vocab] in the model's dtype).
     fn forward(&mut self, ri: usize, s: u64, start: u64) -> u64 {
-        let m = self.spec.model.clone();
-        let (d, f, v, dt) = (m.d_model, m.ffn, m.vocab, self.dt());
-        let half = d / m.heads / 2;
-        let total = start + s;
-        // rope_tables(start + s): arange / half, theta ** that, 1 / that (reciprocal then ·1.0),
-        // the positions, their outer product, cos and sin.
-        let a = self.e.alloc(half * FP32);
-        let b = self.e.alloc(half * FP32);
-        self.e.free(a);
-        let p = self.e.alloc(half * FP32);
-        self.e.free(b);
-        let recip = self.e.alloc(half * FP32);
-        let inv = self.e.alloc(half * FP32);
-        self.e.free(recip);
-        self.e.free(p);
-        let positions = self.e.alloc(total * FP32);
-        let angles = self.e.alloc(total * half * FP32);
-        self.e.free(positions);
-        let (cos, sin) = (self.e.alloc(total * half * FP32), self.e.alloc(total * half * FP32));
-        self.e.free(inv);
-        self.e.free(angles);
-
-        let mut x = self.e.alloc(s * d * dt); // embed_tokens
-        for layer in 0..m.layers as usize {
-            let n = self.rms_norm(s);
-            let q = self.e.alloc(s * d * dt);
-            let k = self.e.alloc(s * d * dt);
-            let val = self.e.alloc(s * d * dt);
-            let qr = self.rope(s, m.heads);
-            let kr = self.rope(s, m.heads);
-            self.e.free(k);
-            self.e.free(q);
-            let gathered = self.cache_update(ri, layer, kr, val, s);
-            // SDPA: flash on fp16/bf16 returns the output and a log-sum-exp nobody keeps;
-            // memory-efficient on fp32 computes none without grad.
-            let y = self.e.alloc(s * d * dt);
-            if dt != FP32 {
-                let lse = self.e.alloc(m.heads * s * FP32);
-                self.e.free(lse);
-            }
-            // y.transpose(1, 2).reshape(b, s, -1) copies unless s == 1.
-            let reshaped = (s > 1).then(|| self.e.alloc(s * d * dt));
-            let o = self.e.alloc(s * d * dt);
-            if let Some(t) = reshaped {
-                self.e.free(t);
-            }
-            self.e.free(qr);
-            self.e.free_all(gathered);
-            self.e.free(y);
-            self.e.free(n);
-            let x2 = self.e.alloc(s * d * dt);
-            self.e.free(o);
-            let h = self.rms_norm(s);
-            let gate = self.e.alloc(s * f * dt);
-            let silu = self.e.alloc(s * f * dt);
-            self.e.free(gate);
-            let up = self.e.alloc(s * f * dt);
-            let prod = self.e.alloc(s * f * dt);
-            self.e.free(silu);
-            self.e.free(up);
-            let down = self.e.alloc(s * d * dt);
-            self.e.free(prod);
-            let x3 = self.e.alloc(s * d * dt);
-            self.e.free(down);
-            self.e.free(x2);
-            self.e.free(h);
-            self.e.free(x);
-            x = x3;
-        }
-        let n = self.rms_norm(s);
-        let logits = self.e.alloc(s * v * dt);
-        self.e.free(n);
-        self.e.free(cos);
-        self.e.free(sin);
-        self.e.free(x);
-        logits
-    }
-
-    /// `k, v = cache.update(k, v)` for `s` new tokens (`kr` the rotated keys, `val` the values);
-    /// returns the temporaries attention reads and then frees (paged: the gathered K and V).
-    fn cache_update(&mut self, ri: usize, layer: usize, kr: u64, val: u64, s: u64) -> Vec<u64> {
-        let per_token = self.spec.model.d_model * self.dt();
-        let len = self.requests[ri].kv[layer].len;
-        let new_len = len + s;
-        self.requests[ri].kv[layer].len = new_len;
-        match self.spec.kv_cache {
-            KvCache::NaiveCat => {
-                if len == 0 {
-                    // self.k = k: the cache keeps the tensors themselves.
-                    let kv = &mut self.requests[ri].kv[layer];
-                    kv.k = vec![kr];
-                    kv.v = vec![val];
-                } else {
-                    let nk = self.e.alloc(new_len * per_token);
-                    let old = std::mem::replace(&mut self.requests[ri].kv[layer].k, vec![nk]);
-                    self.e.free_all(old);
-                    let nv = self.e.alloc(new_len * per_token);
-                    let old = std::mem::replace(&mut self.requests[ri].kv[layer].v, vec![nv]);
-                    self.e.free_all(old);
-                    self.e.free(kr);
-                    self.e.free(val);
-                }
-                Vec::new()
-            }
-            KvCache::Preallocated => {
-                if self.requests[ri].kv[layer].k.is_empty() {
-                    let full = self.requests[ri].max_len * per_token;
-                    let (bk, bv) = (self.e.alloc(full), self.e.alloc(full));
-                    let kv = &mut self.requests[ri].kv[layer];
-                    kv.k = vec![bk];
-                    kv.v = vec![bv];
-                }
-                self.e.free(kr);
-                self.e.free(val);
-                Vec::new()
-            }
-            KvCache::Paged => {
-                let page = self.spec.page_tokens;
-                let have = len.div_ceil(page);
-                for _ in have..new_len.div_ceil(page) {
-                    let (pk, pv) = (self.e.alloc(page * per_token), self.e.alloc(page * per_token));
-                    let kv = &mut self.requests[ri].kv[layer];
-                    kv.k.push(pk);
-                    kv.v.push(pv);
-                }
-                let gathered = vec![self.e.alloc(new_len * per_token), self.e.alloc(new_len * per_token)];
-                self.e.free(kr);
-                self.e.free(val);
-                gathered
-            }
-        }
+        let dt = self.dt();
+        let layout = CacheLayout { kind: self.spec.kv_cache, page_tokens: self.spec.page_tokens, token_bytes: self.spec.model.d_model * dt };
+        let request = &mut self.requests[ri];
+        let mut f = Forward { e: &mut self.e, model: &self.spec.model, dt, cublas: &mut self.cublas };
+        f.llama(1, s, start, &mut |e, layer, kr, val| cache_update(e, request, layout, layer, kr, val, s))
     }
 
     /// Frees what a request's list held once nothing names it: `r[3]` (unless the `token` name
@@ -511,6 +328,60 @@ impl Iterator for ServingGen {
                 continue;
             }
             return None;
+        }
+    }
+}
+
+/// `k, v = cache.update(k, v)` for `s` new tokens (`kr` the rotated keys, `val` the values);
+/// returns the temporaries attention reads and then frees (paged: the gathered K and V).
+fn cache_update(e: &mut Emitter, req: &mut Request, c: CacheLayout, layer: usize, kr: u64, val: u64, s: u64) -> Vec<u64> {
+    let (page, per_token) = (c.page_tokens, c.token_bytes);
+    let len = req.kv[layer].len;
+    let new_len = len + s;
+    req.kv[layer].len = new_len;
+    match c.kind {
+        KvCache::NaiveCat => {
+            if len == 0 {
+                // self.k = k: the cache keeps the tensors themselves.
+                let kv = &mut req.kv[layer];
+                kv.k = vec![kr];
+                kv.v = vec![val];
+            } else {
+                let nk = e.alloc(new_len * per_token);
+                let old = std::mem::replace(&mut req.kv[layer].k, vec![nk]);
+                e.free_all(old);
+                let nv = e.alloc(new_len * per_token);
+                let old = std::mem::replace(&mut req.kv[layer].v, vec![nv]);
+                e.free_all(old);
+                e.free(kr);
+                e.free(val);
+            }
+            Vec::new()
+        }
+        KvCache::Preallocated => {
+            if req.kv[layer].k.is_empty() {
+                let full = req.max_len * per_token;
+                let (bk, bv) = (e.alloc(full), e.alloc(full));
+                let kv = &mut req.kv[layer];
+                kv.k = vec![bk];
+                kv.v = vec![bv];
+            }
+            e.free(kr);
+            e.free(val);
+            Vec::new()
+        }
+        KvCache::Paged => {
+            let have = len.div_ceil(page);
+            for _ in have..new_len.div_ceil(page) {
+                let (pk, pv) = (e.alloc(page * per_token), e.alloc(page * per_token));
+                let kv = &mut req.kv[layer];
+                kv.k.push(pk);
+                kv.v.push(pv);
+            }
+            let gathered = vec![e.alloc(new_len * per_token), e.alloc(new_len * per_token)];
+            e.free(kr);
+            e.free(val);
+            gathered
         }
     }
 }

@@ -235,6 +235,24 @@ pub struct ModelSwitchSpec {
     pub seq_len: LengthDist,
     pub dtype: Dtype,
     pub attention: Attention,
+    /// `torch.cuda.empty_cache()` after each unload: the cached segments go back to the driver.
+    #[serde(default)]
+    pub empty_cache: bool,
+    /// The cuBLAS workspace taken at the first matmul and kept (default 32 MiB); 0: none.
+    pub cublas_workspace: Option<Bytes>,
+    /// An explicit schedule instead of the seeded draws (a capture's own: `switch.py
+    /// --schedule-out`): which model each residency loads and its steps' sequence lengths.
+    #[serde(default)]
+    pub residencies: Vec<Residency>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Residency {
+    /// An index into `models`.
+    pub model: usize,
+    /// One sequence length per inference step.
+    pub seq_lens: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
