@@ -18,10 +18,17 @@ use super::html;
 use super::spread::fold;
 use super::style::slug;
 use crate::results::{GpuRunResult, SegmentSnapshot};
+use crate::trace::Sites;
 
 /// The allocation site of each block of a segment map where known (`[segment][block]`, an index
 /// into the page's site names).
 pub type BlockSites = Vec<Vec<Option<u32>>>;
+
+/// The site of each block of a segment map, from its owner's allocation id (`ids[segment][block]`,
+/// as [`crate::gpu::replay::BlockOwners`] gives them).
+pub fn block_sites(ids: &[Vec<Option<u64>>], sites: &Sites) -> BlockSites {
+    ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| sites.of_id.get(&id).copied())).collect()).collect()
+}
 
 /// One run shown in the view, with its blocks' allocation sites where known.
 pub struct ViewRun<'a> {
