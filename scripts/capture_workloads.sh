@@ -3,6 +3,12 @@
 # (no GPU needed; a Python with torch: --python, $ALLOCBENCH_PYTHON or python3).
 # About 10 minutes for GPT-3 XL, 6 for Llama-2-7B and 1 for the serving loop on one core.
 #   scripts/capture_workloads.sh [gpt3-xl-1.3b|llama2-7b-80g|serving-llama7b ...]
+# Each alloc carries its allocation site ('#site'/'#at' comment lines, see README "Allocation
+# sites of a capture"). Adding them changed no row: re-captured with sites, the Llama-2-7B and
+# serving traces are the earlier ones row for row once the site lines are stripped
+#   diff <(zcat OLD.csv.gz | grep -v '^#') <(zcat NEW.csv.gz | grep -v '^#')
+# (train.py's captures can order a burst of frees differently from run to run: storages that die
+# in Python's cyclic garbage collection; that diff then shows it).
 # The serving capture also writes its generator twin, workloads/captured/serving-llama7b.toml:
 # workloads/serving-llama7b.toml driven by the capture's own arrivals (tests check both agree).
 set -euo pipefail

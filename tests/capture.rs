@@ -410,7 +410,7 @@ fn a_transformers_model_captures_from_its_config_alone() {
 #[test]
 fn shipped_captures_are_complete_and_the_demo_replays_one() {
     let dir = root().join("workloads/captured");
-    let mut seen = 0;
+    let (mut seen, mut with_sites) = (0, 0);
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if !path.to_string_lossy().ends_with(".csv.gz") {
@@ -427,8 +427,18 @@ fn shipped_captures_are_complete_and_the_demo_replays_one() {
         assert!(text.trim_end().lines().last().unwrap().starts_with("# capture complete"), "{}: a complete capture", path.display());
         let evs = events(&path);
         assert!(steps(&evs).len() >= 30, "{}: many steps", path.display());
+        if text.contains("\n#site ") {
+            // Every alloc names a line of the model scripts (relative to scripts/models/).
+            with_sites += 1;
+            let sites = read_trace(&path).unwrap().read_sites().unwrap();
+            let allocs = evs.iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
+            assert_eq!(sites.of_id.len(), allocs, "{}: every alloc has a site", path.display());
+            let model_files = ["train.py:", "serve.py:", "gpt.py:", "llama.py:"];
+            assert!(sites.names.iter().all(|n| model_files.iter().any(|f| n.starts_with(f))), "{}: {:?}", path.display(), sites.names);
+        }
     }
     assert!(seen >= 1, "workloads/captured holds the flagship captures");
+    assert!(with_sites >= 2, "the re-made captures carry their allocation sites");
 
     // `allocbench run` with no input replays the embedded capture of GPT-3 XL.
     let out_dir = tempfile::tempdir().unwrap();
