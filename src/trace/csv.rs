@@ -119,7 +119,6 @@ impl<R: BufRead> TraceReader<R> {
         let mut of_id: FxHashMap<u64, u32> = FxHashMap::default();
         let mut ambiguous: FxHashSet<u64> = FxHashSet::default();
         // Not a `for`: the loop reads the reader's site after each event.
-        #[allow(clippy::while_let_on_iterator)]
         while let Some(event) = self.next() {
             if let Event::Alloc { id, .. } = event? {
                 match (self.site, of_id.get(&id)) {
