@@ -7,9 +7,9 @@
 # sites of a capture"). Adding them changed no row: re-captured with sites, the Llama-2-7B and
 # serving traces are the earlier ones row for row once the site lines are stripped
 #   diff <(zcat OLD.csv.gz | grep -v '^#') <(zcat NEW.csv.gz | grep -v '^#')
-# train.py's captures can order a burst of frees differently from run to run (storages that die
-# in Python's cyclic garbage collection), with or without sites: the GPT-3 XL re-capture did (the
-# same rows, 37,795 diff lines from frees within bursts), so that trace was kept without sites.
+# train.py's captures can order the frees within a burst (frees with no alloc between them)
+# differently from run to run, with or without sites: the GPT-3 XL re-capture did (the same rows
+# otherwise), so that trace was kept as it was, without sites.
 # The serving capture also writes its generator twin, workloads/captured/serving-llama7b.toml:
 # workloads/serving-llama7b.toml driven by the capture's own arrivals (tests check both agree).
 set -euo pipefail
