@@ -6,6 +6,12 @@ Every new CUDA storage becomes one ``alloc`` row of an allocbench v1 trace (byte
 free of the old), its ``free`` row is written when the storage dies, and a ``step`` row follows
 every ``optimizer.step()`` (a global optimizer hook) or an explicit ``allocbench_capture.step()``.
 
+Allocation sites ride in the trace as comment lines every v1 reader skips: ``#site N FILE:LINE
+FUNCTION`` defines site N (0, 1, 2... in order of first use) and ``#at N`` returns to an earlier
+one; each ``alloc`` row was made at the site most recently defined or returned to. A site is the
+innermost Python frame outside torch, the standard library and this module (the frame a user
+reads in their own code), its file relative to the script's directory when under it.
+
 Without a GPU (the default) tensors on ``"cuda"`` are fake (``FakeTensorMode``: shapes, no data,
 no compute) yet take CUDA's paths: CUDA's autocast policy, the CUDA branches of composite ops and
 the real autograd engine. ``--real`` records real tensors instead (a GPU, or ``--device cpu``).
@@ -97,8 +103,16 @@ class _TraceSink:
         self.file.write(FORMAT_HEADER + "\n")
         self.allocs = self.frees = self.steps = 0
         self.live_bytes = self.peak_live_bytes = 0
+        self.site = None  # the site the next alloc row is at (the last '#site' or '#at')
 
-    def alloc(self, trace_id, nbytes, stream):
+    def alloc(self, trace_id, nbytes, stream, site=None):
+        if site is not None:
+            index, definition = site
+            if definition is not None:
+                self.file.write(f"#site {index} {definition}\n")
+            elif index != self.site:
+                self.file.write(f"#at {index}\n")
+            self.site = index
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
         self.allocs += 1
         self.live_bytes += nbytes
@@ -127,6 +141,73 @@ class _TraceSink:
         self.file.close()
 
 
+_SITE, _LIBRARY, _OURS = 0, 1, 2
+
+
+class _Sites:
+    """Allocation sites: the innermost Python frame outside torch, the standard library and this
+    module. Cheap enough for a million allocs: whether a code object is skipped is decided once,
+    and each (code object, line) becomes a site index once."""
+
+    def __init__(self, torch, root):
+        self.root = os.path.abspath(root) + os.sep
+        paths = sysconfig.get_paths()
+        self.libraries = tuple({os.path.abspath(paths[k]) + os.sep for k in ("purelib", "platlib")})
+        self.torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+        self.stdlib_dir = os.path.abspath(paths["stdlib"]) + os.sep
+        self.here = os.path.abspath(__file__)
+        self.kind = {}  # code object -> _SITE, _LIBRARY or _OURS
+        self.index = {}  # (code object, line) -> site index
+        self.count = 0
+
+    def _kind(self, filename):
+        """SITE for a user's frame, LIBRARY for torch's and the standard library's, OURS for this module's."""
+        name = os.path.abspath(filename)
+        if name == self.here:
+            return _OURS
+        if filename.startswith("<frozen") or name.startswith(self.torch_dir):
+            return _LIBRARY  # the frozen standard library (runpy, importlib), torch
+        # Third-party libraries may live under the standard library's directory (on Debian, say).
+        if name.startswith(self.stdlib_dir) and not name.startswith(self.libraries):
+            return _LIBRARY
+        return _SITE
+
+    def _name(self, code, line):
+        name = os.path.abspath(code.co_filename)
+        if name.startswith(self.root):
+            name = name[len(self.root):]
+        else:
+            under = next((lib for lib in self.libraries if name.startswith(lib)), None)
+            name = name[len(under):] if under else code.co_filename
+        return f"{name}:{line} {getattr(code, 'co_qualname', code.co_name)}"
+
+    def here_frame(self):
+        """(site index, its '#site' text when new, else None) of the caller's allocation."""
+        frame = sys._getframe(1)
+        fallback = None
+        kinds = self.kind
+        while frame is not None:
+            code = frame.f_code
+            kind = kinds.get(code)
+            if kind is None:
+                kind = kinds[code] = self._kind(code.co_filename)
+            if kind == _SITE:
+                break
+            if fallback is None and kind == _LIBRARY:
+                fallback = frame  # no user frame at all: the innermost one, as a snapshot's site
+            frame = frame.f_back
+        frame = frame or fallback
+        if frame is None:
+            return None
+        key = (frame.f_code, frame.f_lineno)
+        index = self.index.get(key)
+        if index is not None:
+            return index, None
+        index = self.index[key] = self.count
+        self.count += 1
+        return index, self._name(*key)
+
+
 def _make_recorder_class(torch):
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
@@ -144,9 +225,10 @@ def _make_recorder_class(torch):
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
 
-        def __init__(self, sink, device_type, fake, cublas_workspace_bytes, scalar_value):
+        def __init__(self, sink, device_type, fake, cublas_workspace_bytes, scalar_value, sites=None):
             super().__init__()
             self.sink = sink
+            self.sites = sites
             self.device_type = device_type
             self.fake = fake
             self.cublas_workspace_bytes = cublas_workspace_bytes
@@ -216,7 +298,7 @@ def _make_recorder_class(torch):
             if self.annotate:
                 self.sink.comment(f"op {self.current_op}")
             trace_id = self._new_id()
-            self.sink.alloc(trace_id, nbytes, self._stream_of(t))
+            self.sink.alloc(trace_id, nbytes, self._stream_of(t), self.sites.here_frame() if self.sites else None)
             return trace_id
 
         def _storage_died(self, key):
@@ -233,7 +315,7 @@ def _make_recorder_class(torch):
                 return
             self.workspace_streams.add(stream)
             self.sink.comment(f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)")
-            self.sink.alloc(self._new_id(), self.cublas_workspace_bytes, stream)
+            self.sink.alloc(self._new_id(), self.cublas_workspace_bytes, stream, self.sites.here_frame() if self.sites else None)
 
         def _written_arg_positions(self, func):
             positions = self.written_args.get(func)
@@ -833,12 +915,14 @@ def _fake_cuda_api(torch, patches, recorder):
 
 
 @contextlib.contextmanager
-def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32, scalar_value=None, comments=()):
+def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32, scalar_value=None, comments=(), sites=True, site_root=None):
     """Records the allocation trace of the code inside the block into ``path`` (a v1 trace).
 
     ``fake``: None picks fake tensors when ``device`` is cuda and no GPU is present.
     ``steps``: stop (raise StopCapture) after this many steps. ``scalar_value``: answer reads of
-    fake values (``.item()``) with this number instead of raising FakeValueNeeded.
+    fake values (``.item()``) with this number instead of raising FakeValueNeeded. ``sites``: record
+    each alloc's site (``#site``/``#at`` lines), file names relative to ``site_root`` (default: the
+    working directory) when under it.
     """
     global _active
     import torch
@@ -860,7 +944,8 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         *comments,
     ]
     sink = _TraceSink(path, header)
-    recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value)
+    site_table = _Sites(torch, site_root or os.getcwd()) if sites else None
+    recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value, site_table)
     recorder.max_steps = steps
     patches = _Patches()
     outcome = "incomplete: stopped by an error"
@@ -999,6 +1084,7 @@ def main(argv=None):
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device whose storages are recorded")
     parser.add_argument("--cublas-workspace-mib", type=int, default=32, help="modelled cuBLAS workspace per stream (0: none)")
     parser.add_argument("--scalar-value", type=float, help="answer .item() on fake tensors with this value")
+    parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -1041,6 +1127,7 @@ def main(argv=None):
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
             cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
             comments=[f"script: {' '.join([opts.script, *opts.args])}"],
+            sites=not opts.no_sites, site_root=os.path.dirname(script),
         ) as recorder:
             runpy.run_path(script, run_name="__main__")
     except SetupError as e:

@@ -33,6 +33,8 @@ pub struct CaptureOptions {
     pub cublas_workspace_mib: u64,
     /// Answer `.item()` on fake tensors with this value instead of stopping.
     pub scalar_value: Option<f64>,
+    /// Record each alloc's site (the innermost frame of the user's code) as `#site`/`#at` lines.
+    pub sites: bool,
     pub script: PathBuf,
     pub args: Vec<OsString>,
 }
@@ -92,6 +94,9 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
     }
     if opts.real {
         cmd.arg("--real");
+    }
+    if !opts.sites {
+        cmd.arg("--no-sites");
     }
     if let Some(v) = opts.scalar_value {
         cmd.arg("--scalar-value").arg(v.to_string());

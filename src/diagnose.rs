@@ -67,7 +67,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         run.segments_at_peak = crate::gpu_run::segments_at_exact_peak("pytorch", conf, &spec, Box::new(events.iter().copied().map(Ok)))?;
     }
     let w = waste(&run);
-    let top_sites = top_sites(source);
+    let top_sites = top_sites(source)?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
     let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
     let min_cap = min_capacity(&events, conf, full_peak_live)?;
@@ -148,25 +148,21 @@ fn waste(run: &GpuRunResult) -> Waste {
     Waste { top, pinned_free, cached_free, pending, largest, pinning }
 }
 
-/// Bytes requested per allocation site (imported snapshots with stacks), largest first (8).
-fn top_sites(source: &Source) -> Vec<(String, u64)> {
-    match source {
-        Source::Imported(t, _) if !t.site_names.is_empty() => {
-            let mut by_site = vec![0u64; t.site_names.len()];
-            for e in &t.events {
-                if let Event::Alloc { id, bytes, .. } = e {
-                    if let Some(&s) = t.sites.get(id) {
-                        by_site[s as usize] += bytes;
-                    }
-                }
+/// Bytes requested per allocation site (snapshots with stacks, captures with sites), largest first (8).
+fn top_sites(source: &Source) -> anyhow::Result<Vec<(String, u64)>> {
+    let Some(sites) = source.sites()? else { return Ok(Vec::new()) };
+    let mut by_site = vec![0u64; sites.names.len()];
+    for event in source.events()? {
+        if let Event::Alloc { id, bytes, .. } = event? {
+            if let Some(&s) = sites.of_id.get(&id) {
+                by_site[s as usize] += bytes;
             }
-            let mut v: Vec<(String, u64)> = t.site_names.iter().cloned().zip(by_site).collect();
-            v.sort_by_key(|x| std::cmp::Reverse(x.1));
-            v.truncate(8);
-            v
         }
-        _ => Vec::new(),
     }
+    let mut v: Vec<(String, u64)> = sites.names.iter().cloned().zip(by_site).collect();
+    v.sort_by_key(|x| std::cmp::Reverse(x.1));
+    v.truncate(8);
+    Ok(v)
 }
 
 /// Why the OOM happened, with the numbers that decide its cause (one cause, see `OomInfo::cause`).

@@ -1,12 +1,13 @@
 //! Opens what the user names (a workload `.toml`, a trace `.csv`) as a re-playable event source.
 
+use std::borrow::Cow;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::InputError;
 use crate::event::{infallible, EventStream};
 use crate::results::WorkloadInfo;
-use crate::trace::read_trace;
+use crate::trace::{read_trace, Sites};
 use crate::workload::Workload;
 
 /// Where events come from. Each call of [`Source::events`] starts the stream afresh, so every
@@ -125,6 +126,38 @@ impl Source {
                 description: capture_description(embedded_trace()),
             },
         })
+    }
+
+    /// The trace a results record replayed, found again by its sha256 (the record's `workload`):
+    /// at its `origin`, among the shipped captures (`workloads/captured/`, from the working
+    /// directory), or the embedded demo trace. `None` when no file here has those bytes.
+    pub fn find_recorded(info: &WorkloadInfo) -> Option<Source> {
+        if info.kind != "trace" {
+            return None;
+        }
+        if info.origin == EMBEDDED_TRACE_ORIGIN && info.sha256 == sha256_hex(EMBEDDED_TRACE_GZ) {
+            return Some(Source::Embedded);
+        }
+        let shipped = std::fs::read_dir("workloads/captured").into_iter().flatten().filter_map(|e| e.ok().map(|e| e.path()));
+        let mut candidates = std::iter::once(PathBuf::from(&info.origin)).chain(shipped);
+        candidates
+            .find(|p| {
+                let name = p.to_string_lossy().to_ascii_lowercase();
+                (name.ends_with(".csv") || name.ends_with(".csv.gz")) && p.is_file() && sha256_file(p).is_ok_and(|sha| sha == info.sha256)
+            })
+            .map(Source::Trace)
+    }
+
+    /// Where the input says each allocation was made: a snapshot's frames, a capture's `#site`
+    /// lines (one more pass over a trace); `None` when it says nothing.
+    pub fn sites(&self) -> anyhow::Result<Option<Cow<'_, Sites>>> {
+        let sites = match self {
+            Source::Imported(t, _) => Cow::Borrowed(&t.sites),
+            Source::Trace(p) => Cow::Owned(read_trace(p)?.read_sites()?),
+            Source::Embedded => Cow::Owned(crate::trace::TraceReader::new(embedded_trace(), EMBEDDED_TRACE_ORIGIN).read_sites()?),
+            Source::Workload(_) => return Ok(None),
+        };
+        Ok(Some(sites).filter(|s| !s.is_empty()))
     }
 
     /// cudaMalloc addresses recorded with the history (PyTorch snapshots), for the simulated device.

@@ -190,12 +190,36 @@ fn a_snapshots_memory_view_names_allocation_sites() {
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = std::fs::read_to_string(&page).unwrap();
-    assert!(text.contains("make_snapshot.py:41 train"), "the snapshot's frames are in the page");
+    assert!(text.contains("make_snapshot.py:41 in train"), "the snapshot's frames are in the page");
     let Some(browser) = browser() else { return };
     let dom = dump_dom(&browser, &page);
     assert_clean(&dom, &page);
     let site = html_attr(&dom, "data-hover-site").unwrap_or_default();
     assert!(site.starts_with("allocated at make_snapshot.py:"), "hover shows the allocation site: {site:?}");
+}
+
+/// A captured trace's memory view names the sites its `#site` lines give
+/// (`tests/fixtures/capture/sites.csv`, captured from `sites.py`: tests/capture.rs checks it).
+#[test]
+fn a_captured_traces_memory_view_names_allocation_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("memory.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_allocbench"))
+        .args(["replay", "tests/fixtures/capture/sites.csv", "-q", "--html"])
+        .arg(&page)
+        .current_dir(root())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sites = allocbench::trace::read_trace(&root().join("tests/fixtures/capture/sites.csv")).unwrap().read_sites().unwrap();
+    assert!(std::fs::read_to_string(&page).unwrap().contains("sites_lib/blocks.py:6 in make"), "the capture's sites are in the page");
+    let Some(browser) = browser() else { return };
+    let dom = dump_dom(&browser, &page);
+    assert_clean(&dom, &page);
+    let site = html_attr(&dom, "data-hover-site").unwrap_or_default();
+    let named =
+        site.strip_prefix("allocated at ").unwrap_or_else(|| panic!("hover shows the allocation site: {site:?}")).replace("&lt;", "<").replace("&gt;", ">");
+    assert!(sites.names.contains(&named), "{named:?} is one of {:?}", sites.names);
 }
 
 /// A memory view that cannot be written is a clear error (exit 2) after the results were written.

@@ -210,6 +210,76 @@ fn storages_views_resizes_zero_bytes_and_empty_cache() {
     assert!(phases[3].iter().all(|&b| b != 20), "CPU tensors are not recorded");
 }
 
+/// The 1-based line of `sites.py` (or its helper) marked `# site: MARK`.
+fn marked_line(file: &str, mark: &str) -> usize {
+    let text = std::fs::read_to_string(fixture(file)).unwrap();
+    1 + text.lines().position(|l| l.ends_with(&format!("# site: {mark}"))).unwrap_or_else(|| panic!("{file} has no '# site: {mark}'"))
+}
+
+/// Each alloc's size and the site the reader gives it.
+fn allocs_with_sites(trace: &Path) -> Vec<(u64, Option<String>)> {
+    let mut reader = read_trace(trace).unwrap();
+    let mut out = Vec::new();
+    while let Some(event) = reader.next() {
+        if let Event::Alloc { bytes, .. } = event.unwrap() {
+            out.push((bytes, reader.site().map(|s| reader.site_names()[s as usize].clone())));
+        }
+    }
+    out
+}
+
+/// The trace's rows and its `#site`/`#at` lines: everything but the `# ` comments, whose header
+/// names the torch and Python versions.
+fn rows_and_sites(trace: &Path) -> Vec<String> {
+    std::fs::read_to_string(trace).unwrap().lines().filter(|l| !l.starts_with("# ")).map(str::to_string).collect()
+}
+
+#[test]
+fn sites_name_the_users_own_lines() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "sites.csv", &[], &[&fixture("sites.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Relative to the script's folder (not the working directory); torch's frames skipped.
+    let at = |mark: &str, function: &str| Some(format!("sites.py:{} in {function}", marked_line("sites.py", mark)));
+    let workspace = 32 << 20;
+    assert_eq!(
+        allocs_with_sites(&trace),
+        vec![
+            (1024, at("module", "<module>")),
+            (2048, at("twice-first", "twice")),
+            (4096, at("twice-second", "twice")),
+            (4096, Some(format!("sites_lib/blocks.py:{} in make", marked_line("sites_lib/blocks.py", "make")))),
+            (256, at("linear", "<module>")),
+            (128, at("forward", "<module>")),
+            (workspace, at("forward", "<module>")),
+            (128, at("forward", "<module>")),
+            (64, at("twice-first", "twice")),
+            (128, at("twice-second", "twice")),
+        ]
+    );
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("\n#at 1\nalloc,9,64,0\n"), "a site seen before is referred to by its number:\n{text}");
+    // The committed fixture (the browser test's input) is this capture.
+    assert_eq!(rows_and_sites(&trace), rows_and_sites(Path::new(&fixture("sites.csv"))), "re-capture tests/fixtures/capture/sites.csv");
+
+    // --no-sites: the same rows without the site lines.
+    let (out, plain) = capture(dir.path(), "plain.csv", &["--no-sites"], &[&fixture("sites.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let without_sites: Vec<String> = rows_and_sites(&trace).into_iter().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows_and_sites(&plain), without_sites);
+    assert!(allocs_with_sites(&plain).iter().all(|(_, site)| site.is_none()));
+
+    // The memory view of the capture names the sites.
+    let page = dir.path().join("memory.html");
+    let out = Command::cargo_bin("allocbench").unwrap().args(["replay", "-q", "--html"]).arg(&page).arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains(&at("twice-first", "twice").unwrap()) && html.contains("sites_lib/blocks.py:"), "the page carries the sites");
+}
+
 #[test]
 fn loops_without_an_optimizer_mark_steps_and_steps_flag_stops() {
     if !have_torch() {
@@ -340,7 +410,7 @@ fn a_transformers_model_captures_from_its_config_alone() {
 #[test]
 fn shipped_captures_are_complete_and_the_demo_replays_one() {
     let dir = root().join("workloads/captured");
-    let mut seen = 0;
+    let (mut seen, mut with_sites) = (0, 0);
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         if !path.to_string_lossy().ends_with(".csv.gz") {
@@ -357,8 +427,18 @@ fn shipped_captures_are_complete_and_the_demo_replays_one() {
         assert!(text.trim_end().lines().last().unwrap().starts_with("# capture complete"), "{}: a complete capture", path.display());
         let evs = events(&path);
         assert!(steps(&evs).len() >= 30, "{}: many steps", path.display());
+        if text.contains("\n#site ") {
+            // Every alloc names a line of the model scripts (relative to scripts/models/).
+            with_sites += 1;
+            let sites = read_trace(&path).unwrap().read_sites().unwrap();
+            let allocs = evs.iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
+            assert_eq!(sites.of_id.len(), allocs, "{}: every alloc has a site", path.display());
+            let model_files = ["train.py:", "serve.py:", "gpt.py:", "llama.py:"];
+            assert!(sites.names.iter().all(|n| model_files.iter().any(|f| n.starts_with(f))), "{}: {:?}", path.display(), sites.names);
+        }
     }
     assert!(seen >= 1, "workloads/captured holds the flagship captures");
+    assert!(with_sites >= 2, "the re-made captures carry their allocation sites");
 
     // `allocbench run` with no input replays the embedded capture of GPT-3 XL.
     let out_dir = tempfile::tempdir().unwrap();

@@ -234,3 +234,25 @@ fn address_order_is_a_replay_flag_and_recorded() {
     let out = bin().args(["replay", &workload("scenario-sawtooth.toml"), "--address-order", "highest"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// A capture's `#site` lines reach `diagnose` (bytes per site) and a malformed one is one line
+/// naming the file and line, exit 2.
+#[test]
+fn diagnose_ranks_a_captures_allocation_sites_and_bad_site_lines_exit_2() {
+    let out = bin().args(["diagnose", "tests/fixtures/capture/sites.csv"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sites: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("allocation sites by bytes requested:")).skip(1).collect();
+    // sites.py:17 holds the matmul (and the modelled 32 MiB cuBLAS workspace), the most bytes.
+    assert!(sites.first().is_some_and(|l| l.trim_start().starts_with("32.0 MiB") && l.ends_with("sites.py:17 in <module>")), "{text}");
+    assert!(sites.iter().any(|l| l.ends_with("sites_lib/blocks.py:6 in make")), "{text}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "op,id,bytes,stream\n#site 0 a.py:1 f\nalloc,1,8,0\n#at 3\nalloc,2,8,0\n").unwrap();
+    let out = bin().arg("replay").arg(&bad).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("bad.csv:4: '#at 3' names a site not defined yet"), "{err}");
+}

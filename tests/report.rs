@@ -264,3 +264,66 @@ fn cpu_exec_and_drain_runs_render_with_spread_and_verdicts() {
     let drain_row = md.lines().find(|l| l.starts_with("| glibc | 2 | ") && l.contains("MiB") && !l.contains(" s ± ")).expect("the drain row");
     assert_eq!(drain_row.matches("n/a").count(), 2, "retained at 1 s and 10 s are past a 0.2 s drain: {drain_row}");
 }
+
+/// The `#data` JSON of a memory view page.
+fn view_data(page: &Path) -> serde_json::Value {
+    let html = std::fs::read_to_string(page).unwrap();
+    let start = html.find("id=\"data\">").unwrap() + "id=\"data\">".len();
+    serde_json::from_str(&html[start..start + html[start..].find("</script>").unwrap()]).unwrap()
+}
+
+/// Replays `trace` through two policies (`allocbench run`), then renders the report of the records.
+fn report_of_run(trace: &Path, dir: &Path) -> serde_json::Value {
+    let records = dir.join("r.jsonl");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allocbench"))
+        .arg("run")
+        .arg(trace)
+        .args(["--allocators", "pytorch,nocache", "--conf", "", "--conf", "expandable_segments:True", "--quiet", "--jsonl"])
+        .arg(&records)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out_dir = dir.join("report");
+    report::render(&report::load(&[records]).unwrap(), &out_dir, "sites").unwrap();
+    view_data(&out_dir.join("memory-sites.html"))
+}
+
+/// (live blocks, live blocks with a site) over every run of a view.
+fn live_blocks_with_sites(data: &serde_json::Value) -> (usize, usize) {
+    let blocks: Vec<&serde_json::Value> =
+        data["runs"].as_array().unwrap().iter().flat_map(|r| r["segments"].as_array().unwrap()).flat_map(|s| s[5].as_array().unwrap()).collect();
+    let live: Vec<_> = blocks.into_iter().filter(|b| b[2] == 1).collect();
+    (live.len(), live.iter().filter(|b| b[3].as_i64().unwrap() >= 0).count())
+}
+
+/// A report of a captured trace's runs names each live block's allocation site in its memory
+/// view, when it finds the trace again (here at the records' origin, by its sha256); without
+/// the trace it shows none rather than guessing.
+#[test]
+fn a_captured_traces_memory_view_in_a_report_names_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/capture/sites.csv");
+    let data = report_of_run(&fixture, dir.path());
+    let names: Vec<&str> = data["sites"].as_array().unwrap().iter().map(|s| s.as_str().unwrap()).collect();
+    assert!(names.contains(&"sites_lib/blocks.py:6 in make"), "{names:?}");
+    assert_eq!(data["runs"].as_array().unwrap().len(), 3, "pytorch twice, nocache once");
+    let (live, with_site) = live_blocks_with_sites(&data);
+    assert!(live >= 10, "every run maps its live blocks: {live}");
+    assert_eq!(with_site, live, "every allocation of the capture has a site");
+
+    // Moved away: the report cannot find the trace, and names no site.
+    let moved = dir.path().join("moved.csv");
+    std::fs::copy(&fixture, &moved).unwrap();
+    let other = tempfile::tempdir().unwrap();
+    let records_dir = other.path();
+    let renamed = records_dir.join("sites.csv");
+    std::fs::rename(&moved, &renamed).unwrap();
+    let data = report_of_run(&renamed, records_dir);
+    std::fs::remove_file(&renamed).unwrap();
+    let out_dir = records_dir.join("report");
+    report::render(&report::load(&[records_dir.join("r.jsonl")]).unwrap(), &out_dir, "sites").unwrap();
+    let gone = view_data(&out_dir.join("memory-sites.html"));
+    assert!(live_blocks_with_sites(&data).1 > 0, "found at its origin while it is there");
+    assert_eq!(live_blocks_with_sites(&gone).1, 0, "no site once the trace is gone");
+    assert!(gone["sites"].as_array().unwrap().is_empty());
+}

@@ -29,7 +29,7 @@ fn real_snapshot_imports_every_alloc_and_free() {
     assert!(!t.truncated);
     assert!(t.notes.iter().any(|n| n.contains("3 blocks were still allocated")), "{:?}", t.notes);
     // Sites come from the frames: the training script's own lines.
-    assert!(t.site_names.iter().any(|s| s.starts_with("make_snapshot.py:")), "{:?}", t.site_names);
+    assert!(t.sites.names.iter().any(|s| s.starts_with("make_snapshot.py:")), "{:?}", t.sites.names);
     assert!(t.events.iter().all(|e| !matches!(e, Event::Alloc { bytes: 0, .. })));
 }
 
@@ -164,8 +164,8 @@ proptest! {
                             _ => {}
                         }
                     }
-                    prop_assert!(t.sites.keys().all(|id| allocated.contains(id)));
-                    prop_assert!(t.sites.values().all(|&s| (s as usize) < t.site_names.len()));
+                    prop_assert!(t.sites.of_id.keys().all(|id| allocated.contains(id)));
+                    prop_assert!(t.sites.of_id.values().all(|&s| (s as usize) < t.sites.names.len()));
                 }
                 Err(msg) => prop_assert!(!msg.is_empty() && !msg.contains('\n'), "{:?}", msg),
             },

@@ -27,6 +27,9 @@ pub struct CaptureArgs {
     /// Answer `.item()` of a fake tensor with this value instead of stopping (for logging code).
     #[arg(long)]
     pub scalar_value: Option<f64>,
+    /// Leave out the allocation sites (the trace's `#site`/`#at` lines; they cost little).
+    #[arg(long)]
+    pub no_sites: bool,
     /// The trace to write (v1 CSV).
     #[arg(short, long)]
     pub output: PathBuf,
@@ -47,6 +50,7 @@ pub fn main(a: CaptureArgs) -> i32 {
         device: a.device,
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
+        sites: !a.no_sites,
         script,
         args: command.collect(),
     };

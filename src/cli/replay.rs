@@ -32,7 +32,7 @@ pub struct ReplayArgs {
     #[arg(long)]
     pub json: Option<String>,
     /// Write the interactive memory view (timeline, segment map at the peak or the OOM, hover
-    /// for blocks and, for snapshots, allocation sites) to this HTML file.
+    /// for blocks and, for snapshots and captures, allocation sites) to this HTML file.
     #[arg(long, value_name = "OUT.html")]
     pub html: Option<PathBuf>,
 }
@@ -67,7 +67,7 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
         let page = memory_view::page(
             &format!("{}: memory view ({})", result.workload.name, gpu_label(&result)),
             &[ViewRun { run: &result, sites }],
-            names.unwrap_or_default(),
+            &names.unwrap_or_default(),
         );
         std::fs::write(out, page).map_err(|e| InputError::new(out.display().to_string(), format!("cannot write the memory view: {e}")))?;
         eprintln!("memory view written to {}", out.display());
@@ -77,16 +77,16 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
 
 /// What the memory view needs beyond the record. On the simulated device a second,
 /// deterministic replay takes the segment maps at exactly the peak and at the OOM with each
-/// block's allocation (the record keeps that peak map too, as `run` does); for snapshots, the
-/// allocation site of each block (`sites[segment][block]`) and the site names.
-fn exact_segments_and_sites<'s>(
-    source: &'s Source,
+/// block's allocation (the record keeps that peak map too, as `run` does); for snapshots and
+/// captures, the allocation site of each block (`sites[segment][block]`) and the site names.
+fn exact_segments_and_sites(
+    source: &Source,
     allocator: &str,
     conf: &AllocatorConfig,
     spec: &DeviceSpec,
     result: &mut GpuRunResult,
     on_oom: OnOom,
-) -> anyhow::Result<Option<(BlockSites, &'s [String])>> {
+) -> anyhow::Result<Option<(BlockSites, Vec<String>)>> {
     if spec.backend != Backend::Sim || result.summary.interrupted {
         return Ok(None);
     }
@@ -98,12 +98,7 @@ fn exact_segments_and_sites<'s>(
         result.segments_at_peak = owners.at_peak.segments;
         owners.peak_owners
     };
-    Ok(match source {
-        Source::Imported(trace, _) if !trace.site_names.is_empty() => {
-            Some((ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| trace.sites.get(&id).copied())).collect()).collect(), trace.site_names.as_slice()))
-        }
-        _ => None,
-    })
+    Ok(source.sites()?.map(|sites| (memory_view::block_sites(&ids, &sites), sites.into_owned().names)))
 }
 
 fn print_histogram(h: &[(u64, u64)]) {

@@ -117,6 +117,11 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
         v
     }
 
+    /// Each live allocation is its own cudaMalloc: its block starts its segment.
+    fn block_address(&self, handle: Handle) -> Option<u64> {
+        self.live.get(&handle).map(|l| l.ptr)
+    }
+
     fn device_description(&self) -> String {
         self.device.describe()
     }

@@ -10,6 +10,7 @@ use super::charts::{self, BarGroup, BarOptions, Line, Marker, SegmentRow};
 use super::spread::{fold, Spread};
 use super::style::{self, slug};
 use super::{memory_view, percent_change, write_chart, Chart, Section};
+use crate::input::Source;
 use crate::results::{Backend, GpuRunResult, ResultRecord, SegmentSnapshot, TimelinePoint};
 use crate::units::format_bytes;
 
@@ -282,7 +283,8 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     sec.body += "\nInteractive memory views (timeline and segment map at the peak or the OOM, hover for blocks):\n\n";
     for (w, _) in &by_workload {
         let group: Vec<&GpuRunResult> = runs.iter().copied().filter(|r| &r.workload.name == w).collect();
-        let file = memory_view::write_for_runs(out, w, &group)?;
+        let input = Source::find_recorded(&group[0].workload);
+        let file = memory_view::write_for_runs(out, w, &group, input.as_ref())?;
         let _ = writeln!(sec.body, "- [{w}]({file})");
     }
     sec.charts = charts_for(out, &runs)?;

@@ -2,12 +2,13 @@
 //! the manner of `torch.cuda._memory_viz`: the memory timeline (allocated and reserved over the
 //! steps, the peak or the OOM marked) and the segment map at the peak or at the OOM, every
 //! segment laid out in address order, hover for a block's size, request, state, stream, segment
-//! and, where the input recorded one (PyTorch snapshots), its allocation site. A selector switches
+//! and, where the input recorded one (PyTorch snapshots, captures), its allocation site. A selector switches
 //! between the configs that replayed the workload.
 //!
 //! It reads only what a results record holds (`timeline`, `segments_at_peak`,
 //! `segments_at_oom`, `oom`); the sites come from the input, when the caller has it
-//! (`allocbench replay --html`).
+//! (`allocbench replay --html`, and `allocbench report` for the inputs it finds:
+//! [`Source::find_recorded`]).
 
 use std::path::Path;
 
@@ -17,11 +18,21 @@ use super::gpu::gpu_label;
 use super::html;
 use super::spread::fold;
 use super::style::slug;
-use crate::results::{GpuRunResult, SegmentSnapshot};
+use crate::gpu::build::DeviceSpec;
+use crate::gpu::config::AllocatorConfig;
+use crate::input::Source;
+use crate::results::{Backend, GpuRunResult, SegmentSnapshot};
+use crate::trace::Sites;
 
 /// The allocation site of each block of a segment map where known (`[segment][block]`, an index
 /// into the page's site names).
 pub type BlockSites = Vec<Vec<Option<u32>>>;
+
+/// The site of each block of a segment map, from its owner's allocation id (`ids[segment][block]`,
+/// as [`crate::gpu::replay::BlockOwners`] gives them).
+pub fn block_sites(ids: &[Vec<Option<u64>>], sites: &Sites) -> BlockSites {
+    ids.iter().map(|row| row.iter().map(|id| id.and_then(|id| sites.of_id.get(&id).copied())).collect()).collect()
+}
 
 /// One run shown in the view, with its blocks' allocation sites where known.
 pub struct ViewRun<'a> {
@@ -97,13 +108,42 @@ pub fn page(title: &str, runs: &[ViewRun], site_names: &[String]) -> String {
 }
 
 /// Writes `memory-<workload>.html` for a workload's runs (one per config; repetitions replay
-/// the same policy) into `out`; returns the file name.
-pub fn write_for_runs(out: &Path, workload: &str, runs: &[&GpuRunResult]) -> anyhow::Result<String> {
-    let view: Vec<ViewRun> =
-        fold(runs.iter().copied(), |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| ViewRun { run: reps[0], sites: None }).collect();
+/// the same policy) into `out`; returns the file name. With the workload's `input` (a capture
+/// or snapshot that recorded sites), blocks name their allocation sites (see [`sites_of_run`]).
+pub fn write_for_runs(out: &Path, workload: &str, runs: &[&GpuRunResult], input: Option<&Source>) -> anyhow::Result<String> {
+    let sites = match input {
+        Some(source) => source.sites()?,
+        None => None,
+    };
+    let mut view = Vec::new();
+    for (_, reps) in fold(runs.iter().copied(), |r| (r.allocator.clone(), r.conf.clone())) {
+        let run = reps[0];
+        let block_sites = match (input, &sites) {
+            (Some(source), Some(sites)) => sites_of_run(run, source, sites)?,
+            _ => None,
+        };
+        view.push(ViewRun { run, sites: block_sites });
+    }
+    let names = sites.map(|s| s.into_owned().names).unwrap_or_default();
     let file = format!("memory-{}.html", slug(workload));
-    super::write_file(out, &file, &page(&format!("{workload}: memory view"), &view, &[]))?;
+    super::write_file(out, &file, &page(&format!("{workload}: memory view"), &view, &names))?;
     Ok(file)
+}
+
+/// The sites of the blocks a record's segment map shows: a replay of the record's policy on a
+/// fresh simulated device (deterministic) tells which allocation owns each block. `None` when
+/// the record was not made on the simulator, was interrupted, or that replay's map is not the
+/// record's (another address order, say): then no site is shown rather than a wrong one.
+pub fn sites_of_run(run: &GpuRunResult, source: &Source, sites: &Sites) -> anyhow::Result<Option<BlockSites>> {
+    if run.backend != Backend::Sim || run.summary.interrupted {
+        return Ok(None);
+    }
+    let conf = AllocatorConfig::from_arg(Some(&run.conf))?;
+    let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(run.capacity) };
+    let owners = crate::gpu_run::segment_owners(&run.allocator, &conf, &spec, source.events()?, run.on_oom)?;
+    let (at, shown) = shown_segments(run);
+    let (segments, ids) = if at == "OOM" { (owners.at_oom, owners.oom_owners) } else { (owners.at_peak.segments, owners.peak_owners) };
+    Ok((segments == shown).then(|| block_sites(&ids, sites)))
 }
 
 const VIEW_CSS: &str = "#tip{position:fixed;pointer-events:none;background:#fff;border:1px solid #888;padding:4px 8px;font-size:12px;white-space:pre;box-shadow:0 1px 4px rgba(0,0,0,.2)}svg{border:1px solid #eee;display:block}.legend{font-size:13px}.sw{display:inline-block;width:14px;height:10px;margin:0 4px 0 10px}.sw.live{background:#4c78a8}.sw.free{background:#ddd}#summary{font-size:13px;color:#444}";

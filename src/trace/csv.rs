@@ -16,10 +16,31 @@
 //! that stream's queued work (PyTorch's event-based deferred free); `sync,,,STREAM` says that
 //! stream's work completed (`sync,,,`: the whole device's), so the deferred frees land.
 //! Reading is streamed: memory is bounded by the number of live ids, not the file's length.
+//!
+//! Allocation sites (written by `allocbench capture`) are comment lines, which readers that do
+//! not know them skip like any other comment:
+//! ```text
+//! #site 0 train.py:57 main
+//! alloc,1,4096,0
+//! #site 1 model.py:31 Attention.forward
+//! alloc,2,8192,0
+//! alloc,3,8192,0
+//! #at 0
+//! alloc,4,4096,0
+//! ```
+//! `#site N FILE:LINE FUNCTION` defines site N (numbered 0, 1, 2... in order; FILE may hold spaces
+//! and colons, FUNCTION none) and `#at N` returns to a site already defined; each `alloc` row was
+//! made at the site most recently defined or returned to (none before the first). A malformed
+//! `#site` or `#at` line is an error naming its line, since the allocs after it would be
+//! attributed to the wrong site; `# site` (with a space) stays an ordinary comment.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::Sites;
 
 use crate::error::InputError;
 use crate::event::Event;
@@ -38,6 +59,8 @@ pub struct TraceReader<R> {
     live: crate::ids::IdSet,
     buf: Vec<u8>,
     failed: bool,
+    site_names: Vec<String>,
+    site: Option<u32>,
 }
 
 /// Opens a trace file for streaming; a `.gz` name is read through gzip.
@@ -66,6 +89,8 @@ impl<R: BufRead> TraceReader<R> {
             live: crate::ids::IdSet::default(),
             buf: Vec::with_capacity(128),
             failed: false,
+            site_names: Vec::new(),
+            site: None,
         }
     }
 
@@ -76,6 +101,78 @@ impl<R: BufRead> TraceReader<R> {
     /// The input, for reading it another way (its header comments, say).
     pub fn into_inner(self) -> R {
         self.input
+    }
+
+    /// The site of the allocs read now (the last `#site` or `#at`): right after an alloc, its site.
+    pub fn site(&self) -> Option<u32> {
+        self.site
+    }
+
+    /// The sites defined so far (`#site` lines), as `FILE:LINE in FUNCTION`.
+    pub fn site_names(&self) -> &[String] {
+        &self.site_names
+    }
+
+    /// Reads the rest of the trace for its allocation sites (ids allocated at different sites,
+    /// when a trace reuses ids, are left out: which one a block is cannot be told by its id).
+    pub fn read_sites(mut self) -> anyhow::Result<Sites> {
+        let mut of_id: FxHashMap<u64, u32> = FxHashMap::default();
+        let mut ambiguous: FxHashSet<u64> = FxHashSet::default();
+        // Not a `for`: the loop reads the reader's site after each event.
+        while let Some(event) = self.next() {
+            if let Event::Alloc { id, .. } = event? {
+                match (self.site, of_id.get(&id)) {
+                    (Some(site), None) if !ambiguous.contains(&id) => {
+                        of_id.insert(id, site);
+                    }
+                    (Some(site), Some(&old)) if old == site => {}
+                    (_, old) => {
+                        if old.is_some() || self.site.is_some() {
+                            ambiguous.insert(id);
+                        }
+                        of_id.remove(&id);
+                    }
+                }
+            }
+        }
+        Ok(Sites { names: self.site_names, of_id })
+    }
+
+    /// A `#site N FILE:LINE FUNCTION` or `#at N` line (`None` for any other comment).
+    fn site_line(&mut self, text: &str) -> Option<anyhow::Result<()>> {
+        let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+        let rest = rest.trim();
+        match word {
+            "#site" => Some(self.define_site(rest)),
+            "#at" => Some(match rest.parse::<u32>() {
+                Ok(n) if (n as usize) < self.site_names.len() => {
+                    self.site = Some(n);
+                    Ok(())
+                }
+                Ok(n) => Err(self.err(format!("'#at {n}' names a site not defined yet ({} defined by '#site' lines above)", self.site_names.len()))),
+                Err(_) => Err(self.err(format!("bad site line '{}': expected '#at N' (a site number)", clip(text)))),
+            }),
+            _ => None,
+        }
+    }
+
+    fn define_site(&mut self, rest: &str) -> anyhow::Result<()> {
+        let expected = "expected '#site N FILE:LINE FUNCTION'";
+        let bad = |me: &Self| me.err(format!("bad site line '#site {}': {expected}", clip(rest)));
+        let (number, place) = rest.split_once(char::is_whitespace).ok_or_else(|| bad(self))?;
+        let number: u32 = number.parse().map_err(|_| bad(self))?;
+        let (place, function) = place.trim().rsplit_once(char::is_whitespace).ok_or_else(|| bad(self))?;
+        let (file, line) = place.trim_end().rsplit_once(':').ok_or_else(|| bad(self))?;
+        let line: u64 = line.parse().map_err(|_| bad(self))?;
+        if file.is_empty() {
+            return Err(bad(self));
+        }
+        if number as usize != self.site_names.len() {
+            return Err(self.err(format!("'#site {number}' out of order: sites are numbered 0, 1, 2... and the next is {}", self.site_names.len())));
+        }
+        self.site_names.push(Sites::name(file, line, function));
+        self.site = Some(number);
+        Ok(())
     }
 
     /// Ids allocated and not yet freed when the trace ended (or so far).
@@ -109,13 +206,30 @@ impl<R: BufRead> TraceReader<R> {
                 Some(ev @ (Event::Step { .. } | Event::EmptyCache)) => return Ok(Some(ev)),
                 _ => {}
             }
+            // `#at N`, a capture's return to a known site, comes before most of its allocs.
+            if let Some(rest) = self.buf.strip_prefix(b"#at ") {
+                let rest = rest.strip_suffix(b"\n").unwrap_or(rest);
+                if let Some((n, b"" | b"\r")) = number_then(rest) {
+                    if (n as usize) < self.site_names.len() {
+                        self.site = Some(n as u32);
+                        return Ok(None);
+                    }
+                }
+            }
         }
         let text = match std::str::from_utf8(&self.buf) {
             // A UTF-8 byte-order mark (spreadsheet exports) is not part of the header.
             Ok(t) => t.trim_start_matches('\u{feff}').trim_end_matches(['\n', '\r']).trim(),
             Err(_) => return Err(self.err("not valid UTF-8 text")),
         };
-        if text.is_empty() || text.starts_with('#') {
+        if text.starts_with("#site") || text.starts_with("#at") {
+            let text = text.to_owned();
+            return self.site_line(&text).transpose().map(|_| None);
+        }
+        if text.starts_with('#') {
+            return Ok(None);
+        }
+        if text.is_empty() {
             return Ok(None);
         }
         if !self.seen_header {
@@ -430,6 +544,78 @@ mod tests {
         std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
         let err = read_trace(&cut).unwrap().find_map(|r| r.err()).expect("a truncated gzip stream is an error");
         assert!(err.to_string().contains("cut.csv.gz:"), "{err}");
+    }
+
+    /// Each alloc with the site the reader gives right after it.
+    fn allocs_and_sites(text: &str) -> Vec<(u64, Option<String>)> {
+        let mut reader = TraceReader::new(text.as_bytes(), "t.csv");
+        let mut out = Vec::new();
+        while let Some(event) = reader.next() {
+            if let Event::Alloc { id, .. } = event.unwrap() {
+                out.push((id, reader.site().map(|s| reader.site_names()[s as usize].clone())));
+            }
+        }
+        out
+    }
+
+    const WITH_SITES: &str = "# c\nop,id,bytes,stream\nalloc,1,8,0\n#site 0 train.py:57 main\nalloc,2,8,0\n# op mm\n#site 1 my model/a:b.py:31 Attention.forward\nalloc,3,8,0\nalloc,4,8,0\n#at 0\nalloc,5,8,0\nfree,5,,\n";
+
+    #[test]
+    fn site_lines_give_each_alloc_its_site() {
+        let site = |s: &str| Some(s.to_string());
+        assert_eq!(
+            allocs_and_sites(WITH_SITES),
+            vec![
+                (1, None),
+                (2, site("train.py:57 in main")),
+                (3, site("my model/a:b.py:31 in Attention.forward")),
+                (4, site("my model/a:b.py:31 in Attention.forward")),
+                (5, site("train.py:57 in main"))
+            ]
+        );
+        let sites = TraceReader::new(WITH_SITES.as_bytes(), "t.csv").read_sites().unwrap();
+        assert_eq!(sites.names, ["train.py:57 in main", "my model/a:b.py:31 in Attention.forward"]);
+        assert_eq!(sites.of_id, [(2, 0), (3, 1), (4, 1), (5, 0)].into_iter().collect());
+    }
+
+    #[test]
+    fn site_lines_change_no_event() {
+        // What a reader that skips every comment sees (the v1 contract) is what this one reads.
+        let stripped: String = WITH_SITES.lines().filter(|l| !l.starts_with('#')).map(|l| format!("{l}\n")).collect();
+        let evs = |t: &str| parse(t).into_iter().map(|e| e.unwrap()).collect::<Vec<_>>();
+        assert_eq!(evs(WITH_SITES), evs(&stripped));
+        assert!(TraceReader::new(stripped.as_bytes(), "t.csv").read_sites().unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_reused_id_keeps_its_site_only_when_every_alloc_agrees() {
+        let text = "op,id,bytes,stream\n#site 0 a.py:1 f\nalloc,1,8,0\nfree,1,,\nalloc,2,8,0\nfree,2,,\n#site 1 a.py:2 g\nalloc,1,8,0\n#at 0\nalloc,2,8,0\n";
+        let sites = TraceReader::new(text.as_bytes(), "t.csv").read_sites().unwrap();
+        assert_eq!(sites.of_id, [(2, 0)].into_iter().collect(), "id 1 was allocated at two sites: which block is which cannot be told");
+    }
+
+    #[test]
+    fn malformed_site_lines_are_errors_naming_the_line() {
+        let head = "op,id,bytes,stream\n#site 0 a.py:1 f\n";
+        for (line, want) in [
+            ("#site x a.py:1 f", "t.csv:3: bad site line '#site x a.py:1 f': expected '#site N FILE:LINE FUNCTION'"),
+            ("#site 1 a.py f", "t.csv:3: bad site line"),
+            ("#site 1 a.py:x f", "t.csv:3: bad site line"),
+            ("#site 1 a.py:3", "t.csv:3: bad site line"),
+            ("#site 1 :3 f", "t.csv:3: bad site line"),
+            ("#site", "t.csv:3: bad site line"),
+            ("#site 2 a.py:3 f", "t.csv:3: '#site 2' out of order: sites are numbered 0, 1, 2... and the next is 1"),
+            ("#at 1", "t.csv:3: '#at 1' names a site not defined yet (1 defined"),
+            ("#at", "t.csv:3: bad site line '#at': expected '#at N'"),
+            ("#at -1", "t.csv:3: bad site line"),
+        ] {
+            let err = parse(&format!("{head}{line}\nalloc,1,8,0\n")).into_iter().find_map(|r| r.err()).unwrap_or_else(|| panic!("no error for {line:?}"));
+            assert!(err.to_string().starts_with(want), "{line}: {err}");
+        }
+        // Comments that only look alike stay comments.
+        for line in ["# site 0 a.py:1 f", "#sites below", "#atomic", "## at 3"] {
+            assert!(parse(&format!("{head}{line}\nalloc,1,8,0\n")).iter().all(|r| r.is_ok()), "{line}");
+        }
     }
 
     #[test]

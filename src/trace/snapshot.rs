@@ -20,6 +20,7 @@ use std::path::Path;
 use rustc_hash::FxHashMap;
 
 use super::pickle::{self, Value};
+use super::Sites;
 use crate::error::InputError;
 use crate::event::Event;
 
@@ -28,9 +29,8 @@ use crate::event::Event;
 pub struct ImportedTrace {
     pub format: &'static str,
     pub events: Vec<Event>,
-    /// Allocation site of each allocated id, as an index into `site_names`.
-    pub sites: FxHashMap<u64, u32>,
-    pub site_names: Vec<String>,
+    /// The allocation site of each allocated id (from the entry's frames).
+    pub sites: Sites,
     pub truncated: bool,
     /// Things the import noticed and said (one line each).
     pub notes: Vec<String>,
@@ -60,7 +60,7 @@ fn site_of(entry: &Value) -> Option<String> {
     let file = pick.get("filename")?.as_str()?.rsplit('/').next()?.to_string();
     let line = pick.get("line").and_then(|l| l.as_int()).unwrap_or(0);
     let name = pick.get("name").and_then(|n| n.as_str().map(str::to_string)).unwrap_or_default();
-    Some(format!("{file}:{line} {name}"))
+    Some(Sites::name(&file, line.max(0) as u64, &name))
 }
 
 /// Reads a PyTorch memory snapshot pickle.
@@ -154,12 +154,8 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     out.events.push(Event::Free { id: old });
                 }
                 if let Some(site) = site_of(e) {
-                    let n = site_ids.len() as u32;
-                    let sid = *site_ids.entry(site.clone()).or_insert_with(|| {
-                        out.site_names.push(site);
-                        n
-                    });
-                    out.sites.insert(next_id, sid);
+                    let sid = out.sites.intern(site, &mut site_ids);
+                    out.sites.of_id.insert(next_id, sid);
                 }
                 out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream });
                 next_id += 1;
