@@ -221,6 +221,7 @@ def _make_recorder_class(torch):
     pin_ops = {aten._pin_memory.default, is_pinned}
     rng_state_ops = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
     add_tensor = aten.add.Tensor
+    implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
 
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
@@ -246,6 +247,8 @@ def _make_recorder_class(torch):
             self.exclusive_use_count = None
             self.annotate = bool(os.environ.get("ALLOCBENCH_CAPTURE_OPS"))
             self.current_op = ""
+            self.implicit_ops = {}  # OpOverload -> has a C++ CompositeImplicitAutograd kernel
+            self.backend_ops = {}  # (OpOverload, device type) -> has a kernel of that backend
 
         # --- events -------------------------------------------------------------------------
         def _new_id(self):
@@ -333,6 +336,16 @@ def _make_recorder_class(torch):
             kwargs = kwargs or {}
             if self.closed:
                 return func(*args, **kwargs)
+            if self._decomposes(func, args, kwargs):
+                # Note [CompositeImplicitAutograd under inference_mode]: the op reached this mode
+                # whole because the Autograd keys were skipped (inference_mode); the device's own
+                # kernel is the CompositeImplicit one, which runs its parts below this mode unseen.
+                # Running it here with the mode pushed records its parts (linear's addmm and cuBLAS
+                # workspace, native_layer_norm's mean and rstd), as ProxyTorchDispatchMode and
+                # FakeTensorMode do with func.decompose(). The C++ kernel, not decompose(): that
+                # prefers Python decompositions (torch/_decomp), which eager never runs.
+                with self:
+                    return func._op_dk(implicit_key, *args, **kwargs)
             if func is local_scalar and self.fake:
                 return self._scalar(func, args)
             if self.cublas_workspace_bytes and func.overloadpacket.__name__ in _CUBLAS_OPS:
@@ -362,6 +375,29 @@ def _make_recorder_class(torch):
             if func is flash_backward and self.device_type == "cuda":
                 self._kernel_scratch(_flash_backward_scratch(args), args[1])
             return out
+
+        def _decomposes(self, func, args, kwargs):
+            """True when the device runs this op's CompositeImplicitAutograd kernel: it has one and
+            the device's backend has no kernel of its own (autograd_would_have_decomposed in
+            torch/utils/_python_dispatch.py; e.g. _fused_rms_norm has a CUDA kernel). Under
+            no_grad such ops are decomposed at the Autograd key and never reach this mode."""
+            implicit = self.implicit_ops.get(func)
+            if implicit is None:
+                try:
+                    implicit = torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), implicit_key)
+                except RuntimeError:
+                    implicit = False  # a TorchScript prim (prim::device): not a dispatcher op
+                self.implicit_ops[func] = implicit
+            if not implicit:
+                return False
+            first = next((t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)), None)
+            device = first.device.type if first is not None else torch.device(kwargs.get("device") or "cpu").type
+            own = self.backend_ops.get((func, device))
+            if own is None:
+                backend = torch._C._parse_dispatch_key(torch._C._dispatch_key_for_device(device))
+                own = backend is not None and torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), backend)
+                self.backend_ops[(func, device)] = own
+            return not own
 
         def _kernel_scratch(self, sizes, like):
             """Buffers a CUDA kernel allocates and frees inside one op, after its outputs."""

@@ -122,6 +122,41 @@ fn fake_and_real_cpu_tensors_capture_the_same_sequence() {
 }
 
 #[test]
+fn inference_mode_captures_what_no_grad_does_op_by_op() {
+    if !have_torch() {
+        return;
+    }
+    // Under inference_mode the Autograd keys are skipped, so composite ops (linear, layer_norm)
+    // reach the recorder whole; a GPU still runs their parts (addmm and its cuBLAS workspace,
+    // native_layer_norm's mean and rstd). Inference tensors skip version counters, not storages.
+    let dir = tempfile::tempdir().unwrap();
+    let forward = fixture("forward.py");
+    for model in ["tiny-gpt", "tiny-llama"] {
+        let mut by_mode = Vec::new();
+        for mode in ["inference_mode", "no_grad"] {
+            let (out, trace) = capture(dir.path(), &format!("{model}-{mode}.csv"), &[], &[&forward, mode, model]);
+            assert!(out.status.success(), "{model} {mode}: {}", stderr(&out));
+            by_mode.push(phases(&events(&trace)));
+        }
+        let (inference, no_grad) = (&by_mode[0], &by_mode[1]);
+        assert_eq!(inference.len(), 3, "{model}: two forwards, a step after each");
+        assert!(no_grad[1].len() > 40, "{model}: a forward allocates");
+        assert_eq!(inference, no_grad, "{model}: inference_mode must allocate what no_grad does, op by op");
+        let workspaces = inference.concat().iter().filter(|&&b| b == 32 << 20).count();
+        assert_eq!(workspaces, 1, "{model}: the cuBLAS workspace of the first matmul under inference_mode");
+    }
+    // Real CPU tensors under inference_mode: the recorder sees the same parts as on fake ones.
+    let (fake_out, fake) = capture(dir.path(), "cpu-fake.csv", &["--device", "cpu"], &[&forward, "inference_mode", "tiny-gpt", "cpu"]);
+    assert!(fake_out.status.success(), "{}", stderr(&fake_out));
+    let (real_out, real) = capture(dir.path(), "cpu-real.csv", &["--device", "cpu", "--real"], &[&forward, "inference_mode", "tiny-gpt", "cpu"]);
+    assert!(real_out.status.success(), "{}", stderr(&real_out));
+    let (no_grad_out, no_grad) = capture(dir.path(), "cpu-no-grad.csv", &["--device", "cpu", "--real"], &[&forward, "no_grad", "tiny-gpt", "cpu"]);
+    assert!(no_grad_out.status.success(), "{}", stderr(&no_grad_out));
+    assert_eq!(signed_sizes(&events(&fake)), signed_sizes(&events(&real)), "fake tensors must allocate as real ones do");
+    assert_eq!(signed_sizes(&events(&real)), signed_sizes(&events(&no_grad)), "real CPU: inference_mode as no_grad");
+}
+
+#[test]
 fn fake_capture_is_what_the_profiler_records_for_an_untraced_run() {
     if !have_torch() {
         return;

@@ -7,10 +7,9 @@ only with --empty-cache), and the next one is loaded, in a random or round-robin
 [model_switch] table. Capture it with
 `allocbench capture -o switch.csv -- scripts/models/switch.py --model gpt3-medium --model llama2-7b`.
 
-Forwards run under torch.inference_mode(), not no_grad: a serving process never needs autograd
-on these tensors, and inference mode also skips version counters and view tracking (vLLM and
-TGI run their forwards this way; serve.py does too). Allocation-wise both give the same
-storages: neither saves anything for backward.
+Forwards run under torch.no_grad() (serve.py uses torch.inference_mode(), as vLLM and TGI do).
+Allocation-wise both give the same storages: neither saves anything for backward, and inference
+mode only skips version counters and view tracking; a capture records the same trace under both.
 """
 import argparse
 import os

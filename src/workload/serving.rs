@@ -18,7 +18,7 @@
 //! hold their last values until rebound (the previous prompt's ids and logits live through the
 //! next forward; a finished request's cache lives until `caches` and `r` move on), and a list
 //! frees its items from the last to the first. After the last step everything but the weights
-//! is freed.
+//! (and the cuBLAS workspace of the first matmul) is freed.
 
 use std::collections::VecDeque;
 
@@ -29,6 +29,7 @@ use rand_distr::{Distribution, Poisson};
 use super::inference::{llama_param_elems, CublasWorkspace, Forward, INT64};
 use super::model::{Emitter, LengthSampler};
 use super::spec::{KvCache, ServingSpec};
+use super::transformer::DEFAULT_CUBLAS_WORKSPACE;
 use crate::event::Event;
 
 /// One layer's cache: K and V tensors (naive: the whole prefix; preallocated: the buffers;
@@ -69,8 +70,7 @@ pub struct ServingGen {
     prompt_len: LengthSampler,
     output_len: LengthSampler,
     e: Emitter,
-    /// serve.py runs under inference_mode, where the capture sees `linear` whole and so never
-    /// the workspace of the matmul inside it: the twin models none.
+    /// Taken at the first forward's first matmul and kept, as the weights are.
     cublas: CublasWorkspace,
     loaded: bool,
     step: u64,
@@ -97,7 +97,7 @@ impl ServingGen {
             prompt_len: LengthSampler::new(&spec.prompt_len),
             output_len: LengthSampler::new(&spec.output_len),
             e: Emitter::default(),
-            cublas: CublasWorkspace::new(0),
+            cublas: CublasWorkspace::new(spec.cublas_workspace.map(|b| b.0).unwrap_or(DEFAULT_CUBLAS_WORKSPACE)),
             loaded: false,
             step: 0,
             burst: false,

@@ -289,6 +289,8 @@ pub struct ServingSpec {
     /// the Poisson process (a capture's own arrivals: `serve.py --schedule-out`).
     #[serde(default)]
     pub arrivals: Vec<[u64; 3]>,
+    /// The cuBLAS workspace taken at the first matmul and kept (default 32 MiB); 0: none.
+    pub cublas_workspace: Option<Bytes>,
 }
 
 fn sixteen() -> u64 {
