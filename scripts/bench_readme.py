@@ -69,9 +69,9 @@ def main():
     load1, _, load15 = os.getloadavg()
     lines.append("")
     lines.append(
-        f"Criterion means on this machine ({os.cpu_count()} cores, {cpu}"
-        f"{', shared with other builds' if load15 >= 1.5 else ''} (load average "
-        f"{load1:.1f} over 1 min, {load15:.1f} over 15 min when this table was written): wall-clock figures scale with the load; "
+        f"Criterion means on this machine ({os.cpu_count()} cores, {cpu}; load average "
+        f"{load1:.1f} over 1 min, {load15:.1f} over 15 min when this table was written{', shared with other builds' if load15 >= 1.5 else ''}): "
+        "wall-clock figures scale with the load; "
         f"the default policy takes {policy / ideal:.1f}× the time of the bookkeeping-only replay under the same load."
     )
     block = "\n".join(lines)
