@@ -468,7 +468,7 @@ fn shipped_captures_are_complete_and_the_demo_replays_one() {
             let sites = read_trace(&path).unwrap().read_sites().unwrap();
             let allocs = evs.iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
             assert_eq!(sites.of_id.len(), allocs, "{}: every alloc has a site", path.display());
-            let model_files = ["train.py:", "serve.py:", "gpt.py:", "llama.py:"];
+            let model_files = ["train.py:", "serve.py:", "switch.py:", "gpt.py:", "llama.py:"];
             assert!(sites.names.iter().all(|n| model_files.iter().any(|f| n.starts_with(f))), "{}: {:?}", path.display(), sites.names);
         }
     }
