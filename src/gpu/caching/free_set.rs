@@ -116,7 +116,7 @@ impl FreeSet {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, k: FreeKey, block: u32) {
         let s = k.stream() as usize;
         if self.streams() <= s {
@@ -133,7 +133,7 @@ impl FreeSet {
     }
 
     /// Removes `k`; returns whether it was there.
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, k: FreeKey) -> bool {
         let s = k.stream() as usize;
         if s >= self.streams() {
@@ -154,7 +154,7 @@ impl FreeSet {
     }
 
     /// The first entry of `stream` not below (size, ptr), in set order.
-    #[inline]
+    #[inline(always)]
     fn first_from(&self, stream: u32, size: u64, ptr: u64) -> Option<(FreeKey, u32)> {
         let s = stream as usize;
         if s >= self.streams() {

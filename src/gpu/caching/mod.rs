@@ -248,6 +248,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// insert_into_blocks: also stamps the block with the pool's GC lookup count.
+    #[inline(always)]
     fn insert_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         let (k, p) = (key(b), b.pool);
@@ -256,6 +257,7 @@ impl<D: Device> CachingAllocator<D> {
         self.pool(p).blocks.insert(k, i);
     }
 
+    #[inline(always)]
     fn remove_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         let (k, p) = (key(b), b.pool);
