@@ -12,6 +12,27 @@ pub(super) fn err<E: std::fmt::Debug>(e: E) -> String {
     format!("chart rendering failed: {e:?}")
 }
 
+/// The legend box every chart draws: `font` px labels on a white panel of opacity `opacity`,
+/// with a light grey border, at `at`.
+pub(super) fn draw_legend<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate>(
+    chart: &mut ChartContext<'a, DB, CT>,
+    at: SeriesLabelPosition,
+    font: u32,
+    opacity: f64,
+) -> Result<(), String>
+where
+    CT::From: Clone,
+{
+    chart
+        .configure_series_labels()
+        .position(at)
+        .label_font((FONT, font))
+        .background_style(WHITE.mix(opacity))
+        .border_style(RGBColor(200, 200, 200))
+        .draw()
+        .map_err(err)
+}
+
 const W: u32 = 960;
 const H: u32 = 540;
 pub(super) const FONT: &str = "sans-serif";
@@ -103,14 +124,7 @@ pub fn lines(title: &str, x_desc: &str, y_desc: &str, y_is_bytes: bool, series: 
             chart.draw_series(std::iter::once(Cross::new(at, 8, ShapeStyle::from(&RED).stroke_width(3)))).map_err(err)?;
             chart.draw_series(std::iter::once(Text::new(clip(&m.label, 48), (at.0, at.1), (FONT, 14).into_font().color(&RED)))).map_err(err)?;
         }
-        chart
-            .configure_series_labels()
-            .position(legend_at)
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(200, 200, 200))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, legend_at, 13, 0.85)?;
         root.present().map_err(err)?;
     }
     Ok(buf)
@@ -274,14 +288,7 @@ fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, groups: &[BarGroup], o: 
             .label(clip(label, 40))
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .label_font((FONT, 12))
-        .background_style(WHITE.mix(0.85))
-        .border_style(RGBColor(200, 200, 200))
-        .draw()
-        .map_err(err)?;
+    draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 12, 0.85)?;
     Ok(())
 }
 
@@ -349,14 +356,7 @@ pub fn segment_map(title: &str, color_key: &str, rows: &[SegmentRow]) -> ChartRe
                 .label(label)
                 .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], c.filled()));
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .label_font((FONT, 12))
-            .background_style(WHITE.mix(0.9))
-            .border_style(RGBColor(200, 200, 200))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::LowerRight, 12, 0.9)?;
         root.present().map_err(err)?;
     }
     Ok(buf)

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-use super::charts::{err, root, FONT};
+use super::charts::{draw_legend, err, root, FONT};
 use super::style::{byte_unit, clip, slug};
 use super::{write_chart, Section};
 use crate::results::{AdviseResult, Candidate, ResultRecord};
@@ -84,14 +84,7 @@ pub fn render(r: &AdviseResult) -> Result<String, String> {
                     .legend(move |(x, y)| Cross::new((x + 10, y), 6, ShapeStyle::from(&color).stroke_width(2)));
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .label_font((FONT, 13))
-            .background_style(WHITE.mix(0.85))
-            .border_style(RGBColor(200, 200, 200))
-            .draw()
-            .map_err(err)?;
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 13, 0.85)?;
         root.present().map_err(err)?;
     }
     Ok(buf)
