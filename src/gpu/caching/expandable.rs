@@ -179,11 +179,11 @@ impl<D: Device> CachingAllocator<D> {
         let un_ptr = base + begin * page;
         let un_size = (end - begin) * page;
         self.remove_free(i);
-        let template = Block { requested: 0, allocated: false, mapped: true, gc_count_base: 0, ..self.blocks[i as usize].clone() };
+        let template = Block { requested: 0, allocated: false, mapped: true, gc_count_base: 0, ..self.blocks[i as usize] };
         let before = un_ptr - ptr;
         if before > 0 {
             let prev = self.blocks[i as usize].prev;
-            let bi = self.new_block(Block { ptr, size: before, prev, next: i, ..template.clone() });
+            let bi = self.new_block(Block { ptr, size: before, prev, next: i, ..template });
             if prev != NIL {
                 self.blocks[prev as usize].next = bi;
             }
@@ -219,7 +219,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// release_expandable_segment: the whole VA range is one unmapped block: free the reservation.
     pub(super) fn release_expandable_segment(&mut self, i: u32) -> Result<(), DeviceError> {
-        let b = self.blocks[i as usize].clone();
+        let b = self.blocks[i as usize];
         let seg = self.expandable_segments[b.segment as usize].take().expect("live segment");
         debug_assert_eq!(b.size, seg.va_size());
         self.device.release_address(seg.base, seg.va_size())?;

@@ -32,21 +32,24 @@ impl FreeKey {
     }
 }
 
-const BINS: usize = 256;
+/// Size classes per power of two (2^SUB_BITS): fine enough that a bin holds a block or two.
+const SUB_BITS: u32 = 4;
+const BINS: usize = 64 << SUB_BITS;
+const WORDS: usize = BINS / 64;
+const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
 
 /// Monotonic in size: a ≤ b implies class(a) ≤ class(b).
 #[inline]
 fn class_of(size: u64) -> usize {
-    let l = size.max(1).ilog2() as usize;
-    if l < 2 {
-        l * 4
+    let l = size.max(1).ilog2();
+    if l < SUB_BITS {
+        (l << SUB_BITS) as usize
     } else {
-        l * 4 + ((size >> (l - 2)) & 3) as usize
+        ((l << SUB_BITS) as u64 + ((size >> (l - SUB_BITS)) & ((1 << SUB_BITS) - 1))) as usize
     }
 }
 
-/// A bin entry: the stream is the bin's, so an entry holds (size, address) and the block, 24
-/// bytes compared as two words.
+/// A bin entry: the stream is the bin's, so an entry holds (size, address) and the block.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
     size: u64,
@@ -65,24 +68,77 @@ impl Entry {
     }
 }
 
-/// The first position in `bin` not below (size, ptr). Bins hold a handful of entries (about 5 on
-/// the captured 1.3B trace), where a forward scan beats a binary search; long bins are searched.
-#[inline]
-fn position(bin: &[Entry], size: u64, ptr: u64) -> usize {
-    if bin.len() <= 16 {
-        bin.iter().position(|e| !e.below(size, ptr)).unwrap_or(bin.len())
-    } else {
-        bin.partition_point(|e| e.below(size, ptr))
+/// The least entry of `bin` not below (size, ptr). Bins are unsorted (insert is a push, remove
+/// a swap with the last entry) and short, so the order is found by a scan where it is asked.
+#[inline(always)]
+fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<&Entry> {
+    let mut best: Option<&Entry> = None;
+    for e in bin {
+        if !e.below(size, ptr) && best.is_none_or(|b| e.below(b.size, b.ptr)) {
+            best = Some(e);
+        }
+    }
+    best
+}
+
+/// Non-empty bins of one stream: a bit per bin, and a summary bit per non-zero word.
+#[derive(Clone, Copy)]
+struct Occupancy {
+    summary: u64,
+    words: [u64; WORDS],
+}
+
+impl Occupancy {
+    const EMPTY: Occupancy = Occupancy { summary: 0, words: [0; WORDS] };
+
+    #[inline(always)]
+    fn set(&mut self, c: usize) {
+        self.words[c / 64] |= 1 << (c % 64);
+        self.summary |= 1 << (c / 64);
+    }
+
+    #[inline(always)]
+    fn clear(&mut self, c: usize) {
+        self.words[c / 64] &= !(1 << (c % 64));
+        if self.words[c / 64] == 0 {
+            self.summary &= !(1 << (c / 64));
+        }
+    }
+
+    /// The first non-empty bin at or after class `from`.
+    #[inline(always)]
+    fn first_from(&self, from: usize) -> Option<usize> {
+        let w = from / 64;
+        if w >= WORDS {
+            return None;
+        }
+        let bits = self.words[w] & (!0u64 << (from % 64));
+        if bits != 0 {
+            return Some(w * 64 + bits.trailing_zeros() as usize);
+        }
+        let later = self.summary & ((!1u64) << w);
+        if later == 0 {
+            return None;
+        }
+        let w = later.trailing_zeros() as usize;
+        Some(w * 64 + self.words[w].trailing_zeros() as usize)
+    }
+
+    /// The last non-empty bin.
+    fn last(&self) -> Option<usize> {
+        let w = self.summary.checked_ilog2()? as usize;
+        Some(w * 64 + self.words[w].ilog2() as usize)
     }
 }
 
 /// Free blocks of one pool: key → block index. The bins of stream `s` are
-/// `bins[s * BINS..(s + 1) * BINS]`, one flat table (one load less per lookup than a table per
-/// stream), with a bitmap of the non-empty ones per stream.
+/// `bins[s * BINS..(s + 1) * BINS]`, one flat table, with the non-empty ones marked per stream;
+/// `slot_of[block]` is the block's place in its bin, so a remove needs no search.
 #[derive(Default)]
 pub struct FreeSet {
     bins: Vec<Vec<Entry>>,
-    nonempty: Vec<[u64; BINS / 64]>,
+    occupied: Vec<Occupancy>,
+    slot_of: Vec<u32>,
     len: usize,
 }
 
@@ -92,62 +148,50 @@ impl FreeSet {
     }
 
     fn streams(&self) -> usize {
-        self.nonempty.len()
+        self.occupied.len()
     }
 
-    /// The first non-empty bin of `stream` at or after class `from`.
-    #[inline]
-    fn next_bin(&self, stream: usize, from: usize) -> Option<usize> {
-        let words = &self.nonempty[stream];
-        let mut word = from / 64;
-        if word >= words.len() {
-            return None;
-        }
-        let mut bits = words[word] & (!0u64 << (from % 64));
-        loop {
-            if bits != 0 {
-                return Some(word * 64 + bits.trailing_zeros() as usize);
-            }
-            word += 1;
-            if word >= words.len() {
-                return None;
-            }
-            bits = words[word];
-        }
-    }
-
+    /// Adds `block` under `k` (a block is in the set at most once).
     #[inline(always)]
     pub fn insert(&mut self, k: FreeKey, block: u32) {
         let s = k.stream() as usize;
         if self.streams() <= s {
-            self.nonempty.resize(s + 1, [0; BINS / 64]);
+            self.occupied.resize(s + 1, Occupancy::EMPTY);
             self.bins.resize_with((s + 1) * BINS, Vec::new);
+        }
+        if self.slot_of.len() <= block as usize {
+            self.slot_of.resize(block as usize + 1, u32::MAX);
         }
         let c = class_of(k.size());
         let bin = &mut self.bins[s * BINS + c];
-        let pos = position(bin, k.size(), k.ptr());
-        debug_assert!(bin.get(pos).is_none_or(|e| e.below(k.size(), k.ptr()) || e.key(k.stream()) != k), "duplicate free key");
-        bin.insert(pos, Entry { size: k.size(), ptr: k.ptr(), block });
-        self.nonempty[s][c / 64] |= 1 << (c % 64);
+        debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
+        self.slot_of[block as usize] = bin.len() as u32;
+        bin.push(Entry { size: k.size(), ptr: k.ptr(), block });
+        self.occupied[s].set(c);
         self.len += 1;
     }
 
-    /// Removes `k`; returns whether it was there.
+    /// Removes `block`, filed under `k`; returns whether it was there.
     #[inline(always)]
-    pub fn remove(&mut self, k: FreeKey) -> bool {
+    pub fn remove(&mut self, k: FreeKey, block: u32) -> bool {
         let s = k.stream() as usize;
         if s >= self.streams() {
             return false;
         }
         let c = class_of(k.size());
         let bin = &mut self.bins[s * BINS + c];
-        let pos = position(bin, k.size(), k.ptr());
-        if bin.get(pos).is_none_or(|e| e.size != k.size() || e.ptr != k.ptr()) {
+        let Some(&slot) = self.slot_of.get(block as usize) else { return false };
+        let pos = slot as usize;
+        if bin.get(pos).is_none_or(|e| e.block != block || e.size != k.size() || e.ptr != k.ptr()) {
             return false;
         }
-        bin.remove(pos);
+        let last = bin.pop().expect("the bin holds the entry");
+        if pos < bin.len() {
+            bin[pos] = last;
+            self.slot_of[last.block as usize] = slot;
+        }
         if bin.is_empty() {
-            self.nonempty[s][c / 64] &= !(1 << (c % 64));
+            self.occupied[s].clear(c);
         }
         self.len -= 1;
         true
@@ -161,17 +205,16 @@ impl FreeSet {
             return None;
         }
         let c = class_of(size);
-        let bin = &self.bins[s * BINS + c];
-        let pos = position(bin, size, ptr);
-        let e = match bin.get(pos) {
+        let e = match least_from(&self.bins[s * BINS + c], size, ptr) {
             Some(e) => e,
-            None => self.bins[s * BINS + self.next_bin(s, c + 1)?].first()?,
+            // Every entry of a later class is above (size, ptr).
+            None => least_from(&self.bins[s * BINS + self.occupied[s].first_from(c + 1)?], 0, 0)?,
         };
         Some((e.key(stream), e.block))
     }
 
     /// lower_bound(stream, size, 0) restricted to `stream`: the smallest block ≥ size, lowest address first.
-    #[inline]
+    #[inline(always)]
     pub fn first_at_least(&self, stream: u32, size: u64) -> Option<(FreeKey, u32)> {
         self.first_from(stream, size, 0)
     }
@@ -184,9 +227,15 @@ impl FreeSet {
         }
     }
 
-    /// The bins of `stream` in set order with the stream's id.
-    fn stream_entries(&self, stream: usize) -> impl DoubleEndedIterator<Item = (FreeKey, u32)> + '_ {
-        self.bins[stream * BINS..(stream + 1) * BINS].iter().flat_map(move |b| b.iter().map(move |e| (e.key(stream as u32), e.block)))
+    /// The entries of `stream` in set order, with the stream's id.
+    fn stream_entries(&self, stream: usize) -> Vec<(FreeKey, u32)> {
+        let mut out = Vec::new();
+        for bin in &self.bins[stream * BINS..(stream + 1) * BINS] {
+            let from = out.len();
+            out.extend(bin.iter().map(|e| (e.key(stream as u32), e.block)));
+            out[from..].sort_unstable_by_key(|e| e.0);
+        }
+        out
     }
 
     /// Entries of `stream` below (stream, size, 0), largest first.
@@ -194,7 +243,7 @@ impl FreeSet {
         if stream as usize >= self.streams() {
             return Vec::new();
         }
-        self.stream_entries(stream as usize).rev().filter(|e| e.0.size() < size).collect()
+        self.stream_entries(stream as usize).into_iter().rev().filter(|e| e.0.size() < size).collect()
     }
 
     /// All entries in set order (stream, size, address).
@@ -210,8 +259,8 @@ impl FreeSet {
     pub fn max_size(&self) -> u64 {
         (0..self.streams())
             .filter_map(|s| {
-                let top = (0..BINS).rev().find(|&c| self.nonempty[s][c / 64] & (1 << (c % 64)) != 0)?;
-                self.bins[s * BINS + top].last().map(|e| e.size)
+                let top = self.occupied[s].last()?;
+                self.bins[s * BINS + top].iter().map(|e| e.size).max()
             })
             .max()
             .unwrap_or(0)
@@ -275,7 +324,8 @@ mod tests {
                     set.insert(k, i as u32);
                     map.insert(k, i as u32);
                 } else if !insert {
-                    prop_assert_eq!(set.remove(k), map.remove(&k).is_some());
+                    let block = map.get(&k).copied().unwrap_or(i as u32);
+                    prop_assert_eq!(set.remove(k, block), map.remove(&k).is_some());
                 }
             }
             prop_assert_eq!(set.len(), map.len());

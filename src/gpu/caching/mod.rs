@@ -41,6 +41,7 @@ pub const ROUND_LARGE_BYTES: u64 = 2 * MIB;
 const NIL: u32 = u32::MAX;
 
 /// round_size(n): 512-byte rounding, or the next power-2 division for sizes above 512·d.
+#[inline]
 pub fn round_size(cfg: &AllocatorConfig, n: u64) -> u64 {
     if n < MIN_BLOCK_SIZE_BYTES {
         return MIN_BLOCK_SIZE_BYTES;
@@ -54,6 +55,7 @@ pub fn round_size(cfg: &AllocatorConfig, n: u64) -> u64 {
 }
 
 /// The divisions of n's bucket: idx = clamp(floor(log2 n) − 20, 0, 15).
+#[inline]
 fn roundup_divisions(cfg: &AllocatorConfig, n: u64) -> u64 {
     let idx = (n.ilog2() as i64 - 20).clamp(0, 15) as usize;
     cfg.roundup_power2_divisions[idx]
@@ -92,7 +94,7 @@ pub fn pool_for(rounded: u64) -> PoolKind {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 struct Block {
     ptr: u64,
     /// 0 marks a dead slab slot.
@@ -173,6 +175,7 @@ struct StreamEvents {
 }
 
 impl StreamEvents {
+    #[inline(always)]
     fn is_pending(&self, block: u32) -> bool {
         !self.event_count.is_empty() && self.event_count.contains_key(&block)
     }
@@ -261,7 +264,7 @@ impl<D: Device> CachingAllocator<D> {
     fn remove_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
         let (k, p) = (key(b), b.pool);
-        self.pool(p).blocks.remove(k);
+        self.pool(p).blocks.remove(k, i);
     }
 
     /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction below 1).
@@ -350,7 +353,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// release_block: cudaFree a whole free segment.
     fn release_block(&mut self, i: u32) -> Result<(), DeviceError> {
-        let b = self.blocks[i as usize].clone();
+        let b = self.blocks[i as usize];
         debug_assert!(!b.is_split() && !b.allocated && !b.expandable());
         self.device.free(b.ptr, b.size)?;
         self.remove_free(i);
@@ -498,37 +501,38 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// try_merge_blocks: absorb a free neighbour with the same mapped state; returns its size.
+    #[inline(always)]
     fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
         if src == NIL {
             return 0;
         }
-        let s = self.blocks[src as usize].clone();
+        let s = &self.blocks[src as usize];
         // try_merge_blocks: not a block awaiting its events (event_count > 0).
         if s.allocated || s.mapped != self.blocks[dst as usize].mapped || self.events.is_pending(src) {
             return 0;
         }
-        if s.mapped {
+        let (s_ptr, s_size, s_prev, s_next, s_stream, s_pool, s_mapped) = (s.ptr, s.size, s.prev, s.next, s.stream, s.pool, s.mapped);
+        if s_mapped {
             self.remove_free(src);
         } else {
-            let k = (s.stream, s.ptr);
-            self.pool(s.pool).unmapped.remove(&k);
+            self.pool(s_pool).unmapped.remove(&(s_stream, s_ptr));
         }
         let d = &mut self.blocks[dst as usize];
+        d.size += s_size;
         if d.prev == src {
-            d.ptr = s.ptr;
-            d.prev = s.prev;
-            if s.prev != NIL {
-                self.blocks[s.prev as usize].next = dst;
+            d.ptr = s_ptr;
+            d.prev = s_prev;
+            if s_prev != NIL {
+                self.blocks[s_prev as usize].next = dst;
             }
         } else {
-            d.next = s.next;
-            if s.next != NIL {
-                self.blocks[s.next as usize].prev = dst;
+            d.next = s_next;
+            if s_next != NIL {
+                self.blocks[s_next as usize].prev = dst;
             }
         }
-        self.blocks[dst as usize].size += s.size;
         self.kill(src);
-        s.size
+        s_size
     }
 
     /// should_split: small pool or expandable: remainder ≥ 512; large pool: rounded < max_split
@@ -550,10 +554,11 @@ impl<D: Device> CachingAllocator<D> {
         let pool = self.blocks[found as usize].pool;
         let mut block = found;
         if self.should_split(found, rounded) {
-            let r = self.blocks[found as usize].clone();
-            block = self.new_block(Block { size: rounded, next: found, allocated: false, requested: 0, ..r.clone() });
-            if r.prev != NIL {
-                self.blocks[r.prev as usize].next = block;
+            let r = &self.blocks[found as usize];
+            let (prev, piece) = (r.prev, Block { size: rounded, next: found, allocated: false, requested: 0, ..*r });
+            block = self.new_block(piece);
+            if prev != NIL {
+                self.blocks[prev as usize].next = block;
             }
             let rem = &mut self.blocks[found as usize];
             rem.prev = block;
@@ -722,6 +727,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 }
 
+#[inline(always)]
 fn apply_net(arr: &mut super::stats::StatArray, pool: PoolKind, net: i64) {
     match net.cmp(&0) {
         std::cmp::Ordering::Greater => arr.increase(pool, net as u64),
