@@ -60,22 +60,15 @@ impl<V: Copy> IdMap<V> {
     }
 
     /// Records `id` → `v`; false (and nothing changed) when `id` is already there.
-    #[inline]
+    #[inline(always)]
     pub fn insert(&mut self, id: u64, v: V) -> bool {
         let Some((p, s)) = Self::split(id) else {
-            return match self.sparse.entry(id) {
-                std::collections::hash_map::Entry::Occupied(_) => false,
-                std::collections::hash_map::Entry::Vacant(e) => {
-                    e.insert(v);
-                    self.len += 1;
-                    true
-                }
-            };
+            return self.insert_sparse(id, v);
         };
-        if self.pages.len() <= p {
-            self.pages.resize_with(p + 1, || None);
-        }
-        let page = self.pages[p].get_or_insert_with(|| Page { slots: vec![None; PAGE_LEN].into_boxed_slice(), live: 0 });
+        let page = match self.pages.get_mut(p) {
+            Some(Some(page)) => page,
+            _ => self.new_page(p),
+        };
         if page.slots[s].is_some() {
             return false;
         }
@@ -83,6 +76,27 @@ impl<V: Copy> IdMap<V> {
         page.live += 1;
         self.len += 1;
         true
+    }
+
+    #[cold]
+    fn insert_sparse(&mut self, id: u64, v: V) -> bool {
+        match self.sparse.entry(id) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(v);
+                self.len += 1;
+                true
+            }
+        }
+    }
+
+    /// Page `p`, made (empty) where there is none.
+    #[cold]
+    fn new_page(&mut self, p: usize) -> &mut Page<V> {
+        if self.pages.len() <= p {
+            self.pages.resize_with(p + 1, || None);
+        }
+        self.pages[p].get_or_insert_with(|| Page { slots: vec![None; PAGE_LEN].into_boxed_slice(), live: 0 })
     }
 
     #[inline]

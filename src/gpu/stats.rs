@@ -26,6 +26,17 @@ impl Stat {
         self.freed += amount as i64;
     }
 
+    /// `increase(net)` when net > 0, `decrease(−net)` when net < 0, nothing at 0: branch-free
+    /// (peak ≥ current always holds, so raising the peak to current after a decrease is a no-op).
+    #[inline]
+    pub fn apply_net(&mut self, net: i64) {
+        match net.cmp(&0) {
+            std::cmp::Ordering::Greater => self.increase(net as u64),
+            std::cmp::Ordering::Less => self.decrease(net.unsigned_abs()),
+            std::cmp::Ordering::Equal => {}
+        }
+    }
+
     fn reset_peak(&mut self) {
         self.peak = self.current;
     }
@@ -71,6 +82,12 @@ impl StatArray {
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
         self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
+    }
+
+    #[inline]
+    pub fn apply_net(&mut self, pool: PoolKind, net: i64) {
+        self.all.apply_net(net);
+        self.pool_mut(pool).apply_net(net);
     }
 
     #[inline]

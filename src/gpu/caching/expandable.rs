@@ -60,6 +60,7 @@ impl<D: Device> CachingAllocator<D> {
             mapped: false,
             segment: seg_index,
             gc_count_base: 0,
+            slot: NIL,
         });
         self.pools[pool as usize].unmapped.insert((stream, base), i);
         Ok(i)
@@ -135,6 +136,7 @@ impl<D: Device> CachingAllocator<D> {
                 mapped: false,
                 segment: seg_index as u32,
                 gc_count_base: 0,
+                slot: NIL,
             });
             if old_next != NIL {
                 self.blocks[old_next as usize].prev = rest;

@@ -132,13 +132,13 @@ impl Occupancy {
 }
 
 /// Free blocks of one pool: key → block index. The bins of stream `s` are
-/// `bins[s * BINS..(s + 1) * BINS]`, one flat table, with the non-empty ones marked per stream;
-/// `slot_of[block]` is the block's place in its bin, so a remove needs no search.
+/// `bins[s * BINS..(s + 1) * BINS]`, one flat table, with the non-empty ones marked per stream.
+/// `insert` answers the entry's slot in its bin, which the caller keeps with the block, so a
+/// remove needs no search.
 #[derive(Default)]
 pub struct FreeSet {
     bins: Vec<Vec<Entry>>,
     occupied: Vec<Occupancy>,
-    slot_of: Vec<u32>,
     len: usize,
 }
 
@@ -151,50 +151,42 @@ impl FreeSet {
         self.occupied.len()
     }
 
-    /// Adds `block` under `k` (a block is in the set at most once).
+    /// Adds `block` under `k` (a key is in the set at most once); returns its slot.
     #[inline(always)]
-    pub fn insert(&mut self, k: FreeKey, block: u32) {
+    pub fn insert(&mut self, k: FreeKey, block: u32) -> u32 {
         let s = k.stream() as usize;
         if self.streams() <= s {
             self.occupied.resize(s + 1, Occupancy::EMPTY);
             self.bins.resize_with((s + 1) * BINS, Vec::new);
         }
-        if self.slot_of.len() <= block as usize {
-            self.slot_of.resize(block as usize + 1, u32::MAX);
-        }
         let c = class_of(k.size());
         let bin = &mut self.bins[s * BINS + c];
         debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
-        self.slot_of[block as usize] = bin.len() as u32;
+        let slot = bin.len() as u32;
         bin.push(Entry { size: k.size(), ptr: k.ptr(), block });
         self.occupied[s].set(c);
         self.len += 1;
+        slot
     }
 
-    /// Removes `block`, filed under `k`; returns whether it was there.
+    /// Removes the entry filed under `k` at `slot` (what `insert` answered, or a later move).
+    /// The bin's last entry takes its place: returns that entry's block, whose slot is now
+    /// `slot` (the removed block itself when it was the last).
     #[inline(always)]
-    pub fn remove(&mut self, k: FreeKey, block: u32) -> bool {
-        let s = k.stream() as usize;
-        if s >= self.streams() {
-            return false;
-        }
-        let c = class_of(k.size());
+    pub fn remove(&mut self, k: FreeKey, slot: u32) -> u32 {
+        let (s, c) = (k.stream() as usize, class_of(k.size()));
         let bin = &mut self.bins[s * BINS + c];
-        let Some(&slot) = self.slot_of.get(block as usize) else { return false };
-        let pos = slot as usize;
-        if bin.get(pos).is_none_or(|e| e.block != block || e.size != k.size() || e.ptr != k.ptr()) {
-            return false;
-        }
+        debug_assert!(bin.get(slot as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()), "no free entry {k:?} at slot {slot}");
         let last = bin.pop().expect("the bin holds the entry");
-        if pos < bin.len() {
-            bin[pos] = last;
-            self.slot_of[last.block as usize] = slot;
+        self.len -= 1;
+        if (slot as usize) < bin.len() {
+            bin[slot as usize] = last;
+            return last.block;
         }
         if bin.is_empty() {
             self.occupied[s].clear(c);
         }
-        self.len -= 1;
-        true
+        last.block
     }
 
     /// The first entry of `stream` not below (size, ptr), in set order.
@@ -318,14 +310,19 @@ mod tests {
                                       queries in proptest::collection::vec((0u32..3, 1u64..6000), 1..50)) {
             let mut set = FreeSet::default();
             let mut map: BTreeMap<FreeKey, u32> = BTreeMap::new();
+            // What the allocator keeps with each block: its slot.
+            let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
             for (i, (s, size, ptr, insert)) in ops.into_iter().enumerate() {
                 let k = FreeKey::new(s, size * 512, ptr << 21);
                 if insert && !map.contains_key(&k) {
-                    set.insert(k, i as u32);
+                    slots.insert(i as u32, set.insert(k, i as u32));
                     map.insert(k, i as u32);
-                } else if !insert {
-                    let block = map.get(&k).copied().unwrap_or(i as u32);
-                    prop_assert_eq!(set.remove(k, block), map.remove(&k).is_some());
+                } else if let (false, Some(block)) = (insert, map.remove(&k)) {
+                    let slot = slots.remove(&block).unwrap();
+                    let moved = set.remove(k, slot);
+                    if moved != block {
+                        slots.insert(moved, slot);
+                    }
                 }
             }
             prop_assert_eq!(set.len(), map.len());

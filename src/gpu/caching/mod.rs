@@ -108,6 +108,8 @@ struct Block {
     mapped: bool,
     /// Index into `expandable_segments`, or NIL for an ordinary segment.
     segment: u32,
+    /// The block's place in its free-set bin while it is there.
+    slot: u32,
     gc_count_base: i64,
 }
 
@@ -256,15 +258,18 @@ impl<D: Device> CachingAllocator<D> {
         let b = &self.blocks[i as usize];
         let (k, p) = (key(b), b.pool);
         let count = self.pools[p as usize].get_free_blocks_call_count;
-        self.blocks[i as usize].gc_count_base = count;
-        self.pool(p).blocks.insert(k, i);
+        let slot = self.pool(p).blocks.insert(k, i);
+        let b = &mut self.blocks[i as usize];
+        b.gc_count_base = count;
+        b.slot = slot;
     }
 
     #[inline(always)]
     fn remove_free(&mut self, i: u32) {
         let b = &self.blocks[i as usize];
-        let (k, p) = (key(b), b.pool);
-        self.pool(p).blocks.remove(k, i);
+        let (k, p, slot) = (key(b), b.pool, b.slot);
+        let moved = self.pool(p).blocks.remove(k, slot);
+        self.blocks[moved as usize].slot = slot;
     }
 
     /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction below 1).
@@ -341,6 +346,7 @@ impl<D: Device> CachingAllocator<D> {
             mapped: true,
             segment: NIL,
             gc_count_base: 0,
+            slot: NIL,
         });
         self.stats.segment.increase(pool, 1);
         self.stats.reserved_bytes.increase(pool, alloc_size);
@@ -610,17 +616,44 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         self.insert_free(i);
-        if self.blocks[i as usize].is_split() {
+        let b = &self.blocks[i as usize];
+        if b.is_split() {
             net_blocks += 1;
-            net_bytes += self.blocks[i as usize].size as i64;
+            net_bytes += b.size as i64;
         }
         if !expandable {
-            apply_net(&mut self.stats.inactive_split, pool, net_blocks);
-            apply_net(&mut self.stats.inactive_split_bytes, pool, net_bytes);
+            self.stats.inactive_split.apply_net(pool, net_blocks);
+            self.stats.inactive_split_bytes.apply_net(pool, net_bytes);
         }
         self.stats.active.decrease(pool, 1);
         self.stats.active_bytes.decrease(pool, original_size);
         self.stats.requested_bytes.decrease(pool, requested);
+    }
+
+    /// malloc when the cache has no block: GC, a new segment, release oversize cached blocks and
+    /// retry, flush the whole cache and retry (a "retry"); else OOM. Out of line: the cached path
+    /// is nearly every call.
+    #[inline(never)]
+    fn malloc_missed(&mut self, stream: u32, bytes: u64, rounded: u64, pool: PoolKind) -> Result<Handle, AllocError> {
+        let alloc_size = allocation_size(&self.cfg, rounded);
+        if self.gc_enabled() {
+            self.garbage_collect_cached_blocks()?;
+        }
+        let mut found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
+        if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
+            found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
+        }
+        if found.is_none() {
+            self.release_cached_blocks()?;
+            found = self.alloc_block(stream, rounded, alloc_size, pool, true)?;
+        }
+        match found {
+            Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
+            None => {
+                self.stats.num_ooms += 1;
+                Err(AllocError::OutOfMemory(self.oom_info(bytes, rounded, alloc_size)))
+            }
+        }
     }
 
     fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64) -> OomInfo {
@@ -727,15 +760,6 @@ impl<D: Device> CachingAllocator<D> {
     }
 }
 
-#[inline(always)]
-fn apply_net(arr: &mut super::stats::StatArray, pool: PoolKind, net: i64) {
-    match net.cmp(&0) {
-        std::cmp::Ordering::Greater => arr.increase(pool, net as u64),
-        std::cmp::Ordering::Less => arr.decrease(pool, net.unsigned_abs()),
-        std::cmp::Ordering::Equal => {}
-    }
-}
-
 impl<D: Device> GpuAllocator for CachingAllocator<D> {
     fn name(&self) -> String {
         "pytorch".into()
@@ -754,27 +778,9 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
         let pool = pool_for(rounded);
-        let alloc_size = allocation_size(&self.cfg, rounded);
-        let mut found = self.get_free_block(stream, rounded, pool);
-        if found.is_none() {
-            if self.gc_enabled() {
-                self.garbage_collect_cached_blocks()?;
-            }
-            found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
-            if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
-                found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
-            }
-            if found.is_none() {
-                self.release_cached_blocks()?;
-                found = self.alloc_block(stream, rounded, alloc_size, pool, true)?;
-            }
-        }
-        match found {
+        match self.get_free_block(stream, rounded, pool) {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
-            None => {
-                self.stats.num_ooms += 1;
-                Err(AllocError::OutOfMemory(self.oom_info(bytes, rounded, alloc_size)))
-            }
+            None => self.malloc_missed(stream, bytes, rounded, pool),
         }
     }
 
