@@ -317,7 +317,8 @@ mod tests {
                 if insert && !map.contains_key(&k) {
                     slots.insert(i as u32, set.insert(k, i as u32));
                     map.insert(k, i as u32);
-                } else if let (false, Some(block)) = (insert, map.remove(&k)) {
+                } else if !insert && map.contains_key(&k) {
+                    let block = map.remove(&k).unwrap();
                     let slot = slots.remove(&block).unwrap();
                     let moved = set.remove(k, slot);
                     if moved != block {
