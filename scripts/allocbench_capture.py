@@ -7,8 +7,9 @@ free of the old), its ``free`` row is written when the storage dies, and a ``ste
 every ``optimizer.step()`` (a global optimizer hook) or an explicit ``allocbench_capture.step()``.
 
 Allocation sites ride in the trace as comment lines every v1 reader skips: ``#site N FILE:LINE
-FUNCTION`` defines site N (0, 1, 2... in order of first use) and ``#at N`` returns to an earlier
-one; each ``alloc`` row was made at the site most recently defined or returned to. A site is the
+FUNCTION`` defines site N (0, 1, 2... in order of first use), ``#at N`` returns to an earlier
+one and ``#at -`` to none (an alloc with no frame to name); each ``alloc`` row was made at the
+site most recently defined or returned to. A site is the
 innermost Python frame outside torch, the standard library and this module (the frame a user
 reads in their own code), its file relative to the script's directory when under it.
 
@@ -113,6 +114,9 @@ class _TraceSink:
             elif index != self.site:
                 self.file.write(f"#at {index}\n")
             self.site = index
+        elif self.site is not None:
+            self.file.write("#at -\n")  # no frame to name: not the previous alloc's site
+            self.site = None
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
         self.allocs += 1
         self.live_bytes += nbytes

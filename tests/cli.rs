@@ -256,3 +256,33 @@ fn diagnose_ranks_a_captures_allocation_sites_and_bad_site_lines_exit_2() {
     assert_eq!(err.trim_end().lines().count(), 1, "{err}");
     assert!(err.contains("bad.csv:4: '#at 3' names a site not defined yet"), "{err}");
 }
+
+/// `allocbench trace IN -o OUT` keeps the allocation sites IN records (a capture's `#site`/`#at`
+/// lines, a snapshot's frames): OUT names the same site for every allocation, plain or gzipped.
+#[test]
+fn trace_keeps_the_allocation_sites_of_captures_and_snapshots() {
+    use allocbench::input::Source;
+    let dir = tempfile::tempdir().unwrap();
+    for (input, out_name) in [("tests/fixtures/capture/sites.csv", "sites.csv"), ("tests/fixtures/snapshot-small.pickle", "snapshot.csv.gz")] {
+        let out_path = dir.path().join(out_name);
+        let out = bin().args(["trace", input, "-o", out_path.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let (src, copy) = (Source::open(Some(std::path::Path::new(input))).unwrap(), Source::open(Some(&out_path)).unwrap());
+        let want = src.sites().unwrap().expect("the input records sites").into_owned();
+        let got = copy.sites().unwrap().expect("the trace keeps them").into_owned();
+        // Sites are numbered anew in order of first use: compare each allocation's site by name.
+        let by_id =
+            |s: &allocbench::trace::Sites| s.of_id.iter().map(|(id, &i)| (*id, s.names[i as usize].clone())).collect::<std::collections::BTreeMap<_, _>>();
+        let (got, want) = (by_id(&got), by_id(&want));
+        assert!(!want.is_empty(), "{input}");
+        let differ: Vec<_> = want
+            .iter()
+            .filter(|(id, site)| got.get(id) != Some(site))
+            .map(|(id, _)| *id)
+            .chain(got.keys().filter(|id| !want.contains_key(id)).copied())
+            .collect();
+        assert!(differ.is_empty(), "{input}: {} allocations name another site than the input's, first id {:?}", differ.len(), differ.first());
+        let events = |s: &Source| s.events().unwrap().map(|e| e.unwrap()).collect::<Vec<_>>();
+        assert_eq!(events(&copy), events(&src), "{input}");
+    }
+}

@@ -4,8 +4,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use clap::Args;
+use rustc_hash::FxHashMap;
+use std::collections::hash_map::Entry;
 
 use super::output;
+use crate::event::Event;
 use crate::input::Source;
 use crate::trace::TraceWriter;
 
@@ -41,12 +44,28 @@ pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes every event of `source` as a v1 trace; returns the count and the flushed writer.
+/// Writes every event of `source` as a v1 trace, with the allocation sites it records (`#site`
+/// and `#at` lines, numbered anew in order of first use); returns the count and the flushed writer.
 fn write_trace<W: Write>(source: &Source, out: W, comments: &[String]) -> anyhow::Result<(u64, W)> {
+    let sites = source.sites()?;
     let mut w = TraceWriter::new(out, comments)?;
+    let mut renumbered: FxHashMap<u32, u32> = FxHashMap::default();
+    let mut current = None;
     let mut n = 0u64;
     for ev in source.events()? {
-        w.write(&ev?)?;
+        let ev = ev?;
+        if let (Event::Alloc { id, .. }, Some(sites)) = (&ev, &sites) {
+            let next = renumbered.len() as u32;
+            let site = sites.of_id.get(id).copied();
+            match site.map(|s| renumbered.entry(s)) {
+                Some(Entry::Vacant(e)) => w.site(Some(*e.insert(next)), Some(&sites.definition(site.expect("a site"))))?,
+                Some(Entry::Occupied(e)) if current != Some(*e.get()) => w.site(Some(*e.get()), None)?,
+                None if current.is_some() => w.site(None, None)?,
+                _ => {}
+            }
+            current = site.and_then(|s| renumbered.get(&s).copied());
+        }
+        w.write(&ev)?;
         n += 1;
     }
     Ok((n, w.finish()?))

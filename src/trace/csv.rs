@@ -29,8 +29,9 @@
 //! alloc,4,4096,0
 //! ```
 //! `#site N FILE:LINE FUNCTION` defines site N (numbered 0, 1, 2... in order; FILE may hold spaces
-//! and colons, FUNCTION none) and `#at N` returns to a site already defined; each `alloc` row was
-//! made at the site most recently defined or returned to (none before the first). A malformed
+//! and colons, FUNCTION none), `#at N` returns to a site already defined and `#at -` to no site;
+//! each `alloc` row was made at the site most recently defined or returned to (none before the
+//! first). A malformed
 //! `#site` or `#at` line is an error naming its line, since the allocs after it would be
 //! attributed to the wrong site; `# site` (with a space) stays an ordinary comment.
 
@@ -144,13 +145,17 @@ impl<R: BufRead> TraceReader<R> {
         let rest = rest.trim();
         match word {
             "#site" => Some(self.define_site(rest)),
+            "#at" if rest == "-" => {
+                self.site = None;
+                Some(Ok(()))
+            }
             "#at" => Some(match rest.parse::<u32>() {
                 Ok(n) if (n as usize) < self.site_names.len() => {
                     self.site = Some(n);
                     Ok(())
                 }
                 Ok(n) => Err(self.err(format!("'#at {n}' names a site not defined yet ({} defined by '#site' lines above)", self.site_names.len()))),
-                Err(_) => Err(self.err(format!("bad site line '{}': expected '#at N' (a site number)", clip(text)))),
+                Err(_) => Err(self.err(format!("bad site line '{}': expected '#at N' (a site number) or '#at -' (no site)", clip(text)))),
             }),
             _ => None,
         }
@@ -411,6 +416,17 @@ impl<W: Write> TraceWriter<W> {
         }
     }
 
+    /// The allocs written next are at site `index`: `#site index DEFINITION` the first time
+    /// (sites are numbered 0, 1, 2... in order of definition), `#at index` after; `None`: at no
+    /// site (`#at -`).
+    pub fn site(&mut self, index: Option<u32>, definition: Option<&str>) -> std::io::Result<()> {
+        match (index, definition) {
+            (Some(i), Some(d)) => writeln!(self.out, "#site {i} {d}"),
+            (Some(i), None) => writeln!(self.out, "#at {i}"),
+            (None, _) => writeln!(self.out, "#at -"),
+        }
+    }
+
     pub fn finish(mut self) -> std::io::Result<W> {
         self.out.flush()?;
         Ok(self.out)
@@ -558,7 +574,7 @@ mod tests {
         out
     }
 
-    const WITH_SITES: &str = "# c\nop,id,bytes,stream\nalloc,1,8,0\n#site 0 train.py:57 main\nalloc,2,8,0\n# op mm\n#site 1 my model/a:b.py:31 Attention.forward\nalloc,3,8,0\nalloc,4,8,0\n#at 0\nalloc,5,8,0\nfree,5,,\n";
+    const WITH_SITES: &str = "# c\nop,id,bytes,stream\nalloc,1,8,0\n#site 0 train.py:57 main\nalloc,2,8,0\n# op mm\n#site 1 my model/a:b.py:31 Attention.forward\nalloc,3,8,0\nalloc,4,8,0\n#at 0\nalloc,5,8,0\nfree,5,,\n#at -\nalloc,6,8,0\n";
 
     #[test]
     fn site_lines_give_each_alloc_its_site() {
@@ -570,7 +586,8 @@ mod tests {
                 (2, site("train.py:57 in main")),
                 (3, site("my model/a:b.py:31 in Attention.forward")),
                 (4, site("my model/a:b.py:31 in Attention.forward")),
-                (5, site("train.py:57 in main"))
+                (5, site("train.py:57 in main")),
+                (6, None)
             ]
         );
         let sites = TraceReader::new(WITH_SITES.as_bytes(), "t.csv").read_sites().unwrap();

@@ -75,6 +75,22 @@ impl Sites {
         })
     }
 
+    /// What follows `#site N` for site `index`: `FILE:LINE FUNCTION`, the inverse of
+    /// [`Sites::name`] as the CSV reader parses it. A function name loses its blanks (`_`: the
+    /// reader takes the last word as the function), a missing one reads `?`, and a name with no
+    /// `FILE:LINE` keeps its text as the file at line 0.
+    pub fn definition(&self, index: u32) -> String {
+        let name = self.names[index as usize].replace(['\n', '\r'], " ");
+        let has_line = |place: &str| place.rsplit_once(':').is_some_and(|(file, line)| !file.is_empty() && line.parse::<u64>().is_ok());
+        let (place, function) = match name.rsplit_once(" in ") {
+            Some((place, function)) if has_line(place) => (place.to_string(), function),
+            _ if has_line(&name) => (name.clone(), ""),
+            _ => (format!("{}:0", if name.trim().is_empty() { "?" } else { name.trim() }), ""),
+        };
+        let function = function.split_whitespace().collect::<Vec<_>>().join("_");
+        format!("{place} {}", if function.is_empty() { "?" } else { &function })
+    }
+
     /// The display name of a site: `FILE:LINE in FUNCTION`.
     pub fn name(file: &str, line: u64, function: &str) -> String {
         if function.is_empty() {
@@ -82,5 +98,28 @@ impl Sites {
         } else {
             format!("{file}:{line} in {function}")
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `#site` line written from any site name reads back as a valid site line: the same name
+    /// where the name has the reader's shape, a close one (blanks in the function as `_`, `?` for
+    /// a missing function, line 0 for a missing line) where it has not.
+    #[test]
+    fn definitions_read_back_as_the_sites_they_name() {
+        let names = ["my model/a:b.py:31 in Attention.forward", "x.py:7", "weird", "a.py:3 in foo bar", "", "t.py:2 in <module>", "c.py:9 in "];
+        let want =
+            ["my model/a:b.py:31 in Attention.forward", "x.py:7 in ?", "weird:0 in ?", "a.py:3 in foo_bar", "?:0 in ?", "t.py:2 in <module>", "c.py:9 in ?"];
+        let sites = Sites { names: names.iter().map(|s| s.to_string()).collect(), of_id: FxHashMap::default() };
+        let mut text = String::from("op,id,bytes,stream\n");
+        for i in 0..names.len() {
+            text += &format!("#site {i} {}\nalloc,{i},512,0\n", sites.definition(i as u32));
+        }
+        let read = TraceReader::new(text.as_bytes(), "t.csv").read_sites().unwrap();
+        assert_eq!(read.names, want);
+        assert_eq!(read.of_id.len(), names.len());
     }
 }
