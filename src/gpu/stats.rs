@@ -26,8 +26,8 @@ impl Stat {
         self.freed += amount as i64;
     }
 
-    /// `increase(net)` when net > 0, `decrease(−net)` when net < 0, nothing at 0: branch-free
-    /// (peak ≥ current always holds, so raising the peak to current after a decrease is a no-op).
+    /// `increase(net)` when net > 0, `decrease(−net)` when net < 0, nothing at 0 (free_block's
+    /// net change of inactive_split).
     #[inline]
     pub fn apply_net(&mut self, net: i64) {
         match net.cmp(&0) {

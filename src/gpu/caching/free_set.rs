@@ -1,8 +1,10 @@
 //! The free-block set of a pool, ordered by (stream, size, address) exactly as PyTorch's
 //! `std::set<Block*, BlockComparatorSize>`, but built for speed: per stream, blocks sit in
-//! size-class bins (four classes per power of two; class order follows size order) kept sorted,
-//! with a bitmap of non-empty bins. Best fit is a search in one small bin, else the first entry
-//! of the next non-empty bin: the same answer as a lower_bound on the ordered set.
+//! size-class bins (16 classes per power of two; class order follows size order), unsorted, with
+//! a bitmap of the non-empty bins. Insert is a push, remove a swap with the bin's last entry
+//! (the caller keeps each block's slot). Best fit is the least fitting entry of the first bin
+//! (a block or two), else the least entry of the next non-empty bin: the same answer as a
+//! lower_bound on the ordered set.
 
 /// The order (stream, size, address): the stream first, then size and address packed into one
 /// u128 (size in the high 64 bits, address in the low 64), so neither the number of streams nor
