@@ -105,6 +105,35 @@ fn policy_replay(c: &mut Criterion) {
     group.finish();
 }
 
+/// A small pool shredded into 50,000 free 512-byte holes (every other block of 100,000 freed),
+/// then three rounds of 50,000 allocations of that size and their frees: one size class holding
+/// tens of thousands of free blocks, where a best fit must stay O(log n) as PyTorch's ordered
+/// set is, not a scan of the class.
+fn shredded_small_pool(c: &mut Criterion) {
+    let mut events = Vec::new();
+    let n = 100_000u64;
+    events.extend((1..=n).map(|id| Event::Alloc { id, bytes: 512, stream: 0 }));
+    events.extend((1..=n).step_by(2).map(|id| Event::Free { id }));
+    let mut next = n + 1;
+    for _ in 0..3 {
+        let ids: Vec<u64> = (next..next + n / 2).collect();
+        next += n / 2;
+        events.extend(ids.iter().map(|&id| Event::Alloc { id, bytes: 512, stream: 0 }));
+        events.extend(ids.iter().map(|&id| Event::Free { id }));
+    }
+    let mut group = c.benchmark_group("sim_policy_replay");
+    group.sample_size(10);
+    group.throughput(Throughput::Elements(events.len() as u64));
+    group.bench_function("shredded_small_pool/pytorch[default]", |b| {
+        b.iter_batched(
+            || CachingAllocator::new(AllocatorConfig::default(), SimDevice::new(H100_CAPACITY_BYTES)),
+            |mut a| replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap(),
+            BatchSize::LargeInput,
+        )
+    });
+    group.finish();
+}
+
 /// `allocbench advise`: the whole search space (≥ 1,000 configurations) over the captured 1.3B
 /// trace on an 80 GiB card, both cores (target: under a minute on this 2-core machine).
 fn advise_search(c: &mut Criterion) {
@@ -129,5 +158,5 @@ fn advise_search(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, captured_replay, policy_replay, advise_search);
+criterion_group!(benches, captured_replay, policy_replay, shredded_small_pool, advise_search);
 criterion_main!(benches);

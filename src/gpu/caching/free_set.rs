@@ -6,6 +6,10 @@
 //! (a block or two), else the least entry of the next non-empty bin: the same answer as a
 //! lower_bound on the ordered set.
 
+use std::collections::BTreeMap;
+
+use rustc_hash::FxHashMap;
+
 /// The order (stream, size, address): the stream first, then size and address packed into one
 /// u128 (size in the high 64 bits, address in the low 64), so neither the number of streams nor
 /// a size is limited by the packing (BlockComparatorSize has no such limits either).
@@ -34,10 +38,16 @@ impl FreeKey {
     }
 }
 
+/// What `insert` answers for an entry of a long bin (its slot means nothing there).
+const LONG_SLOT: u32 = u32::MAX;
+
 /// Size classes per power of two (2^SUB_BITS): fine enough that a bin holds a block or two.
 const SUB_BITS: u32 = 4;
 const BINS: usize = 64 << SUB_BITS;
 const WORDS: usize = BINS / 64;
+/// A bin longer than this becomes an ordered tree: scans stay short, and a pathological bin
+/// (thousands of free blocks in one size class) costs O(log n) an operation, as PyTorch's set does.
+const SHORT_BIN: usize = 64;
 const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
 
 /// Monotonic in size: a ≤ b implies class(a) ≤ class(b).
@@ -100,6 +110,11 @@ impl Occupancy {
     }
 
     #[inline(always)]
+    fn has(&self, c: usize) -> bool {
+        self.words[c / 64] & (1 << (c % 64)) != 0
+    }
+
+    #[inline(always)]
     fn clear(&mut self, c: usize) {
         self.words[c / 64] &= !(1 << (c % 64));
         if self.words[c / 64] == 0 {
@@ -136,10 +151,13 @@ impl Occupancy {
 /// Free blocks of one pool: key → block index. The bins of stream `s` are
 /// `bins[s * BINS..(s + 1) * BINS]`, one flat table, with the non-empty ones marked per stream.
 /// `insert` answers the entry's slot in its bin, which the caller keeps with the block, so a
-/// remove needs no search.
+/// remove needs no search. A bin that grows past [`SHORT_BIN`] moves into `long_bins`, ordered by
+/// (size, address); its vector stays empty (an occupied bin with no entries is a long one) until
+/// the tree empties.
 #[derive(Default)]
 pub struct FreeSet {
     bins: Vec<Vec<Entry>>,
+    long_bins: FxHashMap<usize, BTreeMap<(u64, u64), u32>>,
     occupied: Vec<Occupancy>,
     len: usize,
 }
@@ -162,6 +180,11 @@ impl FreeSet {
             self.bins.resize_with((s + 1) * BINS, Vec::new);
         }
         let c = class_of(k.size());
+        let len = self.bins[s * BINS + c].len();
+        if len >= SHORT_BIN || (len == 0 && self.is_long(s, c)) {
+            self.insert_long(s * BINS + c, k, block);
+            return LONG_SLOT;
+        }
         let bin = &mut self.bins[s * BINS + c];
         debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
         let slot = bin.len() as u32;
@@ -171,15 +194,26 @@ impl FreeSet {
         slot
     }
 
+    /// Insert into a long bin, making it one when its vector is full.
+    #[cold]
+    fn insert_long(&mut self, bin: usize, k: FreeKey, block: u32) {
+        let tree = self.long_bins.entry(bin).or_default();
+        tree.extend(std::mem::take(&mut self.bins[bin]).into_iter().map(|e| ((e.size, e.ptr), e.block)));
+        tree.insert((k.size(), k.ptr()), block);
+        self.len += 1;
+    }
+
     /// Removes the entry filed under `k` at `slot` (what `insert` answered, or a later move).
     /// The bin's last entry takes its place: returns that entry's block, whose slot is now
-    /// `slot` (the removed block itself when it was the last).
+    /// `slot` (the removed block itself when it was the last, or in a long bin).
     #[inline(always)]
     pub fn remove(&mut self, k: FreeKey, slot: u32) -> u32 {
         let (s, c) = (k.stream() as usize, class_of(k.size()));
         let bin = &mut self.bins[s * BINS + c];
-        debug_assert!(bin.get(slot as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()), "no free entry {k:?} at slot {slot}");
-        let last = bin.pop().expect("the bin holds the entry");
+        debug_assert!(bin.is_empty() || bin.get(slot as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()), "no free entry {k:?} at slot {slot}");
+        let Some(last) = bin.pop() else {
+            return self.remove_long(s, c, k);
+        };
         self.len -= 1;
         if (slot as usize) < bin.len() {
             bin[slot as usize] = last;
@@ -191,6 +225,43 @@ impl FreeSet {
         last.block
     }
 
+    #[cold]
+    fn remove_long(&mut self, s: usize, c: usize, k: FreeKey) -> u32 {
+        let tree = self.long_bins.get_mut(&(s * BINS + c)).expect("a free entry is in its bin");
+        let block = tree.remove(&(k.size(), k.ptr())).expect("a free entry is in its bin");
+        if tree.is_empty() {
+            self.long_bins.remove(&(s * BINS + c));
+            self.occupied[s].clear(c);
+        }
+        self.len -= 1;
+        block
+    }
+
+    /// The least entry of bin `c` of stream `s` not below (size, ptr): (size, address, block).
+    #[inline(always)]
+    fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        let bin = &self.bins[s * BINS + c];
+        if !bin.is_empty() {
+            return least_from(bin, size, ptr).map(|e| (e.size, e.ptr, e.block));
+        }
+        if !self.is_long(s, c) {
+            return None;
+        }
+        self.least_in_long(s * BINS + c, size, ptr)
+    }
+
+    /// Whether bin `c` of stream `s`, whose vector is empty, is a long one.
+    #[inline(always)]
+    fn is_long(&self, s: usize, c: usize) -> bool {
+        // (Almost no set has a long bin: that test alone decides.)
+        !self.long_bins.is_empty() && self.occupied[s].has(c)
+    }
+
+    #[cold]
+    fn least_in_long(&self, bin: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+        self.long_bins[&bin].range((size, ptr)..).next().map(|(&(size, ptr), &block)| (size, ptr, block))
+    }
+
     /// The first entry of `stream` not below (size, ptr), in set order.
     #[inline(always)]
     fn first_from(&self, stream: u32, size: u64, ptr: u64) -> Option<(FreeKey, u32)> {
@@ -199,12 +270,12 @@ impl FreeSet {
             return None;
         }
         let c = class_of(size);
-        let e = match least_from(&self.bins[s * BINS + c], size, ptr) {
+        let (size, ptr, block) = match self.least_in(s, c, size, ptr) {
             Some(e) => e,
             // Every entry of a later class is above (size, ptr).
-            None => least_from(&self.bins[s * BINS + self.occupied[s].first_from(c + 1)?], 0, 0)?,
+            None => self.least_in(s, self.occupied[s].first_from(c + 1)?, 0, 0)?,
         };
-        Some((e.key(stream), e.block))
+        Some((FreeKey::new(stream, size, ptr), block))
     }
 
     /// lower_bound(stream, size, 0) restricted to `stream`: the smallest block ≥ size, lowest address first.
@@ -224,10 +295,13 @@ impl FreeSet {
     /// The entries of `stream` in set order, with the stream's id.
     fn stream_entries(&self, stream: usize) -> Vec<(FreeKey, u32)> {
         let mut out = Vec::new();
-        for bin in &self.bins[stream * BINS..(stream + 1) * BINS] {
+        for (c, bin) in self.bins[stream * BINS..(stream + 1) * BINS].iter().enumerate() {
             let from = out.len();
             out.extend(bin.iter().map(|e| (e.key(stream as u32), e.block)));
             out[from..].sort_unstable_by_key(|e| e.0);
+            if let Some(tree) = self.long_bins.get(&(stream * BINS + c)) {
+                out.extend(tree.iter().map(|(&(size, ptr), &block)| (FreeKey::new(stream as u32, size, ptr), block)));
+            }
         }
         out
     }
@@ -254,7 +328,10 @@ impl FreeSet {
         (0..self.streams())
             .filter_map(|s| {
                 let top = self.occupied[s].last()?;
-                self.bins[s * BINS + top].iter().map(|e| e.size).max()
+                match self.long_bins.get(&(s * BINS + top)) {
+                    Some(tree) => tree.keys().next_back().map(|k| k.0),
+                    None => self.bins[s * BINS + top].iter().map(|e| e.size).max(),
+                }
             })
             .max()
             .unwrap_or(0)
@@ -305,42 +382,58 @@ mod tests {
         }
     }
 
+    /// Applies `ops` (stream, size / 512, address / 2 MiB, insert or remove) to a free set and to
+    /// the ordered set it stands for (a BTreeMap), then asks both every query.
+    fn agrees(ops: Vec<(u32, u64, u64, bool)>, queries: Vec<(u32, u64)>) -> Result<(), TestCaseError> {
+        let mut set = FreeSet::default();
+        let mut map: BTreeMap<FreeKey, u32> = BTreeMap::new();
+        // What the allocator keeps with each block: its slot.
+        let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
+        for (i, (s, size, ptr, insert)) in ops.into_iter().enumerate() {
+            let k = FreeKey::new(s, size * 512, ptr << 21);
+            if insert && !map.contains_key(&k) {
+                slots.insert(i as u32, set.insert(k, i as u32));
+                map.insert(k, i as u32);
+            } else if !insert && map.contains_key(&k) {
+                let block = map.remove(&k).unwrap();
+                let slot = slots.remove(&block).unwrap();
+                let moved = set.remove(k, slot);
+                if moved != block {
+                    slots.insert(moved, slot);
+                }
+            }
+        }
+        prop_assert_eq!(set.len(), map.len());
+        prop_assert_eq!(set.iter().collect::<Vec<_>>(), map.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
+        prop_assert_eq!(set.max_size(), map.keys().map(|k| k.size()).max().unwrap_or(0));
+        for (s, size) in queries {
+            let want = map.range(FreeKey::new(s, size * 512, 0)..).next().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v));
+            let got = set.first_at_least(s, size * 512);
+            prop_assert_eq!(got, want);
+            if let Some((k, _)) = got {
+                let want_next = map.range(k..).nth(1).filter(|(n, _)| n.stream() == s).map(|(k, v)| (*k, *v));
+                prop_assert_eq!(set.next_after(k), want_next);
+            }
+            let want_below: Vec<_> = map.range(..FreeKey::new(s, size * 512, 0)).rev().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v)).collect();
+            prop_assert_eq!(set.below_descending(s, size * 512), want_below);
+        }
+        Ok(())
+    }
+
     proptest! {
         /// Every query answers exactly as the ordered set (a BTreeMap) does.
         #[test]
         fn agrees_with_an_ordered_map(ops in proptest::collection::vec((0u32..3, 1u64..5000, 0u64..64, any::<bool>()), 1..300),
                                       queries in proptest::collection::vec((0u32..3, 1u64..6000), 1..50)) {
-            let mut set = FreeSet::default();
-            let mut map: BTreeMap<FreeKey, u32> = BTreeMap::new();
-            // What the allocator keeps with each block: its slot.
-            let mut slots: BTreeMap<u32, u32> = BTreeMap::new();
-            for (i, (s, size, ptr, insert)) in ops.into_iter().enumerate() {
-                let k = FreeKey::new(s, size * 512, ptr << 21);
-                if insert && !map.contains_key(&k) {
-                    slots.insert(i as u32, set.insert(k, i as u32));
-                    map.insert(k, i as u32);
-                } else if !insert && map.contains_key(&k) {
-                    let block = map.remove(&k).unwrap();
-                    let slot = slots.remove(&block).unwrap();
-                    let moved = set.remove(k, slot);
-                    if moved != block {
-                        slots.insert(moved, slot);
-                    }
-                }
-            }
-            prop_assert_eq!(set.len(), map.len());
-            prop_assert_eq!(set.iter().collect::<Vec<_>>(), map.iter().map(|(k, v)| (*k, *v)).collect::<Vec<_>>());
-            for (s, size) in queries {
-                let want = map.range(FreeKey::new(s, size * 512, 0)..).next().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v));
-                let got = set.first_at_least(s, size * 512);
-                prop_assert_eq!(got, want);
-                if let Some((k, _)) = got {
-                    let want_next = map.range(k..).nth(1).filter(|(n, _)| n.stream() == s).map(|(k, v)| (*k, *v));
-                    prop_assert_eq!(set.next_after(k), want_next);
-                }
-                let want_below: Vec<_> = map.range(..FreeKey::new(s, size * 512, 0)).rev().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v)).collect();
-                prop_assert_eq!(set.below_descending(s, size * 512), want_below);
-            }
+            agrees(ops, queries)?;
+        }
+
+        /// The same with a few sizes at many addresses: bins grow long, become trees, empty and
+        /// shrink back to vectors.
+        #[test]
+        fn long_bins_agree_with_an_ordered_map(ops in proptest::collection::vec((0u32..2, 1u64..4, 0u64..250, proptest::bool::weighted(0.65)), 1..1500),
+                                               queries in proptest::collection::vec((0u32..2, 1u64..5), 1..30)) {
+            agrees(ops, queries)?;
         }
     }
 }
