@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Rewrites the benchmark block of README.md from criterion's results (numbers are never typed).
 
-    cargo bench --bench gpu_policy -- 'captured_1.3b|advise'
+    cargo bench --bench gpu_policy -- 'captured_1.3b|shredded|advise'
     python3 scripts/bench_readme.py
 
 Reads target/criterion/<group>/<bench>/new/estimates.json (the mean, ns per iteration) and
@@ -20,6 +20,7 @@ ROWS = [
     ("captured_1.3b", "policy/pytorch[default]", "default policy replay, 1.3B captured trace, one core", "events", ("≥", 20e6, "events/s")),
     ("captured_1.3b", "policy/ideal", "bookkeeping only (`ideal` policy), same trace", "events", None),
     ("captured_1.3b", "replay_cli_end_to_end", "`allocbench replay` of the CSV end to end (parse, replay, JSON)", "events", ("≥", 10e6, "events/s")),
+    ("sim_policy_replay", "shredded_small_pool/pytorch[default]", "default policy, a small pool shredded into 50,000 free 512-byte holes (one size class)", "events", None),
 ]
 ADVISE_GROUP = "advise"
 
