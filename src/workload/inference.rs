@@ -67,6 +67,10 @@ pub fn param_elems(m: &ModelSpec) -> Vec<u64> {
     }
 }
 
+/// An attention layer's `k, v = cache.update(k, v)`: `(emitter, layer, rotated keys, values)`
+/// to the K and V attention reads when they are its own temporaries (see [`Forward::llama`]).
+pub type CacheUpdate<'a> = dyn FnMut(&mut Emitter, usize, u64, u64) -> Option<[u64; 2]> + 'a;
+
 /// One forward's context: the emitter, the model, the weights' and activations' element size.
 pub struct Forward<'a> {
     pub e: &'a mut Emitter,
@@ -151,7 +155,7 @@ impl Forward<'_> {
     /// returns the K and V attention reads if they are its own temporaries, which its locals
     /// `k` and `v` drop (without a cache: `k` and `v` themselves), or nothing when the cache
     /// holds them.
-    pub fn llama(&mut self, b: u64, s: u64, start: u64, cache: &mut dyn FnMut(&mut Emitter, usize, u64, u64) -> Option<[u64; 2]>) -> u64 {
+    pub fn llama(&mut self, b: u64, s: u64, start: u64, cache: &mut CacheUpdate) -> u64 {
         let m = self.model;
         let (d, f, v, dt) = (m.d_model, m.ffn, m.vocab, self.dt);
         let kv_width = m.kv_heads() * m.head_dim();
