@@ -107,3 +107,39 @@ fn model_switch_residencies_must_fit_the_table() {
         assert!(!e.contains('\n'), "one line: {e:?}");
     }
 }
+
+/// `kv_heads` (grouped-query attention) must divide `heads` and lie in 1..=heads; gpt.py models
+/// and the training generator have none. One line naming the file, the key's line and the field;
+/// exit 2 from the CLI.
+#[test]
+fn kv_heads_must_divide_heads_where_grouped_query_attention_is_modelled() {
+    let fixture = |name: &str| std::fs::read_to_string(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let (serving, switch) = (fixture("serve-tiny-gqa-cat.toml"), fixture("switch-tiny-gqa.toml"));
+    assert!(Workload::parse(&serving, "w.toml").is_ok() && Workload::parse(&switch, "w.toml").is_ok());
+    let line_of = |src: &str| src.lines().position(|l| l.starts_with("kv_heads")).unwrap() + 1;
+    let training_llama = GOOD.replace("vocab = 100", "vocab = 100\nffn_kind = \"swiglu\"\nkv_heads = 2");
+    let cases = [
+        (serving.replace("kv_heads = 2", "kv_heads = 3"), "field `serving.model.kv_heads`: 3 must divide heads = 4 (1 ≤ kv_heads ≤ heads)"),
+        (serving.replace("kv_heads = 2", "kv_heads = 0"), "field `serving.model.kv_heads`: 0 must divide heads = 4"),
+        (serving.replace("kv_heads = 2", "kv_heads = 8"), "field `serving.model.kv_heads`: 8 must divide heads = 4"),
+        (switch.replace("kv_heads = 2", "kv_heads = 3"), "field `model_switch.models[0].kv_heads`: 3 must divide heads = 4"),
+        (
+            GOOD.replace("vocab = 100", "vocab = 100\nkv_heads = 2"),
+            "field `transformer.model.kv_heads`: gpt.py (ffn_kind = \"gelu\") has no grouped-query attention",
+        ),
+        (training_llama, "field `transformer.model.kv_heads`: the training generator does not model grouped-query attention yet"),
+    ];
+    for (src, want) in cases {
+        let e = err(&src);
+        assert!(e.starts_with(&format!("w.toml:{}: ", line_of(&src))), "names the kv_heads line: {e}");
+        assert!(e.contains(want), "expected {want:?} in {e:?}");
+        assert!(!e.contains('\n'), "one line: {e:?}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.toml");
+    std::fs::write(&path, serving.replace("kv_heads = 2", "kv_heads = 3")).unwrap();
+    let out = assert_cmd::Command::cargo_bin("allocbench").unwrap().args(["replay", path.to_str().unwrap()]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("w.toml:") && stderr.contains("serving.model.kv_heads") && stderr.trim().lines().count() == 1, "{stderr}");
+}

@@ -350,13 +350,17 @@ fn sequence(events: impl Iterator<Item = Event>, until_last_step: bool) -> Vec<(
 /// The serving generator follows scripts/models/serve.py over llama.py op by op: driven by a
 /// capture's own arrivals, it allocates and frees exactly what PyTorch did, in the same order
 /// (Llama-2-7B, fp16, torch.cat KV cache: 117,680 allocations over 30 steps; a tiny Llama with a
-/// preallocated cache). Only the capture's teardown at interpreter exit differs.
+/// preallocated cache; llama.py's tiny-llama with grouped-query attention, 4 query and 2 K/V
+/// heads, with either cache: see `gqa_twins_without_kv_heads_miss_their_captures`). Only the
+/// capture's teardown at interpreter exit differs.
 #[test]
 fn serving_generator_matches_pytorch_captures_op_by_op() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     for (capture, twin) in [
         ("workloads/captured/serving-llama7b.csv.gz", "workloads/captured/serving-llama7b.toml"),
         ("tests/fixtures/serve-tiny-preallocated.csv.gz", "tests/fixtures/serve-tiny-preallocated.toml"),
+        ("tests/fixtures/serve-tiny-gqa-cat.csv.gz", "tests/fixtures/serve-tiny-gqa-cat.toml"),
+        ("tests/fixtures/serve-tiny-gqa-preallocated.csv.gz", "tests/fixtures/serve-tiny-gqa-preallocated.toml"),
     ] {
         let cap = sequence(read_trace(&root.join(capture)).unwrap().map(|r| r.unwrap()), true);
         let w = Workload::load(&root.join(twin)).unwrap();
@@ -379,6 +383,37 @@ fn serving_generator_matches_pytorch_captures_op_by_op() {
         let (c, g) = (profile(captured.into_iter(), true), profile(w.events(), false));
         assert_eq!(c.allocs_per_step[1..], g.allocs_per_step[1..c.allocs_per_step.len()], "{capture}: allocations per step");
         assert_eq!(c.peak_live, g.peak_live, "{capture}: peak live");
+    }
+}
+
+/// The grouped-query attention fixtures (tests/fixtures/make_gqa_fixtures.sh: serve.py and
+/// switch.py on llama.py's tiny-llama, 4 query heads and 2 K/V heads), which the generators
+/// match op by op above, tell GQA from MHA: the same twins without `kv_heads` (k_proj, v_proj,
+/// rope on K and the KV cache at 4 heads, no repeat_interleave) differ from the capture and,
+/// serving, overstate its peak live bytes (the cache held at 4 heads).
+#[test]
+fn gqa_twins_without_kv_heads_miss_their_captures() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for (capture, twin) in [
+        ("tests/fixtures/serve-tiny-gqa-cat.csv.gz", "tests/fixtures/serve-tiny-gqa-cat.toml"),
+        ("tests/fixtures/serve-tiny-gqa-preallocated.csv.gz", "tests/fixtures/serve-tiny-gqa-preallocated.toml"),
+        ("tests/fixtures/switch-tiny-gqa.csv.gz", "tests/fixtures/switch-tiny-gqa.toml"),
+    ] {
+        let src = std::fs::read_to_string(root.join(twin)).unwrap();
+        assert_eq!(src.matches("\nkv_heads = 2\n").count(), 1, "{twin}: one GQA model");
+        let mha = Workload::parse(&src.replace("\nkv_heads = 2\n", "\n"), twin).unwrap();
+        let cap = sequence(read_trace(&root.join(capture)).unwrap().map(|r| r.unwrap()), true);
+        let gen = sequence(mha.events(), false);
+        assert!(cap.iter().zip(&gen).any(|(c, g)| c != g), "{twin} without kv_heads should not match {capture}");
+        let captured = profile(read_trace(&root.join(capture)).unwrap().map(|r| r.unwrap()), true);
+        let generated = profile(mha.events(), false);
+        // The model switch peaks in its MHA model's residencies, where both agree.
+        assert!(
+            generated.peak_live > captured.peak_live || twin.contains("switch"),
+            "{twin} without kv_heads: peak live {} should overstate the capture's {}",
+            generated.peak_live,
+            captured.peak_live
+        );
     }
 }
 
@@ -407,7 +442,8 @@ fn ops(events: &[Event]) -> Vec<String> {
 /// allocates and frees exactly what PyTorch did, in the same order, with the steps (and
 /// empty_cache calls) in the same places: GPT-3 Medium, GPT-3 XL and Llama-2-7B in bf16 with
 /// flash attention, 12 loads of 10 steps; GPT-2 small with math attention and a tiny Llama,
-/// round robin, emptying the cache after each unload. The generator's one extra event is its
+/// round robin, emptying the cache after each unload; tiny Llamas with grouped-query attention
+/// (2 K/V heads) and without, in turn. The generator's one extra event is its
 /// last: the cuBLAS workspace freed at exit, which the capture models but never frees.
 #[test]
 fn model_switch_generator_matches_pytorch_captures_op_by_op() {
@@ -415,6 +451,7 @@ fn model_switch_generator_matches_pytorch_captures_op_by_op() {
     for (capture, twin, min_ops) in [
         ("workloads/captured/model-switch.csv.gz", "workloads/captured/model-switch.toml", 200_000),
         ("tests/fixtures/switch-small-math.csv.gz", "tests/fixtures/switch-small-math.toml", 5_000),
+        ("tests/fixtures/switch-tiny-gqa.csv.gz", "tests/fixtures/switch-tiny-gqa.toml", 2_500),
     ] {
         let captured: Vec<Event> = read_trace(&root.join(capture)).unwrap().map(|r| r.unwrap()).collect();
         let w = Workload::load(&root.join(twin)).unwrap();

@@ -41,13 +41,15 @@ impl CublasWorkspace {
 }
 
 /// llama.py's parameters in registration order (what `model.to(device, dtype)` converts one by
-/// one and `del model` frees in the same order): embedding, per block the input norm, q, k, v,
-/// o, the post-attention norm, gate, up, down; the final norm and the output projection.
+/// one and `del model` frees in the same order): embedding, per block the input norm, q, k, v
+/// (k and v: `kv_heads` heads), o, the post-attention norm, gate, up, down; the final norm and
+/// the output projection.
 pub fn llama_param_elems(m: &ModelSpec) -> Vec<u64> {
     let (d, f, v) = (m.d_model, m.ffn, m.vocab);
+    let kv = m.kv_heads() * m.head_dim();
     let mut elems = vec![v * d];
     for _ in 0..m.layers {
-        elems.extend([d, d * d, d * d, d * d, d * d, d, f * d, f * d, d * f]);
+        elems.extend([d, d * d, kv * d, kv * d, d * d, d, f * d, f * d, d * f]);
     }
     elems.push(d);
     if !m.tied_embeddings {
@@ -64,6 +66,10 @@ pub fn param_elems(m: &ModelSpec) -> Vec<u64> {
         FfnKind::Swiglu => llama_param_elems(m),
     }
 }
+
+/// An attention layer's `k, v = cache.update(k, v)`: `(emitter, layer, rotated keys, values)`
+/// to the K and V attention reads when they are its own temporaries (see [`Forward::llama`]).
+pub type CacheUpdate<'a> = dyn FnMut(&mut Emitter, usize, u64, u64) -> Option<[u64; 2]> + 'a;
 
 /// One forward's context: the emitter, the model, the weights' and activations' element size.
 pub struct Forward<'a> {
@@ -121,7 +127,7 @@ impl Forward<'_> {
     /// apply_rope on `b` sequences of `s` tokens and `heads` heads: the table slices cast to the
     /// dtype, x1·cos − x2·sin and x2·cos + x1·sin, and their cat.
     fn rope(&mut self, b: u64, s: u64, heads: u64) -> u64 {
-        let hd = self.model.d_model / self.model.heads;
+        let hd = self.model.head_dim();
         let half = hd / 2;
         let dt = self.dt;
         let casts = (dt != FP32).then(|| [self.e.alloc(s * half * dt), self.e.alloc(s * half * dt)]);
@@ -146,12 +152,14 @@ impl Forward<'_> {
     /// `Llama.forward(idx, caches=..., start=start)` on `b` sequences of `s` tokens; returns the
     /// logits ([b, s, vocab] in the model's dtype). `cache(e, layer, k, v)` is the attention's
     /// `cache.update(k, v)` on the rotated keys and the values: it keeps or frees them and
-    /// returns what attention reads and then frees, in order (without a cache: `k` and `v`
-    /// themselves, dropped with the attention's locals).
-    pub fn llama(&mut self, b: u64, s: u64, start: u64, cache: &mut dyn FnMut(&mut Emitter, usize, u64, u64) -> Vec<u64>) -> u64 {
+    /// returns the K and V attention reads if they are its own temporaries, which its locals
+    /// `k` and `v` drop (without a cache: `k` and `v` themselves), or nothing when the cache
+    /// holds them.
+    pub fn llama(&mut self, b: u64, s: u64, start: u64, cache: &mut CacheUpdate) -> u64 {
         let m = self.model;
         let (d, f, v, dt) = (m.d_model, m.ffn, m.vocab, self.dt);
-        let half = d / m.heads / 2;
+        let kv_width = m.kv_heads() * m.head_dim();
+        let half = m.head_dim() / 2;
         let t = b * s;
         let total = start + s;
         // rope_tables(start + s): arange / half, theta ** that, 1 / that (reciprocal then ·1.0),
@@ -176,13 +184,28 @@ impl Forward<'_> {
         for layer in 0..m.layers as usize {
             let n = self.rms_norm(t);
             let q = self.matmul(t * d * dt);
-            let k = self.matmul(t * d * dt);
-            let val = self.matmul(t * d * dt);
+            let k = self.matmul(t * kv_width * dt);
+            let val = self.matmul(t * kv_width * dt);
             let qr = self.rope(b, s, m.heads);
-            let kr = self.rope(b, s, m.heads);
+            let kr = self.rope(b, s, m.kv_heads());
             self.e.free(k);
             self.e.free(q);
-            let read = cache(self.e, layer, kr, val);
+            let mut read = cache(self.e, layer, kr, val);
+            if m.kv_heads() != m.heads {
+                // k = k.repeat_interleave(heads // kv_heads, dim=1), then v: one contiguous
+                // [b, heads, start + s, head_dim] tensor each (as captured); rebinding the
+                // name frees a K or V that was attention's own (the cache keeps its tensors).
+                let repeated = b * total * d * dt;
+                let rk = self.e.alloc(repeated);
+                if let Some([k, _]) = read {
+                    self.e.free(k);
+                }
+                let rv = self.e.alloc(repeated);
+                if let Some([_, v]) = read {
+                    self.e.free(v);
+                }
+                read = Some([rk, rv]);
+            }
             // SDPA: flash on fp16/bf16 returns the output and a log-sum-exp nobody keeps;
             // memory-efficient on fp32 computes none without grad.
             let y = self.e.alloc(t * d * dt);
@@ -197,7 +220,7 @@ impl Forward<'_> {
                 self.e.free(r);
             }
             self.e.free(qr);
-            self.e.free_all(read);
+            self.e.free_all(read.into_iter().flatten());
             self.e.free(y);
             self.e.free(n);
             let x2 = self.e.alloc(t * d * dt);

@@ -140,8 +140,10 @@ impl ParamLayout {
                     BlockParams { norm1, qkv, attn_out, norm2, up, down, adapters: std::mem::take(&mut t.adapters) }
                 }
                 FfnKind::Swiglu => {
-                    // Llama names: q/k/v/o_proj, gate/up/down_proj, two RMSNorm weights.
-                    let qkv = vec![t.linear(d, d, false), t.linear(d, d, false), t.linear(d, d, false)];
+                    // Llama names: q/k/v/o_proj (k and v: kv_heads heads), gate/up/down_proj,
+                    // two RMSNorm weights.
+                    let kv = m.kv_heads() * m.head_dim();
+                    let qkv = vec![t.linear(d, d, false), t.linear(kv, d, false), t.linear(kv, d, false)];
                     let attn_out = t.linear(d, d, false);
                     let up = vec![t.linear(f, d, false), t.linear(f, d, false)];
                     let down = t.linear(d, f, false);

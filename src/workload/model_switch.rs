@@ -80,7 +80,7 @@ impl ModelSwitchGen {
             let out = match model.ffn_kind {
                 FfnKind::Gelu => f.gpt(b, s, self.spec.attention),
                 // llama.py always attends with SDPA; no cache: k and v die with attention's locals.
-                FfnKind::Swiglu => f.llama(b, s, 0, &mut |_, _, k, v| vec![k, v]),
+                FfnKind::Swiglu => f.llama(b, s, 0, &mut |_, _, k, v| Some([k, v])),
             };
             if let Some(old) = logits.replace(out) {
                 self.e.free(old);

@@ -6,8 +6,9 @@
 //! with a rate that switches between calm and burst phases (geometric phase lengths); up to
 //! `max_batch` requests run at once. Every forward follows llama.py: the rotary tables of the
 //! whole prefix, the embedding, per block RMSNorm (an fp32 upcast and its statistics), q/k/v
-//! projections, rotary on q and k (casts of the table slices, four products, two sums, a cat),
-//! the cache update, fused SDPA (flash on fp16/bf16: its log-sum-exp dies at once), the head
+//! projections (k and v of `kv_heads` heads), rotary on q and k (casts of the table slices,
+//! four products, two sums, a cat), the cache update, with grouped-query attention the
+//! `repeat_interleave` of K and V to all heads, fused SDPA (flash on fp16/bf16: its log-sum-exp dies at once), the head
 //! reshape (a copy only when more than one token), the output projection, the residual sums and
 //! the SwiGLU MLP; then the final norm and fp16 logits for every position. KV caches:
 //! `naive_cat` (torch.cat one token longer per layer per token, the old freed), `preallocated`
@@ -128,7 +129,9 @@ impl ServingGen {
     /// logits ([1, s, vocab] in the model's dtype).
     fn forward(&mut self, ri: usize, s: u64, start: u64) -> u64 {
         let dt = self.dt();
-        let layout = CacheLayout { kind: self.spec.kv_cache, page_tokens: self.spec.page_tokens, token_bytes: self.spec.model.d_model * dt };
+        // One token's K (or V) of one layer: kv_heads heads (llama.py's k_proj/v_proj width).
+        let token_bytes = self.spec.model.kv_heads() * self.spec.model.head_dim() * dt;
+        let layout = CacheLayout { kind: self.spec.kv_cache, page_tokens: self.spec.page_tokens, token_bytes };
         let request = &mut self.requests[ri];
         let mut f = Forward { e: &mut self.e, model: &self.spec.model, dt, cublas: &mut self.cublas };
         f.llama(1, s, start, &mut |e, layer, kr, val| cache_update(e, request, layout, layer, kr, val, s))
@@ -334,7 +337,7 @@ impl Iterator for ServingGen {
 
 /// `k, v = cache.update(k, v)` for `s` new tokens (`kr` the rotated keys, `val` the values);
 /// returns the temporaries attention reads and then frees (paged: the gathered K and V).
-fn cache_update(e: &mut Emitter, req: &mut Request, c: CacheLayout, layer: usize, kr: u64, val: u64, s: u64) -> Vec<u64> {
+fn cache_update(e: &mut Emitter, req: &mut Request, c: CacheLayout, layer: usize, kr: u64, val: u64, s: u64) -> Option<[u64; 2]> {
     let (page, per_token) = (c.page_tokens, c.token_bytes);
     let len = req.kv[layer].len;
     let new_len = len + s;
@@ -356,7 +359,7 @@ fn cache_update(e: &mut Emitter, req: &mut Request, c: CacheLayout, layer: usize
                 e.free(kr);
                 e.free(val);
             }
-            Vec::new()
+            None
         }
         KvCache::Preallocated => {
             if req.kv[layer].k.is_empty() {
@@ -368,7 +371,7 @@ fn cache_update(e: &mut Emitter, req: &mut Request, c: CacheLayout, layer: usize
             }
             e.free(kr);
             e.free(val);
-            Vec::new()
+            None
         }
         KvCache::Paged => {
             let have = len.div_ceil(page);
@@ -378,10 +381,10 @@ fn cache_update(e: &mut Emitter, req: &mut Request, c: CacheLayout, layer: usize
                 kv.k.push(pk);
                 kv.v.push(pv);
             }
-            let gathered = vec![e.alloc(new_len * per_token), e.alloc(new_len * per_token)];
+            let gathered = [e.alloc(new_len * per_token), e.alloc(new_len * per_token)];
             e.free(kr);
             e.free(val);
-            gathered
+            Some(gathered)
         }
     }
 }

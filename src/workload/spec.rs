@@ -62,6 +62,10 @@ pub struct ModelSpec {
     pub layers: u64,
     pub d_model: u64,
     pub heads: u64,
+    /// Grouped-query attention (llama.py's `kv_heads`): the K/V heads, each shared by
+    /// `heads / kv_heads` query heads; absent: as many as `heads` (multi-head attention).
+    #[serde(default)]
+    pub kv_heads: Option<u64>,
     pub ffn: u64,
     pub vocab: u64,
     #[serde(default = "default_ffn_kind")]
@@ -75,6 +79,17 @@ pub struct ModelSpec {
     /// LoRA rank: adds A (r×D) and B (D×r) adapter tensors to every attention/MLP matrix.
     #[serde(default)]
     pub lora_rank: u64,
+}
+
+impl ModelSpec {
+    /// The K/V heads: `kv_heads`, or `heads` when the file does not give it.
+    pub fn kv_heads(&self) -> u64 {
+        self.kv_heads.unwrap_or(self.heads)
+    }
+
+    pub fn head_dim(&self) -> u64 {
+        self.d_model / self.heads
+    }
 }
 
 fn default_ffn_kind() -> FfnKind {
@@ -431,6 +446,14 @@ impl Validator<'_> {
         self.positive(&format!("{prefix}.vocab"), m.vocab, 1 << 24)?;
         if !m.d_model.is_multiple_of(m.heads) {
             return Err(self.fail(&format!("{prefix}.heads"), format!("d_model {} is not divisible by {} heads", m.d_model, m.heads)));
+        }
+        if let Some(kv) = m.kv_heads {
+            if kv == 0 || kv > m.heads || !m.heads.is_multiple_of(kv) {
+                return Err(self.fail(&format!("{prefix}.kv_heads"), format!("{kv} must divide heads = {} (1 ≤ kv_heads ≤ heads)", m.heads)));
+            }
+            if kv != m.heads && m.ffn_kind == FfnKind::Gelu {
+                return Err(self.fail(&format!("{prefix}.kv_heads"), "gpt.py (ffn_kind = \"gelu\") has no grouped-query attention: leave kv_heads out"));
+            }
         }
         if m.max_positions > 1 << 24 || m.lora_rank > m.d_model {
             return Err(self.fail(&format!("{prefix}.max_positions"), "max_positions ≤ 2^24 and lora_rank ≤ d_model"));
