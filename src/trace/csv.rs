@@ -36,7 +36,7 @@
 //! attributed to the wrong site; `# site` (with a space) stays an ordinary comment.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -50,6 +50,8 @@ use crate::units::MAX_REQUEST_BYTES;
 pub const HEADER: &str = "op,id,bytes,stream";
 /// Lines longer than this are not a trace (a binary file, say); stop before reading gigabytes.
 const MAX_LINE_BYTES: usize = 4096;
+/// What the reader reads from its input at a time.
+const CHUNK_BYTES: usize = 1 << 16;
 
 /// Streams events out of a CSV trace, checking each line; errors name `file:line`.
 pub struct TraceReader<R> {
@@ -58,7 +60,14 @@ pub struct TraceReader<R> {
     line_no: u64,
     seen_header: bool,
     live: crate::ids::IdSet,
+    /// The line being read.
     buf: Vec<u8>,
+    /// Bytes read from `input` and not yet split into lines: `chunk[start..end]`. Lines are cut
+    /// here (one `read` per 64 KiB) rather than through `read_until` per line, which costs two
+    /// calls into the (boxed) reader each.
+    chunk: Box<[u8]>,
+    start: usize,
+    end: usize,
     failed: bool,
     site_names: Vec<String>,
     site: Option<u32>,
@@ -89,6 +98,9 @@ impl<R: BufRead> TraceReader<R> {
             seen_header: false,
             live: crate::ids::IdSet::default(),
             buf: Vec::with_capacity(128),
+            chunk: vec![0; CHUNK_BYTES].into_boxed_slice(),
+            start: 0,
+            end: 0,
             failed: false,
             site_names: Vec::new(),
             site: None,
@@ -187,15 +199,35 @@ impl<R: BufRead> TraceReader<R> {
 
     fn next_line(&mut self) -> Result<Option<()>, anyhow::Error> {
         self.buf.clear();
-        let n = (&mut self.input).take(MAX_LINE_BYTES as u64 + 1).read_until(b'\n', &mut self.buf).map_err(|e| {
-            // A corrupt or truncated gzip stream surfaces here.
-            InputError::new(format!("{}:{}", self.name, self.line_no + 1), format!("read error: {e}"))
-        })?;
-        if n == 0 {
-            return Ok(None);
+        loop {
+            let window = &self.chunk[self.start..self.end];
+            if let Some(i) = memchr::memchr(b'\n', window) {
+                self.buf.extend_from_slice(&window[..=i]);
+                self.start += i + 1;
+                break;
+            }
+            self.buf.extend_from_slice(window);
+            self.start = self.end;
+            if self.buf.len() > MAX_LINE_BYTES {
+                break;
+            }
+            let n = loop {
+                match self.input.read(&mut self.chunk) {
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    // A corrupt or truncated gzip stream surfaces here.
+                    r => break r.map_err(|e| InputError::new(format!("{}:{}", self.name, self.line_no + 1), format!("read error: {e}")))?,
+                }
+            };
+            (self.start, self.end) = (0, n);
+            if n == 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                break;
+            }
         }
         self.line_no += 1;
-        if self.buf.len() > MAX_LINE_BYTES && !self.buf.ends_with(b"\n") {
+        if self.buf.len() - self.buf.ends_with(b"\n") as usize > MAX_LINE_BYTES {
             return Err(self.err(format!("line longer than {MAX_LINE_BYTES} bytes: not a trace file")));
         }
         Ok(Some(()))
@@ -575,6 +607,59 @@ mod tests {
     }
 
     const WITH_SITES: &str = "# c\nop,id,bytes,stream\nalloc,1,8,0\n#site 0 train.py:57 main\nalloc,2,8,0\n# op mm\n#site 1 my model/a:b.py:31 Attention.forward\nalloc,3,8,0\nalloc,4,8,0\n#at 0\nalloc,5,8,0\nfree,5,,\n#at -\nalloc,6,8,0\n";
+
+    /// A reader that hands out at most `step` bytes per call (cycling 1..=step), then an error
+    /// when `fail` is set: lines cut anywhere across reads.
+    struct Trickle {
+        data: Vec<u8>,
+        at: usize,
+        step: usize,
+        fail: bool,
+    }
+
+    impl std::io::Read for Trickle {
+        fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+            if self.at == self.data.len() && self.fail {
+                return Err(std::io::Error::other("disk on fire"));
+            }
+            let n = (1 + self.at % self.step).min(out.len()).min(self.data.len() - self.at);
+            out[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn lines_cut_across_reads_parse_as_whole_lines() {
+        // Past two 64 KiB chunks, with comments, CRLF rows, site lines and no newline at the end.
+        let mut text = String::from("# c\r\nop,id,bytes,stream\n#site 0 a.py:1 f\n");
+        for i in 1..6000u64 {
+            text += &format!("alloc,{i},{},0\r\n# note {i}\nfree,{i},,\n", 512 * i);
+        }
+        text += "step,1,,";
+        assert!(text.len() > 2 * CHUNK_BYTES);
+        let whole: Vec<Event> = parse(&text).into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(whole.len(), 2 * 5999 + 1);
+        for step in [1, 3, 7, 4096] {
+            let input = std::io::BufReader::with_capacity(5, Trickle { data: text.clone().into_bytes(), at: 0, step, fail: false });
+            let cut: Vec<Event> = TraceReader::new(input, "t.csv").map(|e| e.unwrap()).collect();
+            assert_eq!(cut, whole, "read {step} bytes at a time");
+        }
+    }
+
+    #[test]
+    fn overlong_lines_and_read_errors_name_their_line() {
+        let long = format!("op,id,bytes,stream\nalloc,1,512,0\n#{}\nfree,1,,\n", "x".repeat(MAX_LINE_BYTES));
+        let errs: Vec<String> = parse(&long).into_iter().filter_map(|e| e.err()).map(|e| e.to_string()).collect();
+        assert_eq!(errs, [format!("t.csv:3: line longer than {MAX_LINE_BYTES} bytes: not a trace file")]);
+        // A comment of exactly the limit (newline aside) is a line like any other.
+        let at_limit = format!("op,id,bytes,stream\n#{}\nalloc,1,512,0\n", "x".repeat(MAX_LINE_BYTES - 1));
+        assert!(parse(&at_limit).into_iter().all(|e| e.is_ok()));
+        let input = std::io::BufReader::new(Trickle { data: b"op,id,bytes,stream\nalloc,1,512,0\nfree,1".to_vec(), at: 0, step: 4, fail: true });
+        let results: Vec<_> = TraceReader::new(input, "t.csv").collect();
+        let err = results.last().unwrap().as_ref().unwrap_err().to_string();
+        assert!(err.starts_with("t.csv:3: read error: disk on fire"), "{err}");
+    }
 
     #[test]
     fn site_lines_give_each_alloc_its_site() {
