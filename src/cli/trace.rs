@@ -55,15 +55,29 @@ fn write_trace<W: Write>(source: &Source, out: W, comments: &[String]) -> anyhow
     for ev in source.events()? {
         let ev = ev?;
         if let (Event::Alloc { id, .. }, Some(sites)) = (&ev, &sites) {
-            let next = renumbered.len() as u32;
-            let site = sites.of_id.get(id).copied();
-            match site.map(|s| renumbered.entry(s)) {
-                Some(Entry::Vacant(e)) => w.site(Some(*e.insert(next)), Some(&sites.definition(site.expect("a site"))))?,
-                Some(Entry::Occupied(e)) if current != Some(*e.get()) => w.site(Some(*e.get()), None)?,
-                None if current.is_some() => w.site(None, None)?,
-                _ => {}
-            }
-            current = site.and_then(|s| renumbered.get(&s).copied());
+            current = match sites.of_id.get(id) {
+                Some(&site) => {
+                    let next = renumbered.len() as u32;
+                    Some(match renumbered.entry(site) {
+                        Entry::Vacant(e) => {
+                            w.site(Some(next), Some(&sites.definition(site)))?;
+                            *e.insert(next)
+                        }
+                        Entry::Occupied(e) => {
+                            if current != Some(*e.get()) {
+                                w.site(Some(*e.get()), None)?;
+                            }
+                            *e.get()
+                        }
+                    })
+                }
+                None => {
+                    if current.is_some() {
+                        w.site(None, None)?;
+                    }
+                    None
+                }
+            };
         }
         w.write(&ev)?;
         n += 1;

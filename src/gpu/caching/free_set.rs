@@ -4,7 +4,8 @@
 //! a bitmap of the non-empty bins. Insert is a push, remove a swap with the bin's last entry
 //! (the caller keeps each block's slot). Best fit is the least fitting entry of the first bin
 //! (a block or two), else the least entry of the next non-empty bin: the same answer as a
-//! lower_bound on the ordered set.
+//! lower_bound on the ordered set. A bin past `SHORT_BIN` entries is kept as an ordered tree
+//! instead, so one crowded size class costs O(log n), as the std::set does.
 
 use std::collections::BTreeMap;
 
