@@ -39,8 +39,16 @@ impl FreeKey {
     }
 }
 
-/// What `insert` answers for an entry of a long bin (its slot means nothing there).
-const LONG_SLOT: u32 = u32::MAX;
+/// A slot packs an entry's bin (its size class) and its index in the bin as `class << 8 | index`,
+/// so a remove does not recompute the class. An entry of a long bin has index `LONG_INDEX` (its
+/// place there means nothing).
+const LONG_INDEX: u32 = 0xFF;
+const _: () = assert!(SHORT_BIN < LONG_INDEX as usize, "a short bin's index fits below LONG_INDEX");
+
+#[inline(always)]
+fn slot_of(class: usize, index: u32) -> u32 {
+    (class as u32) << 8 | index
+}
 
 /// Size classes per power of two (2^SUB_BITS): fine enough that a bin holds a block or two.
 const SUB_BITS: u32 = 4;
@@ -184,15 +192,14 @@ impl FreeSet {
         let len = self.bins[s * BINS + c].len();
         if len >= SHORT_BIN || (len == 0 && self.is_long(s, c)) {
             self.insert_long(s * BINS + c, k, block);
-            return LONG_SLOT;
+            return slot_of(c, LONG_INDEX);
         }
         let bin = &mut self.bins[s * BINS + c];
         debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
-        let slot = bin.len() as u32;
         bin.push(Entry { size: k.size(), ptr: k.ptr(), block });
         self.occupied[s].set(c);
         self.len += 1;
-        slot
+        slot_of(c, len as u32)
     }
 
     /// Insert into a long bin, making it one when its vector is full.
@@ -209,15 +216,19 @@ impl FreeSet {
     /// `slot` (the removed block itself when it was the last, or in a long bin).
     #[inline(always)]
     pub fn remove(&mut self, k: FreeKey, slot: u32) -> u32 {
-        let (s, c) = (k.stream() as usize, class_of(k.size()));
+        let (s, c, index) = (k.stream() as usize, (slot >> 8) as usize, slot & 0xFF);
+        debug_assert_eq!(c, class_of(k.size()), "slot {slot:#x} is not in the class of {k:?}");
         let bin = &mut self.bins[s * BINS + c];
-        debug_assert!(bin.is_empty() || bin.get(slot as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()), "no free entry {k:?} at slot {slot}");
+        debug_assert!(
+            bin.is_empty() || bin.get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()),
+            "no free entry {k:?} at slot {slot:#x}"
+        );
         let Some(last) = bin.pop() else {
             return self.remove_long(s, c, k);
         };
         self.len -= 1;
-        if (slot as usize) < bin.len() {
-            bin[slot as usize] = last;
+        if (index as usize) < bin.len() {
+            bin[index as usize] = last;
             return last.block;
         }
         if bin.is_empty() {

@@ -281,6 +281,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// get_free_block: best fit on the stream, with the expandable and oversize rules.
+    #[inline(always)]
     fn get_free_block(&mut self, stream: u32, rounded: u64, pool: PoolKind) -> Option<u32> {
         if self.gc_enabled() {
             self.pool(pool).get_free_blocks_call_count += 1;
@@ -557,6 +558,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// alloc_found_block: split off the low part if worth it; update the stats.
+    #[inline(always)]
     fn alloc_found_block(&mut self, found: u32, requested: u64, rounded: u64) -> u32 {
         let already_split = self.blocks[found as usize].is_split();
         let expandable = self.blocks[found as usize].expandable();
@@ -604,6 +606,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// free_block: merge with prev then next, return to the pool, update inactive_split.
+    #[inline(always)]
     fn free_block(&mut self, i: u32) {
         let (original_size, requested, pool, prev, next, expandable) = {
             let b = &self.blocks[i as usize];
@@ -770,6 +773,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
 
     /// malloc, in PyTorch's order: cache hit; else GC, new segment, release oversize cached
     /// blocks and retry, flush the whole cache and retry (a "retry"); else OOM.
+    #[inline(always)]
     fn malloc(&mut self, bytes: u64, raw_stream: u64) -> Result<Handle, AllocError> {
         // NativeCachingAllocator::allocate calls malloc only `if (size != 0)`: 0 bytes is a
         // null pointer, made without touching a pool or a stat.
@@ -787,6 +791,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         }
     }
 
+    #[inline(always)]
     fn free(&mut self, handle: Handle) -> Result<(), DeviceError> {
         // NativeCachingAllocator::free returns at once for a null pointer.
         if handle == NULL_HANDLE {

@@ -167,7 +167,8 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
 #[derive(Debug)]
 pub struct Timeline {
     pub points: Vec<TimelinePoint>,
-    max_points: usize,
+    /// Twice the point budget: the length at which neighbours are merged.
+    thin_at: usize,
     stride_steps: u64,
     stride_events: u64,
     steps: u64,
@@ -183,7 +184,7 @@ impl Timeline {
     pub fn new(sample_every_events: Option<u64>, max_points: usize, time_model: Option<LatencyModel>) -> Self {
         Timeline {
             points: Vec::new(),
-            max_points,
+            thin_at: 2 * max_points.max(1),
             stride_steps: 1,
             stride_events: sample_every_events.unwrap_or(0),
             steps: 0,
@@ -238,7 +239,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
         if self.stride_events > 0 && at.index.is_multiple_of(self.stride_events) {
             self.sample(alloc, at.index, at.step, at.live);
         }
-        if self.points.len() >= 2 * self.max_points.max(1) {
+        if self.points.len() >= self.thin_at {
             // Merge neighbours, keeping each pair's later values and both pairs' peaks.
             self.points = self
                 .points
