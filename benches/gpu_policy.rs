@@ -61,15 +61,7 @@ fn captured_replay(c: &mut Criterion) {
         b.iter(|| {
             let source = Source::open(Some(&csv)).unwrap();
             let mut built = build("pytorch", &cfg, &DeviceSpec::sim(H100_CAPACITY_BYTES)).unwrap();
-            let r = allocbench::gpu_run::run_one(
-                &mut built,
-                &cfg,
-                source.events().unwrap(),
-                source.info().unwrap(),
-                &ReplayOptions::default(),
-                &mut StopWhen(|| false),
-            )
-            .unwrap();
+            let r = allocbench::gpu_run::run_hashing_alongside(&mut built, &cfg, &source, &ReplayOptions::default(), &mut StopWhen(|| false)).unwrap();
             serde_json::to_vec_pretty(&ResultRecord::GpuReplay(Box::new(r))).unwrap()
         })
     });

@@ -145,6 +145,29 @@ pub fn run_one(
     })
 }
 
+/// [`run_one`] on a source, as `allocbench replay` runs it: the input's sha256 (the record's
+/// `workload`) is computed on another thread while the events replay, so hashing a large trace
+/// adds nothing to the replay's time.
+pub fn run_hashing_alongside(
+    built: &mut Built,
+    conf: &AllocatorConfig,
+    source: &Source,
+    opts: &ReplayOptions,
+    watch: &mut dyn Observer<dyn GpuAllocator>,
+) -> anyhow::Result<GpuRunResult> {
+    let events = source.events()?;
+    std::thread::scope(|scope| {
+        let info = scope.spawn(|| source.info());
+        let pending =
+            WorkloadInfo { name: String::new(), kind: String::new(), origin: String::new(), sha256: String::new(), seed: None, description: String::new() };
+        let replayed = run_one(built, conf, events, pending, opts, watch);
+        let info = info.join().map_err(|_| anyhow::anyhow!("hashing the input failed"))?;
+        let mut result = replayed?;
+        result.workload = info?;
+        Ok(result)
+    })
+}
+
 /// A human summary of one replay.
 pub fn describe(r: &GpuRunResult) -> String {
     let mut s = String::new();

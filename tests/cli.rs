@@ -286,3 +286,34 @@ fn trace_keeps_the_allocation_sites_of_captures_and_snapshots() {
         assert_eq!(events(&copy), events(&src), "{input}");
     }
 }
+
+#[test]
+fn replay_records_the_traces_sha256_and_its_failures_name_the_trace() {
+    // The hash is computed while the events replay: it must still be the file's, byte for byte,
+    // and a trace that goes bad mid-way still fails with its line.
+    let dir = std::env::temp_dir().join(format!("allocbench-sha-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = dir.join("good.csv");
+    let mut text = String::from("# allocbench trace v1\nop,id,bytes,stream\n");
+    for i in 0..5000 {
+        text += &format!("alloc,{i},{},0\n", 512 * (1 + i % 97));
+        if i % 3 == 0 {
+            text += &format!("free,{i}\n");
+        }
+    }
+    std::fs::write(&good, &text).unwrap();
+    let out = bin().args(["replay", good.to_str().unwrap(), "--json", "-", "-q"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want: String = <sha2::Sha256 as sha2::Digest>::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(v["workload"]["sha256"], want);
+    assert_eq!(v["workload"]["kind"], "trace");
+    assert_eq!(v["work"]["events"], 5000 + 1667);
+
+    let bad = dir.join("bad.csv");
+    std::fs::write(&bad, format!("{text}free,999999\n")).unwrap();
+    let out = bin().args(["replay", bad.to_str().unwrap(), "--json", "-", "-q"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("999999"), "{}", stderr(&out));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -44,7 +44,7 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     let spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
     let mut built = build(&a.allocator, &conf, &spec)?;
     let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
-    let mut result = gpu_run::run_one(&mut built, &conf, source.events()?, source.info()?, &a.device.replay_options(), &mut progress::watch(&pb))?;
+    let mut result = gpu_run::run_hashing_alongside(&mut built, &conf, &source, &a.device.replay_options(), &mut progress::watch(&pb))?;
     progress::finish(pb);
     let sites = match &a.html {
         Some(_) => exact_segments_and_sites(&source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
