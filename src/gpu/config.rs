@@ -412,7 +412,7 @@ fn tokenize(text: &str) -> Vec<String> {
 /// resets it once per parse, so a repeated key writes over the first one's table. Returns the
 /// index of the value's last token.
 fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, InputError> {
-    let mut i = key_at + 2;
+    let i = key_at + 2;
     if t.value(key_at, i)? != "[" {
         let v = t.size_t(key_at, i)?;
         if !v.is_power_of_two() {
@@ -421,25 +421,13 @@ fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]
         *table = [v; ROUNDUP_INTERVALS];
         return Ok(i);
     }
-    let unterminated = || conf_error("Error parsing roundup_power2_divisions: expected ']' before the end of the config");
     let mut first = true;
     let mut last_index = 0usize;
-    loop {
-        i += 1;
-        match t.get(i) {
-            None => return Err(unterminated()),
-            Some("]") => return Ok(i),
-            Some(_) => {}
-        }
-        let key_index = i;
-        // The ':' (whatever it is), then the value.
-        i += 2;
-        let val_s = t.get(i).ok_or_else(unterminated)?;
+    walk_pairs(t, i, "roundup_power2_divisions", |key, val_s| {
         let val = stoull(val_s).ok_or_else(|| conf_error(format!("Error, expecting digit string in roundup_power2_divisions, got '{val_s}'")))?;
         if !(val == 0 || val.is_power_of_two()) {
             return Err(conf_error(format!("For roundups, the divisions has to be power of 2 or 0 to disable roundup, got {val}")));
         }
-        let key = &t.0[key_index];
         if key == ">" {
             for slot in table.iter_mut().skip(last_index + 1) {
                 *slot = val;
@@ -459,7 +447,25 @@ fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]
             table[idx] = val;
             last_index = idx;
         }
-        // A token other than ']' after the value is the separator, skipped whatever it is.
+        Ok(())
+    })
+}
+
+/// Walks a `[KEY:VALUE,...]` list whose '[' is at `open`, as PyTorch's list parsers do: the
+/// token between a key and its value and the one after a value (unless it is the ']') are
+/// skipped whatever they are, and a ',' right before the ']' is allowed. Returns the index of the ']'.
+fn walk_pairs(t: &Tokens, open: usize, what: &str, mut each: impl FnMut(&str, &str) -> Result<(), InputError>) -> Result<usize, InputError> {
+    let unterminated = || conf_error(format!("Error parsing {what}: expected KEY:VALUE pairs and ']' before the end of the config"));
+    let mut i = open;
+    loop {
+        i += 1;
+        let key = match t.get(i) {
+            None => return Err(unterminated()),
+            Some("]") => return Ok(i),
+            Some(key) => key,
+        };
+        i += 2;
+        each(key, t.get(i).ok_or_else(unterminated)?)?;
         match t.get(i + 1) {
             None => return Err(unterminated()),
             Some("]") => {}
@@ -472,26 +478,12 @@ fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]
 /// parseExpandableSegmentsReserveByClass does (a reserve it cannot read is only warned about
 /// there). Returns the index of the closing ']'.
 fn skip_reserve_classes(t: &Tokens, key_at: usize) -> Result<usize, InputError> {
-    let mut i = key_at + 2;
+    let i = key_at + 2;
     if t.value(key_at, i)? != "[" {
         return Err(conf_error(format!("expandable_segments_reserve_by_class expects a list [CLASS:RESERVE,...], got '{}'", t.0[i])));
     }
-    let unterminated = || conf_error("Error parsing expandable_segments_reserve_by_class: expected CLASS:RESERVE pairs and ']'");
-    loop {
-        i += 1;
-        match t.get(i) {
-            None => return Err(unterminated()),
-            Some("]") => return Ok(i),
-            Some(_) => {}
-        }
-        i += 2;
-        t.get(i).ok_or_else(unterminated)?;
-        match t.get(i + 1) {
-            None => return Err(unterminated()),
-            Some("]") => {}
-            Some(_) => i += 1,
-        }
-    }
+    // A reserve PyTorch cannot read is only warned about there.
+    walk_pairs(t, i, "expandable_segments_reserve_by_class", |_, _| Ok(()))
 }
 
 #[cfg(test)]
@@ -683,9 +675,9 @@ mod tests {
             ("per_process_memory_fraction:1e400", "expecting a number"),
             ("garbage_collection_threshold:infinity", "garbage_collect_threshold is invalid"),
             ("roundup_power2_divisions:[256:1,,512:2]", "expecting digit string"),
-            ("roundup_power2_divisions:[256:4", "expected ']'"),
-            ("roundup_power2_divisions:[,]", "expected ']'"),
-            ("expandable_segments_reserve_by_class:[a:0.5,b]", "CLASS:RESERVE"),
+            ("roundup_power2_divisions:[256:4", "expected KEY:VALUE pairs and ']'"),
+            ("roundup_power2_divisions:[,]", "expected KEY:VALUE pairs and ']'"),
+            ("expandable_segments_reserve_by_class:[a:0.5,b]", "expected KEY:VALUE pairs"),
             ("expandable_segments:True,expandable_segments", "expected : after 'expandable_segments'"),
             ("large_segment_size_mb:", "expecting large_segment_size_mb value"),
             ("throw_on_cudamalloc_oom:True", "not modelled"),
