@@ -126,6 +126,8 @@ impl Plan {
                 )
                 .into());
             }
+            // A hand-edited capacity of 0 would reach the simulated device (and panic there).
+            crate::units::check_capacity(row.capacity).map_err(|m| InputError::new(&loc, format!("plan row {}: {m}", row.index)))?;
             rows.push(row);
         }
         if rows.is_empty() {

@@ -19,6 +19,18 @@ pub const MAX_SANE_BYTES: u64 = PIB;
 /// device can hold is an out-of-memory there, not bad input.
 pub const MAX_REQUEST_BYTES: u64 = EIB;
 
+/// A device's memory, as any input names it (`--capacity`, a sweep plan's rows, a
+/// torch_replay.py output): more than 0 bytes and at most [`MAX_SANE_BYTES`].
+pub fn check_capacity(bytes: u64) -> Result<u64, String> {
+    if bytes == 0 {
+        return Err("capacity must be > 0".into());
+    }
+    if bytes > MAX_SANE_BYTES {
+        return Err("capacity over 1 PiB is not a device".into());
+    }
+    Ok(bytes)
+}
+
 /// Parses `1048576`, `512B`, `4KiB`, `1.5GiB`, `80GB` (SI), `2MB`… into bytes.
 /// Binary units (KiB, MiB, GiB, TiB) are powers of 1024; SI units (kB, MB, GB, TB) powers of 1000.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {

@@ -82,7 +82,12 @@ fn bad_input_exits_2_with_one_line() {
     let bad_trace = dir.path().join("bad.csv");
     std::fs::write(&bad_trace, "op,id,bytes,stream\nalloc,1,100,0\nfree,2,,\n").unwrap();
     let bad = bad_trace.to_str().unwrap().to_string();
+    // A torch_replay.py output naming a device of 0 bytes once panicked in the expandable segments.
+    let zero_device = dir.path().join("torch.json");
+    let torch = r#"{"format":"allocbench-torch-replay-v1","torch_version":"2.15","device":"x","total_memory":0,"conf":"expandable_segments:True","events":2,"oom":null,"steps":[],"final":{}}"#;
+    std::fs::write(&zero_device, torch).unwrap();
     let cases: Vec<(Vec<String>, &str)> = vec![
+        (vec!["fidelity".into(), bad.clone(), "--torch-json".into(), zero_device.to_str().unwrap().into()], "torch.json: total_memory 0: capacity must be > 0"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--allocator".into(), "tlsf".into()], "unknown GPU allocator 'tlsf'"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--conf".into(), "max_split_size_mb:5".into()], "max_split_size_mb too small"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "lots".into()], "lots"),

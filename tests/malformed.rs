@@ -35,7 +35,7 @@ fn good_workload_parses() {
 
 #[test]
 fn errors_name_file_line_and_field() {
-    let cases: Vec<(String, &str)> = vec![
+    let mut cases: Vec<(String, &str)> = vec![
         (GOOD.replace("steps = 2", "steps = 2\nstepz = 3"), "w.toml:7: unknown field `stepz`"),
         (GOOD.replace("layers = 2", "layers = 0"), "w.toml:15: field `transformer.model.layers`: must be > 0"),
         (GOOD.replace("batch = 1", "batch = -1"), "w.toml:7: invalid value: integer `-1`"),
@@ -51,6 +51,14 @@ fn errors_name_file_line_and_field() {
         ("name = \"x\"\n[scenario]\nevents = [{ op = \"free\", id = 9 }]\n".to_string(), "scenario.events[0]: free of id 9"),
         ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"5 parsecs\" }]\n".to_string(), "unknown unit"),
     ];
+    // Comments quoting a key are not where the field is set (the shipped gpt3-xl-1.3b.toml
+    // quotes `seq_len = ...` in a comment above its tables; errors pointed at the comment).
+    let commented = format!("# seq_len = {{ dist = \"fixed\" }}\n# layers = 3\n{GOOD}");
+    cases.push((commented.replace("min = 16, max = 32", "min = 64, max = 32"), "w.toml:10: field `transformer.seq_len`: min 64 > max 32"));
+    cases.push((
+        GOOD.replace("batch = 1", "batch = 1 # layers = 0\n").replace("layers = 2", "layers = 0"),
+        "w.toml:16: field `transformer.model.layers`: must be > 0",
+    ));
     for (src, want) in cases {
         let e = err(&src);
         assert!(e.contains(want), "expected {want:?} in {e:?}");

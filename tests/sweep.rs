@@ -366,7 +366,16 @@ fn bad_shards_plans_and_folders_exit_2() {
     drop(held);
     ok(run(&plan, &out).args(["--shard", "0/2"]));
 
-    // Bad plans and conf files.
+    // Bad plans and conf files. A hand-edited capacity of 0 once reached the simulated device
+    // and panicked in the expandable-segment pages.
+    let zero = d.join("zero-capacity.jsonl");
+    let plan_text = std::fs::read_to_string(&plan).unwrap();
+    let second = plan_text.lines().nth(1).unwrap();
+    let edited = second.replace(&format!("\"capacity\":{}", lines(&plan)[1]["capacity"]), "\"capacity\":0");
+    assert_ne!(edited, second);
+    std::fs::write(&zero, plan_text.replacen(second, &edited, 1)).unwrap();
+    let e = one_line(fails(&mut run(&zero, &d.join("o-zero")), 2));
+    assert!(e.contains("zero-capacity.jsonl:2") && e.contains("capacity must be > 0"), "{e}");
     let bad = d.join("bad-confs.txt");
     std::fs::write(&bad, "expandable_segments:True\nmax_split_size_mb:oops\n").unwrap();
     let e = one_line(fails(bin().args(["sweep", "plan", s(&d.join("scenario-sawtooth.toml")), "--confs", s(&bad), "-o", s(&d.join("p.jsonl"))]), 2));

@@ -52,14 +52,7 @@ impl DeviceArgs {
 }
 
 pub fn parse_capacity(s: &str) -> Result<u64, String> {
-    let b = parse_bytes(s)?;
-    if b == 0 {
-        return Err("capacity must be > 0".into());
-    }
-    if b > crate::units::MAX_SANE_BYTES {
-        return Err("capacity over 1 PiB is not a device".into());
-    }
-    Ok(b)
+    crate::units::check_capacity(parse_bytes(s)?)
 }
 
 /// Says what an imported trace left out (on standard error).

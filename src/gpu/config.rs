@@ -70,47 +70,44 @@ impl AllocatorConfig {
         Ok(Self::default())
     }
 
-    /// Parses `key:value,key:value` with `[a:b,c:d]` lists; whitespace is ignored.
+    /// Parses `key:value,key:value` with `[a:b,c:d]` lists as torch 2.15 does
+    /// (AcceleratorAllocatorConfig::parseArgs in c10/core/AllocatorConfig.cpp, then
+    /// CUDAAllocatorConfig::parseArgs): whitespace is dropped; tokens are read by position, so the
+    /// token after a key and the one after a value are skipped whatever they are
+    /// (ConfigTokenizer::checkToken's result is never checked: `max_split_size_mb,64` is accepted);
+    /// numbers are read as std::stoull / std::stod read them (a valid prefix: `512MB` is 512); a
+    /// stray `,` stands where a key should and is refused.
     pub fn parse(text: &str) -> Result<Self, InputError> {
         let mut cfg = AllocatorConfig { source: text.trim().to_string(), ..Default::default() };
-        let tokens = tokenize(text);
-        let err = |m: String| InputError::new("--conf", m);
-        // AcceleratorAllocatorConfig::parseArgs (c10/core/AllocatorConfig.cpp) reads
-        // large_segment_size_mb first, wherever it stands, because the two `_mb` limits below
-        // are checked against it; then max_non_split_rounding_size defaults to it.
-        for (j, t) in tokens.iter().enumerate() {
-            if t == "large_segment_size_mb" {
-                cfg.large_segment_size = parse_large_segment_size(&tokens, j)?;
+        let t = Tokens(tokenize(text));
+        // parseArgs reads large_segment_size_mb first, wherever it stands, because the two `_mb`
+        // limits below are checked against it; then max_non_split_rounding_size defaults to it.
+        for (j, tok) in t.0.iter().enumerate() {
+            if tok == "large_segment_size_mb" {
+                // parseLargeSegmentSize: must be > kMinLargeAlloc (10 MiB).
+                let mb = t.size_t(j, j + 2)?;
+                if mb <= 10 {
+                    return Err(conf_error(format!("CachingAllocator option large_segment_size_mb too small, must be > 10, got {mb}")));
+                }
+                cfg.large_segment_size = mb.min(u64::MAX / MIB) * MIB;
             }
         }
         cfg.max_non_split_rounding_size = cfg.large_segment_size;
         let mut i = 0;
-        while i < tokens.len() {
-            let key = tokens[i].as_str();
-            let expect = |i: usize, tok: &str| -> Result<(), InputError> {
-                if tokens.get(i).map(String::as_str) != Some(tok) {
-                    return Err(err(format!("Error parsing CachingAllocator settings, expected {tok} after '{key}'")));
-                }
-                Ok(())
-            };
-            let value = |i: usize| -> Result<&str, InputError> {
-                tokens.get(i).map(String::as_str).filter(|t| !matches!(*t, "," | ":" | "[" | "]")).ok_or_else(|| err(format!("Error, expecting {key} value")))
-            };
-            let size_mb = |v: &str| -> Result<u64, InputError> {
-                v.parse::<u64>().map_err(|_| err(format!("Error, expecting digit string in config for {key}, got '{v}'")))
-            };
-            match key {
+        while i < t.0.len() {
+            let key = t.0[i].as_str();
+            // Each arm returns the index of the value's last token.
+            let value_end = match key {
                 // Read (and checked) before this loop.
-                "large_segment_size_mb" => i += 3,
+                "large_segment_size_mb" => i + 2,
                 "max_split_size_mb" | "max_non_split_rounding_mb" => {
-                    expect(i + 1, ":")?;
-                    let mb = size_mb(value(i + 2)?)?;
+                    let mb = t.size_t(i, i + 2)?;
                     // parseMaxSplitSize / parseMaxNonSplitRoundingSize
                     // (c10/core/AllocatorConfig.cpp): the minimum is large_segment_size_ / kMB,
                     // so a value below large_segment_size_mb is rejected.
                     let min_mb = cfg.large_segment_size / MIB;
                     if mb < min_mb {
-                        return Err(err(format!("CachingAllocator option {key} too small, must be >= {min_mb}")));
+                        return Err(conf_error(format!("CachingAllocator option {key} too small, must be >= {min_mb}")));
                     }
                     let bytes = mb.min(u64::MAX / MIB) * MIB;
                     if key == "max_split_size_mb" {
@@ -118,62 +115,90 @@ impl AllocatorConfig {
                     } else {
                         cfg.max_non_split_rounding_size = bytes;
                     }
-                    i += 3;
+                    i + 2
                 }
                 "garbage_collection_threshold" => {
-                    expect(i + 1, ":")?;
-                    let v = value(i + 2)?;
-                    let t: f64 = v.parse().map_err(|_| err(format!("Error, expecting a number for garbage_collection_threshold, got '{v}'")))?;
-                    if !(t > 0.0 && t < 1.0) {
-                        return Err(err("garbage_collect_threshold is invalid, set it in (0.0, 1.0)".into()));
+                    let v = t.double(i, i + 2)?;
+                    if !(v > 0.0 && v < 1.0) {
+                        return Err(conf_error("garbage_collect_threshold is invalid, set it in (0.0, 1.0)"));
                     }
-                    cfg.garbage_collection_threshold = t;
-                    i += 3;
+                    cfg.garbage_collection_threshold = v;
+                    i + 2
                 }
                 "per_process_memory_fraction" => {
-                    expect(i + 1, ":")?;
-                    let v = value(i + 2)?;
-                    let f: f64 = v.parse().map_err(|_| err(format!("Error, expecting a number for per_process_memory_fraction, got '{v}'")))?;
-                    if !(0.0..=1.0).contains(&f) {
-                        return Err(err("per_process_memory_fraction is invalid, set it in [0.0, 1.0]".into()));
+                    // parsePerProcessMemoryFraction (c10/cuda/CUDAAllocatorConfig.cpp).
+                    let v = t.double(i, i + 2)?;
+                    if !(0.0..=1.0).contains(&v) {
+                        return Err(conf_error("per_process_memory_fraction is invalid, set it in [0.0, 1.0]"));
                     }
-                    cfg.per_process_memory_fraction = f;
-                    i += 3;
+                    cfg.per_process_memory_fraction = v;
+                    i + 2
                 }
                 "expandable_segments" => {
-                    expect(i + 1, ":")?;
-                    cfg.expandable_segments = parse_bool(key, value(i + 2)?)?;
-                    i += 3;
+                    cfg.expandable_segments = t.boolean(i, i + 2)?;
+                    i + 2
                 }
-                "roundup_power2_divisions" => {
-                    expect(i + 1, ":")?;
-                    i = parse_roundup(&tokens, i + 2, &mut cfg.roundup_power2_divisions)?;
-                }
-                "backend" => {
-                    expect(i + 1, ":")?;
-                    match value(i + 2)? {
-                        "native" => {}
-                        "cudaMallocAsync" => {
-                            return Err(err("backend:cudaMallocAsync is the driver's pool, not this policy: use --allocator async (real GPU) instead".into()))
-                        }
-                        other => return Err(err(format!("Unknown allocator backend, options should be native or cudaMallocAsync, got '{other}'"))),
+                "roundup_power2_divisions" => parse_roundup(&t, i, &mut cfg.roundup_power2_divisions)?,
+                "backend" => match t.value(i, i + 2)? {
+                    "native" => i + 2,
+                    "cudaMallocAsync" => {
+                        return Err(conf_error("backend:cudaMallocAsync is the driver's pool, not this policy: use --allocator async (real GPU) instead"))
                     }
-                    i += 3;
+                    other => return Err(conf_error(format!("Unknown allocator backend, options should be native or cudaMallocAsync, got '{other}'"))),
+                },
+                // Knobs that exist in PyTorch but do not change device placement: checked, ignored
+                // (ROCm's `hip` spellings are accepted by CUDA builds too).
+                "release_lock_on_cudamalloc"
+                | "release_lock_on_hipmalloc"
+                | "pinned_use_cuda_host_register"
+                | "pinned_use_hip_host_register"
+                | "pinned_use_background_threads"
+                | "pinned_free_catch_all"
+                | "graph_capture_record_stream_reuse" => {
+                    t.boolean(i, i + 2)?;
+                    i + 2
                 }
-                // Knobs that exist in PyTorch but do not change placement: accepted, ignored.
-                "release_lock_on_cudamalloc" | "pinned_use_cuda_host_register" | "pinned_use_background_threads" | "graph_capture_record_stream_reuse" => {
-                    expect(i + 1, ":")?;
-                    parse_bool(key, value(i + 2)?)?;
-                    i += 3;
+                "pinned_num_register_threads" => {
+                    // parsePinnedNumRegisterThreads: a power of 2, at most pinned_max_register_threads() (128).
+                    let n = t.size_t(i, i + 2)?;
+                    if !n.is_power_of_two() {
+                        return Err(conf_error(format!("Number of register threads has to be power of 2, got {n}")));
+                    }
+                    if n > 128 {
+                        return Err(conf_error(format!("Number of register threads should be less than or equal to 128, got {n}")));
+                    }
+                    i + 2
                 }
-                "pinned_num_register_threads" | "pinned_reserve_segment_size_mb" => {
-                    expect(i + 1, ":")?;
-                    size_mb(value(i + 2)?)?;
-                    i += 3;
+                "pinned_reserve_segment_size_mb" => {
+                    if t.size_t(i, i + 2)? == 0 {
+                        return Err(conf_error("Pinned reserve segment size has to be greater than 0"));
+                    }
+                    i + 2
                 }
-                "," => i += 1,
-                other => return Err(err(format!("Unrecognized key '{other}' in CachingAllocator config"))),
-            }
+                // Per-stream-class reserves apply only to streams tagged through the C++ API,
+                // which no trace carries: every stream here is untagged, so they change nothing.
+                "expandable_segments_reserve_by_class" => skip_reserve_classes(&t, i)?,
+                "throw_on_cudamalloc_oom" => {
+                    if t.boolean(i, i + 2)? {
+                        return Err(conf_error(
+                            "throw_on_cudamalloc_oom:True (torch 2.13+'s preemptive OOM rejection, pytorch#179473) is not modelled by this simulator: leave it out",
+                        ));
+                    }
+                    i + 2
+                }
+                "expandable_segments_reserve" => {
+                    return Err(conf_error(
+                        "expandable_segments_reserve (torch 2.13+'s per-segment address reserve) is not modelled by this simulator, which reserves \
+                         9/8 of the device per expandable segment as PyTorch does by default: leave it out",
+                    ))
+                }
+                "," | ":" | "[" | "]" => {
+                    return Err(conf_error(format!("Unrecognized key '{key}' in CachingAllocator config: a stray '{key}' where a key should be")))
+                }
+                other => return Err(conf_error(format!("Unrecognized key '{other}' in CachingAllocator config"))),
+            };
+            // The separator after the value is skipped, whatever it is.
+            i = value_end + 2;
         }
         Ok(cfg)
     }
@@ -230,37 +255,136 @@ impl AllocatorConfig {
     }
 }
 
-/// parseLargeSegmentSize (c10/core/AllocatorConfig.cpp): `large_segment_size_mb` must be
-/// > kMinLargeAlloc (10 MiB). `at` is the key's index.
-fn parse_large_segment_size(tokens: &[String], at: usize) -> Result<u64, InputError> {
-    let key = "large_segment_size_mb";
-    let err = |m: String| InputError::new("--conf", m);
-    if tokens.get(at + 1).map(String::as_str) != Some(":") {
-        return Err(err(format!("Error parsing CachingAllocator settings, expected : after '{key}'")));
-    }
-    let v =
-        tokens.get(at + 2).map(String::as_str).filter(|t| !matches!(*t, "," | ":" | "[" | "]")).ok_or_else(|| err(format!("Error, expecting {key} value")))?;
-    let mb: u64 = v.parse().map_err(|_| err(format!("Error, expecting digit string in config for {key}, got '{v}'")))?;
-    if mb <= 10 {
-        return Err(err(format!("CachingAllocator option {key} too small, must be > 10")));
-    }
-    Ok(mb.min(u64::MAX / MIB) * MIB)
+fn conf_error(message: impl Into<String>) -> InputError {
+    InputError::new("--conf", message)
 }
 
-fn parse_bool(key: &str, v: &str) -> Result<bool, InputError> {
-    match v {
-        // PyTorch accepts exactly these spellings.
-        "True" => Ok(true),
-        "False" => Ok(false),
-        _ => Err(InputError::new("--conf", format!("Expected a single True/False argument for {key}, got '{v}'"))),
+/// A conf string's tokens (ConfigTokenizer), read by position with its checks and PyTorch's
+/// number parsing.
+struct Tokens(Vec<String>);
+
+impl Tokens {
+    fn get(&self, at: usize) -> Option<&str> {
+        self.0.get(at).map(String::as_str)
     }
+
+    /// The value at `at` of the key at `key_at`; the config must not end before it.
+    fn value(&self, key_at: usize, at: usize) -> Result<&str, InputError> {
+        let key = &self.0[key_at];
+        if key_at + 1 >= self.0.len() {
+            return Err(conf_error(format!("Error parsing CachingAllocator settings, expected : after '{key}'")));
+        }
+        self.get(at).ok_or_else(|| conf_error(format!("Error, expecting {key} value")))
+    }
+
+    fn size_t(&self, key_at: usize, at: usize) -> Result<u64, InputError> {
+        let v = self.value(key_at, at)?;
+        stoull(v).ok_or_else(|| conf_error(format!("Error, expecting digit string in config for {}, got '{v}'", self.0[key_at])))
+    }
+
+    fn double(&self, key_at: usize, at: usize) -> Result<f64, InputError> {
+        let v = self.value(key_at, at)?;
+        stod(v).ok_or_else(|| conf_error(format!("Error, expecting a number for {}, got '{v}'", self.0[key_at])))
+    }
+
+    /// ConfigTokenizer::toBool: exactly `True` or `False`.
+    fn boolean(&self, key_at: usize, at: usize) -> Result<bool, InputError> {
+        match self.value(key_at, at)? {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            v => Err(conf_error(format!("Expected a single True/False argument for {}, got '{v}'", self.0[key_at]))),
+        }
+    }
+}
+
+/// std::stoull in base 10: an optional sign and the longest run of digits after it (`512MB` is
+/// 512); a negative number wraps, as strtoull negates in unsigned arithmetic. `None` when there is
+/// no digit or the digits exceed u64.
+fn stoull(s: &str) -> Option<u64> {
+    let (negative, digits) = match s.as_bytes().first() {
+        Some(b'-') => (true, &s[1..]),
+        Some(b'+') => (false, &s[1..]),
+        _ => (false, s),
+    };
+    let end = digits.bytes().position(|b| !b.is_ascii_digit()).unwrap_or(digits.len());
+    let v: u64 = digits[..end].parse().ok()?;
+    Some(if negative { v.wrapping_neg() } else { v })
+}
+
+/// std::stod: the longest prefix strtod reads (decimal, hexadecimal, `inf`, `nan`). `None` when
+/// there is none, or when the value is out of range (strtod's ERANGE: an overflow, or a nonzero
+/// number that underflows to a subnormal or zero), as std::stod throws then.
+fn stod(s: &str) -> Option<f64> {
+    let (sign, body) = match s.as_bytes().first() {
+        Some(b'-') => (-1.0, &s[1..]),
+        Some(b'+') => (1.0, &s[1..]),
+        _ => (1.0, s),
+    };
+    let lower = body.to_ascii_lowercase();
+    if lower.starts_with("inf") {
+        return Some(sign * f64::INFINITY);
+    }
+    if lower.starts_with("nan") {
+        return Some(f64::NAN);
+    }
+    let digits_from = |text: &str, start: usize, radix: u32| text[start..].find(|c: char| !c.is_digit(radix)).map_or(text.len(), |n| start + n);
+    let (value, nonzero) = if let Some(hex) = lower.strip_prefix("0x").filter(|h| h.starts_with(|c: char| c.is_ascii_hexdigit() || c == '.')) {
+        // Hexadecimal: mantissa digits, an optional '.', and an optional binary exponent `p±N`.
+        let int_end = digits_from(hex, 0, 16);
+        let (frac, frac_end) = match hex[int_end..].strip_prefix('.') {
+            Some(_) => (&hex[int_end + 1..digits_from(hex, int_end + 1, 16)], digits_from(hex, int_end + 1, 16)),
+            None => ("", int_end),
+        };
+        if int_end == 0 && frac.is_empty() {
+            return Some(0.0);
+        }
+        let mantissa = hex[..int_end].chars().chain(frac.chars()).fold(0.0f64, |m, c| m * 16.0 + c.to_digit(16).unwrap_or(0) as f64);
+        let mut exp = -4 * frac.len() as i32;
+        let after = &hex[frac_end..];
+        if let Some(e) = after.strip_prefix('p') {
+            let (esign, edigits) = match e.as_bytes().first() {
+                Some(b'-') => (-1, &e[1..]),
+                Some(b'+') => (1, &e[1..]),
+                _ => (1, e),
+            };
+            let end = digits_from(edigits, 0, 10);
+            if end > 0 {
+                exp = exp.saturating_add(esign * edigits[..end].parse::<i32>().unwrap_or(i32::MAX));
+            }
+        }
+        (mantissa * 2f64.powi(exp), mantissa != 0.0)
+    } else {
+        // Decimal: digits, an optional '.' and digits (one digit at least), an optional `e±N`.
+        let int_end = digits_from(&lower, 0, 10);
+        let mut end = int_end;
+        if lower[end..].starts_with('.') {
+            end = digits_from(&lower, end + 1, 10);
+        }
+        let mantissa = &lower[..end];
+        if !mantissa.bytes().any(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        if lower[end..].starts_with('e') {
+            let sign_len = usize::from(lower[end + 1..].starts_with(['+', '-']));
+            let exp_end = digits_from(&lower, end + 1 + sign_len, 10);
+            if exp_end > end + 1 + sign_len {
+                end = exp_end;
+            }
+        }
+        (lower[..end].parse::<f64>().ok()?, mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b)))
+    };
+    if value.is_infinite() || (nonzero && value < f64::MIN_POSITIVE) {
+        return None;
+    }
+    Some(sign * value)
 }
 
 fn tokenize(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     for c in text.chars() {
-        if c.is_whitespace() {
+        // ConfigTokenizer drops std::isspace characters (ASCII whitespace).
+        if c.is_ascii_whitespace() || c == '\x0b' {
             continue;
         }
         if matches!(c, ',' | ':' | '[' | ']') {
@@ -283,68 +407,83 @@ fn tokenize(text: &str) -> Vec<String> {
 /// first explicit key of a list also fills every bucket below it (the `first_value` flag clears
 /// only on an explicit key, so a `>` before it does not stop that); later keys set only their
 /// own bucket; gaps keep what they had; `>` fills from the last explicit bucket + 1 (1 when none
-/// came yet) to the end; `[]` sets nothing. The table is not reset here: parseArgs resets it once
-/// per parse, so a repeated key writes over the first one's table. Returns the index after the value.
-fn parse_roundup(tokens: &[String], mut i: usize, table: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, InputError> {
-    let err = |m: String| InputError::new("--conf", m);
-    let pow2 = |v: u64| v == 0 || v.is_power_of_two();
-    match tokens.get(i).map(String::as_str) {
-        Some("[") => {
-            i += 1;
-            let mut first = true;
-            let mut last_index: Option<usize> = None;
-            if tokens.get(i).map(String::as_str) == Some("]") {
-                return Ok(i + 1);
-            }
-            loop {
-                let key = tokens.get(i).ok_or_else(|| err("Error parsing roundup_power2_divisions: unterminated list".into()))?;
-                if tokens.get(i + 1).map(String::as_str) != Some(":") {
-                    return Err(err("Error parsing CachingAllocator settings, expected : in roundup_power2_divisions list".into()));
-                }
-                let val_s = tokens.get(i + 2).ok_or_else(|| err("Error, expecting roundup_power2_divisions value".into()))?;
-                let val: u64 = val_s.parse().map_err(|_| err(format!("Error, expecting digit string in roundup_power2_divisions, got '{val_s}'")))?;
-                if !pow2(val) {
-                    return Err(err(format!("For roundups, the divisions has to be power of 2 or 0 to disable roundup, got {val}")));
-                }
-                if key == ">" {
-                    // NEW starts from last + 1 with last = 0 when no key came first, so bucket 0 stays 0.
-                    let start = last_index.map(|l| l + 1).unwrap_or(1);
-                    for slot in table.iter_mut().skip(start) {
-                        *slot = val;
-                    }
-                } else {
-                    let mb: u64 = key.parse().map_err(|_| err(format!("Error, expecting digit string as roundup_power2_divisions key, got '{key}'")))?;
-                    if !(mb > 0 && mb.is_power_of_two()) {
-                        return Err(err(format!("For roundups, the intervals have to be power of 2, got {mb}")));
-                    }
-                    let idx = (mb.ilog2() as usize).min(ROUNDUP_INTERVALS - 1);
-                    if first {
-                        for slot in table.iter_mut().take(idx) {
-                            *slot = val;
-                        }
-                    }
-                    table[idx] = val;
-                    last_index = Some(idx);
-                    first = false;
-                }
-                i += 3;
-                match tokens.get(i).map(String::as_str) {
-                    Some(",") => i += 1,
-                    Some("]") => return Ok(i + 1),
-                    _ => return Err(err("Error parsing roundup_power2_divisions: expected , or ]".into())),
-                }
-            }
+/// came yet) to the end; `[]` sets nothing; a `,` before the `]` is allowed. A single number must
+/// be a power of 2 (0 is refused there, unlike in a list). The table is not reset here: parseArgs
+/// resets it once per parse, so a repeated key writes over the first one's table. Returns the
+/// index of the value's last token.
+fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, InputError> {
+    let i = key_at + 2;
+    if t.value(key_at, i)? != "[" {
+        let v = t.size_t(key_at, i)?;
+        if !v.is_power_of_two() {
+            return Err(conf_error(format!("For roundups, the divisions has to be power of 2, got {v}")));
         }
-        Some(v) => {
-            let val: u64 = v.parse().map_err(|_| err(format!("Error, expecting digit string for roundup_power2_divisions, got '{v}'")))?;
-            if !pow2(val) {
-                return Err(err(format!("For roundups, the divisions has to be power of 2, got {val}")));
-            }
-            *table = [val; ROUNDUP_INTERVALS];
-            Ok(i + 1)
-        }
-        None => Err(err("Error, expecting roundup_power2_divisions value".into())),
+        *table = [v; ROUNDUP_INTERVALS];
+        return Ok(i);
     }
+    let mut first = true;
+    let mut last_index = 0usize;
+    walk_pairs(t, i, "roundup_power2_divisions", |key, val_s| {
+        let val = stoull(val_s).ok_or_else(|| conf_error(format!("Error, expecting digit string in roundup_power2_divisions, got '{val_s}'")))?;
+        if !(val == 0 || val.is_power_of_two()) {
+            return Err(conf_error(format!("For roundups, the divisions has to be power of 2 or 0 to disable roundup, got {val}")));
+        }
+        if key == ">" {
+            for slot in table.iter_mut().skip(last_index + 1) {
+                *slot = val;
+            }
+        } else {
+            let mb = stoull(key).ok_or_else(|| conf_error(format!("Error, expecting digit string as roundup_power2_divisions key, got '{key}'")))?;
+            if !mb.is_power_of_two() {
+                return Err(conf_error(format!("For roundups, the intervals have to be power of 2, got {mb}")));
+            }
+            let idx = (mb.ilog2() as usize).min(ROUNDUP_INTERVALS - 1);
+            if first {
+                for slot in table.iter_mut().take(idx) {
+                    *slot = val;
+                }
+                first = false;
+            }
+            table[idx] = val;
+            last_index = idx;
+        }
+        Ok(())
+    })
+}
+
+/// Walks a `[KEY:VALUE,...]` list whose '[' is at `open`, as PyTorch's list parsers do: the
+/// token between a key and its value and the one after a value (unless it is the ']') are
+/// skipped whatever they are, and a ',' right before the ']' is allowed. Returns the index of the ']'.
+fn walk_pairs(t: &Tokens, open: usize, what: &str, mut each: impl FnMut(&str, &str) -> Result<(), InputError>) -> Result<usize, InputError> {
+    let unterminated = || conf_error(format!("Error parsing {what}: expected KEY:VALUE pairs and ']' before the end of the config"));
+    let mut i = open;
+    loop {
+        i += 1;
+        let key = match t.get(i) {
+            None => return Err(unterminated()),
+            Some("]") => return Ok(i),
+            Some(key) => key,
+        };
+        i += 2;
+        each(key, t.get(i).ok_or_else(unterminated)?)?;
+        match t.get(i + 1) {
+            None => return Err(unterminated()),
+            Some("]") => {}
+            Some(_) => i += 1,
+        }
+    }
+}
+
+/// `expandable_segments_reserve_by_class:[CLASS:RESERVE,...]`, walked as
+/// parseExpandableSegmentsReserveByClass does (a reserve it cannot read is only warned about
+/// there). Returns the index of the closing ']'.
+fn skip_reserve_classes(t: &Tokens, key_at: usize) -> Result<usize, InputError> {
+    let i = key_at + 2;
+    if t.value(key_at, i)? != "[" {
+        return Err(conf_error(format!("expandable_segments_reserve_by_class expects a list [CLASS:RESERVE,...], got '{}'", t.0[i])));
+    }
+    // A reserve PyTorch cannot read is only warned about there.
+    walk_pairs(t, i, "expandable_segments_reserve_by_class", |_, _| Ok(()))
 }
 
 #[cfg(test)]
@@ -472,5 +611,80 @@ mod tests {
         assert!(flagged("max_non_split_rounding_mb:64")[0].contains("ignores it"));
         // large_segment_size_mb moves the default of max_non_split_rounding_mb with it: no flag.
         assert!(flagged("large_segment_size_mb:64").is_empty());
+    }
+
+    /// Values and refusals checked against torch 2.15's own parser (libc10's
+    /// AcceleratorAllocatorConfig + CUDAAllocatorConfig, driven through setAllocatorSettings).
+    #[test]
+    fn accepts_and_refuses_what_torch_2_15_does() {
+        let ok = |s: &str| AllocatorConfig::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        // Token positions, not separators, matter (checkToken's result is never checked).
+        assert_eq!(ok("max_split_size_mb,64").max_split_size, 64 * MIB);
+        let c = ok("expandable_segments:True:max_split_size_mb:64");
+        assert!(c.expandable_segments && c.max_split_size == 64 * MIB);
+        assert_eq!(ok("large_segment_size_mb,64").large_segment_size, 64 * MIB);
+        // std::stoull / std::stod read a prefix; a negative size wraps, then is capped.
+        assert_eq!(ok("max_split_size_mb:512MB").max_split_size, 512 * MIB);
+        assert_eq!(ok("max_split_size_mb:64.5").max_split_size, 64 * MIB);
+        assert_eq!(ok("max_split_size_mb:-1").max_split_size, (u64::MAX / MIB) * MIB);
+        assert_eq!(ok("max_split_size_mb:-18446744073709551596").max_split_size, 20 * MIB);
+        assert_eq!(ok("garbage_collection_threshold:0.5abc").garbage_collection_threshold, 0.5);
+        assert_eq!(ok("garbage_collection_threshold:0x0.8p0").garbage_collection_threshold, 0.5);
+        assert_eq!(ok("garbage_collection_threshold:5e-1").garbage_collection_threshold, 0.5);
+        assert_eq!(ok("garbage_collection_threshold:0.5e+").garbage_collection_threshold, 0.5);
+        assert_eq!(ok("per_process_memory_fraction:0x1p-1").per_process_memory_fraction, 0.5);
+        assert_eq!(ok("roundup_power2_divisions:4abc").roundup_power2_divisions, [4; ROUNDUP_INTERVALS]);
+        assert_eq!(ok("roundup_power2_divisions:1.5").roundup_power2_divisions, [1; ROUNDUP_INTERVALS]);
+        // A ',' before a list's ']' is allowed; what follows a list's ']' is a separator.
+        let c = ok("roundup_power2_divisions:[256:4,]");
+        assert_eq!(&c.roundup_power2_divisions[..10], &[4, 4, 4, 4, 4, 4, 4, 4, 4, 0]);
+        assert_eq!(ok("roundup_power2_divisions:[256:4]:max_split_size_mb:64").max_split_size, 64 * MIB);
+        let c = ok("roundup_power2_divisions:[>:2,>:4]");
+        assert_eq!(c.roundup_power2_divisions[0], 0);
+        assert_eq!(&c.roundup_power2_divisions[1..], &[4; 15]);
+        let c = ok("roundup_power2_divisions:[512:2,256:4]");
+        assert_eq!(&c.roundup_power2_divisions[..11], &[2, 2, 2, 2, 2, 2, 2, 2, 4, 2, 0]);
+        // CUDA builds accept ROCm's spellings and torch 2.15's host-only knobs.
+        for s in [
+            "release_lock_on_hipmalloc:True",
+            "pinned_use_hip_host_register:True",
+            "pinned_free_catch_all:False",
+            "throw_on_cudamalloc_oom:False",
+            "pinned_num_register_threads:128",
+            "expandable_segments_reserve_by_class:[capture:0.25,workspace:40G]",
+            "expandable_segments_reserve_by_class:[]",
+            " expandable_segments :\tTrue ",
+            "",
+        ] {
+            ok(s);
+        }
+        for (s, want) in [
+            (",expandable_segments:True", "a stray ','"),
+            ("expandable_segments:True,,max_split_size_mb:64", "a stray ','"),
+            ("expandable_segments:True,:", "a stray ':'"),
+            ("roundup_power2_divisions:0", "divisions has to be power of 2"),
+            ("pinned_num_register_threads:3", "has to be power of 2"),
+            ("pinned_num_register_threads:256", "less than or equal to 128"),
+            ("pinned_reserve_segment_size_mb:0", "greater than 0"),
+            ("max_split_size_mb:1e3", "too small, must be >= 20"),
+            ("max_split_size_mb:-18446744073709551615", "too small"),
+            ("max_split_size_mb:18446744073709551616", "expecting digit string"),
+            ("max_split_size_mb:--5", "expecting digit string"),
+            ("garbage_collection_threshold:1e-310", "expecting a number"),
+            ("garbage_collection_threshold:.", "expecting a number"),
+            ("per_process_memory_fraction:1e400", "expecting a number"),
+            ("garbage_collection_threshold:infinity", "garbage_collect_threshold is invalid"),
+            ("roundup_power2_divisions:[256:1,,512:2]", "expecting digit string"),
+            ("roundup_power2_divisions:[256:4", "expected KEY:VALUE pairs and ']'"),
+            ("roundup_power2_divisions:[,]", "expected KEY:VALUE pairs and ']'"),
+            ("expandable_segments_reserve_by_class:[a:0.5,b]", "expected KEY:VALUE pairs"),
+            ("expandable_segments:True,expandable_segments", "expected : after 'expandable_segments'"),
+            ("large_segment_size_mb:", "expecting large_segment_size_mb value"),
+            ("throw_on_cudamalloc_oom:True", "not modelled"),
+            ("expandable_segments_reserve:0.5", "not modelled"),
+        ] {
+            let e = AllocatorConfig::parse(s).expect_err(s).to_string();
+            assert!(e.contains(want), "{s}: {e}");
+        }
     }
 }

@@ -108,10 +108,18 @@ fn interpolate(points: &[(f64, f64)], bytes: u64) -> f64 {
 
 impl LatencyModel {
     pub fn from_probe(p: &DevprobeResult) -> Result<Self, String> {
-        let pts = |v: &[SizeLatency]| -> Vec<(f64, f64)> { v.iter().map(|s| ((s.bytes as f64).ln(), s.p50_ns as f64)).collect() };
         if p.malloc.is_empty() || p.free.is_empty() {
             return Err("the devprobe results have no malloc/free timings".into());
         }
+        for (list, timings) in [("malloc", &p.malloc), ("free", &p.free), ("async_pool_alloc_free", &p.async_pool_alloc_free)] {
+            check_timings(list, timings)?;
+        }
+        // Interpolation needs the points in size order (a hand-merged file may not be).
+        let pts = |v: &[SizeLatency]| -> Vec<(f64, f64)> {
+            let mut points: Vec<(f64, f64)> = v.iter().map(|s| ((s.bytes as f64).ln(), s.p50_ns as f64)).collect();
+            points.sort_by(|a, b| a.0.total_cmp(&b.0));
+            points
+        };
         let mut pool: Vec<u64> = p.async_pool_alloc_free.iter().map(|s| s.p50_ns).collect();
         pool.sort_unstable();
         let cached_op_ns = pool.get(pool.len() / 2).map_or(0, |ns| ns / 2);
@@ -157,6 +165,27 @@ impl LatencyModel {
     }
 }
 
+/// The slowest device call a devprobe file may claim: 10 s (a cudaMalloc takes microseconds to
+/// milliseconds); beyond it a time is a corrupt file, and sums of it over a replay would overflow.
+const MAX_CALL_NS: u64 = 10_000_000_000;
+
+/// One list of a devprobe's timings: sizes above 0, each once, and plausible times.
+fn check_timings(list: &str, timings: &[SizeLatency]) -> Result<(), String> {
+    let mut seen = std::collections::HashSet::new();
+    for t in timings {
+        if t.bytes == 0 {
+            return Err(format!("{list} timings: a size of 0 bytes (sizes are what was allocated, 512 B and up)"));
+        }
+        if !seen.insert(t.bytes) {
+            return Err(format!("{list} timings: {} bytes listed twice", t.bytes));
+        }
+        if t.p50_ns > MAX_CALL_NS {
+            return Err(format!("{list} timings: p50 of {} ns at {} bytes is over 10 s: not a device call's latency", t.p50_ns, t.bytes));
+        }
+    }
+    Ok(())
+}
+
 /// Device synchronisations so far: every cudaFree (release_block: a release, a GC, a retry or
 /// empty_cache; cudaFree synchronises the device), every unmap_block (the stream is synchronised
 /// before unmapping) and every synchronize_and_free_events (`num_sync_all_streams`).
@@ -189,5 +218,33 @@ mod tests {
         assert_eq!(probe_sizes(80 << 30).last(), Some(&(8 << 30)));
         let s = summarize(1, (1..=100).collect());
         assert_eq!((s.p50_ns, s.p99_ns), (51, 99));
+    }
+
+    /// A devprobe file whose sizes are out of order prices calls as the sorted one does; sizes
+    /// of 0, sizes listed twice and absurd times (which once wrapped the replay's sum of device
+    /// time around to less than the real file's) are refused.
+    #[test]
+    fn timings_in_any_order_price_the_same_and_bad_ones_are_refused() {
+        let probe = |malloc: Vec<SizeLatency>| DevprobeResult {
+            schema_version: 1,
+            device: "t".into(),
+            capacity: 1 << 34,
+            machine: MachineInfo::current(),
+            malloc,
+            free: vec![summarize(1 << 10, vec![500])],
+            async_pool_alloc_free: vec![],
+        };
+        let sorted = vec![summarize(1 << 10, vec![1000]), summarize(1 << 20, vec![3000]), summarize(1 << 30, vec![9000])];
+        let reversed: Vec<SizeLatency> = sorted.iter().rev().cloned().collect();
+        let a = LatencyModel::from_probe(&probe(sorted.clone())).unwrap();
+        let b = LatencyModel::from_probe(&probe(reversed)).unwrap();
+        for bytes in [1, 1 << 10, 1 << 15, 1 << 20, 1 << 25, 1 << 30, 1 << 40] {
+            assert_eq!(a.malloc_ns(bytes), b.malloc_ns(bytes), "{bytes}");
+        }
+        assert_eq!(b.malloc_ns(1 << 25), 6000);
+        let twice = [sorted.clone(), sorted.clone()].concat();
+        assert!(LatencyModel::from_probe(&probe(twice)).unwrap_err().contains("listed twice"));
+        assert!(LatencyModel::from_probe(&probe(vec![summarize(0, vec![1000])])).unwrap_err().contains("0 bytes"));
+        assert!(LatencyModel::from_probe(&probe(vec![summarize(512, vec![u64::MAX])])).unwrap_err().contains("over 10 s"));
     }
 }

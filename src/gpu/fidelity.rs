@@ -28,6 +28,7 @@ pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
     if t.format != "allocbench-torch-replay-v1" {
         return Err(InputError::new(&name, format!("unknown format '{}' (expected allocbench-torch-replay-v1)", t.format)));
     }
+    crate::units::check_capacity(t.total_memory).map_err(|m| InputError::new(&name, format!("total_memory {}: {m}", t.total_memory)))?;
     Ok(t)
 }
 

@@ -94,7 +94,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     // Blocks freed before the trace allocated them: the ring buffer dropped their alloc.
     let mut seen: FxHashMap<i128, ()> = FxHashMap::default();
     let mut prelude: Vec<(i128, i128, i128)> = Vec::new();
-    for e in &trace {
+    for (i, e) in trace.iter().enumerate() {
         let action = e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
         let Some(addr) = int(e, "addr") else { continue };
         match action.as_str() {
@@ -103,7 +103,12 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
             }
             "free_requested" | "free_completed" if !seen.contains_key(&addr) => {
                 seen.insert(addr, ());
-                prelude.push((addr, int(e, "size").unwrap_or(512).max(1), int(e, "stream").unwrap_or(0)));
+                let size = int(e, "size").unwrap_or(512).max(1);
+                // The same bound as an alloc's (a size of 2^70 once wrapped to 0 bytes here).
+                if size >= crate::units::MAX_REQUEST_BYTES as i128 {
+                    return Err(format!("trace entry {i}: {action} of a {size}-byte block"));
+                }
+                prelude.push((addr, size, int(e, "stream").unwrap_or(0)));
             }
             _ => {}
         }

@@ -350,17 +350,22 @@ pub struct PythonObjectsSpec {
     pub trim_to: u64,
 }
 
-/// Where a key appears in the source, for error messages: the first line that assigns it.
-pub fn locate_key(source: &str, key: &str) -> Option<usize> {
-    source
-        .lines()
-        .position(|line| {
-            let t = line.trim_start();
-            t.strip_prefix(key).map(|rest| rest.trim_start().starts_with('=')).unwrap_or(false)
-                || t.contains(&format!("{key} ="))
-                || t.contains(&format!("{key}="))
-        })
-        .map(|i| i + 1)
+/// Where a field (`transformer.model.layers`) is set in the source, for error messages: the
+/// first line that assigns its key inside its table (`[transformer.model]`), else anywhere;
+/// comments never count (the shipped workloads quote keys in them).
+pub fn locate_field(source: &str, field: &str) -> Option<usize> {
+    let (table, key) = field.rsplit_once('.').unwrap_or(("", field));
+    // Lines without their comments (a '#' inside a string is rare in workload files).
+    let lines: Vec<&str> = source.lines().map(|l| l.split('#').next().unwrap_or("").trim()).collect();
+    let assigns = |t: &str| {
+        t.strip_prefix(key).is_some_and(|rest| rest.trim_start().starts_with('=')) || t.contains(&format!("{key} =")) || t.contains(&format!("{key}="))
+    };
+    let is_header = |t: &str| t.starts_with('[') && t.ends_with(']') && !t.contains(',');
+    let in_table = lines
+        .iter()
+        .position(|t| *t == format!("[{table}]"))
+        .and_then(|start| lines[start + 1..].iter().take_while(|t| !is_header(t)).position(|t| assigns(t)).map(|i| start + 1 + i));
+    in_table.or_else(|| lines.iter().position(|t| assigns(t))).map(|i| i + 1)
 }
 
 /// Turns a toml error into one line `file:line: message`.
@@ -380,8 +385,7 @@ pub(crate) struct Validator<'a> {
 
 impl Validator<'_> {
     pub fn fail(&self, field: &str, msg: impl std::fmt::Display) -> InputError {
-        let key = field.rsplit('.').next().unwrap_or(field);
-        let loc = match locate_key(self.source, key) {
+        let loc = match locate_field(self.source, field) {
             Some(l) => format!("{}:{l}", self.file),
             None => self.file.to_string(),
         };

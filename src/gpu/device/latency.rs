@@ -30,37 +30,37 @@ impl<D: Device> Device for WithLatency<D> {
 
     fn reserve_address(&mut self, bytes: u64) -> DeviceResult<u64> {
         let ptr = self.inner.reserve_address(bytes)?;
-        self.device_time_ns += self.model.malloc_ns(0);
+        self.device_time_ns = self.device_time_ns.saturating_add(self.model.malloc_ns(0));
         Ok(ptr)
     }
 
     fn release_address(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.inner.release_address(ptr, bytes)?;
-        self.device_time_ns += self.model.free_ns(0);
+        self.device_time_ns = self.device_time_ns.saturating_add(self.model.free_ns(0));
         Ok(())
     }
 
     fn malloc(&mut self, bytes: u64, stream: u64) -> DeviceResult<u64> {
         let ptr = self.inner.malloc(bytes, stream)?;
-        self.device_time_ns += self.model.malloc_ns(bytes);
+        self.device_time_ns = self.device_time_ns.saturating_add(self.model.malloc_ns(bytes));
         Ok(ptr)
     }
 
     fn free(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.inner.free(ptr, bytes)?;
-        self.device_time_ns += self.model.free_ns(bytes);
+        self.device_time_ns = self.device_time_ns.saturating_add(self.model.free_ns(bytes));
         Ok(())
     }
 
     fn map_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.inner.map_page(ptr, bytes)?;
-        self.device_time_ns += self.model.malloc_ns(bytes);
+        self.device_time_ns = self.device_time_ns.saturating_add(self.model.malloc_ns(bytes));
         Ok(())
     }
 
     fn unmap_page(&mut self, ptr: u64, bytes: u64) -> DeviceResult<()> {
         self.inner.unmap_page(ptr, bytes)?;
-        self.device_time_ns += self.model.free_ns(bytes);
+        self.device_time_ns = self.device_time_ns.saturating_add(self.model.free_ns(bytes));
         Ok(())
     }
 
