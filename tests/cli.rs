@@ -91,6 +91,7 @@ fn bad_input_exits_2_with_one_line() {
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--allocator".into(), "tlsf".into()], "unknown GPU allocator 'tlsf'"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--conf".into(), "max_split_size_mb:5".into()], "max_split_size_mb too small"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "lots".into()], "lots"),
+        (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "80".into()], "write it with its unit, e.g. 80GiB"),
         (vec!["replay".into(), bad.clone()], "bad.csv:3: free of id 2, which is not live"),
         (vec!["replay".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["trace".into(), "/nonexistent/w.toml".into()], "no such file"),

@@ -52,7 +52,14 @@ impl DeviceArgs {
 }
 
 pub fn parse_capacity(s: &str) -> Result<u64, String> {
-    crate::units::check_capacity(parse_bytes(s)?)
+    let bytes = crate::units::check_capacity(parse_bytes(s)?)?;
+    // A bare number is bytes: `--capacity 80` is 80 bytes, not a card. Under 1 MiB no segment
+    // fits (the smallest is 2 MiB), so a unit was surely forgotten.
+    let unitless = s.trim().chars().all(|c| c.is_ascii_digit() || c == '.' || c == '_');
+    if unitless && bytes < crate::units::MIB {
+        return Err(format!("'{}' is {bytes} bytes (a size without a unit is bytes): write it with its unit, e.g. {}GiB", s.trim(), s.trim()));
+    }
+    Ok(bytes)
 }
 
 /// Says what an imported trace left out (on standard error).
