@@ -170,16 +170,19 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
 
 /// The CPU section, from every `cpu_run` record.
 pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Section>> {
-    let runs: Vec<&CpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::CpuRun(c) = r { Some(c.as_ref()) } else { None }).collect();
-    if runs.is_empty() {
+    let all: Vec<&CpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::CpuRun(c) = r { Some(c.as_ref()) } else { None }).collect();
+    if all.is_empty() {
         return Ok(None);
     }
+    // A run stopped by Ctrl-C covers only part of the workload: not a repetition of the others.
+    let runs: Vec<&CpuRunResult> = all.iter().copied().filter(|r| !r.interrupted).collect();
     let mut sec = Section::new("CPU allocators");
     let by_workload = rows_by_workload(&runs);
     for (w, rows) in &by_workload {
         sec.findings.extend(findings(w, rows));
     }
-    sec.body = table(&by_workload);
+    let left_out = all.len() - runs.len();
+    sec.body = if left_out > 0 { format!("{left_out} interrupted run(s) left out.\n\n") } else { String::new() } + &table(&by_workload);
     sec.charts = charts_for(out, &by_workload)?;
     Ok(Some(sec))
 }
