@@ -458,3 +458,47 @@ fn exec_says_a_static_program_cannot_be_preloaded() {
     let run = bin().args(["cpu", "--exec", "--allocator", "glibc", "--", "sh", "-c", "sleep 0.2"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&run.stderr).contains("statically linked"), "{}", String::from_utf8_lossy(&run.stderr));
 }
+
+/// Ctrl-C in `scripts/compare.sh` (to its whole process group, as a terminal sends it) keeps the
+/// runs that finished in `cpu.jsonl` and stops with 130 instead of going on to the next program.
+#[test]
+fn compare_script_keeps_finished_runs_on_ctrl_c() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Quick the first time (one run finishes), then slow: Ctrl-C lands in the second run.
+    let prog = dir.path().join("slow_second.py");
+    std::fs::write(
+        &prog,
+        "import os, time\nflag = os.path.join(os.path.dirname(__file__), 'ran')\nif os.path.exists(flag):\n    time.sleep(30)\nopen(flag, 'w').close()\n",
+    )
+    .unwrap();
+    let other = dir.path().join("never.py");
+    std::fs::write(&other, "print('should not run')\n").unwrap();
+    let out = dir.path().join("out");
+    let mut child = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compare.sh"))
+        .args(["--reps", "2", "--out", out.to_str().unwrap(), prog.to_str().unwrap(), other.to_str().unwrap()])
+        .env("ALLOCBENCH", assert_cmd::cargo::cargo_bin("allocbench"))
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !dir.path().join("ran").exists() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+    let output = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{err}");
+    assert!(err.contains("finished runs are in"), "{err}");
+    let recs = allocbench::results::read_results(&out.join("cpu.jsonl")).unwrap();
+    assert!(!recs.is_empty(), "the finished run was kept");
+    for r in &recs {
+        let allocbench::results::ResultRecord::CpuExec(r) = r else { panic!() };
+        assert_eq!(r.name, "slow_second.py", "the next program did not start");
+    }
+    assert!(!out.join("cpu.jsonl.part").exists());
+}
