@@ -475,7 +475,7 @@ fn compare_script_keeps_finished_runs_on_ctrl_c() {
     let other = dir.path().join("never.py");
     std::fs::write(&other, "print('should not run')\n").unwrap();
     let out = dir.path().join("out");
-    let mut child = std::process::Command::new("bash")
+    let child = std::process::Command::new("bash")
         .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compare.sh"))
         .args(["--reps", "2", "--out", out.to_str().unwrap(), prog.to_str().unwrap(), other.to_str().unwrap()])
         .env("ALLOCBENCH", assert_cmd::cargo::cargo_bin("allocbench"))

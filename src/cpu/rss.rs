@@ -200,7 +200,7 @@ mod tests {
         // Two iterations, the second allocating 4 GiB: a slope "per 1,000 iterations" of that is
         // no drift.
         let samples: Vec<RssSample> =
-            (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: 1 + i / 50, rss: (8 << 20) + (i / 50 << 32), live_bytes: 0 }).collect();
+            (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: 1 + i / 50, rss: (8 << 20) + ((i / 50) << 32), live_bytes: 0 }).collect();
         assert_eq!(drift(&samples), Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None });
         let long: Vec<RssSample> = (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i, rss: 8 << 20, live_bytes: 0 }).collect();
         assert_eq!(drift(&long).rss_per_1k, Some(0.0));
