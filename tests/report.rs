@@ -354,3 +354,25 @@ fn interrupted_cpu_runs_are_left_out_of_rows_and_findings() {
     let n = records.iter().filter(|r| matches!(r, allocbench::results::ResultRecord::CpuRun(c) if c.interrupted)).count();
     assert!(n > 0 && md.contains(&format!("{n} interrupted run(s) left out.")), "{md}");
 }
+
+/// A preloaded allocator and the compiled-in one of the same name (`cpu --allocator all
+/// --preload jemalloc`) are two rows, not two repetitions of one.
+#[test]
+fn preloaded_and_in_process_runs_of_one_allocator_are_separate_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "modes.jsonl", |v| {
+        if v["type"] != "cpu_run" || v["allocator"] != "mimalloc" {
+            return vec![v.clone()];
+        }
+        let mut preloaded = v.clone();
+        preloaded["mode"] = serde_json::json!("preload");
+        preloaded["ops_per_s"] = serde_json::json!(v["ops_per_s"].as_f64().unwrap() * 2.0);
+        vec![v.clone(), preloaded]
+    });
+    let records = report::load(&[results]).unwrap();
+    report::render(&records, &dir.path().join("r"), "modes").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| mimalloc | `")).collect();
+    assert_eq!(rows.len(), 2, "{md}");
+    assert!(rows.iter().all(|r| r.contains(") | 1 | 1 | 1 |")), "one run each: {rows:?}");
+}

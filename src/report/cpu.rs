@@ -12,7 +12,8 @@ use super::{percent_change, write_chart, Chart, Section};
 use crate::results::{CpuRunResult, ResultRecord};
 use crate::units::format_bytes_signed;
 
-/// Repetitions of one allocator on one workload (same threads, cross-thread frees and scale).
+/// Repetitions of one allocator on one workload (same mode, threads, cross-thread frees and
+/// scale: a preloaded jemalloc is not the compiled-in one).
 pub struct CpuRow<'a> {
     pub runs: Vec<&'a CpuRunResult>,
     pub ops_per_s: Spread,
@@ -49,8 +50,10 @@ pub fn rows_by_workload<'a>(runs: &[&'a CpuRunResult]) -> Vec<(String, Vec<CpuRo
     fold(runs.iter().copied(), |r| r.workload.name.clone())
         .into_iter()
         .map(|(w, group)| {
-            let rows =
-                fold(group, |r| (r.allocator.clone(), r.threads, r.cross_thread, r.scale.to_bits())).into_iter().map(|(_, reps)| CpuRow::new(reps)).collect();
+            let rows = fold(group, |r| (r.allocator.clone(), r.mode, r.threads, r.cross_thread, r.scale.to_bits()))
+                .into_iter()
+                .map(|(_, reps)| CpuRow::new(reps))
+                .collect();
             (w, rows)
         })
         .collect()
