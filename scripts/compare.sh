@@ -10,6 +10,8 @@
 #   scripts/compare.sh [--quick] [--reps N] [--drain S] [--out DIR] [--threads N] [--cross-thread]
 #                      [--scale F] [--iterations N] [WORKLOAD.toml|PROGRAM.py ...]
 #
+# ALLOCBENCH names the binary (else it is built). Ctrl-C keeps every finished run in cpu.jsonl
+# and exits 130.
 # Defaults: workloads/python-objects.toml, workloads/serving-llama7b.toml (scale 1/64) and
 # workloads/python/*.py; 5 repetitions, a 12 s drain; results in results/compare-<date>/cpu.jsonl.
 # --quick: 1 repetition, 200 iterations, a 1 s drain and short programs (a smoke test).
@@ -39,7 +41,7 @@ while [ $# -gt 0 ]; do
     --cross-thread) cross="--cross-thread" ;;
     --scale) scale="$2"; shift ;;
     --iterations) iterations="$2"; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     -*) echo "compare.sh: unknown option $1" >&2; exit 2 ;;
     *.py) programs+=("$1") ;;
     *) workloads+=("$1") ;;
@@ -56,10 +58,15 @@ if [ "$quick" = 1 ]; then
   iterations="${iterations:-200}"
 fi
 
-# The binary wherever cargo puts it (CARGO_TARGET_DIR, a workspace's target/, ...).
-cargo build --release --quiet
-target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
-bin="$target_dir/release/allocbench"
+# The binary: $ALLOCBENCH if set (as in scripts/slurm/), else built wherever cargo puts it
+# (CARGO_TARGET_DIR, a workspace's target/, ...).
+if [ -n "${ALLOCBENCH:-}" ]; then
+  bin="$ALLOCBENCH"
+else
+  cargo build --release --quiet
+  target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
+  bin="$target_dir/release/allocbench"
+fi
 mkdir -p "$out"
 jsonl="$out/cpu.jsonl"
 : > "$jsonl"
@@ -82,6 +89,19 @@ for name in glibc jemalloc tcmalloc mimalloc; do
   fi
 done
 
+# Ctrl-C reaches the running allocbench too (same process group), which stops and writes what it
+# measured: keep that, then stop here instead of going on to the next run.
+interrupted=0
+trap 'interrupted=1' INT
+stop_if_interrupted() {
+  if [ "$interrupted" = 1 ] || [ "$1" != 0 ]; then
+    local code="$1"
+    if [ "$code" = 0 ]; then code=130; fi
+    echo "compare.sh: stopped (exit $code); the finished runs are in $jsonl" >&2
+    exit "$code"
+  fi
+}
+
 ran=0
 for w in "${workloads[@]}"; do
   if [ ! -f "$w" ]; then echo "compare.sh: no such workload: $w" >&2; exit 2; fi
@@ -100,13 +120,15 @@ for w in "${workloads[@]}"; do
       [ -n "$cross" ] && args+=("$cross")
       [ -n "$iterations" ] && args+=(--iterations "$iterations")
       rm -f "$jsonl.part"
+      rc=0
       if [ -n "$lib" ]; then
-        LD_PRELOAD="$lib" "$bin" "${args[@]}"
+        LD_PRELOAD="$lib" "$bin" "${args[@]}" || rc=$?
       else
-        env -u LD_PRELOAD "$bin" "${args[@]}"
+        env -u LD_PRELOAD "$bin" "${args[@]}" || rc=$?
       fi
-      cat "$jsonl.part" >> "$jsonl"
+      if [ -f "$jsonl.part" ]; then cat "$jsonl.part" >> "$jsonl"; fi
       rm -f "$jsonl.part"
+      stop_if_interrupted "$rc"
       ran=$((ran + 1))
     done
   done
@@ -126,9 +148,11 @@ for p in "${programs[@]}"; do
   fi
   echo "== $(basename "$p") under $allocators ($reps repetitions, interleaved)"
   rm -f "$jsonl.part"
-  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- python3 "$p" "${short[@]}"
-  cat "$jsonl.part" >> "$jsonl"
+  rc=0
+  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- python3 "$p" "${short[@]}" || rc=$?
+  if [ -f "$jsonl.part" ]; then cat "$jsonl.part" >> "$jsonl"; fi
   rm -f "$jsonl.part"
+  stop_if_interrupted "$rc"
   ran=$((ran + reps * ${#installed[@]}))
 done
 echo "wrote $ran runs to $jsonl"

@@ -380,3 +380,125 @@ fn in_process_allocators_run_in_their_own_processes() {
     assert_eq!(pids.len(), 6, "one process per run");
     assert!(String::from_utf8_lossy(&run.stdout).contains("95 % CI"));
 }
+
+/// Run bounds a run cannot meet are refused in one line with exit 2, never a panic or a run that
+/// never ends: a duration that is not a positive number of seconds, zero iterations or sampling
+/// period, and iterations on an input without step events (passes would repeat forever).
+#[test]
+fn impossible_run_bounds_are_refused() {
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let no_steps = dir.path().join("no-steps.toml");
+    std::fs::write(&no_steps, "name = \"no-steps\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"1MiB\" }, { op = \"free\", id = 1 }]\n").unwrap();
+    let no_steps = no_steps.to_str().unwrap();
+    let cases: [(&[&str], &str); 8] = [
+        (&[&w, "--duration", "nan"], "bad duration 'nan'"),
+        (&[&w, "--duration=-1"], "bad duration '-1'"),
+        (&[&w, "--duration", "inf"], "bad duration 'inf'"),
+        (&[&w, "--duration", "0"], "bad duration '0'"),
+        (&[&w, "--iterations", "0"], "--iterations"),
+        (&[&w, "--sample-ms", "0"], "--sample-ms"),
+        (&[no_steps, "--allocator", "system", "--iterations", "3"], "no step events"),
+        (&[no_steps, "--allocator", "system,mimalloc", "--iterations", "3", "--threads", "2", "--cross-thread"], "use --duration"),
+    ];
+    for (args, want) in cases {
+        let out = bin().arg("cpu").args(args).timeout(Duration::from_secs(60)).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// With `--json -` stdout carries only the records: the program's own output, the per-run lines
+/// and the drift summary go to stderr.
+#[test]
+fn json_to_stdout_holds_only_records() {
+    let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let runs: [(&[&str], usize); 2] = [
+        (&["cpu", "--exec", "--allocator", "glibc", "--reps", "2", "--json", "-", "--", "sh", "-c", "echo program output; echo more"], 2),
+        (&["cpu", &w, "--allocator", "system,mimalloc", "--iterations", "5", "--json", "-"], 2),
+    ];
+    for (args, n) in runs {
+        let out = bin().args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = stdout.lines().collect();
+        assert_eq!(lines.len(), n, "{args:?}: {stdout}");
+        for l in lines {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{args:?}: not a record ({e}): {l}"));
+            assert!(v["type"] == "cpu_exec" || v["type"] == "cpu_run", "{l}");
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("program output") || stderr.contains("drift"), "{args:?}: what stdout would have held is on stderr: {stderr}");
+    }
+}
+
+/// A statically linked program cannot be preloaded: that is said up front and for every run
+/// (Debian's ldconfig is static-pie), and its runs are kept unproven.
+#[test]
+fn exec_says_a_static_program_cannot_be_preloaded() {
+    let ldconfig = "/sbin/ldconfig";
+    let linked = std::process::Command::new("file").arg("-L").arg(ldconfig).output().map(|o| String::from_utf8_lossy(&o.stdout).contains("static"));
+    if !matches!(linked, Ok(true)) {
+        println!("skipped: {ldconfig} is not a static binary here");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("static.jsonl");
+    let run = bin().args(["cpu", "--exec", "--allocator", "glibc", "--jsonl", out.to_str().unwrap(), "--", ldconfig, "-p"]).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(err.contains(&format!("{ldconfig} is statically linked: LD_PRELOAD cannot")), "{err}");
+    assert!(err.contains(&format!("not labelled glibc: {ldconfig} is statically linked")), "{err}");
+    let recs = allocbench::results::read_results(&out).unwrap();
+    let allocbench::results::ResultRecord::CpuExec(r) = &recs[0] else { panic!() };
+    assert_eq!(r.served_by, None);
+    // A dynamic program is not called static.
+    let run = bin().args(["cpu", "--exec", "--allocator", "glibc", "--", "sh", "-c", "sleep 0.2"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&run.stderr).contains("statically linked"), "{}", String::from_utf8_lossy(&run.stderr));
+}
+
+/// Ctrl-C in `scripts/compare.sh` (to its whole process group, as a terminal sends it) keeps the
+/// runs that finished in `cpu.jsonl` and stops with 130 instead of going on to the next program.
+#[test]
+fn compare_script_keeps_finished_runs_on_ctrl_c() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    // Quick the first time (one run finishes), then slow: Ctrl-C lands in the second run.
+    let prog = dir.path().join("slow_second.py");
+    std::fs::write(
+        &prog,
+        "import os, time\nflag = os.path.join(os.path.dirname(__file__), 'ran')\nif os.path.exists(flag):\n    time.sleep(30)\nopen(flag, 'w').close()\n",
+    )
+    .unwrap();
+    let other = dir.path().join("never.py");
+    std::fs::write(&other, "print('should not run')\n").unwrap();
+    let out = dir.path().join("out");
+    let child = std::process::Command::new("bash")
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compare.sh"))
+        .args(["--reps", "2", "--out", out.to_str().unwrap(), prog.to_str().unwrap(), other.to_str().unwrap()])
+        .env("ALLOCBENCH", assert_cmd::cargo::cargo_bin("allocbench"))
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !dir.path().join("ran").exists() && t.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
+    let output = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(130), "{err}");
+    assert!(err.contains("finished runs are in"), "{err}");
+    let recs = allocbench::results::read_results(&out.join("cpu.jsonl")).unwrap();
+    assert!(!recs.is_empty(), "the finished run was kept");
+    for r in &recs {
+        let allocbench::results::ResultRecord::CpuExec(r) = r else { panic!() };
+        assert_eq!(r.name, "slow_second.py", "the next program did not start");
+    }
+    assert!(!out.join("cpu.jsonl.part").exists());
+}

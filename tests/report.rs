@@ -327,3 +327,52 @@ fn a_captured_traces_memory_view_in_a_report_names_sites() {
     assert_eq!(live_blocks_with_sites(&gone).1, 0, "no site once the trace is gone");
     assert!(gone["sites"].as_array().unwrap().is_empty());
 }
+
+/// A CPU run stopped by Ctrl-C covers only part of the workload: it is left out of the rows and
+/// findings (and said to be), not folded in as a repetition.
+#[test]
+fn interrupted_cpu_runs_are_left_out_of_rows_and_findings() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "int.jsonl", |v| {
+        if v["type"] != "cpu_run" || v["allocator"] != "glibc" {
+            return vec![v.clone()];
+        }
+        let mut stopped = v.clone();
+        stopped["interrupted"] = serde_json::json!(true);
+        stopped["ops_per_s"] = serde_json::json!(1e12);
+        vec![v.clone(), stopped]
+    });
+    let records = report::load(&[results]).unwrap();
+    report::render(&records, &dir.path().join("r"), "int").unwrap();
+    render(&dir.path().join("plain"));
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let plain = std::fs::read_to_string(dir.path().join("plain/README.md")).unwrap();
+    let glibc_row = |md: &str| md.lines().find(|l| l.starts_with("| glibc |") && l.contains("(in-process)")).map(str::to_string);
+    assert!(glibc_row(&md).is_some() && glibc_row(&md) == glibc_row(&plain), "{md}");
+    let fastest = |md: &str| md.lines().filter(|l| l.contains("is fastest")).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(fastest(&md), fastest(&plain));
+    let n = records.iter().filter(|r| matches!(r, allocbench::results::ResultRecord::CpuRun(c) if c.interrupted)).count();
+    assert!(n > 0 && md.contains(&format!("{n} interrupted run(s) left out.")), "{md}");
+}
+
+/// A preloaded allocator and the compiled-in one of the same name (`cpu --allocator all
+/// --preload jemalloc`) are two rows, not two repetitions of one.
+#[test]
+fn preloaded_and_in_process_runs_of_one_allocator_are_separate_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "modes.jsonl", |v| {
+        if v["type"] != "cpu_run" || v["allocator"] != "mimalloc" {
+            return vec![v.clone()];
+        }
+        let mut preloaded = v.clone();
+        preloaded["mode"] = serde_json::json!("preload");
+        preloaded["ops_per_s"] = serde_json::json!(v["ops_per_s"].as_f64().unwrap() * 2.0);
+        vec![v.clone(), preloaded]
+    });
+    let records = report::load(&[results]).unwrap();
+    report::render(&records, &dir.path().join("r"), "modes").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| mimalloc | `")).collect();
+    assert_eq!(rows.len(), 2, "{md}");
+    assert!(rows.iter().all(|r| r.contains(") | 1 | 1 | 1 |")), "one run each: {rows:?}");
+}

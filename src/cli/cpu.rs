@@ -42,13 +42,13 @@ pub struct CpuArgs {
     #[arg(long, default_value = "1", value_parser = parse_scale)]
     pub scale: f64,
     /// Run for this many seconds, repeating the workload.
-    #[arg(long, conflicts_with = "iterations")]
+    #[arg(long, conflicts_with = "iterations", value_parser = parse_duration)]
     pub duration: Option<f64>,
     /// Run this many iterations (steps), repeating the workload.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
     /// RSS sampling period in milliseconds.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
     pub sample_ms: u64,
     /// Do not write to the blocks: times the allocator alone (RSS then shows only what it maps).
     #[arg(long)]
@@ -71,6 +71,14 @@ fn parse_drain(s: &str) -> Result<f64, String> {
     match s.trim().parse::<f64>() {
         Ok(v) if (0.0..=3600.0).contains(&v) => Ok(v),
         _ => Err(format!("bad drain '{s}': seconds between 0 and 3600, e.g. 12")),
+    }
+}
+
+/// A run's length: positive and finite (a Duration cannot hold NaN, infinity or a negative).
+fn parse_duration(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1e9 => Ok(v),
+        _ => Err(format!("bad duration '{s}': seconds greater than 0, e.g. 30")),
     }
 }
 
@@ -141,7 +149,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
             duration: a.duration.map(std::time::Duration::from_secs_f64),
             touch: !a.no_touch,
         },
-        sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)),
+        sample_interval: std::time::Duration::from_millis(a.sample_ms),
         drain: std::time::Duration::from_secs_f64(a.drain),
     };
     if let Some(result) = std::env::var_os(CHILD_RESULT_ENV).filter(|_| child_allocator.is_some()) {
@@ -178,7 +186,11 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         }
     }
     if records.len() > 1 {
-        print!("{}", drift_summary(&records));
+        if a.json.as_deref() == Some("-") {
+            eprint!("{}", drift_summary(&records));
+        } else {
+            print!("{}", drift_summary(&records));
+        }
     }
     if let Some(path) = &a.json {
         if records.len() == 1 {
@@ -256,13 +268,24 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     for n in &notes {
         eprintln!("{n}");
     }
+    // LD_PRELOAD needs the dynamic loader: said once, before the runs that cannot be proven.
+    let static_exe = exec::static_executable(&a.command);
+    if let Some(exe) = &static_exe {
+        eprintln!(
+            "{} is statically linked: LD_PRELOAD cannot put an allocator in front of its malloc, so no run can be proven (runs are kept with served_by null and left out of reports)",
+            exe.display()
+        );
+    }
     let probe = std::env::current_exe()?;
     for al in &allocs {
         if let Some(lib) = &al.library {
             exec::check_serves_malloc(&probe, lib)?;
         }
     }
-    let opts = exec::ExecOptions { sample_interval: std::time::Duration::from_millis(a.sample_ms.max(1)) };
+    // With `--json -` stdout carries the records only: the program's output and the run lines
+    // go to stderr.
+    let json_on_stdout = a.json.as_deref() == Some("-");
+    let opts = exec::ExecOptions { sample_interval: std::time::Duration::from_millis(a.sample_ms), program_stdout_to_stderr: json_on_stdout };
     let mut jsonl = Jsonl::open(a.jsonl.as_deref())?;
     let mut records = Vec::new();
     let total = a.reps as u64 * allocs.len() as u64;
@@ -279,14 +302,24 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
                 break 'reps;
             }
             pb.suspend(|| {
-                println!("{}", describe_exec(&r));
+                if json_on_stdout {
+                    eprintln!("{}", describe_exec(&r));
+                } else {
+                    println!("{}", describe_exec(&r));
+                }
                 if r.served_by.as_deref() != Some(r.allocator.as_str()) && r.error.is_none() {
                     eprintln!(
                         "not labelled {}: {}",
                         r.allocator,
                         match &r.served_by {
                             Some(other) => format!("the process tree mapped {other} ({})", r.served_by_library.as_deref().unwrap_or("?")),
-                            None => "no process of the run was seen mapping it (static binary, or it exited before the first sample)".into(),
+                            None => match &static_exe {
+                                Some(exe) => format!("{} is statically linked (no dynamic loader to preload it)", exe.display()),
+                                None => format!(
+                                    "no process of the run was seen mapping it: the program exited after {:.1} ms, before its mappings could be read",
+                                    r.wall_s * 1e3
+                                ),
+                            },
                         }
                     );
                 }

@@ -401,6 +401,7 @@ impl<'a, C: Clock> Worker<'a, C> {
         let mut stream = run.source.events()?;
         let mut exhausted = false;
         let mut saw_event = false;
+        let steps_before = self.steps;
         while !exhausted && !done {
             ops.clear();
             while ops.len() < CHUNK_EVENTS {
@@ -469,6 +470,10 @@ impl<'a, C: Clock> Worker<'a, C> {
         self.replay_ns += t0.elapsed().as_nanos() as u64;
         self.publish_live(run.progress);
         run.passes.fetch_add(1, Ordering::Relaxed);
+        if opts.iterations.is_some() && !done && self.steps == steps_before {
+            // Iterations are counted at step events: without one, passes would repeat forever.
+            return Err(InputError::new("--iterations", "this input has no step events to count iterations by: use --duration SECONDS").into());
+        }
         Ok(done || !saw_event || (opts.iterations.is_none() && run.deadline.is_none()))
     }
 }

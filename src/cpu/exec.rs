@@ -83,6 +83,8 @@ pub fn check_serves_malloc(probe: &Path, library: &Path) -> Result<(), InputErro
 #[derive(Debug, Clone)]
 pub struct ExecOptions {
     pub sample_interval: Duration,
+    /// Send the program's stdout to this process's stderr (when stdout carries the results).
+    pub program_stdout_to_stderr: bool,
 }
 
 /// `root` and every descendant: children from `/proc/PID/task/*/children`, else (kernels
@@ -169,6 +171,70 @@ impl MappedAllocators {
     }
 }
 
+/// The statically linked executable `command` starts, if it does: its `command[0]` found on
+/// `PATH`, or for a `#!` script its interpreter (through `env`). The dynamic loader, which
+/// honours LD_PRELOAD, never runs for such a program, so no allocator can be put in front of its
+/// malloc. None when it is dynamically linked or cannot be read.
+pub fn static_executable(command: &[String]) -> Option<PathBuf> {
+    let mut path = find_on_path(command.first()?)?;
+    // A script's interpreter is the program the loader starts (`#!/usr/bin/env python3` too).
+    for _ in 0..4 {
+        let head = read_head(&path)?;
+        let Some(line) = head.strip_prefix(b"#!") else {
+            return elf_without_interpreter(&head).filter(|&is_static| is_static).map(|_| path);
+        };
+        let line = String::from_utf8_lossy(line.split(|&b| b == b'\n').next().unwrap_or_default()).into_owned();
+        let mut words = line.split_whitespace();
+        let interpreter = find_on_path(words.next()?)?;
+        path = if interpreter.file_name().is_some_and(|n| n == "env") {
+            find_on_path(words.find(|w| !w.starts_with('-') && !w.contains('='))?)?
+        } else {
+            interpreter
+        };
+    }
+    None
+}
+
+/// `name` itself when it holds a `/`, else the first executable file of that name on `PATH`.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    if name.contains('/') {
+        return Some(PathBuf::from(name));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0))
+}
+
+/// The first 64 KiB of a file: an ELF's program headers follow its header.
+fn read_head(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    std::fs::File::open(path).ok()?.take(64 << 10).read_to_end(&mut head).ok()?;
+    Some(head)
+}
+
+/// Whether an ELF executable has no `PT_INTERP` program header (no dynamic loader: static or
+/// static-pie); None when `data` is not an ELF executable this can read.
+fn elf_without_interpreter(data: &[u8]) -> Option<bool> {
+    use object::elf::{FileHeader32, FileHeader64, ET_DYN, ET_EXEC, PT_INTERP};
+    use object::read::elf::{FileHeader, ProgramHeader};
+    use object::Endianness;
+    fn check<H: FileHeader<Endian = Endianness>>(data: &[u8]) -> Option<bool> {
+        let header = H::parse(data).ok()?;
+        let endian = header.endian().ok()?;
+        if ![ET_EXEC, ET_DYN].contains(&header.e_type(endian)) {
+            return None;
+        }
+        let headers = header.program_headers(endian, data).ok()?;
+        Some(!headers.iter().any(|ph| ph.p_type(endian) == PT_INTERP))
+    }
+    match object::FileKind::parse(data).ok()? {
+        object::FileKind::Elf64 => check::<FileHeader64<Endianness>>(data),
+        object::FileKind::Elf32 => check::<FileHeader32<Endianness>>(data),
+        _ => None,
+    }
+}
+
 /// The program's short name: its first `*.py` argument, else the executable's file name.
 pub fn program_name(command: &[String]) -> String {
     let base = |s: &str| s.rsplit('/').next().unwrap_or(s).to_string();
@@ -189,6 +255,9 @@ struct Observed {
 pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &ExecOptions) -> CpuExecResult {
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]);
+    if opts.program_stdout_to_stderr {
+        cmd.stdout(std::io::stderr());
+    }
     match &alloc.library {
         Some(lib) => cmd.env("LD_PRELOAD", lib),
         None => cmd.env_remove("LD_PRELOAD"),
@@ -359,6 +428,41 @@ mod tests {
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(seen >= 3, "the shell and its two sleeps: saw {seen}");
+    }
+
+    #[test]
+    fn static_executables_are_found_through_paths_and_scripts() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(static_executable(&v(&["sh", "-c", "true"])), None, "Debian's sh is dynamic");
+        assert_eq!(static_executable(&v(&["/no/such/program"])), None);
+        let dir = tempfile::tempdir().unwrap();
+        let script = |name: &str, text: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            let p = dir.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+            p.display().to_string()
+        };
+        assert_eq!(static_executable(&v(&[&script("env.sh", "#!/usr/bin/env -S sh -e\necho\n")])), None);
+        // A tiny static ELF: a header with one PT_LOAD and no PT_INTERP.
+        let mut elf = vec![0u8; 64 + 56];
+        elf[..4].copy_from_slice(b"\x7fELF");
+        (elf[4], elf[5], elf[6]) = (2, 1, 1); // 64-bit, little-endian, version 1
+        elf[16] = 2; // ET_EXEC
+        elf[18] = 62; // EM_X86_64
+        elf[20] = 1;
+        elf[32] = 64; // e_phoff
+        (elf[52], elf[54], elf[56]) = (64, 56, 1); // e_ehsize, e_phentsize, e_phnum
+        elf[64] = 1; // PT_LOAD
+        let stat = dir.path().join("static-prog");
+        std::fs::write(&stat, &elf).unwrap();
+        assert_eq!(elf_without_interpreter(&elf), Some(true));
+        assert_eq!(static_executable(&v(&[stat.to_str().unwrap()])), Some(stat.clone()));
+        let via_script = script("run.sh", &format!("#!{} --flag\n", stat.display()));
+        assert_eq!(static_executable(&v(&[&via_script])), Some(stat.clone()), "a script's interpreter is what the loader starts");
+        elf[64] = 3; // PT_INTERP
+        assert_eq!(elf_without_interpreter(&elf), Some(false));
+        assert_eq!(elf_without_interpreter(b"#!/bin/sh\n"), None);
     }
 
     #[test]

@@ -129,9 +129,14 @@ pub struct Drift {
     pub overhead_per_1k: Option<f64>,
 }
 
+/// The fewest iterations the steady-state window must span for a drift: over fewer, a slope
+/// "per 1,000 iterations" extrapolates what one iteration allocates (a 2-iteration run gave
+/// millions of MiB), not a drift.
+pub const MIN_DRIFT_ITERATIONS: u64 = 10;
+
 /// Drift: least-squares slopes over the steady-state part of the run, from a quarter of the way
 /// to the last iteration until the last iteration is reached (the warm-up, the final teardown
-/// and the drain are excluded).
+/// and the drain are excluded); none when that part spans fewer than [`MIN_DRIFT_ITERATIONS`].
 pub fn drift(samples: &[RssSample]) -> Drift {
     const MIB: f64 = 1048576.0;
     let Some(last_iter) = samples.iter().map(|s| s.iteration).max() else {
@@ -139,6 +144,10 @@ pub fn drift(samples: &[RssSample]) -> Drift {
     };
     let t_end = samples.iter().find(|s| s.iteration == last_iter).map(|s| s.t_s).unwrap_or(0.0);
     let steady: Vec<&RssSample> = samples.iter().filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end).collect();
+    let first_iter = steady.iter().map(|s| s.iteration).min().unwrap_or(last_iter);
+    if last_iter - first_iter < MIN_DRIFT_ITERATIONS {
+        return Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None };
+    }
     let fit = |f: &dyn Fn(&RssSample) -> (f64, f64)| slope(&steady.iter().map(|s| f(s)).collect::<Vec<_>>());
     Drift {
         rss_per_1k: fit(&|s| (s.iteration as f64, s.rss as f64)).map(|b| b * 1000.0 / MIB),
@@ -184,6 +193,17 @@ mod tests {
         let d = drift(&samples);
         assert!((d.rss_per_1k.unwrap() - 1000.0).abs() < 1e-6, "{d:?}");
         assert!(d.overhead_per_1k.unwrap().abs() < 1e-6, "{d:?}");
+    }
+
+    #[test]
+    fn no_drift_from_a_few_iterations() {
+        // Two iterations, the second allocating 4 GiB: a slope "per 1,000 iterations" of that is
+        // no drift.
+        let samples: Vec<RssSample> =
+            (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: 1 + i / 50, rss: (8 << 20) + ((i / 50) << 32), live_bytes: 0 }).collect();
+        assert_eq!(drift(&samples), Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None });
+        let long: Vec<RssSample> = (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i, rss: 8 << 20, live_bytes: 0 }).collect();
+        assert_eq!(drift(&long).rss_per_1k, Some(0.0));
     }
 
     #[test]

@@ -12,7 +12,8 @@ use super::{percent_change, write_chart, Chart, Section};
 use crate::results::{CpuRunResult, ResultRecord};
 use crate::units::format_bytes_signed;
 
-/// Repetitions of one allocator on one workload (same threads, cross-thread frees and scale).
+/// Repetitions of one allocator on one workload (same mode, threads, cross-thread frees and
+/// scale: a preloaded jemalloc is not the compiled-in one).
 pub struct CpuRow<'a> {
     pub runs: Vec<&'a CpuRunResult>,
     pub ops_per_s: Spread,
@@ -49,8 +50,10 @@ pub fn rows_by_workload<'a>(runs: &[&'a CpuRunResult]) -> Vec<(String, Vec<CpuRo
     fold(runs.iter().copied(), |r| r.workload.name.clone())
         .into_iter()
         .map(|(w, group)| {
-            let rows =
-                fold(group, |r| (r.allocator.clone(), r.threads, r.cross_thread, r.scale.to_bits())).into_iter().map(|(_, reps)| CpuRow::new(reps)).collect();
+            let rows = fold(group, |r| (r.allocator.clone(), r.mode, r.threads, r.cross_thread, r.scale.to_bits()))
+                .into_iter()
+                .map(|(_, reps)| CpuRow::new(reps))
+                .collect();
             (w, rows)
         })
         .collect()
@@ -170,16 +173,19 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
 
 /// The CPU section, from every `cpu_run` record.
 pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Section>> {
-    let runs: Vec<&CpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::CpuRun(c) = r { Some(c.as_ref()) } else { None }).collect();
-    if runs.is_empty() {
+    let all: Vec<&CpuRunResult> = records.iter().filter_map(|r| if let ResultRecord::CpuRun(c) = r { Some(c.as_ref()) } else { None }).collect();
+    if all.is_empty() {
         return Ok(None);
     }
+    // A run stopped by Ctrl-C covers only part of the workload: not a repetition of the others.
+    let runs: Vec<&CpuRunResult> = all.iter().copied().filter(|r| !r.interrupted).collect();
     let mut sec = Section::new("CPU allocators");
     let by_workload = rows_by_workload(&runs);
     for (w, rows) in &by_workload {
         sec.findings.extend(findings(w, rows));
     }
-    sec.body = table(&by_workload);
+    let left_out = all.len() - runs.len();
+    sec.body = if left_out > 0 { format!("{left_out} interrupted run(s) left out.\n\n") } else { String::new() } + &table(&by_workload);
     sec.charts = charts_for(out, &by_workload)?;
     Ok(Some(sec))
 }

@@ -190,7 +190,10 @@ pub fn run_spread_markdown(runs: &[&CpuRunResult]) -> String {
         );
         let mut drains = Vec::new();
         let mut drifts = Vec::new();
-        for (name, reps) in super::spread::fold(group, |r| r.allocator.clone()) {
+        // A preloaded allocator and the compiled-in one of the same name are different rows.
+        let by_allocator = super::spread::fold(group, |r| (r.allocator.clone(), r.mode));
+        for ((allocator, mode), reps) in &by_allocator {
+            let name = if by_allocator.iter().filter(|((a, _), _)| a == allocator).count() > 1 { format!("{allocator} ({mode})") } else { allocator.clone() };
             let spread = |v: Vec<f64>| Spread::of_some(&v);
             let show = |v: Option<Spread>, f: &dyn Fn(f64) -> String| v.map(|x| x.show_range(f)).unwrap_or_else(|| "n/a".into());
             let overhead = spread(reps.iter().filter_map(|r| r.drift_overhead_mib_per_1k).collect());
