@@ -377,6 +377,64 @@ fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
 }
 
 #[test]
+fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "api.csv", &["--cublas-workspace-mib", "0"], &[&fixture("cuda_api.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    // memory_stats() keys as PyTorch names them: blocks rounded to 512 B, the pool by rounded size.
+    let (small, large) = (4096, 3 << 20);
+    assert!(stdout.contains(&format!("stats {} {} 2 {small} {large} 0\n", small + large, 4000 + large)), "{stdout}");
+    assert!(stdout.contains(&format!("allocated {0} {0}\n", small + large)), "{stdout}");
+    assert!(stdout.contains(&format!("peak after reset {small}\n")), "reset_peak_memory_stats: {stdout}");
+    assert!(stdout.contains("summary True\nfraction 0.5\n") && stdout.contains("done"), "{stdout}");
+    // The settings the script made shape a GPU run: the trace and the terminal say them.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let settings = "expandable_segments:True,per_process_memory_fraction:0.5";
+    assert!(text.contains(&format!("# allocator settings made by the script: {settings}\n")), "{text}");
+    assert!(stderr(&out).contains(&format!("replay with --conf '{settings}'")), "{}", stderr(&out));
+    assert!(stderr(&out).contains("_record_memory_history is skipped on fake CUDA"), "{}", stderr(&out));
+    assert_eq!(signed_sizes(&events(&trace)), vec![4000, large, -large, 40, -4000, -40]);
+
+    // .numpy() of a fake tensor is the one-line fake-data error, not a RuntimeError about subclasses.
+    let (out, _) = capture(dir.path(), "n.csv", &[], &[&fixture("numpy_read.py")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("numpy_read.py:4") && err.contains("Tensor.numpy()") && err.contains("--real"), "{err}");
+}
+
+#[test]
+fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
+    if !have_torch() {
+        return;
+    }
+    // at::linear on a non-contiguous 3-D input (MultiheadAttention with batch_first) adds the bias
+    // in place; under a dispatch mode it would add out of place, one output-sized tensor more.
+    let dir = tempfile::tempdir().unwrap();
+    let args = [fixture("linear_bias.py"), "cpu".to_string()];
+    let (out, trace) = capture(dir.path(), "l.csv", &["--device", "cpu"], &[&args[0], &args[1]]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = dir.path().join("profile.txt");
+    let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(&args).output().unwrap();
+    assert!(prof.status.success(), "{}", stderr(&prof));
+    let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let evs = events(&trace);
+    let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
+    let captured = signed_sizes(&evs[..last_step]);
+    let mut matched = 0;
+    for &p in &profiled {
+        if matched < captured.len() && p == captured[matched] {
+            matched += 1;
+        }
+    }
+    assert_eq!(matched, captured.len(), "capture event {matched} ({}) is not in the untraced run's sequence", captured.get(matched).copied().unwrap_or(0));
+}
+
+#[test]
 fn no_python_no_torch_and_no_script_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let (out, _) = capture(dir.path(), "x.csv", &["--python", "/nonexistent/python3"], &[&fixture("exits.py")]);
