@@ -156,6 +156,33 @@ fn inference_mode_captures_what_no_grad_does_op_by_op() {
     assert_eq!(signed_sizes(&events(&real)), signed_sizes(&events(&no_grad)), "real CPU: inference_mode as no_grad");
 }
 
+/// Captures `args` on fake CPU tensors and runs them untraced under the profiler: every captured
+/// alloc and free must appear in the profiler's sequence, in order (up to the last step: the order
+/// in which Python tears a model down at exit is its own). Returns (bytes the untraced run
+/// allocated in between, bytes captured): CPU-kernel scratch and the CPU scalars Python numbers become.
+fn captured_in_untraced_profile(dir: &Path, label: &str, args: &[&str]) -> (i64, i64) {
+    let (out, trace) = capture(dir, &format!("{label}.csv"), &["--device", "cpu"], args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = dir.join(format!("{label}-profile.txt"));
+    let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(args).output().unwrap();
+    assert!(prof.status.success(), "{}", stderr(&prof));
+    let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let evs = events(&trace);
+    let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
+    let captured = signed_sizes(&evs[..last_step]);
+    let mut matched = 0;
+    let mut extra_bytes = 0i64;
+    for &p in &profiled {
+        if matched < captured.len() && p == captured[matched] {
+            matched += 1;
+        } else if p > 0 && matched < captured.len() {
+            extra_bytes += p;
+        }
+    }
+    assert_eq!(matched, captured.len(), "{label}: capture event {matched} ({}) is not in the profiler's sequence", captured.get(matched).copied().unwrap_or(0));
+    (extra_bytes, captured.iter().filter(|&&b| b > 0).sum())
+}
+
 #[test]
 fn fake_capture_is_what_the_profiler_records_for_an_untraced_run() {
     if !have_torch() {
@@ -165,35 +192,7 @@ fn fake_capture_is_what_the_profiler_records_for_an_untraced_run() {
     for model in ["tiny-gpt", "tiny-llama"] {
         let mut args = vec![model_script("models/train.py").leak() as &str, "--model", model];
         args.extend(TINY_TRAIN);
-        let (out, trace) = capture(dir.path(), &format!("{model}.csv"), &["--device", "cpu"], &args);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let reference = dir.path().join(format!("{model}-profile.txt"));
-        let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(&args).output().unwrap();
-        assert!(prof.status.success(), "{}", stderr(&prof));
-        let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
-
-        // Up to the last step: the order in which Python tears the model down at exit is its own.
-        let evs = events(&trace);
-        let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
-        let captured = signed_sizes(&evs[..last_step]);
-        // Every captured alloc and free appears in the profiler's sequence, in order; what the
-        // profiler has in between is CPU-kernel scratch and the CPU scalars Python numbers become.
-        let mut matched = 0;
-        let mut extra_bytes = 0i64;
-        for &p in &profiled {
-            if matched < captured.len() && p == captured[matched] {
-                matched += 1;
-            } else if p > 0 && matched < captured.len() {
-                extra_bytes += p;
-            }
-        }
-        assert_eq!(
-            matched,
-            captured.len(),
-            "{model}: capture event {matched} ({}) is not in the profiler's sequence",
-            captured.get(matched).copied().unwrap_or(0)
-        );
-        let captured_bytes: i64 = captured.iter().filter(|&&b| b > 0).sum();
+        let (extra_bytes, captured_bytes) = captured_in_untraced_profile(dir.path(), model, &args);
         assert!(extra_bytes * 100 < captured_bytes, "{model}: {extra_bytes} B allocated by the untraced run and not captured (of {captured_bytes} B)");
     }
 }
@@ -415,23 +414,8 @@ fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
     // at::linear on a non-contiguous 3-D input (MultiheadAttention with batch_first) adds the bias
     // in place; under a dispatch mode it would add out of place, one output-sized tensor more.
     let dir = tempfile::tempdir().unwrap();
-    let args = [fixture("linear_bias.py"), "cpu".to_string()];
-    let (out, trace) = capture(dir.path(), "l.csv", &["--device", "cpu"], &[&args[0], &args[1]]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let reference = dir.path().join("profile.txt");
-    let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(&args).output().unwrap();
-    assert!(prof.status.success(), "{}", stderr(&prof));
-    let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
-    let evs = events(&trace);
-    let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
-    let captured = signed_sizes(&evs[..last_step]);
-    let mut matched = 0;
-    for &p in &profiled {
-        if matched < captured.len() && p == captured[matched] {
-            matched += 1;
-        }
-    }
-    assert_eq!(matched, captured.len(), "capture event {matched} ({}) is not in the untraced run's sequence", captured.get(matched).copied().unwrap_or(0));
+    let script = fixture("linear_bias.py");
+    captured_in_untraced_profile(dir.path(), "linear", &[&script, "cpu"]);
 }
 
 #[test]
