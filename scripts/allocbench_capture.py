@@ -88,6 +88,81 @@ def fake():
     return _active is not None and _active.fake
 
 
+# CUDACachingAllocator.cpp: kMinBlockSize (every block a multiple of 512 B) and kSmallSize
+# (requests up to 1 MiB, rounded, are served from the small pool).
+_MIN_BLOCK_SIZE = 512
+_SMALL_SIZE = 1 << 20
+_STAT_POOLS = ("all", "small_pool", "large_pool")
+
+
+class _MemoryStats:
+    """What ``torch.cuda.memory_stats()`` would count from the allocations alone, with its key
+    names: ``allocation`` (blocks), ``allocated_bytes`` (each request rounded as round_size does by
+    default: up to a multiple of 512 B), ``requested_bytes`` (the bytes asked for), per pool (small:
+    rounded size up to 1 MiB). Segments, cached and split blocks need the allocator itself, which
+    the capture does not run: ``reserved_bytes`` and ``segment`` answer as an allocator without a
+    cache would (equal to the allocated ones); replay the trace for the real caching figures."""
+
+    KINDS = ("allocation", "allocated_bytes", "requested_bytes")
+
+    def __init__(self):
+        # kind -> pool -> [current, peak, allocated, freed], as c10::CachingAllocator::Stat
+        self.stats = {kind: {pool: [0, 0, 0, 0] for pool in _STAT_POOLS} for kind in self.KINDS}
+
+    def _update(self, nbytes, sign):
+        rounded = max(_MIN_BLOCK_SIZE, (nbytes + _MIN_BLOCK_SIZE - 1) // _MIN_BLOCK_SIZE * _MIN_BLOCK_SIZE)
+        pool = "small_pool" if rounded <= _SMALL_SIZE else "large_pool"
+        for kind, amount in (("allocation", 1), ("allocated_bytes", rounded), ("requested_bytes", nbytes)):
+            for stat in (self.stats[kind]["all"], self.stats[kind][pool]):
+                stat[0] += sign * amount
+                if sign > 0:
+                    stat[2] += amount
+                    stat[1] = max(stat[1], stat[0])
+                else:
+                    stat[3] += amount
+
+    def alloc(self, nbytes):
+        self._update(nbytes, 1)
+
+    def free(self, nbytes):
+        self._update(nbytes, -1)
+
+    def current(self, kind="allocated_bytes"):
+        return self.stats[kind]["all"][0]
+
+    def peak(self, kind="allocated_bytes"):
+        return self.stats[kind]["all"][1]
+
+    def reset_peak(self):
+        for pools in self.stats.values():
+            for stat in pools.values():
+                stat[1] = stat[0]
+
+    def reset_accumulated(self):
+        for pools in self.stats.values():
+            for stat in pools.values():
+                stat[2] = stat[3] = 0
+
+    def nested(self):
+        """The nested dict ``torch._C._cuda_memoryStats`` returns (memory_stats() flattens it)."""
+        as_dict = lambda pools: {  # noqa: E731
+            pool: dict(zip(("current", "peak", "allocated", "freed"), stat)) for pool, stat in pools.items()
+        }
+        zero = {pool: dict(current=0, peak=0, allocated=0, freed=0) for pool in _STAT_POOLS}
+        allocation, allocated = as_dict(self.stats["allocation"]), as_dict(self.stats["allocated_bytes"])
+        return {
+            "num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
+            "num_device_alloc": self.stats["allocation"]["all"][2], "num_device_free": self.stats["allocation"]["all"][3],
+            "max_split_size": -1,
+            "allocation": allocation, "active": allocation, "segment": allocation,
+            "allocated_bytes": allocated, "active_bytes": allocated, "reserved_bytes": allocated,
+            "requested_bytes": as_dict(self.stats["requested_bytes"]),
+            "inactive_split": zero, "inactive_split_bytes": zero,
+            "oversize_allocations": dict(current=0, peak=0, allocated=0, freed=0),
+            "oversize_segments": dict(current=0, peak=0, allocated=0, freed=0),
+        }
+
+
 class _TraceSink:
     """Writes trace rows as they happen; flushed at every step so a killed run keeps its rows."""
 
@@ -104,6 +179,7 @@ class _TraceSink:
         self.file.write(FORMAT_HEADER + "\n")
         self.allocs = self.frees = self.steps = 0
         self.live_bytes = self.peak_live_bytes = 0
+        self.memory_stats = _MemoryStats()
         self.site = None  # the site the next alloc row is at (the last '#site' or '#at')
 
     def alloc(self, trace_id, nbytes, stream, site=None):
@@ -121,11 +197,13 @@ class _TraceSink:
         self.allocs += 1
         self.live_bytes += nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
+        self.memory_stats.alloc(nbytes)
 
     def free(self, trace_id, nbytes):
         self.file.write(f"free,{trace_id},,\n")
         self.frees += 1
         self.live_bytes -= nbytes
+        self.memory_stats.free(nbytes)
 
     def step(self, n):
         self.file.write(f"step,{n},,\n")
@@ -253,6 +331,9 @@ def _make_recorder_class(torch):
             self.current_op = ""
             self.implicit_ops = {}  # OpOverload -> has a C++ CompositeImplicitAutograd kernel
             self.backend_ops = {}  # (OpOverload, device type) -> has a kernel of that backend
+            self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
+            self.script_conf = {}  # allocator settings the script made itself (key -> value)
+            self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
 
         # --- events -------------------------------------------------------------------------
         def _new_id(self):
@@ -300,6 +381,20 @@ def _make_recorder_class(torch):
                 if entry[0] is not None:
                     self.sink.free(entry[0], entry[1])
                 entry[0], entry[1] = new_id, nbytes
+
+        def _inherit_allocation(self, new, old):
+            """``new``'s storage takes over ``old``'s allocation: in an untraced run they are one
+            buffer (an in-place op there), and ``old``'s storage dies without a free."""
+            if not isinstance(new, torch.Tensor) or not isinstance(old, torch.Tensor) or new.device.type != self.device_type:
+                return
+            entry = self.storages.get(old.untyped_storage()._cdata)
+            storage = new.untyped_storage()
+            key = storage._cdata
+            if entry is None or key in self.storages or entry[1] != storage.nbytes():
+                return
+            self.storages[key] = [entry[0], entry[1]]
+            weakref.finalize(storage, self._storage_died, key)
+            entry[0] = None
 
         def _alloc(self, nbytes, t):
             if self.annotate:
@@ -362,6 +457,10 @@ def _make_recorder_class(torch):
                 out = args[0].add_(args[1])
             else:
                 out = self._run(func, args, kwargs)
+            if func is add_tensor and self.linear_bias_add:
+                # Note [linear's bias add]: an untraced run adds the bias in place.
+                self.linear_bias_add = False
+                self._inherit_allocation(out, args[0])
             if self.annotate:
                 self.current_op = func.__name__
             if func in rng_state_ops and isinstance(out, tuple) and not _dropout(func, args, kwargs):
@@ -421,6 +520,8 @@ def _make_recorder_class(torch):
             if func in pin_ops:
                 # Pinned host memory needs the driver; it is host memory, and not what is measured.
                 return args[0].clone() if func is not is_pinned else False
+            if kwargs.get("pin_memory"):
+                kwargs = {**kwargs, "pin_memory": False}  # torch.empty(..., pin_memory=True): the same
             # Note [Real CPU, fake CUDA]: CPU work stays real where it is cheap (data loading,
             # shuffling indices, step counters, token ids), so scripts can read its values; large
             # floating CPU tensors (a model built on the CPU before .cuda()) are fake, since this
@@ -480,6 +581,33 @@ def _engine_add(torch, func_is_add, args, kwargs, exclusive_use_count):
     if exclusive_use_count is None or old._use_count() > exclusive_use_count or not _non_overlapping_and_dense(old):
         return False
     return torch._C._storage_Use_Count(old.untyped_storage()._cdata) <= 2
+
+
+# Note [linear's bias add]: at::linear (aten/src/ATen/native/Linear.cpp), when it cannot fuse the
+# bias into addmm (an input of 3 or more dims that is not contiguous, as nn.MultiheadAttention's
+# batch_first input is), computes matmul(input, weight.t()) and then adds the bias in place,
+# `output.add_(bias)`, unless isTensorSubclassLike(bias) -- "for composite compliance" it then
+# uses an out-of-place `at::add`. isTensorSubclassLike() is true whenever a dispatch mode is
+# active, so under a capture the add would allocate a second output-sized tensor that an untraced
+# run never allocates. The recorder lets the add's output take over the matmul output's
+# allocation instead: one buffer, as in the untraced run (forward-mode AD, the other reason for
+# the out-of-place add, is not taken into account).
+
+
+def _linear_bias_add_in_place(torch, patches, recorder):
+    functional = torch.nn.functional
+    original = functional.linear
+
+    def linear(input, weight, bias=None):
+        if bias is None or recorder.closed:
+            return original(input, weight, bias)
+        recorder.linear_bias_add = True
+        try:
+            return original(input, weight, bias)
+        finally:
+            recorder.linear_bias_add = False
+
+    patches.set(functional, "linear", linear)
 
 
 # CPU ops making at most this many bytes of floating tensors run for real under fake CUDA.
@@ -874,8 +1002,26 @@ def _fake_cuda_api(torch, patches, recorder):
         multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
         L2_cache_size=50 * 1024 * 1024, warp_size=32, gcnArchName="",
     )
-    live = lambda *a, **k: recorder.sink.live_bytes  # noqa: E731
-    peak = lambda *a, **k: recorder.sink.peak_live_bytes  # noqa: E731
+    stats = recorder.sink.memory_stats
+    allocated = lambda *a, **k: stats.current()  # noqa: E731
+    peak = lambda *a, **k: stats.peak()  # noqa: E731
+    fraction = [1.0]
+
+    def set_per_process_memory_fraction(value, device=None):
+        # The replay's cap, not the capture's: say so in the trace and on the terminal.
+        if not 0 <= value <= 1:
+            raise ValueError(f"Invalid fraction value: {value}. Allowed range: 0~1")
+        fraction[0] = float(value)
+        recorder.script_conf["per_process_memory_fraction"] = f"{float(value):g}"
+
+    def not_on_fake_cuda(what, result=None):
+        def skipped(*args, **kwargs):
+            if what not in recorder.skipped_calls:
+                recorder.skipped_calls.add(what)
+                print(f"allocbench capture: {what} is skipped on fake CUDA (the trace records the allocations)", file=sys.stderr)
+            return result
+        return skipped
+
     answers = {
         "is_available": lambda: True,
         "is_initialized": lambda: True,
@@ -894,14 +1040,30 @@ def _fake_cuda_api(torch, patches, recorder):
         "manual_seed_all": lambda seed: None,
         "seed": lambda: None,
         "seed_all": lambda: None,
-        "memory_allocated": live,
+        "memory_allocated": allocated,
         "max_memory_allocated": peak,
-        "memory_reserved": live,
+        "memory_reserved": allocated,
         "max_memory_reserved": peak,
-        "reset_peak_memory_stats": lambda device=None: None,
-        "reset_max_memory_allocated": lambda device=None: None,
-        "mem_get_info": lambda device=None: (FAKE_TOTAL_MEMORY - recorder.sink.live_bytes, FAKE_TOTAL_MEMORY),
-        "set_per_process_memory_fraction": lambda fraction, device=None: None,
+        "memory_stats_as_nested_dict": lambda device=None: stats.nested(),
+        "reset_peak_memory_stats": lambda device=None: stats.reset_peak(),
+        "reset_max_memory_allocated": lambda device=None: stats.reset_peak(),
+        "reset_max_memory_cached": lambda device=None: stats.reset_peak(),
+        "reset_accumulated_memory_stats": lambda device=None: stats.reset_accumulated(),
+        "mem_get_info": lambda device=None: (FAKE_TOTAL_MEMORY - stats.current(), FAKE_TOTAL_MEMORY),
+        "set_per_process_memory_fraction": set_per_process_memory_fraction,
+        "get_per_process_memory_fraction": lambda device=None: fraction[0],
+        # torch.cuda.device(i) swaps the current device through the driver; there is one device.
+        "_exchange_device": lambda device: 0 if device >= 0 else -1,
+        "_maybe_exchange_device": lambda device: 0 if device >= 0 else -1,
+        # Memory snapshots need the driver's allocator: the trace is this capture's snapshot.
+        "_record_memory_history": not_on_fake_cuda("torch.cuda.memory._record_memory_history"),
+        "_dump_snapshot": not_on_fake_cuda("torch.cuda.memory._dump_snapshot"),
+        "_set_allocator_settings": lambda env: recorder.script_conf.update(_alloc_conf_items(env)),
+        # The CUDA generator's state (Philox seed and offset, 16 bytes): there is no device RNG.
+        "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
+        "set_rng_state": lambda new_state, device="cuda": None,
+        "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
+        "set_rng_state_all": lambda new_states: None,
     }
     stream = _FakeStream()
     answers.update(
@@ -944,11 +1106,31 @@ def _fake_cuda_api(torch, patches, recorder):
         ).items():
             if hasattr(accelerator, name):
                 patches.set(accelerator, name, fn)
-    if hasattr(cuda, "memory"):
-        for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
-                     "reset_peak_memory_stats", "mem_get_info", "set_per_process_memory_fraction"):
-            if hasattr(cuda.memory, name):
-                patches.set(cuda.memory, name, answers[name])
+    # torch.cuda.memory's own functions (memory_stats, memory_summary) call these by their names there.
+    for module in (cuda.memory, getattr(cuda, "random", None)):
+        for name, fn in answers.items():
+            if module is not None and hasattr(module, name):
+                patches.set(module, name, fn)
+    # tensor.record_stream(s): every fake tensor lives on the one stream, and PyTorch ignores
+    # recording a block's own stream (CUDACachingAllocator recordStream).
+    original_record_stream = torch.Tensor.record_stream
+
+    def record_stream(self, stream):
+        if isinstance(stream, _FakeStream):
+            return None
+        return original_record_stream(self, stream)
+
+    patches.set(torch.Tensor, "record_stream", record_stream)
+    # .numpy() of a fake tensor: the values are not there (as for .item()).
+    original_numpy = torch.Tensor.numpy
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+
+    def numpy(self, *args, **kwargs):
+        if isinstance(self, fake_type):
+            raise FakeValueNeeded("Tensor.numpy()")
+        return original_numpy(self, *args, **kwargs)
+
+    patches.set(torch.Tensor, "numpy", numpy)
 
 
 # --- the capture ----------------------------------------------------------------------------
@@ -993,6 +1175,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     hook = register_optimizer_step_post_hook(lambda opt, args, kwargs: recorder.optimizer_stepped(opt))
+    conf_before = {name: os.environ.get(name) for name in _ALLOC_CONF_VARS}
     stack = contextlib.ExitStack()
     try:
         try:
@@ -1020,8 +1203,44 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         hook.remove()
         patches.undo()
         torch.autograd.set_multithreading_enabled(multithreading)
+        _note_script_conf(sink, recorder.script_conf, conf_before)
         sink.close(outcome)
         recorder.outcome = outcome
+
+
+# The variables PyTorch reads its allocator settings from (c10/core/AllocatorConfig.cpp), newest first.
+_ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def _alloc_conf_items(conf):
+    """``key:value`` pairs of a PYTORCH_CUDA_ALLOC_CONF string, in order (commas inside the
+    brackets of roundup_power2_divisions:[256:1,512:2] do not separate pairs)."""
+    items, depth, start = [], 0, 0
+    for i, c in enumerate(conf + ","):
+        depth += (c == "[") - (c == "]")
+        if c == "," and depth == 0:
+            key, _, value = conf[start:i].strip().partition(":")
+            if key:
+                items.append((key.strip(), value.strip()))
+            start = i + 1
+    return items
+
+
+def _note_script_conf(sink, script_conf, conf_before):
+    """Allocator settings the script made itself (PYTORCH_CUDA_ALLOC_CONF set in os.environ,
+    set_per_process_memory_fraction, _set_allocator_settings) shape what a GPU would do, yet the
+    replay takes its settings from --conf: say them in the trace and on the terminal."""
+    settings = {}
+    for name in reversed(_ALLOC_CONF_VARS):  # PYTORCH_ALLOC_CONF wins when both are set
+        value = os.environ.get(name)
+        if value and value != conf_before.get(name):
+            settings.update(_alloc_conf_items(value))
+    settings.update(script_conf)
+    if not settings:
+        return
+    conf = ",".join(f"{k}:{v}" for k, v in settings.items())
+    sink.comment(f"allocator settings made by the script: {conf}")
+    print(f"allocbench capture: the script set the allocator's settings; replay with --conf '{conf}' to apply them", file=sys.stderr)
 
 
 def _start(torch, recorder, stack, patches, fake, device):
@@ -1037,6 +1256,7 @@ def _start(torch, recorder, stack, patches, fake, device):
 
     patches.set(torch.cuda, "empty_cache", empty_cache)
     patches.set(torch.cuda.memory, "empty_cache", empty_cache)
+    _linear_bias_add_in_place(torch, patches, recorder)
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -1080,7 +1300,10 @@ def _fake_data_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
     name = type(exc).__name__
-    if isinstance(exc, FakeValueNeeded):
+    if isinstance(exc, FakeValueNeeded) and str(exc) == "Tensor.numpy()":
+        op = "Tensor.numpy()"
+        fix = "drop or guard the read (`if not allocbench_capture.fake():`), or capture with --real on a GPU"
+    elif isinstance(exc, FakeValueNeeded):
         op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value 0 to answer such "
                "reads with 0, or capture with --real on a GPU")

@@ -47,7 +47,43 @@ fn capture_description(trace: impl BufRead) -> String {
     }
 }
 
+/// How much of a plain trace's end is read for a capture's closing marker.
+const CAPTURE_MARKER_TAIL_BYTES: u64 = 64 * 1024;
+
+/// The reason a capture's trace says it is incomplete (`# capture incomplete: WHY`, its last
+/// marker: a script that raised or exited non-zero, or an interpreter that died), else `None`.
+/// Only captures (header `# allocbench capture v1`) are looked at; a gzip one is decoded to its end.
+fn capture_incomplete(path: &Path) -> Option<String> {
+    use std::io::{Seek, SeekFrom};
+    let is_capture =
+        read_trace(path).ok().is_some_and(|r| r.into_inner().lines().next().and_then(Result::ok).is_some_and(|l| l.starts_with("# allocbench capture v1")));
+    if !is_capture {
+        return None;
+    }
+    let mut tail = Vec::new();
+    if crate::trace::csv::is_gzip_name(path) {
+        // A stream cut short decodes up to the cut; what was read is still looked at.
+        let _ = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).ok()?).read_to_end(&mut tail);
+    } else {
+        let mut file = std::fs::File::open(path).ok()?;
+        let len = file.metadata().ok()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(CAPTURE_MARKER_TAIL_BYTES))).ok()?;
+        file.read_to_end(&mut tail).ok()?;
+    }
+    let text = String::from_utf8_lossy(&tail);
+    let marker = text.lines().rev().find(|l| l.starts_with("# capture "))?;
+    marker.strip_prefix("# capture incomplete: ").map(str::to_string)
+}
+
 impl Source {
+    /// For a capture that did not run to its end, why (see [`capture_incomplete`]).
+    pub fn incomplete_capture(&self) -> Option<String> {
+        match self {
+            Source::Trace(p) => capture_incomplete(p),
+            _ => None,
+        }
+    }
+
     /// `None` means the embedded default input: the captured GPT-3 XL training trace.
     pub fn open(path: Option<&Path>) -> anyhow::Result<Source> {
         let Some(path) = path else {

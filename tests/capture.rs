@@ -156,6 +156,33 @@ fn inference_mode_captures_what_no_grad_does_op_by_op() {
     assert_eq!(signed_sizes(&events(&real)), signed_sizes(&events(&no_grad)), "real CPU: inference_mode as no_grad");
 }
 
+/// Captures `args` on fake CPU tensors and runs them untraced under the profiler: every captured
+/// alloc and free must appear in the profiler's sequence, in order (up to the last step: the order
+/// in which Python tears a model down at exit is its own). Returns (bytes the untraced run
+/// allocated in between, bytes captured): CPU-kernel scratch and the CPU scalars Python numbers become.
+fn captured_in_untraced_profile(dir: &Path, label: &str, args: &[&str]) -> (i64, i64) {
+    let (out, trace) = capture(dir, &format!("{label}.csv"), &["--device", "cpu"], args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = dir.join(format!("{label}-profile.txt"));
+    let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(args).output().unwrap();
+    assert!(prof.status.success(), "{}", stderr(&prof));
+    let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
+    let evs = events(&trace);
+    let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
+    let captured = signed_sizes(&evs[..last_step]);
+    let mut matched = 0;
+    let mut extra_bytes = 0i64;
+    for &p in &profiled {
+        if matched < captured.len() && p == captured[matched] {
+            matched += 1;
+        } else if p > 0 && matched < captured.len() {
+            extra_bytes += p;
+        }
+    }
+    assert_eq!(matched, captured.len(), "{label}: capture event {matched} ({}) is not in the profiler's sequence", captured.get(matched).copied().unwrap_or(0));
+    (extra_bytes, captured.iter().filter(|&&b| b > 0).sum())
+}
+
 #[test]
 fn fake_capture_is_what_the_profiler_records_for_an_untraced_run() {
     if !have_torch() {
@@ -165,35 +192,7 @@ fn fake_capture_is_what_the_profiler_records_for_an_untraced_run() {
     for model in ["tiny-gpt", "tiny-llama"] {
         let mut args = vec![model_script("models/train.py").leak() as &str, "--model", model];
         args.extend(TINY_TRAIN);
-        let (out, trace) = capture(dir.path(), &format!("{model}.csv"), &["--device", "cpu"], &args);
-        assert!(out.status.success(), "{}", stderr(&out));
-        let reference = dir.path().join(format!("{model}-profile.txt"));
-        let prof = std::process::Command::new(python()).arg(model_script("validate/profile_allocs.py")).arg(&reference).arg("--").args(&args).output().unwrap();
-        assert!(prof.status.success(), "{}", stderr(&prof));
-        let profiled: Vec<i64> = std::fs::read_to_string(&reference).unwrap().lines().map(|l| l.parse().unwrap()).collect();
-
-        // Up to the last step: the order in which Python tears the model down at exit is its own.
-        let evs = events(&trace);
-        let last_step = evs.iter().rposition(|e| matches!(e, Event::Step { .. })).unwrap();
-        let captured = signed_sizes(&evs[..last_step]);
-        // Every captured alloc and free appears in the profiler's sequence, in order; what the
-        // profiler has in between is CPU-kernel scratch and the CPU scalars Python numbers become.
-        let mut matched = 0;
-        let mut extra_bytes = 0i64;
-        for &p in &profiled {
-            if matched < captured.len() && p == captured[matched] {
-                matched += 1;
-            } else if p > 0 && matched < captured.len() {
-                extra_bytes += p;
-            }
-        }
-        assert_eq!(
-            matched,
-            captured.len(),
-            "{model}: capture event {matched} ({}) is not in the profiler's sequence",
-            captured.get(matched).copied().unwrap_or(0)
-        );
-        let captured_bytes: i64 = captured.iter().filter(|&&b| b > 0).sum();
+        let (extra_bytes, captured_bytes) = captured_in_untraced_profile(dir.path(), model, &args);
         assert!(extra_bytes * 100 < captured_bytes, "{model}: {extra_bytes} B allocated by the untraced run and not captured (of {captured_bytes} B)");
     }
 }
@@ -374,6 +373,49 @@ fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains("nonzero.py:4") && err.contains("nonzero") && err.contains("--real"), "{err}");
+}
+
+#[test]
+fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "api.csv", &["--cublas-workspace-mib", "0"], &[&fixture("cuda_api.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    // memory_stats() keys as PyTorch names them: blocks rounded to 512 B, the pool by rounded size.
+    let (small, large) = (4096, 3 << 20);
+    assert!(stdout.contains(&format!("stats {} {} 2 {small} {large} 0\n", small + large, 4000 + large)), "{stdout}");
+    assert!(stdout.contains(&format!("allocated {0} {0}\n", small + large)), "{stdout}");
+    assert!(stdout.contains(&format!("peak after reset {small}\n")), "reset_peak_memory_stats: {stdout}");
+    assert!(stdout.contains("summary True\nfraction 0.5\n") && stdout.contains("done"), "{stdout}");
+    // The settings the script made shape a GPU run: the trace and the terminal say them.
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let settings = "expandable_segments:True,per_process_memory_fraction:0.5";
+    assert!(text.contains(&format!("# allocator settings made by the script: {settings}\n")), "{text}");
+    assert!(stderr(&out).contains(&format!("replay with --conf '{settings}'")), "{}", stderr(&out));
+    assert!(stderr(&out).contains("_record_memory_history is skipped on fake CUDA"), "{}", stderr(&out));
+    assert_eq!(signed_sizes(&events(&trace)), vec![4000, large, -large, 40, -4000, -40]);
+
+    // .numpy() of a fake tensor is the one-line fake-data error, not a RuntimeError about subclasses.
+    let (out, _) = capture(dir.path(), "n.csv", &[], &[&fixture("numpy_read.py")]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("numpy_read.py:4") && err.contains("Tensor.numpy()") && err.contains("--real"), "{err}");
+}
+
+#[test]
+fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
+    if !have_torch() {
+        return;
+    }
+    // at::linear on a non-contiguous 3-D input (MultiheadAttention with batch_first) adds the bias
+    // in place; under a dispatch mode it would add out of place, one output-sized tensor more.
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("linear_bias.py");
+    captured_in_untraced_profile(dir.path(), "linear", &[&script, "cpu"]);
 }
 
 #[test]

@@ -323,3 +323,34 @@ fn replay_records_the_traces_sha256_and_its_failures_name_the_trace() {
     assert!(stderr(&out).contains("999999"), "{}", stderr(&out));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn an_incomplete_capture_is_said_when_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "# allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()\n\
+                # script: train.py\nop,id,bytes,stream\nalloc,1,4096,0\nstep,1,,\nalloc,2,8192,0\n";
+    let incomplete = format!("{body}# capture incomplete: ValueError\n");
+    let plain = dir.path().join("t.csv");
+    std::fs::write(&plain, &incomplete).unwrap();
+    let gz = dir.path().join("t.csv.gz");
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    std::io::Write::write_all(&mut enc, incomplete.as_bytes()).unwrap();
+    std::fs::write(&gz, enc.finish().unwrap()).unwrap();
+    for trace in [&plain, &gz] {
+        for cmd in ["replay", "diagnose", "advise"] {
+            let out = bin().arg(cmd).arg(trace).output().unwrap();
+            assert!(out.status.success(), "{}", stderr(&out));
+            let err = stderr(&out);
+            assert!(err.contains("is an incomplete capture (ValueError): its numbers cover only what ran"), "{cmd} {}: {err}", trace.display());
+        }
+    }
+    // A complete capture, and a trace that merely has such a comment without being a capture, say nothing.
+    std::fs::write(&plain, format!("{body}# capture complete: 1 steps\n")).unwrap();
+    let not_capture = dir.path().join("n.csv");
+    std::fs::write(&not_capture, "op,id,bytes,stream\nalloc,1,4096,0\n# capture incomplete: ValueError\n").unwrap();
+    for trace in [&plain, &not_capture] {
+        let out = bin().arg("replay").arg(trace).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("incomplete"), "{}", stderr(&out));
+    }
+}

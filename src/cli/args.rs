@@ -69,4 +69,7 @@ pub fn print_notes(source: &Source) {
             eprintln!("note: {}: {n}", p.display());
         }
     }
+    if let (Source::Trace(p), Some(why)) = (source, source.incomplete_capture()) {
+        eprintln!("warning: {} is an incomplete capture ({why}): its numbers cover only what ran before the script stopped", p.display());
+    }
 }
