@@ -167,6 +167,10 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
     if req.capacities.is_empty() {
         return Err(InputError::new("--capacities", "no capacity given").into());
     }
+    // Like an input given twice: the same replays twice would be rows no merge can tell apart.
+    if let Some((i, &c)) = req.capacities.iter().enumerate().find(|&(i, c)| req.capacities[..i].contains(c)) {
+        return Err(InputError::new("--capacities", format!("{} (entry {}) given twice", crate::units::format_bytes(c), i + 1)).into());
+    }
     if let Some(a) = req.allocators.iter().find(|a| a.as_str() == "async") {
         return Err(InputError::new("--allocators", format!("'{a}' runs only on a real GPU; a sweep replays on the simulated device")).into());
     }

@@ -334,6 +334,11 @@ fn bad_shards_plans_and_folders_exit_2() {
     assert!(one_line(fails(run(&plan, &out).env("JOB_COMPLETION_INDEX", "1"), 2)).contains("--shards"));
     assert!(one_line(fails(run(&plan, &out).args(["--shards", "4"]), 2)).contains("JOB_COMPLETION_INDEX"));
 
+    // A capacity given twice.
+    let twice = d.join("twice.jsonl");
+    let e = one_line(fails(bin().args(["sweep", "plan", s(&d.join("scenario-sawtooth.toml")), "--capacities", "1GiB,24GiB,1GiB", "-o", s(&twice)]), 2));
+    assert!(e.contains("--capacities") && e.contains("1.00 GiB (entry 3) given twice"), "{e}");
+
     // A plan from another schema version.
     let other = d.join("other-version.jsonl");
     std::fs::write(&other, std::fs::read_to_string(&plan).unwrap().replacen("\"schema_version\":1", "\"schema_version\":2", 1)).unwrap();
