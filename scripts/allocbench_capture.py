@@ -1208,8 +1208,9 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         recorder.outcome = outcome
 
 
-# The variables PyTorch reads its allocator settings from (c10/core/AllocatorConfig.cpp), newest first.
-_ALLOC_CONF_VARS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+# The variables PyTorch reads its allocator settings from, in priority order: torch 2.15 reads
+# every key from the first one set (CUDAAllocatorConfig::instance() in c10/cuda/CUDAAllocatorConfig.h).
+_ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
 
 
 def _alloc_conf_items(conf):
@@ -1231,10 +1232,9 @@ def _note_script_conf(sink, script_conf, conf_before):
     set_per_process_memory_fraction, _set_allocator_settings) shape what a GPU would do, yet the
     replay takes its settings from --conf: say them in the trace and on the terminal."""
     settings = {}
-    for name in reversed(_ALLOC_CONF_VARS):  # PYTORCH_ALLOC_CONF wins when both are set
-        value = os.environ.get(name)
-        if value and value != conf_before.get(name):
-            settings.update(_alloc_conf_items(value))
+    read = next((name for name in _ALLOC_CONF_VARS if name in os.environ), None)
+    if read is not None and os.environ[read] != conf_before.get(read):
+        settings.update(_alloc_conf_items(os.environ[read]))
     settings.update(script_conf)
     if not settings:
         return

@@ -34,7 +34,8 @@ def main():
         # Read once, at CUDA initialisation: set before torch touches the GPU.
         os.environ["PYTORCH_CUDA_ALLOC_CONF"] = args.conf
         os.environ.pop("PYTORCH_ALLOC_CONF", None)
-    conf = os.environ.get("PYTORCH_ALLOC_CONF") or os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
+    # torch reads every key from the first of these that is set (c10/cuda/CUDAAllocatorConfig.h).
+    conf = next((os.environ[v] for v in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if v in os.environ), "")
 
     import torch
 

@@ -74,6 +74,19 @@ fn conf_comes_from_the_environment_too() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["conf"], "expandable_segments:True");
     assert_eq!(v["stats"]["segment.all.current"], 0);
+    // With both variables set torch 2.15 reads PYTORCH_CUDA_ALLOC_CONF alone (its libc10 says so).
+    let out = bin()
+        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        .env("PYTORCH_ALLOC_CONF", "max_split_size_mb:32")
+        .args(["replay", &workload("scenario-1-2-1-gib.toml"), "--json", "-"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["conf"], "expandable_segments:True");
+    assert_eq!(v["stats"]["max_split_size"], -1);
+    let out = bin().env("PYTORCH_ALLOC_CONF", "max_split_size_mb:1").args(["replay", &workload("scenario-1-2-1-gib.toml")]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("PYTORCH_ALLOC_CONF"), "the error names the variable");
 }
 
 #[test]

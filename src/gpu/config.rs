@@ -56,18 +56,28 @@ impl fmt::Display for AllocatorConfig {
     }
 }
 
-/// The environment variables PyTorch reads, in priority order (NEW: PYTORCH_ALLOC_CONF first).
-pub const ENV_VARS: [&str; 2] = ["PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"];
+/// The environment variables PyTorch reads, in priority order. torch 2.15's libc10 takes every
+/// key, device-generic ones included, from PYTORCH_CUDA_ALLOC_CONF when it is set, else from
+/// PYTORCH_ALLOC_CONF (the order of CUDAAllocatorConfig::instance() in
+/// c10/cuda/CUDAAllocatorConfig.h; checked against the venv's libc10 with both set, although
+/// AllocatorConfig.h calls PYTORCH_ALLOC_CONF the primary one).
+pub const ENV_VARS: [&str; 2] = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"];
 
 impl AllocatorConfig {
     /// Reads the config from the environment, as PyTorch does at first use.
     pub fn from_env() -> Result<Self, InputError> {
-        for var in ENV_VARS {
-            if let Ok(v) = std::env::var(var) {
-                return Self::parse(&v).map_err(|e| InputError::new(var, e.message));
-            }
+        let [first, second] = ENV_VARS.map(|var| std::env::var(var).ok());
+        Self::from_vars(first.as_deref(), second.as_deref())
+    }
+
+    /// The config of a process whose environment holds `PYTORCH_CUDA_ALLOC_CONF` = `cuda` and
+    /// `PYTORCH_ALLOC_CONF` = `generic` ([`ENV_VARS`]): the first that is set, whole; an empty
+    /// value counts as set (c10::utils::get_env), and means the defaults.
+    pub fn from_vars(cuda: Option<&str>, generic: Option<&str>) -> Result<Self, InputError> {
+        match ENV_VARS.into_iter().zip([cuda, generic]).find_map(|(var, text)| Some((var, text?))) {
+            Some((var, text)) => Self::parse(text).map_err(|e| InputError::new(var, e.message)),
+            None => Ok(Self::default()),
         }
-        Ok(Self::default())
     }
 
     /// Parses `key:value,key:value` with `[a:b,c:d]` lists as torch 2.15 does
@@ -615,6 +625,23 @@ mod tests {
 
     /// Values and refusals checked against torch 2.15's own parser (libc10's
     /// AcceleratorAllocatorConfig + CUDAAllocatorConfig, driven through setAllocatorSettings).
+    #[test]
+    fn pytorch_cuda_alloc_conf_wins_whole_over_pytorch_alloc_conf() {
+        assert_eq!(AllocatorConfig::from_vars(None, None).unwrap(), AllocatorConfig::default());
+        let only_generic = AllocatorConfig::from_vars(None, Some("max_split_size_mb:32")).unwrap();
+        assert_eq!(only_generic.max_split_size, 32 * MIB);
+        // Both set (measured on torch 2.15's libc10): nothing of PYTORCH_ALLOC_CONF is read, not
+        // even a device-generic key the CUDA variable leaves out.
+        let both = AllocatorConfig::from_vars(Some("max_split_size_mb:64"), Some("expandable_segments:True,max_split_size_mb:32")).unwrap();
+        assert_eq!((both.max_split_size, both.expandable_segments), (64 * MIB, false));
+        assert_eq!(both.source, "max_split_size_mb:64");
+        // Set but empty: the defaults, and a broken PYTORCH_ALLOC_CONF is never parsed.
+        assert_eq!(AllocatorConfig::from_vars(Some(""), Some("max_split_size_mb:1")).unwrap(), AllocatorConfig::default());
+        // An error names the variable it is in.
+        let err = AllocatorConfig::from_vars(None, Some("max_split_size_mb:1")).unwrap_err();
+        assert!(err.to_string().contains("PYTORCH_ALLOC_CONF"), "{err}");
+    }
+
     #[test]
     fn accepts_and_refuses_what_torch_2_15_does() {
         let ok = |s: &str| AllocatorConfig::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
