@@ -1,5 +1,5 @@
 //! `PYTORCH_CUDA_ALLOC_CONF` parsing, with PyTorch's syntax, checks and error wording
-//! (c10/core/AllocatorConfig.cpp, c10/cuda/CUDAAllocatorConfig.cpp; torch ≈ 2.10–2.12).
+//! (c10/core/AllocatorConfig.cpp, c10/cuda/CUDAAllocatorConfig.cpp; torch 2.15).
 
 use std::fmt;
 
@@ -623,8 +623,6 @@ mod tests {
         assert!(flagged("large_segment_size_mb:64").is_empty());
     }
 
-    /// Values and refusals checked against torch 2.15's own parser (libc10's
-    /// AcceleratorAllocatorConfig + CUDAAllocatorConfig, driven through setAllocatorSettings).
     #[test]
     fn pytorch_cuda_alloc_conf_wins_whole_over_pytorch_alloc_conf() {
         assert_eq!(AllocatorConfig::from_vars(None, None).unwrap(), AllocatorConfig::default());
@@ -635,13 +633,15 @@ mod tests {
         let both = AllocatorConfig::from_vars(Some("max_split_size_mb:64"), Some("expandable_segments:True,max_split_size_mb:32")).unwrap();
         assert_eq!((both.max_split_size, both.expandable_segments), (64 * MIB, false));
         assert_eq!(both.source, "max_split_size_mb:64");
-        // Set but empty: the defaults, and a broken PYTORCH_ALLOC_CONF is never parsed.
+        // Set but empty: the defaults (also measured), and a broken PYTORCH_ALLOC_CONF is never parsed.
         assert_eq!(AllocatorConfig::from_vars(Some(""), Some("max_split_size_mb:1")).unwrap(), AllocatorConfig::default());
         // An error names the variable it is in.
         let err = AllocatorConfig::from_vars(None, Some("max_split_size_mb:1")).unwrap_err();
         assert!(err.to_string().contains("PYTORCH_ALLOC_CONF"), "{err}");
     }
 
+    /// Values and refusals checked against torch 2.15's own parser (libc10's
+    /// AcceleratorAllocatorConfig + CUDAAllocatorConfig, driven through setAllocatorSettings).
     #[test]
     fn accepts_and_refuses_what_torch_2_15_does() {
         let ok = |s: &str| AllocatorConfig::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
