@@ -265,6 +265,36 @@ fn cpu_exec_and_drain_runs_render_with_spread_and_verdicts() {
     assert_eq!(drain_row.matches("n/a").count(), 2, "retained at 1 s and 10 s are past a 0.2 s drain: {drain_row}");
 }
 
+#[test]
+fn cpu_exec_runs_of_one_program_with_other_arguments_are_compared_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("{}/workloads/python/serving_loop.py", env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for bursts in ["1", "2"] {
+        let jsonl = dir.path().join(format!("exec-{bursts}.jsonl"));
+        let run = assert_cmd::Command::cargo_bin("allocbench")
+            .unwrap()
+            .args(["cpu", "--exec", "--allocator", "glibc", "--jsonl", jsonl.to_str().unwrap(), "--", "python3", &script, "--bursts", bursts])
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        files.push(jsonl);
+    }
+    let records: Vec<_> = files.iter().flat_map(|p| allocbench::results::read_results(p).unwrap()).collect();
+    let out = dir.path().join("report");
+    report::render(&records, &out, "t").unwrap();
+    let md = std::fs::read_to_string(out.join("README.md")).unwrap();
+    for bursts in ["1", "2"] {
+        let title = format!("serving_loop.py (python3 {script} --bursts {bursts})");
+        assert!(md.contains(&format!("#### {title}\n")), "a section per command: {md}");
+        assert!(md.contains(&format!("**Verdict ({title})**")), "{md}");
+        let row = md.lines().filter(|l| l.starts_with("| glibc | ")).count();
+        assert_eq!(row, 2, "one row per command, never both runs in one: {md}");
+    }
+    let rss_charts = std::fs::read_dir(&out).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().starts_with("cpu-exec-rss-")).count();
+    assert_eq!(rss_charts, 2, "a chart per command");
+}
+
 /// The `#data` JSON of a memory view page.
 fn view_data(page: &Path) -> serde_json::Value {
     let html = std::fs::read_to_string(page).unwrap();

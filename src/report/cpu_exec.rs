@@ -33,20 +33,35 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
 /// One program's verified runs by allocator, in the order met.
 type ByAllocator<'a> = Vec<(String, Vec<&'a CpuExecResult>)>;
 
-/// Verified runs by program, then by allocator in the order met.
+/// Verified runs by command (the same program with other arguments is another comparison),
+/// then by allocator in the order met. A group is titled by the program's short name, with its
+/// command beside it when another group has the same name.
 fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<(String, ByAllocator<'a>)> {
     let verified: Vec<&CpuExecResult> = runs.iter().copied().filter(|r| r.verified()).collect();
-    super::spread::fold(verified.iter().copied(), |r| r.name.clone())
+    let by_command = super::spread::fold(verified.iter().copied(), |r| r.command.clone());
+    let name_of = |group: &[&CpuExecResult]| group.first().map(|r| r.name.clone()).unwrap_or_default();
+    let names: Vec<String> = by_command.iter().map(|(_, group)| name_of(group)).collect();
+    by_command
         .into_iter()
-        .map(|(name, group)| (name, super::spread::fold(group, |r| r.allocator.clone())))
+        .map(|(command, group)| {
+            let name = name_of(&group);
+            let title = if names.iter().filter(|n| **n == name).count() > 1 { format!("{name} ({})", command.join(" ")) } else { name };
+            (title, super::spread::fold(group, |r| r.allocator.clone()))
+        })
         .collect()
 }
 
 /// RSS over time per allocator (every repetition) and wall time / peak RSS bars with their
 /// spread, per program.
 pub fn exec_charts(out: &Path, runs: &[&CpuExecResult], charts: &mut Vec<Chart>) -> anyhow::Result<()> {
-    for (program, allocs) in exec_groups(runs) {
-        let ps = slug(&program);
+    let mut used_slugs = std::collections::HashSet::new();
+    for (i, (program, allocs)) in exec_groups(runs).into_iter().enumerate() {
+        // Two commands may differ only in what a slug drops (`-n` and `--n`): number the second.
+        let mut ps = slug(&program);
+        if !used_slugs.insert(ps.clone()) {
+            ps = format!("{ps}-{}", i + 1);
+            used_slugs.insert(ps.clone());
+        }
         let mut lines = Vec::new();
         for (name, reps) in &allocs {
             for (i, r) in reps.iter().enumerate() {
