@@ -66,25 +66,25 @@ fn capacity_limit_on_the_1_2_1_scenario_retries_instead_of_ooming() {
 
 #[test]
 fn conf_comes_from_the_environment_too() {
-    let out = bin()
-        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        .args(["replay", &workload("scenario-1-2-1-gib.toml"), "--json", "-"])
-        .output()
-        .unwrap();
+    // A replay with exactly these allocator variables set (the caller's own are removed).
+    let replay_with = |vars: &[(&str, &str)]| {
+        let mut cmd = bin();
+        cmd.env_remove("PYTORCH_CUDA_ALLOC_CONF").env_remove("PYTORCH_ALLOC_CONF");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        cmd.args(["replay", &workload("scenario-1-2-1-gib.toml"), "--json", "-"]).output().unwrap()
+    };
+    let out = replay_with(&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["conf"], "expandable_segments:True");
     assert_eq!(v["stats"]["segment.all.current"], 0);
     // With both variables set torch 2.15 reads PYTORCH_CUDA_ALLOC_CONF alone (its libc10 says so).
-    let out = bin()
-        .env("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        .env("PYTORCH_ALLOC_CONF", "max_split_size_mb:32")
-        .args(["replay", &workload("scenario-1-2-1-gib.toml"), "--json", "-"])
-        .output()
-        .unwrap();
+    let out = replay_with(&[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("PYTORCH_ALLOC_CONF", "max_split_size_mb:32")]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["conf"], "expandable_segments:True");
     assert_eq!(v["stats"]["max_split_size"], -1);
-    let out = bin().env("PYTORCH_ALLOC_CONF", "max_split_size_mb:1").args(["replay", &workload("scenario-1-2-1-gib.toml")]).output().unwrap();
+    let out = replay_with(&[("PYTORCH_ALLOC_CONF", "max_split_size_mb:1")]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("PYTORCH_ALLOC_CONF"), "the error names the variable");
 }
