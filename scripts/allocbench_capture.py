@@ -46,6 +46,7 @@ import runpy
 import subprocess
 import sys
 import sysconfig
+import threading
 import traceback
 import types
 import weakref
@@ -181,6 +182,9 @@ class _TraceSink:
         self.live_bytes = self.peak_live_bytes = 0
         self.memory_stats = _MemoryStats()
         self.site = None  # the site the next alloc row is at (the last '#site' or '#at')
+        self.side_stream_of = {}  # live trace id -> its stream, when not the default stream
+        self.used_by = {}  # live trace id -> the other streams that used it (record_stream)
+        self.waiting = set()  # streams whose work a freed block waits for (no sync since)
 
     def alloc(self, trace_id, nbytes, stream, site=None):
         if site is not None:
@@ -194,6 +198,8 @@ class _TraceSink:
             self.file.write("#at -\n")  # no frame to name: not the previous alloc's site
             self.site = None
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
+        if stream:
+            self.side_stream_of[trace_id] = stream
         self.allocs += 1
         self.live_bytes += nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
@@ -201,9 +207,31 @@ class _TraceSink:
 
     def free(self, trace_id, nbytes):
         self.file.write(f"free,{trace_id},,\n")
+        if self.side_stream_of:
+            self.side_stream_of.pop(trace_id, None)
+        if self.used_by:
+            # The free records an event on each using stream (insert_events): the block waits for them.
+            self.waiting.update(self.used_by.pop(trace_id, ()))
         self.frees += 1
         self.live_bytes -= nbytes
         self.memory_stats.free(nbytes)
+
+    def record_stream(self, trace_id, stream):
+        """Stream ``stream`` uses the live block ``trace_id``; its own stream's use is ignored (recordStream)."""
+        if stream == self.side_stream_of.get(trace_id, 0) or stream in self.used_by.get(trace_id, ()):
+            return
+        self.used_by.setdefault(trace_id, set()).add(stream)
+        self.file.write(f"record_stream,{trace_id},,{stream}\n")
+
+    def sync(self, stream):
+        """The script knows ``stream``'s work done (None: every stream's). Written only when a freed
+        block waits for that stream: the one thing a sync changes in a replay."""
+        if stream is None and self.waiting:
+            self.file.write("sync,,,\n")
+            self.waiting.clear()
+        elif stream in self.waiting:
+            self.file.write(f"sync,,,{stream}\n")
+            self.waiting.discard(stream)
 
     def step(self, n):
         self.file.write(f"step,{n},,\n")
@@ -323,6 +351,7 @@ def _make_recorder_class(torch):
             self.max_steps = None
             self.workspace_streams = set()
             self.stream_ids = {}
+            self.fake_streams = None  # _FakeStreams on fake CUDA
             self.written_args = {}
             self.probing = None
             self.fake_mode = None  # set for fake CUDA: CPU ops run for real where cheap
@@ -354,8 +383,10 @@ def _make_recorder_class(torch):
             self.step()
 
         def _stream_of(self, tensor):
-            if self.fake or tensor.device.type != "cuda":
+            if tensor.device.type != "cuda":
                 return 0
+            if self.fake:
+                return self.fake_streams.current().stream_id if self.fake_streams else 0
             raw = torch.cuda.current_stream(tensor.device).cuda_stream
             return self.stream_ids.setdefault(raw, len(self.stream_ids))
 
@@ -402,6 +433,15 @@ def _make_recorder_class(torch):
             trace_id = self._new_id()
             self.sink.alloc(trace_id, nbytes, self._stream_of(t), self.sites.here_frame() if self.sites else None)
             return trace_id
+
+        def record_stream(self, tensor, stream):
+            """``tensor.record_stream(stream)``: stream uses the tensor's block."""
+            try:
+                entry = self.storages.get(tensor.untyped_storage()._cdata)
+            except (RuntimeError, NotImplementedError):
+                return
+            if entry is not None and entry[0] is not None and not self.closed:
+                self.sink.record_stream(entry[0], stream)
 
         def _storage_died(self, key):
             entry = self.storages.pop(key, None)
@@ -931,59 +971,124 @@ def _fake_cuda_sdpa(torch, original):
     return sdpa
 
 
+class _FakeStreams:
+    """The streams of the fake device: the default stream (id 0) and each ``torch.cuda.Stream()``
+    the script makes (ids 1, 2, ... in order). No work is ever queued; what a replay needs is which
+    stream each allocation is made on (the thread's current stream: CUDACachingAllocator's malloc
+    takes getCurrentCUDAStream()), which other streams use a block (record_stream) and when the
+    script learns a stream's work is done (synchronize, or a query that answers True)."""
+
+    def __init__(self, sink):
+        self.sink = sink
+        self.count = 0
+        self.local = threading.local()  # the current stream is per thread, as in PyTorch
+        streams = self
+
+        class Stream(_FakeStream):
+            def __init__(self, device=None, priority=0, **kwargs):
+                self.stream_id = self.cuda_stream = streams.count
+                streams.count += 1
+                self.priority = priority
+                self.streams = streams
+                self.entered = []
+
+        class Event(_FakeEvent):
+            def record(self, stream=None):
+                self.stream = stream if stream is not None else streams.current()
+
+        self.Stream, self.Event = Stream, Event
+        self.default = Stream()
+
+    def current(self):
+        return getattr(self.local, "stream", self.default)
+
+    def exchange(self, stream):
+        """Makes ``stream`` current (None: no change, as torch.cuda.stream(None)); returns the previous one."""
+        previous = self.current()
+        if stream is not None:
+            self.local.stream = stream
+        return previous
+
+    def set_current(self, stream):
+        """``torch.cuda.set_stream(s)``."""
+        self.exchange(stream)
+
+    def context(self, stream=None):
+        """``torch.cuda.stream(s)``: ``s`` is current inside the block."""
+
+        @contextlib.contextmanager
+        def current_inside():
+            previous = self.exchange(stream)
+            try:
+                yield stream
+            finally:
+                self.exchange(previous)
+
+        return current_inside()
+
+
 class _FakeStream:
-    """The one stream of the fake device: work is never queued, so it is always complete."""
+    """A stream of the fake device (made by ``_FakeStreams``): work is never queued, so it is
+    always complete; saying so (synchronize, query) lets the blocks it used be reused."""
 
     device = None
     cuda_stream = 0
     stream_id = 0
     priority = 0
 
-    def __init__(self, *args, **kwargs):
-        pass
-
     def is_capturing(self):
         return False
 
     def query(self):
+        self.streams.sink.sync(self.stream_id)
         return True
 
     def synchronize(self):
-        pass
+        self.streams.sink.sync(self.stream_id)
 
     def wait_stream(self, other):
-        pass
+        pass  # a device-side wait completes nothing on the host
 
     def wait_event(self, event):
         pass
 
     def record_event(self, event=None):
+        event = event if event is not None else self.streams.Event()
+        event.record(self)
         return event
 
     def __enter__(self):
+        # `with stream:` makes it current, as torch.Stream's context manager does.
+        self.entered.append(self.streams.exchange(self))
         return self
 
     def __exit__(self, *exc):
+        self.streams.exchange(self.entered.pop())
         return False
 
 
 class _FakeEvent:
     """A CUDA event on the fake device: recorded work is always complete, and takes no time."""
 
+    stream = None
+
     def __init__(self, *args, **kwargs):
         pass
 
     def record(self, stream=None):
-        pass
+        self.stream = stream
 
     def wait(self, stream=None):
         pass
 
     def query(self):
+        self.synchronize()
         return True
 
     def synchronize(self):
-        pass
+        # The work recorded before the event is done: its stream's, in this model.
+        if self.stream is not None:
+            self.stream.synchronize()
 
     def elapsed_time(self, end_event):
         return 0.0
@@ -1028,7 +1133,6 @@ def _fake_cuda_api(torch, patches, recorder):
         "device_count": lambda: 1,
         "current_device": lambda: 0,
         "set_device": lambda device: None,
-        "synchronize": lambda device=None: None,
         "init": lambda: None,
         "_lazy_init": lambda: None,
         "is_bf16_supported": lambda including_emulation=True: True,
@@ -1065,13 +1169,17 @@ def _fake_cuda_api(torch, patches, recorder):
         "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
         "set_rng_state_all": lambda new_states: None,
     }
-    stream = _FakeStream()
+    streams = _FakeStreams(recorder.sink)
+    recorder.fake_streams = streams
     answers.update(
-        current_stream=lambda device=None: stream,
-        default_stream=lambda device=None: stream,
-        Stream=_FakeStream,
-        Event=_FakeEvent,
-        stream=lambda s=None: contextlib.nullcontext(s),
+        current_stream=lambda device=None: streams.current(),
+        default_stream=lambda device=None: streams.default,
+        set_stream=streams.set_current,
+        synchronize=lambda device=None: recorder.sink.sync(None),
+        Stream=streams.Stream,
+        Event=streams.Event,
+        stream=streams.context,
+        StreamContext=streams.context,
         is_current_stream_capturing=lambda: False,
     )
     for name, fn in answers.items():
@@ -1102,7 +1210,8 @@ def _fake_cuda_api(torch, patches, recorder):
         for name, fn in dict(
             device_count=lambda: 1, is_available=lambda: True, current_device_index=lambda: 0,
             current_device_idx=lambda: 0, set_device_index=lambda device: None, set_device_idx=lambda device: None,
-            current_stream=lambda device=None: stream, set_stream=lambda s: None, synchronize=lambda device=None: None,
+            current_stream=lambda device=None: streams.current(), set_stream=streams.set_current,
+            synchronize=lambda device=None: recorder.sink.sync(None),
         ).items():
             if hasattr(accelerator, name):
                 patches.set(accelerator, name, fn)
@@ -1111,13 +1220,13 @@ def _fake_cuda_api(torch, patches, recorder):
         for name, fn in answers.items():
             if module is not None and hasattr(module, name):
                 patches.set(module, name, fn)
-    # tensor.record_stream(s): every fake tensor lives on the one stream, and PyTorch ignores
-    # recording a block's own stream (CUDACachingAllocator recordStream).
+    # tensor.record_stream(s): a row, unless s is the block's own stream (CUDACachingAllocator
+    # recordStream ignores that use).
     original_record_stream = torch.Tensor.record_stream
 
     def record_stream(self, stream):
         if isinstance(stream, _FakeStream):
-            return None
+            return recorder.record_stream(self, stream.stream_id)
         return original_record_stream(self, stream)
 
     patches.set(torch.Tensor, "record_stream", record_stream)

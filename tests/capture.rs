@@ -406,6 +406,45 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     assert!(err.contains("numpy_read.py:4") && err.contains("Tensor.numpy()") && err.contains("--real"), "{err}");
 }
 
+/// Side streams on fake CUDA: each allocation is made on the current stream, record_stream of
+/// another stream defers the block's reuse, and the script's synchronize (of the stream, or of an
+/// event on it) lets the replay reuse it; a use on the block's own stream and a sync nothing waits
+/// for write no row.
+#[test]
+fn side_streams_record_stream_and_synchronize_are_captured() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "streams.csv", &["--cublas-workspace-mib", "0"], &[&fixture("side_streams.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "inside True\nafter True\ndone\n");
+    let mib20 = 20u64 << 20;
+    let alloc = |id, bytes, stream| Event::Alloc { id, bytes, stream };
+    let want = vec![
+        alloc(1, mib20, 0),
+        alloc(2, mib20, 1),
+        Event::RecordStream { id: 1, stream: 1 },
+        Event::Free { id: 1 },
+        alloc(3, mib20, 0),
+        Event::Sync { stream: Some(1) },
+        alloc(4, mib20, 0),
+        alloc(5, 1 << 20, 1),
+        Event::RecordStream { id: 5, stream: 0 },
+        Event::Free { id: 5 },
+        Event::Sync { stream: Some(0) },
+    ];
+    let got = events(&trace);
+    assert_eq!(got[..want.len()], want[..], "{got:?}");
+    assert!(got[want.len()..].iter().all(|e| matches!(e, Event::Free { .. })), "only the exit's frees follow: {got:?}");
+    // Replayed: id 3 cannot take id 1's waiting block (a segment of its own); id 4 takes it after
+    // the sync. Segments: ids 1, 2, 3 and id 5's small-pool one.
+    let out = Command::cargo_bin("allocbench").unwrap().args(["replay", trace.to_str().unwrap(), "--json", "-", "-q"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stats"]["num_device_alloc"], 4);
+}
+
 #[test]
 fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
     if !have_torch() {
