@@ -97,7 +97,7 @@ impl Source {
         let ext = named.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
             "toml" => Ok(Source::Workload(Box::new(Workload::load(path)?))),
-            "pickle" | "pkl" => {
+            "pickle" | "pkl" | "json" => {
                 let t = crate::trace::snapshot::import_snapshot(path)?;
                 Ok(Source::Imported(Box::new(t), path.to_path_buf()))
             }
@@ -115,7 +115,7 @@ impl Source {
             }
             _ => Err(InputError::new(
                 path.display().to_string(),
-                "unknown input type: expected a workload (.toml), a trace (.csv or .csv.gz) or RMM log (.csv), or a PyTorch snapshot (.pickle)",
+                "unknown input type: expected a workload (.toml), a trace (.csv or .csv.gz) or RMM log (.csv), or a PyTorch snapshot (.pickle, or .json)",
             )
             .into()),
         }

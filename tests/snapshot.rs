@@ -252,3 +252,47 @@ fn advise_finds_a_configuration_that_avoids_the_oom() {
 }
 
 struct Workload(String);
+
+/// A snapshot saved as JSON (`json.dump(torch.cuda.memory._snapshot(), f)`; the fixtures are the
+/// pickles' dicts dumped so) imports exactly as its pickle does and replays to the same stats;
+/// the first byte decides the format, not the name; broken JSON is a one-line error with its place.
+#[test]
+fn a_snapshot_saved_as_json_imports_as_its_pickle() {
+    for name in ["snapshot-truncated", "snapshot-record-stream"] {
+        let from_json = import_snapshot(&fixture(&format!("{name}.json"))).unwrap();
+        let from_pickle = import_snapshot(&fixture(&format!("{name}.pickle"))).unwrap();
+        assert!(!from_json.events.is_empty(), "{name}");
+        assert_eq!(from_json.events, from_pickle.events, "{name}");
+        assert_eq!(from_json.sites.names, from_pickle.sites.names, "{name}");
+        assert_eq!(
+            (from_json.truncated, &from_json.notes, &from_json.segment_addresses),
+            (from_pickle.truncated, &from_pickle.notes, &from_pickle.segment_addresses),
+            "{name}"
+        );
+        let stats = |file: &str| {
+            let out = Command::cargo_bin("allocbench").unwrap().args(["replay", fixture(file).to_str().unwrap(), "--json", "-", "-q"]).output().unwrap();
+            assert!(out.status.success(), "{file}: {}", String::from_utf8_lossy(&out.stderr));
+            serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["stats"].clone()
+        };
+        assert_eq!(stats(&format!("{name}.json")), stats(&format!("{name}.pickle")), "{name}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // A pickle under a .json name is still read as the pickle it is.
+    let renamed = dir.path().join("snap.json");
+    std::fs::copy(fixture("snapshot-truncated.pickle"), &renamed).unwrap();
+    assert_eq!(import_snapshot(&renamed).unwrap().events, import_snapshot(&fixture("snapshot-truncated.pickle")).unwrap().events);
+    let text = std::fs::read_to_string(fixture("snapshot-record-stream.json")).unwrap();
+    for (bad, content, says) in [("cut.json", &text[..text.len() / 2], "not readable JSON"), ("other.json", "{\"segments\": []}", "no 'device_traces'")] {
+        let path = dir.path().join(bad);
+        std::fs::write(&path, content).unwrap();
+        let out = Command::cargo_bin("allocbench").unwrap().args(["replay", path.to_str().unwrap()]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{bad}: {err}");
+        assert!(err.contains(bad) && err.contains(says), "{bad}: {err}");
+    }
+    assert!(String::from_utf8_lossy(
+        &Command::cargo_bin("allocbench").unwrap().args(["replay", dir.path().join("cut.json").to_str().unwrap()]).output().unwrap().stderr
+    )
+    .contains("line 1"));
+}

@@ -15,7 +15,7 @@ use crate::results::{read_results, Objective, ResultRecord, SweepRow};
 
 #[derive(Args, Debug)]
 pub struct AdviseArgs {
-    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle) or workload (.toml); or a merged
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml); or a merged
     /// sweep (`sweep merge`'s .jsonl): the best conf per input and capacity from its rows.
     pub input: PathBuf,
     /// Device memory (default: an H100 80 GB card, 81,559 MiB); with a merged sweep, only its rows of this capacity.

@@ -12,7 +12,7 @@ use crate::results::ResultRecord;
 
 #[derive(Args, Debug)]
 pub struct DiagnoseArgs {
-    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle) or workload (.toml).
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
     pub input: PathBuf,
     /// Device memory (default: an H100 80 GB card, 81,559 MiB).
     #[arg(long, value_parser = parse_capacity)]

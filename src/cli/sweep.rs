@@ -31,7 +31,7 @@ pub enum SweepCommand {
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
-    /// Traces (.csv, .csv.gz), RMM logs, PyTorch snapshots (.pickle) or workloads (.toml).
+    /// Traces (.csv, .csv.gz), RMM logs, PyTorch snapshots (.pickle or .json) or workloads (.toml).
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// PYTORCH_CUDA_ALLOC_CONF strings for pytorch: `advise` (advise's search space) or a file with

@@ -80,6 +80,35 @@ impl Value {
         }
     }
 
+    /// The same value from JSON (a snapshot dict written with `json.dump`): objects become dicts
+    /// with string keys, arrays lists, integers that fit 128 bits ints, other numbers floats.
+    pub fn from_json(v: &serde_json::Value) -> Value {
+        match v {
+            serde_json::Value::Null => Value::None,
+            serde_json::Value::Bool(b) => Value::Bool(*b),
+            serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+                (Some(i), _) => Value::Int(i as i128),
+                (None, Some(u)) => Value::Int(u as i128),
+                _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+            },
+            serde_json::Value::String(s) => Value::Str(Rc::from(s.as_str())),
+            serde_json::Value::Array(items) => {
+                let items: Vec<Value> = items.iter().map(Value::from_json).collect();
+                let depth = 1 + items.iter().map(Value::depth).max().unwrap_or(0);
+                let c = Container::new(items);
+                c.depth.set(depth);
+                Value::List(c)
+            }
+            serde_json::Value::Object(map) => {
+                let items: Vec<(Value, Value)> = map.iter().map(|(k, v)| (Value::Str(Rc::from(k.as_str())), Value::from_json(v))).collect();
+                let depth = 1 + items.iter().map(|(_, v)| v.depth()).max().unwrap_or(0);
+                let c = Container::new(items);
+                c.depth.set(depth);
+                Value::Dict(c)
+            }
+        }
+    }
+
     /// Identity of a shared container (for interning shared frame lists).
     pub fn ptr_id(&self) -> Option<usize> {
         match self {

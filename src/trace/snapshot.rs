@@ -1,5 +1,6 @@
 //! Imports of other tools' memory histories into our event stream: PyTorch memory snapshots
-//! (`torch.cuda.memory._dump_snapshot()` after `_record_memory_history()`) and RMM's
+//! (`torch.cuda.memory._dump_snapshot()` after `_record_memory_history()`, or the same dict saved
+//! as JSON) and RMM's
 //! `logging_resource_adaptor` CSV logs.
 //!
 //! Snapshot trace actions map as: `alloc` → alloc (its `size` is the user's request);
@@ -63,14 +64,21 @@ fn site_of(entry: &Value) -> Option<String> {
     Some(Sites::name(&file, line.max(0) as u64, &name))
 }
 
-/// Reads a PyTorch memory snapshot pickle.
+/// Reads a PyTorch memory snapshot: the pickle `torch.cuda.memory._dump_snapshot()` writes, or
+/// the same dict saved as JSON (`json.dump(torch.cuda.memory._snapshot(), f)`), told apart by
+/// their first byte (a pickle opens with its PROTO opcode, JSON with `{` or `[`), whatever the name.
 pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
     let meta = std::fs::metadata(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     if meta.len() > MAX_SNAPSHOT_BYTES {
         return Err(err(path, format!("{} bytes: larger than any snapshot this importer accepts (2 GiB)", meta.len())));
     }
     let data = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
-    let root = pickle::parse(&data).map_err(|m| err(path, format!("not a readable pickle: {m}")))?;
+    let root = if data.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| matches!(b, b'{' | b'[')) {
+        let json: serde_json::Value = serde_json::from_slice(&data).map_err(|e| err(path, format!("not readable JSON: {e}")))?;
+        Value::from_json(&json)
+    } else {
+        pickle::parse(&data).map_err(|m| err(path, format!("not a readable pickle: {m}")))?
+    };
     from_snapshot_value(&root).map_err(|m| err(path, m))
 }
 
