@@ -295,6 +295,64 @@ fn cpu_exec_runs_of_one_program_with_other_arguments_are_compared_apart() {
     assert_eq!(rss_charts, 2, "a chart per command");
 }
 
+/// A run that crashed (or exited unlike the command's other runs) under one allocator is set apart:
+/// named under its command, left out of the rows and the verdict; a program whose every run
+/// exits 1 is still compared.
+#[test]
+fn cpu_exec_runs_that_crash_are_set_apart_from_the_comparison() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = format!("{}/workloads/python/serving_loop.py", env!("CARGO_MANIFEST_DIR"));
+    let jsonl = dir.path().join("exec.jsonl");
+    let run = assert_cmd::Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["cpu", "--exec", "--allocator", "glibc", "--jsonl", jsonl.to_str().unwrap(), "--", "python3", &script, "--bursts", "1"])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let Some(allocbench::results::ResultRecord::CpuExec(base)) = allocbench::results::read_results(&jsonl).unwrap().into_iter().next() else {
+        panic!("a cpu_exec record")
+    };
+    let glibc_peak = base.peak_rss_bytes;
+    // Runs of one command: glibc twice; jemalloc once at a higher peak, once killed by SIGSEGV at
+    // a tiny one (counted, it would make jemalloc's mean the lowest).
+    let variant = |allocator: &str, rep: u32, command: &[&str], exit_code: i32, error: Option<&str>, peak: u64| {
+        let mut r = base.as_ref().clone();
+        r.allocator = allocator.into();
+        r.served_by = Some(allocator.into());
+        r.rep = rep;
+        r.command = command.iter().map(|c| c.to_string()).collect();
+        r.name = command[1].rsplit('/').next().unwrap().into();
+        r.exit_code = exit_code;
+        r.error = error.map(str::to_string);
+        r.peak_rss_bytes = peak;
+        allocbench::results::ResultRecord::CpuExec(Box::new(r))
+    };
+    let serving = ["python3", "serving.py"];
+    let failing = ["python3", "always_exits_1.py"];
+    let records = vec![
+        variant("glibc", 1, &serving, 0, None, glibc_peak),
+        variant("jemalloc", 1, &serving, 0, None, glibc_peak * 2),
+        variant("glibc", 2, &serving, 0, None, glibc_peak),
+        variant("jemalloc", 2, &serving, 139, Some("killed by signal 11"), 1),
+        variant("glibc", 1, &failing, 1, None, glibc_peak),
+        variant("jemalloc", 1, &failing, 1, None, glibc_peak / 2),
+    ];
+    let out = dir.path().join("report");
+    report::render(&records, &out, "t").unwrap();
+    let md = std::fs::read_to_string(out.join("README.md")).unwrap();
+    let section = |title: &str| md.split(&format!("#### {title}\n")).nth(1).unwrap().split("####").next().unwrap().to_string();
+    let serving_md = section("serving.py");
+    assert!(
+        serving_md.contains("Set apart, not in the figures or the verdict (1 run(s) that ended otherwise, where this command's other runs exit 0): jemalloc run 2: exit 139 (killed by signal 11)."),
+        "{serving_md}"
+    );
+    assert!(serving_md.lines().any(|l| l.starts_with("| jemalloc | 1 | ")), "the crashed run is not in jemalloc's row: {serving_md}");
+    assert!(serving_md.contains("lowest peak RSS: glibc"), "{serving_md}");
+    let failing_md = section("always_exits_1.py");
+    assert!(!failing_md.contains("Set apart"), "{failing_md}");
+    assert!(failing_md.contains("lowest peak RSS: jemalloc"), "a program that always exits 1 is compared: {failing_md}");
+}
+
 /// The `#data` JSON of a memory view page.
 fn view_data(page: &Path) -> serde_json::Value {
     let html = std::fs::read_to_string(page).unwrap();

@@ -1,7 +1,8 @@
 //! The CPU allocators' charts and tables with their spread over repetitions: real programs
 //! (`cpu_exec` records: RSS of the process tree over time, wall time and peak RSS bars) and the
 //! in-process runs' drift (net of live bytes) and drain, each with a one-line verdict per
-//! workload. Only runs whose allocator was proven and that finished are drawn.
+//! workload. Only runs whose allocator was proven, that finished, and that ended as the
+//! command's runs usually do (not a crash under one allocator) are drawn.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -33,10 +34,35 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
 /// One program's verified runs by allocator, in the order met.
 type ByAllocator<'a> = Vec<(String, Vec<&'a CpuExecResult>)>;
 
+/// One command's comparison: its runs that ended as its runs usually do, by allocator, and the
+/// runs set apart (a crash, or an exit code unlike the others').
+struct ExecGroup<'a> {
+    title: String,
+    command: String,
+    allocs: ByAllocator<'a>,
+    usual_exit: Option<i32>,
+    set_apart: Vec<&'a CpuExecResult>,
+}
+
+/// The exit code a command's runs usually end with: the most common among runs that ended on
+/// their own (not by a signal, not unable to start), 0 first on a tie. A program that always
+/// exits 1 is still compared; a run that ends otherwise under one allocator is not a measurement
+/// of the same work.
+fn usual_exit_code(runs: &[&CpuExecResult]) -> Option<i32> {
+    let mut counts: Vec<(i32, usize)> = Vec::new();
+    for r in runs.iter().filter(|r| r.error.is_none()) {
+        match counts.iter_mut().find(|c| c.0 == r.exit_code) {
+            Some(c) => c.1 += 1,
+            None => counts.push((r.exit_code, 1)),
+        }
+    }
+    counts.into_iter().max_by_key(|&(code, n)| (n, code == 0, std::cmp::Reverse(code))).map(|c| c.0)
+}
+
 /// Verified runs by command (the same program with other arguments is another comparison),
 /// then by allocator in the order met. A group is titled by the program's short name, with its
 /// command beside it when another group has the same name.
-fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<(String, ByAllocator<'a>)> {
+fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<ExecGroup<'a>> {
     let verified: Vec<&CpuExecResult> = runs.iter().copied().filter(|r| r.verified()).collect();
     let by_command = super::spread::fold(verified.iter().copied(), |r| r.command.clone());
     let name_of = |group: &[&CpuExecResult]| group.first().map(|r| r.name.clone()).unwrap_or_default();
@@ -46,7 +72,10 @@ fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<(String, ByAllocator<'a>)>
         .map(|(command, group)| {
             let name = name_of(&group);
             let title = if names.iter().filter(|n| **n == name).count() > 1 { format!("{name} ({})", command.join(" ")) } else { name };
-            (title, super::spread::fold(group, |r| r.allocator.clone()))
+            let usual_exit = usual_exit_code(&group);
+            let (usual, set_apart): (Vec<&CpuExecResult>, Vec<&CpuExecResult>) =
+                group.into_iter().partition(|r| r.error.is_none() && Some(r.exit_code) == usual_exit);
+            ExecGroup { title, command: command.join(" "), allocs: super::spread::fold(usual, |r| r.allocator.clone()), usual_exit, set_apart }
         })
         .collect()
 }
@@ -55,7 +84,11 @@ fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<(String, ByAllocator<'a>)>
 /// spread, per program.
 pub fn exec_charts(out: &Path, runs: &[&CpuExecResult], charts: &mut Vec<Chart>) -> anyhow::Result<()> {
     let mut used_slugs = std::collections::HashSet::new();
-    for (i, (program, allocs)) in exec_groups(runs).into_iter().enumerate() {
+    for (i, group) in exec_groups(runs).into_iter().enumerate() {
+        let (program, allocs) = (group.title, group.allocs);
+        if allocs.is_empty() {
+            continue;
+        }
         // Two commands may differ only in what a slug drops (`-n` and `--n`): number the second.
         let mut ps = slug(&program);
         if !used_slugs.insert(ps.clone()) {
@@ -147,13 +180,25 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
     }
     let secs = |v: f64| format!("{v:.2} s");
     let bytes = |v: f64| format_bytes(v.max(0.0) as u64);
-    for (program, allocs) in exec_groups(runs) {
-        let command = allocs.first().and_then(|(_, r)| r.first()).map(|r| r.command.join(" ")).unwrap_or_default();
-        let _ = writeln!(s, "#### {program}\n\n`{command}`\n");
+    for group in exec_groups(runs) {
+        let (program, allocs) = (&group.title, &group.allocs);
+        let _ = writeln!(s, "#### {program}\n\n`{}`\n", group.command);
+        if !group.set_apart.is_empty() {
+            let usual = group.usual_exit.map(|c| format!(", where this command's other runs exit {c}")).unwrap_or_default();
+            let runs: Vec<String> = group
+                .set_apart
+                .iter()
+                .map(|r| format!("{} run {}: exit {}{}", r.allocator, r.rep, r.exit_code, r.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()))
+                .collect();
+            let _ = writeln!(s, "Set apart, not in the figures or the verdict ({} run(s) that ended otherwise{usual}): {}.\n", runs.len(), runs.join("; "));
+        }
+        if allocs.is_empty() {
+            continue;
+        }
         let _ = writeln!(s, "| allocator | runs | wall | user + sys | peak RSS | minor faults | exit codes |\n|---|---|---|---|---|---|---|");
         let mut walls = Vec::new();
         let mut peaks = Vec::new();
-        for (name, reps) in &allocs {
+        for (name, reps) in allocs {
             let spread = |f: &dyn Fn(&CpuExecResult) -> f64| Spread::of_some(&reps.iter().map(|r| f(r)).collect::<Vec<_>>()).expect("a group has runs");
             let (wall, cpu, peak, faults) =
                 (spread(&|r| r.wall_s), spread(&|r| r.user_s + r.sys_s), spread(&|r| r.peak_rss_bytes as f64), spread(&|r| r.minor_faults as f64));
