@@ -1099,6 +1099,111 @@ FAKE_DEVICE_NAME = "NVIDIA H100 80GB HBM3 (allocbench fake CUDA)"
 FAKE_TOTAL_MEMORY = 81559 * 1024 * 1024
 
 
+def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams):
+    """torch.Generator(device="cuda"), CUDA graphs and caching_allocator_alloc on fake CUDA."""
+    cuda = torch.cuda
+    real_generator = torch.Generator
+
+    class Generator(real_generator):
+        """A CUDA generator draws on the CPU (fake CUDA ops take one); it still says it is CUDA's."""
+
+        def __new__(cls, device="cpu"):
+            generator = super().__new__(cls, "cpu")
+            generator.wanted = torch.device(device)
+            if generator.wanted.type == "cuda" and generator.wanted.index is None:
+                generator.wanted = torch.device("cuda", 0)
+            return generator
+
+        def __init__(self, device="cpu"):
+            pass
+
+        @property
+        def device(self):
+            return self.wanted
+
+    patches.set(torch, "Generator", Generator)
+
+    def say_once(what, how):
+        if what not in recorder.skipped_calls:
+            recorder.skipped_calls.add(what)
+            recorder.sink.comment(f"{what}: {how}")
+            print(f"allocbench capture: {what} on fake CUDA: {how}", file=sys.stderr)
+
+    graph_note = "run eagerly, its private memory pool not modelled (its allocations are recorded as ordinary ones)"
+
+    class CUDAGraph:
+        """A CUDA graph on fake CUDA: the captured region runs eagerly once; replay() runs nothing."""
+
+        def __init__(self, keep_graph=False):
+            pass
+
+        def capture_begin(self, pool=None, capture_error_mode="global"):
+            say_once("CUDA graph capture", graph_note)
+
+        def capture_end(self):
+            pass
+
+        def instantiate(self):
+            pass
+
+        def replay(self):
+            pass
+
+        def reset(self):
+            pass
+
+        def pool(self):
+            return (0, 0)
+
+        def enable_debug_mode(self):
+            pass
+
+        def debug_dump(self, path):
+            pass
+
+    @contextlib.contextmanager
+    def graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"):
+        cuda_graph.capture_begin(pool, capture_error_mode)
+        try:
+            yield cuda_graph
+        finally:
+            cuda_graph.capture_end()
+
+    def make_graphed_callables(callables, sample_args, *args, **kwargs):
+        say_once("make_graphed_callables", graph_note)
+        return callables
+
+    # caching_allocator_alloc/delete: a raw block of the caching allocator, a row each; the pointer
+    # handed back is a made-up address that names the row's id.
+    raw_blocks = {}
+
+    def caching_allocator_alloc(size, device=None, stream=None):
+        trace_id = recorder._new_id()
+        stream_id = stream.stream_id if isinstance(stream, _FakeStream) else streams.current().stream_id
+        if size:
+            recorder.sink.alloc(trace_id, size, stream_id, recorder.sites.here_frame() if recorder.sites else None)
+        pointer = (1 << 47) + (trace_id << 9)
+        raw_blocks[pointer] = (trace_id, size)
+        return pointer
+
+    def caching_allocator_delete(pointer):
+        block = raw_blocks.pop(pointer, None)
+        if block is None:
+            if pointer:
+                raise RuntimeError(f"caching_allocator_delete: {pointer:#x} is not a block caching_allocator_alloc returned")
+            return
+        if block[1]:
+            recorder.sink.free(*block)
+
+    for name, fn in dict(
+        CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=lambda: (0, 0), make_graphed_callables=make_graphed_callables,
+        caching_allocator_alloc=caching_allocator_alloc, caching_allocator_delete=caching_allocator_delete,
+    ).items():
+        for module in (cuda, cuda.memory, getattr(cuda, "graphs", None)):
+            if module is not None and hasattr(module, name):
+                patches.set(module, name, fn)
+
+
 def _fake_cuda_api(torch, patches, recorder):
     """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
     cuda = torch.cuda
@@ -1198,6 +1303,7 @@ def _fake_cuda_api(torch, patches, recorder):
         return model if model is not None else (lambda fn: fn)
 
     patches.set(torch, "compile", compile_eagerly)
+    _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams)
     # DataLoader(pin_memory=True) pins batches, on a thread of its own with num_workers > 0
     # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
     import torch.utils.data._utils.pin_memory as pinning

@@ -445,6 +445,25 @@ fn side_streams_record_stream_and_synchronize_are_captured() {
     assert_eq!(v["stats"]["num_device_alloc"], 4);
 }
 
+/// A CUDA generator draws (on the CPU) and still says it is CUDA's; caching_allocator_alloc and
+/// _delete are rows (on the stream asked for); a CUDA graph's capture runs eagerly once, said on
+/// the terminal and in the trace, and its replay allocates nothing.
+#[test]
+fn generators_raw_blocks_and_cuda_graphs_run_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "g.csv", &["--cublas-workspace-mib", "0"], &[&fixture("generators_graphs.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "generator cuda:0 True cpu\ndone\n");
+    let evs = events(&trace);
+    assert_eq!(signed_sizes(&evs), vec![4000, 1 << 20, 3 << 20, -(1 << 20), 4000, -4000, -(3 << 20), -4000]);
+    assert!(evs.contains(&Event::Alloc { id: 3, bytes: 3 << 20, stream: 1 }), "{evs:?}");
+    assert!(stderr(&out).contains("CUDA graph capture on fake CUDA: run eagerly"), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# CUDA graph capture: run eagerly"));
+}
+
 #[test]
 fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
     if !have_torch() {
