@@ -1204,6 +1204,86 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
                 patches.set(module, name, fn)
 
 
+def _fake_cuda_serialization(torch, patches):
+    """torch.load onto CUDA and torch.save of fake tensors, as fine-tuning and checkpointing
+    scripts do. Loading puts each storage bound for CUDA (map_location, or where it was saved) in
+    one fake CUDA allocation of its size, as the real load's storage copy does; saving writes
+    zeros of each fake tensor's shape and dtype (the values are not there)."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    original_load, original_save = torch.load, torch.save
+
+    def on_cuda(where):
+        return str(where).startswith("cuda")
+
+    def load(f, map_location=None, *args, **kwargs):
+        # Load on the CPU, noting the storages bound for CUDA; then give each of those one fake
+        # CUDA allocation (tensors that shared a storage share it still).
+        bound = set()
+
+        def restore(storage, location):
+            if callable(map_location):
+                return map_location(storage, location)
+            target = map_location.get(location, location) if isinstance(map_location, dict) else location if map_location is None else map_location
+            if on_cuda(target):
+                bound.add(storage._cdata)
+            return storage
+
+        loaded = original_load(f, restore, *args, **kwargs)
+        if not bound:
+            return loaded
+        moved = {}
+
+        def to_fake_cuda(t):
+            if not isinstance(t, torch.Tensor) or isinstance(t, fake_type) or t.untyped_storage()._cdata not in bound:
+                return t
+            storage = t.untyped_storage()
+            base = moved.get(storage._cdata)
+            if base is None:
+                base = moved[storage._cdata] = torch.empty(storage.nbytes(), dtype=torch.uint8, device="cuda")
+            # Views of the one allocation (set_ onto a fake storage would keep it alive for good).
+            whole = base[: base.numel() - base.numel() % t.element_size()]
+            out = whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+            return torch.nn.Parameter(out, t.requires_grad) if isinstance(t, torch.nn.Parameter) else out
+
+        if isinstance(loaded, torch.nn.Module):
+            return loaded._apply(to_fake_cuda)
+        return torch.utils._pytree.tree_map(to_fake_cuda, loaded)
+
+    def save(obj, f, *args, **kwargs):
+        # Zeros in place of each fake storage (views of it stay views), tagged with the device
+        # the storage was on, so that loading the file back allocates where a real load would.
+        zeros, device_of = {}, {}
+
+        def zeros_like_fake(t):
+            if not isinstance(t, fake_type):
+                return t
+            key = t.untyped_storage()._cdata
+            base = zeros.get(key)
+            if base is None:
+                with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                    base = zeros[key] = torch.zeros(t.untyped_storage().nbytes(), dtype=torch.uint8)
+                device_of[base.untyped_storage()._cdata] = str(t.device)
+            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+                whole = base[: base.numel() - base.numel() % t.element_size()]
+                return whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+
+        serialization = torch.serialization
+        original_tag = serialization.location_tag
+
+        def location_tag(storage):
+            return device_of.get(getattr(storage, "_untyped_storage", storage)._cdata) or original_tag(storage)
+
+        plain = torch.utils._pytree.tree_map(zeros_like_fake, obj)
+        serialization.location_tag = location_tag
+        try:
+            return original_save(plain, f, *args, **kwargs)
+        finally:
+            serialization.location_tag = original_tag
+
+    patches.set(torch, "load", load)
+    patches.set(torch, "save", save)
+
+
 def _fake_cuda_api(torch, patches, recorder):
     """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
     cuda = torch.cuda
@@ -1304,6 +1384,7 @@ def _fake_cuda_api(torch, patches, recorder):
 
     patches.set(torch, "compile", compile_eagerly)
     _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams)
+    _fake_cuda_serialization(torch, patches)
     # DataLoader(pin_memory=True) pins batches, on a thread of its own with num_workers > 0
     # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
     import torch.utils.data._utils.pin_memory as pinning

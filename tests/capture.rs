@@ -464,6 +464,29 @@ fn generators_raw_blocks_and_cuda_graphs_run_on_fake_cuda() {
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# CUDA graph capture: run eagerly"));
 }
 
+/// Checkpoints on fake CUDA: torch.load onto CUDA (map_location, or the device it was saved
+/// from) is one allocation per storage, a CPU load none; torch.save of fake tensors works and
+/// loads back onto CUDA as a real checkpoint would.
+#[test]
+fn checkpoints_save_and_load_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pretrained = dir.path().join("pretrained.pt");
+    let made = std::process::Command::new(python())
+        .args(["-c", "import sys, torch; torch.manual_seed(0); torch.save(torch.nn.Linear(64, 32).state_dict(), sys.argv[1])"])
+        .arg(&pretrained)
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{}", stderr(&made));
+    let (out, trace) = capture(dir.path(), "ck.csv", &["--cublas-workspace-mib", "0"], &[&fixture("checkpoints.py"), pretrained.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "pretrained cuda:0 (32, 64)\ncpu cpu\nback cuda:0 3\ndone\n");
+    let (w, b) = (64 * 32 * 4, 32 * 4);
+    assert_eq!(signed_sizes(&events(&trace)), vec![w, b, w, b, -w, -b, w, b, -w, -b, -w, -b]);
+}
+
 #[test]
 fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
     if !have_torch() {
