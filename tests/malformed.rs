@@ -117,7 +117,7 @@ fn model_switch_residencies_must_fit_the_table() {
 }
 
 /// `kv_heads` (grouped-query attention) must divide `heads` and lie in 1..=heads; gpt.py models
-/// and the training generator have none. One line naming the file, the key's line and the field;
+/// have none (Llama-style training, serving and model switches do). One line naming the file, the key's line and the field;
 /// exit 2 from the CLI.
 #[test]
 fn kv_heads_must_divide_heads_where_grouped_query_attention_is_modelled() {
@@ -126,6 +126,7 @@ fn kv_heads_must_divide_heads_where_grouped_query_attention_is_modelled() {
     assert!(Workload::parse(&serving, "w.toml").is_ok() && Workload::parse(&switch, "w.toml").is_ok());
     let line_of = |src: &str| src.lines().position(|l| l.starts_with("kv_heads")).unwrap() + 1;
     let training_llama = GOOD.replace("vocab = 100", "vocab = 100\nffn_kind = \"swiglu\"\nkv_heads = 2");
+    assert!(Workload::parse(&training_llama, "w.toml").is_ok(), "Llama-style training models grouped-query attention");
     let cases = [
         (serving.replace("kv_heads = 2", "kv_heads = 3"), "field `serving.model.kv_heads`: 3 must divide heads = 4 (1 ≤ kv_heads ≤ heads)"),
         (serving.replace("kv_heads = 2", "kv_heads = 0"), "field `serving.model.kv_heads`: 0 must divide heads = 4"),
@@ -135,7 +136,7 @@ fn kv_heads_must_divide_heads_where_grouped_query_attention_is_modelled() {
             GOOD.replace("vocab = 100", "vocab = 100\nkv_heads = 2"),
             "field `transformer.model.kv_heads`: gpt.py (ffn_kind = \"gelu\") has no grouped-query attention",
         ),
-        (training_llama, "field `transformer.model.kv_heads`: the training generator does not model grouped-query attention yet"),
+        (training_llama.replace("kv_heads = 2", "kv_heads = 3"), "field `transformer.model.kv_heads`: 3 must divide heads = 4"),
     ];
     for (src, want) in cases {
         let e = err(&src);

@@ -220,7 +220,7 @@ fn assert_generator_matches_capture(fixture: &str, workload: &str, model: &str, 
     assert_eq!(arg("--model"), model);
     assert_eq!(arg("--batch"), batch.to_string());
 
-    let src = std::fs::read_to_string(PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads")).join(workload)).unwrap();
+    let src = std::fs::read_to_string(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(workload)).unwrap();
     let src: String = src
         .lines()
         .map(|l| {
@@ -255,13 +255,30 @@ fn assert_generator_matches_capture(fixture: &str, workload: &str, model: &str, 
 /// scripts/models/train.py (fixture committed so the test needs no torch).
 #[test]
 fn gpt3_xl_generator_matches_a_pytorch_capture() {
-    assert_generator_matches_capture("gpt3-xl-captured-4-steps.csv.gz", "gpt3-xl-1.3b.toml", "gpt3-xl", 4);
+    assert_generator_matches_capture("gpt3-xl-captured-4-steps.csv.gz", "workloads/gpt3-xl-1.3b.toml", "gpt3-xl", 4);
 }
 
 /// Llama-2-7B (pure bf16, SDPA flash, AdamW fused, checkpointing) against 4 captured steps.
 #[test]
 fn llama2_7b_generator_matches_a_pytorch_capture() {
-    assert_generator_matches_capture("llama2-7b-captured-4-steps.csv.gz", "llama2-7b-80g.toml", "llama2-7b", 2);
+    assert_generator_matches_capture("llama2-7b-captured-4-steps.csv.gz", "workloads/llama2-7b-80g.toml", "llama2-7b", 2);
+}
+
+/// Llama-3-8B (grouped-query attention: 8 KV heads for 32 heads; pure bf16, SDPA flash, AdamW
+/// fused, checkpointing) against 4 captured steps: k and v projections and k's rotary embedding
+/// at the KV width, repeat_interleave to all heads before SDPA, its backward a sum per group.
+/// Replayed, the twin needs exactly the capture's memory at every step after the first.
+#[test]
+fn llama3_8b_gqa_generator_matches_a_pytorch_capture() {
+    assert_generator_matches_capture("llama3-8b-captured-4-steps.csv.gz", "tests/fixtures/llama3-8b-gqa.toml", "llama3-8b", 2);
+    // The same twin with full-width k and v (kv_heads left out) overstates the capture.
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let src = std::fs::read_to_string(root.join("tests/fixtures/llama3-8b-gqa.toml")).unwrap();
+    assert_eq!(src.matches("\nkv_heads = 8\n").count(), 1);
+    let mha = Workload::parse(&src.replace("\nkv_heads = 8\n", "\n"), "mha twin").unwrap();
+    let captured = profile(read_trace(&root.join("tests/fixtures/llama3-8b-captured-4-steps.csv.gz")).unwrap().map(|r| r.unwrap()), true);
+    let generated = profile(mha.events(), false);
+    assert!(generated.peak_live as f64 > captured.peak_live as f64 * 1.05, "{} vs {}", generated.peak_live, captured.peak_live);
 }
 
 /// The DDP + prefetch workload uses streams as such jobs do: every record_stream names a live

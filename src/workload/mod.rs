@@ -74,12 +74,6 @@ impl Workload {
         }
         if let Some(t) = &f.transformer {
             v.model("transformer.model", &t.model)?;
-            if t.model.kv_heads() != t.model.heads {
-                return Err(v.fail(
-                    "transformer.model.kv_heads",
-                    "the training generator does not model grouped-query attention yet (serving and model_switch do): leave kv_heads out",
-                ));
-            }
             v.positive("transformer.steps", t.steps, 100_000_000)?;
             v.positive("transformer.batch", t.batch, 1 << 20)?;
             v.length("transformer.seq_len", &t.seq_len)?;

@@ -13,7 +13,9 @@
 //! softmax in fp32), the loss, backward in reverse (each saved tensor freed by its last
 //! backward; `.grad` created or accumulated), gradient clipping, the optimizer step (state on its
 //! first step; foreach temporaries), then `zero_grad`. The cuBLAS workspace is allocated at the
-//! first matmul and kept. At the end, parameters, optimizer state, the workspace (and grads
+//! first matmul and kept. Grouped-query attention (`kv_heads`) narrows the k/v projections and
+//! k's rotary embedding, repeats k and v to all heads before SDPA and sums them back in backward.
+//! At the end, parameters, optimizer state, the workspace (and grads
 //! when not set to None) stay live; every other allocation has been freed.
 
 use rand::SeedableRng;
@@ -41,6 +43,8 @@ struct Dims {
     d: u64,
     f: u64,
     h: u64,
+    /// k and v projection width: kv_heads · head_dim (D without grouped-query attention).
+    kv: u64,
     v: u64,
     /// Compute (activation) dtype bytes.
     a: u64,
@@ -531,6 +535,20 @@ impl TransformerGen {
         (out, [cos, sin])
     }
 
+    /// Grouped-query attention's `k.repeat_interleave(heads // kv_heads, dim=1)`, then v's: each
+    /// a new (B, H, S, d) tensor, the narrower one dying as Python rebinds the name (SDPA saves
+    /// the repeated ones). Without it, k and v are what SDPA gets.
+    fn repeat_kv(&mut self, dm: Dims, k: u64, v: u64) -> (u64, u64) {
+        if dm.kv == dm.d {
+            return (k, v);
+        }
+        let k_rep = self.alloc(dm.t * dm.d * dm.a);
+        self.free(k);
+        let v_rep = self.alloc(dm.t * dm.d * dm.a);
+        self.free(v);
+        (k_rep, v_rep)
+    }
+
     /// Backward of [`Self::rope_fwd`] given `g` (owned); returns the gradient of the input.
     fn rope_bwd(&mut self, dm: Dims, elems: u64, tables: [u64; 2], g: u64) -> u64 {
         let half = elems / 2 * dm.a;
@@ -627,13 +645,14 @@ impl TransformerGen {
                 outs.push(o);
             }
             let (q_rot, qt) = self.rope_fwd(dm, t * d);
-            let (k_rot, kt) = self.rope_fwd(dm, t * d);
+            let (k_rot, kt) = self.rope_fwd(dm, t * dm.kv);
             self.free(outs[1]);
             self.free(outs[0]);
+            let (k, v) = self.repeat_kv(dm, k_rot, outs[2]);
             let (out, lse) = self.sdpa_fwd(dm, t * d);
             // (B, H, S, d) output transposed back to (B, S, D): a copy.
             let y = self.alloc(t * d * a);
-            (AttnSaved::Flash { q: q_rot, k: k_rot, v: outs[2], qkv: None, out, lse, rope: vec![qt[0], qt[1], kt[0], kt[1]] }, y, Some(Vec::new()))
+            (AttnSaved::Flash { q: q_rot, k, v, qkv: None, out, lse, rope: vec![qt[0], qt[1], kt[0], kt[1]] }, y, Some(Vec::new()))
         };
         let (proj, proj_saved) = self.linear_fwd(dm, bp.attn_out, a, t, y_owned.is_some().then_some(y));
         self.free_all(y_owned.unwrap_or_default());
@@ -708,21 +727,20 @@ impl TransformerGen {
             self.drop_saved(s);
             outs.push(o);
         }
-        let mut rot = Vec::new();
-        for _ in 0..2 {
-            let (r, tables) = self.rope_fwd(dm, t * d);
-            self.free_all(tables);
-            rot.push(r);
-        }
+        let (q_rot, tables) = self.rope_fwd(dm, t * d);
+        self.free_all(tables);
+        let (k_rot, tables) = self.rope_fwd(dm, t * dm.kv);
+        self.free_all(tables);
         self.free(outs[1]);
         self.free(outs[0]);
+        let (k, v) = self.repeat_kv(dm, k_rot, outs[2]);
         let (out, lse) = self.sdpa_fwd(dm, t * d);
         self.free(lse);
         let y = self.alloc(t * d * a);
         let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
         self.drop_saved(s);
         self.free(y);
-        self.free_all([rot[0], rot[1], outs[2], out, n1_out]);
+        self.free_all([q_rot, k, v, out, n1_out]);
         let x1 = self.alloc(t * d * p);
         self.free(proj);
         let n2_out = self.rms_norm_unsaved(dm, x1);
@@ -983,15 +1001,34 @@ impl TransformerGen {
                     self.free_all(grads);
                     self.linear_bwd(dm, bp.qkv[0], qkv[0], gqkv, a, true, t, p)
                 } else {
-                    let gk = self.rope_bwd(dm, t * d, [rope[2], rope[3]], grads[1]);
+                    // With grouped-query attention, repeat_interleave's backward sums each
+                    // group of heads: dv, then dk (B·S·kv each).
+                    let (gv, gk) = if dm.kv != d {
+                        let gv = self.alloc(t * dm.kv * a);
+                        self.free(grads[2]);
+                        let gk = self.alloc(t * dm.kv * a);
+                        self.free(grads[1]);
+                        (gv, gk)
+                    } else {
+                        (grads[2], grads[1])
+                    };
+                    let gk = self.rope_bwd(dm, t * dm.kv, [rope[2], rope[3]], gk);
                     let gq = self.rope_bwd(dm, t * d, [rope[0], rope[1]], grads[0]);
                     // v, k then q projections; the first two input gradients are summed into a
                     // new tensor, the third in place.
                     let mut qkv = qkv;
-                    // dv comes out of the kernel in the projection's layout; dk and dq, sliced
-                    // through the rotary backward, are copied contiguous.
-                    let gi_v = self.linear_bwd(dm, bp.qkv[2], qkv.pop().unwrap_or_default(), grads[2], a, true, t, p);
-                    let gk_c = self.alloc(t * d * a);
+                    // dv comes out of the kernel in the projection's layout (a grouped sum is
+                    // copied contiguous); dk and dq, sliced through the rotary backward, are
+                    // copied contiguous.
+                    let gv = if dm.kv != d {
+                        let c = self.alloc(t * dm.kv * a);
+                        self.free(gv);
+                        c
+                    } else {
+                        gv
+                    };
+                    let gi_v = self.linear_bwd(dm, bp.qkv[2], qkv.pop().unwrap_or_default(), gv, a, true, t, p);
+                    let gk_c = self.alloc(t * dm.kv * a);
                     self.free(gk);
                     self.merge_input_grad = p != a;
                     let gi_k = self.linear_bwd(dm, bp.qkv[1], qkv.pop().unwrap_or_default(), gk_c, a, true, t, p);
@@ -1037,6 +1074,7 @@ impl TransformerGen {
             d: m.d_model,
             f: m.ffn,
             h: m.heads,
+            kv: m.kv_heads() * m.head_dim(),
             v: m.vocab,
             a,
             p,
