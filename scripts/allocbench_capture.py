@@ -557,6 +557,10 @@ def _make_recorder_class(torch):
             if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
                 with fake_mode:
                     return func(*args, **kwargs)
+            if any(isinstance(x, (torch.UntypedStorage, torch.storage.TypedStorage)) for x in leaves):
+                # set_ onto a real storage (torch.load rebuilding CPU tensors): its memory exists
+                # already, and a fake run would render the whole storage into an error message.
+                return func(*args, **kwargs)
             if func in pin_ops:
                 # Pinned host memory needs the driver; it is host memory, and not what is measured.
                 return args[0].clone() if func is not is_pinned else False
@@ -1258,12 +1262,17 @@ def _fake_cuda_serialization(torch, patches):
             if not isinstance(t, fake_type):
                 return t
             key = t.untyped_storage()._cdata
-            base = zeros.get(key)
-            if base is None:
-                with torch._subclasses.fake_tensor.unset_fake_temporarily():
-                    base = zeros[key] = torch.zeros(t.untyped_storage().nbytes(), dtype=torch.uint8)
-                device_of[base.untyped_storage()._cdata] = str(t.device)
-            with torch._subclasses.fake_tensor.unset_fake_temporarily():
+            # Real CPU tensors, made below every mode (the recorder would fake large ones).
+            with torch.utils._python_dispatch._disable_current_modes():
+                base = zeros.get(key)
+                if base is None:
+                    # A large one is fresh pages from the kernel (glibc mmaps anything past 32 MiB),
+                    # zeros already: left untouched, the save reads the shared zero page and the
+                    # capture's RSS does not grow by the size of the model.
+                    nbytes = t.untyped_storage().nbytes()
+                    make = torch.empty if nbytes >= 64 << 20 else torch.zeros
+                    base = zeros[key] = make(nbytes, dtype=torch.uint8)
+                    device_of[base.untyped_storage()._cdata] = str(t.device)
                 whole = base[: base.numel() - base.numel() % t.element_size()]
                 return whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
 

@@ -482,9 +482,9 @@ fn checkpoints_save_and_load_on_fake_cuda() {
     assert!(made.status.success(), "{}", stderr(&made));
     let (out, trace) = capture(dir.path(), "ck.csv", &["--cublas-workspace-mib", "0"], &[&fixture("checkpoints.py"), pretrained.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "pretrained cuda:0 (32, 64)\ncpu cpu\nback cuda:0 3\ndone\n");
-    let (w, b) = (64 * 32 * 4, 32 * 4);
-    assert_eq!(signed_sizes(&events(&trace)), vec![w, b, w, b, -w, -b, w, b, -w, -b, -w, -b]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "pretrained cuda:0 (32, 64)\ncpu cpu\nback cuda:0 3\nbig cuda:0 300000\ndone\n");
+    let (w, b, big) = (64 * 32 * 4, 32 * 4, 300_000 * 4);
+    assert_eq!(signed_sizes(&events(&trace)), vec![w, b, w, b, -w, -b, w, b, -w, -b, big, big, -big, -big, -w, -b]);
 }
 
 #[test]
