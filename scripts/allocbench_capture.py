@@ -49,6 +49,7 @@ import sysconfig
 import threading
 import traceback
 import types
+import warnings
 import weakref
 
 FORMAT_HEADER = "op,id,bytes,stream"
@@ -71,6 +72,10 @@ class StopCapture(BaseException):
 
 class FakeValueNeeded(RuntimeError):
     """The script read the value of a fake tensor (``.item()``, ``bool()``, ``.tolist()``...)."""
+
+
+class NeedsDriver(RuntimeError):
+    """The script called something fake CUDA has no stand-in for (it would reach the CUDA driver)."""
 
 
 class SetupError(RuntimeError):
@@ -178,6 +183,7 @@ class _TraceSink:
         for c in comments:
             self.file.write(f"# {c}\n")
         self.file.write(FORMAT_HEADER + "\n")
+        self.file.flush()  # a readable trace even if the interpreter dies before the first step
         self.allocs = self.frees = self.steps = 0
         self.live_bytes = self.peak_live_bytes = 0
         self.memory_stats = _MemoryStats()
@@ -1291,6 +1297,24 @@ def _fake_cuda_serialization(torch, patches):
 
     patches.set(torch, "load", load)
     patches.set(torch, "save", save)
+    # NCCL needs the driver, and would abort the interpreter (no Python error) at its first call.
+    distributed = torch.distributed
+    if distributed.is_available():
+        original_init = distributed.init_process_group
+
+        def init_process_group(backend=None, *args, **kwargs):
+            device = kwargs.get("device_id")
+            if backend is None or "nccl" in str(backend).lower() or (device is not None and "cuda" in str(device)):
+                raise NeedsDriver(
+                    f"torch.distributed.init_process_group(backend={backend!r}) starts NCCL; capture one rank without "
+                    "the process group (each rank allocates what one process does, apart from DDP's buckets)"
+                )
+            return original_init(backend, *args, **kwargs)
+
+        patches.set(distributed, "init_process_group", init_process_group)
+    # torch.distributions validates its arguments by reading them (bool(constraint.check(x).all())):
+    # by default off on fake CUDA, as `python -O` has it (a script's validate_args=True still reads).
+    patches.set(torch.distributions.Distribution, "_validate_args", False)
 
 
 def _fake_cuda_api(torch, patches, recorder):
@@ -1566,6 +1590,10 @@ def _start(torch, recorder, stack, patches, fake, device):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
         _fake_tensor_fixes(torch, patches)
+        # torch warns when its own code (an RNN's flatten_parameters, a storage's load) takes a
+        # fake tensor's data pointer: the script did nothing wrong, and the address is unused.
+        stack.enter_context(warnings.catch_warnings())
+        warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         if device == "cuda":
             _fake_cuda_api(torch, patches, recorder)
             recorder.fake_mode = _no_device_init(FakeTensorMode)(allow_non_fake_inputs=True)
@@ -1595,19 +1623,48 @@ def _script_frame(tb, script):
 
 
 def _where(exc, script):
-    path, line = _script_frame(exc.__traceback__, script)
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
+        path, line = os.path.abspath(exc.filename), exc.lineno  # raised while compiling: no frame of its own
+    else:
+        path, line = _script_frame(exc.__traceback__, script)
     text = linecache.getline(path, line).strip() if line else ""
     rel = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
     return f"{rel}:{line}", text
+
+
+def _library_frame(tb, script):
+    """Where in a library (torch's public modules included) the failing call was made, when that is
+    deeper than the user's own line: "file:line in function", else None."""
+    here = os.path.abspath(__file__)
+    torch_private = (os.sep + "torch" + os.sep + "_", os.sep + "torch" + os.sep + "utils" + os.sep + "_")
+    innermost = None
+    for frame, lineno in traceback.walk_tb(tb):
+        name = frame.f_code.co_filename
+        if os.path.abspath(name) == here or name.startswith("<") or any(p in name for p in torch_private):
+            continue
+        innermost = (os.path.abspath(name), lineno, frame.f_code.co_name)
+    if innermost is None or innermost[:2] == _script_frame(tb, script):
+        return None
+    path, line, function = innermost
+    marker = next((m for m in ("site-packages" + os.sep, "dist-packages" + os.sep) if m in path), None)
+    short = path.split(marker, 1)[1] if marker else os.path.basename(path)
+    return f"{short}:{line} in {function}"
 
 
 def _fake_data_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
     name = type(exc).__name__
+    library = _library_frame(exc.__traceback__, script)
+    inside = f" (the read is in {library})" if library else ""
     if isinstance(exc, FakeValueNeeded) and str(exc) == "Tensor.numpy()":
         op = "Tensor.numpy()"
         fix = "drop or guard the read (`if not allocbench_capture.fake():`), or capture with --real on a GPU"
+    elif isinstance(exc, FakeValueNeeded) and library:
+        op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
+        fix = ("pass --scalar-value V to answer such reads with V (a library's read steers its control flow: a loop "
+               "that stops on the value, such as a generation loop's end test, may need 1 rather than 0), or capture "
+               "with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded):
         op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value 0 to answer such "
@@ -1615,7 +1672,26 @@ def _fake_data_message(exc, script):
     else:
         op = getattr(exc, "func", None) or str(exc).split("\n")[0][:120]
         fix = "this op's output shape depends on tensor values; capture with --real on a GPU"
-    return f"{where}:{code} needs real tensor data, but the capture runs on fake tensors ({name}: {op}); fix: {fix}"
+    return f"{where}:{code} needs real tensor data, but the capture runs on fake tensors ({name}: {op}){inside}; fix: {fix}"
+
+
+def _is_driver_error(exc):
+    """An error from the CUDA driver or runtime: on fake CUDA, a call that has no stand-in."""
+    text = str(exc)
+    return isinstance(exc, NeedsDriver) or type(exc).__name__ == "AcceleratorError" or any(
+        m in text for m in ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available")
+    )
+
+
+def _driver_message(exc, script):
+    where, text = _where(exc, script)
+    code = f" `{text}`" if text else ""
+    library = _library_frame(exc.__traceback__, script)
+    inside = f" in {library}" if library else ""
+    first = str(exc) if isinstance(exc, NeedsDriver) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    hint = "; or, for an RNN, torch.backends.cudnn.enabled = False (records the non-cuDNN kernels)" if library and "rnn.py" in library else ""
+    return (f"{where}:{code} reached the CUDA driver{inside}, which fake CUDA has no stand-in for ({first}); "
+            f"fix: capture with --real on a GPU{hint}")
 
 
 def _is_fake_data_error(exc):
@@ -1712,6 +1788,10 @@ def main(argv=None):
     except BaseException as e:  # noqa: BLE001 - the script's own error passes through
         if _is_fake_data_error(e):
             message = _fake_data_message(e, script)
+            say(message)
+            state = "fake_data"
+        elif not opts.real and _is_driver_error(e):
+            message = _driver_message(e, script)
             say(message)
             state = "fake_data"
         else:

@@ -487,6 +487,44 @@ fn checkpoints_save_and_load_on_fake_cuda() {
     assert_eq!(signed_sizes(&events(&trace)), vec![w, b, w, b, -w, -b, w, b, -w, -b, big, big, -big, -big, -w, -b]);
 }
 
+/// What fake CUDA cannot run ends in one line naming the script's line, where the call went and
+/// the fix: NCCL (which would abort the interpreter), a cuDNN RNN (the driver), a value read
+/// inside a library (with --scalar-value's caveat); distributions sample without validating
+/// their arguments (the validation reads values); a syntax error names its line.
+#[test]
+fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("fake_limits.py");
+    let source = std::fs::read_to_string(&script).unwrap();
+    let line = |mark: &str| 1 + source.lines().position(|l| l.ends_with(&format!("# mark: {mark}"))).unwrap();
+    for (case, says) in [
+        ("nccl", vec!["starts NCCL", "capture one rank without the process group"]),
+        ("lstm", vec!["reached the CUDA driver in torch/nn/modules/rnn.py", "torch.backends.cudnn.enabled = False"]),
+        ("library_read", vec!["(the read is in torch/nn/utils/clip_grad.py", "--scalar-value V", "steers its control flow"]),
+    ] {
+        let (out, trace) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{case}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{case}: one line: {err}");
+        assert!(err.contains(&format!("fake_limits.py:{}:", line(case))), "{case}: names the script's line: {err}");
+        for s in says {
+            assert!(err.contains(s), "{case}: {s:?} in {err}");
+        }
+        assert!(std::fs::read_to_string(&trace).unwrap().contains("op,id,bytes,stream\n"), "{case}: a readable trace is kept");
+    }
+    let (out, _) = capture(dir.path(), "d.csv", &[], &[&script, "distributions"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "sampled (1000,)\n");
+    let broken = dir.path().join("broken.py");
+    std::fs::write(&broken, "import torch\nx = torch.zeros((2,\n").unwrap();
+    let (out, _) = capture(dir.path(), "s.csv", &[], &[broken.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("SyntaxError at") && stderr(&out).contains("broken.py:2"), "{}", stderr(&out));
+}
+
 #[test]
 fn linear_adds_its_bias_in_place_as_an_untraced_run_does() {
     if !have_torch() {
