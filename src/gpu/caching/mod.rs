@@ -117,8 +117,11 @@ struct Block {
 }
 
 impl Block {
+    #[inline(always)]
     fn is_split(&self) -> bool {
-        self.prev != NIL || self.next != NIL
+        // Both links NIL (all ones) is the one case whose AND is all ones: one test, no branch
+        // on `||` (hot, and data-dependent).
+        self.prev & self.next != NIL
     }
     fn expandable(&self) -> bool {
         self.segment != NIL
@@ -223,10 +226,17 @@ impl<D: Device> CachingAllocator<D> {
     /// The dense id of a raw stream. PyTorch keys its free sets by the stream itself and puts
     /// no limit on how many there are (BlockComparatorSize compares `stream` first); neither
     /// does this (a u32 id: more streams than that could not fit in memory anyway).
+    #[inline(always)]
     fn stream_id(&mut self, raw: u64) -> u32 {
+        // The default stream, inline: nearly every malloc of a trace is on it.
         if raw == 0 {
             return 0;
         }
+        self.side_stream_id(raw)
+    }
+
+    #[inline(never)]
+    fn side_stream_id(&mut self, raw: u64) -> u32 {
         if let Some(&s) = self.streams.get(&raw) {
             return s;
         }
@@ -615,18 +625,16 @@ impl<D: Device> CachingAllocator<D> {
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for cand in [prev, next] {
+            // (Counted without branches: whether a neighbour merged is data.)
             let subsumed = self.try_merge(i, cand);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
-            }
+            net_blocks -= (subsumed > 0) as i64;
+            net_bytes -= subsumed as i64;
         }
         self.insert_free(i);
         let b = &self.blocks[i as usize];
-        if b.is_split() {
-            net_blocks += 1;
-            net_bytes += b.size as i64;
-        }
+        let split = b.is_split() as i64;
+        net_blocks += split;
+        net_bytes += split * b.size as i64;
         if !expandable {
             self.stats.inactive_split.apply_net(pool, net_blocks);
             self.stats.inactive_split_bytes.apply_net(pool, net_bytes);
