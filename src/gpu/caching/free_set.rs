@@ -8,6 +8,7 @@
 //! instead, so one crowded size class costs O(log n), as the std::set does.
 
 use std::collections::BTreeMap;
+use std::hint::select_unpredictable;
 
 use rustc_hash::FxHashMap;
 
@@ -20,10 +21,16 @@ pub struct FreeKey {
     size_ptr: u128,
 }
 
+/// (size, address) as one u128, size in the high half: compares as the pair does.
+#[inline(always)]
+fn order_key(size: u64, ptr: u64) -> u128 {
+    (size as u128) << 64 | ptr as u128
+}
+
 impl FreeKey {
     #[inline]
     pub fn new(stream: u32, size: u64, ptr: u64) -> Self {
-        FreeKey { stream, size_ptr: ((size as u128) << 64) | ptr as u128 }
+        FreeKey { stream, size_ptr: order_key(size, ptr) }
     }
     #[inline]
     pub fn stream(self) -> u32 {
@@ -80,10 +87,6 @@ struct Entry {
 
 impl Entry {
     #[inline]
-    fn below(&self, size: u64, ptr: u64) -> bool {
-        self.size < size || (self.size == size && self.ptr < ptr)
-    }
-    #[inline]
     fn key(&self, stream: u32) -> FreeKey {
         FreeKey::new(stream, self.size, self.ptr)
     }
@@ -91,15 +94,24 @@ impl Entry {
 
 /// The least entry of `bin` not below (size, ptr). Bins are unsorted (insert is a push, remove
 /// a swap with the last entry) and short, so the order is found by a scan where it is asked.
+/// (size, address) compares as one u128 and the running minimum is a select, not a branch:
+/// which entry wins is data, and a branch on it mispredicts about every other scan.
 #[inline(always)]
 fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<&Entry> {
-    let mut best: Option<&Entry> = None;
-    for e in bin {
-        if !e.below(size, ptr) && best.is_none_or(|b| e.below(b.size, b.ptr)) {
-            best = Some(e);
-        }
+    const NONE: usize = usize::MAX;
+    let from = order_key(size, ptr);
+    let (mut best_size, mut best_ptr, mut best) = (u64::MAX, u64::MAX, NONE);
+    for (i, e) in bin.iter().enumerate() {
+        let k = order_key(e.size, e.ptr);
+        // Keys are distinct, so `<=` only differs from `<` at the largest key, where it lets
+        // the first fitting entry replace the empty answer.
+        let wins = (k >= from) & (k <= order_key(best_size, best_ptr));
+        // (Word-sized selects: a u128 one compiles to a branch.)
+        best_size = select_unpredictable(wins, e.size, best_size);
+        best_ptr = select_unpredictable(wins, e.ptr, best_ptr);
+        best = select_unpredictable(wins, i, best);
     }
-    best
+    bin.get(best)
 }
 
 /// Non-empty bins of one stream: a bit per bin, and a summary bit per non-zero word.
@@ -123,12 +135,12 @@ impl Occupancy {
         self.words[c / 64] & (1 << (c % 64)) != 0
     }
 
+    /// Clears bin `c`'s bit when `empty`; branch-free, as whether a bin empties is data.
     #[inline(always)]
-    fn clear(&mut self, c: usize) {
-        self.words[c / 64] &= !(1 << (c % 64));
-        if self.words[c / 64] == 0 {
-            self.summary &= !(1 << (c / 64));
-        }
+    fn clear_if(&mut self, c: usize, empty: bool) {
+        let word = &mut self.words[c / 64];
+        *word &= !((empty as u64) << (c % 64));
+        self.summary &= !(((*word == 0) as u64) << (c / 64));
     }
 
     /// The first non-empty bin at or after class `from`.
@@ -190,7 +202,9 @@ impl FreeSet {
         }
         let c = class_of(k.size());
         let len = self.bins[s * BINS + c].len();
-        if len >= SHORT_BIN || (len == 0 && self.is_long(s, c)) {
+        // One rarely taken branch: whether the bin is empty is data, so `&&` on it mispredicts.
+        let maybe_long = (len >= SHORT_BIN) | ((len == 0) & !self.long_bins.is_empty());
+        if maybe_long && (len != 0 || self.is_long(s, c)) {
             self.insert_long(s * BINS + c, k, block);
             return slot_of(c, LONG_INDEX);
         }
@@ -223,17 +237,15 @@ impl FreeSet {
             bin.is_empty() || bin.get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()),
             "no free entry {k:?} at slot {slot:#x}"
         );
-        let Some(last) = bin.pop() else {
+        let Some(&last) = bin.last() else {
             return self.remove_long(s, c, k);
         };
+        // The last entry fills the hole unconditionally (a self-copy when the hole is the last):
+        // whether it was is data, not worth a branch.
+        bin[index as usize] = last;
+        bin.pop();
         self.len -= 1;
-        if (index as usize) < bin.len() {
-            bin[index as usize] = last;
-            return last.block;
-        }
-        if bin.is_empty() {
-            self.occupied[s].clear(c);
-        }
+        self.occupied[s].clear_if(c, bin.is_empty());
         last.block
     }
 
@@ -243,7 +255,7 @@ impl FreeSet {
         let block = tree.remove(&(k.size(), k.ptr())).expect("a free entry is in its bin");
         if tree.is_empty() {
             self.long_bins.remove(&(s * BINS + c));
-            self.occupied[s].clear(c);
+            self.occupied[s].clear_if(c, true);
         }
         self.len -= 1;
         block
@@ -284,8 +296,9 @@ impl FreeSet {
         let c = class_of(size);
         let (size, ptr, block) = match self.least_in(s, c, size, ptr) {
             Some(e) => e,
-            // Every entry of a later class is above (size, ptr).
-            None => self.least_in(s, self.occupied[s].first_from(c + 1)?, 0, 0)?,
+            // Every entry of a later class is above (size, ptr), so the same bound finds its
+            // least (a constant bound would let the scan's selects fold into a branch).
+            None => self.least_in(s, self.occupied[s].first_from(c + 1)?, size, ptr)?,
         };
         Some((FreeKey::new(stream, size, ptr), block))
     }

@@ -117,8 +117,11 @@ struct Block {
 }
 
 impl Block {
+    #[inline(always)]
     fn is_split(&self) -> bool {
-        self.prev != NIL || self.next != NIL
+        // Both links NIL (all ones) is the one case whose AND is all ones: one test, no branch
+        // on `||` (hot, and data-dependent).
+        self.prev & self.next != NIL
     }
     fn expandable(&self) -> bool {
         self.segment != NIL
@@ -223,10 +226,17 @@ impl<D: Device> CachingAllocator<D> {
     /// The dense id of a raw stream. PyTorch keys its free sets by the stream itself and puts
     /// no limit on how many there are (BlockComparatorSize compares `stream` first); neither
     /// does this (a u32 id: more streams than that could not fit in memory anyway).
+    #[inline(always)]
     fn stream_id(&mut self, raw: u64) -> u32 {
+        // The default stream, inline: nearly every malloc of a trace is on it.
         if raw == 0 {
             return 0;
         }
+        self.side_stream_id(raw)
+    }
+
+    #[inline(never)]
+    fn side_stream_id(&mut self, raw: u64) -> u32 {
         if let Some(&s) = self.streams.get(&raw) {
             return s;
         }
@@ -238,7 +248,7 @@ impl<D: Device> CachingAllocator<D> {
 
     fn new_block(&mut self, b: Block) -> u32 {
         if let Some(i) = self.dead.pop() {
-            self.blocks[i as usize] = b;
+            *self.block_mut(i) = b;
             i
         } else {
             self.blocks.push(b);
@@ -246,8 +256,27 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// The block at `i`, an index the allocator stored itself (a link, a free-set entry, a
+    /// block it found): unchecked on the hot paths.
+    #[inline(always)]
+    fn block(&self, i: u32) -> &Block {
+        debug_assert!((i as usize) < self.blocks.len(), "block index {i} out of range");
+        // SAFETY: `blocks` never shrinks (dead slots are reused, never removed), and every index
+        // the allocator stores was a slot of it when stored; handles from callers are checked
+        // where they enter (`free`).
+        unsafe { self.blocks.get_unchecked(i as usize) }
+    }
+
+    /// [`Self::block`], mutable.
+    #[inline(always)]
+    fn block_mut(&mut self, i: u32) -> &mut Block {
+        debug_assert!((i as usize) < self.blocks.len(), "block index {i} out of range");
+        // SAFETY: as in `block`.
+        unsafe { self.blocks.get_unchecked_mut(i as usize) }
+    }
+
     fn kill(&mut self, i: u32) {
-        self.blocks[i as usize].size = 0;
+        self.block_mut(i).size = 0;
         self.dead.push(i);
     }
 
@@ -258,21 +287,21 @@ impl<D: Device> CachingAllocator<D> {
     /// insert_into_blocks: also stamps the block with the pool's GC lookup count.
     #[inline(always)]
     fn insert_free(&mut self, i: u32) {
-        let b = &self.blocks[i as usize];
+        let b = self.block(i);
         let (k, p) = (key(b), b.pool);
         let count = self.pools[p as usize].get_free_blocks_call_count;
         let slot = self.pool(p).blocks.insert(k, i);
-        let b = &mut self.blocks[i as usize];
+        let b = self.block_mut(i);
         b.gc_count_base = count;
         b.slot = slot;
     }
 
     #[inline(always)]
     fn remove_free(&mut self, i: u32) {
-        let b = &self.blocks[i as usize];
+        let b = self.block(i);
         let (k, p, slot) = (key(b), b.pool, b.slot);
         let moved = self.pool(p).blocks.remove(k, slot);
-        self.blocks[moved as usize].slot = slot;
+        self.block_mut(moved).slot = slot;
     }
 
     /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction below 1).
@@ -288,15 +317,15 @@ impl<D: Device> CachingAllocator<D> {
         }
         let m = self.cfg.max_split_size;
         let mut candidate = self.pools[pool as usize].blocks.first_at_least(stream, rounded)?.1;
-        if self.blocks[candidate as usize].expandable() {
+        if self.block(candidate).expandable() {
             // Prefer a fitting block whose expandable size (size + unmapped tail) is smaller:
             // a non-tail free block beats growing the tail.
             let expandable_size = |s: &Self, i: u32| {
-                let b = &s.blocks[i as usize];
+                let b = s.block(i);
                 b.size + if b.next != NIL && !s.blocks[b.next as usize].mapped { s.blocks[b.next as usize].size } else { 0 }
             };
-            let mut at = key(&self.blocks[candidate as usize]);
-            while self.blocks[candidate as usize].expandable() {
+            let mut at = key(self.block(candidate));
+            while self.block(candidate).expandable() {
                 match self.pools[pool as usize].blocks.next_after(at) {
                     Some((k, next)) if expandable_size(self, next) < expandable_size(self, candidate) => {
                         candidate = next;
@@ -306,7 +335,7 @@ impl<D: Device> CachingAllocator<D> {
                 }
             }
         }
-        let size = self.blocks[candidate as usize].size;
+        let size = self.block(candidate).size;
         // Do not return an oversize block for a small request; an oversize request takes a
         // cached block only if it wastes less than max_non_split_rounding_size.
         if rounded < m && size >= m {
@@ -516,9 +545,9 @@ impl<D: Device> CachingAllocator<D> {
         if src == NIL {
             return 0;
         }
-        let s = &self.blocks[src as usize];
+        let s = self.block(src);
         // try_merge_blocks: not a block awaiting its events (event_count > 0).
-        if s.allocated || s.mapped != self.blocks[dst as usize].mapped || self.events.is_pending(src) {
+        if s.allocated || s.mapped != self.block(dst).mapped || self.events.is_pending(src) {
             return 0;
         }
         let (s_ptr, s_size, s_prev, s_next, s_stream, s_pool, s_mapped) = (s.ptr, s.size, s.prev, s.next, s.stream, s.pool, s.mapped);
@@ -527,18 +556,18 @@ impl<D: Device> CachingAllocator<D> {
         } else {
             self.pool(s_pool).unmapped.remove(&(s_stream, s_ptr));
         }
-        let d = &mut self.blocks[dst as usize];
+        let d = self.block_mut(dst);
         d.size += s_size;
         if d.prev == src {
             d.ptr = s_ptr;
             d.prev = s_prev;
             if s_prev != NIL {
-                self.blocks[s_prev as usize].next = dst;
+                self.block_mut(s_prev).next = dst;
             }
         } else {
             d.next = s_next;
             if s_next != NIL {
-                self.blocks[s_next as usize].prev = dst;
+                self.block_mut(s_next).prev = dst;
             }
         }
         self.kill(src);
@@ -548,7 +577,7 @@ impl<D: Device> CachingAllocator<D> {
     /// should_split: small pool or expandable: remainder ≥ 512; large pool: rounded < max_split
     /// and remainder > 1 MiB (strictly).
     fn should_split(&self, i: u32, rounded: u64) -> bool {
-        let b = &self.blocks[i as usize];
+        let b = self.block(i);
         let remaining = b.size - rounded;
         if b.pool == PoolKind::Small || self.cfg.expandable_segments {
             remaining >= MIN_BLOCK_SIZE_BYTES
@@ -560,18 +589,18 @@ impl<D: Device> CachingAllocator<D> {
     /// alloc_found_block: split off the low part if worth it; update the stats.
     #[inline(always)]
     fn alloc_found_block(&mut self, found: u32, requested: u64, rounded: u64) -> u32 {
-        let already_split = self.blocks[found as usize].is_split();
-        let expandable = self.blocks[found as usize].expandable();
-        let pool = self.blocks[found as usize].pool;
+        let already_split = self.block(found).is_split();
+        let expandable = self.block(found).expandable();
+        let pool = self.block(found).pool;
         let mut block = found;
         if self.should_split(found, rounded) {
-            let r = &self.blocks[found as usize];
+            let r = self.block(found);
             let (prev, piece) = (r.prev, Block { size: rounded, next: found, allocated: false, requested: 0, ..*r });
             block = self.new_block(piece);
             if prev != NIL {
-                self.blocks[prev as usize].next = block;
+                self.block_mut(prev).next = block;
             }
-            let rem = &mut self.blocks[found as usize];
+            let rem = self.block_mut(found);
             rem.prev = block;
             rem.ptr += rounded;
             rem.size -= rounded;
@@ -586,11 +615,11 @@ impl<D: Device> CachingAllocator<D> {
                 }
             }
         } else if already_split && !expandable {
-            let size = self.blocks[found as usize].size;
+            let size = self.block(found).size;
             self.stats.inactive_split_bytes.decrease(pool, size);
             self.stats.inactive_split.decrease(pool, 1);
         }
-        let b = &mut self.blocks[block as usize];
+        let b = self.block_mut(block);
         b.allocated = true;
         b.requested = requested;
         let size = b.size;
@@ -609,24 +638,22 @@ impl<D: Device> CachingAllocator<D> {
     #[inline(always)]
     fn free_block(&mut self, i: u32) {
         let (original_size, requested, pool, prev, next, expandable) = {
-            let b = &self.blocks[i as usize];
+            let b = self.block(i);
             (b.size, b.requested, b.pool, b.prev, b.next, b.expandable())
         };
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
         for cand in [prev, next] {
+            // (Counted without branches: whether a neighbour merged is data.)
             let subsumed = self.try_merge(i, cand);
-            if subsumed > 0 {
-                net_blocks -= 1;
-                net_bytes -= subsumed as i64;
-            }
+            net_blocks -= (subsumed > 0) as i64;
+            net_bytes -= subsumed as i64;
         }
         self.insert_free(i);
-        let b = &self.blocks[i as usize];
-        if b.is_split() {
-            net_blocks += 1;
-            net_bytes += b.size as i64;
-        }
+        let b = self.block(i);
+        let split = b.is_split() as i64;
+        net_blocks += split;
+        net_bytes += split * b.size as i64;
         if !expandable {
             self.stats.inactive_split.apply_net(pool, net_blocks);
             self.stats.inactive_split_bytes.apply_net(pool, net_bytes);
