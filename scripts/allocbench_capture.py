@@ -370,6 +370,15 @@ def _make_recorder_class(torch):
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
 
+        def say_once(self, what, message, trace_note=None):
+            """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
+            if what in self.skipped_calls:
+                return
+            self.skipped_calls.add(what)
+            if trace_note:
+                self.sink.comment(f"{what}: {trace_note}")
+            print(f"allocbench capture: {what} {message}", file=sys.stderr)
+
         # --- events -------------------------------------------------------------------------
         def _new_id(self):
             i = self.next_id
@@ -1133,12 +1142,6 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
 
     patches.set(torch, "Generator", Generator)
 
-    def say_once(what, how):
-        if what not in recorder.skipped_calls:
-            recorder.skipped_calls.add(what)
-            recorder.sink.comment(f"{what}: {how}")
-            print(f"allocbench capture: {what} on fake CUDA: {how}", file=sys.stderr)
-
     graph_note = "run eagerly, its private memory pool not modelled (its allocations are recorded as ordinary ones)"
 
     class CUDAGraph:
@@ -1148,7 +1151,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             pass
 
         def capture_begin(self, pool=None, capture_error_mode="global"):
-            say_once("CUDA graph capture", graph_note)
+            recorder.say_once("CUDA graph capture", f"on fake CUDA: {graph_note}", graph_note)
 
         def capture_end(self):
             pass
@@ -1180,7 +1183,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             cuda_graph.capture_end()
 
     def make_graphed_callables(callables, sample_args, *args, **kwargs):
-        say_once("make_graphed_callables", graph_note)
+        recorder.say_once("make_graphed_callables", f"on fake CUDA: {graph_note}", graph_note)
         return callables
 
     # caching_allocator_alloc/delete: a raw block of the caching allocator, a row each; the pointer
@@ -1339,9 +1342,7 @@ def _fake_cuda_api(torch, patches, recorder):
 
     def not_on_fake_cuda(what, result=None):
         def skipped(*args, **kwargs):
-            if what not in recorder.skipped_calls:
-                recorder.skipped_calls.add(what)
-                print(f"allocbench capture: {what} is skipped on fake CUDA (the trace records the allocations)", file=sys.stderr)
+            recorder.say_once(what, "is skipped on fake CUDA (the trace records the allocations)")
             return result
         return skipped
 

@@ -82,6 +82,7 @@ impl Value {
 
     /// The same value from JSON (a snapshot dict written with `json.dump`): objects become dicts
     /// with string keys, arrays lists, integers that fit 128 bits ints, other numbers floats.
+    /// (Nesting is bounded by serde_json's recursion limit; `depth` bounds only the unpickler.)
     pub fn from_json(v: &serde_json::Value) -> Value {
         match v {
             serde_json::Value::Null => Value::None,
@@ -92,19 +93,9 @@ impl Value {
                 _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
             },
             serde_json::Value::String(s) => Value::Str(Rc::from(s.as_str())),
-            serde_json::Value::Array(items) => {
-                let items: Vec<Value> = items.iter().map(Value::from_json).collect();
-                let depth = 1 + items.iter().map(Value::depth).max().unwrap_or(0);
-                let c = Container::new(items);
-                c.depth.set(depth);
-                Value::List(c)
-            }
+            serde_json::Value::Array(items) => Value::List(Container::new(items.iter().map(Value::from_json).collect())),
             serde_json::Value::Object(map) => {
-                let items: Vec<(Value, Value)> = map.iter().map(|(k, v)| (Value::Str(Rc::from(k.as_str())), Value::from_json(v))).collect();
-                let depth = 1 + items.iter().map(|(_, v)| v.depth()).max().unwrap_or(0);
-                let c = Container::new(items);
-                c.depth.set(depth);
-                Value::Dict(c)
+                Value::Dict(Container::new(map.iter().map(|(k, v)| (Value::Str(Rc::from(k.as_str())), Value::from_json(v))).collect()))
             }
         }
     }
