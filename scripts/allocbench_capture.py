@@ -339,6 +339,22 @@ def _make_recorder_class(torch):
     add_tensor = aten.add.Tensor
     implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
 
+    # Note [Finite values]: a healthy run has no NaN or Inf, so on fake tensors the result of an
+    # isnan/isinf test is known to be all False, as GradScaler's found_inf is taken to be 0 (see
+    # _fake_tensor_fixes). Libraries read such tests (transformers' Trainer filters NaN losses with
+    # `torch.isnan(loss) or torch.isinf(loss)`; clip_grad_norm_(error_if_nonfinite=True)), so the
+    # known value follows the test's result through the ops that combine, reduce or move it, and
+    # answers its reads without --scalar-value. Any other write to such a tensor forgets it.
+    nonfinite_tests = {aten.isnan, aten.isinf, aten.isposinf, aten.isneginf}
+    keeps_value = {
+        aten.any, aten.all, aten.amax, aten.amin, aten.clone, aten._to_copy, aten.detach,
+        aten.alias, aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze, aten.expand,
+        aten.select, aten.slice, aten.lift_fresh, aten.copy,
+    }
+    any_of = {aten.logical_or, aten.bitwise_or}
+    all_of = {aten.logical_and, aten.bitwise_and}
+    negates = {aten.logical_not, aten.bitwise_not}
+
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
 
@@ -369,6 +385,7 @@ def _make_recorder_class(torch):
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
+            self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Finite values]
 
         def say_once(self, what, message, trace_note=None):
             """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
@@ -530,6 +547,8 @@ def _make_recorder_class(torch):
                 arg = args[pos] if pos < len(args) else kwargs.get(name)
                 for leaf in tree_leaves(arg):
                     self._observe(leaf)
+            if self.fake:
+                self._follow_known_value(func, args, kwargs, out)
             if func is flash_backward and self.device_type == "cuda":
                 self._kernel_scratch(_flash_backward_scratch(args), args[1])
             return out
@@ -594,7 +613,46 @@ def _make_recorder_class(torch):
             floating = sum(t.numel() * t.element_size() for t in made if t.is_floating_point() or t.is_complex())
             return func(*args, **kwargs) if floating <= _REAL_CPU_BYTES else predicted
 
+        def _follow_known_value(self, func, args, kwargs, out):
+            """Note [Finite values]: what ``out`` is known to hold, every element alike."""
+            packet = func.overloadpacket
+            known = self.known_values
+            if not len(known) and packet not in nonfinite_tests:
+                return
+            value = None
+            if packet in nonfinite_tests:
+                value = False
+            elif packet in keeps_value or packet in any_of or packet in all_of or packet in negates or packet in (aten.sum, aten.copy_):
+                inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+                if packet is aten.copy or packet is aten.copy_:
+                    inputs = inputs[1:2]  # copy(self, src): the value is src's
+                values = [known.get(a) for a in inputs]
+                if values and all(v is not None for v in values):
+                    if packet in any_of:
+                        value = any(values)
+                    elif packet in all_of:
+                        value = all(values)
+                    elif packet in negates:
+                        value = not values[0]
+                    elif packet is aten.sum:
+                        value = int(values[0]) * int(inputs[0].numel())
+                    else:
+                        value = values[0]
+            for pos, name in self._written_arg_positions(func):
+                arg = args[pos] if pos < len(args) else kwargs.get(name)
+                for leaf in tree_leaves(arg):
+                    if isinstance(leaf, torch.Tensor):
+                        known.pop(leaf, None)
+            if value is not None:
+                for leaf in tree_leaves(out):
+                    if isinstance(leaf, torch.Tensor):
+                        known[leaf] = value
+
         def _scalar(self, func, args):
+            value = self.known_values.get(args[0])
+            if value is not None:
+                self.say_once("isnan/isinf", "results are read as all False: the capture takes the run's values to be finite")
+                return self._as_dtype_of(args[0], value)
             # FakeTensorMode knows the value of small tensors made from Python numbers and kept up
             # through in-place ops (an optimizer's step count); anything else has no value.
             try:
@@ -602,12 +660,16 @@ def _make_recorder_class(torch):
             except DataDependentOutputException as e:
                 if self.scalar_value is None:
                     raise FakeValueNeeded("aten._local_scalar_dense") from e
-            tensor = args[0]
+            return self._as_dtype_of(args[0], self.scalar_value)
+
+        @staticmethod
+        def _as_dtype_of(tensor, value):
+            """``value`` as the Python number a read of ``tensor`` gives."""
             if tensor.dtype == torch.bool:
-                return bool(self.scalar_value)
+                return bool(value)
             if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
-                return float(self.scalar_value)
-            return int(self.scalar_value)
+                return float(value)
+            return int(value)
 
     return Recorder
 

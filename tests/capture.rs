@@ -376,6 +376,55 @@ fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
 }
 
 #[test]
+fn nan_and_inf_tests_read_as_a_finite_run_without_scalar_value() {
+    if !have_torch() {
+        return;
+    }
+    // Trainer's NaN-loss filter, clip_grad_norm_(error_if_nonfinite=True), and tests combined,
+    // counted and negated: each takes the finite branch, and the capture says so once.
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("finite_checks.py");
+    let (out, trace) = capture(dir.path(), "f.csv", &[], &[&script]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "finite\n");
+    assert_eq!(err.matches("isnan/isinf results are read as all False").count(), 1, "{err}");
+    assert_eq!(steps(&events(&trace)), [1, 2, 3]);
+    // Overwritten in place, a test's result is unknown again: reading it is the usual error.
+    let (out, _) = capture(dir.path(), "g.csv", &[], &[&script, "overwrite"]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    let line = 1 + std::fs::read_to_string(&script).unwrap().lines().position(|l| l.ends_with("# mark: overwritten")).unwrap();
+    assert!(err.contains(&format!("finite_checks.py:{line}:")) && err.contains("--scalar-value"), "{err}");
+}
+
+#[test]
+fn a_transformers_trainer_fine_tunes_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("hf_trainer.py");
+    let (out, trace) = capture(dir.path(), "t.csv", &["--scalar-value", "0"], &[&script]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("trained\n"));
+    let evs = events(&trace);
+    // max_steps=4 with two micro-batches each: four optimizer steps, not eight.
+    assert_eq!(steps(&evs), [1, 2, 3, 4]);
+    // The word embeddings (3000 × 128 fp32): the weight moved to CUDA, AdamW's two moments, and
+    // per optimizer step two gradients (the first micro-batch's becomes .grad, the second's is
+    // summed into it; zero_grad sets it to None).
+    let embedding = 3000 * 128 * 4;
+    assert_eq!(signed_sizes(&evs).iter().filter(|&&n| n == embedding).count(), 1 + 2 + 4 * 2);
+    // The loss logging reads a value inside the Trainer: without --scalar-value, the usual line.
+    let (out, _) = capture(dir.path(), "u.csv", &[], &[&script]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("(the read is in transformers/trainer.py") && err.contains("--scalar-value"), "{err}");
+}
+
+#[test]
 fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() {
     if !have_torch() {
         return;
@@ -503,7 +552,7 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
     for (case, says) in [
         ("nccl", vec!["starts NCCL", "capture one rank without the process group"]),
         ("lstm", vec!["reached the CUDA driver in torch/nn/modules/rnn.py", "torch.backends.cudnn.enabled = False"]),
-        ("library_read", vec!["(the read is in torch/nn/utils/clip_grad.py", "--scalar-value V", "steers its control flow"]),
+        ("library_read", vec!["(the read is in torch/optim/lr_scheduler.py", "--scalar-value V", "steers its control flow"]),
     ] {
         let (out, trace) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
         let err = stderr(&out);
