@@ -122,7 +122,7 @@ fn behaviour_key(configs: &[AllocatorConfig], sizes: &[u64]) -> (Vec<usize>, Vec
 }
 
 /// Whether a replay of `cfg` (a memory fraction, maybe a GC) is the replay of its base (the same
-/// settings without them) that ended with `base_peak` reserved (`reserved_bytes.all().peak`): the
+/// settings without them) that ended with `base_peak` reserved (`reserved_bytes.all.peak`): the
 /// fraction refuses a segment only when reserved + alloc_size > allowed (alloc_block), and the GC
 /// frees only when reserved > threshold × allowed (garbage_collect_cached_blocks); if the base
 /// never came near either line, the two replays are the same up to the last event.
@@ -199,7 +199,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
         if !self.keep && at.index.is_multiple_of(CHECK_EVERY_EVENTS) {
             let s = alloc.stats();
             let time_ns = self.model.alloc_time_ns(alloc.device_time_ns().unwrap_or(0), s);
-            self.stop = self.board.beaten(s.reserved_bytes.all().peak as u64, time_ns);
+            self.stop = self.board.beaten(s.reserved_bytes.all.peak as u64, time_ns);
         }
     }
 
@@ -208,7 +208,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
     }
 }
 
-/// A representative's outcome: its candidate, its `reserved_bytes.all().peak` (for
+/// A representative's outcome: its candidate, its `reserved_bytes.all.peak` (for
 /// [`same_as_base`]), and the base whose replay it shares, if it does.
 type Settled = (Candidate, u64, Option<usize>);
 
@@ -319,7 +319,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
 }
 
 /// One configuration's replay on a priced simulated device, pruned by the board.
-/// Returns the candidate and `reserved_bytes.all().peak` (for [`same_as_base`]).
+/// Returns the candidate and `reserved_bytes.all.peak` (for [`same_as_base`]).
 fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<(Candidate, u64)> {
     let mut a = pytorch_on_sim(cfg, o.capacity, &o.model);
     let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom_step: None };
@@ -340,7 +340,7 @@ fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board:
         equivalent_to: None,
         conflicts: Vec::new(),
     };
-    Ok((candidate, st.reserved_bytes.all().peak as u64))
+    Ok((candidate, st.reserved_bytes.all.peak as u64))
 }
 
 /// The balanced objective's limit: the defaults' modelled time × [`BALANCED_TIME_TOLERANCE`], or
@@ -546,7 +546,7 @@ mod tests {
             let out = crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
             let mut m = a.stats().to_torch_map();
             m.remove("max_split_size");
-            (m, a.device_time_ns(), out.oom.is_some(), a.stats().reserved_bytes.all().peak as u64)
+            (m, a.device_time_ns(), out.oom.is_some(), a.stats().reserved_bytes.all.peak as u64)
         };
         // max_split_size_mb:64 caches an unsplittable block per logits size: about 55 GiB reserved
         // at its peak (`allocbench replay workloads/model-switch.toml --conf max_split_size_mb:64`),

@@ -37,7 +37,7 @@ impl AsyncPoolAllocator {
     /// Reserved memory as the pool reports it (the backend:cudaMallocAsync stats).
     fn sync_reserved(&mut self) {
         let reserved = self.pool.reserved() as i64;
-        let cur = self.stats.reserved_bytes.all().current;
+        let cur = self.stats.reserved_bytes.all.current;
         if reserved > cur {
             self.stats.reserved_bytes.increase(PoolKind::Large, (reserved - cur) as u64);
         } else if reserved < cur {
@@ -56,8 +56,8 @@ impl GpuAllocator for AsyncPoolAllocator {
             Ok(ptr) => ptr,
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                let reserved = self.stats.reserved_bytes.all().current as u64;
-                let allocated = self.stats.allocated_bytes.all().current as u64;
+                let reserved = self.stats.reserved_bytes.all.current as u64;
+                let allocated = self.stats.allocated_bytes.all.current as u64;
                 return Err(AllocError::OutOfMemory(OomInfo::unrounded(
                     bytes,
                     self.device.free_memory(),

@@ -77,7 +77,7 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
             }
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                let reserved = self.stats.reserved_bytes.all().current as u64;
+                let reserved = self.stats.reserved_bytes.all.current as u64;
                 Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.device.free_memory(), 0, reserved, reserved)))
             }
             Err(e) => Err(AllocError::Device(e)),
@@ -151,7 +151,7 @@ impl GpuAllocator for IdealAllocator {
     }
 
     fn malloc(&mut self, bytes: u64, _stream: u64) -> Result<Handle, AllocError> {
-        let reserved = self.stats.reserved_bytes.all().current as u64;
+        let reserved = self.stats.reserved_bytes.all.current as u64;
         if reserved + bytes > self.capacity {
             self.stats.num_ooms += 1;
             return Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.capacity - reserved, 0, reserved, reserved)));

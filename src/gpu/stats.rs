@@ -63,49 +63,31 @@ impl PoolKind {
     }
 }
 
-/// A StatArray: `all`, `small_pool`, `large_pool`. c10 applies every update to the aggregate and
-/// the pool together (for_each_selected_stat_type), so `all` is the pools' sum in everything
-/// but its peak: only the pools and that peak are stored, which halves the work of each update.
+/// A StatArray: `all`, `small_pool`, `large_pool`. Every update applies to `all` and the pool.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StatArray {
+    pub all: Stat,
     pub small: Stat,
     pub large: Stat,
-    all_peak: i64,
 }
 
 impl StatArray {
-    /// The aggregate (`<name>.all.*`).
-    #[inline]
-    pub fn all(&self) -> Stat {
-        Stat {
-            current: self.small.current + self.large.current,
-            peak: self.all_peak,
-            allocated: self.small.allocated + self.large.allocated,
-            freed: self.small.freed + self.large.freed,
-        }
-    }
-
     #[inline]
     pub fn increase(&mut self, pool: PoolKind, amount: u64) {
+        self.all.increase(amount);
         self.pool_mut(pool).increase(amount);
-        self.raise_all_peak();
     }
 
     #[inline]
     pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
+        self.all.decrease(amount);
         self.pool_mut(pool).decrease(amount);
     }
 
     #[inline]
     pub fn apply_net(&mut self, pool: PoolKind, net: i64) {
+        self.all.apply_net(net);
         self.pool_mut(pool).apply_net(net);
-        self.raise_all_peak();
-    }
-
-    /// Stat::increase's peak rule for the aggregate.
-    #[inline(always)]
-    fn raise_all_peak(&mut self) {
-        self.all_peak = self.all_peak.max(self.small.current + self.large.current);
     }
 
     #[inline]
@@ -116,15 +98,8 @@ impl StatArray {
         }
     }
 
-    fn reset_peak(&mut self) {
-        self.small.reset_peak();
-        self.large.reset_peak();
-        self.all_peak = self.small.current + self.large.current;
-    }
-
-    fn reset_accumulated(&mut self) {
-        self.small.reset_accumulated();
-        self.large.reset_accumulated();
+    fn each_mut(&mut self) -> [&mut Stat; 3] {
+        [&mut self.all, &mut self.small, &mut self.large]
     }
 }
 
@@ -176,7 +151,7 @@ impl DeviceStats {
             out.insert(format!("{prefix}.freed"), s.freed);
         };
         for (name, arr) in self.arrays() {
-            put_stat(&format!("{name}.all"), &arr.all());
+            put_stat(&format!("{name}.all"), &arr.all);
             put_stat(&format!("{name}.small_pool"), &arr.small);
             put_stat(&format!("{name}.large_pool"), &arr.large);
         }
@@ -194,7 +169,9 @@ impl DeviceStats {
     /// `torch.cuda.reset_peak_memory_stats()`.
     pub fn reset_peak(&mut self) {
         for arr in self.all_arrays_mut() {
-            arr.reset_peak();
+            for s in arr.each_mut() {
+                s.reset_peak();
+            }
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
@@ -203,7 +180,9 @@ impl DeviceStats {
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     pub fn reset_accumulated(&mut self) {
         for arr in self.all_arrays_mut() {
-            arr.reset_accumulated();
+            for s in arr.each_mut() {
+                s.reset_accumulated();
+            }
         }
         self.oversize_allocations.reset_accumulated();
         self.oversize_segments.reset_accumulated();
@@ -243,57 +222,16 @@ mod tests {
         assert_eq!(m["max_split_size"], -1);
     }
 
-    proptest::proptest! {
-        /// `all` derived from the pools agrees with c10's aggregate Stat updated alongside them
-        /// (update_stat on AGGREGATE and the pool), through increases, decreases, net changes
-        /// and both resets.
-        #[test]
-        fn aggregate_matches_a_stat_updated_with_every_pool(ops in proptest::collection::vec((0u8..5, proptest::bool::ANY, 0u64..1000), 1..200)) {
-            let mut arr = StatArray::default();
-            let mut all = Stat::default();
-            for (op, large, amount) in ops {
-                let pool = if large { PoolKind::Large } else { PoolKind::Small };
-                let held = if large { arr.large.current } else { arr.small.current };
-                match op {
-                    0 | 1 => {
-                        arr.increase(pool, amount);
-                        all.increase(amount);
-                    }
-                    2 => {
-                        let amount = amount.min(held as u64);
-                        arr.decrease(pool, amount);
-                        all.decrease(amount);
-                    }
-                    3 => {
-                        // A gain, or a loss of at most what the pool holds.
-                        let net = if amount % 2 == 0 { amount as i64 } else { -(amount as i64).min(held) };
-                        arr.apply_net(pool, net);
-                        all.apply_net(net);
-                    }
-                    _ if amount % 2 == 0 => {
-                        arr.reset_peak();
-                        all.reset_peak();
-                    }
-                    _ => {
-                        arr.reset_accumulated();
-                        all.reset_accumulated();
-                    }
-                }
-                proptest::prop_assert_eq!(arr.all(), all);
-            }
-        }
-    }
-
     #[test]
     fn peak_survives_decrease_and_resets() {
         let mut s = DeviceStats::default();
         s.allocated_bytes.increase(PoolKind::Large, 100);
         s.allocated_bytes.decrease(PoolKind::Large, 60);
-        assert_eq!(s.allocated_bytes.all(), Stat { current: 40, peak: 100, allocated: 100, freed: 60 });
+        assert_eq!(s.allocated_bytes.all, Stat { current: 40, peak: 100, allocated: 100, freed: 60 });
         assert_eq!(s.allocated_bytes.small, Stat::default());
         s.reset_peak();
         assert_eq!(s.allocated_bytes.large.peak, 40);
         s.reset_accumulated();
-        assert_eq!(s.allocated_bytes.all(), Stat { current: 40, peak: 40, allocated: 0, freed: 0 });
+        assert_eq!(s.allocated_bytes.all, Stat { current: 40, peak: 40, allocated: 0, freed: 0 });
     }
 }

@@ -354,7 +354,7 @@ impl<D: Device> CachingAllocator<D> {
             self.stats.num_alloc_retries += 1;
         }
         if let Some(allowed) = self.allowed {
-            if self.stats.reserved_bytes.all().current as u64 + alloc_size > allowed {
+            if self.stats.reserved_bytes.all.current as u64 + alloc_size > allowed {
                 return Ok(None);
             }
         }
@@ -443,7 +443,7 @@ impl<D: Device> CachingAllocator<D> {
     fn garbage_collect_cached_blocks(&mut self) -> Result<(), DeviceError> {
         let allowed = self.allowed.unwrap_or(u64::MAX);
         let threshold = (self.cfg.garbage_collection_threshold * allowed as f64) as u64;
-        let reserved = self.stats.reserved_bytes.all().current as u64;
+        let reserved = self.stats.reserved_bytes.all.current as u64;
         if reserved <= threshold {
             return Ok(());
         }
@@ -690,8 +690,8 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64) -> OomInfo {
-        let reserved = self.stats.reserved_bytes.all().current as u64;
-        let allocated = self.stats.allocated_bytes.all().current as u64;
+        let reserved = self.stats.reserved_bytes.all.current as u64;
+        let allocated = self.stats.allocated_bytes.all.current as u64;
         let device_free_uncapped = self.device.free_memory();
         let mut device_free = device_free_uncapped;
         if let Some(allowed) = self.allowed {
@@ -771,22 +771,22 @@ impl<D: Device> CachingAllocator<D> {
         }
         let s = &self.stats;
         let checks = [
-            ("allocated_bytes", s.allocated_bytes.all().current, allocated as i64),
-            ("reserved_bytes", s.reserved_bytes.all().current, reserved as i64),
-            ("inactive_split_bytes", s.inactive_split_bytes.all().current, inactive_split_bytes as i64),
-            ("inactive_split", s.inactive_split.all().current, inactive_split),
-            ("segment", s.segment.all().current, segments),
-            ("active_bytes", s.active_bytes.all().current, active as i64),
+            ("allocated_bytes", s.allocated_bytes.all.current, allocated as i64),
+            ("reserved_bytes", s.reserved_bytes.all.current, reserved as i64),
+            ("inactive_split_bytes", s.inactive_split_bytes.all.current, inactive_split_bytes as i64),
+            ("inactive_split", s.inactive_split.all.current, inactive_split),
+            ("segment", s.segment.all.current, segments),
+            ("active_bytes", s.active_bytes.all.current, active as i64),
         ];
         for (name, stat, recount) in checks {
             if stat != recount {
                 return Err(format!("{name}.all.current is {stat} but the blocks add up to {recount}"));
             }
         }
-        if s.allocated_bytes.all().current > s.reserved_bytes.all().current {
+        if s.allocated_bytes.all.current > s.reserved_bytes.all.current {
             return Err("allocated > reserved".into());
         }
-        if s.reserved_bytes.all().current as u64 > self.device.capacity() {
+        if s.reserved_bytes.all.current as u64 > self.device.capacity() {
             return Err("reserved > capacity".into());
         }
         Ok(())
