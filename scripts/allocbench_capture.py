@@ -338,6 +338,8 @@ def _make_recorder_class(torch):
     rng_state_ops = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default}
     add_tensor = aten.add.Tensor
     implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
+    explicit_key = torch._C.DispatchKey.CompositeExplicitAutograd
+    pack_padded = aten._pack_padded_sequence.default
 
     # Note [Finite values]: a healthy run has no NaN or Inf, so on fake tensors the result of an
     # isnan/isinf test is known to be all False, as GradScaler's found_inf is taken to be 0 (see
@@ -519,6 +521,13 @@ def _make_recorder_class(torch):
                     return func._op_dk(implicit_key, *args, **kwargs)
             if func is local_scalar and self.fake:
                 return self._scalar(func, args)
+            if func is pack_padded and self.fake and not isinstance(args[1], fake_tensor_type):
+                # pack_padded_sequence takes its lengths on the CPU (nn.utils.rnn), real here: its
+                # kernel (PackedSequence.cpp, CompositeExplicitAutograd) reads them and slices,
+                # copies and concatenates the fake input, each part recorded as it runs. A fake
+                # run would have no lengths to read.
+                with self:
+                    return func._op_dk(explicit_key, *args, **kwargs)
             if self.cublas_workspace_bytes and func.overloadpacket.__name__ in _CUBLAS_OPS:
                 self._cublas_workspace(args)
             if self.probing is not None:

@@ -425,6 +425,23 @@ fn a_transformers_trainer_fine_tunes_on_fake_cuda() {
 }
 
 #[test]
+fn pack_padded_sequence_reads_its_cpu_lengths_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "p.csv", &[], &[&fixture("packed_rnn.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "(7, 2) [3, 2, 1, 1]\n(3, 4, 8) [4, 2, 1] (3, 4, 2)\n");
+    // _pack_padded_sequence (PackedSequence.cpp) on x [3, 4, 2] fp32 (96 B), lengths [4, 2, 1],
+    // batch first: per new batch size a slice of the transposed input made contiguous (3 rows:
+    // 24 B, 2 rows: 16 B; the last, one sequence wide, is contiguous already), concatenated into
+    // the 7 packed rows (56 B); the copies die with the kernel, the packed data at `del`. The
+    // batch sizes stay on the CPU.
+    assert_eq!(signed_sizes(&events(&trace))[..7], [96, 24, 16, 56, -24, -16, -56]);
+}
+
+#[test]
 fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() {
     if !have_torch() {
         return;
