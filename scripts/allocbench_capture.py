@@ -341,21 +341,32 @@ def _make_recorder_class(torch):
     explicit_key = torch._C.DispatchKey.CompositeExplicitAutograd
     pack_padded = aten._pack_padded_sequence.default
 
-    # Note [Finite values]: a healthy run has no NaN or Inf, so on fake tensors the result of an
-    # isnan/isinf test is known to be all False, as GradScaler's found_inf is taken to be 0 (see
-    # _fake_tensor_fixes). Libraries read such tests (transformers' Trainer filters NaN losses with
-    # `torch.isnan(loss) or torch.isinf(loss)`; clip_grad_norm_(error_if_nonfinite=True)), so the
-    # known value follows the test's result through the ops that combine, reduce or move it, and
-    # answers its reads without --scalar-value. Any other write to such a tensor forgets it.
-    nonfinite_tests = {aten.isnan, aten.isinf, aten.isposinf, aten.isneginf}
-    keeps_value = {
-        aten.any, aten.all, aten.amax, aten.amin, aten.clone, aten._to_copy, aten.detach,
-        aten.alias, aten.view, aten._unsafe_view, aten.reshape, aten.squeeze, aten.unsqueeze, aten.expand,
-        aten.select, aten.slice, aten.lift_fresh, aten.copy,
-    }
-    any_of = {aten.logical_or, aten.bitwise_or}
-    all_of = {aten.logical_and, aten.bitwise_and}
-    negates = {aten.logical_not, aten.bitwise_not}
+    # Note [Known values]: fake tensors have no data, but some values are known and libraries
+    # steer by them, so the capture follows them: a tensor filled with one Python number (full,
+    # ones, zeros, their _like forms, scalar_tensor, fill_) holds it in every element, and two
+    # assumptions give the rest. A healthy run has no NaN or Inf, so isnan/isinf tests are all
+    # False, as GradScaler's found_inf is taken to be 0 (see _fake_tensor_fixes): transformers'
+    # Trainer filters NaN losses with `torch.isnan(loss) or torch.isinf(loss)`, clip_grad_norm_
+    # has error_if_nonfinite. And isin finds nothing: generate()'s end-of-sequence test
+    # (EosTokenCriteria) never fires, so a generation runs to its max length, the longest and the
+    # most memory, instead of stopping wherever --scalar-value steers it. Such a value follows the
+    # ops that compare, combine, reduce, copy or view it, and answers reads of it without
+    # --scalar-value; any other write to the tensor forgets it.
+    assumed_false = {"isnan", "isinf", "isposinf", "isneginf", "isin"}
+    _UNIFORM_CHECK_ELEMENTS = 1 << 12  # a real tensor checked for one value throughout, at most
+    fills = {"full": 1, "full_like": 1, "fill": 1, "scalar_tensor": 0}  # op -> position of the value
+    constants = {"ones": 1, "ones_like": 1, "zeros": 0, "zeros_like": 0}
+    keeps_value = {"amax", "amin", "clone", "_to_copy", "detach", "alias", "view", "_unsafe_view", "reshape",
+                   "squeeze", "unsqueeze", "expand", "select", "slice", "lift_fresh", "copy"}
+    reductions = {"any": bool, "all": bool}
+    compares = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
+                "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
+    combines = {"logical_or": lambda a, b: bool(a) or bool(b), "logical_and": lambda a, b: bool(a) and bool(b),
+                "bitwise_or": lambda a, b: a | b, "bitwise_and": lambda a, b: a & b, "bitwise_xor": lambda a, b: a ^ b}
+    full_reductions = {aten.max.default, aten.min.default}
+    # What can know a value with nothing known yet (a real tensor's moves included).
+    disable_modes = torch.utils._python_dispatch._disable_current_modes
+    value_sources = assumed_false | set(fills) | set(constants) | {"_to_copy", "copy", "lift_fresh"}
 
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
@@ -387,7 +398,7 @@ def _make_recorder_class(torch):
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
-            self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Finite values]
+            self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
 
         def say_once(self, what, message, trace_note=None):
             """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
@@ -623,44 +634,73 @@ def _make_recorder_class(torch):
             return func(*args, **kwargs) if floating <= _REAL_CPU_BYTES else predicted
 
         def _follow_known_value(self, func, args, kwargs, out):
-            """Note [Finite values]: what ``out`` is known to hold, every element alike."""
-            packet = func.overloadpacket
+            """Note [Known values]: what every element of ``out`` is known to be, if anything."""
+            name = func.overloadpacket.__name__
             known = self.known_values
-            if not len(known) and packet not in nonfinite_tests:
+            base = name[:-1] if name.endswith("_") and not name.endswith("__") else name  # in-place forms
+            if not len(known) and base not in value_sources:
                 return
-            value = None
-            if packet in nonfinite_tests:
-                value = False
-            elif packet in keeps_value or packet in any_of or packet in all_of or packet in negates or packet in (aten.sum, aten.copy_):
-                inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-                if packet is aten.copy or packet is aten.copy_:
-                    inputs = inputs[1:2]  # copy(self, src): the value is src's
-                values = [known.get(a) for a in inputs]
-                if values and all(v is not None for v in values):
-                    if packet in any_of:
-                        value = any(values)
-                    elif packet in all_of:
-                        value = all(values)
-                    elif packet in negates:
-                        value = not values[0]
-                    elif packet is aten.sum:
-                        value = int(values[0]) * int(inputs[0].numel())
-                    else:
-                        value = values[0]
-            for pos, name in self._written_arg_positions(func):
-                arg = args[pos] if pos < len(args) else kwargs.get(name)
+            try:
+                value = self._known_result(func, base, args, kwargs)
+            except Exception:
+                value = None  # (an op this bookkeeping cannot follow: the value is unknown)
+            for pos, arg_name in self._written_arg_positions(func):
+                arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
                 for leaf in tree_leaves(arg):
                     if isinstance(leaf, torch.Tensor):
                         known.pop(leaf, None)
-            if value is not None:
-                for leaf in tree_leaves(out):
-                    if isinstance(leaf, torch.Tensor):
-                        known[leaf] = value
+                        if leaf._is_view():
+                            known.pop(leaf._base, None)  # `t[i] = v` writes t through a view
+            if value is not None and isinstance(out, torch.Tensor):
+                known[out] = value
+
+        def _known_result(self, func, base, args, kwargs):
+            def value_of(x):
+                if isinstance(x, fake_tensor_type):
+                    return self.known_values.get(x)
+                if isinstance(x, torch.Tensor):
+                    # A real tensor (token ids made with torch.tensor, moved to fake CUDA): known
+                    # when small and every element is the same.
+                    if x.is_sparse or not 0 < x.numel() <= _UNIFORM_CHECK_ELEMENTS or x.dtype.is_complex:
+                        return None
+                    with disable_modes():  # read the real data, past this mode and fake ones
+                        first = x.reshape(-1)[0]
+                        return first.item() if bool((x == first).all()) else None
+                return x if isinstance(x, (bool, int, float)) else None
+
+            if base == "isin":
+                # Both sides known: compute it; otherwise nothing is found (the assumption).
+                elements, test = (value_of(a) for a in args[:2]) if len(args) > 1 else (None, None)
+                return elements == test if elements is not None and test is not None else False
+            if base in assumed_false:
+                return False
+            if base in constants:
+                return constants[base]
+            if base in fills:
+                pos = fills[base]
+                return value_of(args[pos]) if pos < len(args) else None
+            first = value_of(args[1] if base == "copy" else args[0]) if len(args) > 1 or (args and base != "copy") else None
+            if first is None:
+                return None
+            if base in keeps_value or func in full_reductions:
+                return first
+            if base in reductions:
+                return reductions[base](first) if args[0].numel() else None
+            if base == "sum":
+                return first * int(args[0].numel())
+            if base in ("logical_not", "bitwise_not"):
+                return (not first) if isinstance(first, bool) or base == "logical_not" else ~first
+            if base in compares or base in combines:
+                second = value_of(args[1]) if len(args) > 1 else None
+                if second is None:
+                    return None
+                return (compares.get(base) or combines[base])(first, second)
+            return None
 
         def _scalar(self, func, args):
-            value = self.known_values.get(args[0])
+            value = self.known_values.get(args[0]) if isinstance(args[0], fake_tensor_type) else None
             if value is not None:
-                self.say_once("isnan/isinf", "results are read as all False: the capture takes the run's values to be finite")
+                self.say_once("known values", "answer reads of fake tensors where they can (Note [Known values]): isnan/isinf are all False, isin finds nothing (a generation runs to its max length)")
                 return self._as_dtype_of(args[0], value)
             # FakeTensorMode knows the value of small tensors made from Python numbers and kept up
             # through in-place ops (an optimizer's step count); anything else has no value.
@@ -1734,9 +1774,8 @@ def _fake_data_message(exc, script):
         fix = "drop or guard the read (`if not allocbench_capture.fake():`), or capture with --real on a GPU"
     elif isinstance(exc, FakeValueNeeded) and library:
         op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
-        fix = ("pass --scalar-value V to answer such reads with V (a library's read steers its control flow: a loop "
-               "that stops on the value, such as a generation loop's end test, may need 1 rather than 0), or capture "
-               "with --real on a GPU")
+        fix = ("pass --scalar-value V to answer such reads with V (a library's read steers its control flow: V "
+               "decides which branch it takes), or capture with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded):
         op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value 0 to answer such "

@@ -376,26 +376,69 @@ fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
 }
 
 #[test]
-fn nan_and_inf_tests_read_as_a_finite_run_without_scalar_value() {
+fn known_values_answer_reads_without_scalar_value() {
     if !have_torch() {
         return;
     }
-    // Trainer's NaN-loss filter, clip_grad_norm_(error_if_nonfinite=True), and tests combined,
-    // counted and negated: each takes the finite branch, and the capture says so once.
+    // Trainer's NaN-loss filter, clip_grad_norm_(error_if_nonfinite=True), NaN/Inf tests combined,
+    // counted and negated, filled tensors, a token id tensor, and a generation loop whose end test
+    // (an isin) finds nothing: each reads as a real healthy run would, and the capture says so once.
     let dir = tempfile::tempdir().unwrap();
-    let script = fixture("finite_checks.py");
+    let script = fixture("known_values.py");
     let (out, trace) = capture(dir.path(), "f.csv", &[], &[&script]);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "finite\n");
-    assert_eq!(err.matches("isnan/isinf results are read as all False").count(), 1, "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "known 5\n", "the loop ran to its max length");
+    assert_eq!(err.matches("known values answer reads").count(), 1, "{err}");
     assert_eq!(steps(&events(&trace)), [1, 2, 3]);
-    // Overwritten in place, a test's result is unknown again: reading it is the usual error.
-    let (out, _) = capture(dir.path(), "g.csv", &[], &[&script, "overwrite"]);
-    let err = stderr(&out);
-    assert_eq!(out.status.code(), Some(1), "{err}");
-    let line = 1 + std::fs::read_to_string(&script).unwrap().lines().position(|l| l.ends_with("# mark: overwritten")).unwrap();
-    assert!(err.contains(&format!("finite_checks.py:{line}:")) && err.contains("--scalar-value"), "{err}");
+    // Overwritten with an unknown value, or written through a view, a tensor is unknown again:
+    // reading it is the usual error, naming its line.
+    let source = std::fs::read_to_string(&script).unwrap();
+    for case in ["overwrite", "through_view"] {
+        let (out, _) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{case}: {err}");
+        let line = 1 + source.lines().position(|l| l.ends_with(&format!("# mark: {case}"))).unwrap();
+        assert!(err.contains(&format!("known_values.py:{line}:")) && err.contains("--scalar-value"), "{case}: {err}");
+    }
+}
+
+#[test]
+fn generate_runs_to_max_new_tokens_whatever_the_scalar_value() {
+    if !have_torch() {
+        return;
+    }
+    // transformers' generate() stops when every sequence has met an end-of-sequence token (an
+    // isin) or its max length. Reads of unknown values used to steer it: 0 never stopped, 1 stopped
+    // after one token. With the end test known to find nothing, it runs its 16 new tokens.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("generate.py");
+    std::fs::write(
+        &script,
+        "import torch\nfrom transformers import LlamaConfig, LlamaForCausalLM\n\
+         cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=500)\n\
+         model = LlamaForCausalLM(cfg).cuda().eval()\n\
+         ids = torch.randint(1, 500, (2, 8), device='cuda')\n\
+         with torch.inference_mode():\n    out = model.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)\n\
+         print(tuple(out.shape))\n",
+    )
+    .unwrap();
+    for value in ["0", "1"] {
+        let trace = dir.path().join(format!("g{value}.csv"));
+        // (A timeout: a regression here loops for ever instead of failing.)
+        let out = Command::cargo_bin("allocbench")
+            .unwrap()
+            .args(["capture", "--scalar-value", value, "-o"])
+            .arg(&trace)
+            .arg("--")
+            .arg(&script)
+            .timeout(std::time::Duration::from_secs(300))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "--scalar-value {value}: {}", stderr(&out));
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "(2, 24)\n", "--scalar-value {value}");
+        assert!(!events(&trace).is_empty());
+    }
 }
 
 #[test]
