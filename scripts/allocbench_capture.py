@@ -353,9 +353,9 @@ def _make_recorder_class(torch):
     # ops that compare, combine, reduce, copy or view it, and answers reads of it without
     # --scalar-value; any other write to the tensor forgets it.
     assumed_false = {"isnan", "isinf", "isposinf", "isneginf", "isin"}
-    _UNIFORM_CHECK_ELEMENTS = 1 << 12  # a real tensor checked for one value throughout, at most
-    fills = {"full": 1, "full_like": 1, "fill": 1, "scalar_tensor": 0}  # op -> position of the value
-    constants = {"ones": 1, "ones_like": 1, "zeros": 0, "zeros_like": 0}
+    uniform_check_elements = 1 << 12  # a real tensor checked for one value throughout, at most
+    fills = {"full": 1, "full_like": 1, "new_full": 2, "fill": 1, "scalar_tensor": 0}  # op -> position of the value
+    constants = {"ones": 1, "ones_like": 1, "new_ones": 1, "zeros": 0, "zeros_like": 0, "new_zeros": 0}
     keeps_value = {"amax", "amin", "clone", "_to_copy", "detach", "alias", "view", "_unsafe_view", "reshape",
                    "squeeze", "unsqueeze", "expand", "select", "slice", "lift_fresh", "copy"}
     reductions = {"any": bool, "all": bool}
@@ -364,8 +364,8 @@ def _make_recorder_class(torch):
     combines = {"logical_or": lambda a, b: bool(a) or bool(b), "logical_and": lambda a, b: bool(a) and bool(b),
                 "bitwise_or": lambda a, b: a | b, "bitwise_and": lambda a, b: a & b, "bitwise_xor": lambda a, b: a ^ b}
     full_reductions = {aten.max.default, aten.min.default}
-    # What can know a value with nothing known yet (a real tensor's moves included).
     disable_modes = torch.utils._python_dispatch._disable_current_modes
+    # What can know a value with nothing known yet (a real tensor's moves included).
     value_sources = assumed_false | set(fills) | set(constants) | {"_to_copy", "copy", "lift_fresh"}
 
     class Recorder(TorchDispatchMode):
@@ -641,7 +641,7 @@ def _make_recorder_class(torch):
             if not len(known) and base not in value_sources:
                 return
             try:
-                value = self._known_result(func, base, args, kwargs)
+                value = self._known_result(func, base, args, out)
             except Exception:
                 value = None  # (an op this bookkeeping cannot follow: the value is unknown)
             for pos, arg_name in self._written_arg_positions(func):
@@ -654,14 +654,14 @@ def _make_recorder_class(torch):
             if value is not None and isinstance(out, torch.Tensor):
                 known[out] = value
 
-        def _known_result(self, func, base, args, kwargs):
+        def _known_result(self, func, base, args, out):
             def value_of(x):
                 if isinstance(x, fake_tensor_type):
                     return self.known_values.get(x)
                 if isinstance(x, torch.Tensor):
                     # A real tensor (token ids made with torch.tensor, moved to fake CUDA): known
                     # when small and every element is the same.
-                    if x.is_sparse or not 0 < x.numel() <= _UNIFORM_CHECK_ELEMENTS or x.dtype.is_complex:
+                    if x.is_sparse or not 0 < x.numel() <= uniform_check_elements or x.dtype.is_complex:
                         return None
                     with disable_modes():  # read the real data, past this mode and fake ones
                         first = x.reshape(-1)[0]
@@ -679,7 +679,7 @@ def _make_recorder_class(torch):
             if base in fills:
                 pos = fills[base]
                 return value_of(args[pos]) if pos < len(args) else None
-            first = value_of(args[1] if base == "copy" else args[0]) if len(args) > 1 or (args and base != "copy") else None
+            first = value_of(args[1] if base == "copy" else args[0])  # copy(self, src): src's value
             if first is None:
                 return None
             if base in keeps_value or func in full_reductions:
@@ -687,7 +687,8 @@ def _make_recorder_class(torch):
             if base in reductions:
                 return reductions[base](first) if args[0].numel() else None
             if base == "sum":
-                return first * int(args[0].numel())
+                # Each output element sums (input elements / output elements) equal values.
+                return first * (int(args[0].numel()) // int(out.numel())) if out.numel() else None
             if base in ("logical_not", "bitwise_not"):
                 return (not first) if isinstance(first, bool) or base == "logical_not" else ~first
             if base in compares or base in combines:
