@@ -48,9 +48,20 @@ fn stderr(out: &Output) -> String {
 }
 
 /// Runs `allocbench capture FLAGS -o DIR/NAME -- SCRIPT ARGS`; returns the output and the trace path.
+/// (With a timeout: a capture that regresses into an endless loop fails instead of hanging CI.)
 fn capture(dir: &Path, name: &str, flags: &[&str], script_and_args: &[&str]) -> (Output, PathBuf) {
     let trace = dir.join(name);
-    let out = Command::cargo_bin("allocbench").unwrap().arg("capture").args(flags).arg("-o").arg(&trace).arg("--").args(script_and_args).output().unwrap();
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .arg("capture")
+        .args(flags)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .args(script_and_args)
+        .timeout(std::time::Duration::from_secs(600))
+        .output()
+        .unwrap();
     (out, trace)
 }
 
@@ -424,17 +435,7 @@ fn generate_runs_to_max_new_tokens_whatever_the_scalar_value() {
     )
     .unwrap();
     for value in ["0", "1"] {
-        let trace = dir.path().join(format!("g{value}.csv"));
-        // (A timeout: a regression here loops for ever instead of failing.)
-        let out = Command::cargo_bin("allocbench")
-            .unwrap()
-            .args(["capture", "--scalar-value", value, "-o"])
-            .arg(&trace)
-            .arg("--")
-            .arg(&script)
-            .timeout(std::time::Duration::from_secs(300))
-            .output()
-            .unwrap();
+        let (out, trace) = capture(dir.path(), &format!("g{value}.csv"), &["--scalar-value", value], &[script.to_str().unwrap()]);
         assert!(out.status.success(), "--scalar-value {value}: {}", stderr(&out));
         assert_eq!(String::from_utf8_lossy(&out.stdout), "(2, 24)\n", "--scalar-value {value}");
         assert!(!events(&trace).is_empty());
