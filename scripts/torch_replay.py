@@ -6,7 +6,8 @@ Every `alloc` becomes torch.empty(bytes, dtype=torch.uint8, device="cuda") on th
 `empty_cache` calls torch.cuda.empty_cache(), `record_stream,ID,,S` calls
 tensor.record_stream(stream S) and keeps S busy (torch.cuda._sleep) so that its events complete
 only at the trace's `sync,,,S` (S.synchronize(); `sync,,,` is torch.cuda.synchronize()), as the
-simulator models it, and at every `step` row (before it) and at the end
+simulator models it, `pool_begin`/`pool_end`/`pool_release` call the allocator's
+beginAllocateToPool/endAllocateToPool/releasePool (torch._C bindings), and at every `step` row (before it) and at the end
 torch.cuda.memory_stats() is recorded. The output is JSON that `allocbench fidelity TRACE
 --torch-json FILE` compares with the simulator key by key.
 
@@ -62,6 +63,10 @@ def main():
         if st is None:
             st = streams[s] = torch.cuda.Stream(device=dev) if s != 0 else torch.cuda.default_stream(dev)
         return st
+
+    def mempool_id(pool):
+        # A trace's pool P as a MempoolId_t: (0, P + 1), never the default pool (0, 0).
+        return (0, int(pool) + 1)
 
     live = {}
     failed = set()
@@ -123,6 +128,19 @@ def main():
                 else:
                     torch.cuda.synchronize()
                     busy.clear()
+            elif op == "pool_begin":
+                # beginAllocateToPool: the stream's allocations (every stream's when the row names
+                # none, or the default stream, which no capture may run on) go to a private pool.
+                s = int(stream) if stream else 0
+                if s == 0:
+                    torch._C._cuda_beginAllocateToPool(dev.index, mempool_id(ident))
+                else:
+                    with torch.cuda.stream(stream_of(s)):
+                        torch._C._cuda_beginAllocateCurrentStreamToPool(dev.index, mempool_id(ident))
+            elif op == "pool_end":
+                torch._C._cuda_endAllocateToPool(dev.index, mempool_id(ident))
+            elif op == "pool_release":
+                torch._C._cuda_releasePool(dev.index, mempool_id(ident))
             else:
                 print(f"{args.trace}:{lineno}: unknown op {op!r}", file=sys.stderr)
                 return 2

@@ -22,6 +22,16 @@ pub enum Event {
     /// recorded on it are done, and the deferred frees land at the allocator's next
     /// process_events (the start of the next malloc) or synchronize_and_free_events.
     Sync { stream: Option<u64> },
+    /// beginAllocateToPool: allocations on `stream` (every stream, `None`: MemPool's
+    /// use_mem_pool routes the calling thread) go to private pool `pool` until its
+    /// [`Event::PoolEnd`]. A CUDA graph capture (`torch.cuda.graph`) is one, on its capture
+    /// stream; a pool made by a begin lives until a [`Event::PoolRelease`] per begin.
+    PoolBegin { pool: u64, stream: Option<u64> },
+    /// endAllocateToPool: allocations stop going to `pool` (capture_end).
+    PoolEnd { pool: u64 },
+    /// releasePool: one user of `pool` is gone (the graph was reset or destroyed, the MemPool
+    /// deleted); once none is left, empty_cache (or the OOM path) may free its cached segments.
+    PoolRelease { pool: u64 },
 }
 
 impl Event {
@@ -33,6 +43,9 @@ impl Event {
             Event::Step { .. } => "step",
             Event::RecordStream { .. } => "record_stream",
             Event::Sync { .. } => "sync",
+            Event::PoolBegin { .. } => "pool_begin",
+            Event::PoolEnd { .. } => "pool_end",
+            Event::PoolRelease { .. } => "pool_release",
         }
     }
 }

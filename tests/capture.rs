@@ -99,7 +99,7 @@ fn phases(evs: &[Event]) -> Vec<Vec<i64>> {
             Event::Free { id } => out.last_mut().unwrap().push(-live.remove(&id).expect("free of a live id")),
             Event::Step { .. } => out.push(Vec::new()),
             Event::EmptyCache => out.last_mut().unwrap().push(0),
-            Event::RecordStream { .. } | Event::Sync { .. } => {}
+            Event::RecordStream { .. } | Event::Sync { .. } | Event::PoolBegin { .. } | Event::PoolEnd { .. } | Event::PoolRelease { .. } => {}
         }
     }
     out

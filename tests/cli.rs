@@ -367,3 +367,34 @@ fn an_incomplete_capture_is_said_when_replayed() {
         assert!(!stderr(&out).contains("incomplete"), "{}", stderr(&out));
     }
 }
+
+/// A CUDA graph capture in a trace: the capture's allocations live in the graph's private pool,
+/// so memory freed inside the graph cannot serve the eager allocations after it; the same trace
+/// without the pool rows reuses it. A pool row PyTorch refuses is an error naming its line.
+#[test]
+fn replay_keeps_a_graph_pool_apart_until_it_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let mib20 = 20u64 << 20;
+    let body = |pools: bool| {
+        let (begin, end, release) = if pools { ("pool_begin,1,,7\n", "pool_end,1,,\n", "pool_release,1,,\n") } else { ("", "", "") };
+        format!("op,id,bytes,stream\n{begin}alloc,1,{mib20},7\nfree,1,,\n{end}alloc,2,{mib20},7\nfree,2,,\n{release}empty_cache,,,\n")
+    };
+    let run = |name: &str, text: String| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        let out = bin().args(["replay", path.to_str().unwrap(), "--json", "-"]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let graph = run("graph.csv", body(true));
+    let eager = run("eager.csv", body(false));
+    assert_eq!(graph["stats"]["reserved_bytes.all.peak"], 2 * mib20);
+    assert_eq!(eager["stats"]["reserved_bytes.all.peak"], mib20);
+    // Released and emptied: nothing stays reserved.
+    assert_eq!(graph["stats"]["reserved_bytes.all.current"], 0);
+    let path = dir.path().join("bad.csv");
+    std::fs::write(&path, "op,id,bytes,stream\npool_end,1,,\n").unwrap();
+    let out = bin().args(["replay", path.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("bad.csv:2: pool_end of pool 1, which is not being allocated to"), "{}", stderr(&out));
+}

@@ -246,8 +246,14 @@ impl Compiler {
                 }
             }
             Event::Step { .. } => ops.push(Op::Step),
-            // CPU allocators have no streams: a use by another stream changes nothing.
-            Event::EmptyCache | Event::RecordStream { .. } | Event::Sync { .. } => {}
+            // CPU allocators have no streams or private pools: a use by another stream, or a
+            // pool an allocation is routed to, changes nothing.
+            Event::EmptyCache
+            | Event::RecordStream { .. }
+            | Event::Sync { .. }
+            | Event::PoolBegin { .. }
+            | Event::PoolEnd { .. }
+            | Event::PoolRelease { .. } => {}
         }
     }
 }

@@ -135,6 +135,19 @@ pub trait GpuAllocator {
     fn record_stream(&mut self, _handle: Handle, _stream: u64) {}
     /// `stream` (or the whole device) completed its queued work (see [`crate::event::Event::Sync`]).
     fn sync(&mut self, _stream: Option<u64>) {}
+    /// beginAllocateToPool (see [`crate::event::Event::PoolBegin`]). Policies without private
+    /// pools ignore the pool events. Err: why PyTorch would refuse the call.
+    fn begin_allocate_to_pool(&mut self, _pool: u64, _stream: Option<u64>) -> Result<(), String> {
+        Ok(())
+    }
+    /// endAllocateToPool (see [`crate::event::Event::PoolEnd`]).
+    fn end_allocate_to_pool(&mut self, _pool: u64) -> Result<(), String> {
+        Ok(())
+    }
+    /// releasePool (see [`crate::event::Event::PoolRelease`]).
+    fn release_pool(&mut self, _pool: u64) -> Result<(), String> {
+        Ok(())
+    }
     fn stats(&self) -> &DeviceStats;
     /// Segments in address order with their blocks (none for policies that keep no segments).
     fn segments(&self) -> Vec<SegmentSnapshot> {

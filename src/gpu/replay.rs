@@ -127,6 +127,9 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
             },
             Event::Sync { stream } => alloc.sync(stream),
+            Event::PoolBegin { pool, stream } => alloc.begin_allocate_to_pool(pool, stream).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
+            Event::PoolEnd { pool } => alloc.end_allocate_to_pool(pool).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
+            Event::PoolRelease { pool } => alloc.release_pool(pool).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
             Event::Step { n } => {
                 obs.step(alloc, at, n);
                 out.steps += 1;

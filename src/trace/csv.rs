@@ -9,12 +9,19 @@
 //! free,1,,
 //! sync,,,7
 //! empty_cache,,,
+//! pool_begin,1,,5
+//! pool_end,1,,
+//! pool_release,1,,
 //! ```
 //! `id` names a live allocation (reusable after its free); `bytes` is required for `alloc`;
 //! `stream` is optional for `alloc` (default 0). For `step`, the `id` column holds the step number.
 //! `record_stream,ID,,STREAM`: stream STREAM uses the live allocation ID, so its free waits for
 //! that stream's queued work (PyTorch's event-based deferred free); `sync,,,STREAM` says that
 //! stream's work completed (`sync,,,`: the whole device's), so the deferred frees land.
+//! `pool_begin,POOL,,STREAM`: allocations on STREAM (every stream when empty) go to private pool
+//! POOL (a CUDA graph capture, or `torch.cuda.use_mem_pool`) until `pool_end,POOL,,`; each begin
+//! makes the pool (or shares it) and `pool_release,POOL,,` ends one use of it (the graph reset
+//! or destroyed), after which `empty_cache` may free its cached segments.
 //! Reading is streamed: memory is bounded by the number of live ids, not the file's length.
 //!
 //! Allocation sites (written by `allocbench capture`) are comment lines, which readers that do
@@ -60,6 +67,9 @@ pub struct TraceReader<R> {
     line_no: u64,
     seen_header: bool,
     live: crate::ids::IdSet,
+    /// Private pools: begins not yet released per pool, and the pools being allocated to.
+    pool_users: rustc_hash::FxHashMap<u64, u64>,
+    pools_recording: rustc_hash::FxHashSet<u64>,
     /// The line being read.
     buf: Vec<u8>,
     /// Bytes read from `input` and not yet split into lines: `chunk[start..end]`. Lines are cut
@@ -97,6 +107,8 @@ impl<R: BufRead> TraceReader<R> {
             line_no: 0,
             seen_header: false,
             live: crate::ids::IdSet::default(),
+            pool_users: Default::default(),
+            pools_recording: Default::default(),
             buf: Vec::with_capacity(128),
             chunk: vec![0; CHUNK_BYTES].into_boxed_slice(),
             start: 0,
@@ -320,7 +332,44 @@ impl<R: BufRead> TraceReader<R> {
                 Event::RecordStream { id, stream: self.number(stream, "stream")? }
             }
             "sync" => Event::Sync { stream: if stream.is_empty() { None } else { Some(self.number(stream, "stream")?) } },
-            other => return Err(self.err(format!("unknown op '{}' (expected alloc, free, record_stream, sync, step or empty_cache)", clip(other)))),
+            "pool_begin" => {
+                let pool = self.number(id, "pool (id column)")?;
+                let stream = if stream.is_empty() { None } else { Some(self.number(stream, "stream")?) };
+                // beginAllocateToPool: "already recording to mempool_id".
+                if !self.pools_recording.insert(pool) {
+                    return Err(self.err(format!("pool_begin of pool {pool}, which is already being allocated to (pool_end it first)")));
+                }
+                *self.pool_users.entry(pool).or_default() += 1;
+                Event::PoolBegin { pool, stream }
+            }
+            "pool_end" => {
+                let pool = self.number(id, "pool (id column)")?;
+                // endAllocateToPool: "not currently recording to mempool_id".
+                if !self.pools_recording.remove(&pool) {
+                    return Err(self.err(format!("pool_end of pool {pool}, which is not being allocated to")));
+                }
+                Event::PoolEnd { pool }
+            }
+            "pool_release" => {
+                let pool = self.number(id, "pool (id column)")?;
+                // releasePool: one release per use (use_count never goes below 0).
+                match self.pool_users.get_mut(&pool) {
+                    Some(users) => {
+                        *users -= 1;
+                        if *users == 0 {
+                            self.pool_users.remove(&pool);
+                        }
+                    }
+                    None => return Err(self.err(format!("pool_release of pool {pool}, which has no pool_begin left to release"))),
+                }
+                Event::PoolRelease { pool }
+            }
+            other => {
+                return Err(self.err(format!(
+                    "unknown op '{}' (expected alloc, free, record_stream, sync, step, empty_cache, pool_begin, pool_end or pool_release)",
+                    clip(other)
+                )))
+            }
         };
         Ok(Some(event))
     }
@@ -445,6 +494,10 @@ impl<W: Write> TraceWriter<W> {
             Event::RecordStream { id, stream } => writeln!(self.out, "record_stream,{id},,{stream}"),
             Event::Sync { stream: Some(s) } => writeln!(self.out, "sync,,,{s}"),
             Event::Sync { stream: None } => writeln!(self.out, "sync,,,"),
+            Event::PoolBegin { pool, stream: Some(s) } => writeln!(self.out, "pool_begin,{pool},,{s}"),
+            Event::PoolBegin { pool, stream: None } => writeln!(self.out, "pool_begin,{pool},,"),
+            Event::PoolEnd { pool } => writeln!(self.out, "pool_end,{pool},,"),
+            Event::PoolRelease { pool } => writeln!(self.out, "pool_release,{pool},,"),
         }
     }
 
@@ -565,6 +618,27 @@ mod tests {
             let res = parse(&format!("{head}{line}\n"));
             let err = res.last().unwrap().as_ref().unwrap_err().to_string();
             assert!(err.contains(want) && err.starts_with("t.csv:3"), "{line}: {err}");
+        }
+    }
+
+    #[test]
+    fn pool_rows_pair_up_as_pytorch_requires() {
+        let head = "op,id,bytes,stream\n";
+        let res = parse(&format!("{head}pool_begin,4,,7\nalloc,1,10,7\npool_end,4,,\npool_begin,4,,\npool_end,4,,\npool_release,4,,\npool_release,4,,\n"));
+        let evs: Vec<Event> = res.into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(evs[0], Event::PoolBegin { pool: 4, stream: Some(7) });
+        assert_eq!(evs[3], Event::PoolBegin { pool: 4, stream: None });
+        assert_eq!(evs[6], Event::PoolRelease { pool: 4 });
+        for (rows, want) in [
+            ("pool_begin,1,,\npool_begin,1,,2", "t.csv:3: pool_begin of pool 1, which is already being allocated to"),
+            ("pool_begin,1,,\npool_end,2,,", "t.csv:3: pool_end of pool 2, which is not being allocated to"),
+            ("pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_release,1,,", "t.csv:5: pool_release of pool 1, which has no pool_begin left"),
+            ("pool_begin,,,", "t.csv:2: missing pool (id column)"),
+            ("pool_begin,1,,x", "t.csv:2:"),
+        ] {
+            let res = parse(&format!("{head}{rows}\n"));
+            let err = res.last().unwrap().as_ref().unwrap_err().to_string();
+            assert!(err.starts_with(want), "{rows}: {err}");
         }
     }
 
@@ -730,6 +804,12 @@ mod tests {
             Event::Free { id: 5 },
             Event::Sync { stream: Some(7) },
             Event::Sync { stream: None },
+            Event::PoolBegin { pool: 3, stream: Some(9) },
+            Event::PoolEnd { pool: 3 },
+            Event::PoolBegin { pool: 3, stream: None },
+            Event::PoolEnd { pool: 3 },
+            Event::PoolRelease { pool: 3 },
+            Event::PoolRelease { pool: 3 },
         ];
         let mut w = TraceWriter::new(Vec::new(), &["hello\nworld".to_string()]).unwrap();
         for e in &evs {

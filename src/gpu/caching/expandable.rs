@@ -6,15 +6,17 @@ use super::{Block, CachingAllocator, ExpandableSegment, NIL, SMALL_BUFFER_BYTES}
 use crate::gpu::device::{Device, DeviceError};
 use crate::gpu::stats::PoolKind;
 
+use super::PoolId;
+
 impl<D: Device> CachingAllocator<D> {
     /// find_expandable_block: the lowest-address run of free-or-unmapped blocks on this stream
     /// that covers `size` (starting at a free mapped block just before an unmapped one when there
     /// is one), else a new segment.
-    fn find_expandable_block(&mut self, stream: u32, pool: PoolKind, size: u64) -> Result<u32, DeviceError> {
+    fn find_expandable_block(&mut self, stream: u32, pool: PoolId, size: u64) -> Result<u32, DeviceError> {
         // allocatable: not allocated, and no event outstanding (`event_count == 0`: a block
         // awaiting another stream's work is not free yet).
         let allocatable = |s: &Self, i: u32| i != NIL && !s.blocks[i as usize].allocated && !s.events.is_pending(i);
-        let unmapped: Vec<u32> = self.pools[pool as usize].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &i)| i).collect();
+        let unmapped: Vec<u32> = self.pools[pool.index()].unmapped.range((stream, 0)..).take_while(|(k, _)| k.0 == stream).map(|(_, &i)| i).collect();
         for u in unmapped {
             let mut c = u;
             let prev = self.blocks[u as usize].prev;
@@ -32,7 +34,7 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         // A new segment: G × ceil(1.125 × totalGlobalMem / G) of address space, all unmapped.
-        let page_size = if pool == PoolKind::Small { SMALL_BUFFER_BYTES } else { self.cfg.large_segment_size };
+        let page_size = if pool.kind() == PoolKind::Small { SMALL_BUFFER_BYTES } else { self.cfg.large_segment_size };
         let total = self.device.capacity();
         let pages = (total + total / 8).div_ceil(page_size);
         let base = self.device.reserve_address(pages * page_size)?;
@@ -62,12 +64,12 @@ impl<D: Device> CachingAllocator<D> {
             gc_count_base: 0,
             slot: NIL,
         });
-        self.pools[pool as usize].unmapped.insert((stream, base), i);
+        self.pools[pool.index()].unmapped.insert((stream, base), i);
         Ok(i)
     }
 
     /// try_allocate_expandable_block: map what the chosen run needs, merging as it goes.
-    pub(super) fn try_allocate_expandable_block(&mut self, stream: u32, pool: PoolKind, size: u64) -> Result<Option<u32>, DeviceError> {
+    pub(super) fn try_allocate_expandable_block(&mut self, stream: u32, pool: PoolId, size: u64) -> Result<Option<u32>, DeviceError> {
         let mut candidate = self.find_expandable_block(stream, pool, size)?;
         if !self.blocks[candidate as usize].mapped {
             let n = self.blocks[candidate as usize].size.min(size);
@@ -120,7 +122,7 @@ impl<D: Device> CachingAllocator<D> {
             seg.mapped[p as usize] = true;
         }
         let mapped_size = (end - begin) * page;
-        self.pools[pool as usize].unmapped.remove(&(stream, ptr));
+        self.pools[pool.index()].unmapped.remove(&(stream, ptr));
         self.blocks[i as usize].mapped = true;
         if mapped_size < block_size {
             let old_next = self.blocks[i as usize].next;
@@ -143,14 +145,14 @@ impl<D: Device> CachingAllocator<D> {
             }
             self.blocks[i as usize].next = rest;
             self.blocks[i as usize].size = mapped_size;
-            self.pools[pool as usize].unmapped.insert((stream, ptr + mapped_size), rest);
+            self.pools[pool.index()].unmapped.insert((stream, ptr + mapped_size), rest);
         }
         let prev = self.blocks[i as usize].prev;
         self.try_merge(i, prev);
         let next = self.blocks[i as usize].next;
         self.try_merge(i, next);
         self.insert_free(i);
-        self.stats.reserved_bytes.increase(pool, mapped_size);
+        self.stats.reserved_bytes.increase(pool.kind(), mapped_size);
         self.stats.num_device_alloc += 1;
         Ok(true)
     }
@@ -173,6 +175,11 @@ impl<D: Device> CachingAllocator<D> {
         }
         for p in begin..end {
             self.device.unmap_page(base + p * page, page)?;
+        }
+        // unmap_block: an unmap of a private pool's block counts as one of its cudaFrees.
+        if pool.is_private() {
+            let owner = self.owner_private_pool(pool);
+            owner.cuda_malloc_count = owner.cuda_malloc_count.saturating_sub(1);
         }
         let seg = self.expandable_segments[seg_index].as_mut().expect("live segment");
         for p in begin..end {
@@ -213,8 +220,8 @@ impl<D: Device> CachingAllocator<D> {
         let next = self.blocks[i as usize].next;
         self.try_merge(i, next);
         let key = (stream, self.blocks[i as usize].ptr);
-        self.pools[pool as usize].unmapped.insert(key, i);
-        self.stats.reserved_bytes.decrease(pool, un_size);
+        self.pools[pool.index()].unmapped.insert(key, i);
+        self.stats.reserved_bytes.decrease(pool.kind(), un_size);
         self.stats.num_device_free += 1;
         Ok(())
     }
@@ -225,7 +232,7 @@ impl<D: Device> CachingAllocator<D> {
         let seg = self.expandable_segments[b.segment as usize].take().expect("live segment");
         debug_assert_eq!(b.size, seg.va_size());
         self.device.release_address(seg.base, seg.va_size())?;
-        self.pools[b.pool as usize].unmapped.remove(&(b.stream, b.ptr));
+        self.pools[b.pool.index()].unmapped.remove(&(b.stream, b.ptr));
         self.kill(i);
         Ok(())
     }

@@ -86,6 +86,7 @@ pub fn allocation_size(cfg: &AllocatorConfig, rounded: u64) -> u64 {
     }
 }
 
+/// Which of a BlockPool pair a rounded size goes to: the small pool up to 1 MiB (kSmallSize).
 pub fn pool_for(rounded: u64) -> PoolKind {
     if rounded <= SMALL_SIZE_BYTES {
         PoolKind::Small
@@ -93,6 +94,44 @@ pub fn pool_for(rounded: u64) -> PoolKind {
         PoolKind::Large
     }
 }
+
+/// A BlockPool: the allocator's small (0) and large (1) pools, then a small and a large pool per
+/// private pool (a CUDA graph's or a MemPool's: PrivatePool::small_blocks/large_blocks). Small
+/// pools are the even ones, so the kind, which the stats go by (get_stat_types_for_pool), is the
+/// low bit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PoolId(u32);
+
+impl PoolId {
+    const LARGE: PoolId = PoolId(PoolKind::Large as u32);
+    const SMALL: PoolId = PoolId(PoolKind::Small as u32);
+
+    /// The pool of `kind` in the pair that starts at `pair` (an even id).
+    #[inline(always)]
+    fn in_pair(pair: u32, kind: PoolKind) -> PoolId {
+        PoolId(pair + kind as u32)
+    }
+
+    #[inline(always)]
+    fn kind(self) -> PoolKind {
+        if self.0 & 1 == 0 {
+            PoolKind::Small
+        } else {
+            PoolKind::Large
+        }
+    }
+
+    #[inline(always)]
+    fn index(self) -> usize {
+        self.0 as usize
+    }
+
+    fn is_private(self) -> bool {
+        self.0 >= 2
+    }
+}
+
+const _: () = assert!(PoolKind::Small as u32 == 0 && PoolKind::Large as u32 == 1, "a pair's small pool is its even id");
 
 /// One cache line per block (56 bytes of fields would otherwise straddle two lines in seven
 /// blocks of eight).
@@ -106,7 +145,7 @@ struct Block {
     prev: u32,
     next: u32,
     stream: u32,
-    pool: PoolKind,
+    pool: PoolId,
     allocated: bool,
     mapped: bool,
     /// Index into `expandable_segments`, or NIL for an ordinary segment.
@@ -157,7 +196,8 @@ pub struct CachingAllocator<D: Device> {
     device: D,
     blocks: Vec<Block>,
     dead: Vec<u32>,
-    pools: [BlockPool; 2],
+    /// The BlockPools by [`PoolId`]: the allocator's pair, then one pair per private pool.
+    pools: Vec<BlockPool>,
     stats: DeviceStats,
     /// floor(fraction × capacity) when a memory fraction below 1 is set.
     allowed: Option<u64>,
@@ -166,6 +206,31 @@ pub struct CachingAllocator<D: Device> {
     raw_streams: Vec<u64>,
     expandable_segments: Vec<Option<ExpandableSegment>>,
     events: StreamEvents,
+    /// graph_pools: the private pools that exist, in order of creation; those with no user left
+    /// (use_count 0) are graph_pools_freeable.
+    private_pools: Vec<PrivatePool>,
+    /// captures_underway: the pools being allocated to, and whose allocations go there.
+    captures_underway: Vec<CaptureUnderway>,
+    /// BlockPool pairs of erased private pools, for the next pool to reuse.
+    spare_pairs: Vec<u32>,
+}
+
+/// PrivatePool: a CUDA graph's (or a MemPool's) own BlockPool pair. `use_count` counts the
+/// captures/MemPools using it; `cuda_malloc_count` its live segments, which keep it in
+/// existence after its last user is gone until empty_cache frees them.
+struct PrivatePool {
+    id: u64,
+    pair: u32,
+    use_count: u64,
+    cuda_malloc_count: u64,
+}
+
+/// An entry of captures_underway: allocations on `stream` (every stream when `None`) go to
+/// private pool `pool`, whose BlockPools start at `pair`.
+struct CaptureUnderway {
+    pool: u64,
+    pair: u32,
+    stream: Option<u32>,
 }
 
 /// The cross-stream state of recordStream / insert_events / process_events: which live blocks
@@ -180,12 +245,22 @@ struct StreamEvents {
     queued: BTreeMap<u64, VecDeque<u32>>,
     /// Events completed by a sync, not yet seen by process_events.
     completed: Vec<u32>,
+    /// needs_events_deferred_until_no_capture: blocks used by other streams and freed while a
+    /// capture was underway (their `stream_uses` stay until the events are inserted).
+    deferred_until_no_capture: Vec<u32>,
+    /// block_to_cudagraph_stream_uses: the uses recorded while a capture was underway, which
+    /// the capture's end completes (remove_graph_stream_uses).
+    graph_stream_uses: FxHashMap<u32, Vec<u64>>,
 }
 
 impl StreamEvents {
+    /// A free block that is not free yet: waiting for its events (event_count > 0), or freed
+    /// during a capture with its stream uses not yet turned into events (try_merge_blocks and
+    /// the free sets skip both).
     #[inline(always)]
     fn is_pending(&self, block: u32) -> bool {
-        !self.event_count.is_empty() && self.event_count.contains_key(&block)
+        (!self.event_count.is_empty() && self.event_count.contains_key(&block))
+            || (!self.deferred_until_no_capture.is_empty() && self.deferred_until_no_capture.contains(&block))
     }
 }
 
@@ -205,7 +280,10 @@ impl<D: Device> CachingAllocator<D> {
             device,
             blocks: Vec::new(),
             dead: Vec::new(),
-            pools: [BlockPool::default(), BlockPool::default()],
+            pools: vec![BlockPool::default(), BlockPool::default()],
+            private_pools: Vec::new(),
+            captures_underway: Vec::new(),
+            spare_pairs: Vec::new(),
             stats,
             allowed,
             streams,
@@ -280,8 +358,8 @@ impl<D: Device> CachingAllocator<D> {
         self.dead.push(i);
     }
 
-    fn pool(&mut self, p: PoolKind) -> &mut BlockPool {
-        &mut self.pools[p as usize]
+    fn pool(&mut self, p: PoolId) -> &mut BlockPool {
+        &mut self.pools[p.index()]
     }
 
     /// insert_into_blocks: also stamps the block with the pool's GC lookup count.
@@ -289,7 +367,7 @@ impl<D: Device> CachingAllocator<D> {
     fn insert_free(&mut self, i: u32) {
         let b = self.block(i);
         let (k, p) = (key(b), b.pool);
-        let count = self.pools[p as usize].get_free_blocks_call_count;
+        let count = self.pools[p.index()].get_free_blocks_call_count;
         let slot = self.pool(p).blocks.insert(k, i);
         let b = self.block_mut(i);
         b.gc_count_base = count;
@@ -311,12 +389,12 @@ impl<D: Device> CachingAllocator<D> {
 
     /// get_free_block: best fit on the stream, with the expandable and oversize rules.
     #[inline(always)]
-    fn get_free_block(&mut self, stream: u32, rounded: u64, pool: PoolKind) -> Option<u32> {
+    fn get_free_block(&mut self, stream: u32, rounded: u64, pool: PoolId) -> Option<u32> {
         if self.gc_enabled() {
             self.pool(pool).get_free_blocks_call_count += 1;
         }
         let m = self.cfg.max_split_size;
-        let mut candidate = self.pools[pool as usize].blocks.first_at_least(stream, rounded)?.1;
+        let mut candidate = self.pools[pool.index()].blocks.first_at_least(stream, rounded)?.1;
         if self.block(candidate).expandable() {
             // Prefer a fitting block whose expandable size (size + unmapped tail) is smaller:
             // a non-tail free block beats growing the tail.
@@ -326,7 +404,7 @@ impl<D: Device> CachingAllocator<D> {
             };
             let mut at = key(self.block(candidate));
             while self.block(candidate).expandable() {
-                match self.pools[pool as usize].blocks.next_after(at) {
+                match self.pools[pool.index()].blocks.next_after(at) {
                     Some((k, next)) if expandable_size(self, next) < expandable_size(self, candidate) => {
                         candidate = next;
                         at = k;
@@ -349,7 +427,7 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// alloc_block: a new segment (or mapped expandable range) for the request.
-    fn alloc_block(&mut self, stream: u32, rounded: u64, alloc_size: u64, pool: PoolKind, is_retry: bool) -> Result<Option<u32>, DeviceError> {
+    fn alloc_block(&mut self, stream: u32, rounded: u64, alloc_size: u64, pool: PoolId, is_retry: bool) -> Result<Option<u32>, DeviceError> {
         if is_retry {
             self.stats.num_alloc_retries += 1;
         }
@@ -359,7 +437,11 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         if self.cfg.expandable_segments {
-            return self.try_allocate_expandable_block(stream, pool, rounded);
+            let found = self.try_allocate_expandable_block(stream, pool, rounded)?;
+            if found.is_some() && pool.is_private() {
+                self.owner_private_pool(pool).cuda_malloc_count += 1;
+            }
+            return Ok(found);
         }
         let raw_stream = self.raw_streams[stream as usize];
         let ptr = match self.device.malloc(alloc_size, raw_stream) {
@@ -381,12 +463,15 @@ impl<D: Device> CachingAllocator<D> {
             gc_count_base: 0,
             slot: NIL,
         });
-        self.stats.segment.increase(pool, 1);
-        self.stats.reserved_bytes.increase(pool, alloc_size);
+        self.stats.segment.increase(pool.kind(), 1);
+        self.stats.reserved_bytes.increase(pool.kind(), alloc_size);
         if alloc_size >= self.cfg.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
         self.stats.num_device_alloc += 1;
+        if pool.is_private() {
+            self.owner_private_pool(pool).cuda_malloc_count += 1;
+        }
         Ok(Some(i))
     }
 
@@ -396,25 +481,28 @@ impl<D: Device> CachingAllocator<D> {
         debug_assert!(!b.is_split() && !b.allocated && !b.expandable());
         self.device.free(b.ptr, b.size)?;
         self.remove_free(i);
-        self.stats.segment.decrease(b.pool, 1);
-        self.stats.reserved_bytes.decrease(b.pool, b.size);
+        self.stats.segment.decrease(b.pool.kind(), 1);
+        self.stats.reserved_bytes.decrease(b.pool.kind(), b.size);
         if b.size >= self.cfg.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
         self.stats.num_device_free += 1;
+        if b.pool.is_private() {
+            self.owner_private_pool(b.pool).cuda_malloc_count -= 1;
+        }
         self.kill(i);
         Ok(())
     }
 
     /// release_available_cached_blocks: with max_split_size set, free one big-enough oversize
     /// block, or free oversize blocks from the largest down until enough was released.
-    fn release_available_cached_blocks(&mut self, stream: u32, rounded: u64, pool: PoolKind) -> Result<bool, DeviceError> {
+    fn release_available_cached_blocks(&mut self, stream: u32, rounded: u64, pool: PoolId) -> Result<bool, DeviceError> {
         let m = self.cfg.max_split_size;
         if m == u64::MAX {
             return Ok(false);
         }
         let key_size = rounded.max(m);
-        if let Some((_, i)) = self.pools[pool as usize].blocks.first_at_least(stream, key_size) {
+        if let Some((_, i)) = self.pools[pool.index()].blocks.first_at_least(stream, key_size) {
             let b = &self.blocks[i as usize];
             if !b.expandable() && !b.is_split() {
                 self.release_block(i)?;
@@ -423,7 +511,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         // No single block is large enough: free oversize blocks, largest first.
         let candidates: Vec<u32> =
-            self.pools[pool as usize].blocks.below_descending(stream, key_size).into_iter().take_while(|(k, _)| k.size() >= m).map(|(_, i)| i).collect();
+            self.pools[pool.index()].blocks.below_descending(stream, key_size).into_iter().take_while(|(k, _)| k.size() >= m).map(|(_, i)| i).collect();
         let mut released = 0u64;
         for i in candidates {
             if released >= key_size {
@@ -448,12 +536,12 @@ impl<D: Device> CachingAllocator<D> {
             return Ok(());
         }
         let target = reserved - threshold;
-        let count = self.pools[PoolKind::Large as usize].get_free_blocks_call_count;
+        let count = self.pools[PoolId::LARGE.index()].get_free_blocks_call_count;
         let age = |b: &Block| count - b.gc_count_base;
         let freeable = |b: &Block| !b.is_split() && !b.expandable();
         let mut total_age: i64 = 0;
         let mut freeable_count: i64 = 0;
-        for i in self.pools[PoolKind::Large as usize].blocks.blocks_in_order() {
+        for i in self.pools[PoolId::LARGE.index()].blocks.blocks_in_order() {
             let b = &self.blocks[i as usize];
             if freeable(b) {
                 total_age += age(b);
@@ -465,7 +553,7 @@ impl<D: Device> CachingAllocator<D> {
         while reclaimed < target && freed_any && freeable_count > 0 {
             let age_threshold = total_age as f64 / freeable_count as f64;
             freed_any = false;
-            let pass = self.pools[PoolKind::Large as usize].blocks.blocks_in_order();
+            let pass = self.pools[PoolId::LARGE.index()].blocks.blocks_in_order();
             for i in pass {
                 let b = &self.blocks[i as usize];
                 if freeable(b) && age(b) as f64 >= age_threshold {
@@ -482,14 +570,40 @@ impl<D: Device> CachingAllocator<D> {
 
     /// release_cached_blocks (empty_cache, and the last resort before an OOM).
     fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
-        self.synchronize_and_free_events();
-        self.release_blocks(PoolKind::Large)?;
-        self.release_blocks(PoolKind::Small)
+        // The allocator's own pools only when no capture is underway (it syncs).
+        if self.captures_underway.is_empty() {
+            self.synchronize_and_free_events();
+            self.release_blocks(PoolId::LARGE)?;
+            self.release_blocks(PoolId::SMALL)?;
+        }
+        // graph_pools_freeable: a pool no capture or MemPool uses gives back its free segments,
+        // and is erased once it has none left (cudaMalloc_count == 0).
+        let mut k = 0;
+        while k < self.private_pools.len() {
+            let (pair, use_count) = (self.private_pools[k].pair, self.private_pools[k].use_count);
+            if use_count == 0 {
+                self.release_blocks(PoolId::in_pair(pair, PoolKind::Small))?;
+                self.release_blocks(PoolId::in_pair(pair, PoolKind::Large))?;
+                if self.private_pools[k].cuda_malloc_count == 0 {
+                    self.private_pools.remove(k);
+                    // (A pair still holding reserved address space is not handed out again.)
+                    let empty = |p: &BlockPool| p.blocks.len() == 0 && p.unmapped.is_empty();
+                    if empty(&self.pools[pair as usize]) && empty(&self.pools[pair as usize + 1]) {
+                        self.spare_pairs.push(pair);
+                    }
+                    continue;
+                }
+            }
+            k += 1;
+        }
+        Ok(())
     }
 
     /// synchronize_and_free_events: wait for every outstanding event, then free its block.
     fn synchronize_and_free_events(&mut self) {
         self.stats.num_sync_all_streams += 1;
+        // "This function syncs, so capture should not be underway": the deferred events too.
+        self.insert_events_deferred_until_no_capture();
         let mut done = std::mem::take(&mut self.events.completed);
         for (_, q) in std::mem::take(&mut self.events.queued) {
             done.extend(q);
@@ -497,12 +611,62 @@ impl<D: Device> CachingAllocator<D> {
         self.complete_events(done);
     }
 
-    /// process_events (the start of every malloc): free the blocks whose last event completed.
+    /// process_events (the start of every malloc outside a capture): insert the events deferred
+    /// by a capture, then free the blocks whose last event completed.
+    #[inline(always)]
     fn process_events(&mut self) {
+        if !self.events.deferred_until_no_capture.is_empty() {
+            self.insert_events_deferred_until_no_capture();
+        }
         if !self.events.completed.is_empty() {
             let done = std::mem::take(&mut self.events.completed);
             self.complete_events(done);
         }
+    }
+
+    /// insert_events_deferred_until_no_capture: the blocks freed during a capture while other
+    /// streams used them get their events now, minus the uses recorded during the capture
+    /// (remove_graph_stream_uses: the capture's end completed those); no event left frees them.
+    #[cold]
+    fn insert_events_deferred_until_no_capture(&mut self) {
+        for block in std::mem::take(&mut self.events.deferred_until_no_capture) {
+            let mut uses = self.events.stream_uses.remove(&block).unwrap_or_default();
+            if let Some(graph_uses) = self.events.graph_stream_uses.remove(&block) {
+                uses.retain(|s| !graph_uses.contains(s));
+            }
+            if uses.is_empty() {
+                self.free_block(block);
+            } else {
+                self.insert_events(block, uses);
+            }
+        }
+    }
+
+    /// insert_events: one event per using stream; the block is freed when the last completes.
+    fn insert_events(&mut self, block: u32, uses: Vec<u64>) {
+        self.events.event_count.insert(block, uses.len() as u32);
+        for s in uses {
+            self.events.queued.entry(s).or_default().push_back(block);
+        }
+    }
+
+    /// get_pool: a capture's private pool for allocations on its stream, else the allocator's.
+    #[inline(always)]
+    fn get_pool(&self, rounded: u64, stream: u32) -> PoolId {
+        let kind = pool_for(rounded);
+        if !self.captures_underway.is_empty() {
+            // In LIFO order: the latest capture whose filter takes the stream.
+            if let Some(c) = self.captures_underway.iter().rev().find(|c| c.stream.is_none_or(|s| s == stream)) {
+                return PoolId::in_pair(c.pair, kind);
+            }
+        }
+        PoolId(kind as u32)
+    }
+
+    /// The private pool that owns BlockPool `pool` (a private one).
+    fn owner_private_pool(&mut self, pool: PoolId) -> &mut PrivatePool {
+        let pair = pool.0 & !1;
+        self.private_pools.iter_mut().find(|p| p.pair == pair).expect("a private BlockPool has its PrivatePool")
     }
 
     /// One completed event per entry: `event_count--`, and free_block at zero.
@@ -518,8 +682,8 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// release_blocks: cudaFree every whole free segment; unmap the free pages of expandable ones.
-    fn release_blocks(&mut self, pool: PoolKind) -> Result<(), DeviceError> {
-        let all = self.pools[pool as usize].blocks.blocks_in_order();
+    fn release_blocks(&mut self, pool: PoolId) -> Result<(), DeviceError> {
+        let all = self.pools[pool.index()].blocks.blocks_in_order();
         let mut to_unmap = Vec::new();
         for i in all {
             let b = &self.blocks[i as usize];
@@ -579,7 +743,7 @@ impl<D: Device> CachingAllocator<D> {
     fn should_split(&self, i: u32, rounded: u64) -> bool {
         let b = self.block(i);
         let remaining = b.size - rounded;
-        if b.pool == PoolKind::Small || self.cfg.expandable_segments {
+        if b.pool.kind() == PoolKind::Small || self.cfg.expandable_segments {
             remaining >= MIN_BLOCK_SIZE_BYTES
         } else {
             rounded < self.cfg.max_split_size && remaining > SMALL_SIZE_BYTES
@@ -591,7 +755,7 @@ impl<D: Device> CachingAllocator<D> {
     fn alloc_found_block(&mut self, found: u32, requested: u64, rounded: u64) -> u32 {
         let already_split = self.block(found).is_split();
         let expandable = self.block(found).expandable();
-        let pool = self.block(found).pool;
+        let pool = self.block(found).pool.kind();
         let mut block = found;
         if self.should_split(found, rounded) {
             let r = self.block(found);
@@ -639,7 +803,7 @@ impl<D: Device> CachingAllocator<D> {
     fn free_block(&mut self, i: u32) {
         let (original_size, requested, pool, prev, next, expandable) = {
             let b = self.block(i);
-            (b.size, b.requested, b.pool, b.prev, b.next, b.expandable())
+            (b.size, b.requested, b.pool.kind(), b.prev, b.next, b.expandable())
         };
         let mut net_blocks: i64 = 0;
         let mut net_bytes: i64 = 0;
@@ -667,7 +831,7 @@ impl<D: Device> CachingAllocator<D> {
     /// retry, flush the whole cache and retry (a "retry"); else OOM. Out of line: the cached path
     /// is nearly every call.
     #[inline(never)]
-    fn malloc_missed(&mut self, stream: u32, bytes: u64, rounded: u64, pool: PoolKind) -> Result<Handle, AllocError> {
+    fn malloc_missed(&mut self, stream: u32, bytes: u64, rounded: u64, pool: PoolId) -> Result<Handle, AllocError> {
         let alloc_size = allocation_size(&self.cfg, rounded);
         if self.gc_enabled() {
             self.garbage_collect_cached_blocks()?;
@@ -676,7 +840,8 @@ impl<D: Device> CachingAllocator<D> {
         if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
             found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
         }
-        if found.is_none() {
+        // Flushing the cache syncs the device: not while a capture is underway.
+        if found.is_none() && self.captures_underway.is_empty() {
             self.release_cached_blocks()?;
             found = self.alloc_block(stream, rounded, alloc_size, pool, true)?;
         }
@@ -746,7 +911,7 @@ impl<D: Device> CachingAllocator<D> {
             for (k, i) in pool.blocks.iter() {
                 let (s, size, ptr) = (k.stream(), k.size(), k.ptr());
                 let b = &self.blocks[i as usize];
-                if b.size != size || b.ptr != ptr || b.stream != s || b.allocated || !b.mapped || b.pool as usize != p {
+                if b.size != size || b.ptr != ptr || b.stream != s || b.allocated || !b.mapped || b.pool.index() != p {
                     return Err(format!("free set entry ({s}, {size}, {ptr:#x}) disagrees with its block"));
                 }
                 free_in_sets += 1;
@@ -807,11 +972,14 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         if bytes == 0 {
             return Ok(NULL_HANDLE);
         }
-        // malloc: process_events(context) before looking for a block.
-        self.process_events();
+        // malloc: process_events(context) before looking for a block, unless a capture is
+        // underway (cudaEventQuery is illegal during capture).
+        if self.captures_underway.is_empty() {
+            self.process_events();
+        }
         let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
-        let pool = pool_for(rounded);
+        let pool = self.get_pool(rounded, stream);
         match self.get_free_block(stream, rounded, pool) {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
             None => self.malloc_missed(stream, bytes, rounded, pool),
@@ -827,7 +995,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         let b = &mut self.blocks[handle as usize];
         debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
         b.allocated = false;
-        let (size, pool) = (b.size, b.pool);
+        let (size, pool) = (b.size, b.pool.kind());
         self.stats.allocation.decrease(pool, 1);
         self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.cfg.max_split_size {
@@ -836,15 +1004,16 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // free: a block other streams used waits for their events (insert_events); it stays
         // active (active_bytes) while no longer allocated.
         // (No block is used by another stream in most traces: skip the hash then.)
-        let uses = if self.events.stream_uses.is_empty() { None } else { self.events.stream_uses.remove(&handle) };
-        match uses {
-            Some(uses) => {
-                self.events.event_count.insert(handle, uses.len() as u32);
-                for s in uses {
-                    self.events.queued.entry(s).or_default().push_back(handle);
-                }
-            }
-            None => self.free_block(handle),
+        // (No block is used by another stream in most traces: skip the hash then.)
+        if self.events.stream_uses.is_empty() || !self.events.stream_uses.contains_key(&handle) {
+            self.free_block(handle);
+        } else if !self.captures_underway.is_empty() {
+            // cudaEventQuery is forbidden during capture: the events wait until none is underway.
+            self.events.deferred_until_no_capture.push(handle);
+        } else {
+            let uses = self.events.stream_uses.remove(&handle).unwrap_or_default();
+            self.events.graph_stream_uses.remove(&handle);
+            self.insert_events(handle, uses);
         }
         Ok(())
     }
@@ -863,6 +1032,65 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         let uses = self.events.stream_uses.entry(handle).or_default();
         if !uses.contains(&raw_stream) {
             uses.push(raw_stream);
+        }
+        // recordStream: a use recorded during a capture is also a graph use.
+        if !self.captures_underway.is_empty() {
+            let graph_uses = self.events.graph_stream_uses.entry(handle).or_default();
+            if !graph_uses.contains(&raw_stream) {
+                graph_uses.push(raw_stream);
+            }
+        }
+    }
+
+    fn begin_allocate_to_pool(&mut self, pool: u64, stream: Option<u64>) -> Result<(), String> {
+        if self.captures_underway.iter().any(|c| c.pool == pool) {
+            return Err(format!("pool_begin of pool {pool}, which is already being allocated to (beginAllocateToPool: \"already recording to mempool_id\")"));
+        }
+        // create_or_incref_pool: a new pool, or one more user of an existing one.
+        let pair = match self.private_pools.iter_mut().find(|p| p.id == pool) {
+            Some(p) if p.use_count == 0 => {
+                return Err(format!(
+                    "pool_begin of pool {pool}, which was released and still holds cached segments (PyTorch asserts use_count > 0; pool ids are not reused)"
+                ))
+            }
+            Some(p) => {
+                p.use_count += 1;
+                p.pair
+            }
+            None => {
+                let pair = self.spare_pairs.pop().unwrap_or_else(|| {
+                    self.pools.push(BlockPool::default());
+                    self.pools.push(BlockPool::default());
+                    (self.pools.len() - 2) as u32
+                });
+                self.private_pools.push(PrivatePool { id: pool, pair, use_count: 1, cuda_malloc_count: 0 });
+                pair
+            }
+        };
+        let stream = stream.map(|raw| self.stream_id(raw));
+        self.captures_underway.push(CaptureUnderway { pool, pair, stream });
+        Ok(())
+    }
+
+    fn end_allocate_to_pool(&mut self, pool: u64) -> Result<(), String> {
+        match self.captures_underway.iter().position(|c| c.pool == pool) {
+            Some(i) => {
+                self.captures_underway.remove(i);
+                Ok(())
+            }
+            None => Err(format!("pool_end of pool {pool}, which is not being allocated to (endAllocateToPool: \"not currently recording to mempool_id\")")),
+        }
+    }
+
+    fn release_pool(&mut self, pool: u64) -> Result<(), String> {
+        // releasePool: one user fewer; with none left, the pool is freeable.
+        match self.private_pools.iter_mut().find(|p| p.id == pool) {
+            Some(p) if p.use_count > 0 => {
+                p.use_count -= 1;
+                Ok(())
+            }
+            Some(_) => Err(format!("pool_release of pool {pool}, which has no user left")),
+            None => Err(format!("pool_release of pool {pool}, which no pool_begin made")),
         }
     }
 
@@ -914,7 +1142,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                         address: b.ptr,
                         total_size: 0,
                         stream: self.raw_streams[head.stream as usize],
-                        segment_type: segment_type(head.pool),
+                        segment_type: segment_type(head.pool.kind()),
                         is_expandable: head.expandable(),
                         blocks: Vec::new(),
                     });

@@ -594,3 +594,178 @@ fn empty_cache_and_the_oom_path_synchronize_pending_frees() {
     assert_eq!((s.num_alloc_retries, s.num_sync_all_streams, s.num_device_free), (1, 1, 1));
     assert_eq!(state(&b), (20 * MIB as i64, 20 * MIB as i64, 1, 2, 0, 0));
 }
+
+/// beginAllocateToPool routes a capture's allocations (its stream's) into the graph's private
+/// pool: blocks cached in the allocator's pools are not used, its frees return to the private
+/// pool and are reused there, and after the capture its segments stay reserved until the pool
+/// is released and the cache emptied (release_cached_blocks over graph_pools_freeable).
+#[test]
+fn a_capture_allocates_from_its_private_pool() {
+    let mut a = default_alloc();
+    let eager = a.malloc(4 * MIB, 7).unwrap();
+    a.free(eager).unwrap();
+    assert_eq!(state(&a), (0, 20 * MIB as i64, 1, 1, 0, 0));
+    a.begin_allocate_to_pool(1, Some(7)).unwrap();
+    // Another stream is not captured: it allocates from the allocator's pools as usual.
+    let other = a.malloc(4 * MIB, 0).unwrap();
+    assert_eq!(state(&a).3, 2);
+    // The capture stream's request finds nothing in the empty private pool: a new segment.
+    let x = a.malloc(4 * MIB, 7).unwrap();
+    assert_eq!(state(&a).3, 3);
+    a.free(x).unwrap();
+    // Freed during the capture, it is cached in the private pool and reused there.
+    let y = a.malloc(4 * MIB, 7).unwrap();
+    assert_eq!(state(&a), (8 * MIB as i64, 60 * MIB as i64, 3, 3, 2, 32 * MIB as i64));
+    a.end_allocate_to_pool(1).unwrap();
+    // After the capture the same request on the same stream goes to the allocator's pool again.
+    let z = a.malloc(4 * MIB, 7).unwrap();
+    assert_eq!(state(&a).3, 3, "the first segment's cached block serves it");
+    for h in [other, y, z] {
+        a.free(h).unwrap();
+    }
+    // empty_cache frees the allocator's free segments; the graph still owns its pool.
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a), (0, 20 * MIB as i64, 1, 3, 0, 0));
+    assert_eq!(a.segments().len(), 1);
+    a.release_pool(1).unwrap();
+    assert_eq!(state(&a).1, 20 * MIB as i64, "released only at the next empty_cache");
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a), (0, 0, 0, 3, 0, 0));
+    assert!(a.private_pools.is_empty(), "a pool with no segment left is erased");
+    // A pool whose segments are all gone can be made again under the same id.
+    a.begin_allocate_to_pool(1, Some(7)).unwrap();
+    a.malloc(512, 7).unwrap();
+    assert_eq!(a.stats().segment.small.current, 1);
+}
+
+/// A live tensor allocated during the capture keeps its segment even after the pool is
+/// released: only whole free segments of a freeable pool are cudaFree'd, and the pool stays
+/// (cudaMalloc_count > 0) until they are.
+#[test]
+fn a_released_pool_keeps_segments_its_live_tensors_use() {
+    let mut a = default_alloc();
+    a.begin_allocate_to_pool(3, Some(2)).unwrap();
+    let out = a.malloc(30 * MIB, 2).unwrap();
+    let tmp = a.malloc(30 * MIB, 2).unwrap();
+    a.free(tmp).unwrap();
+    a.end_allocate_to_pool(3).unwrap();
+    a.release_pool(3).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a), (30 * MIB as i64, 30 * MIB as i64, 1, 2, 0, 0));
+    assert_eq!(a.private_pools.len(), 1, "its live segment keeps the pool");
+    a.free(out).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a), (0, 0, 0, 2, 0, 0));
+    assert!(a.private_pools.is_empty());
+}
+
+/// Graphs may share a pool (`torch.cuda.graph(g, pool=handle)`): create_or_incref_pool counts
+/// users, and the pool is freeable only when every one has released it.
+#[test]
+fn a_shared_pool_is_freeable_after_its_last_user_releases_it() {
+    let mut a = default_alloc();
+    for _ in 0..2 {
+        a.begin_allocate_to_pool(9, Some(1)).unwrap();
+        let h = a.malloc(50 * MIB, 1).unwrap();
+        a.free(h).unwrap();
+        a.end_allocate_to_pool(9).unwrap();
+    }
+    // The second capture reused the first one's cached segment.
+    assert_eq!(state(&a), (0, 50 * MIB as i64, 1, 1, 0, 0));
+    a.release_pool(9).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a).1, 50 * MIB as i64, "one graph still uses the pool");
+    a.release_pool(9).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a).1, 0);
+}
+
+/// malloc during a capture: no process_events, and no release_cached_blocks on the way to an
+/// OOM (it would sync): a request the cache could make room for is an OOM while capturing.
+#[test]
+fn a_capture_does_not_flush_the_cache_to_avoid_an_oom() {
+    let mut a = alloc("", 100 * MIB);
+    let h = a.malloc(60 * MIB, 0).unwrap();
+    a.free(h).unwrap();
+    a.begin_allocate_to_pool(1, Some(0)).unwrap();
+    assert!(matches!(a.malloc(70 * MIB, 0), Err(AllocError::OutOfMemory(_))));
+    assert_eq!((a.stats().num_alloc_retries, a.stats().num_device_free), (0, 0));
+    a.end_allocate_to_pool(1).unwrap();
+    // The same request after the capture flushes the cache and retries.
+    a.malloc(70 * MIB, 0).unwrap();
+    assert_eq!((a.stats().num_alloc_retries, a.stats().num_device_free), (1, 1));
+}
+
+/// free during a capture of a block other streams used: its events are deferred until no
+/// capture is underway (needs_events_deferred_until_no_capture); the uses recorded during the
+/// capture are dropped then (remove_graph_stream_uses), so only earlier uses are waited for.
+#[test]
+fn frees_used_by_other_streams_during_a_capture_wait_for_its_end() {
+    let mut a = default_alloc();
+    let before = a.malloc(20 * MIB, 0).unwrap();
+    let during = a.malloc(20 * MIB, 0).unwrap();
+    a.record_stream(before, 5);
+    a.begin_allocate_to_pool(1, Some(8)).unwrap();
+    a.record_stream(before, 6);
+    a.record_stream(during, 6);
+    a.free(before).unwrap();
+    a.free(during).unwrap();
+    // Both wait (active, not free) while the capture runs, whatever syncs.
+    a.sync(None);
+    assert_eq!(a.stats().active_bytes.all.current, 40 * MIB as i64);
+    assert_eq!(a.segments().iter().filter(|s| s.blocks[0].state == BlockState::ActivePendingFree).count(), 2);
+    a.end_allocate_to_pool(1).unwrap();
+    // The next malloc inserts the events: `during` had only a graph use and lands at once;
+    // `before` waits for stream 5, whose work is queued after the insertion.
+    let h = a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a).3, 2, "`during` landed and was reused");
+    assert_eq!(a.stats().active_bytes.all.current, 40 * MIB as i64);
+    a.sync(Some(5));
+    a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a), (40 * MIB as i64, 40 * MIB as i64, 2, 2, 0, 0));
+    a.free(h).unwrap();
+}
+
+/// The calls PyTorch refuses: a second begin of a pool being allocated to, an end or a release
+/// of a pool that is not there, more releases than begins.
+#[test]
+fn pool_calls_pytorch_refuses_are_errors() {
+    let mut a = default_alloc();
+    assert!(a.end_allocate_to_pool(1).unwrap_err().contains("not being allocated to"));
+    assert!(a.release_pool(1).unwrap_err().contains("no pool_begin made"));
+    a.begin_allocate_to_pool(1, None).unwrap();
+    assert!(a.begin_allocate_to_pool(1, Some(3)).unwrap_err().contains("already being allocated to"));
+    a.end_allocate_to_pool(1).unwrap();
+    a.release_pool(1).unwrap();
+    assert!(a.release_pool(1).unwrap_err().contains("no user left"));
+    // Released but its cached segment not freed yet: the id cannot be begun again.
+    let mut b = default_alloc();
+    b.begin_allocate_to_pool(2, None).unwrap();
+    let h = b.malloc(512, 0).unwrap();
+    b.free(h).unwrap();
+    b.end_allocate_to_pool(2).unwrap();
+    b.release_pool(2).unwrap();
+    assert!(b.begin_allocate_to_pool(2, None).unwrap_err().contains("released"));
+    b.empty_cache().unwrap();
+    b.begin_allocate_to_pool(2, None).unwrap();
+}
+
+/// Graph pools use expandable segments too (per pool and stream); an unmap counts as one of the
+/// pool's cudaFrees, so a released pool is erased once its pages are unmapped.
+#[test]
+fn expandable_segments_in_a_private_pool() {
+    let mut a = alloc("expandable_segments:True", 80 * GIB);
+    let eager = a.malloc(30 * MIB, 4).unwrap();
+    a.begin_allocate_to_pool(1, Some(4)).unwrap();
+    let x = a.malloc(30 * MIB, 4).unwrap();
+    // Two reservations on stream 4: the allocator's and the graph pool's.
+    let expandable: Vec<_> = a.segments().into_iter().filter(|s| s.is_expandable).collect();
+    assert_eq!(expandable.len(), 2);
+    a.free(x).unwrap();
+    a.end_allocate_to_pool(1).unwrap();
+    a.release_pool(1).unwrap();
+    a.free(eager).unwrap();
+    a.empty_cache().unwrap();
+    assert_eq!(state(&a).1, 0);
+    assert!(a.private_pools.is_empty());
+}
