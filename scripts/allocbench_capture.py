@@ -38,7 +38,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import hashlib
+import itertools
 import json
 import linecache
 import os
@@ -246,6 +248,15 @@ class _TraceSink:
 
     def empty_cache(self):
         self.file.write("empty_cache,,,\n")
+
+    def pool_begin(self, pool, stream):
+        self.file.write(f"pool_begin,{pool},,{'' if stream is None else stream}\n")
+
+    def pool_end(self, pool):
+        self.file.write(f"pool_end,{pool},,\n")
+
+    def pool_release(self, pool):
+        self.file.write(f"pool_release,{pool},,\n")
 
     def comment(self, text):
         self.file.write(f"# {text}\n")
@@ -1112,6 +1123,7 @@ class _FakeStreams:
     def __init__(self, sink):
         self.sink = sink
         self.count = 0
+        self.capturing = set()  # streams a CUDA graph is capturing on (Note [Private pools])
         self.local = threading.local()  # the current stream is per thread, as in PyTorch
         streams = self
 
@@ -1168,7 +1180,7 @@ class _FakeStream:
     priority = 0
 
     def is_capturing(self):
-        return False
+        return self.stream_id in self.streams.capturing
 
     def query(self):
         self.streams.sink.sync(self.stream_id)
@@ -1254,18 +1266,68 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
 
     patches.set(torch, "Generator", Generator)
 
-    graph_note = "run eagerly, its private memory pool not modelled (its allocations are recorded as ordinary ones)"
+    # Note [Private pools]: a CUDA graph capture runs the captured region eagerly once (replay()
+    # runs nothing) with its allocations routed to the graph's private pool, as
+    # CUDACachingAllocator's beginAllocateToPool does: `pool_begin,P,,STREAM` at capture_begin,
+    # `pool_end,P,,` at capture_end and `pool_release,P,,` when the graph is reset or destroyed
+    # (releasePool). A MemPool is a pool of its own: made with one use (begin and end with nothing
+    # between), `use_mem_pool` routes every stream of the thread to it, and deleting it releases
+    # that use. Pool handles ((0, n) from graph_pool_handle or a MemPool, (n, 0) a graph's own)
+    # name trace pool n.
+    pool_numbers = itertools.count(1)
+
+    def trace_pool(handle):
+        """The trace pool of a pool handle (a tuple, or a MemPool), made on first sight."""
+        handle = tuple(getattr(handle, "id", handle))
+        number = handle[0] or handle[1]
+        if not number:
+            raise RuntimeError(f"{handle} is the default pool, not a private one")
+        return number
+
+    def graph_pool_handle():
+        return (0, next(pool_numbers))
+
+    def capture_stream_check(stream):
+        if stream.stream_id == 0:
+            # CUDAGraph::capture_begin.
+            raise RuntimeError("CUDA graphs must be captured on a non-default stream. (However, after capture, it's ok to replay them on the default stream.)")
 
     class CUDAGraph:
-        """A CUDA graph on fake CUDA: the captured region runs eagerly once; replay() runs nothing."""
+        """A CUDA graph on fake CUDA: the captured region runs eagerly once into the graph's
+        private pool; replay() runs nothing."""
 
         def __init__(self, keep_graph=False):
-            pass
+            self._handle = None
+            self._capture = None  # (trace pool, stream) while capturing
+            self._held = []  # trace pools this graph holds until reset (releasePool)
 
-        def capture_begin(self, pool=None, capture_error_mode="global"):
-            recorder.say_once("CUDA graph capture", f"on fake CUDA: {graph_note}", graph_note)
+        def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
+            if self._capture is not None:
+                raise RuntimeError("capture_begin: this graph is already capturing")
+            stream = streams.current()
+            capture_stream_check(stream)
+            handle = tuple(getattr(pool, "id", pool)) if pool is not None else (0, 0)
+            if handle == (0, 0):
+                handle = (next(pool_numbers), 0)
+            number = trace_pool(handle)
+            if not recorder.closed:
+                recorder.sink.pool_begin(number, stream.stream_id)
+            streams.capturing.add(stream.stream_id)
+            self._handle, self._capture = handle, (number, stream)
+            self._held.append(number)
 
         def capture_end(self):
+            if self._capture is None:
+                raise RuntimeError("capture_end: this graph is not capturing")
+            number, stream = self._capture
+            if not recorder.closed:
+                recorder.sink.pool_end(number)
+            streams.capturing.discard(stream.stream_id)
+            self._capture = None
+
+        capture_end_pre = capture_end
+
+        def capture_end_post(self):
             pass
 
         def instantiate(self):
@@ -1275,27 +1337,118 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             pass
 
         def reset(self):
-            pass
+            held, self._held = self._held, []
+            for number in held:
+                if not recorder.closed:
+                    recorder.sink.pool_release(number)
+
+        def __del__(self):
+            try:
+                self.reset()
+            except Exception:
+                pass  # interpreter shutdown: the trace is closed
 
         def pool(self):
-            return (0, 0)
+            if self._handle is None:
+                raise RuntimeError("pool(): the graph has not been captured")
+            return self._handle
+
+        def pools(self):
+            return [self._handle] if self._handle is not None else []
 
         def enable_debug_mode(self):
             pass
 
-        def debug_dump(self, path):
+        def debug_dump(self, path, *args, **kwargs):
             pass
 
+        def register_capture_start_hook(self, *args, **kwargs):
+            pass
+
+        register_capture_end_hook = register_post_instantiate_hook = register_capture_start_hook
+        register_replay_start_hook = register_replay_end_hook = register_destroy_callback = register_capture_start_hook
+
+    class graph:
+        """torch.cuda.graph: synchronize, empty the cache, then capture on the capture stream (by
+        default one side stream shared by every graph), as torch.cuda.graphs.graph.__enter__ does."""
+
+        default_capture_stream = None
+
+        def __init__(self, cuda_graph, pool=None, stream=None, capture_error_mode="global", **kwargs):
+            if stream is None and self.__class__.default_capture_stream is None:
+                self.__class__.default_capture_stream = streams.Stream()
+            self.pool = () if pool is None else (pool,)
+            self.capture_stream = stream if stream is not None else self.__class__.default_capture_stream
+            self.cuda_graph = cuda_graph
+            self.capture_error_mode = capture_error_mode
+
+        def __enter__(self):
+            torch.cuda.synchronize()
+            if getattr(torch.compiler.config, "force_cudagraph_gc", False):
+                gc.collect()
+            torch.cuda.empty_cache()
+            self.previous = streams.exchange(self.capture_stream)
+            try:
+                self.cuda_graph.capture_begin(*self.pool, capture_error_mode=self.capture_error_mode)
+            except BaseException:
+                streams.exchange(self.previous)
+                raise
+
+        def __exit__(self, *exc):
+            try:
+                self.cuda_graph.capture_end()
+            finally:
+                streams.exchange(self.previous)
+            return False
+
+    class MemPool:
+        """torch.cuda.MemPool: a private pool made with one use (createOrIncrefPool), which its
+        deletion releases."""
+
+        def __init__(self, allocator=None, use_on_oom=False, no_split=False):
+            self._id = graph_pool_handle()
+            self.allocator = allocator
+            self._uses = 1
+            if not recorder.closed:
+                recorder.sink.pool_begin(self._id[1], None)
+                recorder.sink.pool_end(self._id[1])
+
+        @property
+        def id(self):
+            return self._id
+
+        def use_count(self):
+            return self._uses
+
+        def snapshot(self, include_traces=True):
+            return []
+
+        def __del__(self):
+            try:
+                if not recorder.closed:
+                    recorder.sink.pool_release(self._id[1])
+            except Exception:
+                pass
+
     @contextlib.contextmanager
-    def graph(cuda_graph, pool=None, stream=None, capture_error_mode="global"):
-        cuda_graph.capture_begin(pool, capture_error_mode)
+    def use_mem_pool(pool, device=None):
+        """The thread's allocations (every stream) go to ``pool``: a begin, an end and a release."""
+        number = trace_pool(pool)
+        if not recorder.closed:
+            recorder.sink.pool_begin(number, None)
+        pool._uses += 1
         try:
-            yield cuda_graph
+            yield
         finally:
-            cuda_graph.capture_end()
+            pool._uses -= 1
+            if not recorder.closed:
+                recorder.sink.pool_end(number)
+                recorder.sink.pool_release(number)
+
+    make_graphed_note = "run eagerly at every call (the graphs' shared private pool is not modelled)"
 
     def make_graphed_callables(callables, sample_args, *args, **kwargs):
-        recorder.say_once("make_graphed_callables", f"on fake CUDA: {graph_note}", graph_note)
+        recorder.say_once("make_graphed_callables", f"on fake CUDA: {make_graphed_note}", make_graphed_note)
         return callables
 
     # caching_allocator_alloc/delete: a raw block of the caching allocator, a row each; the pointer
@@ -1321,7 +1474,8 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             recorder.sink.free(*block)
 
     for name, fn in dict(
-        CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=lambda: (0, 0), make_graphed_callables=make_graphed_callables,
+        CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=graph_pool_handle, make_graphed_callables=make_graphed_callables,
+        MemPool=MemPool, use_mem_pool=use_mem_pool,
         caching_allocator_alloc=caching_allocator_alloc, caching_allocator_delete=caching_allocator_delete,
     ).items():
         for module in (cuda, cuda.memory, getattr(cuda, "graphs", None)):
@@ -1511,7 +1665,7 @@ def _fake_cuda_api(torch, patches, recorder):
         Event=streams.Event,
         stream=streams.context,
         StreamContext=streams.context,
-        is_current_stream_capturing=lambda: False,
+        is_current_stream_capturing=lambda: streams.current().stream_id in streams.capturing,
     )
     for name, fn in answers.items():
         if hasattr(cuda, name):

@@ -84,6 +84,8 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         pinned_free_bytes: w.pinned_free,
         cached_free_segments_bytes: w.cached_free,
         pending_free_bytes: w.pending,
+        private_pool_bytes: w.private_pool,
+        private_pool_free_bytes: w.private_pool_free,
         largest_free_block: w.largest,
         top_segments: w.top,
         pinning_size_classes: w.pinning,
@@ -104,6 +106,9 @@ struct Waste {
     cached_free: u64,
     /// In blocks awaiting another stream's events.
     pending: u64,
+    /// Reserved in private pools, and free there.
+    private_pool: u64,
+    private_pool_free: u64,
     largest: u64,
     /// Size classes of the live blocks that pin the most free space (8).
     pinning: Vec<PinningClass>,
@@ -127,6 +132,9 @@ fn waste(run: &GpuRunResult) -> Waste {
     let pinned_free: u64 = top.iter().filter(|s| s.live_blocks > 0).map(|s| s.free_bytes).sum();
     let cached_free: u64 = top.iter().filter(|s| s.live_blocks == 0).map(|s| s.free_bytes).sum();
     let pending: u64 = segs.iter().map(|s| s.active() - s.allocated()).sum();
+    let private = || segs.iter().filter(|s| s.private_pool.is_some());
+    let private_pool: u64 = private().map(|s| s.total_size).sum();
+    let private_pool_free: u64 = private().map(|s| s.total_size - s.active()).sum();
     let largest = segs.iter().flat_map(|s| s.blocks.iter().filter(|b| !b.is_active()).map(|b| b.size)).max().unwrap_or(0);
     top.sort_by_key(|s| (std::cmp::Reverse(if s.live_blocks > 0 { s.free_bytes } else { 0 }), std::cmp::Reverse(s.free_bytes), s.address));
     top.truncate(10);
@@ -145,7 +153,7 @@ fn waste(run: &GpuRunResult) -> Waste {
     let mut pinning: Vec<PinningClass> = classes.into_values().collect();
     pinning.sort_by_key(|c| std::cmp::Reverse(c.pinned_free_bytes));
     pinning.truncate(8);
-    Waste { top, pinned_free, cached_free, pending, largest, pinning }
+    Waste { top, pinned_free, cached_free, pending, private_pool, private_pool_free, largest, pinning }
 }
 
 /// Bytes requested per allocation site (snapshots with stacks, captures with sites), largest first (8).
@@ -230,6 +238,13 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
         summary.push(format!(
             "{} more were freed but wait for another stream's work (record_stream): not reusable until that stream syncs.",
             format_bytes(d.pending_free_bytes)
+        ));
+    }
+    if d.private_pool_bytes > 0 {
+        summary.push(format!(
+            "{} of the reserved bytes are in private pools (CUDA graphs, MemPools), {} of them free: only the pool's own allocations can use those, and a pool gives them back only after its graphs are reset or deleted and the cache is emptied.",
+            format_bytes(d.private_pool_bytes),
+            format_bytes(d.private_pool_free_bytes)
         ));
     }
     if let Some(c) = d.pinning_size_classes.first() {

@@ -556,22 +556,54 @@ fn side_streams_record_stream_and_synchronize_are_captured() {
 }
 
 /// A CUDA generator draws (on the CPU) and still says it is CUDA's; caching_allocator_alloc and
-/// _delete are rows (on the stream asked for); a CUDA graph's capture runs eagerly once, said on
-/// the terminal and in the trace, and its replay allocates nothing.
+/// _delete are rows (on the stream asked for). A CUDA graph's capture runs eagerly once, after an
+/// empty_cache, on a side stream, with its allocations in the graph's private pool (pool rows:
+/// Note [Private pools]); a graph sharing the pool adds a use, reset and deletion release them,
+/// and a MemPool is a pool of its own. The replay keeps each pool's blocks apart.
 #[test]
-fn generators_raw_blocks_and_cuda_graphs_run_on_fake_cuda() {
+fn generators_raw_blocks_cuda_graphs_and_mem_pools_run_on_fake_cuda() {
     if !have_torch() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let (out, trace) = capture(dir.path(), "g.csv", &["--cublas-workspace-mib", "0"], &[&fixture("generators_graphs.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "generator cuda:0 True cpu\ndone\n");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "generator cuda:0 True cpu\ncapturing True False\nCUDA graphs must be captured on a non-default stream\ndone\n"
+    );
     let evs = events(&trace);
-    assert_eq!(signed_sizes(&evs), vec![4000, 1 << 20, 3 << 20, -(1 << 20), 4000, -4000, -(3 << 20), -4000]);
+    assert_eq!(signed_sizes(&evs), vec![4000, 1 << 20, 3 << 20, -(1 << 20), 4000, 4000, -4000, 4000, -4000, -4000, 1024, -1024, -(3 << 20), -4000]);
     assert!(evs.contains(&Event::Alloc { id: 3, bytes: 3 << 20, stream: 1 }), "{evs:?}");
-    assert!(stderr(&out).contains("CUDA graph capture on fake CUDA: run eagerly"), "{}", stderr(&out));
-    assert!(std::fs::read_to_string(&trace).unwrap().contains("# CUDA graph capture: run eagerly"));
+    assert!(evs.contains(&Event::Alloc { id: 5, bytes: 4000, stream: 2 }), "captured on the graph's stream: {evs:?}");
+    let pools: Vec<Event> = evs.iter().copied().filter(|e| !matches!(e, Event::Alloc { .. } | Event::Free { .. })).collect();
+    use Event::{EmptyCache, PoolBegin, PoolEnd, PoolRelease};
+    assert_eq!(
+        pools,
+        [
+            EmptyCache,
+            PoolBegin { pool: 1, stream: Some(2) },
+            PoolEnd { pool: 1 },
+            EmptyCache,
+            PoolBegin { pool: 1, stream: Some(2) },
+            PoolEnd { pool: 1 },
+            PoolRelease { pool: 1 },
+            PoolRelease { pool: 1 },
+            PoolBegin { pool: 2, stream: None },
+            PoolEnd { pool: 2 },
+            PoolBegin { pool: 2, stream: None },
+            PoolEnd { pool: 2 },
+            PoolRelease { pool: 2 },
+            PoolRelease { pool: 2 },
+        ]
+    );
+    // Segments: x and raw share one small segment, `side` a large one on its stream, the graph
+    // pool a small one on the capture stream, and the MemPool one more (without pools, w would
+    // have gone into x's segment).
+    let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["replay", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    let v: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(v["stats"]["num_device_alloc"], 4);
 }
 
 /// Checkpoints on fake CUDA: torch.load onto CUDA (map_location, or the device it was saved

@@ -398,3 +398,28 @@ fn replay_keeps_a_graph_pool_apart_until_it_is_released() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("bad.csv:2: pool_end of pool 1, which is not being allocated to"), "{}", stderr(&out));
 }
+
+/// A graph that still holds its pool: the eager request after the capture cannot use the 40 MiB
+/// free inside the pool, and the OOM path cannot free them (the pool has a user), so a 60 MiB
+/// device runs out; diagnose says how much the private pools hold. Released first, the OOM path
+/// gives the pool's segment back and the request fits.
+#[test]
+fn diagnose_counts_what_private_pools_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let mib40 = 40u64 << 20;
+    let run = |name: &str, release: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, format!("op,id,bytes,stream\npool_begin,1,,7\nalloc,1,{mib40},7\nfree,1,,\npool_end,1,,\n{release}alloc,2,{mib40},7\n")).unwrap();
+        let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--json", "-"]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let held = run("held.csv", "");
+    assert_eq!(held["oom"]["event"], 4);
+    assert_eq!((held["private_pool_bytes"].as_u64(), held["private_pool_free_bytes"].as_u64()), (Some(mib40), Some(mib40)));
+    let text = held["summary"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(text.contains("40.0 MiB of the reserved bytes are in private pools (CUDA graphs, MemPools), 40.0 MiB of them free"), "{text}");
+    let released = run("released.csv", "pool_release,1,,\n");
+    assert!(released["oom"].is_null(), "{released}");
+    assert_eq!(released["peak_reserved"], mib40);
+}

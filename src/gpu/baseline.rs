@@ -111,6 +111,7 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
                 segment_type: super::segment_type(pool_for(l.bytes)),
                 is_expandable: false,
                 blocks: vec![BlockSnapshot { size: l.bytes, requested_size: l.bytes, state: BlockState::ActiveAllocated }],
+                private_pool: None,
             })
             .collect();
         v.sort_by_key(|s| s.address);

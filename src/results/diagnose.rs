@@ -50,6 +50,12 @@ pub struct DiagnoseResult {
     /// pinned free + cached free = reserved.
     #[serde(default)]
     pub pending_free_bytes: u64,
+    /// Reserved bytes in private pools (CUDA graphs, MemPools) at the OOM (else at the peak),
+    /// and the free bytes among them: only the pool's own allocations can use those.
+    #[serde(default)]
+    pub private_pool_bytes: u64,
+    #[serde(default)]
+    pub private_pool_free_bytes: u64,
     pub largest_free_block: u64,
     pub top_segments: Vec<SegmentWaste>,
     pub pinning_size_classes: Vec<PinningClass>,

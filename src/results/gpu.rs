@@ -114,6 +114,10 @@ pub struct SegmentSnapshot {
     pub segment_type: SegmentType,
     pub is_expandable: bool,
     pub blocks: Vec<BlockSnapshot>,
+    /// The private pool (a CUDA graph's or a MemPool's: the trace's `pool_begin` number) that
+    /// owns the segment; absent for the allocator's own pools (PyTorch's `segment_pool_id`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub private_pool: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -9,8 +9,14 @@
 //! events; the block then returns to its pool at the next malloc (process_events) or at
 //! empty_cache/the OOM path (synchronize_and_free_events).
 //!
-//! Note [What is not modelled]: CUDA-graph private pools and MemPools, free-memory callbacks
-//! (IPC), and event completion by the passage of time (only a `sync` completes work).
+//! Private pools (CUDA graph captures, MemPools) follow beginAllocateToPool / endAllocateToPool /
+//! releasePool: each has its own BlockPool pair, the allocations on a capturing stream go there,
+//! and a pool no one uses gives its free segments back at release_cached_blocks.
+//!
+//! Note [What is not modelled]: MemPools with a custom allocator and their use_on_oom/no_split
+//! options, graph_capture_record_stream_reuse, emptyCache of one pool (a MemPool's destructor),
+//! free-memory callbacks (IPC), and event completion by the passage of time (only a `sync`
+//! completes work).
 
 mod expandable;
 mod free_set;
@@ -663,6 +669,12 @@ impl<D: Device> CachingAllocator<D> {
         PoolId(kind as u32)
     }
 
+    /// The trace id of the private pool that owns BlockPool `pool` (a private one).
+    fn private_pool_of(&self, pool: PoolId) -> u64 {
+        let pair = pool.0 & !1;
+        self.private_pools.iter().find(|p| p.pair == pair).map_or(0, |p| p.id)
+    }
+
     /// The private pool that owns BlockPool `pool` (a private one).
     fn owner_private_pool(&mut self, pool: PoolId) -> &mut PrivatePool {
         let pair = pool.0 & !1;
@@ -1145,6 +1157,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                         segment_type: segment_type(head.pool.kind()),
                         is_expandable: head.expandable(),
                         blocks: Vec::new(),
+                        private_pool: head.pool.is_private().then(|| self.private_pool_of(head.pool)),
                     });
                     s.total_size += b.size;
                     s.blocks.push(BlockSnapshot {
