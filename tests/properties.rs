@@ -65,6 +65,11 @@ enum Op {
     RecordStream(usize, u64),
     /// sync of stream s (None: the device).
     Sync(Option<u64>),
+    /// beginAllocateToPool(pool, stream), endAllocateToPool(pool), releasePool(pool): calls
+    /// PyTorch would refuse are refused (and change nothing).
+    PoolBegin(u64, Option<u64>),
+    PoolEnd(u64),
+    PoolRelease(u64),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -76,6 +81,9 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             1 => Just(Op::EmptyCache),
             2 => (any::<usize>(), 0u64..4).prop_map(|(i, s)| Op::RecordStream(i, s)),
             1 => proptest::option::of(0u64..4).prop_map(Op::Sync),
+            1 => (0u64..3, proptest::option::of(0u64..3)).prop_map(|(p, s)| Op::PoolBegin(p, s)),
+            1 => (0u64..3).prop_map(Op::PoolEnd),
+            1 => (0u64..3).prop_map(Op::PoolRelease),
         ],
         1..120,
     )
@@ -93,8 +101,26 @@ const CONFS: [&str; 6] = [
 fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevice>, TestCaseError> {
     let mut a = CachingAllocator::new(AllocatorConfig::parse(conf).unwrap(), SimDevice::new(capacity));
     let mut live = Vec::new();
+    // What the allocator was told: pools being allocated to, and begins not yet released.
+    let mut recording = std::collections::BTreeSet::new();
+    let mut uses = std::collections::BTreeMap::<u64, u64>::new();
     for op in ops {
         match *op {
+            Op::PoolBegin(p, s) => {
+                if a.begin_allocate_to_pool(p, s).is_ok() {
+                    prop_assert!(recording.insert(p), "a second begin of pool {} was accepted", p);
+                    *uses.entry(p).or_default() += 1;
+                }
+            }
+            Op::PoolEnd(p) => prop_assert_eq!(a.end_allocate_to_pool(p).is_ok(), recording.remove(&p)),
+            Op::PoolRelease(p) => {
+                let held = uses.get(&p).copied().unwrap_or(0);
+                let allowed = held > 1 || (held == 1 && !recording.contains(&p));
+                prop_assert_eq!(a.release_pool(p).is_ok(), allowed);
+                if allowed {
+                    uses.insert(p, held - 1);
+                }
+            }
             Op::Alloc(bytes, stream) => match a.malloc(bytes, stream) {
                 Ok(h) => live.push(h),
                 Err(AllocError::OutOfMemory(_)) => {}
@@ -110,8 +136,9 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
             Op::Sync(s) => a.sync(s),
             Op::EmptyCache => {
                 a.empty_cache().unwrap();
-                // After empty_cache no fully free ordinary segment remains.
-                for s in a.segments().iter().filter(|s| !s.is_expandable) {
+                // After empty_cache no fully free ordinary segment of the allocator's pools
+                // remains (none is released while a capture is underway).
+                for s in a.segments().iter().filter(|s| !s.is_expandable && s.private_pool.is_none() && recording.is_empty()) {
                     prop_assert!(s.blocks.iter().any(|b| b.state == BlockState::ActiveAllocated), "free segment survived empty_cache");
                 }
             }
@@ -132,7 +159,16 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
             prop_assert!(w[0].1 <= w[1].0, "overlap {:?}", w);
         }
     }
-    // Freeing everything then empty_cache returns reserved to 0.
+    // Ending every capture, releasing every pool, freeing everything then empty_cache returns
+    // reserved to 0.
+    for p in std::mem::take(&mut recording) {
+        a.end_allocate_to_pool(p).unwrap();
+    }
+    for (p, n) in uses {
+        for _ in 0..n {
+            a.release_pool(p).unwrap();
+        }
+    }
     for h in live.drain(..) {
         a.free(h).unwrap();
     }
@@ -194,8 +230,22 @@ proptest! {
     fn diagnosis_breakdown_reconciles(ops in ops(), conf in 0usize..CONFS.len(), small_device in any::<bool>()) {
         let mut text = String::from("op,id,bytes,stream\n");
         let mut live: Vec<usize> = Vec::new();
+        // Only the pool rows a trace may hold (each end after its begin, no more releases than begins).
+        let mut recording = std::collections::BTreeSet::new();
+        let mut uses = std::collections::BTreeMap::<u64, u64>::new();
         for (id, op) in ops.iter().enumerate() {
             match *op {
+                // (A released pool's id is not begun again: real pool ids are never reused.)
+                Op::PoolBegin(p, s) if uses.get(&p) != Some(&0) && recording.insert(p) => {
+                    *uses.entry(p).or_default() += 1;
+                    text += &format!("pool_begin,{p},,{}\n", s.map_or(String::new(), |s| s.to_string()));
+                }
+                Op::PoolEnd(p) if recording.remove(&p) => text += &format!("pool_end,{p},,\n"),
+                Op::PoolRelease(p) if uses.get(&p).is_some_and(|&n| n > 1 || (n == 1 && !recording.contains(&p))) => {
+                    *uses.get_mut(&p).unwrap() -= 1;
+                    text += &format!("pool_release,{p},,\n");
+                }
+                Op::PoolBegin(..) | Op::PoolEnd(_) | Op::PoolRelease(_) => {}
                 Op::Alloc(bytes, stream) => { text += &format!("alloc,{id},{bytes},{stream}\n"); live.push(id); }
                 Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); text += &format!("free,{id},,\n"); }
                 Op::RecordStream(i, s) if !live.is_empty() => text += &format!("record_stream,{},,{s}\n", live[i % live.len()]),

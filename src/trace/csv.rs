@@ -354,6 +354,11 @@ impl<R: BufRead> TraceReader<R> {
                 let pool = self.number(id, "pool (id column)")?;
                 // releasePool: one release per use (use_count never goes below 0).
                 match self.pool_users.get_mut(&pool) {
+                    Some(1) if self.pools_recording.contains(&pool) => {
+                        return Err(
+                            self.err(format!("pool_release of pool {pool}, which is being allocated to and would be left with no user (pool_end it first)"))
+                        )
+                    }
                     Some(users) => {
                         *users -= 1;
                         if *users == 0 {
@@ -634,6 +639,7 @@ mod tests {
             ("pool_begin,1,,\npool_end,2,,", "t.csv:3: pool_end of pool 2, which is not being allocated to"),
             ("pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_release,1,,", "t.csv:5: pool_release of pool 1, which has no pool_begin left"),
             ("pool_begin,,,", "t.csv:2: missing pool (id column)"),
+            ("pool_begin,1,,\npool_release,1,,", "t.csv:3: pool_release of pool 1, which is being allocated to"),
             ("pool_begin,1,,x", "t.csv:2:"),
         ] {
             let res = parse(&format!("{head}{rows}\n"));

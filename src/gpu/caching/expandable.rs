@@ -65,6 +65,9 @@ impl<D: Device> CachingAllocator<D> {
             slot: NIL,
         });
         self.pools[pool.index()].unmapped.insert((stream, base), i);
+        if pool.is_private() {
+            self.owner_private_pool(pool).cuda_malloc_count += 1;
+        }
         Ok(i)
     }
 
@@ -176,11 +179,6 @@ impl<D: Device> CachingAllocator<D> {
         for p in begin..end {
             self.device.unmap_page(base + p * page, page)?;
         }
-        // unmap_block: an unmap of a private pool's block counts as one of its cudaFrees.
-        if pool.is_private() {
-            let owner = self.owner_private_pool(pool);
-            owner.cuda_malloc_count = owner.cuda_malloc_count.saturating_sub(1);
-        }
         let seg = self.expandable_segments[seg_index].as_mut().expect("live segment");
         for p in begin..end {
             seg.mapped[p as usize] = false;
@@ -233,6 +231,9 @@ impl<D: Device> CachingAllocator<D> {
         debug_assert_eq!(b.size, seg.va_size());
         self.device.release_address(seg.base, seg.va_size())?;
         self.pools[b.pool.index()].unmapped.remove(&(b.stream, b.ptr));
+        if b.pool.is_private() {
+            self.owner_private_pool(b.pool).cuda_malloc_count -= 1;
+        }
         self.kill(i);
         Ok(())
     }

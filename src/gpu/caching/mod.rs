@@ -223,7 +223,9 @@ pub struct CachingAllocator<D: Device> {
 
 /// PrivatePool: a CUDA graph's (or a MemPool's) own BlockPool pair. `use_count` counts the
 /// captures/MemPools using it; `cuda_malloc_count` its live segments, which keep it in
-/// existence after its last user is gone until empty_cache frees them.
+/// existence after its last user is gone until empty_cache frees them. (An expandable segment
+/// counts once, from its address reservation to its release: PyTorch counts its maps and
+/// unmaps, which need not pair up, and would erase a pool whose pages are still mapped.)
 struct PrivatePool {
     id: u64,
     pair: u32,
@@ -443,11 +445,7 @@ impl<D: Device> CachingAllocator<D> {
             }
         }
         if self.cfg.expandable_segments {
-            let found = self.try_allocate_expandable_block(stream, pool, rounded)?;
-            if found.is_some() && pool.is_private() {
-                self.owner_private_pool(pool).cuda_malloc_count += 1;
-            }
-            return Ok(found);
+            return self.try_allocate_expandable_block(stream, pool, rounded);
         }
         let raw_stream = self.raw_streams[stream as usize];
         let ptr = match self.device.malloc(alloc_size, raw_stream) {
@@ -635,7 +633,10 @@ impl<D: Device> CachingAllocator<D> {
     /// (remove_graph_stream_uses: the capture's end completed those); no event left frees them.
     #[cold]
     fn insert_events_deferred_until_no_capture(&mut self) {
-        for block in std::mem::take(&mut self.events.deferred_until_no_capture) {
+        // One at a time: the blocks still waiting are not free yet, so free_block must not merge
+        // them (try_merge_blocks skips a block with stream uses).
+        while !self.events.deferred_until_no_capture.is_empty() {
+            let block = self.events.deferred_until_no_capture.remove(0);
             let mut uses = self.events.stream_uses.remove(&block).unwrap_or_default();
             if let Some(graph_uses) = self.events.graph_stream_uses.remove(&block) {
                 uses.retain(|s| !graph_uses.contains(s));
@@ -1095,8 +1096,14 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn release_pool(&mut self, pool: u64) -> Result<(), String> {
-        // releasePool: one user fewer; with none left, the pool is freeable.
+        // releasePool: one user fewer; with none left, the pool is freeable. The last use of a
+        // pool being allocated to cannot go: the cache could free the pool under the capture
+        // (PyTorch's get_pool then fails an internal assert).
+        let recording = self.captures_underway.iter().any(|c| c.pool == pool);
         match self.private_pools.iter_mut().find(|p| p.id == pool) {
+            Some(p) if p.use_count == 1 && recording => {
+                Err(format!("pool_release of pool {pool}, which is being allocated to and would be left with no user (pool_end it first)"))
+            }
             Some(p) if p.use_count > 0 => {
                 p.use_count -= 1;
                 Ok(())

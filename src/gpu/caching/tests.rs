@@ -735,6 +735,7 @@ fn pool_calls_pytorch_refuses_are_errors() {
     assert!(a.release_pool(1).unwrap_err().contains("no pool_begin made"));
     a.begin_allocate_to_pool(1, None).unwrap();
     assert!(a.begin_allocate_to_pool(1, Some(3)).unwrap_err().contains("already being allocated to"));
+    assert!(a.release_pool(1).unwrap_err().contains("being allocated to and would be left with no user"));
     a.end_allocate_to_pool(1).unwrap();
     a.release_pool(1).unwrap();
     assert!(a.release_pool(1).unwrap_err().contains("no user left"));
