@@ -1273,7 +1273,9 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
     # (releasePool). A MemPool is a pool of its own: made with one use (begin and end with nothing
     # between), `use_mem_pool` routes every stream of the thread to it, and deleting it releases
     # that use. Pool handles ((0, n) from graph_pool_handle or a MemPool, (n, 0) a graph's own)
-    # name trace pool n.
+    # name trace pool n. torch.cuda.make_graphed_callables runs unpatched on these: its warmup
+    # iterations eagerly on its side stream, its forward and backward graphs captured into one
+    # shared pool, and each later call only copies inputs and replays (no allocation of its own).
     pool_numbers = itertools.count(1)
 
     def trace_pool(handle):
@@ -1445,12 +1447,6 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
                 recorder.sink.pool_end(number)
                 recorder.sink.pool_release(number)
 
-    make_graphed_note = "run eagerly at every call (the graphs' shared private pool is not modelled)"
-
-    def make_graphed_callables(callables, sample_args, *args, **kwargs):
-        recorder.say_once("make_graphed_callables", f"on fake CUDA: {make_graphed_note}", make_graphed_note)
-        return callables
-
     # caching_allocator_alloc/delete: a raw block of the caching allocator, a row each; the pointer
     # handed back is a made-up address that names the row's id.
     raw_blocks = {}
@@ -1474,7 +1470,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             recorder.sink.free(*block)
 
     for name, fn in dict(
-        CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=graph_pool_handle, make_graphed_callables=make_graphed_callables,
+        CUDAGraph=CUDAGraph, graph=graph, graph_pool_handle=graph_pool_handle,
         MemPool=MemPool, use_mem_pool=use_mem_pool,
         caching_allocator_alloc=caching_allocator_alloc, caching_allocator_delete=caching_allocator_delete,
     ).items():

@@ -813,3 +813,34 @@ fn a_killed_interpreter_leaves_a_readable_trace_marked_incomplete() {
         assert!(text.trim_end().ends_with("# capture incomplete: signal 9"), "{name}");
     }
 }
+
+/// make_graphed_callables runs as PyTorch's own over the fake graphs: warmup iterations on its
+/// side stream, then the forward and the backward graph captured into one shared pool (after an
+/// empty_cache each); the training steps after it allocate no hidden activation (32 × 2048
+/// fp32, 256 KiB), which only the warmup and the captures do.
+#[test]
+fn make_graphed_callables_captures_into_one_shared_pool() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "mgc.csv", &["--cublas-workspace-mib", "0"], &[&fixture("graphed_callables.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "graphed (32, 512)\n");
+    let evs = events(&trace);
+    let pool_rows: Vec<Event> = evs.iter().copied().filter(|e| matches!(e, Event::PoolBegin { .. } | Event::PoolEnd { .. })).collect();
+    assert_eq!(
+        pool_rows,
+        [Event::PoolBegin { pool: 1, stream: Some(1) }, Event::PoolEnd { pool: 1 }, Event::PoolBegin { pool: 1, stream: Some(1) }, Event::PoolEnd { pool: 1 }]
+    );
+    let hidden = 32 * 2048 * 4;
+    let is_hidden = |e: &Event| matches!(e, Event::Alloc { bytes, .. } if *bytes == hidden);
+    let first_capture = evs.iter().position(|e| matches!(e, Event::PoolBegin { .. })).unwrap();
+    let last_end = evs.iter().rposition(|e| matches!(e, Event::PoolEnd { .. })).unwrap();
+    assert!(evs[..first_capture].iter().filter(|e| is_hidden(e)).count() >= 3, "the warmup runs eagerly");
+    assert!(evs[first_capture..last_end].iter().any(is_hidden), "the forward graph's activation is captured");
+    assert!(!evs[last_end..].iter().any(is_hidden), "the graphed steps replay: no activation of their own");
+    assert_eq!(steps(&evs), [1, 2, 3]);
+    let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["replay", trace.to_str().unwrap(), "-q"]).output().unwrap();
+    assert!(replay.status.success(), "{}", stderr(&replay));
+}
