@@ -296,3 +296,21 @@ fn a_snapshot_saved_as_json_imports_as_its_pickle() {
     )
     .contains("line 1"));
 }
+
+/// A snapshot whose segments include a CUDA graph's private pool: the import says that its
+/// allocations replay in the allocator's own pools (the history does not say when they were routed).
+#[test]
+fn snapshots_with_private_pool_segments_say_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("graph.json");
+    let segment = |pool: [u64; 2], size: u64| {
+        format!(r#"{{"address": 0, "total_size": {size}, "stream": 0, "segment_type": "large", "segment_pool_id": [{}, {}], "blocks": []}}"#, pool[0], pool[1])
+    };
+    let trace = r#"[{"action": "alloc", "addr": 1024, "size": 4096, "stream": 0}]"#;
+    let text = |segs: Vec<String>| format!(r#"{{"segments": [{}], "device_traces": [{trace}]}}"#, segs.join(", "));
+    std::fs::write(&p, text(vec![segment([0, 0], 2 << 20), segment([1, 0], 20 << 20), segment([0, 3], 2 << 20)])).unwrap();
+    let t = import_snapshot(&p).unwrap();
+    assert!(t.notes.iter().any(|n| n.starts_with("2 segments (23068672 bytes) were in private pools")), "{:?}", t.notes);
+    std::fs::write(&p, text(vec![segment([0, 0], 2 << 20)])).unwrap();
+    assert!(import_snapshot(&p).unwrap().notes.iter().all(|n| !n.contains("private pools")));
+}

@@ -82,6 +82,26 @@ pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
     from_snapshot_value(&root).map_err(|m| err(path, m))
 }
 
+/// Segments of private pools (`segment_pool_id` not (0, 0): CUDA graphs, MemPools) at the
+/// snapshot: the trace does not say when allocations were routed to a pool, so they replay in the
+/// allocator's own pools, and the import says so.
+fn private_pool_note(root: &Value, notes: &mut Vec<String>) {
+    let Some(segments) = root.get("segments").and_then(|s| s.items()) else { return };
+    let private: Vec<&Value> = segments
+        .iter()
+        .filter(|s| s.get("segment_pool_id").and_then(|p| p.items()).is_some_and(|p| p.iter().any(|x| x.as_int().is_some_and(|v| v != 0))))
+        .collect();
+    if private.is_empty() {
+        return;
+    }
+    let bytes: i128 = private.iter().filter_map(|s| int(s, "total_size")).sum();
+    notes.push(format!(
+        "{} segments ({} bytes) were in private pools (CUDA graphs, MemPools) at the snapshot: the history does not say when allocations went to a pool, so they replay in the allocator's own pools (capture the script with `allocbench capture` to keep them apart)",
+        private.len(),
+        bytes.max(0)
+    ));
+}
+
 pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     if let Value::List(_) = root {
         return Err("an older snapshot layout (a bare list of segments, before torch 2.1) has no allocation trace: re-record it with torch.cuda.memory._record_memory_history()".into());
@@ -96,6 +116,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
         .find_map(|(i, t)| t.items().filter(|v| !v.is_empty()).map(|v| (i, v)))
         .ok_or("the snapshot's device_traces are empty: record with torch.cuda.memory._record_memory_history(enabled='all') before dumping")?;
     let mut out = ImportedTrace { format: "pytorch-snapshot", ..Default::default() };
+    private_pool_note(root, &mut out.notes);
     if traces.iter().filter(|t| t.items().is_some_and(|v| !v.is_empty())).count() > 1 {
         out.notes.push(format!("several devices have traces: imported device {device}"));
     }
