@@ -81,7 +81,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             1 => Just(Op::EmptyCache),
             2 => (any::<usize>(), 0u64..4).prop_map(|(i, s)| Op::RecordStream(i, s)),
             1 => proptest::option::of(0u64..4).prop_map(Op::Sync),
-            1 => (0u64..3, proptest::option::of(0u64..3)).prop_map(|(p, s)| Op::PoolBegin(p, s)),
+            1 => (0u64..3, proptest::option::of(1u64..3)).prop_map(|(p, s)| Op::PoolBegin(p, s)),
             1 => (0u64..3).prop_map(Op::PoolEnd),
             1 => (0u64..3).prop_map(Op::PoolRelease),
         ],

@@ -70,6 +70,8 @@ pub struct TraceReader<R> {
     /// Private pools: begins not yet released per pool, and the pools being allocated to.
     pool_users: rustc_hash::FxHashMap<u64, u64>,
     pools_recording: rustc_hash::FxHashSet<u64>,
+    /// Pools every user released: their ids are not begun again (PyTorch never reuses one).
+    pools_retired: rustc_hash::FxHashSet<u64>,
     /// The line being read.
     buf: Vec<u8>,
     /// Bytes read from `input` and not yet split into lines: `chunk[start..end]`. Lines are cut
@@ -109,6 +111,7 @@ impl<R: BufRead> TraceReader<R> {
             live: crate::ids::IdSet::default(),
             pool_users: Default::default(),
             pools_recording: Default::default(),
+            pools_retired: Default::default(),
             buf: Vec::with_capacity(128),
             chunk: vec![0; CHUNK_BYTES].into_boxed_slice(),
             start: 0,
@@ -335,6 +338,15 @@ impl<R: BufRead> TraceReader<R> {
             "pool_begin" => {
                 let pool = self.number(id, "pool (id column)")?;
                 let stream = if stream.is_empty() { None } else { Some(self.number(stream, "stream")?) };
+                if stream == Some(0) {
+                    // CUDAGraph::capture_begin refuses the default stream.
+                    return Err(self.err(format!(
+                        "pool_begin of pool {pool} on stream 0: no capture runs on the default stream (leave the stream empty to route every stream)"
+                    )));
+                }
+                if self.pools_retired.contains(&pool) {
+                    return Err(self.err(format!("pool_begin of pool {pool}, which every user has released (pool ids are not reused)")));
+                }
                 // beginAllocateToPool: "already recording to mempool_id".
                 if !self.pools_recording.insert(pool) {
                     return Err(self.err(format!("pool_begin of pool {pool}, which is already being allocated to (pool_end it first)")));
@@ -363,6 +375,7 @@ impl<R: BufRead> TraceReader<R> {
                         *users -= 1;
                         if *users == 0 {
                             self.pool_users.remove(&pool);
+                            self.pools_retired.insert(pool);
                         }
                     }
                     None => return Err(self.err(format!("pool_release of pool {pool}, which has no pool_begin left to release"))),
@@ -640,6 +653,8 @@ mod tests {
             ("pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_release,1,,", "t.csv:5: pool_release of pool 1, which has no pool_begin left"),
             ("pool_begin,,,", "t.csv:2: missing pool (id column)"),
             ("pool_begin,1,,\npool_release,1,,", "t.csv:3: pool_release of pool 1, which is being allocated to"),
+            ("pool_begin,1,,0", "t.csv:2: pool_begin of pool 1 on stream 0: no capture runs on the default stream"),
+            ("pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_begin,1,,", "t.csv:5: pool_begin of pool 1, which every user has released"),
             ("pool_begin,1,,x", "t.csv:2:"),
         ] {
             let res = parse(&format!("{head}{rows}\n"));

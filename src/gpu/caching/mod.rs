@@ -212,9 +212,11 @@ pub struct CachingAllocator<D: Device> {
     raw_streams: Vec<u64>,
     expandable_segments: Vec<Option<ExpandableSegment>>,
     events: StreamEvents,
-    /// graph_pools: the private pools that exist, in order of creation; those with no user left
-    /// (use_count 0) are graph_pools_freeable.
-    private_pools: Vec<PrivatePool>,
+    /// graph_pools: the private pools that exist, by id; those with no user left (use_count 0)
+    /// are graph_pools_freeable.
+    private_pools: BTreeMap<u64, PrivatePool>,
+    /// The pool that owns each private BlockPool pair (`pair / 2 - 1`), while it exists.
+    pair_owner: Vec<Option<u64>>,
     /// captures_underway: the pools being allocated to, and whose allocations go there.
     captures_underway: Vec<CaptureUnderway>,
     /// BlockPool pairs of erased private pools, for the next pool to reuse.
@@ -227,7 +229,6 @@ pub struct CachingAllocator<D: Device> {
 /// counts once, from its address reservation to its release: PyTorch counts its maps and
 /// unmaps, which need not pair up, and would erase a pool whose pages are still mapped.)
 struct PrivatePool {
-    id: u64,
     pair: u32,
     use_count: u64,
     cuda_malloc_count: u64,
@@ -289,7 +290,8 @@ impl<D: Device> CachingAllocator<D> {
             blocks: Vec::new(),
             dead: Vec::new(),
             pools: vec![BlockPool::default(), BlockPool::default()],
-            private_pools: Vec::new(),
+            private_pools: BTreeMap::new(),
+            pair_owner: Vec::new(),
             captures_underway: Vec::new(),
             spare_pairs: Vec::new(),
             stats,
@@ -573,32 +575,27 @@ impl<D: Device> CachingAllocator<D> {
     }
 
     /// release_cached_blocks (empty_cache, and the last resort before an OOM).
-    fn release_cached_blocks(&mut self) -> Result<(), DeviceError> {
-        // The allocator's own pools only when no capture is underway (it syncs).
-        if self.captures_underway.is_empty() {
+    fn release_cached_blocks(&mut self, in_capture: bool) -> Result<(), DeviceError> {
+        // The allocator's own pools only outside a capture (it syncs).
+        if !in_capture {
             self.synchronize_and_free_events();
             self.release_blocks(PoolId::LARGE)?;
             self.release_blocks(PoolId::SMALL)?;
         }
         // graph_pools_freeable: a pool no capture or MemPool uses gives back its free segments,
         // and is erased once it has none left (cudaMalloc_count == 0).
-        let mut k = 0;
-        while k < self.private_pools.len() {
-            let (pair, use_count) = (self.private_pools[k].pair, self.private_pools[k].use_count);
-            if use_count == 0 {
-                self.release_blocks(PoolId::in_pair(pair, PoolKind::Small))?;
-                self.release_blocks(PoolId::in_pair(pair, PoolKind::Large))?;
-                if self.private_pools[k].cuda_malloc_count == 0 {
-                    self.private_pools.remove(k);
-                    // (A pair still holding reserved address space is not handed out again.)
-                    let empty = |p: &BlockPool| p.blocks.len() == 0 && p.unmapped.is_empty();
-                    if empty(&self.pools[pair as usize]) && empty(&self.pools[pair as usize + 1]) {
-                        self.spare_pairs.push(pair);
-                    }
-                    continue;
-                }
+        let freeable: Vec<(u64, u32)> = self.private_pools.iter().filter(|(_, p)| p.use_count == 0).map(|(&id, p)| (id, p.pair)).collect();
+        for (id, pair) in freeable {
+            self.release_blocks(PoolId::in_pair(pair, PoolKind::Small))?;
+            self.release_blocks(PoolId::in_pair(pair, PoolKind::Large))?;
+            if self.private_pools[&id].cuda_malloc_count == 0 {
+                // No segment and no address reservation left: the pair is empty, for reuse.
+                let empty = |p: &BlockPool| p.blocks.len() == 0 && p.unmapped.is_empty();
+                debug_assert!(empty(&self.pools[pair as usize]) && empty(&self.pools[pair as usize + 1]));
+                self.private_pools.remove(&id);
+                self.pair_owner[pair as usize / 2 - 1] = None;
+                self.spare_pairs.push(pair);
             }
-            k += 1;
         }
         Ok(())
     }
@@ -606,8 +603,11 @@ impl<D: Device> CachingAllocator<D> {
     /// synchronize_and_free_events: wait for every outstanding event, then free its block.
     fn synchronize_and_free_events(&mut self) {
         self.stats.num_sync_all_streams += 1;
-        // "This function syncs, so capture should not be underway": the deferred events too.
-        self.insert_events_deferred_until_no_capture();
+        // "This function syncs, so capture should not be underway": the deferred events too
+        // (the OOM path of a stream not captured can run while another stream is).
+        if !self.capture_underway() {
+            self.insert_events_deferred_until_no_capture();
+        }
         let mut done = std::mem::take(&mut self.events.completed);
         for (_, q) in std::mem::take(&mut self.events.queued) {
             done.extend(q);
@@ -619,7 +619,7 @@ impl<D: Device> CachingAllocator<D> {
     /// by a capture, then free the blocks whose last event completed.
     #[inline(always)]
     fn process_events(&mut self) {
-        if !self.events.deferred_until_no_capture.is_empty() {
+        if !self.events.deferred_until_no_capture.is_empty() && !self.capture_underway() {
             self.insert_events_deferred_until_no_capture();
         }
         if !self.events.completed.is_empty() {
@@ -657,6 +657,19 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// Whether a CUDA graph capture is underway (torch 2.15's capture counter, markCaptureBegin):
+    /// a pool begun on a stream. A MemPool's stream-less routing is no capture.
+    #[inline(always)]
+    fn capture_underway(&self) -> bool {
+        !self.captures_underway.is_empty() && self.captures_underway.iter().any(|c| c.stream.is_some())
+    }
+
+    /// Whether `stream` is being captured (is_capture_context: the current stream captures).
+    #[inline(always)]
+    fn stream_is_capturing(&self, stream: u32) -> bool {
+        !self.captures_underway.is_empty() && self.captures_underway.iter().any(|c| c.stream == Some(stream))
+    }
+
     /// get_pool: a capture's private pool for allocations on its stream, else the allocator's.
     #[inline(always)]
     fn get_pool(&self, rounded: u64, stream: u32) -> PoolId {
@@ -670,16 +683,15 @@ impl<D: Device> CachingAllocator<D> {
         PoolId(kind as u32)
     }
 
-    /// The trace id of the private pool that owns BlockPool `pool` (a private one).
+    /// The id of the private pool that owns BlockPool `pool` (a private one).
     fn private_pool_of(&self, pool: PoolId) -> u64 {
-        let pair = pool.0 & !1;
-        self.private_pools.iter().find(|p| p.pair == pair).map_or(0, |p| p.id)
+        self.pair_owner[pool.index() / 2 - 1].expect("a private BlockPool has its PrivatePool")
     }
 
     /// The private pool that owns BlockPool `pool` (a private one).
     fn owner_private_pool(&mut self, pool: PoolId) -> &mut PrivatePool {
-        let pair = pool.0 & !1;
-        self.private_pools.iter_mut().find(|p| p.pair == pair).expect("a private BlockPool has its PrivatePool")
+        let id = self.private_pool_of(pool);
+        self.private_pools.get_mut(&id).expect("a pair's owner exists")
     }
 
     /// One completed event per entry: `event_count--`, and free_block at zero.
@@ -853,9 +865,9 @@ impl<D: Device> CachingAllocator<D> {
         if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
             found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
         }
-        // Flushing the cache syncs the device: not while a capture is underway.
-        if found.is_none() && self.captures_underway.is_empty() {
-            self.release_cached_blocks()?;
+        // Flushing the cache syncs the device: not while this stream is being captured.
+        if found.is_none() && !self.stream_is_capturing(stream) {
+            self.release_cached_blocks(false)?;
             found = self.alloc_block(stream, rounded, alloc_size, pool, true)?;
         }
         match found {
@@ -985,12 +997,13 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         if bytes == 0 {
             return Ok(NULL_HANDLE);
         }
-        // malloc: process_events(context) before looking for a block, unless a capture is
-        // underway (cudaEventQuery is illegal during capture).
-        if self.captures_underway.is_empty() {
+        // malloc: process_events(context) before looking for a block, unless this stream is being
+        // captured (cudaEventQuery is illegal during capture; torch 2.15 asks the capture counter
+        // and is_capture_context()).
+        let stream = self.stream_id(raw_stream);
+        if !self.stream_is_capturing(stream) {
             self.process_events();
         }
-        let stream = self.stream_id(raw_stream);
         let rounded = round_size(&self.cfg, bytes);
         let pool = self.get_pool(rounded, stream);
         match self.get_free_block(stream, rounded, pool) {
@@ -1020,7 +1033,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // (No block is used by another stream in most traces: skip the hash then.)
         if self.events.stream_uses.is_empty() || !self.events.stream_uses.contains_key(&handle) {
             self.free_block(handle);
-        } else if !self.captures_underway.is_empty() {
+        } else if self.capture_underway() {
             // cudaEventQuery is forbidden during capture: the events wait until none is underway.
             self.events.deferred_until_no_capture.push(handle);
         } else {
@@ -1047,7 +1060,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
             uses.push(raw_stream);
         }
         // recordStream: a use recorded during a capture is also a graph use.
-        if !self.captures_underway.is_empty() {
+        if self.capture_underway() {
             let graph_uses = self.events.graph_stream_uses.entry(handle).or_default();
             if !graph_uses.contains(&raw_stream) {
                 graph_uses.push(raw_stream);
@@ -1059,12 +1072,14 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         if self.captures_underway.iter().any(|c| c.pool == pool) {
             return Err(format!("pool_begin of pool {pool}, which is already being allocated to (beginAllocateToPool: \"already recording to mempool_id\")"));
         }
+        if stream == Some(0) {
+            // CUDAGraph::capture_begin refuses the default stream; a MemPool routes a thread.
+            return Err(format!("pool_begin of pool {pool} on stream 0: no capture runs on the default stream (leave the stream empty to route every stream)"));
+        }
         // create_or_incref_pool: a new pool, or one more user of an existing one.
-        let pair = match self.private_pools.iter_mut().find(|p| p.id == pool) {
+        let pair = match self.private_pools.get_mut(&pool) {
             Some(p) if p.use_count == 0 => {
-                return Err(format!(
-                    "pool_begin of pool {pool}, which was released and still holds cached segments (PyTorch asserts use_count > 0; pool ids are not reused)"
-                ))
+                return Err(format!("pool_begin of pool {pool}, which every user has released (PyTorch asserts use_count > 0: pool ids are not reused)"))
             }
             Some(p) => {
                 p.use_count += 1;
@@ -1074,9 +1089,11 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                 let pair = self.spare_pairs.pop().unwrap_or_else(|| {
                     self.pools.push(BlockPool::default());
                     self.pools.push(BlockPool::default());
+                    self.pair_owner.push(None);
                     (self.pools.len() - 2) as u32
                 });
-                self.private_pools.push(PrivatePool { id: pool, pair, use_count: 1, cuda_malloc_count: 0 });
+                self.pair_owner[pair as usize / 2 - 1] = Some(pool);
+                self.private_pools.insert(pool, PrivatePool { pair, use_count: 1, cuda_malloc_count: 0 });
                 pair
             }
         };
@@ -1100,7 +1117,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // pool being allocated to cannot go: the cache could free the pool under the capture
         // (PyTorch's get_pool then fails an internal assert).
         let recording = self.captures_underway.iter().any(|c| c.pool == pool);
-        match self.private_pools.iter_mut().find(|p| p.id == pool) {
+        match self.private_pools.get_mut(&pool) {
             Some(p) if p.use_count == 1 && recording => {
                 Err(format!("pool_release of pool {pool}, which is being allocated to and would be left with no user (pool_end it first)"))
             }
@@ -1114,6 +1131,13 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn sync(&mut self, stream: Option<u64>) {
+        // A block freed during a capture waits for its users' work as of its free: a sync after
+        // it completes that work, so the events inserted later find the stream idle.
+        for block in &self.events.deferred_until_no_capture {
+            if let Some(uses) = self.events.stream_uses.get_mut(block) {
+                uses.retain(|&s| stream.is_some_and(|synced| synced != s));
+            }
+        }
         match stream {
             Some(s) => {
                 if let Some(q) = self.events.queued.remove(&s) {
@@ -1129,7 +1153,8 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn empty_cache(&mut self) -> Result<(), DeviceError> {
-        self.release_cached_blocks()
+        // The trace does not say which stream called it: any capture underway counts.
+        self.release_cached_blocks(self.capture_underway())
     }
 
     fn block_address(&self, handle: Handle) -> Option<u64> {

@@ -680,20 +680,28 @@ fn a_shared_pool_is_freeable_after_its_last_user_releases_it() {
     assert_eq!(state(&a).1, 0);
 }
 
-/// malloc during a capture: no process_events, and no release_cached_blocks on the way to an
-/// OOM (it would sync): a request the cache could make room for is an OOM while capturing.
+/// malloc on a stream being captured: no process_events, and no release_cached_blocks on the
+/// way to an OOM (it would sync): a request the cache could make room for is an OOM there. The
+/// same request on a stream not captured flushes as usual (is_capture_context), and so does a
+/// MemPool's routing, which is no capture.
 #[test]
 fn a_capture_does_not_flush_the_cache_to_avoid_an_oom() {
     let mut a = alloc("", 100 * MIB);
-    let h = a.malloc(60 * MIB, 0).unwrap();
+    let h = a.malloc(60 * MIB, 2).unwrap();
     a.free(h).unwrap();
-    a.begin_allocate_to_pool(1, Some(0)).unwrap();
-    assert!(matches!(a.malloc(70 * MIB, 0), Err(AllocError::OutOfMemory(_))));
+    a.begin_allocate_to_pool(1, Some(2)).unwrap();
+    assert!(matches!(a.malloc(70 * MIB, 2), Err(AllocError::OutOfMemory(_))));
     assert_eq!((a.stats().num_alloc_retries, a.stats().num_device_free), (0, 0));
-    a.end_allocate_to_pool(1).unwrap();
-    // The same request after the capture flushes the cache and retries.
-    a.malloc(70 * MIB, 0).unwrap();
+    let other = a.malloc(70 * MIB, 3).unwrap();
     assert_eq!((a.stats().num_alloc_retries, a.stats().num_device_free), (1, 1));
+    a.free(other).unwrap();
+    a.end_allocate_to_pool(1).unwrap();
+    a.empty_cache().unwrap();
+    let h = a.malloc(60 * MIB, 2).unwrap();
+    a.free(h).unwrap();
+    a.begin_allocate_to_pool(2, None).unwrap();
+    a.malloc(70 * MIB, 2).unwrap();
+    assert_eq!((a.stats().num_alloc_retries, a.stats().num_device_free), (2, 3));
 }
 
 /// free during a capture of a block other streams used: its events are deferred until no
@@ -710,20 +718,48 @@ fn frees_used_by_other_streams_during_a_capture_wait_for_its_end() {
     a.record_stream(during, 6);
     a.free(before).unwrap();
     a.free(during).unwrap();
-    // Both wait (active, not free) while the capture runs, whatever syncs.
-    a.sync(None);
-    assert_eq!(a.stats().active_bytes.all.current, 40 * MIB as i64);
+    // Both wait (active, not free) while the capture runs, even at a malloc on a stream that is
+    // not captured (its process_events inserts no deferred event during a capture).
+    a.sync(Some(9));
+    let other = a.malloc(20 * MIB, 3).unwrap();
+    assert_eq!(a.stats().active_bytes.all.current, 60 * MIB as i64);
+    a.free(other).unwrap();
     assert_eq!(a.segments().iter().filter(|s| s.blocks[0].state == BlockState::ActivePendingFree).count(), 2);
     a.end_allocate_to_pool(1).unwrap();
     // The next malloc inserts the events: `during` had only a graph use and lands at once;
     // `before` waits for stream 5, whose work is queued after the insertion.
     let h = a.malloc(20 * MIB, 0).unwrap();
-    assert_eq!(state(&a).3, 2, "`during` landed and was reused");
+    assert_eq!(state(&a).3, 3, "`during` landed and was reused");
     assert_eq!(a.stats().active_bytes.all.current, 40 * MIB as i64);
     a.sync(Some(5));
     a.malloc(20 * MIB, 0).unwrap();
-    assert_eq!(state(&a), (40 * MIB as i64, 40 * MIB as i64, 2, 2, 0, 0));
+    assert_eq!(state(&a), (40 * MIB as i64, 60 * MIB as i64, 3, 3, 0, 0));
     a.free(h).unwrap();
+}
+
+/// A sync after a capture ended and before the next malloc completes the work a deferred free
+/// waited for: the events inserted at that malloc find the stream idle, and the block lands there.
+#[test]
+fn a_sync_before_the_deferred_events_are_inserted_completes_them() {
+    let mut a = default_alloc();
+    let h = a.malloc(20 * MIB, 0).unwrap();
+    a.record_stream(h, 5);
+    a.begin_allocate_to_pool(1, Some(8)).unwrap();
+    a.free(h).unwrap();
+    a.end_allocate_to_pool(1).unwrap();
+    a.sync(Some(5));
+    a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&a), (20 * MIB as i64, 20 * MIB as i64, 1, 1, 0, 0), "the freed block was reused");
+    // A MemPool's stream-less routing is no capture: frees and syncs work as usual under it.
+    let mut b = default_alloc();
+    let h = b.malloc(20 * MIB, 0).unwrap();
+    b.record_stream(h, 5);
+    b.begin_allocate_to_pool(2, None).unwrap();
+    b.free(h).unwrap();
+    b.sync(Some(5));
+    b.end_allocate_to_pool(2).unwrap();
+    b.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(state(&b).3, 1);
 }
 
 /// The calls PyTorch refuses: a second begin of a pool being allocated to, an end or a release
@@ -746,7 +782,8 @@ fn pool_calls_pytorch_refuses_are_errors() {
     b.free(h).unwrap();
     b.end_allocate_to_pool(2).unwrap();
     b.release_pool(2).unwrap();
-    assert!(b.begin_allocate_to_pool(2, None).unwrap_err().contains("released"));
+    assert!(b.begin_allocate_to_pool(2, None).unwrap_err().contains("every user has released"));
+    assert!(b.begin_allocate_to_pool(3, Some(0)).unwrap_err().contains("no capture runs on the default stream"));
     b.empty_cache().unwrap();
     b.begin_allocate_to_pool(2, None).unwrap();
 }
