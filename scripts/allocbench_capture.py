@@ -395,7 +395,7 @@ def _make_recorder_class(torch):
             self.next_id = 1
             self.step_no = 0
             self.max_steps = None
-            self.workspace_streams = set()
+            self.workspace_streams = {}  # stream -> the trace id of its cuBLAS workspace
             self.stream_ids = {}
             self.fake_streams = None  # _FakeStreams on fake CUDA
             self.written_args = {}
@@ -511,9 +511,16 @@ def _make_recorder_class(torch):
             stream = self._stream_of(first)
             if stream in self.workspace_streams:
                 return
-            self.workspace_streams.add(stream)
+            self.workspace_streams[stream] = trace_id = self._new_id()
             self.sink.comment(f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)")
-            self.sink.alloc(self._new_id(), self.cublas_workspace_bytes, stream, self.sites.here_frame() if self.sites else None)
+            self.sink.alloc(trace_id, self.cublas_workspace_bytes, stream, self.sites.here_frame() if self.sites else None)
+
+        def clear_cublas_workspace(self, stream):
+            """clearCublasWorkspacesForStream: the stream's workspace is freed (a CUDA graph's reset
+            does it for its capture stream, so the workspace no longer pins the graph's pool)."""
+            trace_id = self.workspace_streams.pop(stream, None)
+            if trace_id is not None and not self.closed:
+                self.sink.free(trace_id, self.cublas_workspace_bytes)
 
         def _written_arg_positions(self, func):
             positions = self.written_args.get(func)
@@ -1123,7 +1130,7 @@ class _FakeStreams:
     def __init__(self, sink):
         self.sink = sink
         self.count = 0
-        self.capturing = set()  # streams a CUDA graph is capturing on (Note [Private pools])
+        self.capturing = {}  # stream id -> the CUDA graph capturing on it (Note [Private pools])
         self.local = threading.local()  # the current stream is per thread, as in PyTorch
         streams = self
 
@@ -1302,6 +1309,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             self._handle = None
             self._capture = None  # (trace pool, stream) while capturing
             self._held = []  # trace pools this graph holds until reset (releasePool)
+            self._stream = None  # the capture stream, once captured
 
         def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
             if self._capture is not None:
@@ -1314,8 +1322,8 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             number = trace_pool(handle)
             if not recorder.closed:
                 recorder.sink.pool_begin(number, stream.stream_id)
-            streams.capturing.add(stream.stream_id)
-            self._handle, self._capture = handle, (number, stream)
+            streams.capturing[stream.stream_id] = self
+            self._handle, self._capture, self._stream = handle, (number, stream), stream
             self._held.append(number)
 
         def capture_end(self):
@@ -1324,7 +1332,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             number, stream = self._capture
             if not recorder.closed:
                 recorder.sink.pool_end(number)
-            streams.capturing.discard(stream.stream_id)
+            streams.capturing.pop(stream.stream_id, None)
             self._capture = None
 
         capture_end_pre = capture_end
@@ -1339,6 +1347,13 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             pass
 
         def reset(self):
+            # CUDAGraph::reset: a capture left open is ended first (endAllocateToPool), the capture
+            # stream's cuBLAS workspace is freed (it would pin the pool), then the pools released.
+            if self._capture is not None:
+                self.capture_end()
+            if self._stream is not None:
+                recorder.clear_cublas_workspace(self._stream.stream_id)
+                self._stream = None
             held, self._held = self._held, []
             for number in held:
                 if not recorder.closed:
@@ -1434,8 +1449,11 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
 
     @contextlib.contextmanager
     def use_mem_pool(pool, device=None):
-        """The thread's allocations (every stream) go to ``pool``: a begin, an end and a release."""
+        """The thread's allocations (every stream) go to ``pool``: a begin, an end and a release.
+        Inside a capture the graph also keeps the pool until its reset (graph._retain_pool): one
+        more use, taken as the routing ends (a pool cannot be begun while it is routed to)."""
         number = trace_pool(pool)
+        graph = streams.capturing.get(streams.current().stream_id)
         if not recorder.closed:
             recorder.sink.pool_begin(number, None)
         pool._uses += 1
@@ -1445,6 +1463,10 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             pool._uses -= 1
             if not recorder.closed:
                 recorder.sink.pool_end(number)
+                if graph is not None:
+                    recorder.sink.pool_begin(number, None)
+                    recorder.sink.pool_end(number)
+                    graph._held.append(number)
                 recorder.sink.pool_release(number)
 
     # caching_allocator_alloc/delete: a raw block of the caching allocator, a row each; the pointer

@@ -844,3 +844,59 @@ fn make_graphed_callables_captures_into_one_shared_pool() {
     let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["replay", trace.to_str().unwrap(), "-q"]).output().unwrap();
     assert!(replay.status.success(), "{}", stderr(&replay));
 }
+
+/// CUDA graph edge cases: reset() of a capture left open ends it before releasing the pool; a
+/// matmul captured on a fresh stream puts its cuBLAS workspace in the graph's pool and reset
+/// frees it (clearCublasWorkspacesForStream), so the pool can go; use_mem_pool inside a capture
+/// routes to the MemPool, which the graph keeps until its reset. The replay ends with only the
+/// eager segment cached: every private segment was given back.
+#[test]
+fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "e.csv", &[], &[&fixture("graph_edges.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let evs = events(&trace);
+    use Event::{Alloc, EmptyCache, Free, PoolBegin, PoolEnd, PoolRelease};
+    let workspace = 32 << 20;
+    assert_eq!(
+        evs,
+        [
+            Alloc { id: 1, bytes: 16384, stream: 0 },
+            PoolBegin { pool: 1, stream: Some(1) },
+            Alloc { id: 2, bytes: 16384, stream: 1 },
+            PoolEnd { pool: 1 },
+            PoolRelease { pool: 1 },
+            Free { id: 2 },
+            PoolBegin { pool: 2, stream: None },
+            PoolEnd { pool: 2 },
+            EmptyCache,
+            PoolBegin { pool: 3, stream: Some(2) },
+            Alloc { id: 3, bytes: workspace, stream: 2 },
+            Alloc { id: 4, bytes: 16384, stream: 2 },
+            PoolBegin { pool: 2, stream: None },
+            Alloc { id: 5, bytes: 16384, stream: 2 },
+            PoolEnd { pool: 2 },
+            PoolBegin { pool: 2, stream: None },
+            PoolEnd { pool: 2 },
+            PoolRelease { pool: 2 },
+            PoolEnd { pool: 3 },
+            PoolRelease { pool: 2 },
+            Free { id: 4 },
+            Free { id: 5 },
+            Free { id: 3 },
+            PoolRelease { pool: 3 },
+            PoolRelease { pool: 2 },
+            EmptyCache,
+            Free { id: 1 },
+        ]
+    );
+    let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["replay", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    let v: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    let stats = &v["stats"];
+    assert_eq!((stats["num_device_alloc"].as_i64(), stats["num_device_free"].as_i64()), (Some(5), Some(4)));
+    assert_eq!(stats["reserved_bytes.all.current"], 2 << 20);
+}
