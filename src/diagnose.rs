@@ -191,6 +191,10 @@ fn cause_sentence(o: &OomRecord) -> String {
             format_bytes(o.allocated),
             format_bytes(o.rounded)
         ),
+        OomCause::PrivatePools => format!(
+            "Cause: private pools. {cached} were free in the allocator's segments and {device} on the device, together enough for the request, but {} of them sit in pools it cannot use (a CUDA graph's or a MemPool's, or the allocator's own for a capture's request); those are given back only after the pool's graphs are reset or deleted and the cache is emptied.",
+            format_bytes(o.other_pools_free)
+        ),
         OomCause::Capacity => format!(
             "Cause: real exhaustion. {} allocated plus the {} request exceed what the device can give ({} reserved, {device} free on the device): the workload holds more than this device has.",
             format_bytes(o.allocated),

@@ -416,9 +416,15 @@ fn diagnose_counts_what_private_pools_hold() {
     };
     let held = run("held.csv", "");
     assert_eq!(held["oom"]["event"], 4);
+    // The 40 MiB free are in the graph's pool: not fragmentation, a pool the request cannot use.
+    assert_eq!(
+        (held["oom"]["cause"].as_str(), held["oom"]["other_pools_free"].as_u64(), held["oom"]["largest_free_block"].as_u64()),
+        (Some("private_pools"), Some(mib40), Some(0))
+    );
     assert_eq!((held["private_pool_bytes"].as_u64(), held["private_pool_free_bytes"].as_u64()), (Some(mib40), Some(mib40)));
     let text = held["summary"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect::<Vec<_>>().join("\n");
     assert!(text.contains("40.0 MiB of the reserved bytes are in private pools (CUDA graphs, MemPools), 40.0 MiB of them free"), "{text}");
+    assert!(text.contains("Cause: private pools. 40.0 MiB were free in the allocator's segments and 20.0 MiB on the device, together enough for the request, but 40.0 MiB of them sit in pools it cannot use"), "{text}");
     let released = run("released.csv", "pool_release,1,,\n");
     assert!(released["oom"].is_null(), "{released}");
     assert_eq!(released["peak_reserved"], mib40);

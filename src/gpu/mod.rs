@@ -58,8 +58,11 @@ pub struct OomInfo {
     pub allowed: Option<u64>,
     /// Free bytes inside the allocator's segments (reserved − allocated).
     pub cached_free: u64,
-    /// The largest free block inside a segment.
+    /// The largest free block inside a segment of the pools the request could use.
     pub largest_free_block: u64,
+    /// Free cached bytes in pools the request cannot use: private pools (CUDA graphs, MemPools),
+    /// or the allocator's own pools for a request routed to a private pool.
+    pub other_pools_free: u64,
     pub reserved: u64,
     pub allocated: u64,
 }
@@ -77,6 +80,7 @@ impl OomInfo {
             allowed: None,
             cached_free,
             largest_free_block: 0,
+            other_pools_free: 0,
             reserved,
             allocated,
         }
@@ -86,7 +90,8 @@ impl OomInfo {
     /// the device can give: reserved + its free memory), `fraction_limit` (they exceed the
     /// allowed bytes of per_process_memory_fraction), `segment_size` (the free device memory
     /// covers the request but not the segment the allocator must create for it),
-    /// `fragmentation` (cached free + device free cover it, yet no block fits), and otherwise
+    /// `fragmentation` (cached free + device free cover it, yet no block fits), `private_pools`
+    /// (they cover it only with the free bytes of pools the request cannot use), and otherwise
     /// `fraction_limit` (only the cap kept the device's free memory from covering it).
     pub fn cause(&self) -> OomCause {
         let need = self.allocated.saturating_add(self.rounded);
@@ -96,8 +101,10 @@ impl OomInfo {
             OomCause::FractionLimit
         } else if self.device_free >= self.rounded && self.device_free < self.alloc_size {
             OomCause::SegmentSize
-        } else if self.device_free.saturating_add(self.cached_free) >= self.rounded {
+        } else if self.device_free.saturating_add(self.cached_free - self.other_pools_free.min(self.cached_free)) >= self.rounded {
             OomCause::Fragmentation
+        } else if self.device_free.saturating_add(self.cached_free) >= self.rounded {
+            OomCause::PrivatePools
         } else {
             OomCause::FractionLimit
         }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::common::{MachineInfo, WorkDone, WorkloadInfo};
 
 names!(Backend { Sim => "sim", Cuda => "cuda" });
-names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit" });
+names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit", PrivatePools => "private_pools" });
 names!(SegmentType { Small => "small", Large => "large" });
 names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive", ActivePendingFree => "active_pending_free" });
 
@@ -44,6 +44,9 @@ pub enum OomCause {
     SegmentSize,
     /// `per_process_memory_fraction`'s allowed bytes stopped it while the device had room.
     FractionLimit,
+    /// The free bytes that would have covered it sit in pools the request cannot use: private
+    /// pools (CUDA graphs, MemPools), or the allocator's own pools for a capture's request.
+    PrivatePools,
 }
 
 /// The first OOM of a run (`"oom"` in the JSON results; a contract).
@@ -61,6 +64,9 @@ pub struct OomRecord {
     pub cached_free: u64,
     pub device_free: u64,
     pub largest_free_block: u64,
+    /// Of `cached_free`, the bytes in pools the request cannot use (see `OomCause::PrivatePools`).
+    #[serde(default)]
+    pub other_pools_free: u64,
     pub reserved: u64,
     pub allocated: u64,
     pub cause: OomCause,

@@ -874,12 +874,13 @@ impl<D: Device> CachingAllocator<D> {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
             None => {
                 self.stats.num_ooms += 1;
-                Err(AllocError::OutOfMemory(self.oom_info(bytes, rounded, alloc_size)))
+                Err(AllocError::OutOfMemory(self.oom_info(bytes, rounded, alloc_size, pool)))
             }
         }
     }
 
-    fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64) -> OomInfo {
+    /// `pool`: the BlockPool the request searched; only its pair's free blocks could serve it.
+    fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64, pool: PoolId) -> OomInfo {
         let reserved = self.stats.reserved_bytes.all.current as u64;
         let allocated = self.stats.allocated_bytes.all.current as u64;
         let device_free_uncapped = self.device.free_memory();
@@ -887,6 +888,8 @@ impl<D: Device> CachingAllocator<D> {
         if let Some(allowed) = self.allowed {
             device_free = device_free.min(allowed.saturating_sub(reserved));
         }
+        let pair = pool.index() & !1;
+        let own = self.pools[pair..pair + 2].iter();
         OomInfo {
             requested,
             rounded,
@@ -895,7 +898,8 @@ impl<D: Device> CachingAllocator<D> {
             device_free_uncapped,
             allowed: self.allowed,
             cached_free: reserved - allocated,
-            largest_free_block: self.largest_free_block(),
+            largest_free_block: own.clone().map(|p| p.blocks.max_size()).max().unwrap_or(0),
+            other_pools_free: self.pools.iter().enumerate().filter(|(i, _)| i / 2 != pair / 2).flat_map(|(_, p)| p.blocks.iter().map(|(k, _)| k.size())).sum(),
             reserved,
             allocated,
         }

@@ -284,6 +284,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for FirstOom {
             cached_free: info.cached_free,
             device_free: info.device_free,
             largest_free_block: info.largest_free_block,
+            other_pools_free: info.other_pools_free,
             reserved: info.reserved,
             allocated: info.allocated,
             cause: info.cause(),
