@@ -905,6 +905,43 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// The private pools' bookkeeping: each live pair has its pool, each pool counts its segments
+    /// and address reservations (cudaMalloc_count), each pool being allocated to has a user, and
+    /// spare pairs hold nothing.
+    fn check_private_pools(&self) -> Result<(), String> {
+        let mut segments: BTreeMap<u64, u64> = BTreeMap::new();
+        for b in self.blocks.iter().filter(|b| b.size > 0 && b.prev == NIL && b.pool.is_private()) {
+            let owner = self
+                .pair_owner
+                .get(b.pool.index() / 2 - 1)
+                .copied()
+                .flatten()
+                .ok_or_else(|| format!("block {:#x} is in a private pair no pool owns", b.ptr))?;
+            *segments.entry(owner).or_default() += 1;
+        }
+        for (id, p) in &self.private_pools {
+            if self.pair_owner[p.pair as usize / 2 - 1] != Some(*id) {
+                return Err(format!("pool {id}'s pair is owned by another"));
+            }
+            let counted = segments.get(id).copied().unwrap_or(0);
+            if p.cuda_malloc_count != counted {
+                return Err(format!("pool {id} counts {} segments but holds {counted}", p.cuda_malloc_count));
+            }
+        }
+        for c in &self.captures_underway {
+            if self.private_pools.get(&c.pool).is_none_or(|p| p.use_count == 0) {
+                return Err(format!("pool {} is being allocated to with no user", c.pool));
+            }
+        }
+        for &pair in &self.spare_pairs {
+            let p = &self.pools[pair as usize..pair as usize + 2];
+            if self.pair_owner[pair as usize / 2 - 1].is_some() || p.iter().any(|p| p.blocks.len() > 0 || !p.unmapped.is_empty()) {
+                return Err(format!("spare pair {pair} is in use"));
+            }
+        }
+        Ok(())
+    }
+
     /// Recounts the stats from the block lists and checks the structural invariants; returns
     /// the first violation. Used by tests (PyTorch checks its stats against its snapshot too).
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -963,6 +1000,7 @@ impl<D: Device> CachingAllocator<D> {
                 }
             }
         }
+        self.check_private_pools()?;
         let s = &self.stats;
         let checks = [
             ("allocated_bytes", s.allocated_bytes.all.current, allocated as i64),
