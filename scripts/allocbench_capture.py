@@ -258,6 +258,9 @@ class _TraceSink:
     def pool_release(self, pool):
         self.file.write(f"pool_release,{pool},,\n")
 
+    def empty_pool_cache(self, pool):
+        self.file.write(f"empty_cache,{pool},,\n")
+
     def comment(self, text):
         self.file.write(f"# {text}\n")
 
@@ -1279,7 +1282,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
     # `pool_end,P,,` at capture_end and `pool_release,P,,` when the graph is reset or destroyed
     # (releasePool). A MemPool is a pool of its own: made with one use (begin and end with nothing
     # between), `use_mem_pool` routes every stream of the thread to it, and deleting it releases
-    # that use. Pool handles ((0, n) from graph_pool_handle or a MemPool, (n, 0) a graph's own)
+    # that use and empties the pool's cache (`empty_cache,P,,`). Pool handles ((0, n) from graph_pool_handle or a MemPool, (n, 0) a graph's own)
     # name trace pool n. torch.cuda.make_graphed_callables runs unpatched on these: its warmup
     # iterations eagerly on its side stream, its forward and backward graphs captured into one
     # shared pool, and each later call only copies inputs and replays (no allocation of its own).
@@ -1441,9 +1444,11 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             return []
 
         def __del__(self):
+            # ~MemPool: releasePool, then emptyCache(id) gives its free segments back at once.
             try:
                 if not recorder.closed:
                     recorder.sink.pool_release(self._id[1])
+                    recorder.sink.empty_pool_cache(self._id[1])
             except Exception:
                 pass
 

@@ -7,7 +7,9 @@ Every `alloc` becomes torch.empty(bytes, dtype=torch.uint8, device="cuda") on th
 tensor.record_stream(stream S) and keeps S busy (torch.cuda._sleep) so that its events complete
 only at the trace's `sync,,,S` (S.synchronize(); `sync,,,` is torch.cuda.synchronize()), as the
 simulator models it, `pool_begin`/`pool_end`/`pool_release` call the allocator's
-beginAllocateToPool/endAllocateToPool/releasePool (torch._C bindings), and at every `step` row (before it) and at the end
+beginAllocateToPool/endAllocateToPool/releasePool (torch._C bindings, without a real capture: the
+allocator's capture-only rules, no process_events and no cache flush, are not exercised here), and at
+every `step` row (before it) and at the end
 torch.cuda.memory_stats() is recorded. The output is JSON that `allocbench fidelity TRACE
 --torch-json FILE` compares with the simulator key by key.
 
@@ -108,6 +110,10 @@ def main():
                     failed.discard(ident)
             elif op == "step":
                 steps.append({"step": int(ident), "event": event, "stats": dict(torch.cuda.memory_stats(dev))})
+            elif op == "empty_cache" and ident:
+                # emptyCache(mempool_id) has no Python binding: a pool's cache stays until the next
+                # empty_cache (the simulator frees it here).
+                pass
             elif op == "empty_cache":
                 torch.cuda.empty_cache()
             elif op == "record_stream":

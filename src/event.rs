@@ -32,6 +32,9 @@ pub enum Event {
     /// releasePool: one user of `pool` is gone (the graph was reset or destroyed, the MemPool
     /// deleted); once none is left, empty_cache (or the OOM path) may free its cached segments.
     PoolRelease { pool: u64 },
+    /// emptyCache(mempool_id): only `pool`'s free segments are released, and only once it has no
+    /// user left (a MemPool's destructor releases its use, then empties its pool).
+    PoolEmptyCache { pool: u64 },
 }
 
 impl Event {
@@ -46,6 +49,7 @@ impl Event {
             Event::PoolBegin { .. } => "pool_begin",
             Event::PoolEnd { .. } => "pool_end",
             Event::PoolRelease { .. } => "pool_release",
+            Event::PoolEmptyCache { .. } => "empty_cache",
         }
     }
 }

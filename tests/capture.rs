@@ -99,7 +99,12 @@ fn phases(evs: &[Event]) -> Vec<Vec<i64>> {
             Event::Free { id } => out.last_mut().unwrap().push(-live.remove(&id).expect("free of a live id")),
             Event::Step { .. } => out.push(Vec::new()),
             Event::EmptyCache => out.last_mut().unwrap().push(0),
-            Event::RecordStream { .. } | Event::Sync { .. } | Event::PoolBegin { .. } | Event::PoolEnd { .. } | Event::PoolRelease { .. } => {}
+            Event::RecordStream { .. }
+            | Event::Sync { .. }
+            | Event::PoolBegin { .. }
+            | Event::PoolEnd { .. }
+            | Event::PoolRelease { .. }
+            | Event::PoolEmptyCache { .. } => {}
         }
     }
     out
@@ -577,7 +582,7 @@ fn generators_raw_blocks_cuda_graphs_and_mem_pools_run_on_fake_cuda() {
     assert!(evs.contains(&Event::Alloc { id: 3, bytes: 3 << 20, stream: 1 }), "{evs:?}");
     assert!(evs.contains(&Event::Alloc { id: 5, bytes: 4000, stream: 2 }), "captured on the graph's stream: {evs:?}");
     let pools: Vec<Event> = evs.iter().copied().filter(|e| !matches!(e, Event::Alloc { .. } | Event::Free { .. })).collect();
-    use Event::{EmptyCache, PoolBegin, PoolEnd, PoolRelease};
+    use Event::{EmptyCache, PoolBegin, PoolEmptyCache, PoolEnd, PoolRelease};
     assert_eq!(
         pools,
         [
@@ -595,6 +600,7 @@ fn generators_raw_blocks_cuda_graphs_and_mem_pools_run_on_fake_cuda() {
             PoolEnd { pool: 2 },
             PoolRelease { pool: 2 },
             PoolRelease { pool: 2 },
+            PoolEmptyCache { pool: 2 },
         ]
     );
     // Segments: x and raw share one small segment, `side` a large one on its stream, the graph
@@ -859,7 +865,7 @@ fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
     let (out, trace) = capture(dir.path(), "e.csv", &[], &[&fixture("graph_edges.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
     let evs = events(&trace);
-    use Event::{Alloc, EmptyCache, Free, PoolBegin, PoolEnd, PoolRelease};
+    use Event::{Alloc, EmptyCache, Free, PoolBegin, PoolEmptyCache, PoolEnd, PoolRelease};
     let workspace = 32 << 20;
     assert_eq!(
         evs,
@@ -884,6 +890,7 @@ fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
             PoolRelease { pool: 2 },
             PoolEnd { pool: 3 },
             PoolRelease { pool: 2 },
+            PoolEmptyCache { pool: 2 },
             Free { id: 4 },
             Free { id: 5 },
             Free { id: 3 },

@@ -70,6 +70,7 @@ enum Op {
     PoolBegin(u64, Option<u64>),
     PoolEnd(u64),
     PoolRelease(u64),
+    PoolEmptyCache(u64),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -84,6 +85,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             1 => (0u64..3, proptest::option::of(1u64..3)).prop_map(|(p, s)| Op::PoolBegin(p, s)),
             1 => (0u64..3).prop_map(Op::PoolEnd),
             1 => (0u64..3).prop_map(Op::PoolRelease),
+            1 => (0u64..3).prop_map(Op::PoolEmptyCache),
         ],
         1..120,
     )
@@ -113,6 +115,7 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
                 }
             }
             Op::PoolEnd(p) => prop_assert_eq!(a.end_allocate_to_pool(p).is_ok(), recording.remove(&p)),
+            Op::PoolEmptyCache(p) => a.empty_pool_cache(p).unwrap(),
             Op::PoolRelease(p) => {
                 let held = uses.get(&p).copied().unwrap_or(0);
                 let allowed = held > 1 || (held == 1 && !recording.contains(&p));
@@ -245,6 +248,7 @@ proptest! {
                     *uses.get_mut(&p).unwrap() -= 1;
                     text += &format!("pool_release,{p},,\n");
                 }
+                Op::PoolEmptyCache(p) => text += &format!("empty_cache,{p},,\n"),
                 Op::PoolBegin(..) | Op::PoolEnd(_) | Op::PoolRelease(_) => {}
                 Op::Alloc(bytes, stream) => { text += &format!("alloc,{id},{bytes},{stream}\n"); live.push(id); }
                 Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); text += &format!("free,{id},,\n"); }

@@ -54,7 +54,12 @@ fn walk(w: &Workload) -> Walk {
             }
             Event::Step { .. } => steps += 1,
             Event::RecordStream { id, .. } => assert!(live.contains_key(&id), "{}: record_stream of dead id {id}", w.file.name),
-            Event::EmptyCache | Event::Sync { .. } | Event::PoolBegin { .. } | Event::PoolEnd { .. } | Event::PoolRelease { .. } => {}
+            Event::EmptyCache
+            | Event::Sync { .. }
+            | Event::PoolBegin { .. }
+            | Event::PoolEnd { .. }
+            | Event::PoolRelease { .. }
+            | Event::PoolEmptyCache { .. } => {}
         }
     }
     Walk { events: n, live_end: cur, live_count_end: live.len(), peak_live: peak, hash: h.finish(), steps }
@@ -196,7 +201,8 @@ fn profile(events: impl Iterator<Item = Event>, marker_ends_step: bool) -> Profi
             | Event::Sync { .. }
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. } => {}
+            | Event::PoolRelease { .. }
+            | Event::PoolEmptyCache { .. } => {}
         }
     }
     // Index k of `allocs_per_step` is step k + 1; step 1 carries the initialisation either way.
@@ -454,7 +460,12 @@ fn ops(events: &[Event]) -> Vec<String> {
             Event::Free { id } => Some(format!("free of alloc #{}", ordinal[&id])),
             Event::Step { .. } => Some("step".to_string()),
             Event::EmptyCache => Some("empty_cache".to_string()),
-            Event::RecordStream { .. } | Event::Sync { .. } | Event::PoolBegin { .. } | Event::PoolEnd { .. } | Event::PoolRelease { .. } => None,
+            Event::RecordStream { .. }
+            | Event::Sync { .. }
+            | Event::PoolBegin { .. }
+            | Event::PoolEnd { .. }
+            | Event::PoolRelease { .. }
+            | Event::PoolEmptyCache { .. } => None,
         })
         .collect()
 }

@@ -253,7 +253,8 @@ impl Compiler {
             | Event::Sync { .. }
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. } => {}
+            | Event::PoolRelease { .. }
+            | Event::PoolEmptyCache { .. } => {}
         }
     }
 }

@@ -155,6 +155,10 @@ pub trait GpuAllocator {
     fn release_pool(&mut self, _pool: u64) -> Result<(), String> {
         Ok(())
     }
+    /// emptyCache(mempool_id) (see [`crate::event::Event::PoolEmptyCache`]).
+    fn empty_pool_cache(&mut self, _pool: u64) -> Result<(), DeviceError> {
+        Ok(())
+    }
     fn stats(&self) -> &DeviceStats;
     /// Segments in address order with their blocks (none for policies that keep no segments).
     fn segments(&self) -> Vec<SegmentSnapshot> {

@@ -21,7 +21,8 @@
 //! `pool_begin,POOL,,STREAM`: allocations on STREAM (every stream when empty) go to private pool
 //! POOL (a CUDA graph capture, or `torch.cuda.use_mem_pool`) until `pool_end,POOL,,`; each begin
 //! makes the pool (or shares it) and `pool_release,POOL,,` ends one use of it (the graph reset
-//! or destroyed), after which `empty_cache` may free its cached segments.
+//! or destroyed), after which `empty_cache` may free its cached segments; `empty_cache,POOL,,`
+//! empties that pool's cache alone (a MemPool's destructor).
 //! Reading is streamed: memory is bounded by the number of live ids, not the file's length.
 //!
 //! Allocation sites (written by `allocbench capture`) are comment lines, which readers that do
@@ -326,7 +327,9 @@ impl<R: BufRead> TraceReader<R> {
                 Event::Free { id }
             }
             "step" => Event::Step { n: self.number(id, "step number (id column)")? },
-            "empty_cache" => Event::EmptyCache,
+            // `empty_cache,POOL,,`: the cache of one private pool (emptyCache(mempool_id)).
+            "empty_cache" if id.is_empty() => Event::EmptyCache,
+            "empty_cache" => Event::PoolEmptyCache { pool: self.number(id, "pool (id column)")? },
             "record_stream" => {
                 let id = self.number(id, "id")?;
                 if !self.live.contains(id) {
@@ -516,6 +519,7 @@ impl<W: Write> TraceWriter<W> {
             Event::PoolBegin { pool, stream: None } => writeln!(self.out, "pool_begin,{pool},,"),
             Event::PoolEnd { pool } => writeln!(self.out, "pool_end,{pool},,"),
             Event::PoolRelease { pool } => writeln!(self.out, "pool_release,{pool},,"),
+            Event::PoolEmptyCache { pool } => writeln!(self.out, "empty_cache,{pool},,"),
         }
     }
 
@@ -831,6 +835,7 @@ mod tests {
             Event::PoolEnd { pool: 3 },
             Event::PoolRelease { pool: 3 },
             Event::PoolRelease { pool: 3 },
+            Event::PoolEmptyCache { pool: 3 },
         ];
         let mut w = TraceWriter::new(Vec::new(), &["hello\nworld".to_string()]).unwrap();
         for e in &evs {

@@ -14,8 +14,8 @@
 //! and a pool no one uses gives its free segments back at release_cached_blocks.
 //!
 //! Note [What is not modelled]: MemPools with a custom allocator and their use_on_oom/no_split
-//! options, graph_capture_record_stream_reuse, emptyCache of one pool (a MemPool's destructor),
-//! free-memory callbacks (IPC), and event completion by the passage of time (only a `sync`
+//! options, graph_capture_record_stream_reuse, streams joined to a capture (only the capture
+//! stream's allocations go to its pool), free-memory callbacks (IPC), and event completion by the passage of time (only a `sync`
 //! completes work).
 
 mod expandable;
@@ -584,34 +584,66 @@ impl<D: Device> CachingAllocator<D> {
         }
         // graph_pools_freeable: a pool no capture or MemPool uses gives back its free segments,
         // and is erased once it has none left (cudaMalloc_count == 0).
-        let freeable: Vec<(u64, u32)> = self.private_pools.iter().filter(|(_, p)| p.use_count == 0).map(|(&id, p)| (id, p.pair)).collect();
-        for (id, pair) in freeable {
-            self.release_blocks(PoolId::in_pair(pair, PoolKind::Small))?;
-            self.release_blocks(PoolId::in_pair(pair, PoolKind::Large))?;
-            if self.private_pools[&id].cuda_malloc_count == 0 {
-                // No segment and no address reservation left: the pair is empty, for reuse.
-                let empty = |p: &BlockPool| p.blocks.len() == 0 && p.unmapped.is_empty();
-                debug_assert!(empty(&self.pools[pair as usize]) && empty(&self.pools[pair as usize + 1]));
-                self.private_pools.remove(&id);
-                self.pair_owner[pair as usize / 2 - 1] = None;
-                self.spare_pairs.push(pair);
-            }
+        let freeable: Vec<u64> = self.private_pools.iter().filter(|(_, p)| p.use_count == 0).map(|(&id, _)| id).collect();
+        for id in freeable {
+            self.release_freeable_pool(id)?;
+        }
+        Ok(())
+    }
+
+    /// A freeable pool gives back its whole free segments (small pool first), and is erased
+    /// with its last segment (cudaMalloc_count == 0).
+    fn release_freeable_pool(&mut self, id: u64) -> Result<(), DeviceError> {
+        let pair = self.private_pools[&id].pair;
+        self.release_blocks(PoolId::in_pair(pair, PoolKind::Small))?;
+        self.release_blocks(PoolId::in_pair(pair, PoolKind::Large))?;
+        if self.private_pools[&id].cuda_malloc_count == 0 {
+            // No segment and no address reservation left: the pair is empty, for reuse.
+            let empty = |p: &BlockPool| p.blocks.len() == 0 && p.unmapped.is_empty();
+            debug_assert!(empty(&self.pools[pair as usize]) && empty(&self.pools[pair as usize + 1]));
+            self.private_pools.remove(&id);
+            self.pair_owner[pair as usize / 2 - 1] = None;
+            self.spare_pairs.push(pair);
         }
         Ok(())
     }
 
     /// synchronize_and_free_events: wait for every outstanding event, then free its block.
     fn synchronize_and_free_events(&mut self) {
+        self.synchronize_and_free_events_of(None);
+    }
+
+    /// synchronize_and_free_events(context, pool): with a pool pair, only the events of that
+    /// pool's blocks are waited for.
+    fn synchronize_and_free_events_of(&mut self, pair: Option<usize>) {
         self.stats.num_sync_all_streams += 1;
         // "This function syncs, so capture should not be underway": the deferred events too
         // (the OOM path of a stream not captured can run while another stream is).
         if !self.capture_underway() {
             self.insert_events_deferred_until_no_capture();
         }
-        let mut done = std::mem::take(&mut self.events.completed);
-        for (_, q) in std::mem::take(&mut self.events.queued) {
-            done.extend(q);
+        let Some(pair) = pair else {
+            let mut done = std::mem::take(&mut self.events.completed);
+            for (_, q) in std::mem::take(&mut self.events.queued) {
+                done.extend(q);
+            }
+            self.complete_events(done);
+            return;
+        };
+        let in_pool = |s: &Self, b: u32| s.block(b).pool.index() & !1 == pair;
+        let mut done: Vec<u32> = Vec::new();
+        let completed = std::mem::take(&mut self.events.completed);
+        let (mine, others): (Vec<u32>, Vec<u32>) = completed.into_iter().partition(|&b| in_pool(self, b));
+        done.extend(mine);
+        self.events.completed = others;
+        let mut queued = std::mem::take(&mut self.events.queued);
+        for q in queued.values_mut() {
+            let (mine, others): (VecDeque<u32>, VecDeque<u32>) = q.drain(..).partition(|&b| in_pool(self, b));
+            done.extend(mine);
+            *q = others;
         }
+        queued.retain(|_, q| !q.is_empty());
+        self.events.queued = queued;
         self.complete_events(done);
     }
 
@@ -1192,6 +1224,17 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                 }
             }
         }
+    }
+
+    fn empty_pool_cache(&mut self, pool: u64) -> Result<(), DeviceError> {
+        // release_cached_blocks(context, mempool_id): the allocator's own pools stay; the pool,
+        // if no one uses it any more, waits for its own blocks' events and gives back its free
+        // segments. A pool still in use (or gone) is left as it is.
+        let Some(pair) = self.private_pools.get(&pool).filter(|p| p.use_count == 0).map(|p| p.pair as usize) else {
+            return Ok(());
+        };
+        self.synchronize_and_free_events_of(Some(pair));
+        self.release_freeable_pool(pool)
     }
 
     fn empty_cache(&mut self) -> Result<(), DeviceError> {

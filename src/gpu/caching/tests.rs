@@ -762,6 +762,33 @@ fn a_sync_before_the_deferred_events_are_inserted_completes_them() {
     assert_eq!(state(&b).3, 1);
 }
 
+/// A MemPool's destructor: releasePool, then emptyCache(its id): the pool's free segments go at
+/// once and the pool is erased, while the allocator's own cache is left as it is; a pool still
+/// in use is not touched.
+#[test]
+fn emptying_one_pools_cache_leaves_the_rest() {
+    let mut a = default_alloc();
+    let eager = a.malloc(30 * MIB, 0).unwrap();
+    a.free(eager).unwrap();
+    // MemPool(): one use; use_mem_pool: a begin, an allocation, an end and a release.
+    a.begin_allocate_to_pool(4, None).unwrap();
+    a.end_allocate_to_pool(4).unwrap();
+    a.begin_allocate_to_pool(4, None).unwrap();
+    let pooled = a.malloc(30 * MIB, 0).unwrap();
+    a.end_allocate_to_pool(4).unwrap();
+    a.release_pool(4).unwrap();
+    a.free(pooled).unwrap();
+    a.empty_pool_cache(4).unwrap();
+    assert_eq!(state(&a).1, 60 * MIB as i64, "the MemPool still has its own use");
+    a.release_pool(4).unwrap();
+    a.empty_pool_cache(4).unwrap();
+    assert_eq!(state(&a), (0, 30 * MIB as i64, 1, 2, 0, 0));
+    assert!(a.private_pools.is_empty());
+    assert_eq!(a.stats().num_sync_all_streams, 1);
+    a.empty_pool_cache(4).unwrap(); // gone: nothing to do
+    assert_eq!(a.stats().num_sync_all_streams, 1);
+}
+
 /// The calls PyTorch refuses: a second begin of a pool being allocated to, an end or a release
 /// of a pool that is not there, more releases than begins.
 #[test]
