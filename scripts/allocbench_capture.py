@@ -255,6 +255,9 @@ class _TraceSink:
     def pool_end(self, pool):
         self.file.write(f"pool_end,{pool},,\n")
 
+    def pool_join(self, pool, stream):
+        self.file.write(f"pool_join,{pool},,{stream}\n")
+
     def pool_release(self, pool):
         self.file.write(f"pool_release,{pool},,\n")
 
@@ -1155,6 +1158,16 @@ class _FakeStreams:
     def current(self):
         return getattr(self.local, "stream", self.default)
 
+    def join_capture(self, stream, waited_on):
+        """``stream`` waits on ``waited_on``: if that one is being captured and this one is not,
+        it joins the capture (a `pool_join` row) until the graph's capture_end."""
+        graph = self.capturing.get(getattr(waited_on, "stream_id", None))
+        if graph is None or stream.stream_id in self.capturing or stream.stream_id == 0:
+            return
+        self.capturing[stream.stream_id] = graph
+        graph._joined.append(stream.stream_id)
+        self.sink.pool_join(graph._capture[0], stream.stream_id)
+
     def exchange(self, stream):
         """Makes ``stream`` current (None: no change, as torch.cuda.stream(None)); returns the previous one."""
         previous = self.current()
@@ -1200,10 +1213,13 @@ class _FakeStream:
         self.streams.sink.sync(self.stream_id)
 
     def wait_stream(self, other):
-        pass  # a device-side wait completes nothing on the host
+        # A device-side wait completes nothing on the host; on a capturing stream's work it joins
+        # this stream to the capture (CUDA's fork), whose pool its allocations then go to.
+        self.streams.join_capture(self, other)
 
     def wait_event(self, event):
-        pass
+        if event.stream is not None:
+            self.streams.join_capture(self, event.stream)
 
     def record_event(self, event=None):
         event = event if event is not None else self.streams.Event()
@@ -1313,6 +1329,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             self._capture = None  # (trace pool, stream) while capturing
             self._held = []  # trace pools this graph holds until reset (releasePool)
             self._stream = None  # the capture stream, once captured
+            self._joined = []  # streams that joined the capture (waited on its stream)
 
         def capture_begin(self, pool=None, capture_error_mode="global", check_input_liveness=False):
             if self._capture is not None:
@@ -1336,6 +1353,9 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
             if not recorder.closed:
                 recorder.sink.pool_end(number)
             streams.capturing.pop(stream.stream_id, None)
+            for joined in self._joined:
+                streams.capturing.pop(joined, None)
+            self._joined = []
             self._capture = None
 
         capture_end_pre = capture_end

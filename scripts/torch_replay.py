@@ -143,6 +143,10 @@ def main():
                 else:
                     with torch.cuda.stream(stream_of(s)):
                         torch._C._cuda_beginAllocateCurrentStreamToPool(dev.index, mempool_id(ident))
+            elif op == "pool_join":
+                # No binding routes one more stream to a pool being allocated to (beginAllocateToPool
+                # refuses a second begin): the joined stream's allocations stay in the default pool.
+                pass
             elif op == "pool_end":
                 torch._C._cuda_endAllocateToPool(dev.index, mempool_id(ident))
             elif op == "pool_release":

@@ -29,6 +29,10 @@ pub enum Event {
     PoolBegin { pool: u64, stream: Option<u64> },
     /// endAllocateToPool: allocations stop going to `pool` (capture_end).
     PoolEnd { pool: u64 },
+    /// `stream` joined the capture allocating to `pool` (it waited on the capture stream, so
+    /// CUDA captures its work too): its allocations go to the pool until the [`Event::PoolEnd`]
+    /// (the graph's filter matches every stream of its capture).
+    PoolJoin { pool: u64, stream: u64 },
     /// releasePool: one user of `pool` is gone (the graph was reset or destroyed, the MemPool
     /// deleted); once none is left, empty_cache (or the OOM path) may free its cached segments.
     PoolRelease { pool: u64 },
@@ -48,6 +52,7 @@ impl Event {
             Event::Sync { .. } => "sync",
             Event::PoolBegin { .. } => "pool_begin",
             Event::PoolEnd { .. } => "pool_end",
+            Event::PoolJoin { .. } => "pool_join",
             Event::PoolRelease { .. } => "pool_release",
             Event::PoolEmptyCache { .. } => "empty_cache",
         }

@@ -104,7 +104,8 @@ fn phases(evs: &[Event]) -> Vec<Vec<i64>> {
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
             | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. } => {}
+            | Event::PoolEmptyCache { .. }
+            | Event::PoolJoin { .. } => {}
         }
     }
     out
@@ -906,4 +907,37 @@ fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
     let stats = &v["stats"];
     assert_eq!((stats["num_device_alloc"].as_i64(), stats["num_device_free"].as_i64()), (Some(5), Some(4)));
     assert_eq!(stats["reserved_bytes.all.current"], 2 << 20);
+}
+
+/// A side stream that waits on the capture stream joins the capture (CUDA's fork): a
+/// `pool_join` row, and its allocation lands in the graph's pool; it leaves at capture_end.
+#[test]
+fn a_stream_forked_from_a_capture_allocates_in_its_pool() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "f.csv", &["--cublas-workspace-mib", "0"], &[&fixture("graph_fork_join.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "capturing after False\n");
+    let evs = events(&trace);
+    let kb256 = 256 << 10;
+    assert_eq!(
+        evs[..8],
+        [
+            Event::Alloc { id: 1, bytes: kb256, stream: 0 },
+            Event::EmptyCache,
+            Event::PoolBegin { pool: 1, stream: Some(2) },
+            Event::Alloc { id: 2, bytes: kb256, stream: 2 },
+            Event::PoolJoin { pool: 1, stream: 1 },
+            Event::Alloc { id: 3, bytes: kb256, stream: 1 },
+            Event::Alloc { id: 4, bytes: kb256, stream: 2 },
+            Event::PoolEnd { pool: 1 },
+        ]
+    );
+    // In the replay, `b` (stream 1) is in the graph's pool: its segment is private.
+    let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["diagnose", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(replay.status.success(), "{}", stderr(&replay));
+    let v: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
+    assert_eq!(v["private_pool_bytes"], 4 << 20, "two 2 MiB small segments, streams 2 and 1");
 }

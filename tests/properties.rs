@@ -71,6 +71,7 @@ enum Op {
     PoolEnd(u64),
     PoolRelease(u64),
     PoolEmptyCache(u64),
+    PoolJoin(u64, u64),
 }
 
 fn ops() -> impl Strategy<Value = Vec<Op>> {
@@ -86,6 +87,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
             1 => (0u64..3).prop_map(Op::PoolEnd),
             1 => (0u64..3).prop_map(Op::PoolRelease),
             1 => (0u64..3).prop_map(Op::PoolEmptyCache),
+            1 => (0u64..3, 1u64..4).prop_map(|(p, s)| Op::PoolJoin(p, s)),
         ],
         1..120,
     )
@@ -116,6 +118,10 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
             }
             Op::PoolEnd(p) => prop_assert_eq!(a.end_allocate_to_pool(p).is_ok(), recording.remove(&p)),
             Op::PoolEmptyCache(p) => a.empty_pool_cache(p).unwrap(),
+            // (Refused unless a capture on a stream is allocating to the pool.)
+            Op::PoolJoin(p, s) => {
+                let _ = a.join_pool(p, s);
+            }
             Op::PoolRelease(p) => {
                 let held = uses.get(&p).copied().unwrap_or(0);
                 let allowed = held > 1 || (held == 1 && !recording.contains(&p));
@@ -235,20 +241,29 @@ proptest! {
         let mut live: Vec<usize> = Vec::new();
         // Only the pool rows a trace may hold (each end after its begin, no more releases than begins).
         let mut recording = std::collections::BTreeSet::new();
+        let mut captured = std::collections::BTreeSet::new();
         let mut uses = std::collections::BTreeMap::<u64, u64>::new();
         for (id, op) in ops.iter().enumerate() {
             match *op {
                 // (A released pool's id is not begun again: real pool ids are never reused.)
                 Op::PoolBegin(p, s) if uses.get(&p) != Some(&0) && recording.insert(p) => {
                     *uses.entry(p).or_default() += 1;
+                    if s.is_some() {
+                        captured.insert(p);
+                    }
                     text += &format!("pool_begin,{p},,{}\n", s.map_or(String::new(), |s| s.to_string()));
                 }
-                Op::PoolEnd(p) if recording.remove(&p) => text += &format!("pool_end,{p},,\n"),
+                Op::PoolEnd(p) if recording.remove(&p) => {
+                    captured.remove(&p);
+                    text += &format!("pool_end,{p},,\n");
+                }
                 Op::PoolRelease(p) if uses.get(&p).is_some_and(|&n| n > 1 || (n == 1 && !recording.contains(&p))) => {
                     *uses.get_mut(&p).unwrap() -= 1;
                     text += &format!("pool_release,{p},,\n");
                 }
                 Op::PoolEmptyCache(p) => text += &format!("empty_cache,{p},,\n"),
+                Op::PoolJoin(p, s) if captured.contains(&p) => text += &format!("pool_join,{p},,{s}\n"),
+                Op::PoolJoin(..) => {}
                 Op::PoolBegin(..) | Op::PoolEnd(_) | Op::PoolRelease(_) => {}
                 Op::Alloc(bytes, stream) => { text += &format!("alloc,{id},{bytes},{stream}\n"); live.push(id); }
                 Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); text += &format!("free,{id},,\n"); }

@@ -59,7 +59,8 @@ fn walk(w: &Workload) -> Walk {
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
             | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. } => {}
+            | Event::PoolEmptyCache { .. }
+            | Event::PoolJoin { .. } => {}
         }
     }
     Walk { events: n, live_end: cur, live_count_end: live.len(), peak_live: peak, hash: h.finish(), steps }
@@ -202,7 +203,8 @@ fn profile(events: impl Iterator<Item = Event>, marker_ends_step: bool) -> Profi
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
             | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. } => {}
+            | Event::PoolEmptyCache { .. }
+            | Event::PoolJoin { .. } => {}
         }
     }
     // Index k of `allocs_per_step` is step k + 1; step 1 carries the initialisation either way.
@@ -465,7 +467,8 @@ fn ops(events: &[Event]) -> Vec<String> {
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
             | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. } => None,
+            | Event::PoolEmptyCache { .. }
+            | Event::PoolJoin { .. } => None,
         })
         .collect()
 }

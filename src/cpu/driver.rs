@@ -254,7 +254,8 @@ impl Compiler {
             | Event::PoolBegin { .. }
             | Event::PoolEnd { .. }
             | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. } => {}
+            | Event::PoolEmptyCache { .. }
+            | Event::PoolJoin { .. } => {}
         }
     }
 }

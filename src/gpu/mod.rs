@@ -147,6 +147,10 @@ pub trait GpuAllocator {
     fn begin_allocate_to_pool(&mut self, _pool: u64, _stream: Option<u64>) -> Result<(), String> {
         Ok(())
     }
+    /// A stream joined the capture allocating to `pool` (see [`crate::event::Event::PoolJoin`]).
+    fn join_pool(&mut self, _pool: u64, _stream: u64) -> Result<(), String> {
+        Ok(())
+    }
     /// endAllocateToPool (see [`crate::event::Event::PoolEnd`]).
     fn end_allocate_to_pool(&mut self, _pool: u64) -> Result<(), String> {
         Ok(())

@@ -128,6 +128,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
             },
             Event::Sync { stream } => alloc.sync(stream),
             Event::PoolBegin { pool, stream } => alloc.begin_allocate_to_pool(pool, stream).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
+            Event::PoolJoin { pool, stream } => alloc.join_pool(pool, stream).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
             Event::PoolEnd { pool } => alloc.end_allocate_to_pool(pool).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
             Event::PoolRelease { pool } => alloc.release_pool(pool).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
             Event::PoolEmptyCache { pool } => alloc.empty_pool_cache(pool).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?,

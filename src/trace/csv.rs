@@ -19,7 +19,8 @@
 //! that stream's queued work (PyTorch's event-based deferred free); `sync,,,STREAM` says that
 //! stream's work completed (`sync,,,`: the whole device's), so the deferred frees land.
 //! `pool_begin,POOL,,STREAM`: allocations on STREAM (every stream when empty) go to private pool
-//! POOL (a CUDA graph capture, or `torch.cuda.use_mem_pool`) until `pool_end,POOL,,`; each begin
+//! POOL (a CUDA graph capture, or `torch.cuda.use_mem_pool`) until `pool_end,POOL,,`, and so do
+//! those on a stream that joined the capture (`pool_join,POOL,,STREAM`); each begin
 //! makes the pool (or shares it) and `pool_release,POOL,,` ends one use of it (the graph reset
 //! or destroyed), after which `empty_cache` may free its cached segments; `empty_cache,POOL,,`
 //! empties that pool's cache alone (a MemPool's destructor).
@@ -365,6 +366,17 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 Event::PoolEnd { pool }
             }
+            "pool_join" => {
+                let pool = self.number(id, "pool (id column)")?;
+                let stream = self.number(stream, "stream")?;
+                if !self.pools_recording.contains(&pool) {
+                    return Err(self.err(format!("pool_join of pool {pool}, which is not being allocated to")));
+                }
+                if stream == 0 {
+                    return Err(self.err(format!("pool_join of pool {pool} on stream 0: no capture runs on the default stream")));
+                }
+                Event::PoolJoin { pool, stream }
+            }
             "pool_release" => {
                 let pool = self.number(id, "pool (id column)")?;
                 // releasePool: one release per use (use_count never goes below 0).
@@ -387,7 +399,7 @@ impl<R: BufRead> TraceReader<R> {
             }
             other => {
                 return Err(self.err(format!(
-                    "unknown op '{}' (expected alloc, free, record_stream, sync, step, empty_cache, pool_begin, pool_end or pool_release)",
+                    "unknown op '{}' (expected alloc, free, record_stream, sync, step, empty_cache, pool_begin, pool_join, pool_end or pool_release)",
                     clip(other)
                 )))
             }
@@ -518,6 +530,7 @@ impl<W: Write> TraceWriter<W> {
             Event::PoolBegin { pool, stream: Some(s) } => writeln!(self.out, "pool_begin,{pool},,{s}"),
             Event::PoolBegin { pool, stream: None } => writeln!(self.out, "pool_begin,{pool},,"),
             Event::PoolEnd { pool } => writeln!(self.out, "pool_end,{pool},,"),
+            Event::PoolJoin { pool, stream } => writeln!(self.out, "pool_join,{pool},,{stream}"),
             Event::PoolRelease { pool } => writeln!(self.out, "pool_release,{pool},,"),
             Event::PoolEmptyCache { pool } => writeln!(self.out, "empty_cache,{pool},,"),
         }
@@ -658,6 +671,8 @@ mod tests {
             ("pool_begin,,,", "t.csv:2: missing pool (id column)"),
             ("pool_begin,1,,\npool_release,1,,", "t.csv:3: pool_release of pool 1, which is being allocated to"),
             ("pool_begin,1,,0", "t.csv:2: pool_begin of pool 1 on stream 0: no capture runs on the default stream"),
+            ("pool_join,1,,4", "t.csv:2: pool_join of pool 1, which is not being allocated to"),
+            ("pool_begin,1,,3\npool_join,1,,", "t.csv:3: missing stream"),
             ("pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_begin,1,,", "t.csv:5: pool_begin of pool 1, which every user has released"),
             ("pool_begin,1,,x", "t.csv:2:"),
         ] {
@@ -830,6 +845,7 @@ mod tests {
             Event::Sync { stream: Some(7) },
             Event::Sync { stream: None },
             Event::PoolBegin { pool: 3, stream: Some(9) },
+            Event::PoolJoin { pool: 3, stream: 10 },
             Event::PoolEnd { pool: 3 },
             Event::PoolBegin { pool: 3, stream: None },
             Event::PoolEnd { pool: 3 },

@@ -14,8 +14,7 @@
 //! and a pool no one uses gives its free segments back at release_cached_blocks.
 //!
 //! Note [What is not modelled]: MemPools with a custom allocator and their use_on_oom/no_split
-//! options, graph_capture_record_stream_reuse, streams joined to a capture (only the capture
-//! stream's allocations go to its pool), free-memory callbacks (IPC), and event completion by the passage of time (only a `sync`
+//! options, graph_capture_record_stream_reuse, free-memory callbacks (IPC), and event completion by the passage of time (only a `sync`
 //! completes work).
 
 mod expandable;
@@ -1176,10 +1175,27 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         Ok(())
     }
 
+    fn join_pool(&mut self, pool: u64, stream: u64) -> Result<(), String> {
+        // The graph's filter matches the capture id, which a stream joined to the capture shares:
+        // one more captures_underway entry for the pool, ended with it.
+        let Some(pair) = self.captures_underway.iter().find(|c| c.pool == pool && c.stream.is_some()).map(|c| c.pair) else {
+            return Err(format!("pool_join of pool {pool}, which no capture is allocating to"));
+        };
+        if stream == 0 {
+            return Err(format!("pool_join of pool {pool} on stream 0: no capture runs on the default stream"));
+        }
+        let stream = self.stream_id(stream);
+        if !self.captures_underway.iter().any(|c| c.pool == pool && c.stream == Some(stream)) {
+            self.captures_underway.push(CaptureUnderway { pool, pair, stream: Some(stream) });
+        }
+        Ok(())
+    }
+
     fn end_allocate_to_pool(&mut self, pool: u64) -> Result<(), String> {
         match self.captures_underway.iter().position(|c| c.pool == pool) {
-            Some(i) => {
-                self.captures_underway.remove(i);
+            Some(_) => {
+                // (With the streams that joined the capture.)
+                self.captures_underway.retain(|c| c.pool != pool);
                 Ok(())
             }
             None => Err(format!("pool_end of pool {pool}, which is not being allocated to (endAllocateToPool: \"not currently recording to mempool_id\")")),

@@ -834,3 +834,22 @@ fn expandable_segments_in_a_private_pool() {
     assert_eq!(state(&a).1, 0);
     assert!(a.private_pools.is_empty());
 }
+
+/// A stream joined to a capture allocates in its pool until the capture ends; a join needs a
+/// capture underway on the pool.
+#[test]
+fn a_stream_joined_to_a_capture_allocates_in_its_pool() {
+    let mut a = default_alloc();
+    assert!(a.join_pool(1, 3).unwrap_err().contains("no capture is allocating to"));
+    a.begin_allocate_to_pool(1, Some(2)).unwrap();
+    a.join_pool(1, 3).unwrap();
+    assert!(a.join_pool(1, 0).unwrap_err().contains("default stream"));
+    let joined = a.malloc(512, 3).unwrap();
+    a.end_allocate_to_pool(1).unwrap();
+    let after = a.malloc(512, 3).unwrap();
+    let pools: Vec<Option<u64>> = a.segments().iter().map(|s| s.private_pool).collect();
+    assert_eq!(pools.iter().filter(|p| **p == Some(1)).count(), 1, "{pools:?}");
+    assert_eq!(pools.len(), 2, "the allocation after the capture is in the allocator's pool");
+    a.free(joined).unwrap();
+    a.free(after).unwrap();
+}
