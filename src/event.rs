@@ -22,23 +22,30 @@ pub enum Event {
     /// recorded on it are done, and the deferred frees land at the allocator's next
     /// process_events (the start of the next malloc) or synchronize_and_free_events.
     Sync { stream: Option<u64> },
+    /// A private-pool call (CUDA graph captures, MemPools): see [`PoolOp`].
+    Pool(PoolOp),
+}
+
+/// The private-pool calls of CUDACachingAllocator, as a trace records them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PoolOp {
     /// beginAllocateToPool: allocations on `stream` (every stream, `None`: MemPool's
     /// use_mem_pool routes the calling thread) go to private pool `pool` until its
-    /// [`Event::PoolEnd`]. A CUDA graph capture (`torch.cuda.graph`) is one, on its capture
-    /// stream; a pool made by a begin lives until a [`Event::PoolRelease`] per begin.
-    PoolBegin { pool: u64, stream: Option<u64> },
-    /// endAllocateToPool: allocations stop going to `pool` (capture_end).
-    PoolEnd { pool: u64 },
+    /// [`PoolOp::End`]. A CUDA graph capture (`torch.cuda.graph`) is one, on its capture
+    /// stream; a pool made by a begin lives until a [`PoolOp::Release`] per begin.
+    Begin { pool: u64, stream: Option<u64> },
     /// `stream` joined the capture allocating to `pool` (it waited on the capture stream, so
-    /// CUDA captures its work too): its allocations go to the pool until the [`Event::PoolEnd`]
+    /// CUDA captures its work too): its allocations go to the pool until the [`PoolOp::End`]
     /// (the graph's filter matches every stream of its capture).
-    PoolJoin { pool: u64, stream: u64 },
+    Join { pool: u64, stream: u64 },
+    /// endAllocateToPool: allocations stop going to `pool` (capture_end).
+    End { pool: u64 },
     /// releasePool: one user of `pool` is gone (the graph was reset or destroyed, the MemPool
     /// deleted); once none is left, empty_cache (or the OOM path) may free its cached segments.
-    PoolRelease { pool: u64 },
+    Release { pool: u64 },
     /// emptyCache(mempool_id): only `pool`'s free segments are released, and only once it has no
     /// user left (a MemPool's destructor releases its use, then empties its pool).
-    PoolEmptyCache { pool: u64 },
+    EmptyCache { pool: u64 },
 }
 
 impl Event {
@@ -50,11 +57,11 @@ impl Event {
             Event::Step { .. } => "step",
             Event::RecordStream { .. } => "record_stream",
             Event::Sync { .. } => "sync",
-            Event::PoolBegin { .. } => "pool_begin",
-            Event::PoolEnd { .. } => "pool_end",
-            Event::PoolJoin { .. } => "pool_join",
-            Event::PoolRelease { .. } => "pool_release",
-            Event::PoolEmptyCache { .. } => "empty_cache",
+            Event::Pool(PoolOp::Begin { .. }) => "pool_begin",
+            Event::Pool(PoolOp::End { .. }) => "pool_end",
+            Event::Pool(PoolOp::Join { .. }) => "pool_join",
+            Event::Pool(PoolOp::Release { .. }) => "pool_release",
+            Event::Pool(PoolOp::EmptyCache { .. }) => "empty_cache",
         }
     }
 }

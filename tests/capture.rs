@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
 
-use allocbench::event::Event;
+use allocbench::event::{Event, PoolOp};
 use allocbench::trace::read_trace;
 use assert_cmd::Command;
 
@@ -99,13 +99,7 @@ fn phases(evs: &[Event]) -> Vec<Vec<i64>> {
             Event::Free { id } => out.last_mut().unwrap().push(-live.remove(&id).expect("free of a live id")),
             Event::Step { .. } => out.push(Vec::new()),
             Event::EmptyCache => out.last_mut().unwrap().push(0),
-            Event::RecordStream { .. }
-            | Event::Sync { .. }
-            | Event::PoolBegin { .. }
-            | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. }
-            | Event::PoolJoin { .. } => {}
+            Event::RecordStream { .. } | Event::Sync { .. } | Event::Pool(_) => {}
         }
     }
     out
@@ -583,25 +577,25 @@ fn generators_raw_blocks_cuda_graphs_and_mem_pools_run_on_fake_cuda() {
     assert!(evs.contains(&Event::Alloc { id: 3, bytes: 3 << 20, stream: 1 }), "{evs:?}");
     assert!(evs.contains(&Event::Alloc { id: 5, bytes: 4000, stream: 2 }), "captured on the graph's stream: {evs:?}");
     let pools: Vec<Event> = evs.iter().copied().filter(|e| !matches!(e, Event::Alloc { .. } | Event::Free { .. })).collect();
-    use Event::{EmptyCache, PoolBegin, PoolEmptyCache, PoolEnd, PoolRelease};
+    use Event::{EmptyCache, Pool};
     assert_eq!(
         pools,
         [
             EmptyCache,
-            PoolBegin { pool: 1, stream: Some(2) },
-            PoolEnd { pool: 1 },
+            Pool(PoolOp::Begin { pool: 1, stream: Some(2) }),
+            Pool(PoolOp::End { pool: 1 }),
             EmptyCache,
-            PoolBegin { pool: 1, stream: Some(2) },
-            PoolEnd { pool: 1 },
-            PoolRelease { pool: 1 },
-            PoolRelease { pool: 1 },
-            PoolBegin { pool: 2, stream: None },
-            PoolEnd { pool: 2 },
-            PoolBegin { pool: 2, stream: None },
-            PoolEnd { pool: 2 },
-            PoolRelease { pool: 2 },
-            PoolRelease { pool: 2 },
-            PoolEmptyCache { pool: 2 },
+            Pool(PoolOp::Begin { pool: 1, stream: Some(2) }),
+            Pool(PoolOp::End { pool: 1 }),
+            Pool(PoolOp::Release { pool: 1 }),
+            Pool(PoolOp::Release { pool: 1 }),
+            Pool(PoolOp::Begin { pool: 2, stream: None }),
+            Pool(PoolOp::End { pool: 2 }),
+            Pool(PoolOp::Begin { pool: 2, stream: None }),
+            Pool(PoolOp::End { pool: 2 }),
+            Pool(PoolOp::Release { pool: 2 }),
+            Pool(PoolOp::Release { pool: 2 }),
+            Pool(PoolOp::EmptyCache { pool: 2 }),
         ]
     );
     // Segments: x and raw share one small segment, `side` a large one on its stream, the graph
@@ -835,15 +829,20 @@ fn make_graphed_callables_captures_into_one_shared_pool() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "graphed (32, 512)\n");
     let evs = events(&trace);
-    let pool_rows: Vec<Event> = evs.iter().copied().filter(|e| matches!(e, Event::PoolBegin { .. } | Event::PoolEnd { .. })).collect();
+    let pool_rows: Vec<Event> = evs.iter().copied().filter(|e| matches!(e, Event::Pool(PoolOp::Begin { .. } | PoolOp::End { .. }))).collect();
     assert_eq!(
         pool_rows,
-        [Event::PoolBegin { pool: 1, stream: Some(1) }, Event::PoolEnd { pool: 1 }, Event::PoolBegin { pool: 1, stream: Some(1) }, Event::PoolEnd { pool: 1 }]
+        [
+            Event::Pool(PoolOp::Begin { pool: 1, stream: Some(1) }),
+            Event::Pool(PoolOp::End { pool: 1 }),
+            Event::Pool(PoolOp::Begin { pool: 1, stream: Some(1) }),
+            Event::Pool(PoolOp::End { pool: 1 })
+        ]
     );
     let hidden = 32 * 2048 * 4;
     let is_hidden = |e: &Event| matches!(e, Event::Alloc { bytes, .. } if *bytes == hidden);
-    let first_capture = evs.iter().position(|e| matches!(e, Event::PoolBegin { .. })).unwrap();
-    let last_end = evs.iter().rposition(|e| matches!(e, Event::PoolEnd { .. })).unwrap();
+    let first_capture = evs.iter().position(|e| matches!(e, Event::Pool(PoolOp::Begin { .. }))).unwrap();
+    let last_end = evs.iter().rposition(|e| matches!(e, Event::Pool(PoolOp::End { .. }))).unwrap();
     assert!(evs[..first_capture].iter().filter(|e| is_hidden(e)).count() >= 3, "the warmup runs eagerly");
     assert!(evs[first_capture..last_end].iter().any(is_hidden), "the forward graph's activation is captured");
     assert!(!evs[last_end..].iter().any(is_hidden), "the graphed steps replay: no activation of their own");
@@ -866,37 +865,37 @@ fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
     let (out, trace) = capture(dir.path(), "e.csv", &[], &[&fixture("graph_edges.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
     let evs = events(&trace);
-    use Event::{Alloc, EmptyCache, Free, PoolBegin, PoolEmptyCache, PoolEnd, PoolRelease};
+    use Event::{Alloc, EmptyCache, Free, Pool};
     let workspace = 32 << 20;
     assert_eq!(
         evs,
         [
             Alloc { id: 1, bytes: 16384, stream: 0 },
-            PoolBegin { pool: 1, stream: Some(1) },
+            Pool(PoolOp::Begin { pool: 1, stream: Some(1) }),
             Alloc { id: 2, bytes: 16384, stream: 1 },
-            PoolEnd { pool: 1 },
-            PoolRelease { pool: 1 },
+            Pool(PoolOp::End { pool: 1 }),
+            Pool(PoolOp::Release { pool: 1 }),
             Free { id: 2 },
-            PoolBegin { pool: 2, stream: None },
-            PoolEnd { pool: 2 },
+            Pool(PoolOp::Begin { pool: 2, stream: None }),
+            Pool(PoolOp::End { pool: 2 }),
             EmptyCache,
-            PoolBegin { pool: 3, stream: Some(2) },
+            Pool(PoolOp::Begin { pool: 3, stream: Some(2) }),
             Alloc { id: 3, bytes: workspace, stream: 2 },
             Alloc { id: 4, bytes: 16384, stream: 2 },
-            PoolBegin { pool: 2, stream: None },
+            Pool(PoolOp::Begin { pool: 2, stream: None }),
             Alloc { id: 5, bytes: 16384, stream: 2 },
-            PoolEnd { pool: 2 },
-            PoolBegin { pool: 2, stream: None },
-            PoolEnd { pool: 2 },
-            PoolRelease { pool: 2 },
-            PoolEnd { pool: 3 },
-            PoolRelease { pool: 2 },
-            PoolEmptyCache { pool: 2 },
+            Pool(PoolOp::End { pool: 2 }),
+            Pool(PoolOp::Begin { pool: 2, stream: None }),
+            Pool(PoolOp::End { pool: 2 }),
+            Pool(PoolOp::Release { pool: 2 }),
+            Pool(PoolOp::End { pool: 3 }),
+            Pool(PoolOp::Release { pool: 2 }),
+            Pool(PoolOp::EmptyCache { pool: 2 }),
             Free { id: 4 },
             Free { id: 5 },
             Free { id: 3 },
-            PoolRelease { pool: 3 },
-            PoolRelease { pool: 2 },
+            Pool(PoolOp::Release { pool: 3 }),
+            Pool(PoolOp::Release { pool: 2 }),
             EmptyCache,
             Free { id: 1 },
         ]
@@ -927,12 +926,12 @@ fn a_stream_forked_from_a_capture_allocates_in_its_pool() {
         [
             Event::Alloc { id: 1, bytes: kb256, stream: 0 },
             Event::EmptyCache,
-            Event::PoolBegin { pool: 1, stream: Some(2) },
+            Event::Pool(PoolOp::Begin { pool: 1, stream: Some(2) }),
             Event::Alloc { id: 2, bytes: kb256, stream: 2 },
-            Event::PoolJoin { pool: 1, stream: 1 },
+            Event::Pool(PoolOp::Join { pool: 1, stream: 1 }),
             Event::Alloc { id: 3, bytes: kb256, stream: 1 },
             Event::Alloc { id: 4, bytes: kb256, stream: 2 },
-            Event::PoolEnd { pool: 1 },
+            Event::Pool(PoolOp::End { pool: 1 }),
         ]
     );
     // In the replay, `b` (stream 1) is in the graph's pool: its segment is private.

@@ -54,13 +54,7 @@ fn walk(w: &Workload) -> Walk {
             }
             Event::Step { .. } => steps += 1,
             Event::RecordStream { id, .. } => assert!(live.contains_key(&id), "{}: record_stream of dead id {id}", w.file.name),
-            Event::EmptyCache
-            | Event::Sync { .. }
-            | Event::PoolBegin { .. }
-            | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. }
-            | Event::PoolJoin { .. } => {}
+            Event::EmptyCache | Event::Sync { .. } | Event::Pool(_) => {}
         }
     }
     Walk { events: n, live_end: cur, live_count_end: live.len(), peak_live: peak, hash: h.finish(), steps }
@@ -197,14 +191,7 @@ fn profile(events: impl Iterator<Item = Event>, marker_ends_step: bool) -> Profi
             }
             Event::Free { id } => cur -= live.remove(&id).expect("free of a live id"),
             Event::Step { .. } => segments.push(0),
-            Event::EmptyCache
-            | Event::RecordStream { .. }
-            | Event::Sync { .. }
-            | Event::PoolBegin { .. }
-            | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. }
-            | Event::PoolJoin { .. } => {}
+            Event::EmptyCache | Event::RecordStream { .. } | Event::Sync { .. } | Event::Pool(_) => {}
         }
     }
     // Index k of `allocs_per_step` is step k + 1; step 1 carries the initialisation either way.
@@ -462,13 +449,7 @@ fn ops(events: &[Event]) -> Vec<String> {
             Event::Free { id } => Some(format!("free of alloc #{}", ordinal[&id])),
             Event::Step { .. } => Some("step".to_string()),
             Event::EmptyCache => Some("empty_cache".to_string()),
-            Event::RecordStream { .. }
-            | Event::Sync { .. }
-            | Event::PoolBegin { .. }
-            | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. }
-            | Event::PoolJoin { .. } => None,
+            Event::RecordStream { .. } | Event::Sync { .. } | Event::Pool(_) => None,
         })
         .collect()
 }

@@ -248,14 +248,7 @@ impl Compiler {
             Event::Step { .. } => ops.push(Op::Step),
             // CPU allocators have no streams or private pools: a use by another stream, or a
             // pool an allocation is routed to, changes nothing.
-            Event::EmptyCache
-            | Event::RecordStream { .. }
-            | Event::Sync { .. }
-            | Event::PoolBegin { .. }
-            | Event::PoolEnd { .. }
-            | Event::PoolRelease { .. }
-            | Event::PoolEmptyCache { .. }
-            | Event::PoolJoin { .. } => {}
+            Event::EmptyCache | Event::RecordStream { .. } | Event::Sync { .. } | Event::Pool(_) => {}
         }
     }
 }

@@ -17,7 +17,7 @@ use super::devprobe::LatencyModel;
 use super::stats::DeviceStats;
 use super::{AllocError, GpuAllocator};
 use crate::error::InputError;
-use crate::event::Event;
+use crate::event::{Event, PoolOp};
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Coarse, Observer};
@@ -127,11 +127,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
             },
             Event::Sync { stream } => alloc.sync(stream),
-            Event::PoolBegin { pool, stream } => alloc.begin_allocate_to_pool(pool, stream).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
-            Event::PoolJoin { pool, stream } => alloc.join_pool(pool, stream).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
-            Event::PoolEnd { pool } => alloc.end_allocate_to_pool(pool).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
-            Event::PoolRelease { pool } => alloc.release_pool(pool).map_err(|m| InputError::new(format!("event {}", at.index), m))?,
-            Event::PoolEmptyCache { pool } => alloc.empty_pool_cache(pool).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?,
+            Event::Pool(op) => pool_call(alloc, op, at.index)?,
             Event::Step { n } => {
                 obs.step(alloc, at, n);
                 out.steps += 1;
@@ -153,6 +149,19 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     out.live_bytes_end = at.live;
     out.elapsed_s = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The allocator call of a private-pool row at event `index`: a call PyTorch would refuse is an
+/// input error naming the event, a failed cache flush a device error.
+fn pool_call<A: GpuAllocator + ?Sized>(alloc: &mut A, op: PoolOp, index: u64) -> anyhow::Result<()> {
+    let refused = |m: String| anyhow::Error::from(InputError::new(format!("event {index}"), m));
+    match op {
+        PoolOp::Begin { pool, stream } => alloc.begin_allocate_to_pool(pool, stream).map_err(refused),
+        PoolOp::Join { pool, stream } => alloc.join_pool(pool, stream).map_err(refused),
+        PoolOp::End { pool } => alloc.end_allocate_to_pool(pool).map_err(refused),
+        PoolOp::Release { pool } => alloc.release_pool(pool).map_err(refused),
+        PoolOp::EmptyCache { pool } => alloc.empty_pool_cache(pool).map_err(|e| anyhow::anyhow!("device error at event {index}: {e}")),
+    }
 }
 
 /// What a replay measured.

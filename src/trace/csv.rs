@@ -53,7 +53,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use super::Sites;
 
 use crate::error::InputError;
-use crate::event::Event;
+use crate::event::{Event, PoolOp};
 use crate::units::MAX_REQUEST_BYTES;
 
 pub const HEADER: &str = "op,id,bytes,stream";
@@ -330,7 +330,7 @@ impl<R: BufRead> TraceReader<R> {
             "step" => Event::Step { n: self.number(id, "step number (id column)")? },
             // `empty_cache,POOL,,`: the cache of one private pool (emptyCache(mempool_id)).
             "empty_cache" if id.is_empty() => Event::EmptyCache,
-            "empty_cache" => Event::PoolEmptyCache { pool: self.number(id, "pool (id column)")? },
+            "empty_cache" => Event::Pool(PoolOp::EmptyCache { pool: self.number(id, "pool (id column)")? }),
             "record_stream" => {
                 let id = self.number(id, "id")?;
                 if !self.live.contains(id) {
@@ -356,7 +356,7 @@ impl<R: BufRead> TraceReader<R> {
                     return Err(self.err(format!("pool_begin of pool {pool}, which is already being allocated to (pool_end it first)")));
                 }
                 *self.pool_users.entry(pool).or_default() += 1;
-                Event::PoolBegin { pool, stream }
+                Event::Pool(PoolOp::Begin { pool, stream })
             }
             "pool_end" => {
                 let pool = self.number(id, "pool (id column)")?;
@@ -364,7 +364,7 @@ impl<R: BufRead> TraceReader<R> {
                 if !self.pools_recording.remove(&pool) {
                     return Err(self.err(format!("pool_end of pool {pool}, which is not being allocated to")));
                 }
-                Event::PoolEnd { pool }
+                Event::Pool(PoolOp::End { pool })
             }
             "pool_join" => {
                 let pool = self.number(id, "pool (id column)")?;
@@ -375,7 +375,7 @@ impl<R: BufRead> TraceReader<R> {
                 if stream == 0 {
                     return Err(self.err(format!("pool_join of pool {pool} on stream 0: no capture runs on the default stream")));
                 }
-                Event::PoolJoin { pool, stream }
+                Event::Pool(PoolOp::Join { pool, stream })
             }
             "pool_release" => {
                 let pool = self.number(id, "pool (id column)")?;
@@ -395,7 +395,7 @@ impl<R: BufRead> TraceReader<R> {
                     }
                     None => return Err(self.err(format!("pool_release of pool {pool}, which has no pool_begin left to release"))),
                 }
-                Event::PoolRelease { pool }
+                Event::Pool(PoolOp::Release { pool })
             }
             other => {
                 return Err(self.err(format!(
@@ -527,12 +527,12 @@ impl<W: Write> TraceWriter<W> {
             Event::RecordStream { id, stream } => writeln!(self.out, "record_stream,{id},,{stream}"),
             Event::Sync { stream: Some(s) } => writeln!(self.out, "sync,,,{s}"),
             Event::Sync { stream: None } => writeln!(self.out, "sync,,,"),
-            Event::PoolBegin { pool, stream: Some(s) } => writeln!(self.out, "pool_begin,{pool},,{s}"),
-            Event::PoolBegin { pool, stream: None } => writeln!(self.out, "pool_begin,{pool},,"),
-            Event::PoolEnd { pool } => writeln!(self.out, "pool_end,{pool},,"),
-            Event::PoolJoin { pool, stream } => writeln!(self.out, "pool_join,{pool},,{stream}"),
-            Event::PoolRelease { pool } => writeln!(self.out, "pool_release,{pool},,"),
-            Event::PoolEmptyCache { pool } => writeln!(self.out, "empty_cache,{pool},,"),
+            Event::Pool(PoolOp::Begin { pool, stream: Some(s) }) => writeln!(self.out, "pool_begin,{pool},,{s}"),
+            Event::Pool(PoolOp::Begin { pool, stream: None }) => writeln!(self.out, "pool_begin,{pool},,"),
+            Event::Pool(PoolOp::End { pool }) => writeln!(self.out, "pool_end,{pool},,"),
+            Event::Pool(PoolOp::Join { pool, stream }) => writeln!(self.out, "pool_join,{pool},,{stream}"),
+            Event::Pool(PoolOp::Release { pool }) => writeln!(self.out, "pool_release,{pool},,"),
+            Event::Pool(PoolOp::EmptyCache { pool }) => writeln!(self.out, "empty_cache,{pool},,"),
         }
     }
 
@@ -661,9 +661,9 @@ mod tests {
         let head = "op,id,bytes,stream\n";
         let res = parse(&format!("{head}pool_begin,4,,7\nalloc,1,10,7\npool_end,4,,\npool_begin,4,,\npool_end,4,,\npool_release,4,,\npool_release,4,,\n"));
         let evs: Vec<Event> = res.into_iter().map(|e| e.unwrap()).collect();
-        assert_eq!(evs[0], Event::PoolBegin { pool: 4, stream: Some(7) });
-        assert_eq!(evs[3], Event::PoolBegin { pool: 4, stream: None });
-        assert_eq!(evs[6], Event::PoolRelease { pool: 4 });
+        assert_eq!(evs[0], Event::Pool(PoolOp::Begin { pool: 4, stream: Some(7) }));
+        assert_eq!(evs[3], Event::Pool(PoolOp::Begin { pool: 4, stream: None }));
+        assert_eq!(evs[6], Event::Pool(PoolOp::Release { pool: 4 }));
         for (rows, want) in [
             ("pool_begin,1,,\npool_begin,1,,2", "t.csv:3: pool_begin of pool 1, which is already being allocated to"),
             ("pool_begin,1,,\npool_end,2,,", "t.csv:3: pool_end of pool 2, which is not being allocated to"),
@@ -844,14 +844,14 @@ mod tests {
             Event::Free { id: 5 },
             Event::Sync { stream: Some(7) },
             Event::Sync { stream: None },
-            Event::PoolBegin { pool: 3, stream: Some(9) },
-            Event::PoolJoin { pool: 3, stream: 10 },
-            Event::PoolEnd { pool: 3 },
-            Event::PoolBegin { pool: 3, stream: None },
-            Event::PoolEnd { pool: 3 },
-            Event::PoolRelease { pool: 3 },
-            Event::PoolRelease { pool: 3 },
-            Event::PoolEmptyCache { pool: 3 },
+            Event::Pool(PoolOp::Begin { pool: 3, stream: Some(9) }),
+            Event::Pool(PoolOp::Join { pool: 3, stream: 10 }),
+            Event::Pool(PoolOp::End { pool: 3 }),
+            Event::Pool(PoolOp::Begin { pool: 3, stream: None }),
+            Event::Pool(PoolOp::End { pool: 3 }),
+            Event::Pool(PoolOp::Release { pool: 3 }),
+            Event::Pool(PoolOp::Release { pool: 3 }),
+            Event::Pool(PoolOp::EmptyCache { pool: 3 }),
         ];
         let mut w = TraceWriter::new(Vec::new(), &["hello\nworld".to_string()]).unwrap();
         for e in &evs {
