@@ -181,7 +181,8 @@ struct Pruner<'a> {
     keep: bool,
     stop: bool,
     peak: Peak,
-    oom_step: Option<u64>,
+    /// The first OOM's (step, event).
+    oom: Option<(u64, u64)>,
 }
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
@@ -191,7 +192,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
     }
 
     fn out_of_memory(&mut self, _alloc: &A, at: At, _bytes: u64, _info: &OomInfo) {
-        self.oom_step.get_or_insert(at.step);
+        self.oom.get_or_insert((at.step, at.index));
     }
 
     #[inline]
@@ -269,7 +270,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
                                 None => {
                                     let is_default = parsed[i].source.is_empty();
                                     let (c, peak) = replay_one(events, &parsed[i], o, &board, is_default)?;
-                                    if c.oom_step.is_none() && !c.pruned {
+                                    if !c.oom && !c.pruned {
                                         let time_ns = (c.modelled_alloc_time_s * 1e9).round() as u64;
                                         board.finished.write().expect("advise board lock").push(Finished { peak_reserved: c.peak_reserved, time_ns });
                                         if is_default {
@@ -322,7 +323,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
 /// Returns the candidate and `reserved_bytes.all.peak` (for [`same_as_base`]).
 fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<(Candidate, u64)> {
     let mut a = pytorch_on_sim(cfg, o.capacity, &o.model);
-    let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom_step: None };
+    let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom: None };
     let out = replay_observed(&mut a, events.iter().copied().map(Ok), OnOom::Stop, &mut w)?;
     let st = a.stats();
     let candidate = Candidate {
@@ -334,8 +335,9 @@ fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board:
         syncs: syncs(st),
         modelled_alloc_time_s: o.model.alloc_time_ns(a.device_time_ns().unwrap_or(0), st) as f64 / 1e9,
         retries: st.num_alloc_retries,
-        oom: w.oom_step.is_some(),
-        oom_step: w.oom_step,
+        oom: w.oom.is_some(),
+        oom_step: w.oom.map(|(step, _)| step),
+        oom_event: w.oom.map(|(_, event)| event),
         pruned: w.stop && out.interrupted,
         equivalent_to: None,
         conflicts: Vec::new(),
@@ -362,8 +364,12 @@ fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
     let ns = |c: &Candidate| (c.modelled_alloc_time_s * 1e9).round() as u64;
     let over_budget = |c: &Candidate| objective == Objective::Balanced && budget_ns.is_some_and(|b| ns(c) > b);
     all.sort_by(|a, b| {
-        let class = |c: &Candidate| (c.oom, c.pruned, !c.conflicts.is_empty(), std::cmp::Reverse(c.oom_step));
+        // Configurations that OOM rank by how far they get (their peak and time are those of a
+        // shorter replay, so they say nothing); among those that fail at the same event, the
+        // fewest settings first.
+        let class = |c: &Candidate| (c.oom, c.pruned, !c.conflicts.is_empty(), std::cmp::Reverse((c.oom_event, c.oom_step)));
         let measure = |c: &Candidate| match objective {
+            _ if c.oom => (0, 0, 0),
             Objective::Memory => (bucket(c), ns(c), 0),
             Objective::Time => (ns(c), c.peak_reserved, 0),
             Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c)),
@@ -421,7 +427,7 @@ pub fn full_runs(
 pub fn describe(r: &AdviseResult, top: usize) -> String {
     let pruned = r.configs.iter().filter(|c| c.pruned).count();
     let mut s = format!(
-        "{} ({}): {} configurations ({} distinct replays, {} stopped early) on a {} device in {:.1} s ({} threads); time priced with {}\n",
+        "{} ({}): {} configurations ({} distinct replays, {} stopped early) on a {} device in {:.1} s ({}); time priced with {}\n",
         r.workload.name,
         r.workload.kind,
         r.configs.len(),
@@ -429,12 +435,12 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         pruned,
         format_bytes(r.capacity),
         r.elapsed_s,
-        r.threads,
+        crate::units::count(r.threads as u64, "thread"),
         r.latency_table
     );
     let row = |c: &Candidate| {
         format!(
-            "{:>10} {:>9.3} {:>8} {:>8} {:>7} {:>10.3} {:>7} {:>9}",
+            "{:>10} {:>9.3} {:>8} {:>8} {:>7} {:>10.3} {:>7} {:>16}",
             format_bytes(c.peak_reserved),
             c.overhead,
             c.device_mallocs,
@@ -442,12 +448,16 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
             c.syncs,
             c.modelled_alloc_time_s,
             c.retries,
-            c.oom_step.map(|s| format!("step {s}")).unwrap_or_else(|| "-".into())
+            match (c.oom_step, c.oom_event) {
+                (Some(s), Some(e)) => format!("step {s} @{e}"),
+                (Some(s), None) => format!("step {s}"),
+                _ => "-".into(),
+            }
         )
     };
     s += &format!(
-        "{:<4} {:>10} {:>9} {:>8} {:>8} {:>7} {:>10} {:>7} {:>9}  conf\n",
-        "rank", "peak rsvd", "rsvd/live", "mallocs", "frees", "syncs", "alloc s", "retries", "OOM"
+        "{:<4} {:>10} {:>9} {:>8} {:>8} {:>7} {:>10} {:>7} {:>16}  conf\n",
+        "rank", "peak rsvd", "rsvd/live", "mallocs", "frees", "syncs", "alloc s", "retries", "OOM @event"
     );
     let label = |c: &Candidate| {
         let mut l = if c.conf.is_empty() { "(defaults)".to_string() } else { c.conf.clone() };
@@ -474,14 +484,25 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         Some(b) => s += &format!("\nobjective balanced: the least memory with a modelled allocator time within {b:.3} s (10 % over the reference)\n"),
         None => s += &format!("\nobjective {}\n", r.objective),
     }
-    let flagged: Vec<&Candidate> = r.configs.iter().filter(|c| !c.conflicts.is_empty() && c.equivalent_to.is_none()).collect();
+    // Every conflicting configuration, as the JSON lists them (equivalent ones included).
+    let flagged: Vec<&Candidate> = r.configs.iter().filter(|c| !c.conflicts.is_empty()).collect();
     if !flagged.is_empty() {
-        s += &format!("{} configurations conflict and are never recommended, e.g. {}: {}\n", flagged.len(), flagged[0].conf, flagged[0].conflicts[0]);
+        let verb = if flagged.len() == 1 { "conflicts and is" } else { "conflict and are" };
+        s += &format!(
+            "{} {verb} never recommended, e.g. {}: {}\n",
+            crate::units::count(flagged.len() as u64, "configuration"),
+            flagged[0].conf,
+            flagged[0].conflicts[0]
+        );
     }
     match &r.recommended {
         Some(best) => {
             if best.oom {
-                s += "No configuration avoids the OOM on this device; the least bad one is recommended.\n";
+                s += &format!(
+                    "No configuration avoids the OOM on this device; the recommended one gets furthest (to event {}{}).\n",
+                    best.oom_event.map(|e| e.to_string()).unwrap_or_else(|| "?".into()),
+                    best.oom_step.map(|st| format!(", step {st}")).unwrap_or_default()
+                );
             }
             s += &format!("\nexport PYTORCH_CUDA_ALLOC_CONF={}\n", if best.conf.is_empty() { "''".to_string() } else { format!("'{}'", best.conf) });
         }
@@ -566,5 +587,33 @@ mod tests {
         let tight = base_peak + (base_peak >> 4);
         let gc = AllocatorConfig::parse("max_split_size_mb:64,garbage_collection_threshold:0.6,per_process_memory_fraction:0.99").unwrap();
         assert!(!same_as_base(&gc, tight, &sizes, base_peak));
+    }
+
+    /// When every configuration OOMs, the pick is the one that gets furthest: a memory fraction
+    /// that fails sooner has a smaller peak only because its replay stopped earlier. Among those
+    /// failing at the same event, the fewest settings win, and the text and JSON agree on the
+    /// number of conflicting configurations.
+    #[test]
+    fn when_everything_ooms_the_pick_gets_furthest() {
+        let mib40 = 40u64 << 20;
+        let events: Vec<Event> = (0..3).map(|id| Event::Alloc { id, bytes: mib40, stream: 0 }).collect();
+        let info =
+            WorkloadInfo { name: "t".into(), kind: "trace".into(), origin: "t.csv".into(), sha256: String::new(), seed: None, description: String::new() };
+        let confs: Vec<String> =
+            ["per_process_memory_fraction:0.5", "max_split_size_mb:512", "", "max_split_size_mb:64,expandable_segments:True"].map(String::from).to_vec();
+        for objective in [Objective::Balanced, Objective::Memory, Objective::Time] {
+            let o = AdviseOptions { capacity: 100 << 20, threads: 1, objective, model: LatencyModel::h100() };
+            let r = advise(&events, &info, &confs, &o, None).unwrap();
+            let at = |conf: &str| r.configs.iter().find(|c| c.conf == conf).unwrap().oom_event;
+            // 100 MiB hold two 40 MiB blocks; the fraction's 50 MiB hold one.
+            assert_eq!((at(""), at("max_split_size_mb:512"), at("per_process_memory_fraction:0.5")), (Some(2), Some(2), Some(1)));
+            let best = r.recommended.as_ref().unwrap();
+            assert_eq!((best.conf.as_str(), best.oom_event), ("", Some(2)), "{objective}");
+            let text = describe(&r, 5);
+            assert!(text.contains("the recommended one gets furthest (to event 2, step 0)"), "{text}");
+            let conflicting = r.configs.iter().filter(|c| !c.conflicts.is_empty()).count();
+            assert_eq!(conflicting, 1);
+            assert!(text.contains("1 configuration conflicts and is never recommended, e.g. max_split_size_mb:64,expandable_segments:True"), "{text}");
+        }
     }
 }

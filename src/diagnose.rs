@@ -27,6 +27,9 @@ pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) ->
         return Ok(None);
     }
     let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
+    if peak_live == 0 && fits(0)? {
+        return Ok(Some(0)); // nothing reaches the device
+    }
     let mut lo = (peak_live / STEP).max(1); // in steps; below the live bytes nothing fits
     let mut hi = lo * 2;
     while !fits(hi * STEP)? {
@@ -77,7 +80,8 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         capacity,
         conf: conf.source.clone(),
         oom: run.oom.clone(),
-        headroom: run.oom.is_none().then(|| capacity.saturating_sub(run.summary.peak_reserved)),
+        headroom: run.oom.is_none().then(|| conf.allowed_bytes(capacity).unwrap_or(capacity).saturating_sub(run.summary.peak_reserved)),
+        allowed: conf.allowed_bytes(capacity),
         peak_reserved: run.summary.peak_reserved,
         allocated_at_peak: run.summary.allocated_at_peak_reserved,
         peak_live_bytes: full_peak_live,
@@ -175,31 +179,38 @@ fn top_sites(source: &Source) -> anyhow::Result<Vec<(String, u64)>> {
 
 /// Why the OOM happened, with the numbers that decide its cause (one cause, see `OomInfo::cause`).
 fn cause_sentence(o: &OomRecord) -> String {
-    let (cached, device, largest) = (format_bytes(o.cached_free), format_bytes(o.device_free), format_bytes(o.largest_free_block));
+    let (cached, largest) = (format_bytes(o.cached_free), format_bytes(o.largest_free_block));
+    // Under a memory-fraction cap, what the cap left is what the policy could get.
+    let device = format!("{} {}", format_bytes(o.device_free), if o.allowed.is_some() { "below the memory-fraction cap" } else { "on the device" });
     match o.cause {
         OomCause::Fragmentation => format!(
-            "Cause: fragmentation. {cached} were free inside the allocator's segments and {device} on the device, together enough for the request, but the largest free block was {largest}: the free pieces sit between live blocks, so no cached block could serve it and no new segment could be made."
+            "Cause: fragmentation. {cached} were free inside the allocator's segments and {device}, together enough for the request, but the largest free block was {largest}: the free pieces sit between live blocks, so no cached block could serve it and no new segment could be made."
         ),
         OomCause::SegmentSize => format!(
-            "Cause: segment size. The device had {device} free, enough for the {} request, but the allocator must create a {} segment for it{}.",
+            "Cause: segment size. There were {device}, enough for the {} request, but the allocator must create a {} segment for it{}.",
             format_bytes(o.rounded),
             format_bytes(o.alloc_size),
             if o.cached_free > 0 { format!(", and no block among the {cached} free in its segments fits") } else { String::new() }
         ),
         OomCause::FractionLimit => format!(
-            "Cause: the memory-fraction limit. per_process_memory_fraction left {device} below its cap while the device itself had room: {} allocated plus the {} request exceed what the fraction allows ({cached} free in the cache).",
+            "Cause: the memory-fraction limit. per_process_memory_fraction's {} cap left {} while the device itself had {} free: {} allocated plus the {} request exceed what the fraction allows ({cached} free in the cache).",
+            o.allowed.map(format_bytes).unwrap_or_else(|| "?".into()),
+            format_bytes(o.device_free),
+            format_bytes(o.device_free_uncapped.max(o.device_free)),
             format_bytes(o.allocated),
             format_bytes(o.rounded)
         ),
         OomCause::PrivatePools => format!(
-            "Cause: private pools. {cached} were free in the allocator's segments and {device} on the device, together enough for the request, but {} of them sit in pools it cannot use (a CUDA graph's or a MemPool's, or the allocator's own for a capture's request); those are given back only after the pool's graphs are reset or deleted and the cache is emptied.",
+            "Cause: private pools. {cached} were free in the allocator's segments and {device}, together enough for the request, but {} of them sit in pools it cannot use (a CUDA graph's or a MemPool's, or the allocator's own for a capture's request); those are given back only after the pool's graphs are reset or deleted and the cache is emptied.",
             format_bytes(o.other_pools_free)
         ),
         OomCause::Capacity => format!(
-            "Cause: real exhaustion. {} allocated plus the {} request exceed what the device can give ({} reserved, {device} free on the device): the workload holds more than this device has.",
+            "Cause: real exhaustion. {} allocated plus the {} request exceed what the device can give ({} reserved, {} free on the device): the workload holds more than this device has.",
             format_bytes(o.allocated),
             format_bytes(o.rounded),
-            format_bytes(o.reserved)
+            format_bytes(o.reserved),
+            // (Results written before the uncapped figure was kept have only the capped one.)
+            format_bytes(o.device_free_uncapped.max(o.device_free))
         ),
     }
 }
@@ -223,10 +234,12 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
             summary.push(cause_sentence(o));
         }
         None => summary.push(format!(
-            "No OOM on a {} device: peak reserved {} leaves {} of headroom.",
+            "No OOM on a {} device{}: peak reserved {} leaves {} of headroom{}.",
             format_bytes(capacity),
+            d.allowed.map(|a| format!(" (per_process_memory_fraction caps the allocator at {})", format_bytes(a))).unwrap_or_default(),
             format_bytes(d.peak_reserved),
-            format_bytes(capacity.saturating_sub(d.peak_reserved))
+            format_bytes(d.headroom.unwrap_or(0)),
+            if d.allowed.is_some() { " under the cap" } else { "" }
         )),
     }
     summary.push(format!(
@@ -253,10 +266,10 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
     }
     if let Some(c) = d.pinning_size_classes.first() {
         summary.push(format!(
-            "Blocks of {}..{} pin the most free space ({} live blocks next to {} free).",
+            "Blocks of {}..{} pin the most free space ({} next to {} free).",
             format_bytes(c.size_class),
             format_bytes(c.size_class * 2),
-            c.live_blocks,
+            crate::units::count(c.live_blocks as u64, "live block"),
             format_bytes(c.pinned_free_bytes)
         ));
     }
@@ -282,13 +295,13 @@ pub fn describe(d: &DiagnoseResult) -> String {
         s += "\nsegments with the most free bytes (pinned first):\n";
         for g in d.top_segments.iter().take(5) {
             s += &format!(
-                "  {:#x} {:<5} {:>10}: {:>10} free in {} pieces, {} live blocks\n",
+                "  {:#x} {:<5} {:>10}: {:>10} free in {}, {}\n",
                 g.address,
                 g.segment_type,
                 format_bytes(g.total_size),
                 format_bytes(g.free_bytes),
-                g.free_pieces,
-                g.live_blocks
+                crate::units::count(g.free_pieces as u64, "piece"),
+                crate::units::count(g.live_blocks as u64, "live block")
             );
         }
     }

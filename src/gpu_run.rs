@@ -199,7 +199,7 @@ pub fn describe(r: &GpuRunResult) -> String {
     match &r.oom {
         Some(o) => {
             s += &format!(
-                "OOM         at event {} (step {}): {} requested ({} rounded); cause: {}; {} free in the cache (largest block {}), {} free on the device\n",
+                "OOM         at event {} (step {}): {} requested ({} rounded); cause: {}; {} free in the cache (largest block {}), {}\n",
                 o.event,
                 o.step,
                 format_bytes(o.requested),
@@ -207,10 +207,23 @@ pub fn describe(r: &GpuRunResult) -> String {
                 o.cause,
                 format_bytes(o.cached_free),
                 format_bytes(o.largest_free_block),
-                format_bytes(o.device_free)
+                o.device_free_phrase()
             );
         }
-        None => s += &format!("no OOM      headroom at peak: {}\n", format_bytes(r.capacity.saturating_sub(sm.peak_reserved))),
+        None => {
+            // Under per_process_memory_fraction the allocator's limit is the cap, not the device.
+            let cap = if r.allocator == "pytorch" { AllocatorConfig::parse(&r.conf).ok().and_then(|c| c.allowed_bytes(r.capacity)) } else { None };
+            match cap {
+                Some(cap) => {
+                    s += &format!(
+                        "no OOM      headroom at peak: {} under the {} cap of per_process_memory_fraction\n",
+                        format_bytes(cap.saturating_sub(sm.peak_reserved)),
+                        format_bytes(cap)
+                    )
+                }
+                None => s += &format!("no OOM      headroom at peak: {}\n", format_bytes(r.capacity.saturating_sub(sm.peak_reserved))),
+            }
+        }
     }
     if sm.interrupted {
         s += "interrupted (Ctrl-C): the numbers cover the events replayed so far\n";

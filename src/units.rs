@@ -71,6 +71,16 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// `n` and the noun, plural unless `n` is 1: `1 thread`, `2 threads`, `0 live blocks`.
+pub fn count(n: impl Into<u64>, noun: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// Prints bytes with a binary unit and three significant digits: `1.50 GiB`, `512 B`.
 pub fn format_bytes(bytes: u64) -> String {
     format_bytes_signed(bytes as i128)

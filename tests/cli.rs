@@ -429,3 +429,31 @@ fn diagnose_counts_what_private_pools_hold() {
     assert!(released["oom"].is_null(), "{released}");
     assert_eq!(released["peak_reserved"], mib40);
 }
+
+#[test]
+fn diagnose_measures_headroom_and_free_memory_under_a_memory_fraction() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.csv");
+    let mib30 = 30u64 << 20;
+    std::fs::write(&path, format!("op,id,bytes,stream\nalloc,1,{mib30},0\nalloc,2,{mib30},0\nalloc,3,{mib30},0\n")).unwrap();
+    let diagnose = |conf: &str| {
+        let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "200MiB", "--conf", conf, "--json", "-"]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    // A 0.5 fraction of 200 MiB caps the allocator at 100 MiB: 90 MiB reserved leave 10 MiB.
+    let capped = diagnose("per_process_memory_fraction:0.5");
+    assert_eq!((capped["headroom"].as_u64(), capped["allowed"].as_u64()), (Some(10 << 20), Some(100 << 20)));
+    assert!(
+        capped["summary"][0].as_str().unwrap().contains("caps the allocator at 100 MiB): peak reserved 90.0 MiB leaves 10.0 MiB of headroom under the cap"),
+        "{capped}"
+    );
+    let uncapped = diagnose("");
+    assert_eq!((uncapped["headroom"].as_u64(), uncapped.get("allowed")), (Some(110 << 20), None));
+    // At 0.4 (80 MiB) the third request fails on the cap while the device has 140 MiB free.
+    let failed = diagnose("per_process_memory_fraction:0.4");
+    assert_eq!((failed["oom"]["cause"].as_str(), failed["oom"]["allowed"].as_u64()), (Some("fraction_limit"), Some(80 << 20)));
+    assert_eq!((failed["oom"]["device_free"].as_u64(), failed["oom"]["device_free_uncapped"].as_u64()), (Some(20 << 20), Some(140 << 20)));
+    let cause = failed["summary"][1].as_str().unwrap();
+    assert!(cause.contains("per_process_memory_fraction's 80.0 MiB cap left 20.0 MiB while the device itself had 140 MiB free"), "{cause}");
+}

@@ -221,6 +221,12 @@ impl AllocatorConfig {
         }
     }
 
+    /// The bytes the allocator may reserve on a `capacity` device when a fraction below 1 is set:
+    /// setMemoryFraction's allowed_memory_maximum = fraction × total memory (none at 1.0).
+    pub fn allowed_bytes(&self, capacity: u64) -> Option<u64> {
+        (self.per_process_memory_fraction < 1.0).then(|| (self.per_process_memory_fraction * capacity as f64).floor() as u64)
+    }
+
     /// A GC that actually runs needs both a threshold and a memory cap (pytorch#106660). In the
     /// newest c10/cuda/CUDACachingAllocator.cpp, setMemoryFraction leaves allowed_memory_maximum
     /// empty for a fraction of 1.0 and malloc garbage-collects only when it has a value, so

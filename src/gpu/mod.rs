@@ -112,14 +112,14 @@ impl OomInfo {
 
     pub fn describe(&self) -> String {
         format!(
-            "Tried to allocate {} ({} requested); {} allocated, {} reserved, {} free in the cache (largest block {}), {} free on the device",
+            "Tried to allocate {} ({} requested); {} allocated, {} reserved, {} free in the cache (largest block {}), {}",
             format_bytes(self.alloc_size),
             format_bytes(self.requested),
             format_bytes(self.allocated),
             format_bytes(self.reserved),
             format_bytes(self.cached_free),
             format_bytes(self.largest_free_block),
-            format_bytes(self.device_free)
+            crate::results::gpu::device_free_phrase(self.device_free, self.device_free_uncapped, self.allowed)
         )
     }
 }

@@ -36,8 +36,12 @@ pub struct DiagnoseResult {
     pub conf: String,
     /// The same object as `replay`'s: event, step, requested, cause, ...
     pub oom: Option<OomRecord>,
-    /// capacity − peak reserved when there is no OOM.
+    /// The room left at the peak when there is no OOM: capacity (or the memory-fraction cap,
+    /// `allowed`) − peak reserved.
     pub headroom: Option<u64>,
+    /// `per_process_memory_fraction`'s cap on reserved bytes (fraction × capacity), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<u64>,
     pub peak_reserved: u64,
     pub allocated_at_peak: u64,
     pub peak_live_bytes: u64,
@@ -90,6 +94,9 @@ pub struct Candidate {
     #[serde(default)]
     pub oom: bool,
     pub oom_step: Option<u64>,
+    /// The event index of that OOM: how far the replay got (steps tie where a trace has few).
+    #[serde(default)]
+    pub oom_event: Option<u64>,
     /// Stopped early because a finished configuration already beat it (see `advise::Pruner`):
     /// the numbers are those at the stop, lower bounds of the full replay's.
     #[serde(default)]
@@ -152,6 +159,7 @@ impl Candidate {
             retries: r.stats.get("num_alloc_retries").copied().unwrap_or(0),
             oom: r.oom.is_some(),
             oom_step: r.oom.as_ref().map(|o| o.step),
+            oom_event: r.oom.as_ref().map(|o| o.event),
             pruned: false,
             equivalent_to: None,
             // Filled by the caller, which knows the policy's rules (`AllocatorConfig::conflicts`).

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::common::{MachineInfo, WorkDone, WorkloadInfo};
+use crate::units::format_bytes;
 
 names!(Backend { Sim => "sim", Cuda => "cuda" });
 names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit", PrivatePools => "private_pools" });
@@ -62,7 +63,14 @@ pub struct OomRecord {
     pub alloc_size: u64,
     /// Free bytes inside the allocator's segments.
     pub cached_free: u64,
+    /// Device memory free below the memory-fraction cap when one is set (else free on the device).
     pub device_free: u64,
+    /// Device memory free regardless of the cap.
+    #[serde(default)]
+    pub device_free_uncapped: u64,
+    /// `per_process_memory_fraction`'s allowed bytes (fraction × capacity), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed: Option<u64>,
     pub largest_free_block: u64,
     /// Of `cached_free`, the bytes in pools the request cannot use (see `OomCause::PrivatePools`).
     #[serde(default)]
@@ -70,6 +78,27 @@ pub struct OomRecord {
     pub reserved: u64,
     pub allocated: u64,
     pub cause: OomCause,
+}
+
+impl OomRecord {
+    /// The device's free memory as the policy saw it ([`device_free_phrase`]).
+    pub fn device_free_phrase(&self) -> String {
+        device_free_phrase(self.device_free, self.device_free_uncapped, self.allowed)
+    }
+}
+
+/// "X free on the device", or under a memory-fraction cap what the cap left and what the device
+/// had: the cap, not the device, is what the policy's malloc saw.
+pub fn device_free_phrase(free: u64, uncapped: u64, allowed: Option<u64>) -> String {
+    match allowed {
+        Some(allowed) => format!(
+            "{} free below the {} cap of per_process_memory_fraction ({} on the device)",
+            format_bytes(free),
+            format_bytes(allowed),
+            format_bytes(uncapped)
+        ),
+        None => format!("{} free on the device", format_bytes(free)),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]

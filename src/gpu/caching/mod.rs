@@ -279,7 +279,7 @@ fn key(b: &Block) -> FreeKey {
 
 impl<D: Device> CachingAllocator<D> {
     pub fn new(cfg: AllocatorConfig, device: D) -> Self {
-        let allowed = (cfg.per_process_memory_fraction < 1.0).then(|| (cfg.per_process_memory_fraction * device.capacity() as f64).floor() as u64);
+        let allowed = cfg.allowed_bytes(device.capacity());
         let stats = DeviceStats { max_split_size: if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 }, ..Default::default() };
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);

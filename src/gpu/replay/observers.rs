@@ -283,6 +283,8 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for FirstOom {
             alloc_size: info.alloc_size,
             cached_free: info.cached_free,
             device_free: info.device_free,
+            device_free_uncapped: info.device_free_uncapped,
+            allowed: info.allowed,
             largest_free_block: info.largest_free_block,
             other_pools_free: info.other_pools_free,
             reserved: info.reserved,
