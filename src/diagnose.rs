@@ -269,7 +269,7 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
             "Blocks of {}..{} pin the most free space ({} next to {} free).",
             format_bytes(c.size_class),
             format_bytes(c.size_class * 2),
-            crate::units::count(c.live_blocks as u64, "live block"),
+            crate::units::count(c.live_blocks, "live block"),
             format_bytes(c.pinned_free_bytes)
         ));
     }
