@@ -103,6 +103,19 @@ _SMALL_SIZE = 1 << 20
 _STAT_POOLS = ("all", "small_pool", "large_pool")
 
 
+def _format_bytes(n):
+    """As PyTorch's OOM message writes sizes (format_size in CUDACachingAllocator.cpp)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def _block_bytes(nbytes):
+    """The bytes a request holds in allocated_bytes: rounded up to 512 (round_size, small requests)."""
+    return max(_MIN_BLOCK_SIZE, (nbytes + _MIN_BLOCK_SIZE - 1) // _MIN_BLOCK_SIZE * _MIN_BLOCK_SIZE)
+
+
 class _MemoryStats:
     """What ``torch.cuda.memory_stats()`` would count from the allocations alone, with its key
     names: ``allocation`` (blocks), ``allocated_bytes`` (each request rounded as round_size does by
@@ -116,9 +129,10 @@ class _MemoryStats:
     def __init__(self):
         # kind -> pool -> [current, peak, allocated, freed], as c10::CachingAllocator::Stat
         self.stats = {kind: {pool: [0, 0, 0, 0] for pool in _STAT_POOLS} for kind in self.KINDS}
+        self.num_ooms = 0
 
     def _update(self, nbytes, sign):
-        rounded = max(_MIN_BLOCK_SIZE, (nbytes + _MIN_BLOCK_SIZE - 1) // _MIN_BLOCK_SIZE * _MIN_BLOCK_SIZE)
+        rounded = _block_bytes(nbytes)
         pool = "small_pool" if rounded <= _SMALL_SIZE else "large_pool"
         for kind, amount in (("allocation", 1), ("allocated_bytes", rounded), ("requested_bytes", nbytes)):
             for stat in (self.stats[kind]["all"], self.stats[kind][pool]):
@@ -159,7 +173,7 @@ class _MemoryStats:
         zero = {pool: dict(current=0, peak=0, allocated=0, freed=0) for pool in _STAT_POOLS}
         allocation, allocated = as_dict(self.stats["allocation"]), as_dict(self.stats["allocated_bytes"])
         return {
-            "num_alloc_retries": 0, "num_ooms": 0, "num_sync_all_streams": 0,
+            "num_alloc_retries": 0, "num_ooms": self.num_ooms, "num_sync_all_streams": 0,
             "num_device_alloc": self.stats["allocation"]["all"][2], "num_device_free": self.stats["allocation"]["all"][3],
             "max_split_size": -1,
             "allocation": allocation, "active": allocation, "segment": allocation,
@@ -193,6 +207,10 @@ class _TraceSink:
         self.side_stream_of = {}  # live trace id -> its stream, when not the default stream
         self.used_by = {}  # live trace id -> the other streams that used it (record_stream)
         self.waiting = set()  # streams whose work a freed block waits for (no sync since)
+        # The fake card's memory and the error a request past it raises (None: no limit here,
+        # as for real tensors, whose own allocator raises).
+        self.capacity = None
+        self.oom_error = None
 
     def alloc(self, trace_id, nbytes, stream, site=None):
         if site is not None:
@@ -212,6 +230,23 @@ class _TraceSink:
         self.live_bytes += nbytes
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
         self.memory_stats.alloc(nbytes)
+
+    def check_fits(self, nbytes):
+        """Live tensors past the fake card's memory: torch.cuda.OutOfMemoryError, as any allocator
+        would raise (the caching allocator may fail sooner: the replay tells when). The request is
+        not recorded; a comment marks where it failed, so a script that catches it (a batch-size
+        search) leaves a trace that says so."""
+        in_use = self.memory_stats.current()
+        if in_use + _block_bytes(nbytes) <= self.capacity:
+            return
+        self.memory_stats.num_ooms += 1
+        self.file.write(f"# OutOfMemoryError: {nbytes} bytes requested with {in_use} allocated on the fake card's {self.capacity} bytes\n")
+        raise self.oom_error(
+            f"CUDA out of memory. Tried to allocate {_format_bytes(nbytes)}. GPU 0 has a total capacity of "
+            f"{_format_bytes(self.capacity)} of which {_format_bytes(self.capacity - in_use)} is free. "
+            f"Of the allocated memory {_format_bytes(in_use)} is allocated by PyTorch. (allocbench capture: live "
+            "tensors would pass the fake card's memory; --device-memory sets it)"
+        )
 
     def free(self, trace_id, nbytes):
         self.file.write(f"free,{trace_id},,\n")
@@ -493,8 +528,15 @@ def _make_recorder_class(torch):
             if self.annotate:
                 self.sink.comment(f"op {self.current_op}")
             trace_id = self._new_id()
-            self.sink.alloc(trace_id, nbytes, self._stream_of(t), self.sites.here_frame() if self.sites else None)
+            self.record_alloc(trace_id, nbytes, self._stream_of(t))
             return trace_id
+
+        def record_alloc(self, trace_id, nbytes, stream):
+            """One alloc row at the user's frame. A request past the fake card's memory raises
+            before its site is named (a site is defined by the first row made there)."""
+            if self.sink.capacity is not None:
+                self.sink.check_fits(nbytes)
+            self.sink.alloc(trace_id, nbytes, stream, self.sites.here_frame() if self.sites else None)
 
         def record_stream(self, tensor, stream):
             """``tensor.record_stream(stream)``: stream uses the tensor's block."""
@@ -517,9 +559,10 @@ def _make_recorder_class(torch):
             stream = self._stream_of(first)
             if stream in self.workspace_streams:
                 return
-            self.workspace_streams[stream] = trace_id = self._new_id()
+            trace_id = self._new_id()
             self.sink.comment(f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)")
-            self.sink.alloc(trace_id, self.cublas_workspace_bytes, stream, self.sites.here_frame() if self.sites else None)
+            self.record_alloc(trace_id, self.cublas_workspace_bytes, stream)
+            self.workspace_streams[stream] = trace_id
 
         def clear_cublas_workspace(self, stream):
             """clearCublasWorkspacesForStream: the stream's workspace is freed (a CUDA graph's reset
@@ -1502,7 +1545,7 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
         trace_id = recorder._new_id()
         stream_id = stream.stream_id if isinstance(stream, _FakeStream) else streams.current().stream_id
         if size:
-            recorder.sink.alloc(trace_id, size, stream_id, recorder.sites.here_frame() if recorder.sites else None)
+            recorder.record_alloc(trace_id, size, stream_id)
         pointer = (1 << 47) + (trace_id << 9)
         raw_blocks[pointer] = (trace_id, size)
         return pointer
@@ -1632,8 +1675,9 @@ def _fake_cuda_serialization(torch, patches):
 def _fake_cuda_api(torch, patches, recorder):
     """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
     cuda = torch.cuda
+    total_memory = recorder.sink.capacity or FAKE_TOTAL_MEMORY
     props = types.SimpleNamespace(
-        name=FAKE_DEVICE_NAME, total_memory=FAKE_TOTAL_MEMORY, major=9, minor=0,
+        name=FAKE_DEVICE_NAME, total_memory=total_memory, major=9, minor=0,
         multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
         L2_cache_size=50 * 1024 * 1024, warp_size=32, gcnArchName="",
     )
@@ -1681,7 +1725,7 @@ def _fake_cuda_api(torch, patches, recorder):
         "reset_max_memory_allocated": lambda device=None: stats.reset_peak(),
         "reset_max_memory_cached": lambda device=None: stats.reset_peak(),
         "reset_accumulated_memory_stats": lambda device=None: stats.reset_accumulated(),
-        "mem_get_info": lambda device=None: (FAKE_TOTAL_MEMORY - stats.current(), FAKE_TOTAL_MEMORY),
+        "mem_get_info": lambda device=None: (total_memory - stats.current(), total_memory),
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": lambda device=None: fraction[0],
         # torch.cuda.device(i) swaps the current device through the driver; there is one device.
@@ -1776,14 +1820,15 @@ def _fake_cuda_api(torch, patches, recorder):
 
 
 @contextlib.contextmanager
-def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32, scalar_value=None, comments=(), sites=True, site_root=None):
+def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None):
     """Records the allocation trace of the code inside the block into ``path`` (a v1 trace).
 
     ``fake``: None picks fake tensors when ``device`` is cuda and no GPU is present.
     ``steps``: stop (raise StopCapture) after this many steps. ``scalar_value``: answer reads of
     fake values (``.item()``) with this number instead of raising FakeValueNeeded. ``sites``: record
     each alloc's site (``#site``/``#at`` lines), file names relative to ``site_root`` (default: the
-    working directory) when under it.
+    working directory) when under it. ``device_memory``: the fake card's bytes (default an H100
+    80 GB's); live tensors past it raise torch.cuda.OutOfMemoryError.
     """
     global _active
     import torch
@@ -1804,7 +1849,13 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         "not seen: kernel-internal scratch (attention/embedding backward, cub), NCCL, the CUDA context",
         *comments,
     ]
+    on_fake_card = fake and device == "cuda"
+    device_memory = device_memory or FAKE_TOTAL_MEMORY
+    if on_fake_card:
+        header.append(f"fake card memory: {device_memory} bytes (torch.cuda.OutOfMemoryError past it)")
     sink = _TraceSink(path, header)
+    if on_fake_card:
+        sink.capacity, sink.oom_error = device_memory, torch.cuda.OutOfMemoryError
     site_table = _Sites(torch, site_root or os.getcwd()) if sites else None
     recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value, site_table)
     recorder.max_steps = steps
@@ -2038,6 +2089,7 @@ def main(argv=None):
     parser.add_argument("--cublas-workspace-mib", type=int, default=32, help="modelled cuBLAS workspace per stream (0: none)")
     parser.add_argument("--scalar-value", type=float, help="answer .item() on fake tensors with this value")
     parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
+    parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes (default: an H100 80 GB's)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -2060,8 +2112,12 @@ def main(argv=None):
 
     if opts.steps is not None and opts.steps < 1:
         return fail_setup("--steps must be at least 1")
+    if os.path.isdir(opts.script):
+        return fail_setup(f"{opts.script}: is a directory, not a script")
     if not os.path.isfile(opts.script):
         return fail_setup(f"{opts.script}: no such script")
+    if opts.device_memory is not None and opts.device_memory < 1:
+        return fail_setup("--device-memory must be at least 1 byte")
     try:
         import torch  # noqa: F401
     except ImportError as e:
@@ -2080,7 +2136,7 @@ def main(argv=None):
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
             cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
             comments=[f"script: {' '.join([opts.script, *opts.args])}"],
-            sites=not opts.no_sites, site_root=os.path.dirname(script),
+            sites=not opts.no_sites, site_root=os.path.dirname(script), device_memory=opts.device_memory,
         ) as recorder:
             runpy.run_path(script, run_name="__main__")
     except SetupError as e:
@@ -2115,6 +2171,7 @@ def main(argv=None):
         outcome=getattr(recorder, "outcome", ""), steps=getattr(recorder, "step_no", 0),
         allocs=sink.allocs if sink else 0, frees=sink.frees if sink else 0,
         peak_live_bytes=sink.peak_live_bytes if sink else 0, live_bytes_at_end=sink.live_bytes if sink else 0,
+        ooms=sink.memory_stats.num_ooms if sink else 0, device_memory=sink.capacity if sink else None,
         fake=not opts.real, **status,
     )
     return exit_code

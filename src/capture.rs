@@ -35,6 +35,8 @@ pub struct CaptureOptions {
     pub scalar_value: Option<f64>,
     /// Record each alloc's site (the innermost frame of the user's code) as `#site`/`#at` lines.
     pub sites: bool,
+    /// The fake card's memory in bytes (`None`: the capture module's H100 80 GB).
+    pub device_memory: Option<u64>,
     pub script: PathBuf,
     pub args: Vec<OsString>,
 }
@@ -57,6 +59,12 @@ pub struct CaptureOutcome {
     pub peak_live_bytes: u64,
     #[serde(default)]
     pub live_bytes_at_end: u64,
+    /// torch.cuda.OutOfMemoryErrors raised on the fake card (see `--device-memory`).
+    #[serde(default)]
+    pub ooms: u64,
+    /// The fake card's memory (none for real tensors).
+    #[serde(default)]
+    pub device_memory: Option<u64>,
 }
 
 impl CaptureOutcome {
@@ -74,6 +82,9 @@ pub fn python_for(flag: Option<&str>) -> String {
 /// finds (no torch, say) come back as an outcome with state `setup_error`; problems found here
 /// (no interpreter, no script) are input errors.
 pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
+    if opts.script.is_dir() {
+        return Err(InputError::new(opts.script.display().to_string(), "is a directory, not a script").into());
+    }
     if !opts.script.is_file() {
         return Err(InputError::new(opts.script.display().to_string(), "no such script").into());
     }
@@ -100,6 +111,9 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
     }
     if let Some(v) = opts.scalar_value {
         cmd.arg("--scalar-value").arg(v.to_string());
+    }
+    if let Some(bytes) = opts.device_memory {
+        cmd.arg("--device-memory").arg(bytes.to_string());
     }
     cmd.arg("--").arg(&opts.script).args(&opts.args);
     // The script's own `import allocbench_capture` (for step() markers) finds the embedded copy.
@@ -141,6 +155,8 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
                 frees: 0,
                 peak_live_bytes: 0,
                 live_bytes_at_end: 0,
+                ooms: 0,
+                device_memory: None,
             })
         }
     }
@@ -175,7 +191,15 @@ fn mark_incomplete(trace: &Path, why: &str) {
 /// One line for the terminal.
 pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
     let gib = o.peak_live_bytes as f64 / (1u64 << 30) as f64;
-    let counts = format!("{} allocs, {} frees, {} steps, peak live {gib:.2} GiB", o.allocs, o.frees, o.steps);
+    let mut counts = format!("{} allocs, {} frees, {} steps, peak live {gib:.2} GiB", o.allocs, o.frees, o.steps);
+    if o.ooms > 0 {
+        // The script caught them (else it stopped on the first): its OOM handling took a path.
+        counts += &format!(
+            "; {} raised: live tensors passed the fake card's {} (--device-memory)",
+            crate::units::count(o.ooms, "torch.cuda.OutOfMemoryError"),
+            o.device_memory.map(crate::units::format_bytes).unwrap_or_else(|| "memory".into())
+        );
+    }
     if o.complete() {
         format!("captured {counts} -> {}", opts.output.display())
     } else {

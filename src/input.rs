@@ -50,19 +50,24 @@ fn capture_description(trace: impl BufRead) -> String {
 /// How much of a plain trace's end is read for a capture's closing marker.
 const CAPTURE_MARKER_TAIL_BYTES: u64 = 64 * 1024;
 
-/// The reason a capture's trace says it is incomplete (`# capture incomplete: WHY`, its last
-/// marker: a script that raised or exited non-zero, or an interpreter that died), else `None`.
-/// Only captures (header `# allocbench capture v1`) are looked at; a gzip one is decoded to its end.
-fn capture_incomplete(path: &Path) -> Option<String> {
+/// The first header line of a capture (`allocbench trace` keeps it in its copies' headers).
+const CAPTURE_HEADER: &str = "allocbench capture v1";
+
+/// The comment lines (without `# `) that open a plain trace, before its CSV header (32 at most).
+fn header_comments(path: &Path) -> Vec<String> {
+    let Ok(reader) = read_trace(path) else { return Vec::new() };
+    reader.into_inner().lines().take(32).map_while(Result::ok).map_while(|l| l.strip_prefix("# ").map(str::to_string)).collect()
+}
+
+/// The end of a capture's trace (header `# allocbench capture v1`), where its closing lines are:
+/// `None` for other files. A gzip one is decoded to its end (a stream cut short, up to the cut).
+fn capture_tail(path: &Path) -> Option<String> {
     use std::io::{Seek, SeekFrom};
-    let is_capture =
-        read_trace(path).ok().is_some_and(|r| r.into_inner().lines().next().and_then(Result::ok).is_some_and(|l| l.starts_with("# allocbench capture v1")));
-    if !is_capture {
+    if !header_comments(path).iter().any(|c| c.starts_with(CAPTURE_HEADER)) {
         return None;
     }
     let mut tail = Vec::new();
     if crate::trace::csv::is_gzip_name(path) {
-        // A stream cut short decodes up to the cut; what was read is still looked at.
         let _ = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).ok()?).read_to_end(&mut tail);
     } else {
         let mut file = std::fs::File::open(path).ok()?;
@@ -70,17 +75,79 @@ fn capture_incomplete(path: &Path) -> Option<String> {
         file.seek(SeekFrom::Start(len.saturating_sub(CAPTURE_MARKER_TAIL_BYTES))).ok()?;
         file.read_to_end(&mut tail).ok()?;
     }
-    let text = String::from_utf8_lossy(&tail);
-    let marker = text.lines().rev().find(|l| l.starts_with("# capture "))?;
-    marker.strip_prefix("# capture incomplete: ").map(str::to_string)
+    Some(String::from_utf8_lossy(&tail).into_owned())
+}
+
+/// Why a capture's trace is incomplete: its last marker says `# capture incomplete: WHY` (a
+/// script that raised or exited non-zero, or an interpreter that died), or it has no closing
+/// marker at all (cut short: copied while the capture ran, or truncated). `None` for a complete
+/// capture and for other traces.
+fn capture_incomplete(tail: &str) -> Option<String> {
+    match tail.lines().rev().find(|l| l.starts_with("# capture ")) {
+        Some(marker) => marker.strip_prefix("# capture incomplete: ").map(str::to_string),
+        None => Some("it has no closing line: the file was cut short, or copied while the capture ran".into()),
+    }
+}
+
+/// The allocator settings the captured script made itself (`# allocator settings made by the
+/// script: CONF`), which a replay applies only when given as `--conf`.
+fn capture_script_conf(tail: &str) -> Option<String> {
+    tail.lines().rev().find_map(|l| l.strip_prefix("# allocator settings made by the script: ")).map(str::to_string)
+}
+
+/// Whether a plain (not gzip) file's last byte is not a line end: its last row may be cut.
+fn ends_mid_row(path: &Path) -> bool {
+    use std::io::{Seek, SeekFrom};
+    if crate::trace::csv::is_gzip_name(path) {
+        return false; // a cut gzip stream fails to decode, with its line
+    }
+    let Ok(mut file) = std::fs::File::open(path) else { return false };
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::End(-1)).is_ok() && file.read_exact(&mut last).is_ok() && last[0] != b'\n'
 }
 
 impl Source {
-    /// For a capture that did not run to its end, why (see [`capture_incomplete`]).
-    pub fn incomplete_capture(&self) -> Option<String> {
+    /// For a capture's trace, the comment lines a copy keeps: its header (provenance, what was
+    /// modelled) and its closing lines (the settings the script made, whether it completed; a
+    /// capture cut short gets an `incomplete` marker).
+    pub fn capture_comments(&self) -> Option<(Vec<String>, Vec<String>)> {
+        let Source::Trace(p) = self else { return None };
+        let tail = capture_tail(p)?;
+        let mut closing: Vec<String> = capture_script_conf(&tail).map(|c| format!("allocator settings made by the script: {c}")).into_iter().collect();
+        closing.push(match capture_incomplete(&tail) {
+            Some(why) => format!("capture incomplete: {why}"),
+            None => tail.lines().rev().find_map(|l| l.strip_prefix("# ").filter(|c| c.starts_with("capture "))).unwrap_or("capture complete").to_string(),
+        });
+        Some((header_comments(p), closing))
+    }
+
+    /// What a reader should be told about the input before its numbers (on standard error): what
+    /// an import left out, a capture that did not finish, settings the captured script made, a
+    /// last row without its line end.
+    pub fn notes(&self) -> Vec<String> {
         match self {
-            Source::Trace(p) => capture_incomplete(p),
-            _ => None,
+            Source::Imported(t, p) => t.notes.iter().map(|n| format!("note: {}: {n}", p.display())).collect(),
+            Source::Trace(p) => {
+                let mut out = Vec::new();
+                if let Some(tail) = capture_tail(p) {
+                    if let Some(why) = capture_incomplete(&tail) {
+                        out.push(format!(
+                            "warning: {} is an incomplete capture ({why}): its numbers cover only what ran before the script stopped",
+                            p.display()
+                        ));
+                    }
+                    if let Some(conf) = capture_script_conf(&tail) {
+                        out.push(format!(
+                            "note: {}: the captured script set the allocator's settings ({conf}); this run uses --conf (default: PyTorch's defaults): pass --conf '{conf}' to apply them",
+                            p.display()
+                        ));
+                    }
+                } else if ends_mid_row(p) {
+                    out.push(format!("warning: {}: the last row has no line end: the file may have been cut short", p.display()));
+                }
+                out
+            }
+            _ => Vec::new(),
         }
     }
 

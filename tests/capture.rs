@@ -940,3 +940,38 @@ fn a_stream_forked_from_a_capture_allocates_in_its_pool() {
     let v: serde_json::Value = serde_json::from_slice(&replay.stdout).unwrap();
     assert_eq!(v["private_pool_bytes"], 4 << 20, "two 2 MiB small segments, streams 2 and 1");
 }
+
+/// Live tensors past the fake card's memory raise torch.cuda.OutOfMemoryError, so a script's
+/// OOM handling (a batch-size search) takes the path it would on that card; the trace marks each
+/// failed request and keeps only what was allocated.
+#[test]
+fn the_fake_card_runs_out_of_memory_at_its_size() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "t.csv", &["--device-memory", "300MiB", "--cublas-workspace-mib", "0"], &[&fixture("batch_size_search.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    // 4 MiB of weights + 2 × 256 MiB fail; 4 + 2 × 128 = 260 MiB fit in 300 MiB. The first OOM
+    // is the input (4 + 256 = 260 fits; the output's 256 more do not).
+    assert!(printed.contains(&format!("total {} free {}", 300u64 << 20, (300u64 - 4) << 20)), "{printed}");
+    assert!(printed.contains("oom 65536 CUDA out of memory") && printed.contains("fits 32768") && printed.contains("num_ooms 1"), "{printed}");
+    assert!(stderr(&out).contains("1 torch.cuda.OutOfMemoryError raised: live tensors passed the fake card's 300 MiB"), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(
+        text.contains(&format!(
+            "# OutOfMemoryError: {} bytes requested with {} allocated on the fake card's {} bytes",
+            256u64 << 20,
+            260u64 << 20,
+            300u64 << 20
+        )),
+        "{text}"
+    );
+    let sizes: Vec<i64> = signed_sizes(&events(&trace)).into_iter().filter(|&s| s > 0).collect();
+    assert_eq!(sizes, [4 << 20, 256 << 20, 128 << 20, 128 << 20], "the failed request is not in the trace");
+    // A folder is not a script.
+    let (out, _) = capture(dir.path(), "d.csv", &[], &[dir.path().to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("is a directory, not a script"), "{}", stderr(&out));
+}

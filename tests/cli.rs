@@ -457,3 +457,43 @@ fn diagnose_measures_headroom_and_free_memory_under_a_memory_fraction() {
     let cause = failed["summary"][1].as_str().unwrap();
     assert!(cause.contains("per_process_memory_fraction's 80.0 MiB cap left 20.0 MiB while the device itself had 140 MiB free"), "{cause}");
 }
+
+/// A capture cut short (no closing line), a trace whose last row has no line end, and a copy made
+/// by `allocbench trace` that keeps what the capture said about itself.
+#[test]
+fn cut_traces_are_flagged_and_trace_copies_keep_a_captures_notes() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = "# allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()\n\
+                  # torch 2.15.0, fake cuda tensors, python 3.11\n# script: train.py\nop,id,bytes,stream\nalloc,1,4096,0\nstep,1,,\n";
+    let replay_stderr = |path: &std::path::Path| {
+        let out = bin().arg("replay").arg(path).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stderr(&out)
+    };
+    let cut = dir.path().join("cut.csv");
+    std::fs::write(&cut, format!("{header}alloc,2,81")).unwrap();
+    assert!(replay_stderr(&cut).contains("is an incomplete capture (it has no closing line: the file was cut short"), "{}", replay_stderr(&cut));
+    let plain = dir.path().join("plain.csv");
+    std::fs::write(&plain, "op,id,bytes,stream\nalloc,1,4096,0\nalloc,2,81").unwrap();
+    assert!(replay_stderr(&plain).contains("plain.csv: the last row has no line end"), "{}", replay_stderr(&plain));
+    std::fs::write(&plain, "op,id,bytes,stream\nalloc,1,4096,0\nalloc,2,8192,0\n").unwrap();
+    assert_eq!(replay_stderr(&plain), "");
+    // The copy of an incomplete capture that set its own allocator settings says both, as the original.
+    let original = dir.path().join("orig.csv");
+    std::fs::write(
+        &original,
+        format!("{header}free,1,,\n# allocator settings made by the script: expandable_segments:True\n# capture incomplete: ValueError\n"),
+    )
+    .unwrap();
+    for copy in ["copy.csv", "copy.csv.gz"] {
+        let copy = dir.path().join(copy);
+        let out = bin().args(["trace", original.to_str().unwrap(), "-o", copy.to_str().unwrap()]).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let said = replay_stderr(&copy);
+        assert!(said.contains("is an incomplete capture (ValueError)"), "{said}");
+        assert!(said.contains("the captured script set the allocator's settings (expandable_segments:True)"), "{said}");
+        let out = bin().args(["replay", copy.to_str().unwrap(), "--json", "-"]).output().unwrap();
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(r["workload"]["description"], "captured from torch 2.15.0: train.py");
+    }
+}

@@ -64,12 +64,7 @@ pub fn parse_capacity(s: &str) -> Result<u64, String> {
 
 /// Says what an imported trace left out (on standard error).
 pub fn print_notes(source: &Source) {
-    if let Source::Imported(t, p) = source {
-        for n in &t.notes {
-            eprintln!("note: {}: {n}", p.display());
-        }
-    }
-    if let (Source::Trace(p), Some(why)) = (source, source.incomplete_capture()) {
-        eprintln!("warning: {} is an incomplete capture ({why}): its numbers cover only what ran before the script stopped", p.display());
+    for note in source.notes() {
+        eprintln!("{note}");
     }
 }

@@ -27,6 +27,10 @@ pub struct CaptureArgs {
     /// Answer `.item()` of a fake tensor with this value instead of stopping (for logging code).
     #[arg(long)]
     pub scalar_value: Option<f64>,
+    /// The fake card's memory (e.g. 24GiB; default an H100 80 GB's, 79.6 GiB): live tensors past
+    /// it raise torch.cuda.OutOfMemoryError, as on a real card, so a script's OOM handling runs.
+    #[arg(long, value_parser = crate::cli::args::parse_capacity)]
+    pub device_memory: Option<u64>,
     /// Leave out the allocation sites (the trace's `#site`/`#at` lines; they cost little).
     #[arg(long)]
     pub no_sites: bool,
@@ -51,6 +55,7 @@ pub fn main(a: CaptureArgs) -> i32 {
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
         sites: !a.no_sites,
+        device_memory: a.device_memory,
         script,
         args: command.collect(),
     };

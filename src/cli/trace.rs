@@ -24,19 +24,29 @@ pub struct TraceArgs {
 pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
     let source = Source::open(Some(&a.input))?;
     let info = source.info()?;
-    let comments = vec![
+    let mut comments = vec![
         "allocbench trace v1".to_string(),
         format!("source: {} ({}), sha256 {}", info.origin, info.kind, info.sha256),
         format!("workload: {}{}", info.name, if info.description.is_empty() { String::new() } else { format!(" - {}", info.description) }),
     ];
+    // A capture's copy keeps what its readers look for: the header (a capture, from which script)
+    // and the closing lines (complete or not, the script's own allocator settings).
+    let capture = source.capture_comments();
+    let closing = match capture {
+        Some((header, closing)) => {
+            comments.extend(header);
+            closing
+        }
+        None => Vec::new(),
+    };
     let out = output::open(&a.output)?;
     let n = if crate::trace::csv::is_gzip_name(Path::new(&a.output)) {
         let gz = flate2::write::GzEncoder::new(out, flate2::Compression::best());
-        let (n, gz) = write_trace(&source, gz, &comments)?;
+        let (n, gz) = write_trace(&source, gz, &comments, &closing)?;
         gz.finish()?.flush()?;
         n
     } else {
-        write_trace(&source, out, &comments)?.0
+        write_trace(&source, out, &comments, &closing)?.0
     };
     if a.output != "-" {
         eprintln!("wrote {n} events to {}", a.output);
@@ -46,7 +56,7 @@ pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
 
 /// Writes every event of `source` as a v1 trace, with the allocation sites it records (`#site`
 /// and `#at` lines, numbered anew in order of first use); returns the count and the flushed writer.
-fn write_trace<W: Write>(source: &Source, out: W, comments: &[String]) -> anyhow::Result<(u64, W)> {
+fn write_trace<W: Write>(source: &Source, out: W, comments: &[String], closing: &[String]) -> anyhow::Result<(u64, W)> {
     let sites = source.sites()?;
     let mut w = TraceWriter::new(out, comments)?;
     let mut renumbered: FxHashMap<u32, u32> = FxHashMap::default();
@@ -81,6 +91,9 @@ fn write_trace<W: Write>(source: &Source, out: W, comments: &[String]) -> anyhow
         }
         w.write(&ev)?;
         n += 1;
+    }
+    for c in closing {
+        w.comment(c)?;
     }
     Ok((n, w.finish()?))
 }

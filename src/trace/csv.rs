@@ -547,6 +547,11 @@ impl<W: Write> TraceWriter<W> {
         }
     }
 
+    /// A comment line (`# text`) among the rows.
+    pub fn comment(&mut self, text: &str) -> std::io::Result<()> {
+        writeln!(self.out, "# {text}")
+    }
+
     pub fn finish(mut self) -> std::io::Result<W> {
         self.out.flush()?;
         Ok(self.out)
