@@ -191,7 +191,8 @@ fn mark_incomplete(trace: &Path, why: &str) {
 /// One line for the terminal.
 pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
     let gib = o.peak_live_bytes as f64 / (1u64 << 30) as f64;
-    let mut counts = format!("{} allocs, {} frees, {} steps, peak live {gib:.2} GiB", o.allocs, o.frees, o.steps);
+    use crate::units::count;
+    let mut counts = format!("{}, {}, {}, peak live {gib:.2} GiB", count(o.allocs, "alloc"), count(o.frees, "free"), count(o.steps, "step"));
     if o.ooms > 0 {
         // The script caught them (else it stopped on the first): its OOM handling took a path.
         counts += &format!(

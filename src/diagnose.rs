@@ -70,7 +70,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         run.segments_at_peak = crate::gpu_run::segments_at_exact_peak("pytorch", conf, &spec, Box::new(events.iter().copied().map(Ok)))?;
     }
     let w = waste(&run);
-    let top_sites = top_sites(source)?;
+    let (top_sites, oom_site) = top_sites(source, run.oom.as_ref().map(|o| o.event))?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
     let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
     let min_cap = min_capacity(&events, conf, full_peak_live)?;
@@ -94,6 +94,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         top_segments: w.top,
         pinning_size_classes: w.pinning,
         top_sites,
+        oom_site,
         min_capacity: min_cap,
         conflicts: conf.conflicts(),
         summary: Vec::new(),
@@ -160,21 +161,33 @@ fn waste(run: &GpuRunResult) -> Waste {
     Waste { top, pinned_free, cached_free, pending, private_pool, private_pool_free, largest, pinning }
 }
 
-/// Bytes requested per allocation site (snapshots with stacks, captures with sites), largest first (8).
-fn top_sites(source: &Source) -> anyhow::Result<Vec<(String, u64)>> {
-    let Some(sites) = source.sites()? else { return Ok(Vec::new()) };
+/// (site, bytes requested there).
+type SiteBytes = (String, u64);
+
+/// Bytes requested per allocation site (snapshots with stacks, captures with sites), largest
+/// first (8); with an OOM at event `oom`, only the requests up to it (those after never ran), and
+/// the failing request's site.
+fn top_sites(source: &Source, oom: Option<u64>) -> anyhow::Result<(Vec<SiteBytes>, Option<String>)> {
+    let Some(sites) = source.sites()? else { return Ok((Vec::new(), None)) };
     let mut by_site = vec![0u64; sites.names.len()];
-    for event in source.events()? {
+    let mut oom_site = None;
+    for (index, event) in source.events()?.enumerate() {
+        if oom.is_some_and(|o| index as u64 > o) {
+            break;
+        }
         if let Event::Alloc { id, bytes, .. } = event? {
             if let Some(&s) = sites.of_id.get(&id) {
                 by_site[s as usize] += bytes;
+                if oom == Some(index as u64) {
+                    oom_site = Some(sites.names[s as usize].clone());
+                }
             }
         }
     }
-    let mut v: Vec<(String, u64)> = sites.names.iter().cloned().zip(by_site).collect();
+    let mut v: Vec<(String, u64)> = sites.names.iter().cloned().zip(by_site).filter(|(_, bytes)| *bytes > 0).collect();
     v.sort_by_key(|x| std::cmp::Reverse(x.1));
     v.truncate(8);
-    Ok(v)
+    Ok((v, oom_site))
 }
 
 /// Why the OOM happened, with the numbers that decide its cause (one cause, see `OomInfo::cause`).
@@ -232,6 +245,9 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
                 format_bytes(capacity)
             ));
             summary.push(cause_sentence(o));
+            if let Some(site) = &d.oom_site {
+                summary.push(format!("The failing request was made at {site}."));
+            }
         }
         None => summary.push(format!(
             "No OOM on a {} device{}: peak reserved {} leaves {} of headroom{}.",
@@ -319,7 +335,7 @@ pub fn describe(d: &DiagnoseResult) -> String {
         }
     }
     if !d.top_sites.is_empty() {
-        s += "\nallocation sites by bytes requested:\n";
+        s += if d.oom.is_some() { "\nallocation sites by bytes requested up to the OOM:\n" } else { "\nallocation sites by bytes requested:\n" };
         for (site, bytes) in &d.top_sites {
             s += &format!("  {:>10}  {site}\n", format_bytes(*bytes));
         }

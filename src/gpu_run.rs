@@ -174,7 +174,16 @@ pub fn describe(r: &GpuRunResult) -> String {
     let w = &r.work;
     let sm = &r.summary;
     let st = |k: &str| r.stats.get(k).copied().unwrap_or(0);
-    s += &format!("workload    {} ({}), {} events: {} allocs, {} frees, {} steps\n", r.workload.name, r.workload.kind, w.events, w.allocs, w.frees, w.steps);
+    use crate::units::count;
+    s += &format!(
+        "workload    {} ({}), {}: {}, {}, {}\n",
+        r.workload.name,
+        r.workload.kind,
+        count(w.events, "event"),
+        count(w.allocs, "alloc"),
+        count(w.frees, "free"),
+        count(w.steps, "step")
+    );
     s += &format!(
         "allocator   {}{}  on {}\n",
         r.allocator,

@@ -497,3 +497,31 @@ fn cut_traces_are_flagged_and_trace_copies_keep_a_captures_notes() {
         assert_eq!(r["workload"]["description"], "captured from torch 2.15.0: train.py");
     }
 }
+
+/// At an OOM, diagnose names the failing request's site, and ranks the sites by what was
+/// requested up to the OOM only (the requests after it never ran).
+#[test]
+fn diagnose_names_the_site_of_the_failing_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.csv");
+    let mib = 1u64 << 20;
+    std::fs::write(
+        &path,
+        format!(
+            "op,id,bytes,stream\n#site 0 train.py:10 <module>\nalloc,1,{},0\n#site 1 model.py:62 backward\nalloc,2,{},0\n#site 2 train.py:99 <module>\nfree,1,,\nfree,2,,\nalloc,3,{},0\n",
+            30 * mib,
+            40 * mib,
+            500 * mib
+        ),
+    )
+    .unwrap();
+    let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((d["oom"]["event"].as_u64(), d["oom_site"].as_str()), (Some(1), Some("model.py:62 in backward")));
+    // train.py:99's 500 MiB come after the OOM: not counted.
+    assert_eq!(d["top_sites"], serde_json::json!([["model.py:62 in backward", 40 * mib], ["train.py:10 in <module>", 30 * mib]]));
+    assert!(d["summary"].as_array().unwrap().iter().any(|l| l == "The failing request was made at model.py:62 in backward."), "{d}");
+    let text = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&text.stdout).contains("allocation sites by bytes requested up to the OOM:\n"));
+}

@@ -53,6 +53,13 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     }
     let source = Source::open(Some(&a.input))?;
     print_notes(&source);
+    // advise compares configurations itself, PyTorch's defaults first: a conf in the environment
+    // is not its baseline. Said, so nobody reads the table as relative to it.
+    for var in crate::gpu::config::ENV_VARS {
+        if let Ok(conf) = std::env::var(var) {
+            eprintln!("note: advise searches the allocator settings itself and ignores {var}='{conf}'; its row is the configuration \"{conf}\" if searched, or `allocbench replay --conf '{conf}'`");
+        }
+    }
     let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
     let model = match &a.latency {
         Some(p) => LatencyModel::load(p)?,

@@ -65,6 +65,9 @@ pub struct DiagnoseResult {
     pub pinning_size_classes: Vec<PinningClass>,
     /// (site, bytes requested) for imported snapshots with stacks, largest first.
     pub top_sites: Vec<(String, u64)>,
+    /// The site of the request that failed (when the trace records sites).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oom_site: Option<String>,
     /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
     pub min_capacity: Option<u64>,
     /// The conf's settings that conflict or that PyTorch ignores (`AllocatorConfig::conflicts`).

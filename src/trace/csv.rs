@@ -274,6 +274,8 @@ impl<R: BufRead> TraceReader<R> {
         let text = match std::str::from_utf8(&self.buf) {
             // A UTF-8 byte-order mark (spreadsheet exports) is not part of the header.
             Ok(t) => t.trim_start_matches('\u{feff}').trim_end_matches(['\n', '\r']).trim(),
+            // gzip's magic bytes: a compressed trace read as text.
+            Err(_) if self.buf.starts_with(&[0x1f, 0x8b]) => return Err(self.err("gzip-compressed data: name the file .csv.gz to have it decompressed")),
             Err(_) => return Err(self.err("not valid UTF-8 text")),
         };
         if text.starts_with("#site") || text.starts_with("#at") {
@@ -620,6 +622,10 @@ mod tests {
         let bytes = b"op,id,bytes,stream\nalloc,1,\xff\xfe,0\n";
         let res: Vec<_> = TraceReader::new(&bytes[..], "x.csv").collect();
         assert!(res.last().unwrap().as_ref().unwrap_err().to_string().contains("x.csv:2: not valid UTF-8"));
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, b"op,id,bytes,stream\nalloc,1,8,0\n").unwrap();
+        let res: Vec<_> = TraceReader::new(&gz.finish().unwrap()[..], "x.csv").collect();
+        assert!(res[0].as_ref().unwrap_err().to_string().contains("x.csv:1: gzip-compressed data: name the file .csv.gz"), "{:?}", res[0]);
     }
 
     #[test]
