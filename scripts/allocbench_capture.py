@@ -105,10 +105,12 @@ _STAT_POOLS = ("all", "small_pool", "large_pool")
 
 def _format_bytes(n):
     """As PyTorch's OOM message writes sizes (format_size in CUDACachingAllocator.cpp)."""
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
+    if n <= 1024:
+        return f"{n} bytes"
+    for unit, size, top in (("KiB", 1 << 10, 1 << 20), ("MiB", 1 << 20, 1 << 30)):
+        if n <= top:
             return f"{n / size:.2f} {unit}"
-    return f"{n} bytes"
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 def _block_bytes(nbytes):
@@ -211,8 +213,11 @@ class _TraceSink:
         # as for real tensors, whose own allocator raises).
         self.capacity = None
         self.oom_error = None
+        self.fraction = 1.0  # per_process_memory_fraction the script set
+        self.refused = None  # (id, bytes, stream, site index, message) of the last request refused
 
-    def alloc(self, trace_id, nbytes, stream, site=None):
+    def _at_site(self, site):
+        """The next row is made at ``site`` ((index, '#site' text when new) or None)."""
         if site is not None:
             index, definition = site
             if definition is not None:
@@ -223,6 +228,9 @@ class _TraceSink:
         elif self.site is not None:
             self.file.write("#at -\n")  # no frame to name: not the previous alloc's site
             self.site = None
+
+    def alloc(self, trace_id, nbytes, stream, site=None):
+        self._at_site(site)
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
         if stream:
             self.side_stream_of[trace_id] = stream
@@ -231,22 +239,46 @@ class _TraceSink:
         self.peak_live_bytes = max(self.peak_live_bytes, self.live_bytes)
         self.memory_stats.alloc(nbytes)
 
-    def check_fits(self, nbytes):
-        """Live tensors past the fake card's memory: torch.cuda.OutOfMemoryError, as any allocator
-        would raise (the caching allocator may fail sooner: the replay tells when). The request is
-        not recorded; a comment marks where it failed, so a script that catches it (a batch-size
-        search) leaves a trace that says so."""
-        in_use = self.memory_stats.current()
-        if in_use + _block_bytes(nbytes) <= self.capacity:
+    def limit(self):
+        """What the fake card lets the process hold: its memory, or under
+        per_process_memory_fraction its allowed_memory_maximum (floor(fraction × total))."""
+        if self.fraction < 1:
+            return int(self.fraction * self.capacity)
+        return self.capacity
+
+    def check_fits(self, trace_id, nbytes, stream, site):
+        """Live tensors past the fake card's limit: torch.cuda.OutOfMemoryError, as any allocator
+        would raise (the caching allocator may fail sooner: the replay tells when). The request
+        is not a row; a comment at its site marks it, so a script that catches it (a batch-size
+        search) leaves a trace that says so, and one that does not ends on it (``refused``)."""
+        in_use, limit = self.memory_stats.current(), self.limit()
+        if in_use + _block_bytes(nbytes) <= limit:
             return
         self.memory_stats.num_ooms += 1
-        self.file.write(f"# OutOfMemoryError: {nbytes} bytes requested with {in_use} allocated on the fake card's {self.capacity} bytes\n")
-        raise self.oom_error(
-            f"CUDA out of memory. Tried to allocate {_format_bytes(nbytes)}. GPU 0 has a total capacity of "
-            f"{_format_bytes(self.capacity)} of which {_format_bytes(self.capacity - in_use)} is free. "
+        self._at_site(site)
+        self.file.write(f"# OutOfMemoryError: {nbytes} bytes requested with {in_use} allocated on the fake card's {limit} bytes\n")
+        capped = f" (per_process_memory_fraction {self.fraction:g} allows {_format_bytes(limit)})" if limit < self.capacity else ""
+        message = (
+            f"CUDA out of memory. Tried to allocate {_format_bytes(_block_bytes(nbytes))}. GPU 0 has a total capacity of "
+            f"{_format_bytes(self.capacity)} of which {_format_bytes(max(0, self.capacity - in_use))} is free{capped}. "
             f"Of the allocated memory {_format_bytes(in_use)} is allocated by PyTorch. (allocbench capture: live "
             "tensors would pass the fake card's memory; --device-memory sets it)"
         )
+        # The message, not the error: an error held here (even in a local) would, through its
+        # traceback, keep the op's tensors alive after the script let go of them.
+        self.refused = (trace_id, nbytes, stream, site[0] if site else None, message)
+        raise self.oom_error(message)
+
+    def end_on_refused(self, error):
+        """The script stopped on the fake card's OOM ``error``: its request ends the trace as a row,
+        so a replay on that card fails where the script did, at its site."""
+        if self.refused is None or not isinstance(error, self.oom_error) or str(error) != self.refused[4]:
+            return
+        trace_id, nbytes, stream, site, _ = self.refused
+        self.comment("the request the script stopped on (torch.cuda.OutOfMemoryError, uncaught)")
+        self._at_site(None if site is None else (site, None))
+        self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
+        self.allocs += 1
 
     def free(self, trace_id, nbytes):
         self.file.write(f"free,{trace_id},,\n")
@@ -531,12 +563,15 @@ def _make_recorder_class(torch):
             self.record_alloc(trace_id, nbytes, self._stream_of(t))
             return trace_id
 
-        def record_alloc(self, trace_id, nbytes, stream):
-            """One alloc row at the user's frame. A request past the fake card's memory raises
-            before its site is named (a site is defined by the first row made there)."""
+        def record_alloc(self, trace_id, nbytes, stream, comment=None):
+            """One alloc row at the user's frame (after ``comment``); a request past the fake
+            card's memory raises torch.cuda.OutOfMemoryError instead."""
+            site = self.sites.here_frame() if self.sites else None
             if self.sink.capacity is not None:
-                self.sink.check_fits(nbytes)
-            self.sink.alloc(trace_id, nbytes, stream, self.sites.here_frame() if self.sites else None)
+                self.sink.check_fits(trace_id, nbytes, stream, site)
+            if comment:
+                self.sink.comment(comment)
+            self.sink.alloc(trace_id, nbytes, stream, site)
 
         def record_stream(self, tensor, stream):
             """``tensor.record_stream(stream)``: stream uses the tensor's block."""
@@ -560,8 +595,8 @@ def _make_recorder_class(torch):
             if stream in self.workspace_streams:
                 return
             trace_id = self._new_id()
-            self.sink.comment(f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)")
-            self.record_alloc(trace_id, self.cublas_workspace_bytes, stream)
+            comment = f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)"
+            self.record_alloc(trace_id, self.cublas_workspace_bytes, stream, comment)
             self.workspace_streams[stream] = trace_id
 
         def clear_cublas_workspace(self, stream):
@@ -1690,7 +1725,7 @@ def _fake_cuda_api(torch, patches, recorder):
         # The replay's cap, not the capture's: say so in the trace and on the terminal.
         if not 0 <= value <= 1:
             raise ValueError(f"Invalid fraction value: {value}. Allowed range: 0~1")
-        fraction[0] = float(value)
+        fraction[0] = recorder.sink.fraction = float(value)
         recorder.script_conf["per_process_memory_fraction"] = f"{float(value):g}"
 
     def not_on_fake_cuda(what, result=None):
@@ -1850,12 +1885,21 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         *comments,
     ]
     on_fake_card = fake and device == "cuda"
+    if device_memory is not None and not on_fake_card:
+        raise SetupError("--device-memory sizes the fake card: it has no effect with --real or --device cpu")
+    if device_memory is not None and device_memory < 1:
+        raise SetupError("--device-memory must be at least 1 byte")
     device_memory = device_memory or FAKE_TOTAL_MEMORY
     if on_fake_card:
         header.append(f"fake card memory: {device_memory} bytes (torch.cuda.OutOfMemoryError past it)")
     sink = _TraceSink(path, header)
     if on_fake_card:
         sink.capacity, sink.oom_error = device_memory, torch.cuda.OutOfMemoryError
+        # A fraction in the allocator's settings caps the card as set_per_process_memory_fraction does.
+        conf = next((os.environ[name] for name in _ALLOC_CONF_VARS if name in os.environ), "")
+        fraction = dict(_alloc_conf_items(conf)).get("per_process_memory_fraction")
+        with contextlib.suppress(ValueError):
+            sink.fraction = min(1.0, float(fraction)) if fraction is not None else 1.0
     site_table = _Sites(torch, site_root or os.getcwd()) if sites else None
     recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value, site_table)
     recorder.max_steps = steps
@@ -1885,6 +1929,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         raise
     except BaseException as e:
         outcome = f"incomplete: {type(e).__name__}"
+        sink.end_on_refused(e)
         raise
     finally:
         recorder.closed = True
@@ -2116,8 +2161,6 @@ def main(argv=None):
         return fail_setup(f"{opts.script}: is a directory, not a script")
     if not os.path.isfile(opts.script):
         return fail_setup(f"{opts.script}: no such script")
-    if opts.device_memory is not None and opts.device_memory < 1:
-        return fail_setup("--device-memory must be at least 1 byte")
     try:
         import torch  # noqa: F401
     except ImportError as e:

@@ -374,8 +374,23 @@ fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
             Objective::Time => (ns(c), c.peak_reserved, 0),
             Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c)),
         };
-        (class(a), measure(a), a.conf.len(), &a.conf).cmp(&(class(b), measure(b), b.conf.len(), &b.conf))
+        (class(a), measure(a), setting_count(&a.conf), a.conf.len(), &a.conf).cmp(&(class(b), measure(b), setting_count(&b.conf), b.conf.len(), &b.conf))
     });
+}
+
+/// The settings a conf string makes (`key:value` pairs; commas inside a bracketed
+/// roundup_power2_divisions list do not separate settings).
+fn setting_count(conf: &str) -> usize {
+    let mut depth = 0i32;
+    let separators = conf.chars().filter(|&c| {
+        depth += (c == '[') as i32 - (c == ']') as i32;
+        c == ',' && depth == 0
+    });
+    if conf.trim().is_empty() {
+        0
+    } else {
+        separators.count() + 1
+    }
 }
 
 /// A search made of candidates measured elsewhere (a merged sweep's rows): ranked for
@@ -599,8 +614,17 @@ mod tests {
         let events: Vec<Event> = (0..3).map(|id| Event::Alloc { id, bytes: mib40, stream: 0 }).collect();
         let info =
             WorkloadInfo { name: "t".into(), kind: "trace".into(), origin: "t.csv".into(), sha256: String::new(), seed: None, description: String::new() };
-        let confs: Vec<String> =
-            ["per_process_memory_fraction:0.5", "max_split_size_mb:512", "", "max_split_size_mb:64,expandable_segments:True"].map(String::from).to_vec();
+        // The last two conflict (max_split_size_mb with expandable segments) and replay alike
+        // (40 MiB rounds to itself with 4 divisions): the text counts both, as the JSON lists them.
+        let confs: Vec<String> = [
+            "per_process_memory_fraction:0.5",
+            "max_split_size_mb:512",
+            "",
+            "max_split_size_mb:64,expandable_segments:True",
+            "max_split_size_mb:64,roundup_power2_divisions:4,expandable_segments:True",
+        ]
+        .map(String::from)
+        .to_vec();
         for objective in [Objective::Balanced, Objective::Memory, Objective::Time] {
             let o = AdviseOptions { capacity: 100 << 20, threads: 1, objective, model: LatencyModel::h100() };
             let r = advise(&events, &info, &confs, &o, None).unwrap();
@@ -611,9 +635,16 @@ mod tests {
             assert_eq!((best.conf.as_str(), best.oom_event), ("", Some(2)), "{objective}");
             let text = describe(&r, 5);
             assert!(text.contains("the recommended one gets furthest (to event 2, step 0)"), "{text}");
-            let conflicting = r.configs.iter().filter(|c| !c.conflicts.is_empty()).count();
-            assert_eq!(conflicting, 1);
-            assert!(text.contains("1 configuration conflicts and is never recommended, e.g. max_split_size_mb:64,expandable_segments:True"), "{text}");
+            let conflicting: Vec<&Candidate> = r.configs.iter().filter(|c| !c.conflicts.is_empty()).collect();
+            assert_eq!((conflicting.len(), conflicting.iter().filter(|c| c.equivalent_to.is_some()).count()), (2, 1));
+            assert!(text.contains("2 configurations conflict and are never recommended"), "{text}");
         }
+    }
+
+    #[test]
+    fn settings_are_counted_as_pytorch_parses_them() {
+        assert_eq!(setting_count(""), 0);
+        assert_eq!(setting_count("expandable_segments:True"), 1);
+        assert_eq!(setting_count("roundup_power2_divisions:[64:8,256:4,>:1],max_split_size_mb:64"), 2);
     }
 }

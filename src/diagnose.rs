@@ -325,10 +325,10 @@ pub fn describe(d: &DiagnoseResult) -> String {
         s += "\nsize classes of the live blocks that pin free space:\n";
         for c in &d.pinning_size_classes {
             s += &format!(
-                "  {:>10} .. {:<10} {:>6} blocks, {:>10} live, {:>10} free beside them\n",
+                "  {:>10} .. {:<10} {:>13}, {:>10} live, {:>10} free beside them\n",
                 format_bytes(c.size_class),
                 format_bytes(c.size_class * 2),
-                c.live_blocks,
+                crate::units::count(c.live_blocks, "block"),
                 format_bytes(c.live_bytes),
                 format_bytes(c.pinned_free_bytes)
             );

@@ -53,10 +53,11 @@ const CAPTURE_MARKER_TAIL_BYTES: u64 = 64 * 1024;
 /// The first header line of a capture (`allocbench trace` keeps it in its copies' headers).
 const CAPTURE_HEADER: &str = "allocbench capture v1";
 
-/// The comment lines (without `# `) that open a plain trace, before its CSV header (32 at most).
+/// The comment lines (without `# `) that open a plain trace, before its CSV header (64 at most:
+/// room for a capture's header and a few generations of `allocbench trace` copies).
 fn header_comments(path: &Path) -> Vec<String> {
     let Ok(reader) = read_trace(path) else { return Vec::new() };
-    reader.into_inner().lines().take(32).map_while(Result::ok).map_while(|l| l.strip_prefix("# ").map(str::to_string)).collect()
+    reader.into_inner().lines().take(64).map_while(Result::ok).map_while(|l| l.strip_prefix("# ").map(str::to_string)).collect()
 }
 
 /// The end of a capture's trace (header `# allocbench capture v1`), where its closing lines are:
@@ -85,7 +86,7 @@ fn capture_tail(path: &Path) -> Option<String> {
 fn capture_incomplete(tail: &str) -> Option<String> {
     match tail.lines().rev().find(|l| l.starts_with("# capture ")) {
         Some(marker) => marker.strip_prefix("# capture incomplete: ").map(str::to_string),
-        None => Some("it has no closing line: the file was cut short, or copied while the capture ran".into()),
+        None => Some("cut short: no closing line, so it was truncated or copied while the capture ran".into()),
     }
 }
 
@@ -95,15 +96,26 @@ fn capture_script_conf(tail: &str) -> Option<String> {
     tail.lines().rev().find_map(|l| l.strip_prefix("# allocator settings made by the script: ")).map(str::to_string)
 }
 
-/// Whether a plain (not gzip) file's last byte is not a line end: its last row may be cut.
+/// Whether a plain (not gzip) file's last row has no line end: it may have been cut (a file
+/// that ends on its CSV header has no row to cut).
 fn ends_mid_row(path: &Path) -> bool {
     use std::io::{Seek, SeekFrom};
     if crate::trace::csv::is_gzip_name(path) {
         return false; // a cut gzip stream fails to decode, with its line
     }
     let Ok(mut file) = std::fs::File::open(path) else { return false };
-    let mut last = [0u8; 1];
-    file.seek(SeekFrom::End(-1)).is_ok() && file.read_exact(&mut last).is_ok() && last[0] != b'\n'
+    let mut tail = Vec::new();
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    if file.seek(SeekFrom::Start(len.saturating_sub(256))).is_err() || file.read_to_end(&mut tail).is_err() {
+        return false;
+    }
+    let last_row = tail.rsplit(|&b| b == b'\n').next().unwrap_or(&[]);
+    !last_row.is_empty() && !last_row.starts_with(b"#") && last_row.trim_ascii() != crate::trace::csv::HEADER.as_bytes()
+}
+
+/// The fake card a capture ran on (`# fake card memory: N bytes`, `capture --device-memory`).
+fn capture_device_memory(path: &Path) -> Option<u64> {
+    header_comments(path).iter().find_map(|c| c.strip_prefix("fake card memory: ")?.split(' ').next()?.parse().ok())
 }
 
 impl Source {
@@ -115,10 +127,20 @@ impl Source {
         let tail = capture_tail(p)?;
         let mut closing: Vec<String> = capture_script_conf(&tail).map(|c| format!("allocator settings made by the script: {c}")).into_iter().collect();
         closing.push(match capture_incomplete(&tail) {
+            Some(why) if ends_mid_row(p) => format!("capture incomplete: {why}; its last row was cut"),
             Some(why) => format!("capture incomplete: {why}"),
             None => tail.lines().rev().find_map(|l| l.strip_prefix("# ").filter(|c| c.starts_with("capture "))).unwrap_or("capture complete").to_string(),
         });
         Some((header_comments(p), closing))
+    }
+
+    /// The memory of the fake card a capture ran on, when the trace says (`capture
+    /// --device-memory`): the device its script's OOM handling was sized for.
+    pub fn capture_device_memory(&self) -> Option<u64> {
+        match self {
+            Source::Trace(p) => capture_device_memory(p),
+            _ => None,
+        }
     }
 
     /// What a reader should be told about the input before its numbers (on standard error): what
@@ -138,12 +160,13 @@ impl Source {
                     }
                     if let Some(conf) = capture_script_conf(&tail) {
                         out.push(format!(
-                            "note: {}: the captured script set the allocator's settings ({conf}); this run uses --conf (default: PyTorch's defaults): pass --conf '{conf}' to apply them",
+                            "note: {}: the captured script set the allocator's settings ({conf}); replays use PyTorch's defaults unless given --conf '{conf}'",
                             p.display()
                         ));
                     }
-                } else if ends_mid_row(p) {
-                    out.push(format!("warning: {}: the last row has no line end: the file may have been cut short", p.display()));
+                }
+                if ends_mid_row(p) {
+                    out.push(format!("warning: {}: the last row has no line end: the file may have been cut short inside it", p.display()));
                 }
                 out
             }

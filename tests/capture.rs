@@ -975,3 +975,32 @@ fn the_fake_card_runs_out_of_memory_at_its_size() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("is a directory, not a script"), "{}", stderr(&out));
 }
+
+/// The fake card's limit follows the script's memory fraction; an OOM the script does not catch
+/// ends the trace with the request it stopped on, so diagnose (on the capture's card by default)
+/// fails there and names the line.
+#[test]
+fn an_uncaught_fake_oom_ends_the_trace_where_the_script_stopped() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("uncaught_oom.py");
+    let (out, trace) = capture(dir.path(), "t.csv", &["--device-memory", "100MiB"], &[&script]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("capped"), "the 0.5 fraction caps the card at 50 MiB");
+    assert!(stderr(&out).contains("the script raised OutOfMemoryError at"), "{}", stderr(&out));
+    let sizes: Vec<i64> = signed_sizes(&events(&trace)).into_iter().filter(|&s| s > 0).collect();
+    assert_eq!(sizes, [40 << 20, 80 << 20], "the caught request is not a row; the uncaught one ends the trace");
+    let diagnosed = Command::cargo_bin("allocbench").unwrap().args(["diagnose", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(diagnosed.status.success(), "{}", stderr(&diagnosed));
+    assert!(stderr(&diagnosed).contains("note: capacity 100 MiB: the fake card the capture ran on"), "{}", stderr(&diagnosed));
+    let d: serde_json::Value = serde_json::from_slice(&diagnosed.stdout).unwrap();
+    let line = marked_line("uncaught_oom.py", "uncaught");
+    assert_eq!((d["capacity"].as_u64(), d["oom"]["requested"].as_u64()), (Some(100 << 20), Some(80 << 20)));
+    assert_eq!(d["oom_site"], format!("uncaught_oom.py:{line} in <module>"));
+    // The fake card sizes fake tensors only.
+    let (out, _) = capture(dir.path(), "cpu.csv", &["--device-memory", "1GiB", "--device", "cpu"], &[&script]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--device-memory sizes the fake card: it has no effect with --real or --device cpu"), "{}", stderr(&out));
+}

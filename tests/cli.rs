@@ -449,7 +449,7 @@ fn diagnose_measures_headroom_and_free_memory_under_a_memory_fraction() {
         "{capped}"
     );
     let uncapped = diagnose("");
-    assert_eq!((uncapped["headroom"].as_u64(), uncapped.get("allowed")), (Some(110 << 20), None));
+    assert_eq!((uncapped["headroom"].as_u64(), uncapped.get("allowed")), (Some(110 << 20), Some(&serde_json::Value::Null)));
     // At 0.4 (80 MiB) the third request fails on the cap while the device has 140 MiB free.
     let failed = diagnose("per_process_memory_fraction:0.4");
     assert_eq!((failed["oom"]["cause"].as_str(), failed["oom"]["allowed"].as_u64()), (Some("fraction_limit"), Some(80 << 20)));
@@ -472,7 +472,22 @@ fn cut_traces_are_flagged_and_trace_copies_keep_a_captures_notes() {
     };
     let cut = dir.path().join("cut.csv");
     std::fs::write(&cut, format!("{header}alloc,2,81")).unwrap();
-    assert!(replay_stderr(&cut).contains("is an incomplete capture (it has no closing line: the file was cut short"), "{}", replay_stderr(&cut));
+    let said = replay_stderr(&cut);
+    assert!(said.contains("is an incomplete capture (cut short: no closing line"), "{said}");
+    assert!(said.contains("cut.csv: the last row has no line end"), "{said}");
+    // Its copy keeps both facts in its closing line (the copy's own last row is whole).
+    let cut_copy = dir.path().join("cut-copy.csv");
+    assert!(bin().args(["trace", cut.to_str().unwrap(), "-o", cut_copy.to_str().unwrap()]).output().unwrap().status.success());
+    assert!(
+        replay_stderr(&cut_copy)
+            .contains("incomplete capture (cut short: no closing line, so it was truncated or copied while the capture ran; its last row was cut)"),
+        "{}",
+        replay_stderr(&cut_copy)
+    );
+    // A header with no row and no line end has nothing to cut.
+    let header_only = dir.path().join("h.csv");
+    std::fs::write(&header_only, "op,id,bytes,stream").unwrap();
+    assert_eq!(replay_stderr(&header_only), "");
     let plain = dir.path().join("plain.csv");
     std::fs::write(&plain, "op,id,bytes,stream\nalloc,1,4096,0\nalloc,2,81").unwrap();
     assert!(replay_stderr(&plain).contains("plain.csv: the last row has no line end"), "{}", replay_stderr(&plain));

@@ -55,12 +55,11 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     print_notes(&source);
     // advise compares configurations itself, PyTorch's defaults first: a conf in the environment
     // is not its baseline. Said, so nobody reads the table as relative to it.
-    for var in crate::gpu::config::ENV_VARS {
-        if let Ok(conf) = std::env::var(var) {
-            eprintln!("note: advise searches the allocator settings itself and ignores {var}='{conf}'; its row is the configuration \"{conf}\" if searched, or `allocbench replay --conf '{conf}'`");
-        }
+    // (PyTorch reads the first variable set; an empty one is its defaults, advise's baseline.)
+    if let Some((var, conf)) = crate::gpu::config::ENV_VARS.into_iter().find_map(|var| Some((var, std::env::var(var).ok()?))).filter(|(_, c)| !c.is_empty()) {
+        eprintln!("note: advise searches the allocator settings itself and ignores {var}='{conf}'; its row is the configuration \"{conf}\" if searched, or `allocbench replay --conf '{conf}'`");
     }
-    let capacity = a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let capacity = super::args::capacity_for(a.capacity, &source).unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
     let model = match &a.latency {
         Some(p) => LatencyModel::load(p)?,
         None => LatencyModel::h100(),

@@ -41,7 +41,10 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     let source = Source::open(Some(&a.input))?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
-    let spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
+    let mut spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
+    if spec.backend == crate::results::Backend::Sim {
+        spec.capacity = super::args::capacity_for(spec.capacity, &source);
+    }
     let mut built = build(&a.allocator, &conf, &spec)?;
     let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
     let mut result = gpu_run::run_hashing_alongside(&mut built, &conf, &source, &a.device.replay_options(), &mut progress::watch(&pb))?;

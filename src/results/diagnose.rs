@@ -40,7 +40,7 @@ pub struct DiagnoseResult {
     /// `allowed`) − peak reserved.
     pub headroom: Option<u64>,
     /// `per_process_memory_fraction`'s cap on reserved bytes (fraction × capacity), when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub allowed: Option<u64>,
     pub peak_reserved: u64,
     pub allocated_at_peak: u64,
@@ -66,7 +66,7 @@ pub struct DiagnoseResult {
     /// (site, bytes requested) for imported snapshots with stacks, largest first.
     pub top_sites: Vec<(String, u64)>,
     /// The site of the request that failed (when the trace records sites).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub oom_site: Option<String>,
     /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
     pub min_capacity: Option<u64>,

@@ -69,7 +69,7 @@ pub struct OomRecord {
     #[serde(default)]
     pub device_free_uncapped: u64,
     /// `per_process_memory_fraction`'s allowed bytes (fraction × capacity), when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default)]
     pub allowed: Option<u64>,
     pub largest_free_block: u64,
     /// Of `cached_free`, the bytes in pools the request cannot use (see `OomCause::PrivatePools`).
