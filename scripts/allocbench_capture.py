@@ -215,6 +215,7 @@ class _TraceSink:
         self.oom_error = None
         self.fraction = 1.0  # per_process_memory_fraction the script set
         self.refused = None  # (id, bytes, stream, site index, message) of the last request refused
+        self.deferred_frees = None  # inside frees_in_id_order: the frees to write, sorted, at its end
 
     def _at_site(self, site):
         """The next row is made at ``site`` ((index, '#site' text when new) or None)."""
@@ -280,7 +281,26 @@ class _TraceSink:
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
         self.allocs += 1
 
+    @contextlib.contextmanager
+    def frees_in_id_order(self):
+        """Frees inside the block are written in allocation order, not in the order they come:
+        a C++ container keyed by address (autocast's cast cache) frees in an order that changes
+        from run to run, and a trace should not."""
+        if self.deferred_frees is not None:
+            yield
+            return
+        self.deferred_frees = []
+        try:
+            yield
+        finally:
+            deferred, self.deferred_frees = self.deferred_frees, None
+            for trace_id, nbytes in sorted(deferred):
+                self.free(trace_id, nbytes)
+
     def free(self, trace_id, nbytes):
+        if self.deferred_frees is not None:
+            self.deferred_frees.append((trace_id, nbytes))
+            return
         self.file.write(f"free,{trace_id},,\n")
         if self.side_stream_of:
             self.side_stream_of.pop(trace_id, None)
@@ -1991,6 +2011,15 @@ def _start(torch, recorder, stack, patches, fake, device):
 
     patches.set(torch.cuda, "empty_cache", empty_cache)
     patches.set(torch.cuda.memory, "empty_cache", empty_cache)
+    # Leaving the outermost autocast clears its cast cache (autocast.__exit__): an unordered map
+    # of casts, freed in an address-dependent order.
+    original_clear_autocast_cache = torch.clear_autocast_cache
+
+    def clear_autocast_cache():
+        with recorder.sink.frees_in_id_order():
+            original_clear_autocast_cache()
+
+    patches.set(torch, "clear_autocast_cache", clear_autocast_cache)
     _linear_bias_add_in_place(torch, patches, recorder)
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode

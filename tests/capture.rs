@@ -1004,3 +1004,37 @@ fn an_uncaught_fake_oom_ends_the_trace_where_the_script_stopped() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr(&out).contains("--device-memory sizes the fake card: it has no effect with --real or --device cpu"), "{}", stderr(&out));
 }
+
+/// Autocast's cast cache is an unordered map of casts: leaving the region frees them in an
+/// address-dependent order. The capture writes those frees in allocation order, so the same
+/// script gives the same trace every run.
+#[test]
+fn the_autocast_cache_frees_in_allocation_order() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "t.csv", &["--cublas-workspace-mib", "0"], &[&fixture("autocast_cache.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let evs = events(&trace);
+    // The bf16 copies of the 16 weights: 256 × 256 × 2 bytes each.
+    let casts: Vec<u64> = evs
+        .iter()
+        .filter_map(|e| match *e {
+            Event::Alloc { id, bytes: 131_072, .. } => Some(id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(casts.len(), 16);
+    let freed: Vec<u64> = evs
+        .iter()
+        .filter_map(|e| match *e {
+            Event::Free { id } if casts.contains(&id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(freed, casts, "freed in the order they were made");
+    // Together, when the region ends (the cache was their only owner), not one by one later.
+    let first = evs.iter().position(|e| matches!(*e, Event::Free { id } if id == casts[0])).unwrap();
+    assert!(evs[first..first + 16].iter().all(|e| matches!(*e, Event::Free { id } if casts.contains(&id))), "{:?}", &evs[first..first + 16]);
+}
