@@ -537,6 +537,9 @@ fn diagnose_names_the_site_of_the_failing_request() {
     // train.py:99's 500 MiB come after the OOM: not counted.
     assert_eq!(d["top_sites"], serde_json::json!([["model.py:62 in backward", 40 * mib], ["train.py:10 in <module>", 30 * mib]]));
     assert!(d["summary"].as_array().unwrap().iter().any(|l| l == "The failing request was made at model.py:62 in backward."), "{d}");
+    // The breakdown is of the failing moment: it adds up to what was reserved then.
+    let sum: u64 = ["pending_free_bytes", "pinned_free_bytes", "cached_free_segments_bytes"].iter().map(|k| d[k].as_u64().unwrap()).sum();
+    assert_eq!(d["oom"]["allocated"].as_u64().unwrap() + sum, d["oom"]["reserved"].as_u64().unwrap(), "{d}");
     let text = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB"]).output().unwrap();
     assert!(String::from_utf8_lossy(&text.stdout).contains("allocation sites by bytes requested up to the OOM:\n"));
 }

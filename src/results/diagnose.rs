@@ -43,6 +43,8 @@ pub struct DiagnoseResult {
     #[serde(default)]
     pub allowed: Option<u64>,
     pub peak_reserved: u64,
+    /// Allocated bytes at the peak of reserved (at an OOM the breakdown below is of the OOM:
+    /// oom.allocated + pending + pinned free + cached free = oom.reserved).
     pub allocated_at_peak: u64,
     pub peak_live_bytes: u64,
     /// Free bytes inside segments that hold a live block, at the OOM (else at the peak).
