@@ -1748,6 +1748,16 @@ def _fake_cuda_api(torch, patches, recorder):
         fraction[0] = recorder.sink.fraction = float(value)
         recorder.script_conf["per_process_memory_fraction"] = f"{float(value):g}"
 
+    def set_allocator_settings(env):
+        # torch.cuda.memory._set_allocator_settings: the replay's settings (said in the trace); a
+        # memory fraction among them also caps the fake card, as set_per_process_memory_fraction.
+        items = _alloc_conf_items(env)
+        recorder.script_conf.update(items)
+        with contextlib.suppress(ValueError):
+            value = dict(items).get("per_process_memory_fraction")
+            if value is not None:
+                fraction[0] = recorder.sink.fraction = min(1.0, float(value))
+
     def not_on_fake_cuda(what, result=None):
         def skipped(*args, **kwargs):
             recorder.say_once(what, "is skipped on fake CUDA (the trace records the allocations)")
@@ -1789,7 +1799,7 @@ def _fake_cuda_api(torch, patches, recorder):
         # Memory snapshots need the driver's allocator: the trace is this capture's snapshot.
         "_record_memory_history": not_on_fake_cuda("torch.cuda.memory._record_memory_history"),
         "_dump_snapshot": not_on_fake_cuda("torch.cuda.memory._dump_snapshot"),
-        "_set_allocator_settings": lambda env: recorder.script_conf.update(_alloc_conf_items(env)),
+        "_set_allocator_settings": set_allocator_settings,
         # The CUDA generator's state (Philox seed and offset, 16 bytes): there is no device RNG.
         "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
         "set_rng_state": lambda new_state, device="cuda": None,

@@ -196,7 +196,7 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
     if o.ooms > 0 {
         // The script caught them (else it stopped on the first): its OOM handling took a path.
         counts += &format!(
-            "; {} raised: live tensors passed the fake card's {} (--device-memory)",
+            "; {} raised: live tensors passed what the fake card ({}, --device-memory) allows",
             crate::units::count(o.ooms, "torch.cuda.OutOfMemoryError"),
             o.device_memory.map(crate::units::format_bytes).unwrap_or_else(|| "memory".into())
         );
