@@ -294,6 +294,8 @@ fn exec_bad_input() {
         assert!(r.error.as_deref().unwrap().contains("/no/such/program"));
         assert!(!r.verified());
     }
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert!(said.contains("the program did not start: cannot run /no/such/program") && !said.contains("not labelled"), "{said}");
     let run = bin().args(["cpu", "--exec", "--allocator", "glibc", "--jsonl", out.to_str().unwrap(), "--", "sh", "-c", "exit 3"]).output().unwrap();
     assert!(run.status.success());
     let recs = allocbench::results::read_results(&out).unwrap();
@@ -501,4 +503,19 @@ fn compare_script_keeps_finished_runs_on_ctrl_c() {
         assert_eq!(r.name, "slow_second.py", "the next program did not start");
     }
     assert!(!out.join("cpu.jsonl.part").exists());
+}
+
+/// A program that dies of SIGINT (Ctrl-C reaches the whole process group, and the program may die
+/// before allocbench sees it) is a stopped run, not a result: nothing more runs, exit 130.
+#[test]
+fn a_program_stopped_by_ctrl_c_is_not_a_finished_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("int.jsonl");
+    let run = bin()
+        .args(["cpu", "--exec", "--allocator", "glibc", "--reps", "3", "--jsonl", out.to_str().unwrap(), "--", "sh", "-c", "kill -INT $$"])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(130), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stderr).contains("interrupted: 0 finished run(s) kept"));
+    assert_eq!(std::fs::read_to_string(&out).unwrap_or_default(), "", "the stopped run is not written");
 }

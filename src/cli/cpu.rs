@@ -293,12 +293,15 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     pb.set_style(indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} runs {msg} {elapsed}").expect("valid template"));
     pb.enable_steady_tick(std::time::Duration::from_millis(200));
     let mut unproven = 0;
+    let mut stopped = false;
+    let mut failed_to_start: Option<String> = None;
     'reps: for rep in 1..=a.reps {
         for al in &allocs {
             pb.set_message(format!("{} (repetition {rep}/{})", al.name, a.reps));
             let r = exec::run_once(&a.command, al, rep, &opts);
             if r.interrupted {
                 // The stopped run is not a result; every finished one is already written.
+                stopped = true;
                 break 'reps;
             }
             pb.suspend(|| {
@@ -324,7 +327,10 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
                     );
                 }
             });
-            if r.served_by.as_deref() != Some(r.allocator.as_str()) {
+            if let Some(e) = r.error.as_ref().filter(|_| r.exit_code >= 126 && r.wall_s == 0.0) {
+                // Never started (not found, not executable): no allocator to prove.
+                failed_to_start.get_or_insert_with(|| e.clone());
+            } else if r.served_by.as_deref() != Some(r.allocator.as_str()) {
                 unproven += 1;
             }
             let rec = ResultRecord::CpuExec(Box::new(r));
@@ -340,9 +346,12 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
             out.write(r)?;
         }
     }
-    if crate::interrupt::interrupted() {
+    if stopped || crate::interrupt::interrupted() {
         eprintln!("interrupted: {} finished run(s) kept", records.len());
         std::process::exit(130);
+    }
+    if let Some(e) = failed_to_start {
+        eprintln!("the program did not start: {e}");
     }
     if unproven > 0 {
         eprintln!("{unproven} run(s) not labelled: their allocator was not proven");

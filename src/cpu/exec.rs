@@ -284,6 +284,10 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
         machine: MachineInfo::current(),
         interrupted: false,
     };
+    // A child's ru_maxrss starts from this process's high-water mark (exec records the forked
+    // copy's peak): a figure at or below it may be ours, not the program's, so it is taken only
+    // above it, or when no sample caught the program at all (an upper bound then).
+    let own_peak = crate::cpu::rss::peak_rss_bytes();
     let start = Instant::now();
     // spawn returns after the exec succeeded (or failed): the sampler sees the program, not a
     // copy of this process.
@@ -336,14 +340,18 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
         result.error = Some(format!("wait4 failed: {}", std::io::Error::last_os_error()));
     }
     let sampled_peak = obs.rss.iter().map(|&(_, b)| b).max().unwrap_or(0);
-    result.peak_rss_bytes = sampled_peak.max(usage.ru_maxrss.max(0) as u64 * 1024);
+    let max_rss = usage.ru_maxrss.max(0) as u64 * 1024;
+    result.peak_rss_bytes = if max_rss > own_peak || sampled_peak == 0 { sampled_peak.max(max_rss) } else { sampled_peak };
     let (served_by, library) = obs.mapped.proof(alloc.library.as_deref(), &alloc.name);
     result.served_by = served_by;
     result.served_by_library = library;
     result.max_processes = obs.max_processes;
     result.rss = obs.rss;
-    result.interrupted = obs.interrupted;
-    if obs.interrupted && result.error.is_none() {
+    // Ctrl-C (or `timeout -s INT`) reaches the program's whole process group: it may die of
+    // the SIGINT before the sampler sees the flag. Either way the run was stopped, not finished.
+    let died_of_sigint = waited && libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
+    result.interrupted = obs.interrupted || crate::interrupt::interrupted() || died_of_sigint;
+    if result.interrupted && result.error.is_none() {
         result.error = Some("stopped by Ctrl-C".into());
     }
     result

@@ -94,7 +94,7 @@ pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> 
         return Err(InputError::new(
             "--scale",
             format!(
-                "this run needs about {} (peak live bytes x scale x threads) but only {} is available: try --scale 1/{}",
+                "this run needs about {} (peak live bytes x scale x threads), more than 80 % of the {} available (the rest is room for the allocator's own overhead and the system): try --scale 1/{}",
                 crate::units::format_bytes(peak),
                 crate::units::format_bytes(available),
                 (1.0 / needed_scale).ceil() as u64

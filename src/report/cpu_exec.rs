@@ -148,7 +148,11 @@ fn verdict_clause_by(what: &str, spreads: &[(String, Spread)], key: &dyn Fn(&Spr
     let vs = base.map(|g| format!(" vs glibc {}", f(g.1.mean))).unwrap_or_default();
     let qualifier = match runner_up {
         None => String::new(),
-        Some(_) if best.1.ci95.is_none() => ", one run each: no spread to judge by".into(),
+        Some(r) if best.1.ci95.is_none() && r.1.ci95.is_none() => ", one run each: no spread to judge by".into(),
+        // One side without an interval: whether they overlap is not known, in either direction.
+        Some(r) if best.1.ci95.is_none() || r.1.ci95.is_none() => {
+            format!(", {} has one run: no spread to judge by", if best.1.ci95.is_none() { &best.0 } else { &r.0 })
+        }
         Some(r) => {
             // Ranked by key: compare the keys' intervals.
             let (b, o) = (Spread { mean: key(&best.1), ..best.1 }, Spread { mean: key(&r.1), ..r.1 });
@@ -310,5 +314,12 @@ mod tests {
         let v =
             verdict_clause("fastest", &[("glibc".into(), s), ("mimalloc".into(), Spread::of_some(&[1.5, 2.5, 2.0]).unwrap())], &|x| format!("{x:.1}")).unwrap();
         assert!(v.contains("within the spread"), "{v}");
+        // A runner-up measured once has no interval: no claim either way.
+        let once = Spread::of_some(&[27.7]).unwrap();
+        let v = verdict_clause("lowest peak RSS", &[("glibc".into(), Spread::of_some(&[24.0, 24.1, 23.9]).unwrap()), ("mimalloc".into(), once)], &|x| {
+            format!("{x:.1}")
+        })
+        .unwrap();
+        assert_eq!(v, "lowest peak RSS: glibc (24.0, mimalloc has one run: no spread to judge by)");
     }
 }
