@@ -114,6 +114,12 @@ fn preload_detection_names_the_live_allocator() {
         assert_eq!(out.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("refusing to label this run {wrong}")));
     }
+    // A name no allocator has is a usage error naming the choices, not a mismatch.
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let out = bin().args(["cpu", &w, "--allocator", "system", "--expect-malloc", "foo"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid value 'foo' for '--expect-malloc") && err.contains("glibc, jemalloc, tcmalloc, mimalloc"), "{err}");
 }
 
 #[test]

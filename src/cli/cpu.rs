@@ -57,7 +57,7 @@ pub struct CpuArgs {
     #[arg(long)]
     pub preload: Option<String>,
     /// Refuse to run unless this allocator (glibc, jemalloc, tcmalloc, mimalloc) serves malloc.
-    #[arg(long)]
+    #[arg(long, value_parser = ["glibc", "jemalloc", "tcmalloc", "mimalloc"])]
     pub expect_malloc: Option<String>,
     /// Write results: one JSON document for one allocator, JSON Lines for several ('-' = stdout).
     #[arg(long)]
