@@ -1753,10 +1753,9 @@ def _fake_cuda_api(torch, patches, recorder):
         # memory fraction among them also caps the fake card, as set_per_process_memory_fraction.
         items = _alloc_conf_items(env)
         recorder.script_conf.update(items)
-        with contextlib.suppress(ValueError):
-            value = dict(items).get("per_process_memory_fraction")
-            if value is not None:
-                fraction[0] = recorder.sink.fraction = min(1.0, float(value))
+        value = _conf_fraction(items)
+        if value is not None:
+            fraction[0] = recorder.sink.fraction = value
 
     def not_on_fake_cuda(what, result=None):
         def skipped(*args, **kwargs):
@@ -1927,9 +1926,8 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         sink.capacity, sink.oom_error = device_memory, torch.cuda.OutOfMemoryError
         # A fraction in the allocator's settings caps the card as set_per_process_memory_fraction does.
         conf = next((os.environ[name] for name in _ALLOC_CONF_VARS if name in os.environ), "")
-        fraction = dict(_alloc_conf_items(conf)).get("per_process_memory_fraction")
-        with contextlib.suppress(ValueError):
-            sink.fraction = min(1.0, float(fraction)) if fraction is not None else 1.0
+        value = _conf_fraction(_alloc_conf_items(conf))
+        sink.fraction = 1.0 if value is None else value  # (a fraction of 0 is a cap, not unset)
     site_table = _Sites(torch, site_root or os.getcwd()) if sites else None
     recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value, site_table)
     recorder.max_steps = steps
@@ -1976,6 +1974,15 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
 # The variables PyTorch reads its allocator settings from, in priority order: torch 2.15 reads
 # every key from the first one set (CUDAAllocatorConfig::instance() in c10/cuda/CUDAAllocatorConfig.h).
 _ALLOC_CONF_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def _conf_fraction(items):
+    """per_process_memory_fraction among allocator settings (at most 1), else None (unset or not a number)."""
+    value = dict(items).get("per_process_memory_fraction")
+    try:
+        return None if value is None else min(1.0, float(value))
+    except ValueError:
+        return None
 
 
 def _alloc_conf_items(conf):
