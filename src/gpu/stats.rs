@@ -4,15 +4,32 @@ use std::collections::BTreeMap;
 
 /// One `{current, peak, allocated, freed}` counter. `increase` raises the peak; `decrease` never
 /// lowers it (c10 `Stat::increase/decrease`).
+///
+/// `freed` is not stored: every decrease would write it, and it follows from the others
+/// (current = current at the last reset_accumulated + allocated − freed), so a decrease writes
+/// `current` alone.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Stat {
     pub current: i64,
     pub peak: i64,
     pub allocated: i64,
-    pub freed: i64,
+    /// `current` when the accumulated counts were last reset.
+    current_at_reset: i64,
 }
 
 impl Stat {
+    /// A counter with these four values (`current` − `allocated` + `freed` is where it stood
+    /// when its accumulated counts were last reset).
+    pub fn new(current: i64, peak: i64, allocated: i64, freed: i64) -> Stat {
+        Stat { current, peak, allocated, current_at_reset: current - allocated + freed }
+    }
+
+    /// What decreases have taken away since the accumulated counts were last reset.
+    #[inline]
+    pub fn freed(&self) -> i64 {
+        self.current_at_reset + self.allocated - self.current
+    }
+
     #[inline]
     pub fn increase(&mut self, amount: u64) {
         self.current += amount as i64;
@@ -23,7 +40,6 @@ impl Stat {
     #[inline]
     pub fn decrease(&mut self, amount: u64) {
         self.current -= amount as i64;
-        self.freed += amount as i64;
     }
 
     /// `increase(net)` when net > 0, `decrease(−net)` when net < 0, nothing at 0 (free_block's
@@ -34,7 +50,6 @@ impl Stat {
         self.current += net;
         self.peak = if net > 0 { self.peak.max(self.current) } else { self.peak };
         self.allocated += net.max(0);
-        self.freed -= net.min(0);
     }
 
     fn reset_peak(&mut self) {
@@ -43,7 +58,7 @@ impl Stat {
 
     fn reset_accumulated(&mut self) {
         self.allocated = 0;
-        self.freed = 0;
+        self.current_at_reset = self.current;
     }
 }
 
@@ -148,7 +163,7 @@ impl DeviceStats {
             out.insert(format!("{prefix}.current"), s.current);
             out.insert(format!("{prefix}.peak"), s.peak);
             out.insert(format!("{prefix}.allocated"), s.allocated);
-            out.insert(format!("{prefix}.freed"), s.freed);
+            out.insert(format!("{prefix}.freed"), s.freed());
         };
         for (name, arr) in self.arrays() {
             put_stat(&format!("{name}.all"), &arr.all);
@@ -227,11 +242,16 @@ mod tests {
         let mut s = DeviceStats::default();
         s.allocated_bytes.increase(PoolKind::Large, 100);
         s.allocated_bytes.decrease(PoolKind::Large, 60);
-        assert_eq!(s.allocated_bytes.all, Stat { current: 40, peak: 100, allocated: 100, freed: 60 });
+        assert_eq!(s.allocated_bytes.all, Stat::new(40, 100, 100, 60));
+        assert_eq!(s.allocated_bytes.all.freed(), 60);
         assert_eq!(s.allocated_bytes.small, Stat::default());
         s.reset_peak();
         assert_eq!(s.allocated_bytes.large.peak, 40);
         s.reset_accumulated();
-        assert_eq!(s.allocated_bytes.all, Stat { current: 40, peak: 40, allocated: 0, freed: 0 });
+        assert_eq!(s.allocated_bytes.all, Stat::new(40, 40, 0, 0));
+        assert_eq!(s.allocated_bytes.all.freed(), 0);
+        s.allocated_bytes.decrease(PoolKind::Large, 15);
+        s.allocated_bytes.increase(PoolKind::Large, 5);
+        assert_eq!((s.allocated_bytes.all.current, s.allocated_bytes.all.allocated, s.allocated_bytes.all.freed()), (30, 5, 15));
     }
 }

@@ -126,7 +126,7 @@ impl Occupancy {
 
     #[inline(always)]
     fn set(&mut self, c: usize) {
-        self.words[c / 64] |= 1 << (c % 64);
+        unsafe { *self.words.get_unchecked_mut(c / 64) |= 1 << (c % 64) };
         self.summary |= 1 << (c / 64);
     }
 
@@ -138,7 +138,7 @@ impl Occupancy {
     /// Clears bin `c`'s bit when `empty`; branch-free, as whether a bin empties is data.
     #[inline(always)]
     fn clear_if(&mut self, c: usize, empty: bool) {
-        let word = &mut self.words[c / 64];
+        let word = unsafe { self.words.get_unchecked_mut(c / 64) };
         *word &= !((empty as u64) << (c % 64));
         self.summary &= !(((*word == 0) as u64) << (c / 64));
     }
@@ -150,7 +150,7 @@ impl Occupancy {
         if w >= WORDS {
             return None;
         }
-        let bits = self.words[w] & (!0u64 << (from % 64));
+        let bits = unsafe { *self.words.get_unchecked(w) } & (!0u64 << (from % 64));
         if bits != 0 {
             return Some(w * 64 + bits.trailing_zeros() as usize);
         }
@@ -159,7 +159,7 @@ impl Occupancy {
             return None;
         }
         let w = later.trailing_zeros() as usize;
-        Some(w * 64 + self.words[w].trailing_zeros() as usize)
+        Some(w * 64 + unsafe { *self.words.get_unchecked(w) }.trailing_zeros() as usize)
     }
 
     /// The last non-empty bin.
@@ -168,6 +168,12 @@ impl Occupancy {
         Some(w * 64 + self.words[w].ilog2() as usize)
     }
 }
+
+// Unchecked indexing on the hot paths (bounds checks were 4 % of a replay's instructions) rests
+// on three facts: a class is below BINS (`class_of` of u64::MAX is BINS − 1, and `first_from`
+// stops at WORDS), a stream's bins and occupancy exist once `insert` has seen it (`first_from`
+// checks, and `remove` takes keys `insert` answered), and a short bin's slot index is below its
+// length (the caller keeps slots current).
 
 /// Free blocks of one pool: key → block index. The bins of stream `s` are
 /// `bins[s * BINS..(s + 1) * BINS]`, one flat table, with the non-empty ones marked per stream.
@@ -201,17 +207,17 @@ impl FreeSet {
             self.bins.resize_with((s + 1) * BINS, Vec::new);
         }
         let c = class_of(k.size());
-        let len = self.bins[s * BINS + c].len();
+        let len = unsafe { self.bins.get_unchecked(s * BINS + c) }.len();
         // One rarely taken branch: whether the bin is empty is data, so `&&` on it mispredicts.
         let maybe_long = (len >= SHORT_BIN) | ((len == 0) & !self.long_bins.is_empty());
         if maybe_long && (len != 0 || self.is_long(s, c)) {
             self.insert_long(s * BINS + c, k, block);
             return slot_of(c, LONG_INDEX);
         }
-        let bin = &mut self.bins[s * BINS + c];
+        let bin = unsafe { self.bins.get_unchecked_mut(s * BINS + c) };
         debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
         bin.push(Entry { size: k.size(), ptr: k.ptr(), block });
-        self.occupied[s].set(c);
+        unsafe { self.occupied.get_unchecked_mut(s) }.set(c);
         self.len += 1;
         slot_of(c, len as u32)
     }
@@ -232,7 +238,7 @@ impl FreeSet {
     pub fn remove(&mut self, k: FreeKey, slot: u32) -> u32 {
         let (s, c, index) = (k.stream() as usize, (slot >> 8) as usize, slot & 0xFF);
         debug_assert_eq!(c, class_of(k.size()), "slot {slot:#x} is not in the class of {k:?}");
-        let bin = &mut self.bins[s * BINS + c];
+        let bin = unsafe { self.bins.get_unchecked_mut(s * BINS + c) };
         debug_assert!(
             bin.is_empty() || bin.get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()),
             "no free entry {k:?} at slot {slot:#x}"
@@ -242,10 +248,11 @@ impl FreeSet {
         };
         // The last entry fills the hole unconditionally (a self-copy when the hole is the last):
         // whether it was is data, not worth a branch.
-        bin[index as usize] = last;
-        bin.pop();
+        unsafe { *bin.get_unchecked_mut(index as usize) = last };
+        unsafe { bin.set_len(bin.len() - 1) };
         self.len -= 1;
-        self.occupied[s].clear_if(c, bin.is_empty());
+        let empty = bin.is_empty();
+        unsafe { self.occupied.get_unchecked_mut(s) }.clear_if(c, empty);
         last.block
     }
 
@@ -264,7 +271,7 @@ impl FreeSet {
     /// The least entry of bin `c` of stream `s` not below (size, ptr): (size, address, block).
     #[inline(always)]
     fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
-        let bin = &self.bins[s * BINS + c];
+        let bin = unsafe { self.bins.get_unchecked(s * BINS + c) };
         if !bin.is_empty() {
             return least_from(bin, size, ptr).map(|e| (e.size, e.ptr, e.block));
         }
@@ -278,7 +285,7 @@ impl FreeSet {
     #[inline(always)]
     fn is_long(&self, s: usize, c: usize) -> bool {
         // (Almost no set has a long bin: that test alone decides.)
-        !self.long_bins.is_empty() && self.occupied[s].has(c)
+        !self.long_bins.is_empty() && unsafe { self.occupied.get_unchecked(s) }.has(c)
     }
 
     #[cold]
@@ -298,7 +305,7 @@ impl FreeSet {
             Some(e) => e,
             // Every entry of a later class is above (size, ptr), so the same bound finds its
             // least (a constant bound would let the scan's selects fold into a branch).
-            None => self.least_in(s, self.occupied[s].first_from(c + 1)?, size, ptr)?,
+            None => self.least_in(s, unsafe { self.occupied.get_unchecked(s) }.first_from(c + 1)?, size, ptr)?,
         };
         Some((FreeKey::new(stream, size, ptr), block))
     }

@@ -435,7 +435,7 @@ fn zero_bytes_is_a_null_pointer() {
     let out = crate::gpu::replay::replay(&mut a, evs.iter().copied().map(Ok), &Default::default()).unwrap();
     assert_eq!((out.allocs, out.frees, out.ooms), (3, 3, 0));
     let s = a.stats();
-    assert_eq!((s.allocation.all.allocated, s.allocation.all.freed, s.num_device_alloc), (1, 1, 1));
+    assert_eq!((s.allocation.all.allocated, s.allocation.all.freed(), s.num_device_alloc), (1, 1, 1));
     assert_eq!(s.requested_bytes.all.allocated, 512);
     // A 0-byte id is live until freed: allocating it again is still an error.
     let again = [Event::Alloc { id: 5, bytes: 0, stream: 0 }, Event::Alloc { id: 5, bytes: 512, stream: 0 }];
