@@ -163,8 +163,7 @@ impl Board {
         self.finished.read().expect("advise board lock").iter().any(|f| {
             (f.peak_reserved <= peak && f.time_ns <= time_ns)
                 || match self.objective {
-                    // Past the half-percent band `rank` treats as a tie.
-                    Objective::Memory => f.peak_reserved + f.peak_reserved / 200 < peak,
+                    Objective::Memory => f.peak_reserved < peak,
                     Objective::Time => f.time_ns < time_ns,
                     Objective::Balanced => budget.is_some_and(|b| f.time_ns <= b) && f.peak_reserved < peak,
                 }
@@ -355,12 +354,10 @@ fn time_budget_ns(all: &[Candidate]) -> Option<u64> {
 }
 
 /// Sorts best first for `objective`. Complete, OOM-free, conflict-free configurations lead; then
-/// memory: least peak reserved (within half a percent of each other, the faster one first);
+/// memory: least peak reserved (the faster one first among equals), whatever the time;
 /// time: least modelled time; balanced: within the budget first, then least peak reserved. OOMs
 /// go last, the latest OOM first.
 fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
-    let best = all.iter().filter(|c| !c.oom).map(|c| c.peak_reserved).min().unwrap_or(1).max(1);
-    let bucket = |c: &Candidate| c.peak_reserved / (best / 200).max(1);
     let ns = |c: &Candidate| (c.modelled_alloc_time_s * 1e9).round() as u64;
     let over_budget = |c: &Candidate| objective == Objective::Balanced && budget_ns.is_some_and(|b| ns(c) > b);
     all.sort_by(|a, b| {
@@ -370,7 +367,7 @@ fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
         let class = |c: &Candidate| (c.oom, c.pruned, !c.conflicts.is_empty(), std::cmp::Reverse((c.oom_event, c.oom_step)));
         let measure = |c: &Candidate| match objective {
             _ if c.oom => (0, 0, 0),
-            Objective::Memory => (bucket(c), ns(c), 0),
+            Objective::Memory => (c.peak_reserved, ns(c), 0),
             Objective::Time => (ns(c), c.peak_reserved, 0),
             Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c)),
         };

@@ -46,7 +46,23 @@ pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) ->
             lo = mid + 1;
         }
     }
-    Ok(Some(hi * STEP))
+    // Segments are whole 2 MiB multiples (kRoundLarge, kSmallBuffer, expandable pages), so the
+    // 2 MiB step is exact, except under a memory fraction: the cap, fraction × capacity, then
+    // crosses a segment boundary anywhere, and the last step is bisected to the byte.
+    let mut top = hi * STEP;
+    if conf.allowed_bytes(top).is_some() {
+        // Neither the step below (or, at the first step, the live peak less a byte) fits.
+        let mut bottom = ((hi - 1) * STEP).max(peak_live.saturating_sub(1));
+        while top - bottom > 1 {
+            let mid = bottom + (top - bottom) / 2;
+            if fits(mid)? {
+                top = mid;
+            } else {
+                bottom = mid;
+            }
+        }
+    }
+    Ok(Some(top))
 }
 
 /// Replays `source` on a `capacity` device and explains the first OOM (or the headroom): the
@@ -341,4 +357,23 @@ pub fn describe(d: &DiagnoseResult) -> String {
         }
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest card is exact: to the 2 MiB step segments come in, and to the byte under a
+    /// memory fraction (5 GiB at 0.75 needs floor(0.75 × C) ≥ 5 GiB: C = ⌈5 GiB / 0.75⌉).
+    #[test]
+    fn the_smallest_card_is_exact_under_a_memory_fraction() {
+        let events = [Event::Alloc { id: 1, bytes: 5 << 30, stream: 0 }, Event::Free { id: 1 }];
+        let plain = AllocatorConfig::default();
+        assert_eq!(min_capacity(&events, &plain, 5 << 30).unwrap(), Some(5 << 30));
+        let capped = AllocatorConfig::parse("per_process_memory_fraction:0.75").unwrap();
+        let min = min_capacity(&events, &capped, 5 << 30).unwrap().unwrap();
+        assert_eq!(min, 7_158_278_827);
+        let fits = |c: u64| crate::gpu_run::replay_sim(&events, &capped, c, OnOom::Stop).unwrap().0.oom.is_none();
+        assert!(fits(min) && !fits(min - 1));
+    }
 }

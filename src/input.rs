@@ -191,7 +191,7 @@ impl Source {
                 let t = crate::trace::snapshot::import_snapshot(path)?;
                 Ok(Source::Imported(Box::new(t), path.to_path_buf()))
             }
-            "csv" if !crate::trace::csv::is_gzip_name(path) && crate::trace::snapshot::is_rmm_log(path) => {
+            "csv" if crate::trace::snapshot::is_rmm_log(path) => {
                 let t = crate::trace::snapshot::import_rmm_log(path)?;
                 Ok(Source::Imported(Box::new(t), path.to_path_buf()))
             }

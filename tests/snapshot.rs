@@ -27,7 +27,7 @@ fn real_snapshot_imports_every_alloc_and_free() {
     let t = import_snapshot(&fixture("snapshot-small.pickle")).unwrap();
     assert_eq!(counts(&t.events), (549, 546, 0));
     assert!(!t.truncated);
-    assert!(t.notes.iter().any(|n| n.contains("3 blocks were still allocated")), "{:?}", t.notes);
+    assert!(t.notes.iter().any(|n| n.contains("3 blocks still allocated")), "{:?}", t.notes);
     // Sites come from the frames: the training script's own lines.
     assert!(t.sites.names.iter().any(|s| s.starts_with("make_snapshot.py:")), "{:?}", t.sites.names);
     assert!(t.events.iter().all(|e| !matches!(e, Event::Alloc { bytes: 0, .. })));
@@ -87,8 +87,10 @@ fn truncated_history_is_detected_and_said() {
     let t = import_snapshot(&fixture("snapshot-truncated.pickle")).unwrap();
     assert!(t.truncated);
     assert!(t.notes.iter().any(|n| n.contains("truncated")), "{:?}", t.notes);
-    // The ring buffer kept only frees: their blocks are allocated at the start.
-    assert_eq!(counts(&t.events), (128, 128, 0));
+    // The ring buffer kept only frees: their blocks are allocated at the start, as are the 3
+    // blocks live at the snapshot that the kept history never touches.
+    assert_eq!(counts(&t.events), (131, 128, 0));
+    assert!(t.notes.iter().any(|n| n.starts_with("3 blocks (")), "{:?}", t.notes);
     let out = Command::cargo_bin("allocbench").unwrap().args(["replay", fixture("snapshot-truncated.pickle").to_str().unwrap(), "-q"]).output().unwrap();
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("truncated"));
@@ -118,7 +120,7 @@ fn bad_pickles_are_clear_errors() {
     };
     let real = std::fs::read(fixture("snapshot-small.pickle")).unwrap();
     let cases: Vec<(PathBuf, &str)> = vec![
-        (write("list.pickle", b"\x80\x04]\x94(K\x01K\x02e."), "older snapshot layout"),
+        (write("list.pickle", b"\x80\x04]\x94(K\x01K\x02e."), "not a PyTorch memory snapshot: the file holds a 2-item list"),
         (write("dict.pickle", b"\x80\x04}\x94."), "no 'device_traces'"),
         (write("cut.pickle", &real[..real.len() / 2]), "truncated pickle"),
         (write("evil.pickle", b"\x80\x02cos\nsystem\n(S'echo hi'\ntR."), "would import or call code"),
@@ -189,7 +191,7 @@ fn rmm_logs_import() {
     .unwrap();
     let t = import_rmm_log(&p).unwrap();
     assert_eq!(t.events, vec![Event::Alloc { id: 0, bytes: 1 << 20, stream: 0 }, Event::Alloc { id: 1, bytes: 4096, stream: 0 }, Event::Free { id: 0 }]);
-    assert!(t.notes[0].contains("1 failed allocations"));
+    assert_eq!(t.notes, vec!["1 failed allocation in the log skipped".to_string()]);
     assert!(matches!(Source::open(Some(&p)).unwrap(), Source::Imported(..)));
     std::fs::write(&p, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0xZZ,10,0x0\n").unwrap();
     assert!(import_rmm_log(&p).unwrap_err().to_string().ends_with("rmm.csv:2: bad pointer '0xZZ'"));
@@ -313,4 +315,236 @@ fn snapshots_with_private_pool_segments_say_so() {
     assert!(t.notes.iter().any(|n| n.starts_with("2 segments (23068672 bytes) were in private pools")), "{:?}", t.notes);
     std::fs::write(&p, text(vec![segment([0, 0], 2 << 20)])).unwrap();
     assert!(import_snapshot(&p).unwrap().notes.iter().all(|n| !n.contains("private pools")));
+}
+
+/// A JSON snapshot with `trace` as device 0's history and `segments` as its segments.
+fn json_snapshot(dir: &Path, name: &str, segments: &str, trace: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, format!(r#"{{"segments": [{segments}], "device_traces": [[{trace}]]}}"#)).unwrap();
+    p
+}
+
+fn frames(file: &str, line: u32, name: &str) -> String {
+    format!(
+        r#"[{{"filename": "{file}", "line": {line}, "name": "{name}"}}, {{"filename": "/usr/lib/python3/site-packages/torch/nn/modules/module.py", "line": 1736, "name": "_call_impl"}}]"#
+    )
+}
+
+fn allocbench(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::cargo_bin("allocbench").unwrap().args(args).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Recording usually starts after the model is loaded: the weights are in the snapshot's segments
+/// but the history never allocates them. They count from the start (MemoryViz's
+/// `initially_allocated`), so a card smaller than the weights does not "fit".
+#[test]
+fn blocks_allocated_before_the_history_count_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = r#"{"address": 1073741824, "total_size": 2147483648, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+        "blocks": [{"address": 1073741824, "size": 2147483648, "requested_size": 2147483000, "state": "active_allocated", "frames": []}]}"#;
+    let act = r#"{"address": 8589934592, "total_size": 20971520, "stream": 0, "segment_type": "large", "segment_pool_id": [0, 0],
+        "blocks": [{"address": 8589934592, "size": 20971520, "requested_size": 20971520, "state": "active_allocated", "frames": []}]}"#;
+    let f = frames("/home/u/train.py", 52, "forward");
+    let trace = format!(
+        r#"{{"action": "segment_alloc", "addr": 8589934592, "size": 20971520, "stream": 0, "frames": {f}}},
+           {{"action": "alloc", "addr": 8589934592, "size": 20971520, "stream": 0, "frames": {f}}},
+           {{"action": "alloc", "addr": 8610906112, "size": 1048576, "stream": 0, "frames": {f}}},
+           {{"action": "free_requested", "addr": 8610906112, "size": 1048576, "stream": 0}},
+           {{"action": "free_completed", "addr": 8610906112, "size": 1048576, "stream": 0}}"#
+    );
+    let p = json_snapshot(dir.path(), "weights.json", &format!("{weights}, {act}"), &trace);
+    let t = import_snapshot(&p).unwrap();
+    assert_eq!(t.events[0], Event::Alloc { id: 0, bytes: 2147483000, stream: 0 }, "{:?}", t.events);
+    assert_eq!(counts(&t.events), (3, 1, 0));
+    assert!(t.notes.iter().any(|n| n.starts_with("1 block (2147483000 bytes) the snapshot holds was allocated before the history began")), "{:?}", t.notes);
+    let (code, stdout, _) = allocbench(&["diagnose", p.to_str().unwrap(), "--capacity", "1GiB"]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("OOM at step 0 (event 0): a request of 2.00 GiB"), "{stdout}");
+    // A block the history allocated is not counted twice.
+    let (_, stdout, _) = allocbench(&["replay", p.to_str().unwrap(), "--json", "-", "-q"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(v["work"]["peak_live_bytes"], 2147483000u64 + 20971520 + 1048576);
+}
+
+/// PyTorch records a failed malloc only as an `oom` entry (TraceEntry::OOM, with the rounded size
+/// and the device's free bytes): the import replays it as a request where it was made, so diagnose
+/// on the card it failed on explains it, and names its site.
+#[test]
+fn a_recorded_out_of_memory_error_is_replayed_where_it_happened() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut trace: Vec<String> = (0..7u64)
+        .map(|i| {
+            format!(
+                r#"{{"action": "alloc", "addr": {}, "size": 10737418240, "stream": 0, "frames": {}}}"#,
+                (i + 1) << 36,
+                frames("/home/u/train.py", 40, "main")
+            )
+        })
+        .collect();
+    trace.push(format!(
+        r#"{{"action": "oom", "addr": 9985798963, "device_free": 9985798963, "size": 12884901888, "stream": 0, "frames": {}}}"#,
+        frames("/home/u/model.py", 31, "Attention.forward")
+    ));
+    trace.push(r#"{"action": "free_requested", "addr": 68719476736, "size": 10737418240, "stream": 0}"#.into());
+    trace.push(r#"{"action": "free_completed", "addr": 68719476736, "size": 10737418240, "stream": 0}"#.into());
+    let p = json_snapshot(dir.path(), "oom.json", "", &trace.join(", "));
+    let t = import_snapshot(&p).unwrap();
+    assert_eq!(&t.events[7..9], &[Event::Alloc { id: 7, bytes: 12884901888, stream: 0 }, Event::Free { id: 7 }]);
+    assert!(
+        t.notes
+            .iter()
+            .any(|n| n
+                .starts_with("the history records 1 out-of-memory error (the first at trace entry 7: a 12884901888-byte request, with 9985798963 bytes free")),
+        "{:?}",
+        t.notes
+    );
+    let (code, stdout, _) = allocbench(&["diagnose", p.to_str().unwrap(), "--capacity", "80GiB"]);
+    assert_eq!(code, Some(0));
+    assert!(stdout.starts_with("OOM at step 0 (event 7): a request of 12.0 GiB"), "{stdout}");
+    assert!(stdout.contains("The failing request was made at model.py:31 in Attention.forward."), "{stdout}");
+    // On a card with room, the request is served and freed at once: nothing after it changes.
+    let (_, stdout, _) = allocbench(&["replay", p.to_str().unwrap(), "--capacity", "100GiB", "--json", "-", "-q"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!((v["summary"]["ooms"].as_u64(), v["work"]["live_bytes_end"].as_u64()), (Some(0), Some(6 * 10737418240)));
+}
+
+/// A run of segment releases right before a new segment is a malloc's retry path only when it is
+/// that malloc's (PyTorch records both with the malloc's context: the same frames); releases with
+/// other frames, or under empty_cache, are an explicit torch.cuda.empty_cache().
+#[test]
+fn an_explicit_empty_cache_is_told_from_a_mallocs_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = |release_frames: &str, next_frames: &str| {
+        format!(
+            r#"{{"action": "segment_alloc", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
+               {{"action": "alloc", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
+               {{"action": "free_requested", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
+               {{"action": "free_completed", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
+               {{"action": "segment_free", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {release_frames}}},
+               {{"action": "segment_alloc", "addr": 8192000000, "size": 157286400, "stream": 0, "frames": {next_frames}}},
+               {{"action": "alloc", "addr": 8192000000, "size": 157286400, "stream": 0, "frames": {next_frames}}}"#,
+            a = frames("/home/u/train.py", 52, "forward")
+        )
+    };
+    let evaluate = frames("/home/u/train.py", 120, "evaluate");
+    let bigger = frames("/home/u/train.py", 95, "main");
+    let empty_cache = r#"[{"filename": "/usr/lib/python3/site-packages/torch/cuda/memory.py", "line": 222, "name": "empty_cache"}]"#;
+    for (name, release, next, explicit) in [
+        ("other-frames.json", evaluate.as_str(), bigger.as_str(), true),
+        ("names-empty-cache.json", empty_cache, empty_cache, true),
+        ("retry.json", bigger.as_str(), bigger.as_str(), false),
+        ("no-frames.json", "[]", "[]", false),
+    ] {
+        let p = json_snapshot(dir.path(), name, "", &history(release, next));
+        let t = import_snapshot(&p).unwrap();
+        assert_eq!(counts(&t.events).2, explicit as usize, "{name}: {:?}", t.events);
+        let (_, stdout, _) = allocbench(&["replay", p.to_str().unwrap(), "--json", "-", "-q"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        // After an empty_cache the 100 MiB segment is gone: 150 MiB at most; without, both.
+        let peak = if explicit { 157286400u64 } else { 104857600 + 157286400 };
+        assert_eq!(v["summary"]["peak_reserved"].as_u64(), Some(peak), "{name}");
+    }
+}
+
+/// With `stacks="all"` (the default of _record_memory_history) the allocator's own C++ frames
+/// come first: the site is the first Python frame outside torch.
+#[test]
+fn sites_skip_the_allocators_cpp_frames() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = r#"[{"filename": "??", "line": 0, "name": "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long, CUstream_st*)"},
+                {"filename": "/pytorch/c10/cuda/CUDACachingAllocator.cpp", "line": 1500, "name": "malloc"},
+                {"filename": "/usr/lib/python3/site-packages/torch/nn/functional.py", "line": 2100, "name": "linear"},
+                {"filename": "/home/u/model.py", "line": 31, "name": "Attention.forward"}]"#;
+    let p = json_snapshot(dir.path(), "cpp.json", "", &format!(r#"{{"action": "alloc", "addr": 4096, "size": 512, "stream": 0, "frames": {f}}}"#));
+    assert_eq!(import_snapshot(&p).unwrap().sites.names, vec!["model.py:31 in Attention.forward".to_string()]);
+}
+
+/// Snapshot notes: the allocator settings it was recorded under, markers skipped silently,
+/// unknown actions counted once per action; and what is not a snapshot says what it is.
+#[test]
+fn snapshot_notes_and_refusals_say_what_the_file_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut trace: Vec<String> = (0..300).map(|i| format!(r#"{{"action": "frobnicate", "addr": {i}}}"#)).collect();
+    trace.push(r#"{"action": "annotate", "addr": 0}"#.into());
+    trace.push(r#"{"action": "alloc", "addr": 4096, "size": 512, "stream": 0}"#.into());
+    let p = dir.path().join("settings.json");
+    std::fs::write(
+        &p,
+        format!(
+            r#"{{"segments": [], "device_traces": [[{}]], "allocator_settings": {{"PYTORCH_CUDA_ALLOC_CONF": "", "expandable_segments": true, "max_split_size": 536870912, "garbage_collection_threshold": 0.0}}}}"#,
+            trace.join(", ")
+        ),
+    )
+    .unwrap();
+    let notes = import_snapshot(&p).unwrap().notes;
+    assert!(notes.contains(&"the snapshot was recorded under the allocator settings expandable_segments:True,max_split_size_mb:512; replays use PyTorch's defaults unless given --conf 'expandable_segments:True,max_split_size_mb:512'".to_string()), "{notes:?}");
+    assert!(notes.contains(&"300 trace entries with the unknown action 'frobnicate' skipped".to_string()), "{notes:?}");
+    assert!(!notes.iter().any(|n| n.contains("annotate")), "{notes:?}");
+    // The copy of such a history reads back (notes and sites stay within the reader's line limit).
+    let csv = dir.path().join("copy.csv");
+    assert_eq!(allocbench(&["trace", p.to_str().unwrap(), "-o", csv.to_str().unwrap()]).0, Some(0));
+    assert_eq!(allocbench(&["replay", csv.to_str().unwrap(), "-q"]).0, Some(0));
+
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    let bad_size = json_snapshot(dir.path(), "float.json", "", r#"{"action": "alloc", "addr": 4096, "size": 512.5}"#);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, &std::fs::read(fixture("snapshot-small.pickle")).unwrap()).unwrap();
+    let gzipped = write("snap.pickle.gz", &gz.finish().unwrap());
+    assert_eq!(import_snapshot(&gzipped).unwrap().events, import_snapshot(&fixture("snapshot-small.pickle")).unwrap().events);
+    for (path, want) in [
+        (bad_size, "trace entry 0 (alloc): 'size' is a float, not an integer"),
+        (write("ints.json", b"[1, 2, 3]"), "not a PyTorch memory snapshot: the file holds a 3-item list"),
+        (write("saved.pickle", b"PK\x03\x04rest-of-a-zip"), "a zip archive (what torch.save writes)"),
+        (write("old.json", br#"[{"total_size": 2097152, "blocks": []}]"#), "an older snapshot layout (a bare list of segments"),
+    ] {
+        let e = import_snapshot(&path).unwrap_err().to_string();
+        assert!(e.starts_with(&path.display().to_string()) && e.contains(want), "{e}");
+    }
+}
+
+/// RMM logs as current RMM writes them: a failed allocation's null pointer printed `(nil)`, a
+/// gzip-compressed log; rows that do not match the header, bad streams and absurd sizes are
+/// errors naming the line; frees of pointers the log never allocated are counted.
+#[test]
+fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
+    let dir = tempfile::tempdir().unwrap();
+    let header = "Thread,Time,Action,Pointer,Size,Stream\n";
+    let rows = "1,10:00:00:000001,allocate,0x7f0000000000,1048576,0x0\n1,10:00:00:000002,allocate failure,(nil),99999999999,0x0\n1,10:00:00:000003,free,0x7f00000f0000,4096,0x0\n1,10:00:00:000004,free,0x7f0000000000,1048576,0x0\n";
+    let p = dir.path().join("rmm.csv");
+    std::fs::write(&p, format!("{header}{rows}")).unwrap();
+    let t = import_rmm_log(&p).unwrap();
+    assert_eq!(t.events, vec![Event::Alloc { id: 0, bytes: 1 << 20, stream: 0 }, Event::Free { id: 0 }]);
+    assert_eq!(
+        t.notes,
+        vec![
+            "1 failed allocation in the log skipped".to_string(),
+            "1 free skipped: its pointer was never allocated in the log (allocated before it began)".to_string()
+        ]
+    );
+    let gz_path = dir.path().join("rmm.csv.gz");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    std::io::Write::write_all(&mut gz, format!("{header}{rows}").as_bytes()).unwrap();
+    std::fs::write(&gz_path, gz.finish().unwrap()).unwrap();
+    match Source::open(Some(&gz_path)).unwrap() {
+        Source::Imported(t2, _) => assert_eq!(t2.events, t.events),
+        _ => panic!("a gzip RMM log is an RMM log"),
+    }
+    for (row, want) in [
+        ("1,t,allocate,0x10,64,0x0,extra\n", "rmm.csv:2: 7 fields where the header has 6"),
+        ("1,t,allocate,0x10,64\n", "rmm.csv:2: 5 fields where the header has 6"),
+        ("1,t,allocate,0x10,64,zz\n", "rmm.csv:2: bad stream 'zz'"),
+        ("1,t,allocate,0x10,18446744073709551615,0x0\n", "rmm.csv:2: size 18446744073709551615: 1 EiB or more"),
+    ] {
+        std::fs::write(&p, format!("{header}{row}")).unwrap();
+        let e = import_rmm_log(&p).unwrap_err().to_string();
+        assert!(e.ends_with(want) || e.contains(want), "{e}");
+        assert_eq!(allocbench(&["replay", p.to_str().unwrap()]).0, Some(2));
+    }
+    std::fs::write(&p, header).unwrap();
+    assert_eq!(import_rmm_log(&p).unwrap().notes, vec!["the log holds no allocations".to_string()]);
 }

@@ -111,6 +111,11 @@ impl LatencyModel {
         if p.malloc.is_empty() || p.free.is_empty() {
             return Err("the devprobe results have no malloc/free timings".into());
         }
+        // The cached path's price comes from the warm pool: without it every malloc and free
+        // of the cache would cost nothing, most of a replay's modelled time on real traces.
+        if p.async_pool_alloc_free.is_empty() {
+            return Err("the devprobe results have no async_pool_alloc_free timings (the cached path's price)".into());
+        }
         for (list, timings) in [("malloc", &p.malloc), ("free", &p.free), ("async_pool_alloc_free", &p.async_pool_alloc_free)] {
             check_timings(list, timings)?;
         }
@@ -172,6 +177,9 @@ const MAX_CALL_NS: u64 = 10_000_000_000;
 /// One list of a devprobe's timings: sizes above 0, each once, and plausible times.
 fn check_timings(list: &str, timings: &[SizeLatency]) -> Result<(), String> {
     let mut seen = std::collections::HashSet::new();
+    if timings.iter().all(|t| t.p50_ns == 0) {
+        return Err(format!("{list} timings: every p50 is 0 ns: not a measurement"));
+    }
     for t in timings {
         if t.bytes == 0 {
             return Err(format!("{list} timings: a size of 0 bytes (sizes are what was allocated, 512 B and up)"));
@@ -206,9 +214,10 @@ mod tests {
             machine: MachineInfo::current(),
             malloc: vec![summarize(1 << 10, vec![1000]), summarize(1 << 20, vec![3000])],
             free: vec![summarize(1 << 10, vec![500])],
-            async_pool_alloc_free: vec![],
+            async_pool_alloc_free: vec![summarize(1 << 20, vec![1400])],
         };
         let m = LatencyModel::from_probe(&p).unwrap();
+        assert_eq!(m.cached_op_ns, 700);
         assert_eq!(m.malloc_ns(1 << 10), 1000);
         assert_eq!(m.malloc_ns(1 << 15), 2000);
         assert_eq!(m.malloc_ns(1 << 30), 3000);
@@ -232,7 +241,7 @@ mod tests {
             machine: MachineInfo::current(),
             malloc,
             free: vec![summarize(1 << 10, vec![500])],
-            async_pool_alloc_free: vec![],
+            async_pool_alloc_free: vec![summarize(1 << 20, vec![1400])],
         };
         let sorted = vec![summarize(1 << 10, vec![1000]), summarize(1 << 20, vec![3000]), summarize(1 << 30, vec![9000])];
         let reversed: Vec<SizeLatency> = sorted.iter().rev().cloned().collect();
@@ -246,5 +255,8 @@ mod tests {
         assert!(LatencyModel::from_probe(&probe(twice)).unwrap_err().contains("listed twice"));
         assert!(LatencyModel::from_probe(&probe(vec![summarize(0, vec![1000])])).unwrap_err().contains("0 bytes"));
         assert!(LatencyModel::from_probe(&probe(vec![summarize(512, vec![u64::MAX])])).unwrap_err().contains("over 10 s"));
+        assert!(LatencyModel::from_probe(&probe(vec![summarize(512, vec![0]), summarize(1024, vec![0])])).unwrap_err().contains("every p50 is 0 ns"));
+        let no_pool = DevprobeResult { async_pool_alloc_free: vec![], ..probe(sorted) };
+        assert!(LatencyModel::from_probe(&no_pool).unwrap_err().contains("no async_pool_alloc_free timings"));
     }
 }

@@ -503,6 +503,17 @@ impl<R: BufRead> Iterator for TraceReader<R> {
     }
 }
 
+/// `text` cut (at a character boundary, marked with `…`) so that a line holding it and a short
+/// prefix stays under the reader's line limit: a writer never writes what its reader refuses.
+fn within_line_limit(text: &str) -> std::borrow::Cow<'_, str> {
+    const ROOM: usize = MAX_LINE_BYTES - 64;
+    if text.len() <= ROOM {
+        return text.into();
+    }
+    let cut = (0..=ROOM - 3).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    format!("{}…", &text[..cut]).into()
+}
+
 /// Writes events as a v1 CSV trace.
 pub struct TraceWriter<W: Write> {
     out: W,
@@ -513,7 +524,7 @@ impl<W: Write> TraceWriter<W> {
     pub fn new(mut out: W, comments: &[String]) -> std::io::Result<Self> {
         for c in comments {
             for line in c.lines() {
-                writeln!(out, "# {line}")?;
+                writeln!(out, "# {}", within_line_limit(line))?;
             }
         }
         writeln!(out, "{HEADER}")?;
@@ -543,7 +554,7 @@ impl<W: Write> TraceWriter<W> {
     /// site (`#at -`).
     pub fn site(&mut self, index: Option<u32>, definition: Option<&str>) -> std::io::Result<()> {
         match (index, definition) {
-            (Some(i), Some(d)) => writeln!(self.out, "#site {i} {d}"),
+            (Some(i), Some(d)) => writeln!(self.out, "#site {i} {}", within_line_limit(d)),
             (Some(i), None) => writeln!(self.out, "#at {i}"),
             (None, _) => writeln!(self.out, "#at -"),
         }
@@ -551,7 +562,10 @@ impl<W: Write> TraceWriter<W> {
 
     /// A comment line (`# text`) among the rows.
     pub fn comment(&mut self, text: &str) -> std::io::Result<()> {
-        writeln!(self.out, "# {text}")
+        for line in text.lines() {
+            writeln!(self.out, "# {}", within_line_limit(line))?;
+        }
+        Ok(())
     }
 
     pub fn finish(mut self) -> std::io::Result<W> {

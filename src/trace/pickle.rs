@@ -71,6 +71,30 @@ impl Value {
         }
     }
 
+    /// What kind of value this is, as Python names it (for error messages).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "a bool",
+            Value::Int(_) => "an int",
+            Value::Float(_) => "a float",
+            Value::Str(_) => "a str",
+            Value::Bytes(_) => "bytes",
+            Value::Tuple(_) => "a tuple",
+            Value::List(_) => "a list",
+            Value::Dict(_) => "a dict",
+        }
+    }
+
+    /// The first `n` items of a list or tuple (without copying the rest).
+    pub fn items_prefix(&self, n: usize) -> Option<Vec<Value>> {
+        match self {
+            Value::List(l) => Some(l.items.borrow().iter().take(n).cloned().collect()),
+            Value::Tuple(t) => Some(t.iter().take(n).cloned().collect()),
+            _ => None,
+        }
+    }
+
     /// The items of a list or tuple.
     pub fn items(&self) -> Option<Vec<Value>> {
         match self {

@@ -11,10 +11,16 @@
 //! process_events, where PyTorch records it); a `free_completed` with no `free_requested` (older
 //! histories) → free; a run of `segment_free`/`segment_unmap` that no `segment_alloc`/`segment_map` of the
 //! same malloc follows → `empty_cache` (a malloc's own retry path releases segments and then
-//! allocates one); `oom`, `snapshot` and the other segment actions are the allocator's decisions,
-//! which the replay re-makes. Streams are kept. A history whose first entries free blocks it never
-//! allocated was truncated (the ring buffer was full): those blocks are allocated at the start, and
-//! the import says so.
+//! allocates one, recording both with the malloc's context: where both carry frames, a release
+//! whose frames differ from the next allocation's, or that names empty_cache, is an empty_cache);
+//! `oom` → the failed request, allocated and freed at once (PyTorch records a failed malloc only
+//! as `oom`, with the rounded size: the script went on without it, or stopped there); `snapshot`,
+//! annotations and the other segment actions are the allocator's decisions or markers, which the
+//! replay re-makes or skips. Streams are kept. A history whose first entries free blocks it never
+//! allocated was truncated (the ring buffer was full): those blocks are allocated at the start,
+//! as are the blocks the snapshot's segments hold that the history never allocated (allocated
+//! before recording began: often the model's weights; MemoryViz's `initially_allocated`), and the
+//! import says so.
 
 use std::path::Path;
 
@@ -54,10 +60,30 @@ fn int(v: &Value, key: &str) -> Option<i128> {
     v.get(key).and_then(|x| x.as_int())
 }
 
-/// The allocation site of a trace entry: its first frame outside torch's own files.
+/// Entry `i`'s integer field `key`: a missing field and one of another type are told apart.
+fn required_int(e: &Value, key: &str, i: usize, action: &str) -> Result<i128, String> {
+    match e.get(key) {
+        None => Err(format!("trace entry {i} ({action}) has no '{key}'")),
+        Some(v) => v.as_int().ok_or_else(|| format!("trace entry {i} ({action}): '{key}' is {}, not an integer", v.type_name())),
+    }
+}
+
+/// Frames examined for a site: the user's code is near the top of a stack, and a hostile pickle
+/// can share one huge frame list among every entry.
+const SITE_FRAMES: usize = 256;
+
+/// The allocation site of a trace entry: its first Python frame outside torch's own files (with
+/// `stacks="all"`, the default of `_record_memory_history`, C++ frames of the allocator come
+/// first), else its first frame outside torch, else its first frame.
 fn site_of(entry: &Value) -> Option<String> {
-    let frames = entry.get("frames")?.items()?;
-    let pick = frames.iter().find(|f| f.get("filename").and_then(|x| x.as_str().map(|s| !s.contains("/torch/"))).unwrap_or(false)).or(frames.first())?;
+    let frames = entry.get("frames")?.items_prefix(SITE_FRAMES)?;
+    let file_of = |f: &Value| f.get("filename").and_then(|x| x.as_str().map(str::to_string));
+    let outside_torch = |name: &str| !name.contains("/torch/") && !name.starts_with("torch/");
+    let pick = frames
+        .iter()
+        .find(|f| file_of(f).is_some_and(|n| n.ends_with(".py") && outside_torch(&n)))
+        .or_else(|| frames.iter().find(|f| file_of(f).is_some_and(|n| outside_torch(&n) && n != "??" && !n.is_empty())))
+        .or(frames.first())?;
     let file = pick.get("filename")?.as_str()?.rsplit('/').next()?.to_string();
     let line = pick.get("line").and_then(|l| l.as_int()).unwrap_or(0);
     let name = pick.get("name").and_then(|n| n.as_str().map(str::to_string)).unwrap_or_default();
@@ -72,7 +98,10 @@ pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
     if meta.len() > MAX_SNAPSHOT_BYTES {
         return Err(err(path, format!("{} bytes: larger than any snapshot this importer accepts (2 GiB)", meta.len())));
     }
-    let data = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    let data = read_maybe_gzip(path, MAX_SNAPSHOT_BYTES)?;
+    if data.starts_with(b"PK\x03\x04") {
+        return Err(err(path, "a zip archive (what torch.save writes), not a snapshot: write it with torch.cuda.memory._dump_snapshot(path), or pickle.dump(torch.cuda.memory._snapshot(), f)"));
+    }
     let root = if data.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| matches!(b, b'{' | b'[')) {
         let json: serde_json::Value = serde_json::from_slice(&data).map_err(|e| err(path, format!("not readable JSON: {e}")))?;
         Value::from_json(&json)
@@ -102,23 +131,135 @@ fn private_pool_note(root: &Value, notes: &mut Vec<String>) {
     ));
 }
 
+/// Trace actions that neither allocate nor free: markers and annotations (`snapshot`,
+/// `user_defined`, and `annotate` from torch.cuda.memory._record_annotation).
+const MARKER_ACTIONS: [&str; 3] = ["snapshot", "user_defined", "annotate"];
+
+/// Where a run of segment releases (`segment_free`/`segment_unmap`) came from, as far as its
+/// entries tell: the frames of its first entry, and whether any entry names empty_cache.
+struct ReleaseRun {
+    frames: Option<Value>,
+    names_empty_cache: bool,
+}
+
+/// A frame as (file, line, function).
+type FrameKey = (Option<String>, Option<i128>, Option<String>);
+
+/// The first frames of a frame list.
+fn frame_keys(frames: &Value) -> Option<Vec<FrameKey>> {
+    let items = frames.items_prefix(SITE_FRAMES)?;
+    let text = |f: &Value, k: &str| f.get(k).and_then(|v| v.as_str().map(str::to_string));
+    Some(items.iter().map(|f| (text(f, "filename"), int(f, "line"), text(f, "name"))).collect())
+}
+
+/// Whether a release run and the allocation after it can be one malloc's: PyTorch records both
+/// with that malloc's context, so where both carry frames they are the same frames.
+fn same_malloc(run: &ReleaseRun, next: &Value) -> bool {
+    if run.names_empty_cache {
+        return false;
+    }
+    let keys = |v: Option<&Value>| v.and_then(frame_keys).filter(|k| !k.is_empty());
+    match (keys(run.frames.as_ref()), keys(next.get("frames").as_ref())) {
+        (Some(a), Some(b)) => a == b,
+        _ => true, // no frames to tell by: a release right before an allocation is taken for its retry
+    }
+}
+
+fn names_empty_cache(entry: &Value) -> bool {
+    entry.get("frames").and_then(|f| f.items_prefix(SITE_FRAMES)).is_some_and(|frames| {
+        frames.iter().any(|f| f.get("name").and_then(|n| n.as_str().map(|n| n.contains("empty_cache") || n.contains("emptyCache"))).unwrap_or(false))
+    })
+}
+
+/// The allocator settings the snapshot was recorded under (`allocator_settings`, torch ≥ 2.5),
+/// as a PYTORCH_CUDA_ALLOC_CONF string, when they are not PyTorch's defaults.
+fn recorded_settings(root: &Value) -> Option<String> {
+    let settings = root.get("allocator_settings")?;
+    if let Some(conf) = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|c| c.as_str().map(|c| c.trim().to_string())) {
+        if !conf.is_empty() {
+            return Some(conf);
+        }
+    }
+    let mut parts = Vec::new();
+    if settings.get("expandable_segments").and_then(|v| v.as_int()) == Some(1) {
+        parts.push("expandable_segments:True".to_string());
+    }
+    // max_split_size is SIZE_MAX (or −1 as Python shows it) when unset.
+    if let Some(m) = int(&settings, "max_split_size").filter(|&m| m > 0 && m < u64::MAX as i128) {
+        parts.push(format!("max_split_size_mb:{}", m / (1 << 20)));
+    }
+    if let Some(Value::Float(t)) = settings.get("garbage_collection_threshold") {
+        if t > 0.0 {
+            parts.push(format!("garbage_collection_threshold:{t}"));
+        }
+    }
+    (!parts.is_empty()).then(|| parts.join(","))
+}
+
+/// The blocks the snapshot's segments on `device` hold allocated (or waiting for their events)
+/// that the history never allocated: (address, requested bytes, stream, the block).
+fn allocated_before_history(root: &Value, device: usize, seen: &FxHashMap<i128, ()>) -> Vec<(i128, i128, i128, Value)> {
+    let Some(segments) = root.get("segments").and_then(|s| s.items()) else { return Vec::new() };
+    let mut out = Vec::new();
+    for seg in segments {
+        if int(&seg, "device").is_some_and(|d| d != device as i128) {
+            continue;
+        }
+        let stream = int(&seg, "stream").unwrap_or(0);
+        for b in seg.get("blocks").and_then(|b| b.items()).unwrap_or_default() {
+            let state = b.get("state").and_then(|s| s.as_str().map(str::to_string)).unwrap_or_default();
+            if !matches!(state.as_str(), "active_allocated" | "active_pending_free") {
+                continue;
+            }
+            let (Some(addr), Some(size)) = (int(&b, "address"), int(&b, "size")) else { continue };
+            if seen.contains_key(&addr) {
+                continue;
+            }
+            let requested = int(&b, "requested_size").filter(|&r| r > 0 && r <= size).unwrap_or(size);
+            if requested > 0 && requested < crate::units::MAX_REQUEST_BYTES as i128 {
+                out.push((addr, requested, stream, b));
+            }
+        }
+    }
+    out
+}
+
 pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
-    if let Value::List(_) = root {
-        return Err("an older snapshot layout (a bare list of segments, before torch 2.1) has no allocation trace: re-record it with torch.cuda.memory._record_memory_history()".into());
+    if let Some(items) = root.items() {
+        if !items.is_empty() && items.iter().all(|s| s.get("total_size").is_some() || s.get("blocks").is_some()) {
+            return Err("an older snapshot layout (a bare list of segments, before torch 2.1) has no allocation trace: re-record it with torch.cuda.memory._record_memory_history()".into());
+        }
+        return Err(format!(
+            "not a PyTorch memory snapshot: the file holds a {}-item {}, not the dict torch.cuda.memory._snapshot() returns",
+            items.len(),
+            if matches!(root, Value::Tuple(_)) { "tuple" } else { "list" }
+        ));
+    }
+    if !matches!(root, Value::Dict(_)) {
+        return Err(format!("not a PyTorch memory snapshot: the file holds {}, not the dict torch.cuda.memory._snapshot() returns", root.type_name()));
     }
     let traces = root
         .get("device_traces")
         .and_then(|t| t.items())
         .ok_or("not a PyTorch memory snapshot: no 'device_traces' (expected the pickle written by torch.cuda.memory._dump_snapshot())")?;
+    if let Some((i, t)) = traces.iter().enumerate().find(|(_, t)| t.items().is_none()) {
+        return Err(format!("device_traces[{i}] is {}, not a list of trace entries", t.type_name()));
+    }
     let (device, trace) = traces
         .iter()
         .enumerate()
         .find_map(|(i, t)| t.items().filter(|v| !v.is_empty()).map(|v| (i, v)))
         .ok_or("the snapshot's device_traces are empty: record with torch.cuda.memory._record_memory_history(enabled='all') before dumping")?;
+    if let Some((i, e)) = trace.iter().enumerate().find(|(_, e)| !matches!(e, Value::Dict(_))) {
+        return Err(format!("trace entry {i} is {}, not a dict", e.type_name()));
+    }
     let mut out = ImportedTrace { format: "pytorch-snapshot", ..Default::default() };
     private_pool_note(root, &mut out.notes);
     if traces.iter().filter(|t| t.items().is_some_and(|v| !v.is_empty())).count() > 1 {
         out.notes.push(format!("several devices have traces: imported device {device}"));
+    }
+    if let Some(conf) = recorded_settings(root) {
+        out.notes.push(format!("the snapshot was recorded under the allocator settings {conf}; replays use PyTorch's defaults unless given --conf '{conf}'"));
     }
     // Blocks freed before the trace allocated them: the ring buffer dropped their alloc.
     let mut seen: FxHashMap<i128, ()> = FxHashMap::default();
@@ -145,6 +286,26 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     let mut next_id: u64 = 0;
     let mut live: FxHashMap<i128, u64> = FxHashMap::default();
     let mut site_ids: FxHashMap<String, u32> = FxHashMap::default();
+    // Blocks live at the snapshot that the history never allocated or freed: allocated before it.
+    let before = allocated_before_history(root, device, &seen);
+    if !before.is_empty() {
+        let bytes: i128 = before.iter().map(|b| b.1).sum();
+        out.notes.push(format!(
+            "{} ({} bytes) the snapshot holds {} allocated before the history began (the model's weights, often): allocated at the start",
+            crate::units::count(before.len() as u64, "block"),
+            bytes,
+            if before.len() == 1 { "was" } else { "were" }
+        ));
+        for (addr, size, stream, block) in before {
+            live.insert(addr, next_id);
+            if let Some(site) = site_of(&block) {
+                let sid = out.sites.intern(site, &mut site_ids);
+                out.sites.of_id.insert(next_id, sid);
+            }
+            out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream: stream.max(0) as u64 });
+            next_id += 1;
+        }
+    }
     if !prelude.is_empty() {
         out.truncated = true;
         out.notes.push(format!(
@@ -157,26 +318,33 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
             next_id += 1;
         }
     }
-    let mut releasing = false;
+    let mut release: Option<ReleaseRun> = None;
     let mut skipped_unknown = 0usize;
+    let mut unknown_actions: Vec<(String, usize)> = Vec::new();
+    // (entry, rounded size, device_free) of each recorded out-of-memory error.
+    let mut ooms: Vec<(usize, i128, Option<i128>)> = Vec::new();
     // Blocks whose free waits for another stream: address → the side stream standing for it.
     let mut waiting: FxHashMap<i128, u64> = FxHashMap::default();
     let mut next_side_stream = SIDE_STREAM_BASE;
     // free_completed entries already replayed with their free_requested.
     let mut completed_inline: FxHashMap<i128, ()> = FxHashMap::default();
     for (i, e) in trace.iter().enumerate() {
-        let action = e.get("action").and_then(|a| a.as_str().map(str::to_string)).ok_or(format!("trace entry {i} has no 'action'"))?;
+        let action = match e.get("action") {
+            None => return Err(format!("trace entry {i} has no 'action'")),
+            Some(a) => a.as_str().map(str::to_string).ok_or_else(|| format!("trace entry {i}: 'action' is {}, not a str", a.type_name()))?,
+        };
         let is_segment_release = matches!(action.as_str(), "segment_free" | "segment_unmap");
-        if releasing && !is_segment_release {
-            if !matches!(action.as_str(), "segment_alloc" | "segment_map" | "oom") {
+        if let Some(run) = release.as_ref().filter(|_| !is_segment_release) {
+            let allocates = matches!(action.as_str(), "segment_alloc" | "segment_map" | "oom");
+            if !(allocates && same_malloc(run, e)) {
                 out.events.push(Event::EmptyCache);
             }
-            releasing = false;
+            release = None;
         }
         match action.as_str() {
             "alloc" => {
-                let addr = int(e, "addr").ok_or(format!("trace entry {i} (alloc) has no 'addr'"))?;
-                let size = int(e, "size").ok_or(format!("trace entry {i} (alloc) has no 'size'"))?;
+                let addr = required_int(e, "addr", i, &action)?;
+                let size = required_int(e, "size", i, &action)?;
                 // Requests under 1 EiB are the allocator's to refuse (units::MAX_REQUEST_BYTES).
                 if size <= 0 || size >= crate::units::MAX_REQUEST_BYTES as i128 {
                     return Err(format!("trace entry {i}: alloc of {size} bytes"));
@@ -195,7 +363,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 next_id += 1;
             }
             "free_requested" => {
-                let addr = int(e, "addr").ok_or(format!("trace entry {i} (free_requested) has no 'addr'"))?;
+                let addr = required_int(e, "addr", i, &action)?;
                 let Some(id) = live.remove(&addr) else {
                     skipped_unknown += 1;
                     continue;
@@ -214,7 +382,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 out.events.push(Event::Free { id });
             }
             "free_completed" => {
-                let addr = int(e, "addr").ok_or(format!("trace entry {i} (free_completed) has no 'addr'"))?;
+                let addr = required_int(e, "addr", i, &action)?;
                 if completed_inline.remove(&addr).is_some() {
                     continue;
                 }
@@ -227,38 +395,93 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     None => skipped_unknown += 1,
                 }
             }
-            _ if is_segment_release => releasing = true,
+            _ if is_segment_release => {
+                let names = names_empty_cache(e);
+                match release.as_mut() {
+                    Some(run) => run.names_empty_cache |= names,
+                    None => release = Some(ReleaseRun { frames: e.get("frames"), names_empty_cache: names }),
+                }
+            }
             "segment_alloc" => {
                 if let (Some(addr), Some(size)) = (int(e, "addr"), int(e, "size")) {
                     out.segment_addresses.push((addr.max(0) as u64, size.max(0) as u64));
                 }
             }
-            "segment_map" | "oom" | "snapshot" => {}
-            other => out.notes.push(format!("trace entry {i}: unknown action '{other}' skipped")),
+            "oom" => {
+                // TraceEntry::OOM: `size` is the rounded request, `addr` (or `device_free`) what
+                // cudaMemGetInfo said was free.
+                let size = required_int(e, "size", i, &action)?;
+                if size <= 0 || size >= crate::units::MAX_REQUEST_BYTES as i128 {
+                    return Err(format!("trace entry {i}: out-of-memory error of a {size}-byte request"));
+                }
+                ooms.push((i, size, int(e, "device_free").or_else(|| int(e, "addr"))));
+                if let Some(site) = site_of(e) {
+                    let sid = out.sites.intern(site, &mut site_ids);
+                    out.sites.of_id.insert(next_id, sid);
+                }
+                out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream: int(e, "stream").unwrap_or(0).max(0) as u64 });
+                out.events.push(Event::Free { id: next_id });
+                next_id += 1;
+            }
+            "segment_map" => {}
+            a if MARKER_ACTIONS.contains(&a) => {}
+            other => match unknown_actions.iter_mut().find(|(a, _)| a == other) {
+                Some((_, n)) => *n += 1,
+                None => unknown_actions.push((other.to_string(), 1)),
+            },
         }
     }
-    if releasing {
+    if release.is_some() {
         out.events.push(Event::EmptyCache);
     }
+    if let Some(&(entry, size, free)) = ooms.first() {
+        let free = free.map(|f| format!(", with {f} bytes free on the device")).unwrap_or_default();
+        out.notes.push(format!(
+            "the history records {} out-of-memory error{} (the first at trace entry {entry}: a {size}-byte request{free}); each failed request is replayed where it was made, allocated and freed at once",
+            ooms.len(),
+            if ooms.len() == 1 { "" } else { "s" }
+        ));
+    }
+    for (action, n) in unknown_actions {
+        out.notes.push(format!("{n} trace entr{} with the unknown action '{action}' skipped", if n == 1 { "y" } else { "ies" }));
+    }
     if skipped_unknown > 0 {
-        out.notes.push(format!("{skipped_unknown} frees of unknown blocks were skipped"));
+        out.notes.push(format!("{} of unknown blocks skipped", crate::units::count(skipped_unknown as u64, "free")));
     }
     if !live.is_empty() {
-        out.notes.push(format!("{} blocks were still allocated when the snapshot was taken", live.len()));
+        out.notes.push(format!("{} still allocated when the snapshot was taken", crate::units::count(live.len() as u64, "block")));
     }
     out.notes.dedup();
     Ok(out)
 }
 
-/// Reads an RMM `logging_resource_adaptor` CSV log (`Thread,Time,Action,Pointer,Size,Stream`).
+/// A file's bytes, gunzipped when they are gzip (by their magic bytes, whatever the name), up to
+/// `limit` bytes.
+fn read_maybe_gzip(path: &Path, limit: u64) -> Result<Vec<u8>, InputError> {
+    use std::io::Read;
+    let data = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    if !data.starts_with(&[0x1f, 0x8b]) {
+        return Ok(data);
+    }
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(&data[..]).take(limit + 1).read_to_end(&mut out).map_err(|e| err(path, format!("a gzip file that does not decode: {e}")))?;
+    if out.len() as u64 > limit {
+        return Err(err(path, format!("decompresses to more than {} bytes: larger than any input this importer accepts", limit)));
+    }
+    Ok(out)
+}
+
+/// Reads an RMM `logging_resource_adaptor` CSV log (`Thread,Time,Action,Pointer,Size,Stream`),
+/// plain or gzip-compressed. A failed allocation (`allocate failure`, whose pointer RMM prints
+/// as `(nil)` or `0x0`) is skipped and counted.
 pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
-    let text = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
+    let text = read_maybe_gzip(path, MAX_SNAPSHOT_BYTES)?;
     let text = String::from_utf8(text).map_err(|_| err(path, "not valid UTF-8 text"))?;
     let mut out = ImportedTrace { format: "rmm-log", ..Default::default() };
-    let mut cols: Option<FxHashMap<String, usize>> = None;
+    let mut cols: Option<(FxHashMap<String, usize>, usize)> = None;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     let mut next_id = 0u64;
-    let mut failures = 0;
+    let (mut failures, mut unknown_frees, mut reallocated) = (0u64, 0u64, 0u64);
     for (n, line) in text.lines().enumerate() {
         let loc = || format!("{}:{}", path.display(), n + 1);
         let line = line.trim();
@@ -266,58 +489,85 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
             continue;
         }
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let Some(c) = &cols else {
+        let Some((c, width)) = &cols else {
             let map: FxHashMap<String, usize> = fields.iter().enumerate().map(|(i, f)| (f.to_ascii_lowercase(), i)).collect();
             for need in ["action", "pointer", "size"] {
                 if !map.contains_key(need) {
                     return Err(InputError::new(loc(), format!("an RMM log header needs a '{need}' column (Thread,Time,Action,Pointer,Size,Stream)")));
                 }
             }
-            cols = Some(map);
+            cols = Some((map, fields.len()));
             continue;
         };
+        if fields.len() != *width {
+            return Err(InputError::new(loc(), format!("{} fields where the header has {width}", fields.len())));
+        }
         let get = |k: &str| c.get(k).and_then(|&i| fields.get(i)).copied().unwrap_or("");
+        let hex = |s: &str| u64::from_str_radix(s.trim_start_matches("0x").trim_start_matches("0X"), 16);
         let ptr_s = get("pointer");
-        let ptr = u64::from_str_radix(ptr_s.trim_start_matches("0x").trim_start_matches("0X"), 16)
-            .map_err(|_| InputError::new(loc(), format!("bad pointer '{ptr_s}'")))?;
+        // glibc's printf prints a null %p as "(nil)" (RMM's failed allocations).
+        let ptr = if ptr_s == "(nil)" { Ok(0) } else { hex(ptr_s) }.map_err(|_| InputError::new(loc(), format!("bad pointer '{ptr_s}'")))?;
         let size: u64 = get("size").parse().map_err(|_| InputError::new(loc(), format!("bad size '{}'", get("size"))))?;
-        let stream_s = get("stream");
-        let stream = u64::from_str_radix(stream_s.trim_start_matches("0x"), 16).unwrap_or(0);
+        if size >= crate::units::MAX_REQUEST_BYTES {
+            return Err(InputError::new(loc(), format!("size {size}: 1 EiB or more, larger than any request a device allocator serves")));
+        }
+        let stream = match get("stream") {
+            "" if !c.contains_key("stream") => 0,
+            s => hex(s).map_err(|_| InputError::new(loc(), format!("bad stream '{s}' (expected a hexadecimal handle such as 0x0)")))?,
+        };
         match get("action").to_ascii_lowercase().as_str() {
             "allocate" => {
                 if size == 0 {
                     continue;
                 }
                 if let Some(old) = live.insert(ptr, next_id) {
+                    reallocated += 1;
                     out.events.push(Event::Free { id: old });
                 }
                 out.events.push(Event::Alloc { id: next_id, bytes: size, stream });
                 next_id += 1;
             }
-            "free" => {
-                if let Some(id) = live.remove(&ptr) {
-                    out.events.push(Event::Free { id });
-                }
-            }
+            "free" => match live.remove(&ptr) {
+                Some(id) => out.events.push(Event::Free { id }),
+                None => unknown_frees += 1,
+            },
             "allocate failure" => failures += 1,
-            other => return Err(InputError::new(loc(), format!("unknown RMM action '{other}'"))),
+            other => return Err(InputError::new(loc(), format!("unknown RMM action '{other}' (expected allocate, free or allocate failure)"))),
         }
     }
     if cols.is_none() {
         return Err(err(path, "empty RMM log"));
     }
     if failures > 0 {
-        out.notes.push(format!("{failures} failed allocations in the log were skipped"));
+        out.notes.push(format!("{} in the log skipped", crate::units::count(failures, "failed allocation")));
+    }
+    if unknown_frees > 0 {
+        out.notes.push(format!(
+            "{} skipped: {} never allocated in the log (allocated before it began)",
+            crate::units::count(unknown_frees, "free"),
+            if unknown_frees == 1 { "its pointer was" } else { "their pointers were" }
+        ));
+    }
+    if reallocated > 0 {
+        out.notes.push(format!(
+            "{} reused a pointer still live in the log (no free logged in between): the earlier allocation is taken as freed there",
+            crate::units::count(reallocated, "allocation")
+        ));
+    }
+    if next_id == 0 {
+        out.notes.push("the log holds no allocations".into());
     }
     Ok(out)
 }
 
-/// Whether a CSV file is an RMM log (by its header) rather than our trace format.
+/// Whether a CSV file (plain or gzip) is an RMM log (by its header) rather than our trace format.
 pub fn is_rmm_log(path: &Path) -> bool {
-    let Ok(f) = std::fs::File::open(path) else { return false };
-    let mut first = String::new();
     use std::io::BufRead;
+    let Ok(f) = std::fs::File::open(path) else { return false };
     let mut r = std::io::BufReader::new(f);
+    let gzip = r.fill_buf().is_ok_and(|b| b.starts_with(&[0x1f, 0x8b]));
+    let mut r: Box<dyn BufRead> = if gzip { Box::new(std::io::BufReader::new(flate2::read::GzDecoder::new(r))) } else { Box::new(r) };
+    let mut first = String::new();
     while r.read_line(&mut first).unwrap_or(0) > 0 {
         let t = first.trim();
         if t.is_empty() || t.starts_with('#') {
