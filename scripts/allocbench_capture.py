@@ -45,6 +45,7 @@ import json
 import linecache
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -503,6 +504,7 @@ def _make_recorder_class(torch):
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
+            self.lock = threading.RLock()
 
         def say_once(self, what, message, trace_note=None):
             """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
@@ -523,9 +525,9 @@ def _make_recorder_class(torch):
             if self.closed:
                 return
             self.step_no += 1
+            self.sink.step(self.step_no)
             if self.max_steps is not None and self.step_no >= self.max_steps:
                 raise StopCapture()
-            self.sink.step(self.step_no)
 
         def optimizer_stepped(self, optimizer):
             # Every optimizer.step() is a step (with two optimizers, as in a GAN, two per iteration).
@@ -545,7 +547,16 @@ def _make_recorder_class(torch):
             try:
                 st = t.untyped_storage()
             except (RuntimeError, NotImplementedError):
-                return  # sparse, nested or functional wrappers have no single storage
+                # Sparse, nested or functional wrappers have no single storage.
+                if self.fake and t.layout != torch.strided:
+                    # A fake sparse tensor's nnz is data (a sparse Embedding's gradient comes out
+                    # empty): its indices and values are not what the GPU would hold.
+                    self.say_once(
+                        f"{t.layout} tensors",
+                        "have data-dependent sizes on fake CUDA: their indices and values are not recorded",
+                        "not recorded (their sizes are data)",
+                    )
+                return
             key = st._cdata
             nbytes = st.nbytes()
             entry = self.storages.get(key)
@@ -639,6 +650,29 @@ def _make_recorder_class(torch):
 
         # --- dispatch -----------------------------------------------------------------------
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            # Threads the script starts run with this mode too (_recorded_threads): one op at a
+            # time (reentrant: an op's parts dispatch here again on the same thread).
+            with self.lock:
+                return self._dispatch(func, types, args, kwargs)
+
+        def storage_resized(self, storage):
+            """UntypedStorage.resize_ (FSDP frees a parameter's storage with resize_(0) and brings
+            it back) is no op the mode sees: the allocation follows here, as in _observe (the new
+            block is allocated before the old one is freed)."""
+            entry = self.storages.get(storage._cdata)
+            nbytes = storage.nbytes()
+            if self.closed or entry is None or entry[1] == nbytes:
+                return
+            new_id = None
+            if nbytes:
+                new_id = self._new_id()
+                stream = self.fake_streams.current().stream_id if self.fake and self.fake_streams else 0
+                self.record_alloc(new_id, nbytes, stream)
+            if entry[0] is not None:
+                self.sink.free(entry[0], entry[1])
+            entry[0], entry[1] = new_id, nbytes
+
+        def _dispatch(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if self.closed:
                 return func(*args, **kwargs)
@@ -1127,6 +1161,16 @@ def _fake_tensor_fixes(torch, patches):
         return optimizer.step(*args, **kwargs)
 
     patches.set(grad_scaler.GradScaler, "_maybe_opt_step", maybe_opt_step)
+    # f"{loss:.4f}": Tensor.__format__ formats a 0-d tensor as its value only when its type is
+    # exactly Tensor; a fake one is a subclass, so formatted as an object, which takes no spec.
+    fake_tensor_type = torch._subclasses.fake_tensor.FakeTensor
+
+    def format_value(self, spec):
+        if self.dim() == 0:
+            return self.item().__format__(spec)  # the value as .item() answers it (--scalar-value)
+        return object.__format__(self, spec)
+
+    patches.set(fake_tensor_type, "__format__", format_value)
     # Module.cuda() swaps parameters with torch.utils.swap_tensors, which refuses tensors with
     # weak references, and FakeTensorMode keeps one to every fake tensor it makes.
     original_swap = torch.utils.swap_tensors
@@ -1155,11 +1199,27 @@ def _fake_tensor_fixes(torch, patches):
             patches.set(module, "_foreach_supported_types", [*types_list, fake_type])
 
 
-def _constructor_via_cpu(torch, original):
-    def construct(data, *args, device=None, requires_grad=False, **kwargs):
+def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False):
+    """``original`` (torch.tensor, as_tensor, asarray) for a CUDA device, made on the CPU and copied
+    into one fake CUDA tensor. ``shares``: a CUDA tensor of the right dtype is returned as it is
+    (as_tensor and asarray share storage; torch.tensor copies)."""
+
+    def construct(data, *args, device=None, **kwargs):
+        if device is None:
+            # torch.set_default_device("cuda") and `with torch.device("cuda")` (DeviceContext) give
+            # factory calls their device; the mode does not see this wrapper, so it asks.
+            device = torch.utils._device.CURRENT_DEVICE
         if device is None or torch.device(device).type != "cuda":
-            return original(data, *args, device=device, requires_grad=requires_grad, **kwargs)
-        host = original(data, *args, **kwargs)
+            return original(data, *args, device=device, **kwargs)
+        requires_grad = kwargs.pop("requires_grad", False) if takes_requires_grad else False
+        if isinstance(data, torch.Tensor) and data.device.type == "cuda":
+            dtype = kwargs.get("dtype", args[0] if args else None)
+            if dtype in (None, data.dtype):
+                out = data if shares and not kwargs.get("copy") else data.detach().clone()
+            else:
+                out = data.detach().to(dtype)
+            return out.requires_grad_() if requires_grad else out
+        host = original(data, *args, device="cpu", **kwargs)
         # Not host.to(device): FakeTensorMode runs ops on small constant tensors for real.
         moved = torch.empty(host.shape, dtype=host.dtype, device=device).copy_(host)
         return moved.requires_grad_() if requires_grad else moved
@@ -1358,8 +1418,14 @@ class _FakeEvent:
             self.stream.synchronize()
 
     def elapsed_time(self, end_event):
-        return 0.0
+        # No kernel runs: a script that divides by the time must not stop on a zero.
+        if _active is not None:
+            _active.say_once("torch.cuda.Event.elapsed_time", f"is not measured on fake CUDA: it answers {FAKE_ELAPSED_MS} ms")
+        return FAKE_ELAPSED_MS
 
+
+# What torch.cuda.Event.elapsed_time answers on the fake device (milliseconds; nothing runs).
+FAKE_ELAPSED_MS = 1.0
 
 # What the fake device reports: an H100 SXM 80 GB, the card the replay defaults to.
 FAKE_DEVICE_NAME = "NVIDIA H100 80GB HBM3 (allocbench fake CUDA)"
@@ -1642,7 +1708,20 @@ def _fake_cuda_serialization(torch, patches):
 
         def restore(storage, location):
             if callable(map_location):
-                return map_location(storage, location)
+                # map_location=lambda s, loc: s.cuda() (the idiom of torch.load's docs): the
+                # storage stays on the CPU, noted as bound for CUDA, instead of reaching the driver.
+                def to_cuda(s, device=None, non_blocking=False, **kwargs):
+                    bound.add(s._cdata)
+                    return s
+
+                cuda_methods = [(cls, cls.cuda) for cls in (torch.UntypedStorage, torch.storage.TypedStorage)]
+                for cls, _ in cuda_methods:
+                    cls.cuda = to_cuda
+                try:
+                    return map_location(storage, location)
+                finally:
+                    for cls, method in cuda_methods:
+                        cls.cuda = method
             target = map_location.get(location, location) if isinstance(map_location, dict) else location if map_location is None else map_location
             if on_cuda(target):
                 bound.add(storage._cdata)
@@ -1699,14 +1778,56 @@ def _fake_cuda_serialization(torch, patches):
             return device_of.get(getattr(storage, "_untyped_storage", storage)._cdata) or original_tag(storage)
 
         plain = torch.utils._pytree.tree_map(zeros_like_fake, obj)
+        # Fake tensors the tree does not reach (inside a module, a dataclass) pickle as their zeros.
+        had_reduce = "__reduce_ex__" in vars(fake_type)
+        old_reduce = fake_type.__reduce_ex__
         serialization.location_tag = location_tag
+        def reduce_fake(t, protocol):
+            zeros = zeros_like_fake(t)
+            if isinstance(t, torch.nn.Parameter) or getattr(t, "_is_param", False):
+                # A module's parameter must load back as one (register_parameter checks).
+                with torch.utils._python_dispatch._disable_current_modes():
+                    zeros = torch.nn.Parameter(zeros, requires_grad=t.requires_grad)
+            return zeros.__reduce_ex__(protocol)
+
+        fake_type.__reduce_ex__ = reduce_fake
         try:
             return original_save(plain, f, *args, **kwargs)
         finally:
             serialization.location_tag = original_tag
+            if had_reduce:
+                fake_type.__reduce_ex__ = old_reduce
+            else:
+                del fake_type.__reduce_ex__
 
     patches.set(torch, "load", load)
     patches.set(torch, "save", save)
+    # safetensors (transformers' save_pretrained) copies each tensor's bytes from its data
+    # pointer: a fake tensor's are zeros of its size.
+    try:
+        import safetensors.torch as safetensors_torch
+    except Exception:  # noqa: BLE001 - not installed, or broken: nothing to patch
+        safetensors_torch = None
+    original_tobytes = getattr(safetensors_torch, "_tobytes", None)  # safetensors < 0.6
+    if original_tobytes is not None:
+
+        def tobytes(tensor, name, *args, **kwargs):
+            if isinstance(tensor, fake_type):
+                return bytes(tensor.numel() * tensor.element_size())
+            return original_tobytes(tensor, name, *args, **kwargs)
+
+        patches.set(safetensors_torch, "_tobytes", tobytes)
+    original_to_ndarray = getattr(safetensors_torch, "_to_ndarray", None)  # safetensors ≥ 0.6: (array, tensor)
+    if original_to_ndarray is not None:
+
+        def to_ndarray(tensor, *args, **kwargs):
+            if isinstance(tensor, fake_type):
+                import numpy
+
+                return numpy.zeros(tensor.numel() * tensor.element_size(), dtype=numpy.uint8), tensor
+            return original_to_ndarray(tensor, *args, **kwargs)
+
+        patches.set(safetensors_torch, "_to_ndarray", to_ndarray)
     # NCCL needs the driver, and would abort the interpreter (no Python error) at its first call.
     distributed = torch.distributed
     if distributed.is_available():
@@ -1725,6 +1846,56 @@ def _fake_cuda_serialization(torch, patches):
     # torch.distributions validates its arguments by reading them (bool(constraint.check(x).all())):
     # by default off on fake CUDA, as `python -O` has it (a script's validate_args=True still reads).
     patches.set(torch.distributions.Distribution, "_validate_args", False)
+
+
+# Where fake data pointers start (an address a CUDA allocation could have).
+FAKE_ADDRESS_BASE = 0x7F0000000000
+
+
+def _fake_data_pointers(torch, patches, recorder):
+    """data_ptr() of recorded fake storages (and their tensors): one address per allocation,
+    packed in allocation order, 512-byte aligned as the caching allocator's blocks are."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    original_storage_ptr, original_tensor_ptr = torch.UntypedStorage.data_ptr, fake_type.data_ptr
+    addresses, top = {}, [FAKE_ADDRESS_BASE]
+
+    def address(storage):
+        entry = recorder.storages.get(storage._cdata)
+        if entry is None or entry[0] is None:
+            return None
+        at = addresses.get(entry[0])
+        if at is None:
+            at = addresses[entry[0]] = top[0]
+            top[0] += _round_up(max(entry[1], 1), 512)
+        return at
+
+    def storage_data_ptr(self):
+        at = address(self) if self.device.type == "meta" else None
+        return original_storage_ptr(self) if at is None else at
+
+    def tensor_data_ptr(self):
+        at = address(self.untyped_storage())
+        return original_tensor_ptr(self) if at is None else at + self.storage_offset() * self.element_size()
+
+    patches.set(torch.UntypedStorage, "data_ptr", storage_data_ptr)
+    patches.set(fake_type, "data_ptr", tensor_data_ptr)
+
+
+def _recorded_threads(threading_module, patches, recorder):
+    """torch's dispatch modes are per thread: a thread the script starts (a prefetch thread,
+    generate() under TextIteratorStreamer) runs with the capture's mode pushed, as the main
+    thread does, and its ops are recorded one at a time with the main thread's."""
+    original = getattr(threading_module.Thread, "_bootstrap_inner", None)
+    if original is None:
+        return
+
+    def bootstrap_inner(self):
+        if recorder.closed:
+            return original(self)
+        with recorder:
+            return original(self)
+
+    patches.set(threading_module.Thread, "_bootstrap_inner", bootstrap_inner)
 
 
 def _fake_cuda_api(torch, patches, recorder):
@@ -1777,6 +1948,7 @@ def _fake_cuda_api(torch, patches, recorder):
         "get_device_properties": lambda device=None: props,
         "get_arch_list": lambda: ["sm_90"],
         "manual_seed": lambda seed: None,
+        "initial_seed": lambda: torch.initial_seed(),  # the CPU generator's: the fake device draws there
         "manual_seed_all": lambda seed: None,
         "seed": lambda: None,
         "seed_all": lambda: None,
@@ -1824,8 +1996,34 @@ def _fake_cuda_api(torch, patches, recorder):
     # torch.tensor(data, device="cuda") copies the data to the device inside its C++ constructor,
     # below the dispatcher, so it would reach the driver: build on the CPU, then copy into one
     # dispatched (fake) CUDA tensor, the one allocation the real constructor makes.
-    for name in ("tensor", "as_tensor"):
-        patches.set(torch, name, _constructor_via_cpu(torch, getattr(torch, name)))
+    tensor = _constructor_via_cpu(torch, torch.tensor)
+    patches.set(torch, "tensor", tensor)
+    patches.set(torch, "as_tensor", _constructor_via_cpu(torch, torch.as_tensor, takes_requires_grad=False, shares=True))
+    patches.set(torch, "asarray", _constructor_via_cpu(torch, torch.asarray, shares=True))
+    original_new_tensor = torch.Tensor.new_tensor
+
+    def new_tensor(self, data, dtype=None, device=None, requires_grad=False, **kwargs):
+        # t.new_tensor(data): torch.tensor with t's dtype and device unless given.
+        device = self.device if device is None else device
+        if torch.device(device).type != "cuda" or kwargs:
+            return original_new_tensor(self, data, dtype=dtype, device=device, requires_grad=requires_grad, **kwargs)
+        return tensor(data, dtype=self.dtype if dtype is None else dtype, device=device, requires_grad=requires_grad)
+
+    patches.set(torch.Tensor, "new_tensor", new_tensor)
+    # nn.MultiheadAttention and TransformerEncoderLayer in inference take a fused fast path whose
+    # kernels allocate their intermediates inside, where a fake run sees only the outputs: run
+    # their unfused ops, the same maths with its buffers recorded (and no nested tensors).
+    mha = getattr(torch.backends, "mha", None)
+    if mha is not None and hasattr(mha, "get_fastpath_enabled"):
+        patches.set(mha, "get_fastpath_enabled", lambda: False)
+    # Data pointers: a fake storage has none (0 for all), and libraries tell storages apart by
+    # them (transformers' save_pretrained finds shared tensors so): each recorded allocation gets
+    # an address of its own, as on the device.
+    _fake_data_pointers(torch, patches, recorder)
+    # An RNN packs its cuDNN weights (flatten_parameters) when their data pointers differ, as they
+    # now do, through a cuDNN call that needs the driver: left as it was with the pointers all 0
+    # (unpacked; the forward says what to do about cuDNN).
+    patches.set(torch.nn.modules.rnn.RNNBase, "flatten_parameters", lambda self: None)
     # torch.compile would trace and compile for a GPU that is not there: run the model eagerly and
     # say so in the trace (eager mode allocates more temporaries than fused kernels do).
     def compile_eagerly(model=None, *args, **kwargs):
@@ -1910,7 +2108,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()",
         f"torch {torch.__version__}, {'fake' if fake else 'real'} {device} tensors, python {sys.version.split()[0]}",
         f"cuBLAS workspace modelled: {cublas_workspace_mib} MiB per stream" if workspace else "cuBLAS workspace: not modelled",
-        "not seen: kernel-internal scratch (attention/embedding backward, cub), NCCL, the CUDA context",
+        "not seen: kernel-internal scratch (attention/embedding backward, cub), cuDNN workspaces, NCCL, the CUDA context",
         *comments,
     ]
     on_fake_card = fake and device == "cuda"
@@ -2037,6 +2235,15 @@ def _start(torch, recorder, stack, patches, fake, device):
             original_clear_autocast_cache()
 
     patches.set(torch, "clear_autocast_cache", clear_autocast_cache)
+    original_resize = torch.UntypedStorage.resize_
+
+    def resize_(storage, size):
+        out = original_resize(storage, size)
+        recorder.storage_resized(storage)
+        return out
+
+    patches.set(torch.UntypedStorage, "resize_", resize_)
+    _recorded_threads(threading, patches, recorder)
     _linear_bias_add_in_place(torch, patches, recorder)
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -2215,6 +2422,11 @@ def main(argv=None):
             "with --python or ALLOCBENCH_PYTHON"
         )
 
+    def terminated(signum, frame):
+        # `timeout`, `kill` or a scheduler's time limit: stop as Ctrl-C does, keeping the rows.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
     script = os.path.abspath(opts.script)
     sys.argv = [opts.script, *opts.args]
     sys.path.insert(0, os.path.dirname(script))

@@ -337,7 +337,7 @@ fn loops_without_an_optimizer_mark_steps_and_steps_flag_stops() {
 
     let (out, trace) = capture(dir.path(), "serve2.csv", &["--steps", "2"], &[&fixture("serve_loop.py")]);
     assert!(out.status.success(), "--steps stops the script cleanly: {}", stderr(&out));
-    assert_eq!(steps(&events(&trace)), vec![1]);
+    assert_eq!(steps(&events(&trace)), vec![1, 2], "the N steps --steps N lets run are in the trace");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture complete: stopped after 2 steps"));
 }
 
@@ -1042,4 +1042,86 @@ fn the_autocast_cache_frees_in_allocation_order() {
     // Together, when the region ends (the cache was their only owner), not one by one later.
     let first = evs.iter().position(|e| matches!(*e, Event::Free { id } if id == casts[0])).unwrap();
     assert!(evs[first..first + 16].iter().all(|e| matches!(*e, Event::Free { id } if casts.contains(&id))), "{:?}", &evs[first..first + 16]);
+}
+
+/// Ordinary things scripts do besides ops (`everyday.py`), each once a stopped capture or a
+/// wrong trace: numpy through as_tensor (DataLoader's collate) and as_tensor of a CUDA tensor (no
+/// copy), torch.set_default_device("cuda") for torch.tensor, new_tensor and asarray (one
+/// allocation each), a data pointer per allocation, f"{loss:.2f}", event timing, storage
+/// resize_ (a free at 0, an alloc at the new size), a thread's tensor, torch.save of a module;
+/// a sparse gradient (its size is data) is said, not silently empty.
+#[test]
+fn everyday_script_idioms_capture_as_pytorch_allocates_them() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "e.csv", &["--cublas-workspace-mib", "0"], &[&fixture("everyday.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    for line in [
+        "as_tensor shares True cpu",
+        "default device cuda:0 cuda:0",
+        "new_tensor torch.float32 cuda:0 asarray torch.int64 cuda:0",
+        "distinct pointers 4",
+        "loss 4.00",
+        "elapsed True",
+        "thread cuda:0",
+        "module cuda:0 True",
+        "seed True",
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
+    }
+    assert!(stderr(&out).contains("torch.cuda.Event.elapsed_time is not measured on fake CUDA: it answers 1.0 ms"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("torch.sparse_coo tensors have data-dependent sizes on fake CUDA"), "{}", stderr(&out));
+    let sizes = signed_sizes(&events(&trace));
+    #[rustfmt::skip]
+    let want: Vec<i64> = vec![
+        256 << 10, 12, 8, 24,          // as_tensor (and none for as_tensor of it), tensor, new_tensor, asarray
+        16, 4, -16,                    // ones(4).sum()
+        1 << 20, -(1 << 20), 2 << 20,  // resize_(0) frees, resize_(2 MiB) allocates
+        256 << 10, -(256 << 10),       // the thread's tensor, dead once printed
+        1024, 1024,                    // the module, and its copy loaded back
+    ];
+    assert_eq!(&sizes[..want.len()], &want[..]);
+    assert_eq!(sizes.iter().sum::<i64>(), 0, "everything is freed at the end");
+}
+
+/// `timeout` (or a scheduler) sends SIGTERM: the script stops as on Ctrl-C, and the rows so far
+/// are written, marked incomplete.
+#[test]
+fn a_terminated_capture_keeps_its_rows() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("sleeps.py");
+    std::fs::write(&script, "import time, torch\nw = torch.empty(1 << 20, device='cuda')\nprint('allocated', flush=True)\ntime.sleep(60)\n").unwrap();
+    let trace = dir.path().join("t.csv");
+    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+        .args(["capture", "-o", trace.to_str().unwrap(), "--", script.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    assert_eq!(line.trim(), "allocated");
+    // The interpreter (allocbench's child) gets SIGTERM, as `timeout` signals the whole group.
+    let parent_of = |pid: &str| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let interpreters: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|pid| parent_of(pid) == Some(child.id()))
+        .filter_map(|pid| pid.parse().ok())
+        .collect();
+    assert_eq!(interpreters.len(), 1, "{interpreters:?}");
+    // SAFETY: kill(2) on a pid this test's child started.
+    assert_eq!(unsafe { libc::kill(interpreters[0], libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "stopped as an interrupt");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("alloc,1,4194304,0") && text.contains("# capture incomplete: KeyboardInterrupt"), "{text}");
 }
