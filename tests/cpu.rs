@@ -283,28 +283,37 @@ fn exec_samples_the_whole_process_tree() {
     assert_eq!(r.served_by.as_deref(), Some("glibc"));
 }
 
-/// A command that is not found or fails is recorded with its exit code and the others still
-/// run; a .so that is not an allocator or does not load is one line and exit 2.
+/// A command that cannot start is one line and exit 2, before any run; one that fails is
+/// recorded with its exit code, the others still run, and the exit status says so (1); a .so
+/// that is not an allocator or does not load is one line and exit 2.
 #[test]
 fn exec_bad_input() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("bad.jsonl");
-    let run =
-        bin().args(["cpu", "--exec", "--allocator", "glibc", "--reps", "2", "--jsonl", out.to_str().unwrap(), "--", "/no/such/program"]).output().unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    let recs = allocbench::results::read_results(&out).unwrap();
-    assert_eq!(recs.len(), 2, "every repetition still ran");
-    for r in &recs {
-        let allocbench::results::ResultRecord::CpuExec(r) = r else { panic!() };
-        assert_eq!(r.exit_code, 127);
-        assert!(r.error.as_deref().unwrap().contains("/no/such/program"));
-        assert!(!r.verified());
+    let not_executable = dir.path().join("script.sh");
+    std::fs::write(&not_executable, "#!/bin/sh\nexit 0\n").unwrap();
+    for (program, want) in [
+        ("/no/such/program".to_string(), "error: /no/such/program: no such program".to_string()),
+        ("no-such-program-on-path".into(), "error: no-such-program-on-path: no such program on PATH".into()),
+        (dir.path().display().to_string(), format!("error: {}: is a directory, not a program", dir.path().display())),
+        (not_executable.display().to_string(), format!("error: {}: is not executable", not_executable.display())),
+    ] {
+        let run = bin().args(["cpu", "--exec", "--allocator", "glibc", "--jsonl", out.to_str().unwrap(), "--", &program]).output().unwrap();
+        let said = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{said}");
+        assert!(said.trim().starts_with(&want) && said.trim().lines().count() == 1, "{said}");
+        assert!(!out.exists() || std::fs::read_to_string(&out).unwrap().is_empty(), "nothing ran");
     }
-    let said = String::from_utf8_lossy(&run.stderr);
-    assert!(said.contains("the program did not start: cannot run /no/such/program") && !said.contains("not labelled"), "{said}");
-    let run = bin().args(["cpu", "--exec", "--allocator", "glibc", "--jsonl", out.to_str().unwrap(), "--", "sh", "-c", "exit 3"]).output().unwrap();
-    assert!(run.status.success());
+    let run =
+        bin().args(["cpu", "--exec", "--allocator", "glibc", "--reps", "2", "--jsonl", out.to_str().unwrap(), "--", "sh", "-c", "exit 3"]).output().unwrap();
+    assert_eq!(run.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&run.stderr).contains("2 of 2 runs exited with a non-zero status (the first: exit 3 under glibc)"),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     let recs = allocbench::results::read_results(&out).unwrap();
+    assert_eq!(recs.len(), 2, "every repetition still ran and was kept");
     let allocbench::results::ResultRecord::CpuExec(r) = &recs[0] else { panic!() };
     assert_eq!(r.exit_code, 3);
 

@@ -264,6 +264,8 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     if a.command.is_empty() {
         return Err(InputError::new("--exec", "needs a command after `--`, e.g. allocbench cpu --exec -- python3 script.py").into());
     }
+    // A program that cannot start is bad input, found before any run (as execvp would look).
+    exec::find_program(&a.command[0]).map_err(|why| InputError::new(&a.command[0], why))?;
     let (allocs, notes) = exec::resolve_allocators(&a.allocator)?;
     for n in &notes {
         eprintln!("{n}");
@@ -355,6 +357,22 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     }
     if unproven > 0 {
         eprintln!("{unproven} run(s) not labelled: their allocator was not proven");
+    }
+    // A program that failed is a result (recorded with its exit code), and a failure to report.
+    let failed: Vec<&crate::results::CpuExecResult> =
+        records.iter().filter_map(|r| if let ResultRecord::CpuExec(r) = r { Some(r.as_ref()) } else { None }).filter(|r| r.exit_code != 0).collect();
+    if let Some(first) = failed.first() {
+        eprintln!(
+            "{} of {} exited with a non-zero status (the first: exit {} under {}); {} kept with {}",
+            failed.len(),
+            crate::units::count(records.len() as u64, "run"),
+            first.exit_code,
+            first.allocator,
+            if failed.len() == 1 { "it is" } else { "they are" },
+            if failed.len() == 1 { "its exit code" } else { "their exit codes" }
+        );
+        drop(jsonl);
+        std::process::exit(1);
     }
     Ok(())
 }
