@@ -504,6 +504,15 @@ def _make_recorder_class(torch):
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
+            # Threads the script starts are recorded too (_recorded_threads): one event at a time.
+            self.lock = threading.RLock()
+            # An error that stopped a recorded thread, handed to the main thread.
+            self.thread_error = None
+            # A forked child (a DataLoader worker) gets the lock as its parent's threads left it,
+            # maybe held by a thread that does not exist there: a fresh one.
+            os.register_at_fork(after_in_child=self._fresh_lock_after_fork)
+
+        def _fresh_lock_after_fork(self):
             self.lock = threading.RLock()
 
         def say_once(self, what, message, trace_note=None):
@@ -517,15 +526,17 @@ def _make_recorder_class(torch):
 
         # --- events -------------------------------------------------------------------------
         def _new_id(self):
-            i = self.next_id
-            self.next_id += 1
-            return i
+            with self.lock:
+                i = self.next_id
+                self.next_id += 1
+                return i
 
         def step(self):
             if self.closed:
                 return
-            self.step_no += 1
-            self.sink.step(self.step_no)
+            with self.lock:
+                self.step_no += 1
+                self.sink.step(self.step_no)
             if self.max_steps is not None and self.step_no >= self.max_steps:
                 raise StopCapture()
 
@@ -536,9 +547,15 @@ def _make_recorder_class(torch):
         def _stream_of(self, tensor):
             if tensor.device.type != "cuda":
                 return 0
+            return self._current_stream_id(tensor.device)
+
+        def _current_stream_id(self, device):
+            """The trace's id of the current stream (what CUDACachingAllocator's malloc takes)."""
             if self.fake:
                 return self.fake_streams.current().stream_id if self.fake_streams else 0
-            raw = torch.cuda.current_stream(tensor.device).cuda_stream
+            if device.type != "cuda":
+                return 0
+            raw = torch.cuda.current_stream(device).cuda_stream
             return self.stream_ids.setdefault(raw, len(self.stream_ids))
 
         def _observe(self, t):
@@ -614,9 +631,11 @@ def _make_recorder_class(torch):
                 self.sink.record_stream(entry[0], stream)
 
         def _storage_died(self, key):
-            entry = self.storages.pop(key, None)
-            if entry is not None and entry[0] is not None and not self.closed:
-                self.sink.free(entry[0], entry[1])
+            # (A finalizer: it runs on whichever thread drops the storage's last reference.)
+            with self.lock:
+                entry = self.storages.pop(key, None)
+                if entry is not None and entry[0] is not None and not self.closed:
+                    self.sink.free(entry[0], entry[1])
 
         def _cublas_workspace(self, args):
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
@@ -652,25 +671,29 @@ def _make_recorder_class(torch):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             # Threads the script starts run with this mode too (_recorded_threads): one op at a
             # time (reentrant: an op's parts dispatch here again on the same thread).
+            if self.closed:
+                return func(*args, **(kwargs or {}))
             with self.lock:
                 return self._dispatch(func, types, args, kwargs)
 
-        def storage_resized(self, storage):
-            """UntypedStorage.resize_ (FSDP frees a parameter's storage with resize_(0) and brings
-            it back) is no op the mode sees: the allocation follows here, as in _observe (the new
-            block is allocated before the old one is freed)."""
-            entry = self.storages.get(storage._cdata)
-            nbytes = storage.nbytes()
-            if self.closed or entry is None or entry[1] == nbytes:
-                return
-            new_id = None
-            if nbytes:
-                new_id = self._new_id()
-                stream = self.fake_streams.current().stream_id if self.fake and self.fake_streams else 0
-                self.record_alloc(new_id, nbytes, stream)
-            if entry[0] is not None:
-                self.sink.free(entry[0], entry[1])
-            entry[0], entry[1] = new_id, nbytes
+        def resize_storage(self, storage, nbytes, resize):
+            """UntypedStorage.resize_ to ``nbytes`` (FSDP frees a parameter's storage with
+            resize_(0) and brings it back) is no op the mode sees: the allocation follows here, as
+            in _observe. The new block is allocated (and checked against the fake card) before the
+            storage changes, and the old one freed after, as the device allocator does."""
+            with self.lock:
+                entry = None if self.closed else self.storages.get(storage._cdata)
+                if entry is None or entry[1] == nbytes:
+                    return resize()
+                new_id = None
+                if nbytes:
+                    new_id = self._new_id()
+                    self.record_alloc(new_id, nbytes, self._current_stream_id(storage.device))
+                out = resize()
+                if entry[0] is not None:
+                    self.sink.free(entry[0], entry[1])
+                entry[0], entry[1] = new_id, nbytes
+                return out
 
         def _dispatch(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
@@ -1137,7 +1160,10 @@ class _Patches:
         self.saved = []
 
     def set(self, obj, name, value):
-        self.saved.append((obj, name, getattr(obj, name, _MISSING)))
+        # A class's own attribute as stored (a staticmethod stays one), or none: an inherited
+        # one is restored by deleting the override.
+        old = vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
+        self.saved.append((obj, name, old))
         setattr(obj, name, value)
 
     def undo(self):
@@ -1167,7 +1193,12 @@ def _fake_tensor_fixes(torch, patches):
 
     def format_value(self, spec):
         if self.dim() == 0:
-            return self.item().__format__(spec)  # the value as .item() answers it (--scalar-value)
+            try:
+                return self.item().__format__(spec)  # the value as .item() answers it (--scalar-value)
+            except FakeValueNeeded:
+                if spec:
+                    raise
+                # f"{loss}": formatted as the tensor it is (its repr), as before, not a stop.
         return object.__format__(self, spec)
 
     patches.set(fake_tensor_type, "__format__", format_value)
@@ -1748,58 +1779,59 @@ def _fake_cuda_serialization(torch, patches):
             return loaded._apply(to_fake_cuda)
         return torch.utils._pytree.tree_map(to_fake_cuda, loaded)
 
-    def save(obj, f, *args, **kwargs):
-        # Zeros in place of each fake storage (views of it stay views), tagged with the device
-        # the storage was on, so that loading the file back allocates where a real load would.
-        zeros, device_of = {}, {}
+    # torch.save writes zeros in place of each fake storage (views of it stay views), tagged with
+    # the device the storage was on, so that loading the file back allocates where a real load
+    # would. Fake tensors the pytree does not reach (inside a module, a dataclass) pickle as those
+    # zeros too: FakeTensor.__reduce_ex__ and location_tag are replaced for the whole capture and
+    # act only inside a save, per thread (saves may overlap on threads).
+    saving = threading.local()
+    serialization = torch.serialization
+    original_tag, original_reduce = serialization.location_tag, fake_type.__reduce_ex__
 
-        def zeros_like_fake(t):
-            if not isinstance(t, fake_type):
-                return t
-            key = t.untyped_storage()._cdata
-            # Real CPU tensors, made below every mode (the recorder would fake large ones).
+    def zeros_like_fake(t):
+        if not isinstance(t, fake_type):
+            return t
+        zeros, device_of = saving.current
+        key = t.untyped_storage()._cdata
+        # Real CPU tensors, made below every mode (the recorder would fake large ones).
+        with torch.utils._python_dispatch._disable_current_modes():
+            base = zeros.get(key)
+            if base is None:
+                # A large one is fresh pages from the kernel (glibc mmaps anything past 32 MiB),
+                # zeros already: left untouched, the save reads the shared zero page and the
+                # capture's RSS does not grow by the size of the model.
+                nbytes = t.untyped_storage().nbytes()
+                make = torch.empty if nbytes >= 64 << 20 else torch.zeros
+                base = zeros[key] = make(nbytes, dtype=torch.uint8)
+                device_of[base.untyped_storage()._cdata] = str(t.device)
+            whole = base[: base.numel() - base.numel() % t.element_size()]
+            return whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+
+    def reduce_fake(t, protocol):
+        if getattr(saving, "current", None) is None:
+            return original_reduce(t, protocol)
+        zeros = zeros_like_fake(t)
+        if isinstance(t, torch.nn.Parameter) or getattr(t, "_is_param", False):
+            # A module's parameter must load back as one (register_parameter checks).
             with torch.utils._python_dispatch._disable_current_modes():
-                base = zeros.get(key)
-                if base is None:
-                    # A large one is fresh pages from the kernel (glibc mmaps anything past 32 MiB),
-                    # zeros already: left untouched, the save reads the shared zero page and the
-                    # capture's RSS does not grow by the size of the model.
-                    nbytes = t.untyped_storage().nbytes()
-                    make = torch.empty if nbytes >= 64 << 20 else torch.zeros
-                    base = zeros[key] = make(nbytes, dtype=torch.uint8)
-                    device_of[base.untyped_storage()._cdata] = str(t.device)
-                whole = base[: base.numel() - base.numel() % t.element_size()]
-                return whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+                zeros = torch.nn.Parameter(zeros, requires_grad=t.requires_grad)
+        return zeros.__reduce_ex__(protocol)
 
-        serialization = torch.serialization
-        original_tag = serialization.location_tag
+    def location_tag(storage):
+        current = getattr(saving, "current", None)
+        tag = current and current[1].get(getattr(storage, "_untyped_storage", storage)._cdata)
+        return tag or original_tag(storage)
 
-        def location_tag(storage):
-            return device_of.get(getattr(storage, "_untyped_storage", storage)._cdata) or original_tag(storage)
-
-        plain = torch.utils._pytree.tree_map(zeros_like_fake, obj)
-        # Fake tensors the tree does not reach (inside a module, a dataclass) pickle as their zeros.
-        had_reduce = "__reduce_ex__" in vars(fake_type)
-        old_reduce = fake_type.__reduce_ex__
-        serialization.location_tag = location_tag
-        def reduce_fake(t, protocol):
-            zeros = zeros_like_fake(t)
-            if isinstance(t, torch.nn.Parameter) or getattr(t, "_is_param", False):
-                # A module's parameter must load back as one (register_parameter checks).
-                with torch.utils._python_dispatch._disable_current_modes():
-                    zeros = torch.nn.Parameter(zeros, requires_grad=t.requires_grad)
-            return zeros.__reduce_ex__(protocol)
-
-        fake_type.__reduce_ex__ = reduce_fake
+    def save(obj, f, *args, **kwargs):
+        outer = getattr(saving, "current", None)
+        saving.current = ({}, {})
         try:
-            return original_save(plain, f, *args, **kwargs)
+            return original_save(torch.utils._pytree.tree_map(zeros_like_fake, obj), f, *args, **kwargs)
         finally:
-            serialization.location_tag = original_tag
-            if had_reduce:
-                fake_type.__reduce_ex__ = old_reduce
-            else:
-                del fake_type.__reduce_ex__
+            saving.current = outer
 
+    patches.set(fake_type, "__reduce_ex__", reduce_fake)
+    patches.set(serialization, "location_tag", location_tag)
     patches.set(torch, "load", load)
     patches.set(torch, "save", save)
     # safetensors (transformers' save_pretrained) copies each tensor's bytes from its data
@@ -1888,11 +1920,32 @@ def _recorded_threads(threading_module, patches, recorder):
     original = getattr(threading_module.Thread, "_bootstrap_inner", None)
     if original is None:
         return
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class ThreadMode(TorchDispatchMode):
+        """The capture's mode on one thread (a mode keeps per-instance state as it is entered and
+        left, so each thread gets its own); a pass-through once the capture has ended."""
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return recorder.__torch_dispatch__(func, types, args, kwargs)
+
+    def run_recorded(thread):
+        try:
+            thread.run()
+        except (StopCapture, FakeValueNeeded, NeedsDriver) as e:
+            # What stops a capture (--steps, a fake value read, the driver) stops it from any
+            # thread: the main thread is interrupted (a real signal, so that a wait on this thread
+            # wakes) and reports it; a thread dying alone would leave it waiting.
+            if recorder.thread_error is None and not recorder.closed:
+                recorder.thread_error = e
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     def bootstrap_inner(self):
         if recorder.closed:
             return original(self)
-        with recorder:
+        run = self.run
+        self.run = lambda: run_recorded(types.SimpleNamespace(run=run))
+        with ThreadMode():
             return original(self)
 
     patches.set(threading_module.Thread, "_bootstrap_inner", bootstrap_inner)
@@ -2149,6 +2202,17 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         outcome = f"complete: {recorder.step_no} steps"
     except StopCapture:
         outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
+    except KeyboardInterrupt as e:
+        # A recorded thread's stop (_recorded_threads) arrives as an interrupt: it is that stop.
+        stop = recorder.thread_error
+        if isinstance(stop, StopCapture):
+            outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
+        else:
+            outcome = f"incomplete: {type(stop or e).__name__}"
+            sink.end_on_refused(stop or e)
+            if stop is not None:
+                raise stop from None
+            raise
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code}"
@@ -2238,9 +2302,7 @@ def _start(torch, recorder, stack, patches, fake, device):
     original_resize = torch.UntypedStorage.resize_
 
     def resize_(storage, size):
-        out = original_resize(storage, size)
-        recorder.storage_resized(storage)
-        return out
+        return recorder.resize_storage(storage, int(size), lambda: original_resize(storage, size))
 
     patches.set(torch.UntypedStorage, "resize_", resize_)
     _recorded_threads(threading, patches, recorder)

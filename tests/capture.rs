@@ -1125,3 +1125,20 @@ fn a_terminated_capture_keeps_its_rows() {
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(text.contains("alloc,1,4194304,0") && text.contains("# capture incomplete: KeyboardInterrupt"), "{text}");
 }
+
+/// A fake value read in a thread the script started stops the capture with that line, instead
+/// of leaving the main thread waiting forever for the thread that died.
+#[test]
+fn a_value_read_in_a_thread_stops_the_capture_with_its_line() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("thread_read.py");
+    let (out, trace) = capture(dir.path(), "t.csv", &[], &[&script]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("thread_read.py:13: `results.put(x.sum().item())") && err.contains("--scalar-value"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().ends_with("# capture incomplete: FakeValueNeeded\n"));
+}

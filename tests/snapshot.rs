@@ -394,8 +394,7 @@ fn a_recorded_out_of_memory_error_is_replayed_where_it_happened() {
     assert!(
         t.notes
             .iter()
-            .any(|n| n
-                .starts_with("the history records 1 out-of-memory error (the first at trace entry 7: a 12884901888-byte request, with 9985798963 bytes free")),
+            .any(|n| n.starts_with("the history ends with an out-of-memory error (trace entry 7: a 12884901888-byte request, with 9985798963 bytes free")),
         "{:?}",
         t.notes
     );
@@ -407,6 +406,14 @@ fn a_recorded_out_of_memory_error_is_replayed_where_it_happened() {
     let (_, stdout, _) = allocbench(&["replay", p.to_str().unwrap(), "--capacity", "100GiB", "--json", "-", "-q"]);
     let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!((v["summary"]["ooms"].as_u64(), v["work"]["live_bytes_end"].as_u64()), (Some(0), Some(6 * 10737418240)));
+    // An OOM the script caught (allocations follow it, as in a batch-size search) is said, not
+    // replayed: the run went on without it.
+    trace.push(format!(r#"{{"action": "alloc", "addr": 1, "size": 1048576, "stream": 0, "frames": {}}}"#, frames("/home/u/train.py", 50, "main")));
+    let p = json_snapshot(dir.path(), "caught.json", "", &trace.join(", "));
+    let t = import_snapshot(&p).unwrap();
+    assert!(!t.events.contains(&Event::Alloc { id: 7, bytes: 12884901888, stream: 0 }), "{:?}", t.events);
+    let caught = "1 out-of-memory error the script caught (allocations follow; the first at trace entry 7, a 12884901888-byte request) is not replayed";
+    assert!(t.notes.iter().any(|n| n == caught), "{:?}", t.notes);
 }
 
 /// A run of segment releases right before a new segment is a malloc's retry path only when it is
@@ -415,12 +422,12 @@ fn a_recorded_out_of_memory_error_is_replayed_where_it_happened() {
 #[test]
 fn an_explicit_empty_cache_is_told_from_a_mallocs_retry() {
     let dir = tempfile::tempdir().unwrap();
-    let history = |release_frames: &str, next_frames: &str| {
+    let history = |release_frames: &str, next_frames: &str, free_frames: &str| {
         format!(
             r#"{{"action": "segment_alloc", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
                {{"action": "alloc", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
-               {{"action": "free_requested", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
-               {{"action": "free_completed", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {a}}},
+               {{"action": "free_requested", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {free_frames}}},
+               {{"action": "free_completed", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {free_frames}}},
                {{"action": "segment_free", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {release_frames}}},
                {{"action": "segment_alloc", "addr": 8192000000, "size": 157286400, "stream": 0, "frames": {next_frames}}},
                {{"action": "alloc", "addr": 8192000000, "size": 157286400, "stream": 0, "frames": {next_frames}}}"#,
@@ -430,13 +437,19 @@ fn an_explicit_empty_cache_is_told_from_a_mallocs_retry() {
     let evaluate = frames("/home/u/train.py", 120, "evaluate");
     let bigger = frames("/home/u/train.py", 95, "main");
     let empty_cache = r#"[{"filename": "/usr/lib/python3/site-packages/torch/cuda/memory.py", "line": 222, "name": "empty_cache"}]"#;
-    for (name, release, next, explicit) in [
-        ("other-frames.json", evaluate.as_str(), bigger.as_str(), true),
-        ("names-empty-cache.json", empty_cache, empty_cache, true),
-        ("retry.json", bigger.as_str(), bigger.as_str(), false),
-        ("no-frames.json", "[]", "[]", false),
+    let forward = frames("/home/u/train.py", 52, "forward");
+    let all = forward.as_str(); // context="all": frees carry frames
+    for (name, release, next, free, explicit) in [
+        ("other-frames.json", evaluate.as_str(), bigger.as_str(), all, true),
+        ("names-empty-cache.json", empty_cache, empty_cache, all, true),
+        ("retry.json", bigger.as_str(), bigger.as_str(), all, false),
+        ("no-frames.json", "[]", "[]", "[]", false),
+        // context="alloc" (frees carry no frames): empty_cache gathers none either, and c10's
+        // release_block records the segment's own allocation frames, whatever the next malloc's.
+        ("alloc-context-empty-cache.json", all, all, "[]", true),
+        ("alloc-context-retry.json", bigger.as_str(), bigger.as_str(), "[]", false),
     ] {
-        let p = json_snapshot(dir.path(), name, "", &history(release, next));
+        let p = json_snapshot(dir.path(), name, "", &history(release, next, free));
         let t = import_snapshot(&p).unwrap();
         assert_eq!(counts(&t.events).2, explicit as usize, "{name}: {:?}", t.events);
         let (_, stdout, _) = allocbench(&["replay", p.to_str().unwrap(), "--json", "-", "-q"]);
@@ -514,7 +527,7 @@ fn snapshot_notes_and_refusals_say_what_the_file_holds() {
 fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
     let dir = tempfile::tempdir().unwrap();
     let header = "Thread,Time,Action,Pointer,Size,Stream\n";
-    let rows = "1,10:00:00:000001,allocate,0x7f0000000000,1048576,0x0\n1,10:00:00:000002,allocate failure,(nil),99999999999,0x0\n1,10:00:00:000003,free,0x7f00000f0000,4096,0x0\n1,10:00:00:000004,free,0x7f0000000000,1048576,0x0\n";
+    let rows = "1,10:00:00:000001,allocate,0x7f0000000000,1048576,0x0\n1,10:00:00:000002,allocate failure,(nil),18446744073709551615,0x0\n1,10:00:00:000003,free,0x7f00000f0000,4096,0x0\n1,10:00:00:000004,free,0x7f0000000000,1048576,0x0\n";
     let p = dir.path().join("rmm.csv");
     std::fs::write(&p, format!("{header}{rows}")).unwrap();
     let t = import_rmm_log(&p).unwrap();
@@ -526,10 +539,15 @@ fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
             "1 free skipped: its pointer was never allocated in the log (allocated before it began)".to_string()
         ]
     );
+    // Gzip in two members (`gzip -c a >> log.gz`, as logs are appended): all of it is read.
     let gz_path = dir.path().join("rmm.csv.gz");
-    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
-    std::io::Write::write_all(&mut gz, format!("{header}{rows}").as_bytes()).unwrap();
-    std::fs::write(&gz_path, gz.finish().unwrap()).unwrap();
+    let member = |text: &str| {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut gz, text.as_bytes()).unwrap();
+        gz.finish().unwrap()
+    };
+    let (first, rest) = rows.split_at(rows.find("1,10:00:00:000003").unwrap());
+    std::fs::write(&gz_path, [member(&format!("{header}{first}")), member(rest)].concat()).unwrap();
     match Source::open(Some(&gz_path)).unwrap() {
         Source::Imported(t2, _) => assert_eq!(t2.events, t.events),
         _ => panic!("a gzip RMM log is an RMM log"),

@@ -136,10 +136,12 @@ fn private_pool_note(root: &Value, notes: &mut Vec<String>) {
 const MARKER_ACTIONS: [&str; 3] = ["snapshot", "user_defined", "annotate"];
 
 /// Where a run of segment releases (`segment_free`/`segment_unmap`) came from, as far as its
-/// entries tell: the frames of its first entry, and whether any entry names empty_cache.
+/// entries tell: the frames of its first entry, whether any entry names empty_cache, and whether
+/// the first carries the frames its segment was allocated with.
 struct ReleaseRun {
     frames: Option<Value>,
     names_empty_cache: bool,
+    frames_of_its_segment: bool,
 }
 
 /// A frame as (file, line, function).
@@ -154,15 +156,22 @@ fn frame_keys(frames: &Value) -> Option<Vec<FrameKey>> {
 
 /// Whether a release run and the allocation after it can be one malloc's: PyTorch records both
 /// with that malloc's context, so where both carry frames they are the same frames.
-fn same_malloc(run: &ReleaseRun, next: &Value) -> bool {
-    if run.names_empty_cache {
+/// `context_below_all`: frees carry no frames while allocations do (recorded with
+/// context="state" or "alloc"): empty_cache gathers no context then, and c10's release_block
+/// records the segment's own allocation context instead.
+fn same_malloc(run: &ReleaseRun, next: &Value, context_below_all: bool) -> bool {
+    if run.names_empty_cache || (context_below_all && run.frames_of_its_segment) {
         return false;
     }
-    let keys = |v: Option<&Value>| v.and_then(frame_keys).filter(|k| !k.is_empty());
-    match (keys(run.frames.as_ref()), keys(next.get("frames").as_ref())) {
+    match (frames_of(run.frames.as_ref()), frames_of(next.get("frames").as_ref())) {
         (Some(a), Some(b)) => a == b,
         _ => true, // no frames to tell by: a release right before an allocation is taken for its retry
     }
+}
+
+/// An entry's frames, when it has any.
+fn frames_of(v: Option<&Value>) -> Option<Vec<FrameKey>> {
+    v.and_then(frame_keys).filter(|k| !k.is_empty())
 }
 
 fn names_empty_cache(entry: &Value) -> bool {
@@ -318,6 +327,15 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
             next_id += 1;
         }
     }
+    let action_of = |e: &Value| e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
+    let has_frames = |e: &Value| frames_of(e.get("frames").as_ref()).is_some();
+    let context_below_all = trace.iter().any(|e| action_of(e) == "alloc" && has_frames(e))
+        && !trace.iter().any(|e| matches!(action_of(e).as_str(), "free_requested" | "free_completed") && has_frames(e));
+    // An OOM after which nothing is allocated ended the run (or was dumped as it happened); one
+    // followed by allocations was caught, and the script went on without it.
+    let last_alloc = trace.iter().rposition(|e| action_of(e) == "alloc");
+    // The frames each segment was allocated (or mapped) with, by address.
+    let mut segment_frames: FxHashMap<i128, Vec<FrameKey>> = FxHashMap::default();
     let mut release: Option<ReleaseRun> = None;
     let mut skipped_unknown = 0usize;
     let mut unknown_actions: Vec<(String, usize)> = Vec::new();
@@ -336,7 +354,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
         let is_segment_release = matches!(action.as_str(), "segment_free" | "segment_unmap");
         if let Some(run) = release.as_ref().filter(|_| !is_segment_release) {
             let allocates = matches!(action.as_str(), "segment_alloc" | "segment_map" | "oom");
-            if !(allocates && same_malloc(run, e)) {
+            if !(allocates && same_malloc(run, e, context_below_all)) {
                 out.events.push(Event::EmptyCache);
             }
             release = None;
@@ -399,11 +417,18 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 let names = names_empty_cache(e);
                 match release.as_mut() {
                     Some(run) => run.names_empty_cache |= names,
-                    None => release = Some(ReleaseRun { frames: e.get("frames"), names_empty_cache: names }),
+                    None => {
+                        let own = int(e, "addr").and_then(|a| segment_frames.get(&a));
+                        let frames_of_its_segment = own.is_some_and(|own| frames_of(e.get("frames").as_ref()).as_ref() == Some(own));
+                        release = Some(ReleaseRun { frames: e.get("frames"), names_empty_cache: names, frames_of_its_segment })
+                    }
                 }
             }
-            "segment_alloc" => {
-                if let (Some(addr), Some(size)) = (int(e, "addr"), int(e, "size")) {
+            "segment_alloc" | "segment_map" => {
+                if let (Some(addr), Some(frames)) = (int(e, "addr"), frames_of(e.get("frames").as_ref())) {
+                    segment_frames.insert(addr, frames);
+                }
+                if let (true, Some(addr), Some(size)) = (action == "segment_alloc", int(e, "addr"), int(e, "size")) {
                     out.segment_addresses.push((addr.max(0) as u64, size.max(0) as u64));
                 }
             }
@@ -415,6 +440,9 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     return Err(format!("trace entry {i}: out-of-memory error of a {size}-byte request"));
                 }
                 ooms.push((i, size, int(e, "device_free").or_else(|| int(e, "addr"))));
+                if last_alloc.is_some_and(|last| last > i) {
+                    continue; // caught: noted below, not replayed
+                }
                 if let Some(site) = site_of(e) {
                     let sid = out.sites.intern(site, &mut site_ids);
                     out.sites.of_id.insert(next_id, sid);
@@ -423,7 +451,6 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 out.events.push(Event::Free { id: next_id });
                 next_id += 1;
             }
-            "segment_map" => {}
             a if MARKER_ACTIONS.contains(&a) => {}
             other => match unknown_actions.iter_mut().find(|(a, _)| a == other) {
                 Some((_, n)) => *n += 1,
@@ -434,12 +461,18 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     if release.is_some() {
         out.events.push(Event::EmptyCache);
     }
-    if let Some(&(entry, size, free)) = ooms.first() {
+    let (ended, caught): (Vec<_>, Vec<_>) = ooms.iter().partition(|(entry, ..)| last_alloc.is_none_or(|last| last <= *entry));
+    if let Some((entry, size, free)) = ended.first() {
         let free = free.map(|f| format!(", with {f} bytes free on the device")).unwrap_or_default();
         out.notes.push(format!(
-            "the history records {} out-of-memory error{} (the first at trace entry {entry}: a {size}-byte request{free}); each failed request is replayed where it was made, allocated and freed at once",
-            ooms.len(),
-            if ooms.len() == 1 { "" } else { "s" }
+            "the history ends with an out-of-memory error (trace entry {entry}: a {size}-byte request{free}): the failed request is replayed where it was made, allocated and freed at once"
+        ));
+    }
+    if let Some((entry, size, _)) = caught.first() {
+        out.notes.push(format!(
+            "{} the script caught (allocations follow; the first at trace entry {entry}, a {size}-byte request) {} not replayed",
+            crate::units::count(caught.len() as u64, "out-of-memory error"),
+            if caught.len() == 1 { "is" } else { "are" }
         ));
     }
     for (action, n) in unknown_actions {
@@ -464,7 +497,10 @@ fn read_maybe_gzip(path: &Path, limit: u64) -> Result<Vec<u8>, InputError> {
         return Ok(data);
     }
     let mut out = Vec::new();
-    flate2::read::GzDecoder::new(&data[..]).take(limit + 1).read_to_end(&mut out).map_err(|e| err(path, format!("a gzip file that does not decode: {e}")))?;
+    flate2::read::MultiGzDecoder::new(&data[..])
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| err(path, format!("a gzip file that does not decode: {e}")))?;
     if out.len() as u64 > limit {
         return Err(err(path, format!("decompresses to more than {} bytes: larger than any input this importer accepts", limit)));
     }
@@ -508,9 +544,6 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
         // glibc's printf prints a null %p as "(nil)" (RMM's failed allocations).
         let ptr = if ptr_s == "(nil)" { Ok(0) } else { hex(ptr_s) }.map_err(|_| InputError::new(loc(), format!("bad pointer '{ptr_s}'")))?;
         let size: u64 = get("size").parse().map_err(|_| InputError::new(loc(), format!("bad size '{}'", get("size"))))?;
-        if size >= crate::units::MAX_REQUEST_BYTES {
-            return Err(InputError::new(loc(), format!("size {size}: 1 EiB or more, larger than any request a device allocator serves")));
-        }
         let stream = match get("stream") {
             "" if !c.contains_key("stream") => 0,
             s => hex(s).map_err(|_| InputError::new(loc(), format!("bad stream '{s}' (expected a hexadecimal handle such as 0x0)")))?,
@@ -519,6 +552,10 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
             "allocate" => {
                 if size == 0 {
                     continue;
+                }
+                // (A failed allocation may log any size: a negative one cast to size_t.)
+                if size >= crate::units::MAX_REQUEST_BYTES {
+                    return Err(InputError::new(loc(), format!("size {size}: 1 EiB or more, larger than any request a device allocator serves")));
                 }
                 if let Some(old) = live.insert(ptr, next_id) {
                     reallocated += 1;
@@ -566,7 +603,7 @@ pub fn is_rmm_log(path: &Path) -> bool {
     let Ok(f) = std::fs::File::open(path) else { return false };
     let mut r = std::io::BufReader::new(f);
     let gzip = r.fill_buf().is_ok_and(|b| b.starts_with(&[0x1f, 0x8b]));
-    let mut r: Box<dyn BufRead> = if gzip { Box::new(std::io::BufReader::new(flate2::read::GzDecoder::new(r))) } else { Box::new(r) };
+    let mut r: Box<dyn BufRead> = if gzip { Box::new(std::io::BufReader::new(flate2::read::MultiGzDecoder::new(r))) } else { Box::new(r) };
     let mut first = String::new();
     while r.read_line(&mut first).unwrap_or(0) > 0 {
         let t = first.trim();

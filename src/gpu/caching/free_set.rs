@@ -237,6 +237,8 @@ impl FreeSet {
     #[inline(always)]
     pub fn remove(&mut self, k: FreeKey, slot: u32) -> u32 {
         let (s, c, index) = (k.stream() as usize, (slot >> 8) as usize, slot & 0xFF);
+        // (The module is the caching allocator's own: it removes only entries `insert` made.)
+        debug_assert!(s < self.streams(), "stream {s} was never inserted");
         debug_assert_eq!(c, class_of(k.size()), "slot {slot:#x} is not in the class of {k:?}");
         let bin = unsafe { self.bins.get_unchecked_mut(s * BINS + c) };
         debug_assert!(
