@@ -68,6 +68,16 @@ _CUBLAS_OPS = frozenset(
 _active = None  # the Recorder of the capture in progress, if any
 
 
+def _fresh_lock_after_fork():
+    # A forked child (a DataLoader worker) gets the recorder's lock as its parent's threads left
+    # it, maybe held by a thread that does not exist there: a fresh one.
+    if _active is not None:
+        _active.lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
+
+
 class StopCapture(BaseException):
     """Raised from the optimizer hook once --steps steps are captured (a BaseException, so a
     script's ``except Exception`` does not swallow it)."""
@@ -508,12 +518,16 @@ def _make_recorder_class(torch):
             self.lock = threading.RLock()
             # An error that stopped a recorded thread, handed to the main thread.
             self.thread_error = None
-            # A forked child (a DataLoader worker) gets the lock as its parent's threads left it,
-            # maybe held by a thread that does not exist there: a fresh one.
-            os.register_at_fork(after_in_child=self._fresh_lock_after_fork)
+            # The thread the capture runs on (where a recorded thread's stop is raised), and the
+            # signal that wakes it for that, when it is the main thread (see capture()).
+            self.owner = threading.current_thread()
+            self.wake_signal = None
 
-        def _fresh_lock_after_fork(self):
-            self.lock = threading.RLock()
+        def raise_thread_error(self):
+            """On the capture's own thread: a recorded thread's stop (_recorded_threads), raised here."""
+            error = self.thread_error
+            if error is not None and not self.closed and threading.current_thread() is self.owner:
+                raise error
 
         def say_once(self, what, message, trace_note=None):
             """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
@@ -534,6 +548,7 @@ def _make_recorder_class(torch):
         def step(self):
             if self.closed:
                 return
+            self.raise_thread_error()
             with self.lock:
                 self.step_no += 1
                 self.sink.step(self.step_no)
@@ -673,6 +688,8 @@ def _make_recorder_class(torch):
             # time (reentrant: an op's parts dispatch here again on the same thread).
             if self.closed:
                 return func(*args, **(kwargs or {}))
+            if self.thread_error is not None:
+                self.raise_thread_error()
             with self.lock:
                 return self._dispatch(func, types, args, kwargs)
 
@@ -689,7 +706,12 @@ def _make_recorder_class(torch):
                 if nbytes:
                     new_id = self._new_id()
                     self.record_alloc(new_id, nbytes, self._current_stream_id(storage.device))
-                out = resize()
+                try:
+                    out = resize()
+                except BaseException:
+                    if new_id is not None:
+                        self.sink.free(new_id, nbytes)  # the resize failed: its block never was
+                    raise
                 if entry[0] is not None:
                     self.sink.free(entry[0], entry[1])
                 entry[0], entry[1] = new_id, nbytes
@@ -1934,11 +1956,19 @@ def _recorded_threads(threading_module, patches, recorder):
             thread.run()
         except (StopCapture, FakeValueNeeded, NeedsDriver) as e:
             # What stops a capture (--steps, a fake value read, the driver) stops it from any
-            # thread: the main thread is interrupted (a real signal, so that a wait on this thread
-            # wakes) and reports it; a thread dying alone would leave it waiting.
-            if recorder.thread_error is None and not recorder.closed:
+            # thread: the capture's thread raises it at its next op, step or end. If that is the
+            # main thread with Python's own Ctrl-C handler, it is also interrupted (a real signal,
+            # so that a wait on this thread wakes); a thread dying alone could leave it waiting.
+            with recorder.lock:
+                if recorder.thread_error is not None or recorder.closed:
+                    return
                 recorder.thread_error = e
-                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            if recorder.wake_signal is not None:
+                signal.pthread_kill(recorder.owner.ident, recorder.wake_signal)
+        except BaseException:
+            if not recorder.closed:
+                raise
+            # After the capture ended its patches are gone: what fails then is no script error.
 
     def bootstrap_inner(self):
         if recorder.closed:
@@ -2188,6 +2218,13 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     hook = register_optimizer_step_post_hook(lambda opt, args, kwargs: recorder.optimizer_stepped(opt))
+    # A recorded thread's stop (_recorded_threads) is raised on the capture's thread at its next
+    # op; a signal of the capture's own (not SIGINT, whose handling is the script's) also wakes
+    # it from a wait on that thread. Only the main thread can take signals.
+    woke_before = None
+    if threading.current_thread() is threading.main_thread():
+        recorder.wake_signal = getattr(signal, "SIGRTMIN", signal.SIGUSR2) + (7 if hasattr(signal, "SIGRTMIN") else 0)
+        woke_before = signal.signal(recorder.wake_signal, lambda signum, frame: recorder.raise_thread_error())
     conf_before = {name: os.environ.get(name) for name in _ALLOC_CONF_VARS}
     stack = contextlib.ExitStack()
     try:
@@ -2199,6 +2236,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
             raise SetupError(f"the capture could not start in torch {torch.__version__}: {type(e).__name__}: {e}") from e
         _active = recorder
         yield recorder
+        recorder.raise_thread_error()
         outcome = f"complete: {recorder.step_no} steps"
     except StopCapture:
         outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
@@ -2216,20 +2254,30 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code}"
+        stop = recorder.thread_error
+        if code == 0 and stop is not None and not isinstance(stop, StopCapture):
+            # The script ended well only because a recorded thread stopped: that stop is the outcome.
+            outcome = f"incomplete: {type(stop).__name__}"
+            sink.end_on_refused(stop)
+            raise stop from None
         raise
     except BaseException as e:
         outcome = f"incomplete: {type(e).__name__}"
         sink.end_on_refused(e)
         raise
     finally:
-        recorder.closed = True
+        with recorder.lock:  # no recorded thread is inside an op while the capture closes
+            recorder.closed = True
         _active = None
         stack.close()
         hook.remove()
+        if recorder.wake_signal is not None:
+            signal.signal(recorder.wake_signal, woke_before)
         patches.undo()
         torch.autograd.set_multithreading_enabled(multithreading)
-        _note_script_conf(sink, recorder.script_conf, conf_before)
-        sink.close(outcome)
+        with recorder.lock:
+            _note_script_conf(sink, recorder.script_conf, conf_before)
+            sink.close(outcome)
         recorder.outcome = outcome
 
 

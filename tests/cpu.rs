@@ -304,6 +304,15 @@ fn exec_bad_input() {
         assert!(said.trim().starts_with(&want) && said.trim().lines().count() == 1, "{said}");
         assert!(!out.exists() || std::fs::read_to_string(&out).unwrap().is_empty(), "nothing ran");
     }
+    // On PATH but not executable: said where; PATH unset: /bin:/usr/bin, as execvp searches.
+    let on_path = tempfile::tempdir().unwrap();
+    std::fs::write(on_path.path().join("myprog"), "#!/bin/sh\n").unwrap();
+    let run = bin().env("PATH", on_path.path()).args(["cpu", "--exec", "--allocator", "glibc", "--", "myprog"]).output().unwrap();
+    let said = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{said}");
+    assert!(said.contains(&format!("error: myprog: found at {}, which is not executable", on_path.path().join("myprog").display())), "{said}");
+    let run = bin().env_remove("PATH").args(["cpu", "--exec", "--allocator", "glibc", "--", "sh", "-c", "exit 0"]).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let run =
         bin().args(["cpu", "--exec", "--allocator", "glibc", "--reps", "2", "--jsonl", out.to_str().unwrap(), "--", "sh", "-c", "exit 3"]).output().unwrap();
     assert_eq!(run.status.code(), Some(1));

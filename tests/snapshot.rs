@@ -414,6 +414,18 @@ fn a_recorded_out_of_memory_error_is_replayed_where_it_happened() {
     assert!(!t.events.contains(&Event::Alloc { id: 7, bytes: 12884901888, stream: 0 }), "{:?}", t.events);
     let caught = "1 out-of-memory error the script caught (allocations follow; the first at trace entry 7, a 12884901888-byte request) is not replayed";
     assert!(t.notes.iter().any(|n| n == caught), "{:?}", t.notes);
+    assert_eq!(counts(&t.events).2, 0);
+    // Its malloc's retry flushed the cache (segment_free with the malloc's frames, then the oom):
+    // the flush is kept though the request is not.
+    let flush = format!(
+        r#"{{"action": "segment_free", "addr": 4096, "size": 2097152, "stream": 0, "frames": {}}}"#,
+        frames("/home/u/model.py", 31, "Attention.forward")
+    );
+    trace.insert(7, flush);
+    let p = json_snapshot(dir.path(), "caught-flush.json", "", &trace.join(", "));
+    let t = import_snapshot(&p).unwrap();
+    assert_eq!(counts(&t.events).2, 1, "{:?}", t.events);
+    assert!(!t.events.contains(&Event::Alloc { id: 7, bytes: 12884901888, stream: 0 }));
 }
 
 /// A run of segment releases right before a new segment is a malloc's retry path only when it is
@@ -431,23 +443,27 @@ fn an_explicit_empty_cache_is_told_from_a_mallocs_retry() {
                {{"action": "segment_free", "addr": 4096000000, "size": 104857600, "stream": 0, "frames": {release_frames}}},
                {{"action": "segment_alloc", "addr": 8192000000, "size": 157286400, "stream": 0, "frames": {next_frames}}},
                {{"action": "alloc", "addr": 8192000000, "size": 157286400, "stream": 0, "frames": {next_frames}}}"#,
-            a = frames("/home/u/train.py", 52, "forward")
+            // A history without frames has none at its first allocation either.
+            a = if next_frames == "[]" { "[]".to_string() } else { frames("/home/u/train.py", 52, "forward") }
         )
     };
     let evaluate = frames("/home/u/train.py", 120, "evaluate");
     let bigger = frames("/home/u/train.py", 95, "main");
     let empty_cache = r#"[{"filename": "/usr/lib/python3/site-packages/torch/cuda/memory.py", "line": 222, "name": "empty_cache"}]"#;
     let forward = frames("/home/u/train.py", 52, "forward");
-    let all = forward.as_str(); // context="all": frees carry frames
+    let all = forward.as_str(); // the first segment's and block's allocation frames
     for (name, release, next, free, explicit) in [
-        ("other-frames.json", evaluate.as_str(), bigger.as_str(), all, true),
-        ("names-empty-cache.json", empty_cache, empty_cache, all, true),
-        ("retry.json", bigger.as_str(), bigger.as_str(), all, false),
+        ("other-frames.json", evaluate.as_str(), bigger.as_str(), evaluate.as_str(), true),
+        ("names-empty-cache.json", empty_cache, empty_cache, evaluate.as_str(), true),
+        ("retry.json", bigger.as_str(), bigger.as_str(), evaluate.as_str(), false),
         ("no-frames.json", "[]", "[]", "[]", false),
         // context="alloc" (frees carry no frames): empty_cache gathers none either, and c10's
         // release_block records the segment's own allocation frames, whatever the next malloc's.
         ("alloc-context-empty-cache.json", all, all, "[]", true),
         ("alloc-context-retry.json", bigger.as_str(), bigger.as_str(), "[]", false),
+        // As PyTorch writes context="alloc": frees carry their block's allocation frames.
+        ("alloc-context-frees-as-allocated.json", all, all, all, true),
+        ("alloc-context-frees-as-allocated-retry.json", bigger.as_str(), bigger.as_str(), all, false),
     ] {
         let p = json_snapshot(dir.path(), name, "", &history(release, next, free));
         let t = import_snapshot(&p).unwrap();

@@ -250,26 +250,39 @@ struct Observed {
     interrupted: bool,
 }
 
-/// Runs `command` once under `alloc`, sampling its process tree until it exits. A command that
-/// cannot start is a result (exit code 127 or 126, `error` says why), never an error.
-/// Where `program` is, as execvp finds it: a name with a `/` is a path, else the first
-/// executable file of that name on PATH. The error says why it would not start.
+/// Where `program` is, as execvp finds it: a name with a `/` is a path, else the first file of
+/// that name on PATH (`/bin:/usr/bin` when PATH is unset, as glibc's execvp) that this process may
+/// execute. The error says why it would not start.
 pub fn find_program(program: &str) -> Result<std::path::PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let runnable = |p: &std::path::Path| p.is_file() && p.metadata().is_ok_and(|m| m.permissions().mode() & 0o111 != 0);
+    // access(2) with the effective ids: what exec will check (mode bits alone say nothing of
+    // whose they are, or of a noexec mount).
+    let may_execute = |p: &std::path::Path| {
+        let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())) else { return false };
+        // SAFETY: a valid NUL-terminated path; faccessat reads it and nothing else.
+        unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) == 0 }
+    };
     if program.contains('/') {
         let p = std::path::Path::new(program);
         return match p.metadata() {
             Err(_) => Err("no such program".into()),
             Ok(m) if m.is_dir() => Err("is a directory, not a program".into()),
-            Ok(_) if !runnable(p) => Err("is not executable (chmod +x it, or run it through its interpreter)".into()),
+            Ok(_) if !may_execute(p) => Err("is not executable (chmod +x it, or run it through its interpreter)".into()),
             Ok(_) => Ok(p.to_path_buf()),
         };
     }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    std::env::split_paths(&path).map(|dir| dir.join(program)).find(|p| runnable(p)).ok_or_else(|| "no such program on PATH".to_string())
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/bin:/usr/bin".into());
+    let found: Vec<std::path::PathBuf> = std::env::split_paths(&path).map(|dir| dir.join(program)).filter(|p| p.is_file()).collect();
+    match found.iter().find(|p| may_execute(p)) {
+        Some(p) => Ok(p.clone()),
+        None => match found.first() {
+            Some(p) => Err(format!("found at {}, which is not executable", p.display())),
+            None => Err("no such program on PATH".into()),
+        },
+    }
 }
 
+/// Runs `command` once under `alloc`, sampling its process tree until it exits. A command that
+/// cannot start is a result (exit code 127 or 126, `error` says why), never an error.
 pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &ExecOptions) -> CpuExecResult {
     let mut cmd = std::process::Command::new(&command[0]);
     cmd.args(&command[1..]);

@@ -156,17 +156,45 @@ fn frame_keys(frames: &Value) -> Option<Vec<FrameKey>> {
 
 /// Whether a release run and the allocation after it can be one malloc's: PyTorch records both
 /// with that malloc's context, so where both carry frames they are the same frames.
-/// `context_below_all`: frees carry no frames while allocations do (recorded with
-/// context="state" or "alloc"): empty_cache gathers no context then, and c10's release_block
-/// records the segment's own allocation context instead.
+/// `context_below_all`: recorded with context="alloc" (see [`recorded_below_all`]): a malloc's
+/// retry still carries that malloc's frames, but empty_cache gathers no context, so c10's
+/// release_block records the segment's own allocation frames (or none, for a segment allocated
+/// before recording).
 fn same_malloc(run: &ReleaseRun, next: &Value, context_below_all: bool) -> bool {
-    if run.names_empty_cache || (context_below_all && run.frames_of_its_segment) {
+    if run.names_empty_cache || (context_below_all && (run.frames_of_its_segment || frames_of(run.frames.as_ref()).is_none())) {
         return false;
     }
     match (frames_of(run.frames.as_ref()), frames_of(next.get("frames").as_ref())) {
         (Some(a), Some(b)) => a == b,
         _ => true, // no frames to tell by: a release right before an allocation is taken for its retry
     }
+}
+
+/// Whether the history was recorded with context below "all": frees carry no frames of their own.
+/// With context="alloc", c10's free() records the block's allocation context, so every free that
+/// has frames has exactly those of its block's allocation; with "all", the free's own.
+fn recorded_below_all(trace: &[Value]) -> bool {
+    let action_of = |e: &Value| e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
+    let mut alloc_frames: FxHashMap<i128, Option<Vec<FrameKey>>> = FxHashMap::default();
+    let (mut allocs_with_frames, mut frees_with_own_frames) = (false, false);
+    for e in trace {
+        let frames = frames_of(e.get("frames").as_ref());
+        match action_of(e).as_str() {
+            "alloc" => {
+                allocs_with_frames |= frames.is_some();
+                if let Some(addr) = int(e, "addr") {
+                    alloc_frames.insert(addr, frames);
+                }
+            }
+            "free_requested" | "free_completed" if frames.is_some() => {
+                let allocated_with = int(e, "addr").and_then(|a| alloc_frames.get(&a).cloned().flatten());
+                // (A block allocated before the history tells nothing.)
+                frees_with_own_frames |= allocated_with.is_some_and(|a| Some(a) != frames);
+            }
+            _ => {}
+        }
+    }
+    allocs_with_frames && !frees_with_own_frames
 }
 
 /// An entry's frames, when it has any.
@@ -328,9 +356,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
         }
     }
     let action_of = |e: &Value| e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
-    let has_frames = |e: &Value| frames_of(e.get("frames").as_ref()).is_some();
-    let context_below_all = trace.iter().any(|e| action_of(e) == "alloc" && has_frames(e))
-        && !trace.iter().any(|e| matches!(action_of(e).as_str(), "free_requested" | "free_completed") && has_frames(e));
+    let context_below_all = recorded_below_all(&trace);
     // An OOM after which nothing is allocated ended the run (or was dumped as it happened); one
     // followed by allocations was caught, and the script went on without it.
     let last_alloc = trace.iter().rposition(|e| action_of(e) == "alloc");
@@ -352,9 +378,12 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
             Some(a) => a.as_str().map(str::to_string).ok_or_else(|| format!("trace entry {i}: 'action' is {}, not a str", a.type_name()))?,
         };
         let is_segment_release = matches!(action.as_str(), "segment_free" | "segment_unmap");
+        // Whether a release run ends here as this entry's malloc retrying (its cache flush).
+        let mut retry_flushed_here = false;
         if let Some(run) = release.as_ref().filter(|_| !is_segment_release) {
             let allocates = matches!(action.as_str(), "segment_alloc" | "segment_map" | "oom");
-            if !(allocates && same_malloc(run, e, context_below_all)) {
+            retry_flushed_here = allocates && same_malloc(run, e, context_below_all);
+            if !retry_flushed_here {
                 out.events.push(Event::EmptyCache);
             }
             release = None;
@@ -441,7 +470,11 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 }
                 ooms.push((i, size, int(e, "device_free").or_else(|| int(e, "addr"))));
                 if last_alloc.is_some_and(|last| last > i) {
-                    continue; // caught: noted below, not replayed
+                    // Caught: noted below, not replayed; but its retry's cache flush happened.
+                    if retry_flushed_here {
+                        out.events.push(Event::EmptyCache);
+                    }
+                    continue;
                 }
                 if let Some(site) = site_of(e) {
                     let sid = out.sites.intern(site, &mut site_ids);
@@ -464,8 +497,13 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     let (ended, caught): (Vec<_>, Vec<_>) = ooms.iter().partition(|(entry, ..)| last_alloc.is_none_or(|last| last <= *entry));
     if let Some((entry, size, free)) = ended.first() {
         let free = free.map(|f| format!(", with {f} bytes free on the device")).unwrap_or_default();
+        let (what, each) = if ended.len() == 1 {
+            ("an out-of-memory error".to_string(), "the failed request is")
+        } else {
+            (format!("{} out-of-memory errors", ended.len()), "each failed request is")
+        };
         out.notes.push(format!(
-            "the history ends with an out-of-memory error (trace entry {entry}: a {size}-byte request{free}): the failed request is replayed where it was made, allocated and freed at once"
+            "the history ends with {what} (trace entry {entry}: a {size}-byte request{free}): {each} replayed where it was made, allocated and freed at once"
         ));
     }
     if let Some((entry, size, _)) = caught.first() {
