@@ -170,11 +170,15 @@ fn same_malloc(run: &ReleaseRun, next: &Value, context_below_all: bool) -> bool 
     }
 }
 
+/// A trace entry's action ("" when it has none, or not a string).
+fn action_of(e: &Value) -> String {
+    e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default()
+}
+
 /// Whether the history was recorded with context below "all": frees carry no frames of their own.
 /// With context="alloc", c10's free() records the block's allocation context, so every free that
 /// has frames has exactly those of its block's allocation; with "all", the free's own.
 fn recorded_below_all(trace: &[Value]) -> bool {
-    let action_of = |e: &Value| e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
     let mut alloc_frames: FxHashMap<i128, Option<Vec<FrameKey>>> = FxHashMap::default();
     let (mut allocs_with_frames, mut frees_with_own_frames) = (false, false);
     for e in trace {
@@ -302,7 +306,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     let mut seen: FxHashMap<i128, ()> = FxHashMap::default();
     let mut prelude: Vec<(i128, i128, i128)> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
-        let action = e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
+        let action = action_of(e);
         let Some(addr) = int(e, "addr") else { continue };
         match action.as_str() {
             "alloc" => {
@@ -355,7 +359,6 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
             next_id += 1;
         }
     }
-    let action_of = |e: &Value| e.get("action").and_then(|a| a.as_str().map(str::to_string)).unwrap_or_default();
     let context_below_all = recorded_below_all(&trace);
     // An OOM after which nothing is allocated ended the run (or was dumped as it happened); one
     // followed by allocations was caught, and the script went on without it.
