@@ -1743,6 +1743,90 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
                 patches.set(module, name, fn)
 
 
+def _fake_cuda_legacy_types(torch, patches):
+    """torch.cuda.FloatTensor and its kin, the legacy typed constructors older scripts still use
+    (``Tensor = torch.cuda.FloatTensor``; ``LongTensor(labels)``; ``x.type(Tensor)``): given data,
+    or as the target of ``Tensor.type``, they copy to the device inside C++, below the dispatcher,
+    and would reach the driver. Each type is replaced by a stand-in that makes the one CUDA
+    allocation the real constructor makes, and is still what ``isinstance`` and ``Tensor.type``
+    accept."""
+    tensortype = type(torch.FloatTensor)
+    cuda = torch.cuda
+    sizes_only = lambda args: (len(args) == 1 and isinstance(args[0], torch.Size)) or (
+        bool(args) and all(isinstance(a, int) and not isinstance(a, bool) for a in args))
+
+    class LegacyCudaType(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, cls.original)
+
+        def __call__(cls, *args, **kwargs):
+            device = kwargs.get("device")
+            if set(kwargs) - {"device"} or (device is not None and torch.device(device).type != "cuda") or any(
+                    isinstance(a, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)) for a in args):
+                # An alias of a tensor or storage (no copy), or a call the original refuses.
+                return cls.original(*args, **kwargs)
+            if sizes_only(args):
+                return torch.empty(*args, dtype=cls.dtype, device="cuda")
+            # Data (a sequence, an array, nothing): made on the CPU by the CPU type of the same
+            # name, then copied into one fake CUDA tensor, as _constructor_via_cpu does.
+            host = cls.host(*args)
+            return torch.empty(host.shape, dtype=cls.dtype, device="cuda").copy_(host)
+
+    stand_ins = {}
+    for name in dir(cuda):
+        original = getattr(cuda, name)
+        if name.endswith("Tensor") and isinstance(original, tensortype) and hasattr(torch, name):
+            stand_in = LegacyCudaType(name, (), {
+                "original": original, "host": getattr(torch, name), "dtype": original.dtype,
+                "is_cuda": True, "is_sparse": False, "layout": original.layout, "__module__": "torch.cuda",
+            })
+            stand_ins[f"torch.cuda.{name}"] = stand_in
+            patches.set(cuda, name, stand_in)
+    if not stand_ins:
+        return
+
+    def cuda_type_of(target):
+        """The stand-in a Tensor.type target names, or None for any other target."""
+        if isinstance(target, str):
+            return stand_ins.get(target)
+        if isinstance(target, LegacyCudaType):
+            return target
+        if isinstance(target, tensortype) and target.is_cuda and not target.is_sparse:
+            return stand_ins.get(f"torch.cuda.{target.__name__}")
+        return None
+
+    original_type = torch.Tensor.type
+
+    def tensor_type(self, dtype=None, non_blocking=False, **kwargs):
+        target = cuda_type_of(dtype)
+        if target is None:
+            return original_type(self, dtype, non_blocking, **kwargs)
+        # "If this is already of the correct type, no copy is performed."
+        if self.is_cuda and self.dtype == target.dtype and self.layout == torch.strided:
+            return self
+        return self.to(device="cuda", dtype=target.dtype, non_blocking=non_blocking)
+
+    patches.set(torch.Tensor, "type", tensor_type)
+    original_set_default = torch.set_default_tensor_type
+
+    def set_default_tensor_type(t):
+        target = cuda_type_of(t)
+        return original_set_default(target.original if target is not None else t)
+
+    patches.set(torch, "set_default_tensor_type", set_default_tensor_type)
+    original_new = torch.Tensor.new
+
+    def new(self, *args, **kwargs):
+        # x.new(data) of a CUDA x: the legacy constructor again (sizes and aliases dispatch).
+        if (args and not kwargs and self.is_cuda and not sizes_only(args)
+                and not any(isinstance(a, (torch.Tensor, torch.UntypedStorage, torch.storage.TypedStorage)) for a in args)):
+            host = original_new(torch.empty(0, dtype=self.dtype, device="cpu"), *args)
+            return torch.empty(host.shape, dtype=self.dtype, device="cuda").copy_(host)
+        return original_new(self, *args, **kwargs)
+
+    patches.set(torch.Tensor, "new", new)
+
+
 def _fake_cuda_serialization(torch, patches):
     """torch.load onto CUDA and torch.save of fake tensors, as fine-tuning and checkpointing
     scripts do. Loading puts each storage bound for CUDA (map_location, or where it was saved) in
@@ -2117,6 +2201,7 @@ def _fake_cuda_api(torch, patches, recorder):
     patches.set(torch, "compile", compile_eagerly)
     _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams)
     _fake_cuda_serialization(torch, patches)
+    _fake_cuda_legacy_types(torch, patches)
     # DataLoader(pin_memory=True) pins batches, on a thread of its own with num_workers > 0
     # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
     import torch.utils.data._utils.pin_memory as pinning

@@ -1087,6 +1087,26 @@ fn everyday_script_idioms_capture_as_pytorch_allocates_them() {
     assert_eq!(sizes.iter().sum::<i64>(), 0, "everything is freed at the end");
 }
 
+/// torch.cuda.FloatTensor and its kin copy data to the device inside C++, below the dispatcher:
+/// without stand-ins an older script stopped at its first `LongTensor(labels)` or `.type(Tensor)`.
+#[test]
+fn legacy_typed_constructors_capture_as_pytorch_allocates_them() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "l.csv", &["--cublas-workspace-mib", "0"], &[&fixture("legacy_types.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    for line in ["types True False True True torch.cuda.HalfTensor torch.int64 torch.float32", "default cuda:0"] {
+        assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
+    }
+    let sizes = signed_sizes(&events(&trace));
+    let want: Vec<i64> = vec![32, 512, 64, 32, -64, 64, 12, 1024];
+    assert_eq!(&sizes[..want.len()], &want[..]);
+    assert_eq!(sizes.iter().sum::<i64>(), 0, "everything is freed at the end");
+}
+
 /// `timeout` (or a scheduler) sends SIGTERM: the script stops as on Ctrl-C, and the rows so far
 /// are written, marked incomplete.
 #[test]
