@@ -145,6 +145,42 @@ fn run_compares_allocators_and_writes_jsonl() {
     assert!(table.contains("expandable_segments:True") && table.contains("ideal") && table.contains("nocache"), "{table}");
     let recs = allocbench::results::read_results(&jsonl).unwrap();
     assert_eq!(recs.len(), 4, "pytorch x 2 confs, nocache, ideal");
+    // "Append every run's results": a second run adds its own, the first run's stay.
+    let again = bin().args(["run", &workload("scenario-1-2-1-gib.toml"), "--allocators", "ideal", "--jsonl", jsonl.to_str().unwrap(), "-q"]).output().unwrap();
+    assert!(again.status.success(), "{}", stderr(&again));
+    let names: Vec<String> = allocbench::results::read_results(&jsonl)
+        .unwrap()
+        .iter()
+        .map(|r| serde_json::to_value(r).unwrap()["workload"]["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names[..4].iter().all(|n| n.contains("sawtooth")) && names[4].contains("1-2-1"), "{names:?}");
+}
+
+/// An output that is the input (by any name) is refused before anything is written: creating it
+/// would have emptied the trace before it was read, or replaced it with results.
+#[test]
+fn an_output_that_is_the_input_is_refused_and_the_input_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    let text = "op,id,bytes,stream\nalloc,1,1000,0\nfree,1,,\n";
+    std::fs::write(&trace, text).unwrap();
+    let link = dir.path().join("link.csv");
+    std::os::unix::fs::symlink(&trace, &link).unwrap();
+    let (t, l) = (trace.to_str().unwrap(), link.to_str().unwrap());
+    for args in [
+        vec!["trace", t, "-o", t],
+        vec!["run", t, "-q", "--jsonl", l],
+        vec!["replay", l, "--json", t],
+        vec!["diagnose", t, "--jsonl", l],
+        vec!["advise", t, "--json", t],
+        vec!["capture", "-o", t, "--", t],
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("writing it would destroy the input; name another file"), "{args:?}: {}", stderr(&out));
+        assert_eq!(std::fs::read_to_string(&trace).unwrap(), text, "{args:?}");
+    }
 }
 
 /// `--sim-latency` accounts simulated device time with latencies measured on a real H100

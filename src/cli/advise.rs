@@ -1,7 +1,7 @@
 //! `allocbench advise`: the `PYTORCH_CUDA_ALLOC_CONF` for an objective (memory, time, balanced),
 //! every configuration priced in modelled allocator time.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -48,6 +48,7 @@ pub struct AdviseArgs {
 }
 
 pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
+    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input), a.latency.as_deref()])?;
     if a.input.extension().is_some_and(|e| e == "jsonl") {
         return from_sweep(a);
     }

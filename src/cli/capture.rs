@@ -46,6 +46,10 @@ pub struct CaptureArgs {
 pub fn main(a: CaptureArgs) -> i32 {
     let mut command = a.command.into_iter();
     let script = PathBuf::from(command.next().unwrap_or_default());
+    if let Err(e) = super::output::refuse_overwriting_inputs(&[Some(&a.output)], &[Some(&script)]) {
+        eprintln!("error: {e}");
+        return crate::capture::EXIT_SETUP_ERROR;
+    }
     let opts = crate::capture::CaptureOptions {
         python: a.python,
         output: a.output,

@@ -111,6 +111,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     // From here on the harness's own allocations come from its private arena, never from the
     // malloc under test.
     crate::cpu::harness_alloc::isolate();
+    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[a.input.as_deref()])?;
     if a.exec {
         return exec_main(a);
     }
@@ -160,7 +161,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         }
         return output::write_json(&result.to_string_lossy(), &ResultRecord::CpuRun(Box::new(r)));
     }
-    let mut jsonl = Jsonl::open(a.jsonl.as_deref())?;
+    let mut jsonl = Jsonl::append(a.jsonl.as_deref())?;
     let mut records = Vec::new();
     if allocs.len() == 1 && a.reps == 1 {
         let r = running(allocs[0].name, a.drain, || crate::cpu::run(&source, allocs[0], &opts))?;
@@ -288,7 +289,7 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     // go to stderr.
     let json_on_stdout = a.json.as_deref() == Some("-");
     let opts = exec::ExecOptions { sample_interval: std::time::Duration::from_millis(a.sample_ms), program_stdout_to_stderr: json_on_stdout };
-    let mut jsonl = Jsonl::open(a.jsonl.as_deref())?;
+    let mut jsonl = Jsonl::append(a.jsonl.as_deref())?;
     let mut records = Vec::new();
     let total = a.reps as u64 * allocs.len() as u64;
     let pb = indicatif::ProgressBar::new(total);

@@ -1,6 +1,6 @@
 //! `allocbench diagnose`: the first OOM (or the headroom) explained in plain words.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -29,6 +29,7 @@ pub struct DiagnoseArgs {
 }
 
 pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
+    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input)])?;
     let source = Source::open(Some(&a.input))?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;

@@ -1,6 +1,6 @@
 //! `allocbench replay`: one replay, a printed summary and size histogram, and the results as JSON.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use clap::Args;
 
@@ -38,6 +38,7 @@ pub struct ReplayArgs {
 }
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
+    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
     let source = Source::open(Some(&a.input))?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;

@@ -30,6 +30,7 @@ pub struct RunArgs {
 }
 
 pub fn main(a: &RunArgs) -> anyhow::Result<()> {
+    super::output::refuse_overwriting_inputs(&[a.jsonl.as_deref()], &[a.input.as_deref()])?;
     let source = Source::open(a.input.as_deref())?;
     compare(&source, &a.allocators, &a.confs, &a.device, a.jsonl.as_deref())
 }
@@ -42,7 +43,7 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
         if confs.is_empty() { vec![AllocatorConfig::from_env()?] } else { confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()? };
     let plan = gpu_run::plan(allocators, &confs)?;
     let opts = dev.replay_options();
-    let mut out = Jsonl::open(jsonl)?;
+    let mut out = Jsonl::append(jsonl)?;
     // Hashing a large trace takes a pass over it: once, for every row.
     let info = source.info()?;
     let mut rows = Vec::new();

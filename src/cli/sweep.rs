@@ -116,6 +116,8 @@ fn read_confs(arg: Option<&str>) -> anyhow::Result<Vec<String>> {
 }
 
 fn plan(a: &PlanArgs) -> anyhow::Result<()> {
+    let inputs: Vec<Option<&Path>> = a.inputs.iter().map(|p| Some(p.as_path())).chain([a.confs.as_deref().map(Path::new)]).collect();
+    output::refuse_overwriting_inputs(&[Some(&a.output)], &inputs)?;
     let confs = read_confs(a.confs.as_deref())?;
     let capacities = if a.capacities.is_empty() { vec![crate::gpu::device::H100_CAPACITY_BYTES] } else { a.capacities.clone() };
     let rows = crate::sweep::make_plan(&PlanRequest {

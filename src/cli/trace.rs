@@ -22,6 +22,7 @@ pub struct TraceArgs {
 }
 
 pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
+    output::refuse_overwriting_inputs(&[Some(Path::new(&a.output))], &[Some(&a.input)])?;
     let source = Source::open(Some(&a.input))?;
     let info = source.info()?;
     let mut comments = vec![
