@@ -1241,6 +1241,7 @@ def _fake_tensor_fixes(torch, patches):
         return original_swap(t1, t2)
 
     patches.set(torch.utils, "swap_tensors", swap_tensors)
+    patches.set(torch.nn.Module, "_apply", _module_apply_as_on_a_device(torch, torch.nn.Module._apply, swap_tensors))
     # Optimizers and clip_grad_norm_ take their foreach paths only for plain tensor types; on CUDA a
     # script's default AdamW is foreach (whole-list temporaries), and fake tensors must take it too.
     import importlib
@@ -1250,6 +1251,61 @@ def _fake_tensor_fixes(torch, patches):
         types_list = getattr(module, "_foreach_supported_types", None)
         if isinstance(types_list, list) and fake_type not in types_list:
             patches.set(module, "_foreach_supported_types", [*types_list, fake_type])
+
+
+def _module_apply_as_on_a_device(torch, original, swap_tensors):
+    """Module._apply (``.cuda()``, ``.half()``, ``.to(...)``, ``to_empty``) with fake parameters as it
+    runs on real ones. Module._apply swaps a fake parameter's tensors (it cannot ``param.data =``
+    one), and its loop variable then holds the old data until the next parameter is converted: one
+    parameter more is live than on a GPU, where ``param.data = new`` frees the old data at once. And
+    a meta parameter (``with torch.device("meta")``, then ``to_empty``) gets a new Parameter per
+    module on a GPU, which unties tied weights, while the swap kept them tied. Here the parameter
+    keeps its identity (as ``param.data = new`` does) and the old data dies at once, or a meta one
+    is replaced, as on the device."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    Parameter = torch.nn.Parameter
+
+    def convert(fn, tensor):
+        with torch.no_grad():
+            return fn(tensor)
+
+    def apply(self, fn, recurse=True):
+        if not any(isinstance(p, fake_type) for p in self._parameters.values()):
+            return original(self, fn, recurse)
+        if recurse:
+            for module in self.children():
+                module._apply(fn)
+        for key, param in self._parameters.items():
+            if param is None:
+                continue
+            applied = convert(fn, param)
+            grad = param.grad
+            # compute_should_use_set_data: a meta tensor's data cannot be set to a dense one's.
+            if param.is_meta != applied.is_meta or torch.__future__.get_overwrite_module_params_on_conversion():
+                out = Parameter(applied, param.requires_grad)
+                self._parameters[key] = out
+                if grad is not None:
+                    out.grad = convert(fn, grad).requires_grad_(grad.requires_grad)
+                continue
+            if applied is not param:
+                param.grad = None
+                replaced = Parameter(applied, requires_grad=param.requires_grad)
+                del applied
+                swap_tensors(param, replaced)
+                del replaced  # the old data, dead now unless the script holds it (param.data = new)
+            if grad is not None:
+                grad_applied = convert(fn, grad)
+                if grad_applied is not grad:
+                    grad_applied.requires_grad_(grad.requires_grad)
+                    swap_tensors(grad, grad_applied)
+                    del grad_applied
+                param.grad = grad
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    return apply
 
 
 def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False):
@@ -2199,6 +2255,26 @@ def _fake_cuda_api(torch, patches, recorder):
         return model if model is not None else (lambda fn: fn)
 
     patches.set(torch, "compile", compile_eagerly)
+    # nn.init.trunc_normal_ redraws until no sample falls outside [a, b], reading `mask.any()` each
+    # time: on fake tensors the draws have no values. Every sample is taken as accepted on the
+    # first draw (with the default bounds, ±2 around a small std, the real loop ends there too):
+    # one pass of the loop, its temporaries recorded.
+    init = torch.nn.init
+    original_trunc_normal = getattr(init, "_no_grad_trunc_normal_", None)
+
+    def trunc_normal(tensor, *args, **kwargs):
+        if not isinstance(tensor, torch._subclasses.fake_tensor.FakeTensor):
+            return original_trunc_normal(tensor, *args, **kwargs)
+        recorder.say_once("nn.init.trunc_normal_", "takes every sample as accepted on its first draw on fake CUDA (one pass of its rejection loop is recorded)",
+                          "every sample accepted on its first draw")
+        saved, recorder.scalar_value = recorder.scalar_value, 0
+        try:
+            return original_trunc_normal(tensor, *args, **kwargs)
+        finally:
+            recorder.scalar_value = saved
+
+    if original_trunc_normal is not None:
+        patches.set(init, "_no_grad_trunc_normal_", trunc_normal)
     _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams)
     _fake_cuda_serialization(torch, patches)
     _fake_cuda_legacy_types(torch, patches)

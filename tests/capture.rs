@@ -1069,11 +1069,13 @@ fn everyday_script_idioms_capture_as_pytorch_allocates_them() {
         "thread cuda:0",
         "module cuda:0 True",
         "seed True",
+        "trunc_normal torch.Size([1, 64, 32])",
     ] {
         assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
     }
     assert!(stderr(&out).contains("torch.cuda.Event.elapsed_time is not measured on fake CUDA: it answers 1.0 ms"), "{}", stderr(&out));
     assert!(stderr(&out).contains("torch.sparse_coo tensors have data-dependent sizes on fake CUDA"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("nn.init.trunc_normal_ takes every sample as accepted on its first draw"), "{}", stderr(&out));
     let sizes = signed_sizes(&events(&trace));
     #[rustfmt::skip]
     let want: Vec<i64> = vec![
@@ -1105,6 +1107,24 @@ fn legacy_typed_constructors_capture_as_pytorch_allocates_them() {
     let want: Vec<i64> = vec![32, 512, 64, 32, -64, 64, 12, 1024];
     assert_eq!(&sizes[..want.len()], &want[..]);
     assert_eq!(sizes.iter().sum::<i64>(), 0, "everything is freed at the end");
+}
+
+/// `.half()` frees each old parameter as soon as it is converted (`param.data = new` on a GPU),
+/// and `to_empty` from meta unties tied weights: one storage each, as PyTorch on a device.
+#[test]
+fn module_conversions_free_and_untie_as_on_a_device() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "m.csv", &["--cublas-workspace-mib", "0"], &[&fixture("module_conversions.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    for line in ["half 10 torch.float16 True", "to_empty False 2"] {
+        assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
+    }
+    let (mib4, mib2, mib1) = (4 << 20, 2 << 20, 1 << 20);
+    assert_eq!(signed_sizes(&events(&trace)), vec![mib4, mib4, mib2, -mib4, mib2, -mib4, mib1, mib1]);
 }
 
 /// `timeout` (or a scheduler) sends SIGTERM: the script stops as on Ctrl-C, and the rows so far
