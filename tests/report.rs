@@ -464,3 +464,40 @@ fn preloaded_and_in_process_runs_of_one_allocator_are_separate_rows() {
     assert_eq!(rows.len(), 2, "{md}");
     assert!(rows.iter().all(|r| r.contains(") | 1 | 1 | 1 |")), "one run each: {rows:?}");
 }
+
+/// Runs of one workload on two capacities are two cases, each compared with its own defaults:
+/// one table mixed them under the first capacity, against the wrong baseline, and dropped rows.
+#[test]
+fn runs_on_other_capacities_are_compared_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = edited_fixture(dir.path(), "two-cards.jsonl", |v| {
+        if v["workload"]["name"] != "model-switch" {
+            return vec![v.clone()];
+        }
+        // The same runs on a card twice as large, where expandable segments reserve 3× more.
+        let mut bigger = v.clone();
+        bigger["capacity"] = (v["capacity"].as_u64().unwrap() * 2).into();
+        if v["conf"] == "expandable_segments:True" {
+            bigger["summary"]["peak_reserved"] = (v["summary"]["peak_reserved"].as_u64().unwrap() * 3).into();
+        }
+        vec![v.clone(), bigger]
+    });
+    let records = report::load(&[path.clone()]).unwrap();
+    report::render(&records, &dir.path().join("r"), "t").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let recs: Vec<serde_json::Value> = std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs: Vec<&serde_json::Value> = recs.iter().filter(|r| r["workload"]["name"] == "model-switch").collect();
+    let capacities: std::collections::BTreeSet<u64> = runs.iter().map(|r| r["capacity"].as_u64().unwrap()).collect();
+    assert_eq!(capacities.len(), 2);
+    for capacity in &capacities {
+        let heading = format!("#### model-switch on {}\n", bytes(&(*capacity).into()));
+        let table = &md[md.find(&heading).unwrap_or_else(|| panic!("{heading} in {md}"))..];
+        let table = &table[..table[heading.len()..].find("####").map_or(table.len(), |i| i + heading.len())];
+        let rows = table.lines().filter(|l| l.starts_with("| `")).count();
+        assert_eq!(rows, runs.iter().filter(|r| r["capacity"] == *capacity).count(), "every run of the case is a row: {table}");
+    }
+    // On the larger card expandable segments reserve more than the defaults there: no cut is claimed.
+    let large = bytes(&(*capacities.iter().last().unwrap()).into());
+    let finding = md.lines().find(|l| l.starts_with(&format!("- model-switch on {large}: "))).unwrap_or_else(|| panic!("{md}"));
+    assert!(!finding.contains("`expandable_segments:True` cuts"), "{finding}");
+}

@@ -112,14 +112,37 @@ impl<'a> GpuRow<'a> {
     }
 }
 
-/// One workload's rows, repetitions folded, in first-seen order.
+/// What runs are compared with each other: one workload on one device (capacity and backend).
+/// Runs on other capacities are other cases, with their own baseline.
+type CaseKey = (String, u64, Backend);
+
+fn case_key(r: &GpuRunResult) -> CaseKey {
+    (r.workload.name.clone(), r.capacity, r.backend)
+}
+
+/// The runs of each case, in first-seen order, each with its label: the workload's name, and the
+/// capacity (and the backend) where the same workload was run on several.
+pub fn runs_by_case<'a>(runs: &[&'a GpuRunResult]) -> Vec<(String, Vec<&'a GpuRunResult>)> {
+    let cases = fold(runs.iter().copied(), case_key);
+    let label = |(name, capacity, backend): &CaseKey| {
+        let same_name: Vec<&CaseKey> = cases.iter().map(|(k, _)| k).filter(|k| &k.0 == name).collect();
+        let mut label = name.clone();
+        if same_name.iter().any(|k| k.1 != *capacity) {
+            label += &format!(" on {}", format_bytes(*capacity));
+        }
+        if same_name.iter().any(|k| k.2 != *backend) {
+            label += &format!(" ({})", if *backend == Backend::Sim { "simulated" } else { "real GPU" });
+        }
+        label
+    };
+    cases.iter().map(|(k, group)| (label(k), group.clone())).collect()
+}
+
+/// Each case's rows (see [`runs_by_case`]), repetitions folded, in first-seen order.
 pub fn rows_by_workload<'a>(runs: &[&'a GpuRunResult]) -> Vec<(String, Vec<GpuRow<'a>>)> {
-    fold(runs.iter().copied(), |r| r.workload.name.clone())
+    runs_by_case(runs)
         .into_iter()
-        .map(|(w, group)| {
-            let rows = fold(group, |r| (r.allocator.clone(), r.conf.clone(), r.capacity, r.backend)).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect();
-            (w, rows)
-        })
+        .map(|(label, group)| (label, fold(group, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect()))
         .collect()
 }
 
@@ -203,9 +226,11 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
                 )
             })
             .collect();
+        // (A case's label names its capacity already where the workload ran on several.)
+        let capacity = format!(" on {}", format_bytes(rows[0].first().capacity));
         out.push(format!(
-            "{workload} on {}: out of memory with {}; {}.",
-            format_bytes(rows[0].first().capacity),
+            "{workload}{}: out of memory with {}; {}.",
+            if workload.ends_with(&capacity) { "" } else { capacity.as_str() },
             oomed.join(", "),
             if fit.is_empty() { "no config tried fits".to_string() } else { format!("fits with {}", fit.join(", ")) }
         ));
@@ -281,10 +306,9 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     }
     sec.body += &table(&by_workload);
     sec.body += "\nInteractive memory views (timeline and segment map at the peak or the OOM, hover for blocks):\n\n";
-    for (w, _) in &by_workload {
-        let group: Vec<&GpuRunResult> = runs.iter().copied().filter(|r| &r.workload.name == w).collect();
+    for (w, group) in runs_by_case(&runs) {
         let input = Source::find_recorded(&group[0].workload);
-        let file = memory_view::write_for_runs(out, w, &group, input.as_ref())?;
+        let file = memory_view::write_for_runs(out, &w, &group, input.as_ref())?;
         let _ = writeln!(sec.body, "- [{w}]({file})");
     }
     sec.charts = charts_for(out, &runs)?;
@@ -293,7 +317,7 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
 
 fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> {
     let mut charts = Vec::new();
-    for (workload, group) in fold(runs.iter().copied(), |r| r.workload.name.clone()) {
+    for (workload, group) in runs_by_case(runs) {
         let ws = slug(&workload);
         // One run per config in the line and segment charts: repetitions replay the same
         // deterministic policy on the simulated device.
