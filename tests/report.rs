@@ -482,7 +482,7 @@ fn runs_on_other_capacities_are_compared_apart() {
         }
         vec![v.clone(), bigger]
     });
-    let records = report::load(&[path.clone()]).unwrap();
+    let records = report::load(std::slice::from_ref(&path)).unwrap();
     report::render(&records, &dir.path().join("r"), "t").unwrap();
     let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
     let recs: Vec<serde_json::Value> = std::fs::read_to_string(&path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
