@@ -424,9 +424,12 @@ pub fn full_runs(
 ) -> anyhow::Result<()> {
     for conf in ["", best.conf.as_str()] {
         let cfg = AllocatorConfig::parse(conf)?;
-        let mut built = build("pytorch", &cfg, &DeviceSpec { latency: Some(model.clone()), ..DeviceSpec::sim(capacity) })?;
+        let spec = DeviceSpec { latency: Some(model.clone()), ..DeviceSpec::sim(capacity) };
+        let mut built = build("pytorch", &cfg, &spec)?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-        each(run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?)?;
+        let mut run = run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?;
+        crate::gpu_run::exact_segments_at_peak(&mut run, "pytorch", &cfg, &spec, Box::new(events.iter().copied().map(Ok)))?;
+        each(run)?;
         if best.conf.is_empty() {
             break;
         }

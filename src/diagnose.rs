@@ -81,10 +81,8 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         &opts,
         &mut StopWhen(crate::interrupt::interrupted),
     )?;
-    if run.oom.is_none() && !run.summary.interrupted {
-        let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) };
-        run.segments_at_peak = crate::gpu_run::segments_at_exact_peak("pytorch", conf, &spec, Box::new(events.iter().copied().map(Ok)))?;
-    }
+    let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) };
+    crate::gpu_run::exact_segments_at_peak(&mut run, "pytorch", conf, &spec, Box::new(events.iter().copied().map(Ok)))?;
     let w = waste(&run);
     let (top_sites, oom_site) = top_sites(source, run.oom.as_ref().map(|o| o.event))?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.

@@ -8,10 +8,10 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::latency::WithLatency;
 use crate::gpu::device::SimDevice;
 use crate::gpu::devprobe::LatencyModel;
-use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtExactPeak, StopWhen};
+use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtEvent, StopWhen};
 use crate::gpu::GpuAllocator;
 use crate::input::Source;
-use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, SegmentSnapshot, WorkDone, WorkloadInfo, SCHEMA_VERSION};
+use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, WorkDone, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
 /// One replay of a comparison: a registered allocator and the conf it runs with.
@@ -56,21 +56,33 @@ pub fn run_source(
     let spec = DeviceSpec { addresses: source.address_script(), ..device.clone() };
     let mut built = build(allocator, conf, &spec)?;
     let mut result = run_one(&mut built, conf, source.events()?, info.clone(), opts, watch)?;
-    if result.oom.is_none() && !result.segments_at_peak.is_empty() && spec.backend == Backend::Sim && !result.summary.interrupted {
-        result.segments_at_peak = segments_at_exact_peak(allocator, conf, &spec, source.events()?)?;
-    }
+    exact_segments_at_peak(&mut result, allocator, conf, &spec, source.events()?)?;
     Ok(result)
 }
 
-/// The segment map at exactly the peak ([`SegmentsAtExactPeak`]) from a second replay on a fresh
-/// allocator (deterministic: it passes through the same states). The everyday replay thins its
-/// snapshots to stay fast; a breakdown of the peak (diagnose, the segment charts) needs the
-/// peak itself, where allocated + pinned free + wholly free cached segments = reserved.
-pub fn segments_at_exact_peak(allocator: &str, conf: &AllocatorConfig, device: &DeviceSpec, events: EventStream<'_>) -> anyhow::Result<Vec<SegmentSnapshot>> {
+/// The segment map at exactly the peak moment, where the replay took it later: the everyday
+/// replay thins its snapshots to stay fast, and a second replay of the same `events` on a fresh
+/// allocator (deterministic: it passes through the same states) takes it there and stops. The
+/// record's map is then the peak itself, where allocated + pinned free + wholly free cached
+/// segments = reserved, as its summary says.
+pub fn exact_segments_at_peak(
+    result: &mut GpuRunResult,
+    allocator: &str,
+    conf: &AllocatorConfig,
+    device: &DeviceSpec,
+    events: EventStream<'_>,
+) -> anyhow::Result<()> {
+    let Some(index) = result.segments_at_peak_late.take() else { return Ok(()) };
+    if device.backend != Backend::Sim || result.summary.interrupted {
+        return Ok(());
+    }
     let mut built = build(allocator, conf, device)?;
-    let mut exact = SegmentsAtExactPeak::default();
-    replay_observed(built.alloc.as_mut(), events, OnOom::Stop, &mut exact)?;
-    Ok(exact.segments)
+    let mut at = SegmentsAtEvent { index, segments: None };
+    replay_observed(built.alloc.as_mut(), events, result.on_oom, &mut at)?;
+    if let Some(segments) = at.segments {
+        result.segments_at_peak = segments;
+    }
+    Ok(())
 }
 
 /// The segment maps at exactly the peak and at the first OOM with the trace id of every live
@@ -140,6 +152,7 @@ pub fn run_one(
         },
         timeline: outcome.timeline,
         segments_at_peak: outcome.segments_at_peak,
+        segments_at_peak_late: outcome.segments_at_peak_late,
         segments_at_oom: outcome.segments_at_oom,
         size_histogram: outcome.size_histogram,
     })

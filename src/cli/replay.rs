@@ -52,6 +52,11 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     progress::finish(pb);
     let sites = match &a.html {
         Some(_) => exact_segments_and_sites(&source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
+        // The text says nothing of the segment map: only a record gets it exact.
+        None if a.json.is_some() => {
+            gpu_run::exact_segments_at_peak(&mut result, &a.allocator, &conf, &spec, source.events()?)?;
+            None
+        }
         None => None,
     };
     let json = a.json.as_deref();

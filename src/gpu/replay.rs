@@ -21,7 +21,7 @@ use crate::event::{Event, PoolOp};
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Coarse, Observer};
-pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
+pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtEvent, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 #[derive(Clone)]
 pub struct ReplayOptions {
@@ -183,6 +183,9 @@ pub struct ReplayOutcome {
     pub elapsed_s: f64,
     pub timeline: Vec<TimelinePoint>,
     pub segments_at_peak: Vec<SegmentSnapshot>,
+    /// The event of the peak moment when `segments_at_peak` was taken later (the replay thins
+    /// its snapshots): [`crate::gpu_run::exact_segments_at_peak`] replays to it.
+    pub segments_at_peak_late: Option<u64>,
     /// The segment map at the first OOM (empty without one).
     pub segments_at_oom: Vec<SegmentSnapshot>,
     /// (smallest size of the log2 bucket, allocations in it).
@@ -235,14 +238,14 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
     opts: &ReplayOptions,
     watch: &mut W,
 ) -> anyhow::Result<ReplayOutcome> {
-    let mut peak = Peak::default();
     let mut segments = SegmentsAtPeak::default();
     let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points, opts.time_model.clone());
     let mut first_oom = FirstOom::default();
     let mut sizes = SizeHistogram::default();
-    let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut peak, &mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
-    out.peak_reserved = peak.reserved;
-    out.allocated_at_peak_reserved = peak.allocated_at_peak;
+    let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
+    out.peak_reserved = segments.peak.reserved;
+    out.allocated_at_peak_reserved = segments.peak.allocated_at_peak;
+    out.segments_at_peak_late = (!segments.exact && !segments.segments.is_empty()).then_some(segments.peak_event);
     out.oom = first_oom.record;
     out.timeline = timeline.points;
     out.segments_at_peak = segments.segments;

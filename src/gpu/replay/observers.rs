@@ -116,13 +116,20 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
 /// Events between snapshots of the segment map when reserved keeps reaching new peaks.
 const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
 
-/// The segment map at peak reserved. Taking a snapshot costs a walk over every block, so while
-/// reserved keeps climbing one is taken at most every `SNAPSHOT_GAP_EVENTS` events, and at the
-/// next step marker or the end.
+/// Peak reserved ([`Peak`]) and the segment map at it. Taking a snapshot costs a walk over every
+/// block, so while the peak keeps moving one is taken at most every `SNAPSHOT_GAP_EVENTS`
+/// events, and at the next step marker or the end: `peak_event` says where the peak moment was
+/// and `exact` whether the map was taken there ([`SegmentsAtEvent`] takes it there in a second,
+/// deterministic replay that stops soon after).
 #[derive(Debug, Default)]
 pub struct SegmentsAtPeak {
+    pub peak: Peak,
     pub segments: Vec<SegmentSnapshot>,
-    peak_reserved: u64,
+    /// The event of the peak moment: the allocation after which reserved stood at its peak with
+    /// the most allocated.
+    pub peak_event: u64,
+    /// Whether `segments` were taken right after `peak_event`.
+    pub exact: bool,
     last_snapshot_event: Option<u64>,
     pending: bool,
 }
@@ -137,14 +144,17 @@ impl SegmentsAtPeak {
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     #[inline]
-    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, _bytes: u64) {
-        let reserved = stats.reserved_bytes.all.current as u64;
-        if reserved > self.peak_reserved {
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+        let before = (self.peak.reserved, self.peak.allocated_at_peak);
+        Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
+        if (self.peak.reserved, self.peak.allocated_at_peak) != before {
             self.pending = true;
-            self.peak_reserved = reserved;
-        }
-        if self.pending && self.last_snapshot_event.is_none_or(|e| at.index - e >= SNAPSHOT_GAP_EVENTS) {
-            self.take(alloc, at.index);
+            self.exact = false;
+            self.peak_event = at.index;
+            if self.last_snapshot_event.is_none_or(|e| at.index - e >= SNAPSHOT_GAP_EVENTS) {
+                self.take(alloc, at.index);
+                self.exact = true;
+            }
         }
     }
 
@@ -158,6 +168,27 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
         if self.pending || self.segments.is_empty() {
             self.take(alloc, at.index);
         }
+    }
+}
+
+/// The segment map right after the allocation at event `index` (a [`SegmentsAtPeak`]'s
+/// `peak_event`, in a second replay of the same events): the replay stops at its next checkpoint.
+#[derive(Debug)]
+pub struct SegmentsAtEvent {
+    pub index: u64,
+    pub segments: Option<Vec<SegmentSnapshot>>,
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtEvent {
+    #[inline]
+    fn allocated(&mut self, alloc: &A, _stats: &DeviceStats, at: At, _bytes: u64) {
+        if at.index == self.index {
+            self.segments = Some(alloc.segments());
+        }
+    }
+
+    fn checkpoint(&mut self, events: u64) -> bool {
+        events > self.index
     }
 }
 
