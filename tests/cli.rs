@@ -609,3 +609,20 @@ fn replay_json_segment_map_is_the_one_at_the_peak() {
         assert_eq!(allocated, r["summary"]["allocated_at_peak_reserved"].as_u64().unwrap(), "{input}");
     }
 }
+
+/// `run`'s header names the input's events and the device the policies ran on, whatever the
+/// first row was; a --conf no allocator takes is said.
+#[test]
+fn run_header_counts_the_inputs_events_and_names_the_device() {
+    let w = workload("scenario-sawtooth.toml");
+    let out = bin().args(["run", &w, "--allocators", "ideal,pytorch", "-q"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
+    assert_eq!(header, "scenario-sawtooth (scenario), 49 events, simulated device, 79.6 GiB capacity");
+    let out = bin().args(["run", &w, "--capacity", "1GiB", "-q"]).output().unwrap();
+    let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
+    assert!(header.contains("events replayed before every run stopped"), "{header}");
+    let out = bin().args(["run", &w, "--allocators", "nocache", "--conf", "expandable_segments:True", "-q"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(stderr(&out).contains("warning: --conf applies to the pytorch allocator only"), "{}", stderr(&out));
+}

@@ -11,6 +11,7 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu_run;
 use crate::input::Source;
 use crate::results::ResultRecord;
+use crate::units::count;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -39,6 +40,9 @@ pub fn main(a: &RunArgs) -> anyhow::Result<()> {
 /// finishes, then prints the comparison table.
 pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &DeviceArgs, jsonl: Option<&Path>) -> anyhow::Result<()> {
     let device = dev.spec()?;
+    if !confs.is_empty() && !allocators.iter().any(|a| a == "pytorch") {
+        eprintln!("warning: --conf applies to the pytorch allocator only, which is not among --allocators {}", allocators.join(","));
+    }
     let confs: Vec<AllocatorConfig> =
         if confs.is_empty() { vec![AllocatorConfig::from_env()?] } else { confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()? };
     let plan = gpu_run::plan(allocators, &confs)?;
@@ -58,12 +62,16 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
             break;
         }
     }
+    // The input's events: a row that stopped at an OOM replayed fewer. The device: the one a
+    // policy ran on (the ideal bound describes itself).
+    let events = rows.iter().map(|r| r.work.events).max().unwrap_or(0);
+    let all_stopped = !rows.is_empty() && rows.iter().all(|r| r.oom.is_some() || r.summary.interrupted);
     println!(
-        "{} ({}), {} events, {}",
+        "{} ({}), {}, {}",
         info.name,
         info.kind,
-        rows.first().map(|r| r.work.events).unwrap_or(0),
-        rows.first().map(|r| r.device.clone()).unwrap_or_default()
+        if all_stopped { format!("{} replayed before every run stopped", count(events, "event")) } else { count(events, "event") },
+        rows.iter().find(|r| r.allocator != "ideal").or(rows.first()).map(|r| r.device.clone()).unwrap_or_default()
     );
     print!("{}", gpu_run::comparison_table(&rows));
     if let Some(p) = jsonl {
