@@ -88,7 +88,12 @@ class FakeValueNeeded(RuntimeError):
 
 
 class NeedsDriver(RuntimeError):
-    """The script called something fake CUDA has no stand-in for (it would reach the CUDA driver)."""
+    """The script called something fake CUDA has no stand-in for (it would reach the CUDA driver).
+    ``fix``: what to do instead, where a GPU would not help either."""
+
+    def __init__(self, message, fix=None):
+        super().__init__(message)
+        self.fix = fix
 
 
 class SetupError(RuntimeError):
@@ -514,6 +519,7 @@ def _make_recorder_class(torch):
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
+            self.pinned = torch.utils.weak.WeakIdKeyDictionary()  # pin_memory()'s copies
             # Threads the script starts are recorded too (_recorded_threads): one event at a time.
             self.lock = threading.RLock()
             # An error that stopped a recorded thread, handed to the main thread.
@@ -808,6 +814,18 @@ def _make_recorder_class(torch):
             fake_mode = self.fake_mode
             if fake_mode is None:
                 return func(*args, **kwargs)
+            if func in pin_ops:
+                # Pinned host memory needs the driver; it is host memory, and not what is measured:
+                # a copy, which is_pinned() then answers True for (views of it are not followed).
+                if func is is_pinned:
+                    return args[0] in self.pinned
+                if isinstance(args[0], fake_tensor_type):
+                    with fake_mode:
+                        copy = aten.clone.default(args[0])
+                else:
+                    copy = args[0].clone()
+                self.pinned[copy] = True
+                return copy
             leaves = tree_leaves((args, kwargs))
             if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
                 with fake_mode:
@@ -816,9 +834,6 @@ def _make_recorder_class(torch):
                 # set_ onto a real storage (torch.load rebuilding CPU tensors): its memory exists
                 # already, and a fake run would render the whole storage into an error message.
                 return func(*args, **kwargs)
-            if func in pin_ops:
-                # Pinned host memory needs the driver; it is host memory, and not what is measured.
-                return args[0].clone() if func is not is_pinned else False
             if kwargs.get("pin_memory"):
                 kwargs = {**kwargs, "pin_memory": False}  # torch.empty(..., pin_memory=True): the same
             # Note [Real CPU, fake CUDA]: CPU work stays real where it is cheap (data loading,
@@ -2037,6 +2052,35 @@ def _fake_cuda_serialization(torch, patches):
             return original_init(backend, *args, **kwargs)
 
         patches.set(distributed, "init_process_group", init_process_group)
+        ddp = torch.nn.parallel.DistributedDataParallel
+        original_ddp_init = ddp.__init__
+
+        def ddp_init(self, module, *args, **kwargs):
+            # DDP checks and broadcasts the parameters' values across ranks (gloo too): fake
+            # tensors have none.
+            if any(isinstance(p, fake_type) and p.device.type == "cuda" for p in module.parameters()):
+                raise NeedsDriver(
+                    "DistributedDataParallel exchanges the parameters' values between ranks, which fake CUDA tensors do not have",
+                    fix="capture one rank without DDP (wrap the model only `if not allocbench_capture.fake()`): each rank "
+                    "allocates what one process does, apart from DDP's gradient buckets (about the parameters' size)",
+                )
+            return original_ddp_init(self, module, *args, **kwargs)
+
+        patches.set(ddp, "__init__", ddp_init)
+    # Worker processes start without the capture (a new interpreter): their allocations would go unrecorded.
+    import torch.multiprocessing as torch_mp
+
+    def not_followed(what):
+        def refuse(*args, **kwargs):
+            raise NeedsDriver(
+                f"{what} starts worker processes, which the capture does not follow",
+                fix="call the worker in the script's own process (e.g. worker(0, ...)) to capture one rank",
+            )
+        return refuse
+
+    for name in ("spawn", "start_processes"):
+        if hasattr(torch_mp, name):
+            patches.set(torch_mp, name, not_followed(f"torch.multiprocessing.{name}"))
     # torch.distributions validates its arguments by reading them (bool(constraint.check(x).all())):
     # by default off on fake CUDA, as `python -O` has it (a script's validate_args=True still reads).
     patches.set(torch.distributions.Distribution, "_validate_args", False)
@@ -2352,7 +2396,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()",
         f"torch {torch.__version__}, {'fake' if fake else 'real'} {device} tensors, python {sys.version.split()[0]}",
         f"cuBLAS workspace modelled: {cublas_workspace_mib} MiB per stream" if workspace else "cuBLAS workspace: not modelled",
-        "not seen: kernel-internal scratch (attention/embedding backward, cub), cuDNN workspaces, NCCL, the CUDA context",
+        "not seen: kernel-internal scratch (attention/embedding backward, cub), cuDNN and cuFFT workspaces, NCCL, the CUDA context",
         *comments,
     ]
     on_fake_card = fake and device == "cuda"
@@ -2618,6 +2662,8 @@ def _driver_message(exc, script):
     library = _library_frame(exc.__traceback__, script)
     inside = f" in {library}" if library else ""
     first = str(exc) if isinstance(exc, NeedsDriver) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
+    if getattr(exc, "fix", None):
+        return f"{where}:{code} {first}{inside}; fix: {exc.fix}"
     hint = "; or, for an RNN, torch.backends.cudnn.enabled = False (records the non-cuDNN kernels)" if library and "rnn.py" in library else ""
     return (f"{where}:{code} reached the CUDA driver{inside}, which fake CUDA has no stand-in for ({first}); "
             f"fix: capture with --real on a GPU{hint}")

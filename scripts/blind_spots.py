@@ -49,6 +49,7 @@ def main():
         vals = [mib(c[key]) if c[key] else "—" for c in cols]
         print(f"| {name} | {how} | {vals[0]} | {vals[1]} | {formula} |")
     print("| cuDNN convolution workspace | named | — | — | per convolution, chosen by the algorithm (with `cudnn.benchmark` the search tries workspaces up to the free memory), transient |")
+    print("| cuFFT workspace | named | — | — | per `torch.fft` call on CUDA, sized by its cuFFT plan, through the caching allocator; complex-to-real transforms also copy their input; transient |")
     print("| NCCL buffers | named | — | — | outside the caching allocator (cudaMalloc by NCCL; `NCCL_BUFFSIZE` 4 MiB per channel per peer) |")
     print("| CUDA context | named | — | — | outside the caching allocator: lower `--capacity` by what `nvidia-smi` shows for an idle process |")
 

@@ -201,6 +201,11 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
             o.device_memory.map(crate::units::format_bytes).unwrap_or_else(|| "memory".into())
         );
     }
+    if let Some(n) = opts.steps.filter(|_| o.steps == 0) {
+        // Steps are optimizer.step() calls (or allocbench_capture.step()): a loop with neither
+        // ran to its end.
+        counts += &format!("; --steps {n} stopped nothing: no optimizer.step() ran (mark an inference loop's steps with allocbench_capture.step())");
+    }
     if o.complete() {
         format!("captured {counts} -> {}", opts.output.display())
     } else {

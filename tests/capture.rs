@@ -339,6 +339,13 @@ fn loops_without_an_optimizer_mark_steps_and_steps_flag_stops() {
     assert!(out.status.success(), "--steps stops the script cleanly: {}", stderr(&out));
     assert_eq!(steps(&events(&trace)), vec![1, 2], "the N steps --steps N lets run are in the trace");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture complete: stopped after 2 steps"));
+
+    // A loop with no step at all runs to its end: --steps says it stopped nothing.
+    let script = dir.path().join("no_steps.py");
+    std::fs::write(&script, "import torch\nfor _ in range(3):\n    x = torch.empty(1024, device='cuda')\n").unwrap();
+    let (out, _) = capture(dir.path(), "none.csv", &["--steps", "2"], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--steps 2 stopped nothing: no optimizer.step() ran"), "{}", stderr(&out));
 }
 
 #[test]
@@ -647,6 +654,8 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
         ("nccl", vec!["starts NCCL", "capture one rank without the process group"]),
         ("lstm", vec!["reached the CUDA driver in torch/nn/modules/rnn.py", "torch.backends.cudnn.enabled = False"]),
         ("library_read", vec!["(the read is in torch/optim/lr_scheduler.py", "--scalar-value V", "steers its control flow"]),
+        ("gloo_ddp", vec!["DistributedDataParallel exchanges the parameters' values", "capture one rank without DDP"]),
+        ("spawn", vec!["torch.multiprocessing.spawn starts worker processes, which the capture does not follow", "fix: call the worker"]),
     ] {
         let (out, trace) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
         let err = stderr(&out);
@@ -1070,6 +1079,7 @@ fn everyday_script_idioms_capture_as_pytorch_allocates_them() {
         "module cuda:0 True",
         "seed True",
         "trunc_normal torch.Size([1, 64, 32])",
+        "pinned True False",
     ] {
         assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
     }
