@@ -1274,9 +1274,14 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
     one), and its loop variable then holds the old data until the next parameter is converted: one
     parameter more is live than on a GPU, where ``param.data = new`` frees the old data at once. And
     a meta parameter (``with torch.device("meta")``, then ``to_empty``) gets a new Parameter per
-    module on a GPU, which unties tied weights, while the swap kept them tied. Here the parameter
-    keeps its identity (as ``param.data = new`` does) and the old data dies at once, or a meta one
-    is replaced, as on the device."""
+    module on a GPU, which unties tied weights, while the swap kept them tied. And a real CPU
+    parameter (a small model's) moved to fake CUDA got a new Parameter per module, untying tied
+    weights that ``.cuda()`` keeps tied on a GPU. Here the parameter keeps its identity (as
+    ``param.data = new`` does) and the old data dies at once, or a meta one is replaced, as on the
+    device. (torch's own _apply runs where it swaps anyway: the swap-on-conversion flag, tensor
+    subclasses such as DTensor.)"""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
     fake_type = torch._subclasses.fake_tensor.FakeTensor
     Parameter = torch.nn.Parameter
 
@@ -1285,7 +1290,8 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
             return fn(tensor)
 
     def apply(self, fn, recurse=True):
-        if not any(isinstance(p, fake_type) for p in self._parameters.values()):
+        if torch.__future__.get_swap_module_params_on_conversion() or any(
+                is_traceable_wrapper_subclass(p) and not isinstance(p, fake_type) for p in self._parameters.values() if p is not None):
             return original(self, fn, recurse)
         if recurse:
             for module in self.children():
@@ -1302,7 +1308,11 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
                 if grad is not None:
                     out.grad = convert(fn, grad).requires_grad_(grad.requires_grad)
                 continue
-            if applied is not param:
+            if applied is param:
+                pass
+            elif not isinstance(param, fake_type) and not isinstance(applied, fake_type):
+                param.data = applied  # real tensors: what torch does
+            else:
                 param.grad = None
                 replaced = Parameter(applied, requires_grad=param.requires_grad)
                 del applied
@@ -1310,7 +1320,10 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
                 del replaced  # the old data, dead now unless the script holds it (param.data = new)
             if grad is not None:
                 grad_applied = convert(fn, grad)
-                if grad_applied is not grad:
+                if not isinstance(grad, fake_type) and not isinstance(grad_applied, fake_type):
+                    param.grad = grad
+                    param.grad.data = grad_applied
+                elif grad_applied is not grad:
                     grad_applied.requires_grad_(grad.requires_grad)
                     swap_tensors(grad, grad_applied)
                     del grad_applied

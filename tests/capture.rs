@@ -1130,11 +1130,11 @@ fn module_conversions_free_and_untie_as_on_a_device() {
     let (out, trace) = capture(dir.path(), "m.csv", &["--cublas-workspace-mib", "0"], &[&fixture("module_conversions.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = String::from_utf8_lossy(&out.stdout);
-    for line in ["half 10 torch.float16 True", "to_empty False 2"] {
+    for line in ["half 10 torch.float16 True", "to_empty False 2", "tiny True 1 True"] {
         assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
     }
     let (mib4, mib2, mib1) = (4 << 20, 2 << 20, 1 << 20);
-    assert_eq!(signed_sizes(&events(&trace)), vec![mib4, mib4, mib2, -mib4, mib2, -mib4, mib1, mib1]);
+    assert_eq!(signed_sizes(&events(&trace)), vec![mib4, mib4, mib2, -mib4, mib2, -mib4, mib1, mib1, 6400]);
 }
 
 /// `timeout` (or a scheduler) sends SIGTERM: the script stops as on Ctrl-C, and the rows so far

@@ -152,3 +152,35 @@ fn kv_heads_must_divide_heads_where_grouped_query_attention_is_modelled() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("w.toml:") && stderr.contains("serving.model.kv_heads") && stderr.trim().lines().count() == 1, "{stderr}");
 }
+
+/// Values that parse but mean nothing are refused with the field's line, instead of changing the
+/// result quietly: a DDP bucket that is no size, sequences past a model's learned positions, an
+/// empty residency list, keys an `empty_cache` row does not take, more objects kept than made.
+#[test]
+fn values_that_mean_nothing_are_refused() {
+    let ddp = GOOD.replace("[transformer.model]", "[transformer.ddp]\nbucket_cap_mb = BUCKET\n\n[transformer.model]");
+    for bucket in ["0", "-25", "nan", "inf"] {
+        let e = err(&ddp.replace("BUCKET", bucket));
+        assert!(e.contains("field `transformer.ddp.bucket_cap_mb`") && e.contains("is not a bucket size"), "{bucket}: {e}");
+    }
+    assert!(Workload::parse(&ddp.replace("BUCKET", "25"), "w.toml").is_ok());
+    let positions = GOOD.replace("vocab = 100", "vocab = 100\nmax_positions = 20");
+    let e = err(&positions);
+    assert!(e.contains("field `transformer.model.max_positions`: 20 learned positions, but sequences reach 32 tokens"), "{e}");
+    assert!(Workload::parse(&positions.replace("max_positions = 20", "max_positions = 32"), "w.toml").is_ok());
+
+    let switch = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/switch-small-math.toml")).unwrap();
+    let listed = switch.lines().find(|l| l.starts_with("residencies = ")).unwrap();
+    let e = err(&switch.replace(listed, "residencies = []"));
+    assert!(e.contains("field `model_switch.residencies`: lists no residencies"), "{e}");
+
+    let scenario = "name = \"s\"\n[scenario]\nevents = [\n  { op = \"alloc\", id = 1, bytes = 1024 },\n  { op = \"empty_cache\", pool = 3 },\n]\n";
+    assert!(err(scenario).contains("unknown field `pool`"), "{}", err(scenario));
+    assert!(Workload::parse(&scenario.replace(", pool = 3", ""), "w.toml").is_ok());
+
+    let objects = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/workloads/python-objects.toml")).unwrap();
+    let per = objects.lines().find_map(|l| l.strip_prefix("per_iteration = ")).unwrap().trim().parse::<u64>().unwrap();
+    let kept = objects.lines().find(|l| l.starts_with("keep = ")).unwrap();
+    let e = err(&objects.replace(kept, &format!("keep = {}", per + 1)));
+    assert!(e.contains("field `python_objects.keep`"), "{e}");
+}

@@ -77,6 +77,12 @@ impl Workload {
             v.positive("transformer.steps", t.steps, 100_000_000)?;
             v.positive("transformer.batch", t.batch, 1 << 20)?;
             v.length("transformer.seq_len", &t.seq_len)?;
+            v.positions("transformer.model.max_positions", &t.model, t.seq_len.max_value())?;
+            if let Some(ddp) = &t.ddp {
+                if !(ddp.bucket_cap_mb.is_finite() && ddp.bucket_cap_mb > 0.0 && ddp.bucket_cap_mb <= 1e6) {
+                    return Err(v.fail("transformer.ddp.bucket_cap_mb", format!("{} is not a bucket size: MiB in (0, 1e6]", ddp.bucket_cap_mb)));
+                }
+            }
             if !(0.0..1.0).contains(&t.attention_dropout) {
                 return Err(v.fail("transformer.attention_dropout", "must be in [0, 1)"));
             }
@@ -93,9 +99,20 @@ impl Workload {
             if ms.models.is_empty() {
                 return Err(v.fail("model_switch.models", "needs at least one model"));
             }
+            let residencies = ms.residencies.as_deref().unwrap_or_default();
+            if ms.residencies.as_ref().is_some_and(|r| r.is_empty()) {
+                return Err(v.fail("model_switch.residencies", "lists no residencies: leave it out for the seeded schedule"));
+            }
             for (i, m) in ms.models.iter().enumerate() {
                 v.model(&format!("model_switch.models[{i}]"), m)?;
-                let listed = ms.residencies.iter().flat_map(|r| r.seq_lens.iter().copied()).max().unwrap_or(0);
+                let listed = residencies.iter().flat_map(|r| r.seq_lens.iter().copied()).max().unwrap_or(0);
+                // The seeded schedule draws from seq_len; a listed one uses its own lengths.
+                let longest = if residencies.is_empty() {
+                    ms.seq_len.max_value()
+                } else {
+                    residencies.iter().filter(|r| r.model == i).flat_map(|r| r.seq_lens.iter().copied()).max().unwrap_or(0)
+                };
+                v.positions(&format!("model_switch.models[{i}].max_positions"), m, longest)?;
                 let s = ms.seq_len.max_value().max(listed) as u128;
                 v.size("model_switch.batch", ms.batch as u128 * s * m.vocab as u128 * 4)?;
                 v.size("model_switch.seq_len", ms.batch as u128 * m.heads as u128 * s * s * 4)?;
@@ -104,10 +121,10 @@ impl Workload {
             v.positive("model_switch.steps_per_model", ms.steps_per_model, 100_000_000)?;
             v.positive("model_switch.batch", ms.batch, 1 << 20)?;
             v.length("model_switch.seq_len", &ms.seq_len)?;
-            if !ms.residencies.is_empty() && ms.residencies.len() as u64 != ms.switches {
-                return Err(v.fail("model_switch.residencies", format!("lists {} residencies but switches = {}", ms.residencies.len(), ms.switches)));
+            if !residencies.is_empty() && residencies.len() as u64 != ms.switches {
+                return Err(v.fail("model_switch.residencies", format!("lists {} residencies but switches = {}", residencies.len(), ms.switches)));
             }
-            for (i, r) in ms.residencies.iter().enumerate() {
+            for (i, r) in residencies.iter().enumerate() {
                 if r.model >= ms.models.len() {
                     return Err(
                         v.fail("model_switch.residencies", format!("residency {i}: model = {} is not an index into the {} models", r.model, ms.models.len()))
@@ -156,6 +173,9 @@ impl Workload {
             }
             v.positive("python_objects.iterations", p.iterations, 1_000_000_000)?;
             v.positive("python_objects.per_iteration", p.per_iteration, 1 << 24)?;
+            if p.keep > p.per_iteration {
+                return Err(v.fail("python_objects.keep", format!("keeps {} of the {} objects an iteration makes", p.keep, p.per_iteration)));
+            }
             if p.trim_to > p.trim_above {
                 return Err(v.fail("python_objects.trim_to", "must be ≤ trim_above"));
             }

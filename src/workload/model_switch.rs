@@ -52,7 +52,7 @@ impl ModelSwitchGen {
 
     /// The model and the sequence lengths of the next residency.
     fn plan(&mut self) -> (usize, Vec<u64>) {
-        if let Some(r) = self.spec.residencies.get(self.residency as usize) {
+        if let Some(r) = self.spec.residencies.as_deref().unwrap_or_default().get(self.residency as usize) {
             return (r.model, r.seq_lens.clone());
         }
         let n = self.spec.models.len();

@@ -7,7 +7,7 @@ pub fn events(spec: &ScenarioSpec) -> impl Iterator<Item = Event> + '_ {
     spec.events.iter().map(|e| match *e {
         ScenarioEvent::Alloc { id, bytes, stream } => Event::Alloc { id, bytes: bytes.0, stream },
         ScenarioEvent::Free { id } => Event::Free { id },
-        ScenarioEvent::EmptyCache => Event::EmptyCache,
+        ScenarioEvent::EmptyCache {} => Event::EmptyCache,
         ScenarioEvent::Step { n } => Event::Step { n },
     })
 }

@@ -258,7 +258,7 @@ pub struct ModelSwitchSpec {
     /// An explicit schedule instead of the seeded draws (a capture's own: `switch.py
     /// --schedule-out`): which model each residency loads and its steps' sequence lengths.
     #[serde(default)]
-    pub residencies: Vec<Residency>,
+    pub residencies: Option<Vec<Residency>>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -330,7 +330,8 @@ pub enum ScenarioEvent {
     Free {
         id: u64,
     },
-    EmptyCache,
+    /// (A struct variant: a unit one would let unknown keys through.)
+    EmptyCache {},
     Step {
         n: u64,
     },
@@ -438,6 +439,15 @@ impl Validator<'_> {
                 }
             }
             LengthDist::Fixed { value } => self.positive(field, *value, LIMIT)?,
+        }
+        Ok(())
+    }
+
+    /// A model with learned positions (`max_positions` > 0: gpt.py's wpe) embeds at most that many:
+    /// a longer sequence would index past its table.
+    pub fn positions(&self, field: &str, m: &ModelSpec, longest: u64) -> Result<(), InputError> {
+        if m.max_positions > 0 && longest > m.max_positions {
+            return Err(self.fail(field, format!("{} learned positions, but sequences reach {longest} tokens", m.max_positions)));
         }
         Ok(())
     }
