@@ -214,6 +214,37 @@ impl<R: BufRead> TraceReader<R> {
         self.live.len()
     }
 
+    fn read_chunk(&mut self) -> Result<usize, anyhow::Error> {
+        loop {
+            match self.input.read(&mut self.chunk) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                // A corrupt or truncated gzip stream surfaces here.
+                r => return Ok(r.map_err(|e| InputError::new(format!("{}:{}", self.name, self.line_no + 1), format!("read error: {e}")))?),
+            }
+        }
+    }
+
+    /// A comment says nothing the replay reads: at any length it is a comment (a capture's note
+    /// can be long). A site line is data, and keeps the line limit.
+    fn is_long_comment(&self) -> bool {
+        self.buf[0] == b'#' && !self.buf.starts_with(b"#site ")
+    }
+
+    /// Drops the input up to and including the next line end (or to the end of the input).
+    fn skip_rest_of_line(&mut self) -> Result<(), anyhow::Error> {
+        loop {
+            if let Some(i) = memchr::memchr(b'\n', &self.chunk[self.start..self.end]) {
+                self.start += i + 1;
+                return Ok(());
+            }
+            let n = self.read_chunk()?;
+            (self.start, self.end) = (0, n);
+            if n == 0 {
+                return Ok(());
+            }
+        }
+    }
+
     fn next_line(&mut self) -> Result<Option<()>, anyhow::Error> {
         self.buf.clear();
         loop {
@@ -226,15 +257,13 @@ impl<R: BufRead> TraceReader<R> {
             self.buf.extend_from_slice(window);
             self.start = self.end;
             if self.buf.len() > MAX_LINE_BYTES {
+                if self.is_long_comment() {
+                    // The rest of it is skipped, not held.
+                    self.skip_rest_of_line()?;
+                }
                 break;
             }
-            let n = loop {
-                match self.input.read(&mut self.chunk) {
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    // A corrupt or truncated gzip stream surfaces here.
-                    r => break r.map_err(|e| InputError::new(format!("{}:{}", self.name, self.line_no + 1), format!("read error: {e}")))?,
-                }
-            };
+            let n = self.read_chunk()?;
             (self.start, self.end) = (0, n);
             if n == 0 {
                 if self.buf.is_empty() {
@@ -245,7 +274,11 @@ impl<R: BufRead> TraceReader<R> {
         }
         self.line_no += 1;
         if self.buf.len() - self.buf.ends_with(b"\n") as usize > MAX_LINE_BYTES {
-            return Err(self.err(format!("line longer than {MAX_LINE_BYTES} bytes: not a trace file")));
+            if !self.is_long_comment() {
+                return Err(self.err(format!("line longer than {MAX_LINE_BYTES} bytes: not a trace file")));
+            }
+            self.buf.truncate(1);
+            self.buf.push(b'\n');
         }
         Ok(Some(()))
     }
@@ -788,9 +821,17 @@ mod tests {
 
     #[test]
     fn overlong_lines_and_read_errors_name_their_line() {
-        let long = format!("op,id,bytes,stream\nalloc,1,512,0\n#{}\nfree,1,,\n", "x".repeat(MAX_LINE_BYTES));
+        let long = format!("op,id,bytes,stream\nalloc,1,512,0\nfree,1,{}\nfree,1,,\n", "9".repeat(MAX_LINE_BYTES));
         let errs: Vec<String> = parse(&long).into_iter().filter_map(|e| e.err()).map(|e| e.to_string()).collect();
         assert_eq!(errs, [format!("t.csv:3: line longer than {MAX_LINE_BYTES} bytes: not a trace file")]);
+        // A comment is skipped at any length (a capture's note can be long), read in pieces.
+        let comment = format!("op,id,bytes,stream\nalloc,1,512,0\n#{}\nfree,1,,\n# {}", "x".repeat(10 * MAX_LINE_BYTES), "y".repeat(3 * MAX_LINE_BYTES));
+        let events: Vec<Event> = parse(&comment).into_iter().map(|e| e.unwrap()).collect();
+        assert_eq!(events, [Event::Alloc { id: 1, bytes: 512, stream: 0 }, Event::Free { id: 1 }]);
+        let input = std::io::BufReader::with_capacity(5, Trickle { data: comment.clone().into_bytes(), at: 0, step: 7, fail: false });
+        assert_eq!(TraceReader::new(input, "t.csv").map(|e| e.unwrap()).collect::<Vec<_>>(), events);
+        let site = format!("op,id,bytes,stream\n#site 0 {}.py:1 f\nalloc,1,512,0\n", "s".repeat(MAX_LINE_BYTES));
+        assert!(parse(&site).into_iter().any(|e| e.is_err()), "a site line keeps the limit");
         // A comment of exactly the limit (newline aside) is a line like any other.
         let at_limit = format!("op,id,bytes,stream\n#{}\nalloc,1,512,0\n", "x".repeat(MAX_LINE_BYTES - 1));
         assert!(parse(&at_limit).into_iter().all(|e| e.is_ok()));
