@@ -38,6 +38,9 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if t.is_empty() {
         return Err("empty size".into());
     }
+    if t.starts_with('-') {
+        return Err(format!("size '{t}' is negative"));
+    }
     let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_')).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
     let num = num.replace('_', "");
@@ -147,6 +150,7 @@ mod tests {
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("GiB").is_err());
         assert!(parse_bytes("99999999999999999999GiB").is_err());
+        assert_eq!(parse_bytes("-1GiB").unwrap_err(), "size '-1GiB' is negative");
     }
 
     #[test]

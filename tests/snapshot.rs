@@ -543,7 +543,7 @@ fn snapshot_notes_and_refusals_say_what_the_file_holds() {
 fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
     let dir = tempfile::tempdir().unwrap();
     let header = "Thread,Time,Action,Pointer,Size,Stream\n";
-    let rows = "1,10:00:00:000001,allocate,0x7f0000000000,1048576,0x0\n1,10:00:00:000002,allocate failure,(nil),18446744073709551615,0x0\n1,10:00:00:000003,free,0x7f00000f0000,4096,0x0\n1,10:00:00:000004,free,0x7f0000000000,1048576,0x0\n";
+    let rows = "1,10:00:00:000001,allocate,0x7f0000000000,1048576,0x0\n1,10:00:00:000002,allocate failure,(nil),18446744073709551615,0x0\n1,10:00:00:000003,free,0x7f00000f0000,4096,0x0\n1,10:00:00:000004,free,0x7f0000000000,1048576,0x0\n1,10:00:00:000005,free,0x7f0000000000,1048576,0x0\n";
     let p = dir.path().join("rmm.csv");
     std::fs::write(&p, format!("{header}{rows}")).unwrap();
     let t = import_rmm_log(&p).unwrap();
@@ -552,7 +552,8 @@ fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
         t.notes,
         vec![
             "1 failed allocation in the log skipped".to_string(),
-            "1 free skipped: its pointer was never allocated in the log (allocated before it began)".to_string()
+            "1 free skipped: its pointer was never allocated in the log (allocated before it began)".to_string(),
+            "1 free skipped: a second free of a pointer already freed (a double free in the log)".to_string()
         ]
     );
     // Gzip in two members (`gzip -c a >> log.gz`, as logs are appended): all of it is read.

@@ -308,7 +308,12 @@ impl<R: BufRead> TraceReader<R> {
             // A UTF-8 byte-order mark (spreadsheet exports) is not part of the header.
             Ok(t) => t.trim_start_matches('\u{feff}').trim_end_matches(['\n', '\r']).trim(),
             // gzip's magic bytes: a compressed trace read as text.
-            Err(_) if self.buf.starts_with(&[0x1f, 0x8b]) => return Err(self.err("gzip-compressed data: name the file .csv.gz to have it decompressed")),
+            Err(_) if self.buf.starts_with(&[0x1f, 0x8b]) => {
+                // A .gz name was decompressed once already: the data inside is gzip again.
+                let fix =
+                    if self.name.ends_with(".gz") { "compressed twice: decompress it once (gunzip)" } else { "name the file .csv.gz to have it decompressed" };
+                return Err(self.err(format!("gzip-compressed data: {fix}")));
+            }
             Err(_) => return Err(self.err("not valid UTF-8 text")),
         };
         if text.starts_with("#site") || text.starts_with("#at") {
@@ -671,8 +676,11 @@ mod tests {
         assert!(res.last().unwrap().as_ref().unwrap_err().to_string().contains("x.csv:2: not valid UTF-8"));
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         std::io::Write::write_all(&mut gz, b"op,id,bytes,stream\nalloc,1,8,0\n").unwrap();
-        let res: Vec<_> = TraceReader::new(&gz.finish().unwrap()[..], "x.csv").collect();
+        let gz = gz.finish().unwrap();
+        let res: Vec<_> = TraceReader::new(&gz[..], "x.csv").collect();
         assert!(res[0].as_ref().unwrap_err().to_string().contains("x.csv:1: gzip-compressed data: name the file .csv.gz"), "{:?}", res[0]);
+        let res: Vec<_> = TraceReader::new(&gz[..], "x.csv.gz").collect();
+        assert!(res[0].as_ref().unwrap_err().to_string().contains("x.csv.gz:1: gzip-compressed data: compressed twice"), "{:?}", res[0]);
     }
 
     #[test]

@@ -24,7 +24,7 @@
 
 use std::path::Path;
 
-use rustc_hash::FxHashMap;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::pickle::{self, Value};
 use super::Sites;
@@ -558,7 +558,9 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
     let mut cols: Option<(FxHashMap<String, usize>, usize)> = None;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     let mut next_id = 0u64;
-    let (mut failures, mut unknown_frees, mut reallocated) = (0u64, 0u64, 0u64);
+    let (mut failures, mut unknown_frees, mut double_frees, mut reallocated) = (0u64, 0u64, 0u64, 0u64);
+    // Pointers freed and not allocated again: a second free of one is a double free.
+    let mut freed: FxHashSet<u64> = FxHashSet::default();
     for (n, line) in text.lines().enumerate() {
         let loc = || format!("{}:{}", path.display(), n + 1);
         let line = line.trim();
@@ -598,6 +600,7 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
                 if size >= crate::units::MAX_REQUEST_BYTES {
                     return Err(InputError::new(loc(), format!("size {size}: 1 EiB or more, larger than any request a device allocator serves")));
                 }
+                freed.remove(&ptr);
                 if let Some(old) = live.insert(ptr, next_id) {
                     reallocated += 1;
                     out.events.push(Event::Free { id: old });
@@ -606,7 +609,11 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
                 next_id += 1;
             }
             "free" => match live.remove(&ptr) {
-                Some(id) => out.events.push(Event::Free { id }),
+                Some(id) => {
+                    freed.insert(ptr);
+                    out.events.push(Event::Free { id });
+                }
+                None if freed.contains(&ptr) => double_frees += 1,
                 None => unknown_frees += 1,
             },
             "allocate failure" => failures += 1,
@@ -625,6 +632,9 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
             crate::units::count(unknown_frees, "free"),
             if unknown_frees == 1 { "its pointer was" } else { "their pointers were" }
         ));
+    }
+    if double_frees > 0 {
+        out.notes.push(format!("{} skipped: a second free of a pointer already freed (a double free in the log)", crate::units::count(double_frees, "free")));
     }
     if reallocated > 0 {
         out.notes.push(format!(
