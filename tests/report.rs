@@ -501,3 +501,31 @@ fn runs_on_other_capacities_are_compared_apart() {
     let finding = md.lines().find(|l| l.starts_with(&format!("- model-switch on {large}: "))).unwrap_or_else(|| panic!("{md}"));
     assert!(!finding.contains("`expandable_segments:True` cuts"), "{finding}");
 }
+
+/// A search where every configuration runs out of memory has no memory-time front: the report
+/// says which gets furthest instead of drawing an empty chart. One workload thousands of times
+/// over its live bytes (a 1-byte tensor in a 2 MiB segment) puts the overhead chart on a log axis.
+#[test]
+fn an_all_oom_search_and_an_outlier_overhead_stay_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = || assert_cmd::Command::cargo_bin("allocbench").unwrap();
+    let (one, big) = (dir.path().join("one.csv"), dir.path().join("big.csv"));
+    std::fs::write(&one, "op,id,bytes,stream\nalloc,1,1,0\nfree,1,,\n").unwrap();
+    std::fs::write(&big, "op,id,bytes,stream\nalloc,1,3000000000,0\nfree,1,,\n").unwrap();
+    let runs = dir.path().join("runs.jsonl");
+    let sawtooth = format!("{}/workloads/scenario-sawtooth.toml", env!("CARGO_MANIFEST_DIR"));
+    for input in [one.to_str().unwrap(), &sawtooth] {
+        assert!(bin().args(["run", input, "-q", "--jsonl", runs.to_str().unwrap()]).output().unwrap().status.success());
+    }
+    let search = dir.path().join("advise.jsonl");
+    assert!(bin().args(["advise", big.to_str().unwrap(), "--capacity", "1GiB", "--jsonl", search.to_str().unwrap()]).output().unwrap().status.success());
+    let out = dir.path().join("report");
+    report::render(&report::load(&[runs, search]).unwrap(), &out, "t").unwrap();
+    let md = std::fs::read_to_string(out.join("README.md")).unwrap();
+    assert!(
+        md.contains("- advise (big, 1.00 GiB card, 1216 configurations): every configuration runs out of memory; `(PyTorch's defaults)` gets furthest"),
+        "{md}"
+    );
+    assert!(!out.join("advise-front-big.svg").exists(), "no empty front chart");
+    assert!(std::fs::read_to_string(out.join("gpu-overhead.svg")).unwrap().contains("peak reserved / peak live (log scale)"));
+}

@@ -101,6 +101,20 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     for r in &searches {
         let defaults = r.configs.iter().find(|c| c.conf.is_empty());
         let Some(pick) = &r.recommended else { continue };
+        if pick.oom {
+            // Nothing fits: no memory-time front to draw, and the pick's peak is that of a replay
+            // that stopped.
+            sec.findings.push(format!(
+                "advise ({}, {} card, {} configurations): every configuration runs out of memory; `{}` gets furthest (to event {}, step {}).",
+                r.workload.name,
+                format_bytes(r.capacity),
+                r.configs.len(),
+                if pick.conf.is_empty() { "(PyTorch's defaults)" } else { &pick.conf },
+                pick.oom_event.unwrap_or(0),
+                pick.oom_step.unwrap_or(0)
+            ));
+            continue;
+        }
         let vs = match defaults {
             Some(d) if d.oom => format!("the defaults OOM at step {}", d.oom_step.unwrap_or(0)),
             Some(d) => format!("the defaults reserve {} in {}", format_bytes(d.peak_reserved), secs(d)),

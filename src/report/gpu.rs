@@ -408,9 +408,19 @@ fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> 
         })
         .collect();
     let title = "Peak reserved / peak live bytes (1.0 = ideal)".to_string();
+    // One tiny workload (a segment for a few bytes) can be thousands of times over: a log axis
+    // then, so the others' bars stay readable.
+    let ratios = || groups.iter().flat_map(|g| g.bars.iter().map(|b| b.2)).filter(|v| *v > 0.0);
+    let log = ratios().fold(0f64, f64::max) > 20.0 * ratios().fold(f64::MAX, f64::min);
     let svg = charts::bars(
         &groups,
-        &BarOptions { title: &title, y_desc: "peak reserved / peak live", log: false, y_is_bytes: false, reference: Some((1.0, "ideal = 1.0")) },
+        &BarOptions {
+            title: &title,
+            y_desc: if log { "peak reserved / peak live (log scale)" } else { "peak reserved / peak live" },
+            log,
+            y_is_bytes: false,
+            reference: Some((1.0, "ideal = 1.0")),
+        },
     );
     charts.push(write_chart(out, "gpu-overhead.svg".into(), title, svg)?);
     Ok(charts)
