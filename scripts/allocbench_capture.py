@@ -1313,11 +1313,23 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
             elif not isinstance(param, fake_type) and not isinstance(applied, fake_type):
                 param.data = applied  # real tensors: what torch does
             else:
-                param.grad = None
                 replaced = Parameter(applied, requires_grad=param.requires_grad)
-                del applied
-                swap_tensors(param, replaced)
-                del replaced  # the old data, dead now unless the script holds it (param.data = new)
+                # The swap trades __dict__ too: the script's attributes on the parameter stay.
+                for name, value in vars(param).items():
+                    vars(replaced).setdefault(name, value)
+                try:
+                    param.grad = None
+                    swap_tensors(param, replaced)
+                except RuntimeError:
+                    # A tensor others hold (a view of it, weight_norm's, a live graph) cannot be
+                    # swapped: a new Parameter then, as torch does when it cannot set the data.
+                    param.grad = grad
+                    out = Parameter(applied, param.requires_grad)
+                    self._parameters[key] = out
+                    if grad is not None:
+                        out.grad = convert(fn, grad).requires_grad_(grad.requires_grad)
+                    continue
+                del applied, replaced  # the old data, dead now unless the script holds it (param.data = new)
             if grad is not None:
                 grad_applied = convert(fn, grad)
                 if not isinstance(grad, fake_type) and not isinstance(grad_applied, fake_type):

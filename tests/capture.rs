@@ -1130,11 +1130,19 @@ fn module_conversions_free_and_untie_as_on_a_device() {
     let (out, trace) = capture(dir.path(), "m.csv", &["--cublas-workspace-mib", "0"], &[&fixture("module_conversions.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = String::from_utf8_lossy(&out.stdout);
-    for line in ["half 10 torch.float16 True", "to_empty False 2", "tiny True 1 True"] {
+    for line in ["half 10 torch.float16 True", "to_empty False 2", "tiny True 1 True", "held cuda:0 cpu tensor-parallel torch.float16"] {
         assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
     }
     let (mib4, mib2, mib1) = (4 << 20, 2 << 20, 1 << 20);
-    assert_eq!(signed_sizes(&events(&trace)), vec![mib4, mib4, mib2, -mib4, mib2, -mib4, mib1, mib1, 6400]);
+    #[rustfmt::skip]
+    let want = vec![
+        mib4, mib4, mib2, -mib4, mib2, -mib4,  // .half(): each old weight freed as soon as it is converted
+        mib1, mib1,                            // to_empty: untied
+        6400,                                  // the tiny tied model: one storage
+        64, 16,                                // the Linear whose weight a view holds
+        mib4, 4096, mib2, -mib4, 2048, -4096,  // the flagged Linear, .cuda() then .half()
+    ];
+    assert_eq!(signed_sizes(&events(&trace)), want);
 }
 
 /// `timeout` (or a scheduler) sends SIGTERM: the script stops as on Ctrl-C, and the rows so far

@@ -496,6 +496,10 @@ fn runs_on_other_capacities_are_compared_apart() {
         let rows = table.lines().filter(|l| l.starts_with("| `")).count();
         assert_eq!(rows, runs.iter().filter(|r| r["capacity"] == *capacity).count(), "every run of the case is a row: {table}");
     }
+    // Each case has its own memory view.
+    let views: Vec<&str> = md.lines().filter(|l| l.starts_with("- [model-switch on ")).collect();
+    assert_eq!(views.len(), 2, "{md}");
+    assert_ne!(views[0].split('(').nth(1), views[1].split('(').nth(1), "{views:?}");
     // On the larger card expandable segments reserve more than the defaults there: no cut is claimed.
     let large = bytes(&(*capacities.iter().last().unwrap()).into());
     let finding = md.lines().find(|l| l.starts_with(&format!("- model-switch on {large}: "))).unwrap_or_else(|| panic!("{md}"));
@@ -528,4 +532,29 @@ fn an_all_oom_search_and_an_outlier_overhead_stay_readable() {
     );
     assert!(!out.join("advise-front-big.svg").exists(), "no empty front chart");
     assert!(std::fs::read_to_string(out.join("gpu-overhead.svg")).unwrap().contains("peak reserved / peak live (log scale)"));
+}
+
+/// A long workload name is clipped in file names before the case's capacity is added, so two
+/// cases never write one file.
+#[test]
+fn cases_of_a_long_workload_name_get_files_of_their_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = "a-workload-name-far-longer-than-the-sixty-characters-a-file-name-slug-keeps";
+    let path = edited_fixture(dir.path(), "long.jsonl", |v| {
+        if v["workload"]["name"] != "model-switch" {
+            return vec![v.clone()];
+        }
+        let mut v = v.clone();
+        v["workload"]["name"] = long.into();
+        let mut bigger = v.clone();
+        bigger["capacity"] = (v["capacity"].as_u64().unwrap() * 2).into();
+        vec![v, bigger]
+    });
+    report::render(&report::load(&[path]).unwrap(), &dir.path().join("r"), "t").unwrap();
+    let views: Vec<String> = std::fs::read_dir(dir.path().join("r"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|f| f.starts_with("memory-a-workload"))
+        .collect();
+    assert_eq!(views.len(), 2, "{views:?}");
 }

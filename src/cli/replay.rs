@@ -100,11 +100,13 @@ fn exact_segments_and_sites(
         return Ok(None);
     }
     let owners = gpu_run::segment_owners(allocator, conf, spec, source.events()?, on_oom)?;
+    // The peak map is exact here whatever happened after it (the record keeps it).
+    result.segments_at_peak = owners.at_peak.segments;
+    result.segments_at_peak_late = None;
     let ids = if result.oom.is_some() {
         result.segments_at_oom = owners.at_oom;
         owners.oom_owners
     } else {
-        result.segments_at_peak = owners.at_peak.segments;
         owners.peak_owners
     };
     Ok(source.sites()?.map(|sites| (memory_view::block_sites(&ids, &sites), sites.into_owned().names)))

@@ -120,29 +120,39 @@ fn case_key(r: &GpuRunResult) -> CaseKey {
     (r.workload.name.clone(), r.capacity, r.backend)
 }
 
-/// The runs of each case, in first-seen order, each with its label: the workload's name, and the
-/// capacity (and the backend) where the same workload was run on several.
-pub fn runs_by_case<'a>(runs: &[&'a GpuRunResult]) -> Vec<(String, Vec<&'a GpuRunResult>)> {
+/// One case's runs, with its label (the workload's name, and the capacity and the backend where
+/// the same workload was run on several) and the slug its files are named by.
+pub struct Case<'a> {
+    pub label: String,
+    pub slug: String,
+    pub runs: Vec<&'a GpuRunResult>,
+}
+
+/// The runs of each case, in first-seen order.
+pub fn runs_by_case<'a>(runs: &[&'a GpuRunResult]) -> Vec<Case<'a>> {
     let cases = fold(runs.iter().copied(), case_key);
-    let label = |(name, capacity, backend): &CaseKey| {
+    let case = |(name, capacity, backend): &CaseKey, runs: &Vec<&'a GpuRunResult>| {
         let same_name: Vec<&CaseKey> = cases.iter().map(|(k, _)| k).filter(|k| &k.0 == name).collect();
-        let mut label = name.clone();
+        let mut suffix = String::new();
         if same_name.iter().any(|k| k.1 != *capacity) {
-            label += &format!(" on {}", format_bytes(*capacity));
+            suffix += &format!(" on {}", format_bytes(*capacity));
         }
         if same_name.iter().any(|k| k.2 != *backend) {
-            label += &format!(" ({})", if *backend == Backend::Sim { "simulated" } else { "real GPU" });
+            suffix += &format!(" ({})", if *backend == Backend::Sim { "simulated" } else { "real GPU" });
         }
-        label
+        // The suffix is slugged apart: a long name's clipping must not cut it off (two cases
+        // would write one file).
+        let slug = if suffix.is_empty() { slug(name) } else { format!("{}-{}", slug(name), slug(&suffix)) };
+        Case { label: format!("{name}{suffix}"), slug, runs: runs.clone() }
     };
-    cases.iter().map(|(k, group)| (label(k), group.clone())).collect()
+    cases.iter().map(|(k, group)| case(k, group)).collect()
 }
 
 /// Each case's rows (see [`runs_by_case`]), repetitions folded, in first-seen order.
 pub fn rows_by_workload<'a>(runs: &[&'a GpuRunResult]) -> Vec<(String, Vec<GpuRow<'a>>)> {
     runs_by_case(runs)
         .into_iter()
-        .map(|(label, group)| (label, fold(group, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect()))
+        .map(|case| (case.label, fold(case.runs, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect()))
         .collect()
 }
 
@@ -230,7 +240,7 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
         let capacity = format!(" on {}", format_bytes(rows[0].first().capacity));
         out.push(format!(
             "{workload}{}: out of memory with {}; {}.",
-            if workload.ends_with(&capacity) { "" } else { capacity.as_str() },
+            if workload.contains(&capacity) { "" } else { capacity.as_str() },
             oomed.join(", "),
             if fit.is_empty() { "no config tried fits".to_string() } else { format!("fits with {}", fit.join(", ")) }
         ));
@@ -306,10 +316,10 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     }
     sec.body += &table(&by_workload);
     sec.body += "\nInteractive memory views (timeline and segment map at the peak or the OOM, hover for blocks):\n\n";
-    for (w, group) in runs_by_case(&runs) {
-        let input = Source::find_recorded(&group[0].workload);
-        let file = memory_view::write_for_runs(out, &w, &group, input.as_ref())?;
-        let _ = writeln!(sec.body, "- [{w}]({file})");
+    for case in runs_by_case(&runs) {
+        let input = Source::find_recorded(&case.runs[0].workload);
+        let file = memory_view::write_for_runs(out, &case.label, &case.slug, &case.runs, input.as_ref())?;
+        let _ = writeln!(sec.body, "- [{}]({file})", case.label);
     }
     sec.charts = charts_for(out, &runs)?;
     Ok(Some(sec))
@@ -317,8 +327,7 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
 
 fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> {
     let mut charts = Vec::new();
-    for (workload, group) in runs_by_case(runs) {
-        let ws = slug(&workload);
+    for Case { label: workload, slug: ws, runs: group } in runs_by_case(runs) {
         // One run per config in the line and segment charts: repetitions replay the same
         // deterministic policy on the simulated device.
         let group: Vec<&GpuRunResult> = fold(group, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| reps[0]).collect();

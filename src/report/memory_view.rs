@@ -17,7 +17,6 @@ use serde_json::{json, Value};
 use super::gpu::gpu_label;
 use super::html;
 use super::spread::fold;
-use super::style::slug;
 use crate::gpu::build::DeviceSpec;
 use crate::gpu::config::AllocatorConfig;
 use crate::input::Source;
@@ -107,10 +106,10 @@ pub fn page(title: &str, runs: &[ViewRun], site_names: &[String]) -> String {
     html::page(title, VIEW_CSS, &body, VIEW_SCRIPT)
 }
 
-/// Writes `memory-<workload>.html` for a workload's runs (one per config; repetitions replay
+/// Writes `memory-<file_slug>.html` for a workload's runs (one per config; repetitions replay
 /// the same policy) into `out`; returns the file name. With the workload's `input` (a capture
 /// or snapshot that recorded sites), blocks name their allocation sites (see [`sites_of_run`]).
-pub fn write_for_runs(out: &Path, workload: &str, runs: &[&GpuRunResult], input: Option<&Source>) -> anyhow::Result<String> {
+pub fn write_for_runs(out: &Path, workload: &str, file_slug: &str, runs: &[&GpuRunResult], input: Option<&Source>) -> anyhow::Result<String> {
     let sites = match input {
         Some(source) => source.sites()?,
         None => None,
@@ -125,7 +124,7 @@ pub fn write_for_runs(out: &Path, workload: &str, runs: &[&GpuRunResult], input:
         view.push(ViewRun { run, sites: block_sites });
     }
     let names = sites.map(|s| s.into_owned().names).unwrap_or_default();
-    let file = format!("memory-{}.html", slug(workload));
+    let file = format!("memory-{file_slug}.html");
     super::write_file(out, &file, &page(&format!("{workload}: memory view"), &view, &names))?;
     Ok(file)
 }
