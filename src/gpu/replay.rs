@@ -245,7 +245,7 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
     let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
     out.peak_reserved = segments.peak.reserved;
     out.allocated_at_peak_reserved = segments.peak.allocated_at_peak;
-    out.segments_at_peak_late = (!segments.exact && !segments.segments.is_empty()).then_some(segments.peak_event);
+    out.segments_at_peak_late = (!segments.exact && segments.kept_segments).then_some(segments.peak_event);
     out.oom = first_oom.record;
     out.timeline = timeline.points;
     out.segments_at_peak = segments.segments;

@@ -130,6 +130,9 @@ pub struct SegmentsAtPeak {
     pub peak_event: u64,
     /// Whether `segments` were taken right after `peak_event`.
     pub exact: bool,
+    /// Whether any snapshot held a segment (a policy that keeps none has no map to refine; a
+    /// last snapshot can be empty after an empty_cache although the peak's was not).
+    pub kept_segments: bool,
     last_snapshot_event: Option<u64>,
     pending: bool,
 }
@@ -137,6 +140,7 @@ pub struct SegmentsAtPeak {
 impl SegmentsAtPeak {
     fn take<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, index: u64) {
         self.segments = alloc.segments();
+        self.kept_segments |= !self.segments.is_empty();
         self.last_snapshot_event = Some(index);
         self.pending = false;
     }
