@@ -1257,6 +1257,7 @@ def _fake_tensor_fixes(torch, patches):
 
     patches.set(torch.utils, "swap_tensors", swap_tensors)
     patches.set(torch.nn.Module, "_apply", _module_apply_as_on_a_device(torch, torch.nn.Module._apply, swap_tensors))
+    _lazy_placeholders(torch, patches, swap_tensors)
     # Optimizers and clip_grad_norm_ take their foreach paths only for plain tensor types; on CUDA a
     # script's default AdamW is foreach (whole-list temporaries), and fake tensors must take it too.
     import importlib
@@ -1284,6 +1285,18 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
 
     fake_type = torch._subclasses.fake_tensor.FakeTensor
     Parameter = torch.nn.Parameter
+    is_lazy = torch.nn.parameter.is_lazy
+
+    def retarget_lazy(placeholder, fn):
+        """A lazy module's placeholder moves or converts without data (see _lazy_placeholders)."""
+        # An empty tensor where the placeholder will materialize shows where fn takes it.
+        probe = convert(fn, torch.empty(0, dtype=placeholder.dtype, device=vars(placeholder).get(LAZY_DEVICE, "cpu")))
+        if isinstance(probe, fake_type):
+            placeholder.data = torch.empty(0, dtype=probe.dtype)
+            vars(placeholder)[LAZY_DEVICE] = probe.device
+        else:
+            placeholder.data = probe
+            vars(placeholder).pop(LAZY_DEVICE, None)
 
     def convert(fn, tensor):
         with torch.no_grad():
@@ -1298,6 +1311,9 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
                 module._apply(fn)
         for key, param in self._parameters.items():
             if param is None:
+                continue
+            if is_lazy(param):
+                retarget_lazy(param, fn)
                 continue
             applied = convert(fn, param)
             grad = param.grad
@@ -1341,11 +1357,56 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
                     del grad_applied
                 param.grad = grad
         for key, buf in self._buffers.items():
-            if buf is not None:
+            if buf is not None and is_lazy(buf):
+                retarget_lazy(buf, fn)
+            elif buf is not None:
                 self._buffers[key] = fn(buf)
         return self
 
     return apply
+
+
+# Where a lazy module's CPU placeholder will materialize (a fake CUDA device).
+LAZY_DEVICE = "_allocbench_lazy_device"
+
+
+def _lazy_placeholders(torch, patches, swap_tensors):
+    """Lazy modules (nn.LazyLinear, LazyConv2d, LazyBatchNorm2d) hold empty uninitialized
+    placeholders until their first forward materializes them. A fake CUDA tensor cannot be one
+    (dispatch refuses the subclass), so a CUDA placeholder stays an empty CPU tensor that remembers
+    its device (``.cuda()`` included, see _module_apply_as_on_a_device), and materialize makes the
+    fake CUDA tensor there: one allocation of the inferred shape, as on the device."""
+    from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
+
+    def is_cuda(device):
+        return device is not None and torch.device(device).type == "cuda"
+
+    for cls in (UninitializedParameter, UninitializedBuffer):
+        def new(cls_, requires_grad=cls is UninitializedParameter, device=None, dtype=None, _original=cls.__new__):
+            if device is None:
+                device = torch.utils._device.CURRENT_DEVICE  # `with torch.device("cuda")`
+            if not is_cuda(device):
+                return _original(cls_, requires_grad, device, dtype)
+            placeholder = _original(cls_, requires_grad, "cpu", dtype)
+            vars(placeholder)[LAZY_DEVICE] = torch.device(device)
+            return placeholder
+
+        patches.set(cls, "__new__", staticmethod(new))
+    original_materialize = UninitializedTensorMixin.materialize
+
+    def materialize(self, shape, device=None, dtype=None):
+        if device is None:
+            device = vars(self).get(LAZY_DEVICE)
+        if not is_cuda(device):
+            return original_materialize(self, shape, device, dtype)
+        data = torch.empty(shape, device=device, dtype=self.data.dtype if dtype is None else dtype)
+        made = torch.nn.Parameter(data, self.requires_grad) if self.cls_to_become is torch.nn.Parameter else data
+        for name, value in vars(self).items():
+            if name != LAZY_DEVICE:
+                vars(made).setdefault(name, value)
+        swap_tensors(self, made)  # the placeholder becomes the tensor, as ``self.data =`` makes it
+
+    patches.set(UninitializedTensorMixin, "materialize", materialize)
 
 
 def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False):

@@ -32,7 +32,8 @@ pub fn check_capacity(bytes: u64) -> Result<u64, String> {
 }
 
 /// Parses `1048576`, `512B`, `4KiB`, `1.5GiB`, `80GB` (SI), `2MB`… into bytes.
-/// Binary units (KiB, MiB, GiB, TiB) are powers of 1024; SI units (kB, MB, GB, TB) powers of 1000.
+/// Binary units (KiB, MiB, GiB, TiB, or Kubernetes' Ki, Mi, Gi, Ti) are powers of 1024; SI units
+/// (kB, MB, GB, TB) powers of 1000. A bare letter (`80G`) is binary, as dd and `free -g` read it.
 pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let t = text.trim();
     if t.is_empty() {
@@ -46,11 +47,11 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let num = num.replace('_', "");
     let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "k" | "kib" => KIB,
-        "m" | "mib" => MIB,
-        "g" | "gib" => GIB,
-        "t" | "tib" => TIB,
-        "p" | "pib" => PIB,
+        "k" | "ki" | "kib" => KIB,
+        "m" | "mi" | "mib" => MIB,
+        "g" | "gi" | "gib" => GIB,
+        "t" | "ti" | "tib" => TIB,
+        "p" | "pi" | "pib" => PIB,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
@@ -146,6 +147,10 @@ mod tests {
         assert_eq!(parse_bytes("81559MiB").unwrap(), 81_559 * MIB);
         assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 * GIB / 2);
         assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
+        // A bare letter is binary (dd's reading); Kubernetes' `Gi` too.
+        assert_eq!(parse_bytes("80G").unwrap(), 80 * GIB);
+        assert_eq!(parse_bytes("80Gi").unwrap(), 80 * GIB);
+        assert_eq!(parse_bytes("512Mi").unwrap(), 512 * MIB);
         assert_eq!(parse_bytes("512").unwrap(), 512);
         assert!(parse_bytes("12 parsecs").is_err());
         assert!(parse_bytes("GiB").is_err());

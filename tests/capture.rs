@@ -1145,6 +1145,32 @@ fn module_conversions_free_and_untie_as_on_a_device() {
     assert_eq!(signed_sizes(&events(&trace)), want);
 }
 
+/// Lazy modules moved to CUDA (or made there) allocate nothing until their first forward, then
+/// each parameter and buffer once, in the inferred shape and the dtype they were converted to.
+#[test]
+fn lazy_modules_materialize_on_the_device_at_their_first_forward() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "lazy.csv", &["--cublas-workspace-mib", "0"], &[&fixture("lazy_modules.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    for line in ["before 512", "after True (256, 1024) cuda:0 True", "made_here torch.float16 cuda:0 (64, 32)"] {
+        assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
+    }
+    let allocs: Vec<i64> = signed_sizes(&events(&trace)).into_iter().filter(|&b| b > 0).collect();
+    #[rustfmt::skip]
+    let want = vec![
+        8, 32768,                     // BatchNorm's num_batches_tracked (not lazy), the input
+        1 << 20, 1024, 8192,          // the Linear at its first forward: weight, bias, output
+        1024, 1024, 1024, 1024, 8192, // BatchNorm's weight, bias, running mean and var, output
+        1024, 1024,                   // its saved mean and inverse std
+        128, 4096, 128, 256,          // the half Linear made on CUDA: input, weight, bias, output
+    ];
+    assert_eq!(allocs, want);
+}
+
 /// `timeout` (or a scheduler) sends SIGTERM: the script stops as on Ctrl-C, and the rows so far
 /// are written, marked incomplete.
 #[test]
