@@ -16,20 +16,24 @@
 #   2. render: allocbench report re-renders comparison/, diagnose-gpt3-73g/ and gpu-h100/ (whose
 #      data/ holds the --device cuda runs and devprobe of scripts/gpu_checks.sh on an H100) from
 #      their data/, keeping data/ and gpu-h100/GPU-CHECKS.md.
-# Usage: scripts/publish.sh [--quick] [--render-only]
+# Usage: scripts/publish.sh [--quick] [--render-only] [--keep-cpu]
 #   --quick: compare.sh --quick: one CPU repetition, 200 iterations, short programs (a smoke test;
 #            do not commit its results)
 #   --render-only: no measuring; re-render every report from its committed data/
+#   --keep-cpu: measure everything but the CPU comparison (1b), whose committed cpu.jsonl.gz stays
+#            (for a change that touches only the GPU side: the CPU runs take the longest)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
 measure=1
+keep_cpu=0
 for arg in "$@"; do
   case "$arg" in
     --quick) quick=1 ;;
     --render-only) measure=0 ;;
-    *) echo "publish.sh: unknown option $arg (use --quick or --render-only)" >&2; exit 2 ;;
+    --keep-cpu) keep_cpu=1 ;;
+    *) echo "publish.sh: unknown option $arg (use --quick, --render-only or --keep-cpu)" >&2; exit 2 ;;
   esac
 done
 cargo build --release --quiet
@@ -42,7 +46,13 @@ if [ "$measure" = 1 ]; then
   mkdir -p "$work"
   cmp_data=reports/comparison/data
   diag_data=reports/diagnose-gpt3-73g/data
-  rm -rf "$cmp_data" "$diag_data"
+  if [ "$keep_cpu" = 1 ]; then
+    [ -f "$cmp_data/cpu.jsonl.gz" ] || { echo "publish.sh: --keep-cpu, but $cmp_data/cpu.jsonl.gz is missing" >&2; exit 2; }
+    rm -f "$cmp_data/gpu.jsonl.gz"
+    rm -rf "$diag_data"
+  else
+    rm -rf "$cmp_data" "$diag_data"
+  fi
   mkdir -p "$cmp_data" "$diag_data"
 
   confs=(
@@ -66,10 +76,12 @@ if [ "$measure" = 1 ]; then
   done
   cat "$work"/gpu-*.jsonl | gzip -n -9 > "$cmp_data/gpu.jsonl.gz"
 
-  cpu_args=()
-  [ "$quick" = 1 ] && cpu_args=(--quick)
-  scripts/compare.sh "${cpu_args[@]}" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml workloads/python/*.py
-  gzip -n -9 < "$work/cpu/cpu.jsonl" > "$cmp_data/cpu.jsonl.gz"
+  if [ "$keep_cpu" = 0 ]; then
+    cpu_args=()
+    [ "$quick" = 1 ] && cpu_args=(--quick)
+    scripts/compare.sh "${cpu_args[@]}" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml workloads/python/*.py
+    gzip -n -9 < "$work/cpu/cpu.jsonl" > "$cmp_data/cpu.jsonl.gz"
+  fi
 
   # Diagnose and advise: the 1.3B workload (71.3 GiB live) on a 73 GiB card, where the defaults
   # OOM and expandable segments fit.

@@ -20,7 +20,7 @@ fn replay_json_has_torch_stats_and_oom() {
     assert!(out.status.success(), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let stats = v["stats"].as_object().unwrap();
-    assert_eq!(stats.len(), 122);
+    assert_eq!(stats.len(), 123);
     assert_eq!(stats["reserved_bytes.all.current"], 7i64 << 30);
     assert_eq!(stats["allocated_bytes.all.current"], 5i64 << 30);
     assert_eq!(stats["num_device_alloc"], 4);

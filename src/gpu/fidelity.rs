@@ -124,7 +124,7 @@ mod tests {
             r#final: fin,
         };
         let r = check(&trace, &torch, None, None).unwrap();
-        assert!(r.mismatches.is_empty() && r.target_identical && r.keys_compared == 122 && r.snapshots_compared == 3, "{r:?}");
+        assert!(r.mismatches.is_empty() && r.target_identical && r.keys_compared == 123 && r.snapshots_compared == 3, "{r:?}");
         assert_eq!(r.address_order, "replay");
         let r = check(&trace, &torch, None, Some(AddressOrder::Driver)).unwrap();
         assert!(r.mismatches.is_empty() && r.address_order == "driver" && r.addresses_replayed == 0, "{r:?}");

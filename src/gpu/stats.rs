@@ -156,7 +156,7 @@ impl DeviceStats {
         ]
     }
 
-    /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (122 keys).
+    /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (123 keys, as torch ≥ 2.13's).
     pub fn to_torch_map(&self) -> BTreeMap<String, i64> {
         let mut out = BTreeMap::new();
         let mut put_stat = |prefix: &str, s: &Stat| {
@@ -178,6 +178,9 @@ impl DeviceStats {
         out.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
         out.insert("num_device_alloc".into(), self.num_device_alloc);
         out.insert("num_device_free".into(), self.num_device_free);
+        // Allocations refused up front under throw_on_cudamalloc_oom (torch 2.13, DeviceStats in
+        // c10/core/CachingDeviceAllocator.h): a mode the conf parser refuses, so never any.
+        out.insert("num_oom_rejections".into(), 0);
         out
     }
 
@@ -228,9 +231,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn torch_map_has_all_122_keys() {
+    fn torch_map_has_all_123_keys() {
         let m = DeviceStats { max_split_size: -1, ..Default::default() }.to_torch_map();
-        assert_eq!(m.len(), 122);
+        assert_eq!(m.len(), 123);
+        assert_eq!(m["num_oom_rejections"], 0);
         assert!(m.contains_key("allocated_bytes.all.current"));
         assert!(m.contains_key("inactive_split_bytes.small_pool.freed"));
         assert!(m.contains_key("oversize_segments.peak"));
