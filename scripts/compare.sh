@@ -135,6 +135,12 @@ for w in "${workloads[@]}"; do
 done
 
 allocators=$(IFS=,; echo "${installed[*]}")
+# The interpreter itself, not a wrapper (pyenv's shim is a shell script whose own processes would be
+# preloaded too and counted in the program's RSS).
+python=""
+if [ "${#programs[@]}" -gt 0 ]; then
+  python=$(python3 -c 'import sys; print(sys.executable)') || { echo "compare.sh: the programs need python3, which did not run" >&2; exit 2; }
+fi
 for p in "${programs[@]}"; do
   if [ ! -f "$p" ]; then echo "compare.sh: no such program: $p" >&2; exit 2; fi
   # Short runs for a smoke test; the programs' defaults otherwise.
@@ -149,7 +155,7 @@ for p in "${programs[@]}"; do
   echo "== $(basename "$p") under $allocators ($reps repetitions, interleaved)"
   rm -f "$jsonl.part"
   rc=0
-  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- python3 "$p" "${short[@]}" || rc=$?
+  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- "$python" "$p" "${short[@]}" || rc=$?
   if [ -f "$jsonl.part" ]; then cat "$jsonl.part" >> "$jsonl"; fi
   rm -f "$jsonl.part"
   stop_if_interrupted "$rc"

@@ -141,7 +141,8 @@ fn cpu_bad_input_exits_2() {
     }
 }
 
-/// Ctrl-C (SIGINT) stops a long run, which still writes the results it gathered.
+/// Ctrl-C (SIGINT) stops a long run, which still writes the results it gathered, and exits 130
+/// (scripts/compare.sh stops on it, as on an interrupted `--exec` run).
 #[test]
 fn interrupted_run_still_writes_its_results() {
     let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
@@ -156,7 +157,7 @@ fn interrupted_run_still_writes_its_results() {
     std::thread::sleep(Duration::from_millis(1500));
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    assert_eq!(status.code(), Some(130), "{status:?}");
     let recs = allocbench::results::read_results(&out).unwrap();
     match &recs[..] {
         [allocbench::results::ResultRecord::CpuRun(r)] => {
@@ -405,6 +406,53 @@ fn in_process_allocators_run_in_their_own_processes() {
     pids.dedup();
     assert_eq!(pids.len(), 6, "one process per run");
     assert!(String::from_utf8_lossy(&run.stdout).contains("95 % CI"));
+}
+
+/// A child of a multi-allocator run killed by a signal (the OOM killer's SIGKILL) is named with its
+/// signal; the runs that finished are written to `--json` and `--jsonl`, the next allocator still
+/// runs, and the exit status says how the child died (128 + 9).
+#[test]
+fn a_killed_allocator_run_is_named_and_the_others_kept() {
+    let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let (json, jsonl) = (dir.path().join("r.json"), dir.path().join("r.jsonl"));
+    let parent = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+        .args(["cpu", &w, "--allocator", "system,system", "--duration", "2", "--drain", "0"])
+        .args(["--json", json.to_str().unwrap(), "--jsonl", jsonl.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let children = |pid: u32| -> Vec<i32> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok()?.parse::<i32>().ok())
+            .filter(|p| {
+                let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+                stat.rsplit_once(") ").and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok()) == Some(pid)
+            })
+            .collect()
+    };
+    let t = std::time::Instant::now();
+    let first = loop {
+        if let Some(&c) = children(parent.id()).first() {
+            break c;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no child started");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: kill(2) on the child process this test's child started.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGKILL) }, 0);
+    let out = parent.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(128 + 9), "{err}");
+    assert!(err.contains("the system run was killed by signal 9: the kernel's OOM killer sends it; its result is missing"), "{err}");
+    for file in [&json, &jsonl] {
+        let recs = allocbench::results::read_results(file).unwrap();
+        assert_eq!(recs.len(), 1, "the second run, finished: {}", file.display());
+        assert!(matches!(&recs[0], allocbench::results::ResultRecord::CpuRun(r) if !r.interrupted && r.pid != first as u32));
+    }
 }
 
 /// Run bounds a run cannot meet are refused in one line with exit 2, never a panic or a run that

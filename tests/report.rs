@@ -465,6 +465,45 @@ fn preloaded_and_in_process_runs_of_one_allocator_are_separate_rows() {
     assert!(rows.iter().all(|r| r.contains(") | 1 | 1 | 1 |")), "one run each: {rows:?}");
 }
 
+/// Runs that measured different things are not folded into one row: a `--no-touch` run, and a
+/// run of an edited copy of the workload under the same name (told apart by its sha256). A run
+/// that sampled no operation shows its latency as n/a, not 0 ns; "retained" is what the drain
+/// ended with, in the table and the finding alike.
+#[test]
+fn cpu_runs_that_measured_other_things_are_compared_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "apart.jsonl", |v| {
+        if v["type"] != "cpu_run" {
+            return vec![v.clone()];
+        }
+        let mut drained = v.clone();
+        drained["retained"] = serde_json::json!(50 << 20);
+        let end = if v["allocator"] == "glibc" { 1 << 20 } else { 40 << 20 };
+        drained["retained_after_drain"] = serde_json::json!([{"after_s": 0.1, "retained": 50 << 20}, {"after_s": 10.0, "retained": end}]);
+        if v["allocator"] != "mimalloc" {
+            return vec![drained];
+        }
+        let mut untouched = drained.clone();
+        untouched["touch"] = serde_json::json!(false);
+        let mut edited = drained.clone();
+        edited["workload"]["sha256"] = serde_json::json!("0123456789abcdef0123456789abcdef");
+        edited["alloc_ns"] = serde_json::json!({"count": 0, "mean": 0.0, "p50": 0, "p99": 0, "p999": 0, "max": 0});
+        vec![drained, untouched, edited]
+    });
+    let records = report::load(&[results]).unwrap();
+    report::render(&records, &dir.path().join("r"), "apart").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let name = records.iter().find_map(|r| if let allocbench::results::ResultRecord::CpuRun(c) = r { Some(c.workload.name.clone()) } else { None }).unwrap();
+    assert!(md.contains(&format!("#### {name} (sha256 0123456789ab)")), "the edited copy has a table of its own: {md}");
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| mimalloc | `")).collect();
+    assert_eq!(rows.len(), 3, "{md}");
+    assert_eq!(rows.iter().filter(|r| r.contains(" no-touch |")).count(), 1, "{rows:?}");
+    assert!(rows.iter().all(|r| r.contains("| 1 |")), "one run each: {rows:?}");
+    assert!(rows.iter().any(|r| r.contains("| n/a | ")), "no sampled malloc: {rows:?}");
+    assert!(rows.iter().all(|r| r.contains("| 40.0 MiB |")), "retained at the drain's end: {rows:?}");
+    assert!(md.lines().any(|l| l.contains("): glibc retains least at the end of the drain, 1.00 MiB")), "{md}");
+}
+
 /// Runs of one workload on two capacities are two cases, each compared with its own defaults:
 /// one table mixed them under the first capacity, against the wrong baseline, and dropped rows.
 #[test]

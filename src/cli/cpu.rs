@@ -163,6 +163,8 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     }
     let mut jsonl = Jsonl::append(a.jsonl.as_deref())?;
     let mut records = Vec::new();
+    // Runs whose child died or failed: (why, its exit code).
+    let mut failures: Vec<(String, i32)> = Vec::new();
     if allocs.len() == 1 && a.reps == 1 {
         let r = running(allocs[0].name, a.drain, || crate::cpu::run(&source, allocs[0], &opts))?;
         if a.json.as_deref() != Some("-") {
@@ -176,7 +178,20 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         // mapped never shows in another's peak.
         'reps: for _ in 0..a.reps {
             for al in &allocs {
-                let rec = run_in_child(al.name)?;
+                let rec = match run_in_child(al.name)? {
+                    Ok(rec) => rec,
+                    Err(failure) => {
+                        eprintln!("error: {}", failure.0);
+                        // Bad input (exit 2) fails every allocator alike; anything else (a crash,
+                        // the OOM killer) is this allocator's, and the others still run.
+                        let bad_input = failure.1 == 2;
+                        failures.push(failure);
+                        if bad_input || crate::interrupt::interrupted() {
+                            break 'reps;
+                        }
+                        continue;
+                    }
+                };
                 jsonl.write(&rec)?;
                 let interrupted = matches!(&rec, ResultRecord::CpuRun(r) if r.interrupted);
                 records.push(rec);
@@ -194,7 +209,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         }
     }
     if let Some(path) = &a.json {
-        if records.len() == 1 {
+        if records.len() == 1 && failures.is_empty() {
             output::write_json(path, &records[0])?;
         } else {
             let mut out = Jsonl::open(Some(Path::new(path)))?;
@@ -203,12 +218,25 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
             }
         }
     }
+    let stopped = records.iter().any(|r| matches!(r, ResultRecord::CpuRun(r) if r.interrupted));
+    if stopped || crate::interrupt::interrupted() {
+        // As `--exec` and compare.sh expect: the finished runs are written, the exit says stopped.
+        eprintln!("interrupted: {} kept (the stopped one marked \"interrupted\")", crate::units::count(records.len() as u64, "run"));
+        drop(jsonl);
+        std::process::exit(130);
+    }
+    if let Some((_, code)) = failures.first() {
+        eprintln!("{} of the runs failed; the {} finished kept", failures.len(), records.len());
+        drop(jsonl);
+        std::process::exit(*code);
+    }
     Ok(())
 }
 
 /// Re-runs this command for one allocator in a child process and reads back its record. Ctrl-C
-/// is passed on, and the child still writes what it measured.
-fn run_in_child(allocator: &str) -> anyhow::Result<ResultRecord> {
+/// is passed on, and the child still writes what it measured. A child that failed gives why
+/// (naming the allocator) and the exit code to pass on.
+fn run_in_child(allocator: &str) -> anyhow::Result<Result<ResultRecord, (String, i32)>> {
     let dir = tempfile::tempdir()?;
     let result = dir.path().join("run.json");
     let mut child = std::process::Command::new(std::env::current_exe()?)
@@ -227,12 +255,20 @@ fn run_in_child(allocator: &str) -> anyhow::Result<ResultRecord> {
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     };
-    if !status.success() {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => {}
         // The child said why on stderr; its exit code (2 for bad input) passes through.
-        std::process::exit(status.code().unwrap_or(1));
+        (Some(code), _) => return Ok(Err((format!("the {allocator} run failed (exit status {code}); its result is missing"), code))),
+        (None, signal) => {
+            let signal = signal.unwrap_or(0);
+            let hint = if signal == libc::SIGKILL { ": the kernel's OOM killer sends it" } else { "" };
+            // A shell reports death by signal N as status 128 + N.
+            return Ok(Err((format!("the {allocator} run was killed by signal {signal}{hint}; its result is missing"), 128 + signal)));
+        }
     }
     let mut recs = crate::results::read_results(&result)?;
-    recs.pop().ok_or_else(|| anyhow::anyhow!("the {allocator} child wrote no result"))
+    Ok(Ok(recs.pop().ok_or_else(|| anyhow::anyhow!("the {allocator} child wrote no result"))?))
 }
 
 /// Mean overhead drift per allocator and workload with its 95 % CI over repetitions.

@@ -32,6 +32,53 @@ fn open_with(path: &str, append: bool) -> anyhow::Result<Box<dyn Write>> {
     Ok(Box::new(std::io::BufWriter::new(f)))
 }
 
+/// Makes a JSON Lines file that records will be appended to end with a newline: a last record
+/// written without one (by hand, by another tool) gets it, so the next one starts a line of its
+/// own; a torn last line (a writer killed mid-record) is cut off, with a warning, as `sweep run`
+/// does with its shards. Either would otherwise glue two records into one line the readers refuse.
+fn end_with_a_whole_line(path: &Path) -> anyhow::Result<()> {
+    use std::io::{Read, Seek, SeekFrom};
+    let name = path.display().to_string();
+    let Ok(mut f) = std::fs::OpenOptions::new().read(true).write(true).open(path) else {
+        return Ok(()); // not there yet (or not writable: opening it to append says so)
+    };
+    let len = f.metadata()?.len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8];
+    f.seek(SeekFrom::End(-1))?;
+    f.read_exact(&mut last)?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    // The last line: read back from the end in chunks until its start.
+    let mut start = len;
+    let mut tail = Vec::new();
+    while start > 0 {
+        let chunk = (start).min(64 << 10);
+        start -= chunk;
+        let mut buf = vec![0u8; chunk as usize];
+        f.seek(SeekFrom::Start(start))?;
+        f.read_exact(&mut buf)?;
+        buf.extend_from_slice(&tail);
+        tail = buf;
+        if let Some(i) = tail[..chunk as usize].iter().rposition(|&b| b == b'\n') {
+            start += i as u64 + 1;
+            tail.drain(..=i);
+            break;
+        }
+    }
+    if serde_json::from_slice::<serde_json::Value>(&tail).is_ok() {
+        f.seek(SeekFrom::End(0))?;
+        f.write_all(b"\n").map_err(|e| InputError::new(&name, format!("cannot append: {e}")))?;
+    } else {
+        f.set_len(start).map_err(|e| InputError::new(&name, format!("cannot cut off its torn last line: {e}")))?;
+        eprintln!("warning: {name}: its last line was torn (a writer stopped mid-record); cut off before appending");
+    }
+    Ok(())
+}
+
 /// Refuses to write any of `outputs` that is one of `inputs` (the same file, by any name):
 /// creating it would empty the input before it is read, or replace it with results.
 pub fn refuse_overwriting_inputs(outputs: &[Option<&Path>], inputs: &[Option<&Path>]) -> anyhow::Result<()> {
@@ -65,6 +112,9 @@ impl Jsonl {
     /// Records added after those the file holds already (`run --jsonl`, `cpu --jsonl`: results
     /// of several runs gather in one file).
     pub fn append(path: Option<&Path>) -> anyhow::Result<Self> {
+        if let Some(p) = path.filter(|p| p.as_os_str() != "-") {
+            end_with_a_whole_line(p)?;
+        }
         Ok(Jsonl(path.map(|p| open_with(&p.display().to_string(), true)).transpose()?))
     }
 
@@ -74,5 +124,31 @@ impl Jsonl {
             write_jsonl(out.as_mut(), rec)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn appending_starts_a_line_of_its_own_and_drops_a_torn_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.jsonl");
+        let after = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            end_with_a_whole_line(&path).unwrap();
+            std::fs::read_to_string(&path).unwrap()
+        };
+        assert_eq!(after(""), "");
+        assert_eq!(after("{\"a\":1}\n"), "{\"a\":1}\n");
+        // A whole record without its newline keeps it; a torn one goes, the rest stays.
+        assert_eq!(after("{\"a\":1}\n{\"b\":2}"), "{\"a\":1}\n{\"b\":2}\n");
+        assert_eq!(after("{\"a\":1}\n{\"b\":[1,"), "{\"a\":1}\n");
+        assert_eq!(after("{\"b\":[1,"), "");
+        // A last line longer than one read-back chunk.
+        let long = format!("{{\"a\":1}}\n{{\"s\":\"{}\"}}", "x".repeat(200_000));
+        assert_eq!(after(&long), format!("{long}\n"));
+        assert_eq!(after(&long[..150_000]), "{\"a\":1}\n");
     }
 }

@@ -157,6 +157,7 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
         },
         threads: opts.driver.threads,
         cross_thread: opts.driver.cross_thread,
+        touch: opts.driver.touch,
         scale: opts.driver.scale,
         iterations: out.iterations,
         passes: out.passes,
@@ -209,10 +210,14 @@ pub fn describe(r: &CpuRunResult) -> String {
         r.ops_per_s / 1e6,
         r.replay_ops_per_s / 1e6
     );
-    s += &format!(
-        "  malloc ns p50 {} p99 {} p99.9 {}; free ns p50 {} p99 {} p99.9 {}\n",
-        r.alloc_ns.p50, r.alloc_ns.p99, r.alloc_ns.p999, r.free_ns.p50, r.free_ns.p99, r.free_ns.p999
-    );
+    let latency = |l: &crate::results::Latency| {
+        if l.count == 0 {
+            "n/a (no operation sampled)".to_string()
+        } else {
+            format!("p50 {} p99 {} p99.9 {}", l.p50, l.p99, l.p999)
+        }
+    };
+    s += &format!("  malloc ns {}; free ns {}\n", latency(&r.alloc_ns), latency(&r.free_ns));
     s += &format!(
         "  RSS before {}, peak {}, after free {}: retained {}{}\n",
         format_bytes(r.rss_before),

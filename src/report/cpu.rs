@@ -1,5 +1,5 @@
 //! The CPU section (`cpu_run` records): per workload, the fastest allocator and the one that
-//! retains least after the drain, with their spread; one row per allocator (repetitions folded,
+//! retains least at the end of the drain, with their spread; one row per allocator (repetitions folded,
 //! mean ± 95 % CI, relative to glibc); the charts.
 
 use std::fmt::Write as _;
@@ -29,7 +29,7 @@ impl<'a> CpuRow<'a> {
         CpuRow {
             ops_per_s: s(&|r| r.ops_per_s),
             peak_rss: s(&|r| r.peak_rss as f64),
-            retained: s(&|r| r.retained as f64),
+            retained: s(&|r| r.retained_at_drain_end() as f64),
             // The drift of RSS net of live bytes (the allocator's own), else the raw RSS slope.
             drift: s(&|r| r.drift_overhead_mib_per_1k.or(r.drift_mib_per_1k_iterations).unwrap_or(0.0)),
             alloc_p99: s(&|r| r.alloc_ns.p99 as f64),
@@ -47,14 +47,23 @@ impl<'a> CpuRow<'a> {
 
 /// One workload's rows (one per allocator and thread setup), repetitions folded.
 pub fn rows_by_workload<'a>(runs: &[&'a CpuRunResult]) -> Vec<(String, Vec<CpuRow<'a>>)> {
-    fold(runs.iter().copied(), |r| r.workload.name.clone())
-        .into_iter()
-        .map(|(w, group)| {
-            let rows = fold(group, |r| (r.allocator.clone(), r.mode, r.threads, r.cross_thread, r.scale.to_bits()))
+    // Two workloads of one name (an edited copy) are told apart by their contents.
+    let groups = fold(runs.iter().copied(), |r| (r.workload.name.clone(), r.workload.sha256.clone()));
+    let label = |name: &str, sha: &str| {
+        if groups.iter().filter(|((n, _), _)| n == name).count() > 1 {
+            format!("{name} (sha256 {})", &sha[..sha.len().min(12)])
+        } else {
+            name.to_string()
+        }
+    };
+    groups
+        .iter()
+        .map(|((name, sha), group)| {
+            let rows = fold(group.iter().copied(), |r| (r.allocator.clone(), r.mode, r.threads, r.cross_thread, r.touch, r.scale.to_bits()))
                 .into_iter()
                 .map(|(_, reps)| CpuRow::new(reps))
                 .collect();
-            (w, rows)
+            (label(name, sha), rows)
         })
         .collect()
 }
@@ -104,7 +113,8 @@ pub fn findings(workload: &str, rows: &[CpuRow]) -> Vec<String> {
     let mut by_retained: Vec<&CpuRow> = rows.iter().collect();
     by_retained.sort_by(|a, b| a.retained.mean.total_cmp(&b.retained.mean));
     if let Some(least) = by_retained.first() {
-        let mut s = format!("{workload}: {} retains least after the drain, {} ({})", least.allocator(), bytes(&least.retained), runs_note(&least.retained));
+        let mut s =
+            format!("{workload}: {} retains least at the end of the drain, {} ({})", least.allocator(), bytes(&least.retained), runs_note(&least.retained));
         if let Some(b) = base.filter(|_| !least.is_baseline()) {
             let _ = write!(s, ", against {} for glibc", bytes(&b.retained));
         }
@@ -122,13 +132,20 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
     for (workload, rows) in by_workload {
         let _ = writeln!(
             s,
-            "#### {workload}\n\n| allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift of RSS − live, MiB/1k it | retained | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+            "#### {workload}\n\n| allocator | served by | threads | scale | runs | M ops/s | vs glibc | malloc p50 / p99 ns | free p50 / p99 ns | peak RSS | vs glibc | drift of RSS − live, MiB/1k it | retained at the drain's end | retained after trim |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         let base = rows.iter().find(|r| r.is_baseline());
         for row in rows {
             let r = row.runs[0];
-            let n = row.runs.len() as f64;
-            let mean = |f: &dyn Fn(&CpuRunResult) -> u64| (row.runs.iter().map(|r| f(r) as f64).sum::<f64>() / n).round();
+            // Latency over the runs that sampled any operation (a very short run samples none).
+            let latency = |f: &dyn Fn(&CpuRunResult) -> &crate::results::Latency| {
+                let sampled: Vec<&crate::results::Latency> = row.runs.iter().map(|r| f(r)).filter(|l| l.count > 0).collect();
+                if sampled.is_empty() {
+                    return "n/a".to_string();
+                }
+                let avg = |g: &dyn Fn(&crate::results::Latency) -> u64| (sampled.iter().map(|l| g(l) as f64).sum::<f64>() / sampled.len() as f64).round();
+                format!("{} / {}", avg(&|l| l.p50), avg(&|l| l.p99))
+            };
             let rel = |v: f64, b: f64| -> String {
                 if row.is_baseline() {
                     "baseline".into()
@@ -141,20 +158,18 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
             let trims: Vec<f64> = row.runs.iter().filter_map(|r| r.retained_after_trim.map(|t| t as f64)).collect();
             let _ = writeln!(
                 s,
-                "| {} | `{}` ({}) | {}{} | {} | {} | {} | {} | {} / {} | {} / {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` ({}) | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.allocator,
                 r.live_malloc.library,
                 r.mode,
                 r.threads,
-                if r.cross_thread { " cross" } else { "" },
+                format!("{}{}", if r.cross_thread { " cross" } else { "" }, if r.touch { "" } else { " no-touch" }),
                 r.scale,
                 row.runs.len(),
                 mops(&row.ops_per_s),
                 rel(row.ops_per_s.mean, base.map(|b| b.ops_per_s.mean).unwrap_or(0.0)),
-                mean(&|r| r.alloc_ns.p50),
-                mean(&|r| r.alloc_ns.p99),
-                mean(&|r| r.free_ns.p50),
-                mean(&|r| r.free_ns.p99),
+                latency(&|r| &r.alloc_ns),
+                latency(&|r| &r.free_ns),
                 bytes(&row.peak_rss),
                 rel(row.peak_rss.mean, base.map(|b| b.peak_rss.mean).unwrap_or(0.0)),
                 if row.runs.iter().any(|r| r.drift_overhead_mib_per_1k.or(r.drift_mib_per_1k_iterations).is_some()) {
@@ -235,7 +250,7 @@ fn charts_for(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Resu
         let drift = bar(&|r| r.drift, 1.0);
         let retained = bar(&|r| r.retained, 1.0);
         let title = format!("{workload}: RSS drift and retained memory (mean, 95 % CI)");
-        let (t1, t2) = ("drift of RSS − live bytes (steady state)".to_string(), "retained after everything is freed".to_string());
+        let (t1, t2) = ("drift of RSS − live bytes (steady state)".to_string(), "retained at the end of the drain".to_string());
         let svg = charts::bars_pair(
             (&drift, &BarOptions { title: &t1, y_desc: "MiB per 1,000 iterations", log: false, y_is_bytes: false, reference: None }),
             (&retained, &BarOptions { title: &t2, y_desc: "retained", log: false, y_is_bytes: true, reference: None }),

@@ -69,6 +69,18 @@ pub struct RssSample {
     pub live_bytes: i64,
 }
 
+fn touched() -> bool {
+    true
+}
+
+impl CpuRunResult {
+    /// What the run kept at the end of its drain (the last checkpoint the drain reached), else
+    /// right after its last free (`retained`, a run without a drain).
+    pub fn retained_at_drain_end(&self) -> i64 {
+        self.retained_after_drain.last().map_or(self.retained, |d| d.retained)
+    }
+}
+
 /// Retained memory a while after the last free (`"retained_after_drain"`).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct RetainedAt {
@@ -92,6 +104,10 @@ pub struct CpuRunResult {
     pub work: WorkDone,
     pub threads: usize,
     pub cross_thread: bool,
+    /// Whether each allocation's pages were written (false with `--no-touch`: RSS then shows
+    /// only what the allocator itself touched). Records before this field always touched.
+    #[serde(default = "touched")]
+    pub touch: bool,
     pub scale: f64,
     pub iterations: u64,
     pub passes: u64,
