@@ -158,12 +158,13 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
             let trims: Vec<f64> = row.runs.iter().filter_map(|r| r.retained_after_trim.map(|t| t as f64)).collect();
             let _ = writeln!(
                 s,
-                "| {} | `{}` ({}) | {}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | `{}` ({}) | {}{}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.allocator,
                 r.live_malloc.library,
                 r.mode,
                 r.threads,
-                format!("{}{}", if r.cross_thread { " cross" } else { "" }, if r.touch { "" } else { " no-touch" }),
+                if r.cross_thread { " cross" } else { "" },
+                if r.touch { "" } else { " no-touch" },
                 r.scale,
                 row.runs.len(),
                 mops(&row.ops_per_s),
