@@ -145,6 +145,7 @@ fn advise_search(c: &mut Criterion) {
         threads: 2,
         objective: Objective::Balanced,
         model: allocbench::gpu::devprobe::LatencyModel::h100(),
+        addresses: Vec::new(),
     };
     group.bench_function(format!("captured_1.3b/{}-configs/2-threads", confs.len()), |b| {
         b.iter(|| allocbench::advise::advise(&events, &info, &confs, &opts, None).unwrap())

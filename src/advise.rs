@@ -218,6 +218,9 @@ pub struct AdviseOptions {
     pub threads: usize,
     pub objective: Objective,
     pub model: LatencyModel,
+    /// The cudaMalloc addresses the input recorded (a snapshot's), replayed by every
+    /// configuration as `replay` does (empty: the device places them).
+    pub addresses: Vec<(u64, u64)>,
 }
 
 /// Replays every configuration (once per behaviour) on `threads` threads and returns them all,
@@ -321,7 +324,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
 /// One configuration's replay on a priced simulated device, pruned by the board.
 /// Returns the candidate and `reserved_bytes.all.peak` (for [`same_as_base`]).
 fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<(Candidate, u64)> {
-    let mut a = pytorch_on_sim(cfg, o.capacity, &o.model);
+    let mut a = pytorch_on_sim(cfg, o.capacity, &o.model, &o.addresses);
     let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom: None };
     let out = replay_observed(&mut a, events.iter().copied().map(Ok), OnOom::Stop, &mut w)?;
     let st = a.stats();
@@ -417,14 +420,13 @@ pub fn from_candidates(info: &WorkloadInfo, capacity: u64, objective: Objective,
 pub fn full_runs(
     events: &[Event],
     info: &WorkloadInfo,
-    capacity: u64,
-    model: &LatencyModel,
+    o: &AdviseOptions,
     best: &Candidate,
     mut each: impl FnMut(GpuRunResult) -> anyhow::Result<()>,
 ) -> anyhow::Result<()> {
     for conf in ["", best.conf.as_str()] {
         let cfg = AllocatorConfig::parse(conf)?;
-        let spec = DeviceSpec { latency: Some(model.clone()), ..DeviceSpec::sim(capacity) };
+        let spec = DeviceSpec { latency: Some(o.model.clone()), addresses: o.addresses.clone(), ..DeviceSpec::sim(o.capacity) };
         let mut built = build("pytorch", &cfg, &spec)?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
         let mut run = run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?;
@@ -552,7 +554,7 @@ mod tests {
         assert!(rep.iter().all(|&r| rep[r] == r), "a representative stands for itself");
         let model = LatencyModel::h100();
         let stats = |i: usize| {
-            let mut a = pytorch_on_sim(&parsed[i], 24 << 30, &model);
+            let mut a = pytorch_on_sim(&parsed[i], 24 << 30, &model, &[]);
             crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
             let mut m = a.stats().to_torch_map();
             m.remove("max_split_size");
@@ -578,7 +580,7 @@ mod tests {
         let model = LatencyModel::h100();
         let run = |conf: &str, capacity: u64| {
             let cfg = AllocatorConfig::parse(conf).unwrap();
-            let mut a = pytorch_on_sim(&cfg, capacity, &model);
+            let mut a = pytorch_on_sim(&cfg, capacity, &model, &[]);
             let out = crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
             let mut m = a.stats().to_torch_map();
             m.remove("max_split_size");
@@ -626,7 +628,7 @@ mod tests {
         .map(String::from)
         .to_vec();
         for objective in [Objective::Balanced, Objective::Memory, Objective::Time] {
-            let o = AdviseOptions { capacity: 100 << 20, threads: 1, objective, model: LatencyModel::h100() };
+            let o = AdviseOptions { capacity: 100 << 20, threads: 1, objective, model: LatencyModel::h100(), addresses: Vec::new() };
             let r = advise(&events, &info, &confs, &o, None).unwrap();
             let at = |conf: &str| r.configs.iter().find(|c| c.conf == conf).unwrap().oom_event;
             // 100 MiB hold two 40 MiB blocks; the fraction's 50 MiB hold one.

@@ -20,13 +20,13 @@ pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
 }
 
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
-pub fn min_capacity(events: &[Event], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
+pub fn min_capacity(events: &[Event], addresses: &[(u64, u64)], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
     if peak_live > crate::units::MAX_SANE_BYTES {
         // More live bytes than the largest device the bisection tries (a request under 1 EiB).
         return Ok(None);
     }
-    let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, conf, c, OnOom::Stop)?.0.oom.is_none()) };
+    let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, addresses, conf, c, OnOom::Stop)?.0.oom.is_none()) };
     if peak_live == 0 && fits(0)? {
         return Ok(Some(0)); // nothing reaches the device
     }
@@ -87,7 +87,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     let (top_sites, oom_site) = top_sites(source, run.oom.as_ref().map(|o| o.event))?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
     let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
-    let min_cap = min_capacity(&events, conf, full_peak_live)?;
+    let min_cap = min_capacity(&events, &source.address_script(), conf, full_peak_live)?;
     let mut result = DiagnoseResult {
         schema_version: SCHEMA_VERSION,
         workload: run.workload.clone(),
@@ -367,11 +367,11 @@ mod tests {
     fn the_smallest_card_is_exact_under_a_memory_fraction() {
         let events = [Event::Alloc { id: 1, bytes: 5 << 30, stream: 0 }, Event::Free { id: 1 }];
         let plain = AllocatorConfig::default();
-        assert_eq!(min_capacity(&events, &plain, 5 << 30).unwrap(), Some(5 << 30));
+        assert_eq!(min_capacity(&events, &[], &plain, 5 << 30).unwrap(), Some(5 << 30));
         let capped = AllocatorConfig::parse("per_process_memory_fraction:0.75").unwrap();
-        let min = min_capacity(&events, &capped, 5 << 30).unwrap().unwrap();
+        let min = min_capacity(&events, &[], &capped, 5 << 30).unwrap().unwrap();
         assert_eq!(min, 7_158_278_827);
-        let fits = |c: u64| crate::gpu_run::replay_sim(&events, &capped, c, OnOom::Stop).unwrap().0.oom.is_none();
+        let fits = |c: u64| crate::gpu_run::replay_sim(&events, &[], &capped, c, OnOom::Stop).unwrap().0.oom.is_none();
         assert!(fits(min) && !fits(min - 1));
     }
 }

@@ -5,8 +5,8 @@ use crate::event::{Event, EventStream};
 use crate::gpu::build::{build, pytorch_on_sim, unknown_allocator, Built, DeviceSpec, GPU_ALLOCATORS};
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
+use crate::gpu::device::address_replay::AddressReplay;
 use crate::gpu::device::latency::WithLatency;
-use crate::gpu::device::SimDevice;
 use crate::gpu::devprobe::LatencyModel;
 use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtEvent, StopWhen};
 use crate::gpu::GpuAllocator;
@@ -294,11 +294,12 @@ pub fn comparison_table(rows: &[GpuRunResult]) -> String {
 /// default time table (the many replays of `diagnose`'s capacity search); Ctrl-C stops it.
 pub fn replay_sim(
     events: &[Event],
+    addresses: &[(u64, u64)],
     conf: &AllocatorConfig,
     capacity: u64,
     on_oom: OnOom,
-) -> anyhow::Result<(ReplayOutcome, CachingAllocator<WithLatency<SimDevice>>)> {
-    let mut a = pytorch_on_sim(conf, capacity, &LatencyModel::h100());
+) -> anyhow::Result<(ReplayOutcome, CachingAllocator<WithLatency<AddressReplay>>)> {
+    let mut a = pytorch_on_sim(conf, capacity, &LatencyModel::h100(), addresses);
     let out =
         replay_watched(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() }, &mut StopWhen(crate::interrupt::interrupted))?;
     Ok((out, a))

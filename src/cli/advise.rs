@@ -76,7 +76,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
             pb.inc(n);
         }
     };
-    let opts = crate::advise::AdviseOptions { capacity, threads, objective: a.objective, model: model.clone() };
+    let opts = crate::advise::AdviseOptions { capacity, threads, objective: a.objective, model: model.clone(), addresses: source.address_script() };
     let result = crate::advise::advise(&events, &info, &confs, &opts, Some(&tick))?;
     progress::finish(pb);
     if !to_stdout {
@@ -89,7 +89,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
         let mut out = Jsonl::open(Some(p))?;
         out.write(&ResultRecord::Advise(Box::new(result.clone())))?;
         if let Some(best) = &result.recommended {
-            crate::advise::full_runs(&events, &info, capacity, &model, best, |r| out.write(&ResultRecord::GpuReplay(Box::new(r))))?;
+            crate::advise::full_runs(&events, &info, &opts, best, |r| out.write(&ResultRecord::GpuReplay(Box::new(r))))?;
         }
     }
     Ok(())

@@ -52,6 +52,15 @@ pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
     if a.output != "-" {
         eprintln!("wrote {n} events to {}", a.output);
     }
+    let addresses = source.address_script().len();
+    if addresses > 0 {
+        // A CSV trace has no column for them: a replay of the CSV places segments itself.
+        eprintln!(
+            "note: the CSV does not keep the {addresses} cudaMalloc address{} the input recorded; where equal-size blocks tie for best fit, a replay of the CSV may differ from one of {} (replay that to keep them)",
+            if addresses == 1 { "" } else { "es" },
+            a.input.display()
+        );
+    }
     Ok(())
 }
 

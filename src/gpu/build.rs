@@ -112,6 +112,8 @@ fn sim_device(capacity: u64, spec: &DeviceSpec, model: &LatencyModel) -> Box<dyn
 }
 
 /// PyTorch's policy on a simulated device whose calls `model` prices, statically dispatched.
-pub fn pytorch_on_sim(conf: &AllocatorConfig, capacity: u64, model: &LatencyModel) -> CachingAllocator<WithLatency<SimDevice>> {
-    CachingAllocator::new(conf.clone(), WithLatency::new(SimDevice::new(capacity), model.clone()))
+pub fn pytorch_on_sim(conf: &AllocatorConfig, capacity: u64, model: &LatencyModel, addresses: &[(u64, u64)]) -> CachingAllocator<WithLatency<AddressReplay>> {
+    // The recorded cudaMalloc addresses as `build` replays them, so an analysis of a snapshot
+    // breaks best-fit ties as `replay` of it does (an empty script places as the device does).
+    CachingAllocator::new(conf.clone(), WithLatency::new(AddressReplay::new(SimDevice::new(capacity), addresses.to_vec()), model.clone()))
 }
