@@ -488,6 +488,54 @@ fn an_explicit_empty_cache_is_told_from_a_mallocs_retry() {
         let peak = if explicit { 157286400u64 } else { 104857600 + 157286400 };
         assert_eq!(v["summary"]["peak_reserved"].as_u64(), Some(peak), "{name}");
     }
+    // A smaller next segment: the released 100 MiB block, cached whole, would have served that
+    // malloc without any cudaMalloc, so nothing failed and retried; whatever the frames say (or
+    // do not), the release was an empty_cache.
+    for (name, release, next, free) in
+        [("no-frames-smaller.json", "[]", "[]", "[]"), ("same-frames-smaller.json", bigger.as_str(), bigger.as_str(), evaluate.as_str())]
+    {
+        let p = json_snapshot(dir.path(), name, "", &history(release, next, free).replace("157286400", "62914560"));
+        let t = import_snapshot(&p).unwrap();
+        assert_eq!(counts(&t.events).2, 1, "{name}: {:?}", t.events);
+        let (_, stdout, _) = allocbench(&["replay", p.to_str().unwrap(), "--json", "-", "-q"]);
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!((v["summary"]["peak_reserved"].as_u64(), v["stats"]["reserved_bytes.all.current"].as_u64()), (Some(104857600), Some(62914560)), "{name}");
+    }
+}
+
+/// `_record_memory_history(skip_actions=["free_completed"])` records frees only as requested:
+/// each completes there (it used to wait forever on a side stream, and ten reuses of one 20 MiB
+/// block needed ten segments). A free whose free_completed is missing completes where its
+/// address is allocated again.
+#[test]
+fn frees_without_their_free_completed_complete() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = |action: &str, addr: u64| format!(r#"{{"action": "{action}", "addr": {addr}, "size": 20971520, "stream": 0}}"#);
+    let mut skipped = vec![entry("segment_alloc", 1 << 30)];
+    for _ in 0..10 {
+        skipped.push(entry("alloc", 1 << 30));
+        skipped.push(entry("free_requested", 1 << 30));
+    }
+    let p = json_snapshot(dir.path(), "skipped.json", "", &skipped.join(", "));
+    let t = import_snapshot(&p).unwrap();
+    assert!(t.notes.iter().any(|n| n.contains("records no free_completed")), "{:?}", t.notes);
+    assert!(!t.events.iter().any(|e| matches!(e, Event::RecordStream { .. })), "{:?}", t.events);
+    // One waiting free (another stream used the block), its free_completed cut from the history,
+    // then the address allocated again: it completed before that.
+    let waited = [
+        entry("segment_alloc", 1 << 30),
+        entry("alloc", 1 << 30),
+        entry("free_requested", 1 << 30),
+        entry("alloc", (1 << 30) + (40 << 20)),
+        entry("alloc", 1 << 30), // still waiting, it would need a third segment
+    ];
+    let q = json_snapshot(dir.path(), "waited.json", "", &waited.join(", "));
+    for (file, segments) in [(&p, 1), (&q, 2)] {
+        let (code, stdout, stderr) = allocbench(&["replay", file.to_str().unwrap(), "--json", "-", "-q"]);
+        assert_eq!(code, Some(0), "{stderr}");
+        let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        assert_eq!(v["stats"]["num_device_alloc"].as_u64(), Some(segments), "{}: {stdout}", file.display());
+    }
 }
 
 /// With `stacks="all"` (the default of _record_memory_history) the allocator's own C++ frames

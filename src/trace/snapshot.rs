@@ -142,6 +142,25 @@ struct ReleaseRun {
     frames: Option<Value>,
     names_empty_cache: bool,
     frames_of_its_segment: bool,
+    /// (stream, size) of each segment the run cudaFree'd.
+    freed: Vec<(i128, i128)>,
+}
+
+impl ReleaseRun {
+    /// Whether one of the freed segments, wholly free in the cache, would have served `next`'s
+    /// cudaMalloc (a `segment_alloc` on the same stream, no larger, in the same pool: 2 MiB
+    /// segments are the small pool's): then that malloc never called cudaMalloc, so it never
+    /// failed and retried, and the run was an empty_cache. Only under an unlimited
+    /// max_split_size, where get_free_block takes any large enough block of the pool
+    /// (c10/cuda/CUDACachingAllocator.cpp; a max_split_size leaves oversize blocks unused).
+    fn could_have_served(&self, next: &Value, max_split_set: bool) -> bool {
+        const SMALL_SEGMENT: i128 = 2 << 20;
+        if max_split_set || action_of(next) != "segment_alloc" {
+            return false;
+        }
+        let (Some(size), stream) = (int(next, "size"), int(next, "stream").unwrap_or(0)) else { return false };
+        self.freed.iter().any(|&(s, freed)| s == stream && freed >= size && (freed == SMALL_SEGMENT) == (size == SMALL_SEGMENT))
+    }
 }
 
 /// A frame as (file, line, function).
@@ -360,6 +379,15 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
         }
     }
     let context_below_all = recorded_below_all(&trace);
+    let max_split_set = recorded_settings(root).is_some_and(|conf| conf.contains("max_split_size_mb"));
+    // _record_memory_history(skip_actions=["free_completed"]) records frees only as requested:
+    // each then completes where it was requested (a wait for another stream is not seen).
+    let no_free_completed = trace.iter().any(|e| action_of(e) == "free_requested") && !trace.iter().any(|e| action_of(e) == "free_completed");
+    if no_free_completed {
+        out.notes.push(
+            "the history records no free_completed (recorded with skip_actions=[\"free_completed\"]?): each free completes where it was requested, so frees that waited for another stream's work (record_stream) are not seen".into(),
+        );
+    }
     // An OOM after which nothing is allocated ended the run (or was dumped as it happened); one
     // followed by allocations was caught, and the script went on without it.
     let last_alloc = trace.iter().rposition(|e| action_of(e) == "alloc");
@@ -385,7 +413,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
         let mut retry_flushed_here = false;
         if let Some(run) = release.as_ref().filter(|_| !is_segment_release) {
             let allocates = matches!(action.as_str(), "segment_alloc" | "segment_map" | "oom");
-            retry_flushed_here = allocates && same_malloc(run, e, context_below_all);
+            retry_flushed_here = allocates && !run.could_have_served(e, max_split_set) && same_malloc(run, e, context_below_all);
             if !retry_flushed_here {
                 out.events.push(Event::EmptyCache);
             }
@@ -400,6 +428,10 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     return Err(format!("trace entry {i}: alloc of {size} bytes"));
                 }
                 let stream = int(e, "stream").unwrap_or(0).max(0) as u64;
+                if let Some(side) = waiting.remove(&addr) {
+                    // Allocated again: its free completed (its free_completed was not recorded).
+                    out.events.push(Event::Sync { stream: Some(side) });
+                }
                 if let Some(old) = live.insert(addr, next_id) {
                     // Allocated twice without a free_completed in between (a free still pending
                     // when recording stopped): free the old one first.
@@ -421,7 +453,9 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 let next = trace.get(i + 1);
                 let completes_now = next
                     .is_some_and(|n| n.get("action").and_then(|a| a.as_str().map(|a| a == "free_completed")).unwrap_or(false) && int(n, "addr") == Some(addr));
-                if completes_now {
+                if no_free_completed {
+                    // Completes here (see no_free_completed).
+                } else if completes_now {
                     completed_inline.insert(addr, ());
                 } else {
                     // free → insert_events: the block waits for an event on a stream that used it.
@@ -452,8 +486,11 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     None => {
                         let own = int(e, "addr").and_then(|a| segment_frames.get(&a));
                         let frames_of_its_segment = own.is_some_and(|own| frames_of(e.get("frames").as_ref()).as_ref() == Some(own));
-                        release = Some(ReleaseRun { frames: e.get("frames"), names_empty_cache: names, frames_of_its_segment })
+                        release = Some(ReleaseRun { frames: e.get("frames"), names_empty_cache: names, frames_of_its_segment, freed: Vec::new() })
                     }
+                }
+                if let (Some(run), "segment_free", Some(size)) = (release.as_mut(), action.as_str(), int(e, "size")) {
+                    run.freed.push((int(e, "stream").unwrap_or(0), size));
                 }
             }
             "segment_alloc" | "segment_map" => {
