@@ -503,6 +503,46 @@ fn an_explicit_empty_cache_is_told_from_a_mallocs_retry() {
     }
 }
 
+/// Snapshots before torch 2.1 give a block no address and keep its request and frames in
+/// `history[0]` (`addr`, `real_size`; _memory_viz._block_extra_legacy): weights allocated before
+/// the history count from the start there too (they were dropped). A segment reserved before the
+/// history that nothing replayed re-makes is said, not silently left out.
+#[test]
+fn older_snapshot_layouts_and_earlier_segments_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let (weights, act) = (1u64 << 32, 1u64 << 34);
+    let legacy = format!(
+        r#"{{"device": 0, "address": {weights}, "total_size": 1073741824, "stream": 0, "segment_type": "large", "blocks": [
+            {{"size": 1048576, "state": "inactive"}},
+            {{"size": 1072693248, "state": "active_allocated", "history": [{{"addr": {w2}, "real_size": 1072690000, "frames": {f}}}]}}]}},
+           {{"device": 0, "address": {act}, "total_size": 104857600, "stream": 0, "segment_type": "large", "blocks": [{{"size": 104857600, "state": "inactive"}}]}}"#,
+        w2 = weights + (1 << 20),
+        f = frames("/home/u/load.py", 7, "load_weights")
+    );
+    let trace = format!(
+        r#"{{"action": "segment_alloc", "addr": {act}, "size": 104857600, "stream": 0}}, {{"action": "alloc", "addr": {act}, "size": 104857600, "stream": 0}},
+           {{"action": "free_requested", "addr": {act}, "size": 104857600, "stream": 0}}, {{"action": "free_completed", "addr": {act}, "size": 104857600, "stream": 0}}"#
+    );
+    let t = import_snapshot(&json_snapshot(dir.path(), "torch20.json", &legacy, &trace)).unwrap();
+    assert!(t.notes.iter().any(|n| n.starts_with("1 block (1072690000 bytes) the snapshot holds was allocated before the history began")), "{:?}", t.notes);
+    assert_eq!(t.events[0], Event::Alloc { id: 0, bytes: 1072690000, stream: 0 });
+    assert!(t.notes.iter().all(|n| !n.contains("reserved before the history")), "the weights' segment is replayed: {:?}", t.notes);
+    // The history allocates inside a segment reserved before it (no segment_alloc, nothing of it
+    // allocated at the start): said, with its size.
+    let warm = format!(
+        r#"{{"device": 0, "address": {weights}, "total_size": 1073741824, "stream": 0, "segment_type": "large", "blocks": [{{"address": {weights}, "size": 1073741824, "state": "inactive"}}]}}"#
+    );
+    let inside = format!(
+        r#"{{"action": "alloc", "addr": {weights}, "size": 629145600, "stream": 0}}, {{"action": "free_requested", "addr": {weights}, "size": 629145600, "stream": 0}}, {{"action": "free_completed", "addr": {weights}, "size": 629145600, "stream": 0}}"#
+    );
+    let t = import_snapshot(&json_snapshot(dir.path(), "warm.json", &warm, &inside)).unwrap();
+    assert!(
+        t.notes.iter().any(|n| n.starts_with("1 segment (1073741824 bytes) the snapshot holds was reserved before the history began and is not replayed")),
+        "{:?}",
+        t.notes
+    );
+}
+
 /// `_record_memory_history(skip_actions=["free_completed"])` records frees only as requested:
 /// each completes there (it used to wait forever on a side stream, and ten reuses of one 20 MiB
 /// block needed ten segments). A free whose free_completed is missing completes where its

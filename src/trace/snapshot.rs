@@ -131,6 +131,38 @@ fn private_pool_note(root: &Value, notes: &mut Vec<String>) {
     ));
 }
 
+/// Says how much the snapshot's segments on `device` held in segments reserved before the history
+/// began (a warm-up, or recording started late): no `segment_alloc` made them and none of the
+/// blocks the replay allocates at the start (`at_start`, sorted) was in them, so the replay
+/// reserves only what the history needs, and can read lower than the snapshot. (Private-pool
+/// segments are said apart.)
+fn preexisting_segments_note(root: &Value, device: usize, allocated: &[(u64, u64)], at_start: &[i128], notes: &mut Vec<String>) {
+    let Some(segments) = root.get("segments").and_then(|s| s.items()) else { return };
+    let made: FxHashSet<u64> = allocated.iter().map(|a| a.0).collect();
+    let (mut n, mut bytes) = (0u64, 0i128);
+    for seg in &segments {
+        let private = seg.get("segment_pool_id").and_then(|p| p.items()).is_some_and(|p| p.iter().any(|x| x.as_int().is_some_and(|v| v != 0)));
+        let expandable = matches!(seg.get("is_expandable"), Some(Value::Bool(true)));
+        let (Some(address), Some(size)) = (int(seg, "address"), int(seg, "total_size")) else { continue };
+        if private || expandable || int(seg, "device").is_some_and(|d| d != device as i128) || made.contains(&(address.max(0) as u64)) {
+            continue;
+        }
+        let first_inside = at_start.partition_point(|&a| a < address);
+        if at_start.get(first_inside).is_none_or(|&a| a >= address + size) {
+            n += 1;
+            bytes += size.max(0);
+        }
+    }
+    if n > 0 {
+        notes.push(format!(
+            "{} ({bytes} bytes) the snapshot holds {} reserved before the history began and {} not replayed: the replay reserves what the history needs, so its reserved can read lower than the snapshot's",
+            crate::units::count(n, "segment"),
+            if n == 1 { "was" } else { "were" },
+            if n == 1 { "is" } else { "are" }
+        ));
+    }
+}
+
 /// Trace actions that neither allocate nor free: markers and annotations (`snapshot`,
 /// `user_defined`, and `annotate` from torch.cuda.memory._record_annotation).
 const MARKER_ACTIONS: [&str; 3] = ["snapshot", "user_defined", "annotate"];
@@ -266,18 +298,27 @@ fn allocated_before_history(root: &Value, device: usize, seen: &FxHashMap<i128, 
             continue;
         }
         let stream = int(&seg, "stream").unwrap_or(0);
+        // Blocks tile their segment in address order: before torch 2.1 they carried no address
+        // (MemoryViz adds up the sizes from the segment's), and their request and frames were in
+        // `history[0]` (`real_size`, `frames`; _memory_viz._block_extra_legacy).
+        let mut next_address = int(&seg, "address");
         for b in seg.get("blocks").and_then(|b| b.items()).unwrap_or_default() {
+            let size = int(&b, "size");
+            let legacy = b.get("history").and_then(|h| h.items()).and_then(|h| h.into_iter().next());
+            let address = int(&b, "address").or_else(|| legacy.as_ref().and_then(|h| int(h, "addr"))).or(next_address);
+            next_address = address.zip(size).map(|(a, s)| a + s);
             let state = b.get("state").and_then(|s| s.as_str().map(str::to_string)).unwrap_or_default();
             if !matches!(state.as_str(), "active_allocated" | "active_pending_free") {
                 continue;
             }
-            let (Some(addr), Some(size)) = (int(&b, "address"), int(&b, "size")) else { continue };
+            let (Some(addr), Some(size)) = (address, size) else { continue };
             if seen.contains_key(&addr) {
                 continue;
             }
-            let requested = int(&b, "requested_size").filter(|&r| r > 0 && r <= size).unwrap_or(size);
+            let requested = int(&b, "requested_size").or_else(|| legacy.as_ref().and_then(|h| int(h, "real_size")));
+            let requested = requested.filter(|&r| r > 0 && r <= size).unwrap_or(size);
             if requested > 0 && requested < crate::units::MAX_REQUEST_BYTES as i128 {
-                out.push((addr, requested, stream, b));
+                out.push((addr, requested, stream, if b.get("frames").is_none() { legacy.unwrap_or(b) } else { b }));
             }
         }
     }
@@ -348,6 +389,9 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     let mut site_ids: FxHashMap<String, u32> = FxHashMap::default();
     // Blocks live at the snapshot that the history never allocated or freed: allocated before it.
     let before = allocated_before_history(root, device, &seen);
+    // Blocks the replay allocates at the start: the segments that held them are replayed then.
+    let mut at_start: Vec<i128> = before.iter().map(|b| b.0).chain(prelude.iter().map(|p| p.0)).collect();
+    at_start.sort_unstable();
     if !before.is_empty() {
         let bytes: i128 = before.iter().map(|b| b.1).sum();
         out.notes.push(format!(
@@ -534,6 +578,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     if release.is_some() {
         out.events.push(Event::EmptyCache);
     }
+    preexisting_segments_note(root, device, &out.segment_addresses, &at_start, &mut out.notes);
     let (ended, caught): (Vec<_>, Vec<_>) = ooms.iter().partition(|(entry, ..)| last_alloc.is_none_or(|last| last <= *entry));
     if let Some((entry, size, free)) = ended.first() {
         let free = free.map(|f| format!(", with {f} bytes free on the device")).unwrap_or_default();
