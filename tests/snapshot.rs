@@ -642,6 +642,39 @@ fn snapshot_notes_and_refusals_say_what_the_file_holds() {
 /// gzip-compressed log; rows that do not match the header, bad streams and absurd sizes are
 /// errors naming the line; frees of pointers the log never allocated are counted.
 #[test]
+fn rmm_logs_written_by_other_hands_and_cut_logs_import() {
+    let dir = tempfile::tempdir().unwrap();
+    let rows = "1,10:00:00:000001,allocate,0x7f0000000000,1048576,0x0\n1,10:00:00:000002,allocate,(nil),0,0x0\n1,10:00:00:000003,free,(nil),0,0x0\n";
+    let want = vec![Event::Alloc { id: 0, bytes: 1 << 20, stream: 0 }];
+    // A BOM, spaced or reordered columns: still RMM logs (they used to be read as CSV traces and
+    // refused for their header), and a 0-byte allocation's free is no unknown free.
+    for (name, text) in [
+        ("bom.csv", format!("\u{feff}Thread,Time,Action,Pointer,Size,Stream\n{rows}")),
+        ("spaced.csv", format!("Thread, Time, Action, Pointer, Size, Stream\n{}", rows.replace(',', ", "))),
+        ("reordered.csv", "Action,Pointer,Size,Stream,Thread,Time\nallocate,0x7f0000000000,1048576,0x0,1,10:00:00:000001\n".to_string()),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        match Source::open(Some(&p)).unwrap() {
+            Source::Imported(t, _) => {
+                assert_eq!(t.events, want, "{name}");
+                assert!(t.notes.iter().all(|n| !n.contains("never allocated")), "{name}: {:?}", t.notes);
+            }
+            _ => panic!("{name} is an RMM log"),
+        }
+    }
+    // RMM buffers its log: a process that died leaves a row without its end. It is skipped, said.
+    let p = dir.path().join("cut.csv");
+    std::fs::write(&p, format!("Thread,Time,Action,Pointer,Size,Stream\n{rows}1,10:00:00:0000")).unwrap();
+    let t = import_rmm_log(&p).unwrap();
+    assert_eq!(t.events, want);
+    assert!(t.notes.iter().any(|n| n.contains("has no line end and 2 of 6 fields (the log was cut): skipped")), "{:?}", t.notes);
+    // A short row with its line end is still refused.
+    std::fs::write(&p, format!("Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00:0000\n{rows}")).unwrap();
+    assert!(import_rmm_log(&p).unwrap_err().to_string().contains("cut.csv:2: 2 fields where the header has 6"));
+}
+
+#[test]
 fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
     let dir = tempfile::tempdir().unwrap();
     let header = "Thread,Time,Action,Pointer,Size,Stream\n";

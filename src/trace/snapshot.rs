@@ -636,7 +636,12 @@ fn read_maybe_gzip(path: &Path, limit: u64) -> Result<Vec<u8>, InputError> {
 pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
     let text = read_maybe_gzip(path, MAX_SNAPSHOT_BYTES)?;
     let text = String::from_utf8(text).map_err(|_| err(path, "not valid UTF-8 text"))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
+    // RMM buffers its log (auto_flush is off by default): a process that died leaves a cut row.
+    let cut_last = (!text.ends_with('\n')).then(|| text.lines().count());
     let mut out = ImportedTrace { format: "rmm-log", ..Default::default() };
+    // Pointers of 0-byte allocations (nothing to replay): their frees are not unknown.
+    let mut empty: FxHashSet<u64> = FxHashSet::default();
     let mut cols: Option<(FxHashMap<String, usize>, usize)> = None;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     let mut next_id = 0u64;
@@ -661,6 +666,10 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
             continue;
         };
         if fields.len() != *width {
+            if cut_last == Some(n + 1) && fields.len() < *width {
+                out.notes.push(format!("the last row ({}) has no line end and {} of {width} fields (the log was cut): skipped", loc(), fields.len()));
+                break;
+            }
             return Err(InputError::new(loc(), format!("{} fields where the header has {width}", fields.len())));
         }
         let get = |k: &str| c.get(k).and_then(|&i| fields.get(i)).copied().unwrap_or("");
@@ -676,6 +685,7 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
         match get("action").to_ascii_lowercase().as_str() {
             "allocate" => {
                 if size == 0 {
+                    empty.insert(ptr);
                     continue;
                 }
                 // (A failed allocation may log any size: a negative one cast to size_t.)
@@ -695,6 +705,8 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
                     freed.insert(ptr);
                     out.events.push(Event::Free { id });
                 }
+                // free(nullptr) does nothing, nor does freeing a 0-byte allocation here.
+                None if ptr == 0 || empty.remove(&ptr) => {}
                 None if freed.contains(&ptr) => double_frees += 1,
                 None => unknown_frees += 1,
             },
@@ -739,12 +751,14 @@ pub fn is_rmm_log(path: &Path) -> bool {
     let mut r: Box<dyn BufRead> = if gzip { Box::new(std::io::BufReader::new(flate2::read::MultiGzDecoder::new(r))) } else { Box::new(r) };
     let mut first = String::new();
     while r.read_line(&mut first).unwrap_or(0) > 0 {
-        let t = first.trim();
+        let t = first.trim().trim_start_matches('\u{feff}');
         if t.is_empty() || t.starts_with('#') {
             first.clear();
             continue;
         }
-        return t.to_ascii_lowercase().starts_with("thread,time,action");
+        // A header naming RMM's columns, in any order, case or spacing (as the importer reads it).
+        let columns: Vec<String> = t.split(',').map(|c| c.trim().to_ascii_lowercase()).collect();
+        return ["action", "pointer", "size"].iter().all(|need| columns.iter().any(|c| c == need));
     }
     false
 }
