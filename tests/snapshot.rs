@@ -298,7 +298,16 @@ fn a_snapshot_saved_as_json_imports_as_its_pickle() {
     std::fs::copy(fixture("snapshot-truncated.pickle"), &renamed).unwrap();
     assert_eq!(import_snapshot(&renamed).unwrap().events, import_snapshot(&fixture("snapshot-truncated.pickle")).unwrap().events);
     let text = std::fs::read_to_string(fixture("snapshot-record-stream.json")).unwrap();
-    for (bad, content, says) in [("cut.json", &text[..text.len() / 2], "not readable JSON"), ("other.json", "{\"segments\": []}", "no 'device_traces'")] {
+    // Saved with a byte-order mark: JSON all the same.
+    let bom = dir.path().join("bom.json");
+    std::fs::write(&bom, format!("\u{feff}{text}")).unwrap();
+    assert_eq!(import_snapshot(&bom).unwrap().events, import_snapshot(&fixture("snapshot-record-stream.json")).unwrap().events);
+    let traces_dict = "{\"segments\": [], \"device_traces\": {\"0\": []}}";
+    for (bad, content, says) in [
+        ("cut.json", &text[..text.len() / 2], "not readable JSON"),
+        ("other.json", "{\"segments\": []}", "no 'device_traces'"),
+        ("traces-dict.json", traces_dict, "'device_traces' is a dict, not the list"),
+    ] {
         let path = dir.path().join(bad);
         std::fs::write(&path, content).unwrap();
         let out = Command::cargo_bin("allocbench").unwrap().args(["replay", path.to_str().unwrap()]).output().unwrap();

@@ -102,8 +102,10 @@ pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
     if data.starts_with(b"PK\x03\x04") {
         return Err(err(path, "a zip archive (what torch.save writes), not a snapshot: write it with torch.cuda.memory._dump_snapshot(path), or pickle.dump(torch.cuda.memory._snapshot(), f)"));
     }
-    let root = if data.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| matches!(b, b'{' | b'[')) {
-        let json: serde_json::Value = serde_json::from_slice(&data).map_err(|e| err(path, format!("not readable JSON: {e}")))?;
+    // (A JSON file some editors saved with a byte-order mark is JSON all the same.)
+    let text = data.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&data);
+    let root = if text.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| matches!(b, b'{' | b'[')) {
+        let json: serde_json::Value = serde_json::from_slice(text).map_err(|e| err(path, format!("not readable JSON: {e}")))?;
         Value::from_json(&json)
     } else {
         pickle::parse(&data).map_err(|m| err(path, format!("not a readable pickle: {m}")))?
@@ -339,10 +341,10 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     if !matches!(root, Value::Dict(_)) {
         return Err(format!("not a PyTorch memory snapshot: the file holds {}, not the dict torch.cuda.memory._snapshot() returns", root.type_name()));
     }
-    let traces = root
-        .get("device_traces")
-        .and_then(|t| t.items())
-        .ok_or("not a PyTorch memory snapshot: no 'device_traces' (expected the pickle written by torch.cuda.memory._dump_snapshot())")?;
+    let traces = match root.get("device_traces") {
+        None => return Err("not a PyTorch memory snapshot: no 'device_traces' (expected the pickle written by torch.cuda.memory._dump_snapshot())".into()),
+        Some(t) => t.items().ok_or_else(|| format!("'device_traces' is {}, not the list of one history per device torch writes", t.type_name()))?,
+    };
     if let Some((i, t)) = traces.iter().enumerate().find(|(_, t)| t.items().is_none()) {
         return Err(format!("device_traces[{i}] is {}, not a list of trace entries", t.type_name()));
     }
