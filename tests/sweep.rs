@@ -492,6 +492,26 @@ fn a_four_task_slurm_array_merges_to_the_unsharded_run() {
     let results = sweep.join("RESULTS.jsonl");
     assert!(results.exists(), "the merge job wrote RESULTS.jsonl");
     assert_eq!(comparable(&results), whole, "the array's merge differs from the unsharded run");
+    // One task resubmitted by hand (its shard lost) runs that shard again, not the whole plan as
+    // a shard 0 of 1 (Slurm's task count is the resubmission's).
+    std::fs::remove_file(sweep.join("shard-2-of-4.jsonl")).unwrap();
+    let again = std::process::Command::new("sbatch")
+        .args(["--parsable", "--array=2", &format!("--chdir={}", s(&sweep))])
+        .arg(repo("scripts/slurm/sweep.sbatch"))
+        .args([s(&plan), s(&sweep)])
+        .env("SLURM_CONF", &conf)
+        .env("PATH", &path)
+        .env("ALLOCBENCH", assert_cmd::cargo::cargo_bin("allocbench"))
+        .output()
+        .unwrap();
+    assert!(again.status.success(), "sbatch: {}", String::from_utf8_lossy(&again.stderr));
+    let start = std::time::Instant::now();
+    while !sweep.join("shard-2-of-4.jsonl").exists() || std::process::Command::new("squeue").args(["-h", "-o", "%i"]).env("SLURM_CONF", &conf).env("PATH", &path).output().is_ok_and(|q| !q.stdout.iter().all(u8::is_ascii_whitespace)) {
+        assert!(start.elapsed().as_secs() < 120, "the resubmitted task did not finish in 2 minutes");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    assert_eq!(lines(&sweep.join("shard-2-of-4.jsonl")).len(), 6, "the resubmitted task ran its shard");
+    assert!(!sweep.join("shard-0-of-1.jsonl").exists(), "not the whole plan");
     drop(guard);
 }
 
