@@ -223,10 +223,20 @@ fn bundle(inputs: &[(PathBuf, String)], dir: &Path, plan_path: &Path) -> anyhow:
     let mut out = Vec::new();
     for (src, sha) in inputs {
         let file = src.file_name().and_then(|n| n.to_str()).unwrap_or("input").to_string();
-        let name = match taken.get(&file) {
-            Some(other) if other != sha => format!("{}-{file}", &sha[..12]),
-            _ => file,
+        let holds_other = |name: &str| {
+            let dest = dir.join(name);
+            taken.get(name).is_some_and(|other| other != sha) || (dest.exists() && sha256_file(&dest).map(|d| &d != sha).unwrap_or(true))
         };
+        // A name another input of this plan, or another plan's bundle in the same folder, holds
+        // with other contents: this one goes under its hash (never over theirs).
+        let name = if holds_other(&file) { format!("{}-{file}", &sha[..12]) } else { file };
+        if holds_other(&name) {
+            return Err(InputError::new(
+                dir.join(&name).display().to_string(),
+                "holds other contents under this input's hashed name: give another --bundle folder",
+            )
+            .into());
+        }
         taken.insert(name.clone(), sha.clone());
         let dest = dir.join(&name);
         let same = dest.exists() && sha256_file(&dest).map(|d| &d == sha).unwrap_or(false);
@@ -516,6 +526,15 @@ pub struct Merged {
     pub duplicates: usize,
     pub shard_files: usize,
     pub plan_rows: usize,
+}
+
+/// The files [`merge`] reads: the plan's copy and the shard files.
+pub fn merge_inputs(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut files = vec![dir.join(PLAN_IN_DIR)];
+    if dir.is_dir() {
+        files.extend(shard_files(dir)?);
+    }
+    Ok(files)
 }
 
 /// Reads `DIR/plan.jsonl` and every `DIR/shard-*-of-*.jsonl`: each plan row once (a replayed row

@@ -288,8 +288,26 @@ fn a_missing_input_is_a_failed_row_that_merge_reports() {
     assert!(String::from_utf8_lossy(&c.stdout).contains("24 replayed (8 failed)"));
     let merged = d.join("merged.jsonl");
     let m = bin().args(["sweep", "merge", s(&out), "-o", s(&merged)]).output().unwrap();
-    assert!(m.status.success());
+    // Written, but failed rows are not a complete sweep: exit 1, as for missing rows.
+    assert_eq!(m.status.code(), Some(1));
     let err = String::from_utf8_lossy(&m.stderr);
+    assert!(err.contains("8 of 24 plan rows failed (listed above)"), "{err}");
+    // advise on it says the failed rows and the inputs without a defaults row are not ranked.
+    let adv = bin().args(["advise", s(&merged)]).output().unwrap();
+    assert!(String::from_utf8_lossy(&adv.stderr).contains("warning: 8 of the sweep's 24 rows failed"), "{}", String::from_utf8_lossy(&adv.stderr));
+    let without_defaults: Vec<String> =
+        lines(&merged).iter().filter(|r| !(r["row"]["allocator"] == "pytorch" && r["row"]["conf"] == "")).map(|r| r.to_string()).collect();
+    let partial = d.join("no-defaults.jsonl");
+    std::fs::write(&partial, without_defaults.join("\n") + "\n").unwrap();
+    let adv = bin().args(["advise", s(&partial)]).output().unwrap();
+    assert!(String::from_utf8_lossy(&adv.stderr).contains("no result with PyTorch's defaults"), "{}", String::from_utf8_lossy(&adv.stderr));
+    // Merge's own inputs are never its output.
+    for own in ["plan.jsonl", "shard-0-of-1.jsonl"] {
+        let before = std::fs::read(out.join(own)).unwrap();
+        let e = fails(bin().args(["sweep", "merge", s(&out), "-o", s(&out.join(own))]), 2);
+        assert!(e.contains("is the input"), "{own}: {e}");
+        assert_eq!(std::fs::read(out.join(own)).unwrap(), before, "{own} kept");
+    }
     assert_eq!(err.lines().filter(|l| l.starts_with("failed row") && l.contains("input missing on this node")).count(), 8, "{err}");
     let rows = lines(&merged);
     assert_eq!(rows.len(), 24);
@@ -432,6 +450,22 @@ fn bundle_copies_the_inputs_beside_the_plan() {
     std::fs::rename(&shared, &moved).unwrap();
     let stdout = ok(&mut run(&moved.join("plan.jsonl"), &moved.join("out")));
     assert!(stdout.contains("2 replayed (0 failed)"), "{stdout}");
+    // A second plan bundling another file of the same name into the same folder: it goes under
+    // its hash, and the first plan still runs (its input was overwritten, and then refused).
+    let (a, b) = (d.join("a"), d.join("b"));
+    for (folder, text) in [(&a, "first"), (&b, "second")] {
+        std::fs::create_dir_all(folder).unwrap();
+        let w = std::fs::read_to_string(repo("workloads/scenario-sawtooth.toml")).unwrap().replacen("name = ", &format!("# {text}\nname = "), 1);
+        std::fs::write(folder.join("x.toml"), w).unwrap();
+    }
+    let bundle = d.join("bundle");
+    ok(bin().args(["sweep", "plan", s(&a.join("x.toml")), "--bundle", s(&bundle), "-o", s(&d.join("plan-a.jsonl"))]));
+    ok(bin().args(["sweep", "plan", s(&b.join("x.toml")), "--bundle", s(&bundle), "-o", s(&d.join("plan-b.jsonl"))]));
+    assert!(lines(&d.join("plan-b.jsonl"))[0]["input"].as_str().unwrap().ends_with("-x.toml"), "hashed name");
+    for p in ["plan-a.jsonl", "plan-b.jsonl"] {
+        let stdout = ok(&mut run(&d.join(p), &d.join(format!("out-{p}"))));
+        assert!(stdout.contains("1 replayed (0 failed)"), "{p}: {stdout}");
+    }
 }
 
 /// Stops the local cluster however the test ends.
@@ -506,7 +540,14 @@ fn a_four_task_slurm_array_merges_to_the_unsharded_run() {
         .unwrap();
     assert!(again.status.success(), "sbatch: {}", String::from_utf8_lossy(&again.stderr));
     let start = std::time::Instant::now();
-    while !sweep.join("shard-2-of-4.jsonl").exists() || std::process::Command::new("squeue").args(["-h", "-o", "%i"]).env("SLURM_CONF", &conf).env("PATH", &path).output().is_ok_and(|q| !q.stdout.iter().all(u8::is_ascii_whitespace)) {
+    while !sweep.join("shard-2-of-4.jsonl").exists()
+        || std::process::Command::new("squeue")
+            .args(["-h", "-o", "%i"])
+            .env("SLURM_CONF", &conf)
+            .env("PATH", &path)
+            .output()
+            .is_ok_and(|q| !q.stdout.iter().all(u8::is_ascii_whitespace))
+    {
         assert!(start.elapsed().as_secs() < 120, "the resubmitted task did not finish in 2 minutes");
         std::thread::sleep(std::time::Duration::from_millis(200));
     }

@@ -110,6 +110,10 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
         .filter_map(|r| if let ResultRecord::SweepRow(s) = r { Some(*s) } else { None })
         .filter(|s| a.capacity.is_none_or(|c| s.row.capacity == c))
         .collect();
+    let failed = rows.iter().filter(|r| r.status == crate::results::RowStatus::Failed).count();
+    if failed > 0 {
+        eprintln!("warning: {failed} of the sweep's {} rows failed and are not ranked (`sweep merge` lists them)", rows.len());
+    }
     let groups = crate::sweep::advice(&rows);
     if groups.is_empty() {
         return Err(InputError::new(&name, "no replayed pytorch rows of a sweep (of this --capacity) to rank: give `sweep merge`'s output").into());
@@ -119,6 +123,13 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
     for (i, g) in groups.into_iter().enumerate() {
         if i > 0 {
             println!();
+        }
+        if !g.candidates.iter().any(|c| c.conf.is_empty()) {
+            eprintln!(
+                "warning: {} on {}: no result with PyTorch's defaults (its row failed, or was not planned): nothing here is measured against them",
+                g.workload.name,
+                crate::units::format_bytes(g.capacity)
+            );
         }
         let result = crate::advise::from_candidates(&g.workload, g.capacity, a.objective, &table, g.candidates);
         print!("{}", crate::advise::describe(&result, a.top));

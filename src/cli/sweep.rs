@@ -187,6 +187,9 @@ fn run(a: &RunArgs) -> anyhow::Result<()> {
 }
 
 fn merge(a: &MergeArgs) -> anyhow::Result<()> {
+    // Its own inputs (the plan's copy, the shards) are never its output.
+    let inputs = crate::sweep::merge_inputs(&a.dir)?;
+    output::refuse_overwriting_inputs(&[Some(&a.output)], &inputs.iter().map(|p| Some(p.as_path())).collect::<Vec<_>>())?;
     let merged = crate::sweep::merge(&a.dir)?;
     let mut out = Jsonl::open(Some(&a.output))?;
     for r in &merged.rows {
@@ -211,6 +214,13 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
     );
     if !merged.missing.is_empty() {
         anyhow::bail!("{} of {} plan rows are missing (listed above): run their shards again, then merge", merged.missing.len(), merged.plan_rows);
+    }
+    if failed > 0 {
+        // Written, but not a complete sweep: a scheduler's merge job shows it failed.
+        anyhow::bail!(
+            "{failed} of {} plan rows failed (listed above): mend their inputs, run their shards again (only failed rows replay), then merge",
+            merged.plan_rows
+        );
     }
     Ok(())
 }
