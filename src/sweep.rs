@@ -171,6 +171,9 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
     if let Some((i, &c)) = req.capacities.iter().enumerate().find(|&(i, c)| req.capacities[..i].contains(c)) {
         return Err(InputError::new("--capacities", format!("{} (entry {}) given twice", crate::units::format_bytes(c), i + 1)).into());
     }
+    if let Some((i, a)) = req.allocators.iter().enumerate().find(|&(i, a)| req.allocators[..i].contains(a)) {
+        return Err(InputError::new("--allocators", format!("'{a}' (entry {}) given twice", i + 1)).into());
+    }
     if let Some(a) = req.allocators.iter().find(|a| a.as_str() == "async") {
         return Err(InputError::new("--allocators", format!("'{a}' runs only on a real GPU; a sweep replays on the simulated device")).into());
     }

@@ -356,6 +356,9 @@ fn bad_shards_plans_and_folders_exit_2() {
     let twice = d.join("twice.jsonl");
     let e = one_line(fails(bin().args(["sweep", "plan", s(&d.join("scenario-sawtooth.toml")), "--capacities", "1GiB,24GiB,1GiB", "-o", s(&twice)]), 2));
     assert!(e.contains("--capacities") && e.contains("1.00 GiB (entry 3) given twice"), "{e}");
+    // An allocator given twice: the same replays twice.
+    let e = one_line(fails(bin().args(["sweep", "plan", s(&d.join("scenario-sawtooth.toml")), "--allocators", "pytorch,ideal,pytorch", "-o", s(&twice)]), 2));
+    assert!(e.contains("--allocators") && e.contains("'pytorch' (entry 3) given twice"), "{e}");
 
     // A plan from another schema version.
     let other = d.join("other-version.jsonl");

@@ -135,17 +135,19 @@ pub struct Drift {
 pub const MIN_DRIFT_ITERATIONS: u64 = 10;
 
 /// Drift: least-squares slopes over the steady-state part of the run, from a quarter of the way
-/// to the last iteration until the last iteration is reached (the warm-up, the final teardown
-/// and the drain are excluded); none when that part spans fewer than [`MIN_DRIFT_ITERATIONS`].
+/// to the last iteration until the last sample before it (the warm-up, the final teardown and
+/// the drain are excluded: a sample that already counts the last iteration may have been taken
+/// after every block was freed); none when that part spans fewer than [`MIN_DRIFT_ITERATIONS`].
 pub fn drift(samples: &[RssSample]) -> Drift {
     const MIB: f64 = 1048576.0;
     let Some(last_iter) = samples.iter().map(|s| s.iteration).max() else {
         return Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None };
     };
-    let t_end = samples.iter().find(|s| s.iteration == last_iter).map(|s| s.t_s).unwrap_or(0.0);
+    let t_end = samples.iter().filter(|s| s.iteration < last_iter).map(|s| s.t_s).fold(0.0, f64::max);
     let steady: Vec<&RssSample> = samples.iter().filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end).collect();
     let first_iter = steady.iter().map(|s| s.iteration).min().unwrap_or(last_iter);
-    if last_iter - first_iter < MIN_DRIFT_ITERATIONS {
+    let end_iter = steady.iter().map(|s| s.iteration).max().unwrap_or(first_iter);
+    if end_iter - first_iter < MIN_DRIFT_ITERATIONS {
         return Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None };
     }
     let fit = |f: &dyn Fn(&RssSample) -> (f64, f64)| slope(&steady.iter().map(|s| f(s)).collect::<Vec<_>>());
@@ -204,6 +206,17 @@ mod tests {
         assert_eq!(drift(&samples), Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None });
         let long: Vec<RssSample> = (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i, rss: 8 << 20, live_bytes: 0 }).collect();
         assert_eq!(drift(&long).rss_per_1k, Some(0.0));
+    }
+
+    #[test]
+    fn the_sample_after_the_teardown_is_not_drift() {
+        // Steady 40 MiB over 200 iterations; the last sample counts the last iteration but was
+        // taken after everything was freed (RSS 11 MiB, nothing live): no drift either way.
+        let mut samples: Vec<RssSample> = (0..200).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i, rss: 40 << 20, live_bytes: 30 << 20 }).collect();
+        samples.push(RssSample { t_s: 2.0, iteration: 200, rss: 11 << 20, live_bytes: 0 });
+        let d = drift(&samples);
+        assert_eq!((d.rss_per_1k, d.overhead_per_1k), (Some(0.0), Some(0.0)), "{d:?}");
+        assert_eq!(d.rss_per_minute, Some(0.0));
     }
 
     #[test]
