@@ -552,6 +552,22 @@ fn older_snapshot_layouts_and_earlier_segments_are_read() {
     );
 }
 
+/// Which device's history a snapshot of several devices gives is said: the first recorded one.
+#[test]
+fn the_imported_device_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let history = r#"[{"action": "alloc", "addr": 4096, "size": 1048576, "stream": 0}]"#;
+    for (name, traces, says) in [
+        ("second.json", format!("[[], {history}]"), "imported device 1's history (the only one recorded)"),
+        ("both.json", format!("[{history}, {history}]"), "2 devices have histories: imported device 0's, the first (the others are not replayed)"),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, format!(r#"{{"segments": [], "device_traces": {traces}}}"#)).unwrap();
+        let t = import_snapshot(&p).unwrap();
+        assert!(t.notes.iter().any(|n| n == says), "{name}: {:?}", t.notes);
+    }
+}
+
 /// `_record_memory_history(skip_actions=["free_completed"])` records frees only as requested:
 /// each completes there (it used to wait forever on a side stream, and ten reuses of one 20 MiB
 /// block needed ten segments). A free whose free_completed is missing completes where its

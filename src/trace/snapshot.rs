@@ -232,10 +232,10 @@ fn action_of(e: &Value) -> String {
 /// With context="alloc", c10's free() records the block's allocation context, so every free that
 /// has frames has exactly those of its block's allocation; with "all", the free's own.
 fn recorded_below_all(trace: &[Value]) -> bool {
-    let mut alloc_frames: FxHashMap<i128, Option<Vec<FrameKey>>> = FxHashMap::default();
+    let mut alloc_frames: FxHashMap<i128, Option<u64>> = FxHashMap::default();
     let (mut allocs_with_frames, mut frees_with_own_frames) = (false, false);
     for e in trace {
-        let frames = frames_of(e.get("frames").as_ref());
+        let frames = frames_digest(e.get("frames").as_ref());
         match action_of(e).as_str() {
             "alloc" => {
                 allocs_with_frames |= frames.is_some();
@@ -252,6 +252,24 @@ fn recorded_below_all(trace: &[Value]) -> bool {
         }
     }
     allocs_with_frames && !frees_with_own_frames
+}
+
+/// A digest of an entry's frames (what [`frames_of`] compares), when it has any, without copying
+/// them: the history holds one per allocation, and copies of deep stacks (`stacks="all"`) were
+/// most of an import's memory and time.
+fn frames_digest(frames: Option<&Value>) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let items = frames?.items_prefix(SITE_FRAMES)?;
+    if items.is_empty() {
+        return None;
+    }
+    let mut h = rustc_hash::FxHasher::default();
+    for f in &items {
+        f.get("filename").as_ref().and_then(Value::as_str).hash(&mut h);
+        f.get("line").as_ref().and_then(Value::as_int).hash(&mut h);
+        f.get("name").as_ref().and_then(Value::as_str).hash(&mut h);
+    }
+    Some(h.finish())
 }
 
 /// An entry's frames, when it has any.
@@ -358,8 +376,11 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     }
     let mut out = ImportedTrace { format: "pytorch-snapshot", ..Default::default() };
     private_pool_note(root, &mut out.notes);
-    if traces.iter().filter(|t| t.items().is_some_and(|v| !v.is_empty())).count() > 1 {
-        out.notes.push(format!("several devices have traces: imported device {device}"));
+    let with_history = traces.iter().filter(|t| t.items().is_some_and(|v| !v.is_empty())).count();
+    if with_history > 1 {
+        out.notes.push(format!("{with_history} devices have histories: imported device {device}'s, the first (the others are not replayed)"));
+    } else if device > 0 {
+        out.notes.push(format!("imported device {device}'s history (the only one recorded)"));
     }
     if let Some(conf) = recorded_settings(root) {
         out.notes.push(format!("the snapshot was recorded under the allocator settings {conf}; replays use PyTorch's defaults unless given --conf '{conf}'"));
