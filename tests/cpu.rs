@@ -465,13 +465,14 @@ fn impossible_run_bounds_are_refused() {
     let no_steps = dir.path().join("no-steps.toml");
     std::fs::write(&no_steps, "name = \"no-steps\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"1MiB\" }, { op = \"free\", id = 1 }]\n").unwrap();
     let no_steps = no_steps.to_str().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let cases: [(&[&str], &str); 9] = [
         (&[&w, "--duration", "nan"], "bad duration 'nan'"),
         (&[&w, "--duration=-1"], "bad duration '-1'"),
         (&[&w, "--duration", "inf"], "bad duration 'inf'"),
         (&[&w, "--duration", "0"], "bad duration '0'"),
         (&[&w, "--iterations", "0"], "--iterations"),
         (&[&w, "--sample-ms", "0"], "--sample-ms"),
+        (&[&w, "--cross-thread", "--iterations", "3"], "--cross-thread: needs --threads 2 or more"),
         (&[no_steps, "--allocator", "system", "--iterations", "3"], "no step events"),
         (&[no_steps, "--allocator", "system,mimalloc", "--iterations", "3", "--threads", "2", "--cross-thread"], "use --duration"),
     ];

@@ -115,6 +115,10 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     if a.exec {
         return exec_main(a);
     }
+    if a.cross_thread && a.threads < 2 {
+        // One worker frees what it allocated itself: nothing would cross a thread.
+        return Err(crate::error::InputError::new("--cross-thread", "needs --threads 2 or more (each worker's frees go to the next worker)").into());
+    }
     use crate::cpu::{allocators::CpuAllocator, driver::DriverOptions, preload, CpuRunOptions};
     // --preload re-runs this command with LD_PRELOAD set, so the allocator serves every malloc.
     if let Some(spec) = &a.preload {
