@@ -1407,6 +1407,18 @@ def _lazy_placeholders(torch, patches, swap_tensors):
         swap_tensors(self, made)  # the placeholder becomes the tensor, as ``self.data =`` makes it
 
     patches.set(UninitializedTensorMixin, "materialize", materialize)
+    for cls in (UninitializedParameter, UninitializedBuffer):
+        if "__deepcopy__" not in vars(cls):
+            continue  # Tensor's own deep copy keeps the instance's attributes
+
+        def deepcopy(self, memo, _original=vars(cls)["__deepcopy__"]):
+            # torch's copy is made on the placeholder's (CPU) device: keep where it materializes.
+            copied = _original(self, memo)
+            if LAZY_DEVICE in vars(self):
+                vars(copied)[LAZY_DEVICE] = vars(self)[LAZY_DEVICE]
+            return copied
+
+        patches.set(cls, "__deepcopy__", deepcopy)
 
 
 def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False):

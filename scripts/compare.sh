@@ -48,6 +48,10 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+if [ -n "$cross" ] && ! [ "$threads" -ge 2 ] 2>/dev/null; then
+  echo "compare.sh: --cross-thread needs --threads 2 or more" >&2
+  exit 2
+fi
 if [ ${#workloads[@]} -eq 0 ] && [ ${#programs[@]} -eq 0 ]; then
   workloads=(workloads/python-objects.toml workloads/serving-llama7b.toml)
   programs=(workloads/python/*.py)

@@ -143,7 +143,7 @@ fn published_comparison_says_which_allocator_is_fastest_with_its_spread() {
     assert_clean(&dom, &page);
     let list = &dom[dom.find("<ul id=\"findings\">").unwrap()..];
     let list = &list[..list.find("</ul>").unwrap()];
-    assert!(list.contains("is fastest") && list.contains("retains least after the drain"), "{list}");
+    assert!(list.contains("is fastest") && list.contains("retains least at the end of the drain"), "{list}");
     // The CPU findings carry their spread: a ± and the number of repetitions (several) behind it.
     let runs: Vec<u32> = list.split("95 % CI over ").skip(1).filter_map(|t| t.split(' ').next()?.parse().ok()).collect();
     assert!(list.contains(" ± ") && !runs.is_empty() && runs.iter().all(|&n| n >= 2), "the spread over repetitions: {list}");

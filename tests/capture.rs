@@ -1156,7 +1156,7 @@ fn lazy_modules_materialize_on_the_device_at_their_first_forward() {
     let (out, trace) = capture(dir.path(), "lazy.csv", &["--cublas-workspace-mib", "0"], &[&fixture("lazy_modules.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
     let printed = String::from_utf8_lossy(&out.stdout);
-    for line in ["before 512", "after True (256, 1024) cuda:0 True", "made_here torch.float16 cuda:0 (64, 32)"] {
+    for line in ["before 512", "after True (256, 1024) cuda:0 True", "made_here torch.float16 cuda:0 (64, 32)", "copied cuda:0"] {
         assert!(printed.lines().any(|l| l == line), "{line:?} in {printed}");
     }
     let allocs: Vec<i64> = signed_sizes(&events(&trace)).into_iter().filter(|&b| b > 0).collect();
@@ -1167,6 +1167,7 @@ fn lazy_modules_materialize_on_the_device_at_their_first_forward() {
         1024, 1024, 1024, 1024, 8192, // BatchNorm's weight, bias, running mean and var, output
         1024, 1024,                   // its saved mean and inverse std
         128, 4096, 128, 256,          // the half Linear made on CUDA: input, weight, bias, output
+        64, 512, 64, 128,             // a deep copy of a lazy Linear moved to CUDA, at its forward
     ];
     assert_eq!(allocs, want);
 }

@@ -568,6 +568,33 @@ fn the_imported_device_is_named() {
     }
 }
 
+/// A block whose free waited for another stream's work completes inside a malloc's retry
+/// (release_cached_blocks synchronizes events first), and its segment is then released: it was
+/// not free when the malloc looked, so a smaller next segment does not make that release an
+/// empty_cache.
+#[test]
+fn a_release_after_a_late_completion_is_still_the_mallocs_retry() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = |action: &str, addr: u64, size: u64| format!(r#"{{"action": "{action}", "addr": {addr}, "size": {size}, "stream": 0}}"#);
+    let (x, y, mib) = (4096000000u64, 8192000000u64, 1u64 << 20);
+    let w = 2048000000u64;
+    let history = [
+        e("segment_alloc", w, 2 * mib),
+        e("alloc", w, 1024),
+        e("segment_alloc", x, 100 * mib),
+        e("alloc", x, 100 * mib),
+        e("free_requested", x, 100 * mib), // waits for another stream: no free_completed right after
+        e("free_requested", w, 1024),
+        e("free_completed", w, 1024),
+        e("free_completed", x, 100 * mib), // the retry's synchronize_and_free_events
+        e("segment_free", x, 100 * mib),
+        e("segment_alloc", y, 60 * mib),
+        e("alloc", y, 60 * mib),
+    ];
+    let t = import_snapshot(&json_snapshot(dir.path(), "late.json", "", &history.join(", "))).unwrap();
+    assert_eq!(counts(&t.events).2, 0, "a retry, not an empty_cache: {:?}", t.events);
+}
+
 /// `_record_memory_history(skip_actions=["free_completed"])` records frees only as requested:
 /// each completes there (it used to wait forever on a side stream, and ten reuses of one 20 MiB
 /// block needed ten segments). A free whose free_completed is missing completes where its
@@ -690,10 +717,12 @@ fn rmm_logs_written_by_other_hands_and_cut_logs_import() {
     }
     // RMM buffers its log: a process that died leaves a row without its end. It is skipped, said.
     let p = dir.path().join("cut.csv");
-    std::fs::write(&p, format!("Thread,Time,Action,Pointer,Size,Stream\n{rows}1,10:00:00:0000")).unwrap();
-    let t = import_rmm_log(&p).unwrap();
-    assert_eq!(t.events, want);
-    assert!(t.notes.iter().any(|n| n.contains("has no line end and 2 of 6 fields (the log was cut): skipped")), "{:?}", t.notes);
+    for cut in ["1,10:00:00:0000", "1,10:00:00:000004,allocate,0x7f0000200000,1048576,0x", "1,10:00:00:000004,allocate,0x7f0000200000,1048576,0x7f3a"] {
+        std::fs::write(&p, format!("Thread,Time,Action,Pointer,Size,Stream\n{rows}{cut}")).unwrap();
+        let t = import_rmm_log(&p).unwrap();
+        assert_eq!(t.events, want, "{cut}");
+        assert!(t.notes.iter().any(|n| n.contains("has no line end (the log was cut): skipped")), "{cut}: {:?}", t.notes);
+    }
     // A short row with its line end is still refused.
     std::fs::write(&p, format!("Thread,Time,Action,Pointer,Size,Stream\n1,10:00:00:0000\n{rows}")).unwrap();
     assert!(import_rmm_log(&p).unwrap_err().to_string().contains("cut.csv:2: 2 fields where the header has 6"));

@@ -212,7 +212,8 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
             print!("{}", drift_summary(&records));
         }
     }
-    if let Some(path) = &a.json {
+    // (Nothing finished: an existing --json file is left as it was.)
+    if let Some(path) = a.json.as_ref().filter(|_| !records.is_empty()) {
         if records.len() == 1 && failures.is_empty() {
             output::write_json(path, &records[0])?;
         } else {
@@ -225,7 +226,8 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     let stopped = records.iter().any(|r| matches!(r, ResultRecord::CpuRun(r) if r.interrupted));
     if stopped || crate::interrupt::interrupted() {
         // As `--exec` and compare.sh expect: the finished runs are written, the exit says stopped.
-        eprintln!("interrupted: {} kept (the stopped one marked \"interrupted\")", crate::units::count(records.len() as u64, "run"));
+        let marked = if stopped { " (the stopped one marked \"interrupted\")" } else { "" };
+        eprintln!("interrupted: {} kept{marked}", crate::units::count(records.len() as u64, "run"));
         drop(jsonl);
         std::process::exit(130);
     }

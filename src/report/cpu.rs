@@ -87,8 +87,8 @@ fn runs_note(s: &Spread) -> String {
     }
 }
 
-/// The findings of one workload: the fastest allocator and the one that retains least after
-/// every block was freed, each against glibc and the runner-up, with the spread.
+/// The findings of one workload: the fastest allocator and the one that retains least at the end
+/// of the drain, each against glibc and the runner-up, with the spread.
 pub fn findings(workload: &str, rows: &[CpuRow]) -> Vec<String> {
     let mut out = Vec::new();
     let base = rows.iter().find(|r| r.is_baseline());

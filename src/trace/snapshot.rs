@@ -470,12 +470,17 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     let mut next_side_stream = SIDE_STREAM_BASE;
     // free_completed entries already replayed with their free_requested.
     let mut completed_inline: FxHashMap<i128, ()> = FxHashMap::default();
+    // Blocks whose waiting free completed since the last allocating entry: a malloc's retry
+    // (release_cached_blocks) first completes such frees (synchronize_and_free_events), so their
+    // segments were not free when get_free_block looked (see ReleaseRun::could_have_served).
+    let mut completed_late: Vec<i128> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
         let action = match e.get("action") {
             None => return Err(format!("trace entry {i} has no 'action'")),
             Some(a) => a.as_str().map(str::to_string).ok_or_else(|| format!("trace entry {i}: 'action' is {}, not a str", a.type_name()))?,
         };
         let is_segment_release = matches!(action.as_str(), "segment_free" | "segment_unmap");
+        let allocating = matches!(action.as_str(), "alloc" | "segment_alloc" | "segment_map" | "oom");
         // Whether a release run ends here as this entry's malloc retrying (its cache flush).
         let mut retry_flushed_here = false;
         if let Some(run) = release.as_ref().filter(|_| !is_segment_release) {
@@ -485,6 +490,9 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 out.events.push(Event::EmptyCache);
             }
             release = None;
+        }
+        if allocating {
+            completed_late.clear();
         }
         match action.as_str() {
             "alloc" => {
@@ -539,6 +547,7 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                 }
                 if let Some(side) = waiting.remove(&addr) {
                     out.events.push(Event::Sync { stream: Some(side) });
+                    completed_late.push(addr);
                     continue;
                 }
                 match live.remove(&addr) {
@@ -557,7 +566,10 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
                     }
                 }
                 if let (Some(run), "segment_free", Some(size)) = (release.as_mut(), action.as_str(), int(e, "size")) {
-                    run.freed.push((int(e, "stream").unwrap_or(0), size));
+                    let start = int(e, "addr").unwrap_or(-1);
+                    if !completed_late.iter().any(|&a| a >= start && a < start + size) {
+                        run.freed.push((int(e, "stream").unwrap_or(0), size));
+                    }
                 }
             }
             "segment_alloc" | "segment_map" => {
@@ -688,11 +700,13 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
             cols = Some((map, fields.len()));
             continue;
         };
+        if cut_last == Some(n + 1) {
+            // RMM ends every row with a line end: one without was cut, wherever (a stream cut to
+            // "0x7f" would parse, as another stream).
+            out.notes.push(format!("the last row ({}) has no line end (the log was cut): skipped", loc()));
+            break;
+        }
         if fields.len() != *width {
-            if cut_last == Some(n + 1) && fields.len() < *width {
-                out.notes.push(format!("the last row ({}) has no line end and {} of {width} fields (the log was cut): skipped", loc(), fields.len()));
-                break;
-            }
             return Err(InputError::new(loc(), format!("{} fields where the header has {width}", fields.len())));
         }
         let get = |k: &str| c.get(k).and_then(|&i| fields.get(i)).copied().unwrap_or("");
