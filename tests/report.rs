@@ -348,6 +348,9 @@ fn cpu_exec_runs_that_crash_are_set_apart_from_the_comparison() {
     );
     assert!(serving_md.lines().any(|l| l.starts_with("| jemalloc | 1 | ")), "the crashed run is not in jemalloc's row: {serving_md}");
     assert!(serving_md.contains("lowest peak RSS: glibc"), "{serving_md}");
+    // The finding says so too.
+    let finding = md.lines().find(|l| l.starts_with("- serving.py: ")).unwrap_or_else(|| panic!("{md}"));
+    assert!(finding.contains("; ended otherwise, set apart: jemalloc (exit 139, killed by signal 11)"), "{finding}");
     let failing_md = section("always_exits_1.py");
     assert!(!failing_md.contains("Set apart"), "{failing_md}");
     assert!(failing_md.contains("lowest peak RSS: jemalloc"), "a program that always exits 1 is compared: {failing_md}");

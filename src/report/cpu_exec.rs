@@ -196,7 +196,20 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
                 .collect();
             let _ = writeln!(s, "Set apart, not in the figures or the verdict ({} run(s) that ended otherwise{usual}): {}.\n", runs.len(), runs.join("; "));
         }
+        // The verdict (and so the findings) says which allocators' runs ended otherwise: a crash
+        // under one allocator is news, not only a row left out.
+        let mut apart: Vec<String> = Vec::new();
+        for r in &group.set_apart {
+            let what = format!("{} (exit {}{})", r.allocator, r.exit_code, r.error.as_deref().map(|e| format!(", {e}")).unwrap_or_default());
+            if !apart.contains(&what) {
+                apart.push(what);
+            }
+        }
+        let apart_clause = (!apart.is_empty()).then(|| format!("ended otherwise, set apart: {}", apart.join(", ")));
         if allocs.is_empty() {
+            if let Some(clause) = apart_clause {
+                let _ = writeln!(s, "\n**Verdict ({program})**: {clause}.\n");
+            }
             continue;
         }
         let _ = writeln!(s, "| allocator | runs | wall | user + sys | peak RSS | minor faults | exit codes |\n|---|---|---|---|---|---|---|");
@@ -222,7 +235,7 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
             peaks.push((name.clone(), peak));
         }
         let clauses: Vec<String> =
-            [verdict_clause("lowest peak RSS", &peaks, &bytes), verdict_clause("fastest", &walls, &secs)].into_iter().flatten().collect();
+            [verdict_clause("lowest peak RSS", &peaks, &bytes), verdict_clause("fastest", &walls, &secs), apart_clause].into_iter().flatten().collect();
         let _ = writeln!(s, "\n**Verdict ({program})**: {}.\n", clauses.join("; "));
     }
     s
