@@ -470,7 +470,8 @@ def _make_recorder_class(torch):
     # has error_if_nonfinite. And isin finds nothing: generate()'s end-of-sequence test
     # (EosTokenCriteria) never fires, so a generation runs to its max length, the longest and the
     # most memory, instead of stopping wherever --scalar-value steers it. Such a value follows the
-    # ops that compare, combine, reduce, copy or view it, and answers reads of it without
+    # ops that compare, combine, reduce, copy or view it, and elementwise arithmetic with another
+    # known value or a number (cast to the result's dtype), and answers reads of it without
     # --scalar-value; any other write to the tensor forgets it.
     assumed_false = {"isnan", "isinf", "isposinf", "isneginf", "isin"}
     uniform_check_elements = 1 << 12  # a real tensor checked for one value throughout, at most
@@ -483,6 +484,10 @@ def _make_recorder_class(torch):
                 "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
     combines = {"logical_or": lambda a, b: bool(a) or bool(b), "logical_and": lambda a, b: bool(a) and bool(b),
                 "bitwise_or": lambda a, b: a | b, "bitwise_and": lambda a, b: a & b, "bitwise_xor": lambda a, b: a ^ b}
+    # Elementwise arithmetic of two known values (add/sub with their alpha); true division only.
+    arithmetic = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "rsub": lambda a, b: b - a, "mul": lambda a, b: a * b,
+                  "div": lambda a, b: a / b, "maximum": max, "minimum": min, "pow": lambda a, b: a ** b}
+    unary_arithmetic = {"neg": lambda a: -a, "abs": abs}
     full_reductions = {aten.max.default, aten.min.default}
     disable_modes = torch.utils._python_dispatch._disable_current_modes
     # What can know a value with nothing known yet (a real tensor's moves included).
@@ -857,7 +862,7 @@ def _make_recorder_class(torch):
             if not len(known) and base not in value_sources:
                 return
             try:
-                value = self._known_result(func, base, args, out)
+                value = self._known_result(func, base, args, kwargs, out)
             except Exception:
                 value = None  # (an op this bookkeeping cannot follow: the value is unknown)
             for pos, arg_name in self._written_arg_positions(func):
@@ -870,7 +875,7 @@ def _make_recorder_class(torch):
             if value is not None and isinstance(out, torch.Tensor):
                 known[out] = value
 
-        def _known_result(self, func, base, args, out):
+        def _known_result(self, func, base, args, kwargs, out):
             def value_of(x):
                 if isinstance(x, fake_tensor_type):
                     return self.known_values.get(x)
@@ -912,6 +917,18 @@ def _make_recorder_class(torch):
                 if second is None:
                     return None
                 return (compares.get(base) or combines[base])(first, second)
+            if not isinstance(out, torch.Tensor) or set(kwargs) - {"alpha"} or (base == "div" and len(args) > 2):
+                return None  # (a rounding mode, an out= form: not followed)
+            if base in unary_arithmetic:
+                return self._as_dtype_of(out, unary_arithmetic[base](first))
+            if base in arithmetic and len(args) > 1:
+                second = value_of(args[1])
+                if second is None:
+                    return None
+                alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+                if not isinstance(alpha, (bool, int, float)):
+                    return None
+                return self._as_dtype_of(out, arithmetic[base](first, second * alpha if base in ("add", "sub", "rsub") else second))
             return None
 
         def _scalar(self, func, args):
