@@ -50,6 +50,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 import types
 import warnings
@@ -84,7 +85,12 @@ class StopCapture(BaseException):
 
 
 class FakeValueNeeded(RuntimeError):
-    """The script read the value of a fake tensor (``.item()``, ``bool()``, ``.tolist()``...)."""
+    """The script read the value of a fake tensor (``.item()``, ``bool()``, ``.tolist()``...).
+    ``on_cpu``: the tensor was a CPU one (Note [Real CPU, fake CUDA]: large ones are fake)."""
+
+    def __init__(self, message, on_cpu=False):
+        super().__init__(message)
+        self.on_cpu = on_cpu
 
 
 class NeedsDriver(RuntimeError):
@@ -406,6 +412,8 @@ class _Sites:
         # Third-party libraries may live under the standard library's directory (on Debian, say).
         if name.startswith(self.stdlib_dir) and not name.startswith(self.libraries):
             return _LIBRARY
+        if os.path.basename(name) == "typing_extensions.py":
+            return _LIBRARY  # the standard library's backport: @deprecated wraps torch's own calls
         return _SITE
 
     def _name(self, code, line):
@@ -444,10 +452,13 @@ class _Sites:
         return index, self._name(*key)
 
 
+KNOWN_VALUES_SAID = "answer reads of fake tensors where they can (Note [Known values]): isnan/isinf are all False, isin finds nothing (a generation runs to its max length)"
+
+
 def _make_recorder_class(torch):
     from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-    from torch._subclasses.fake_tensor import DataDependentOutputException
+    from torch.utils._pytree import tree_leaves, tree_map
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 
     aten = torch.ops.aten
     flash_backward = aten._scaled_dot_product_flash_attention_backward.default
@@ -472,26 +483,32 @@ def _make_recorder_class(torch):
     # most memory, instead of stopping wherever --scalar-value steers it. Such a value follows the
     # ops that compare, combine, reduce, copy or view it, and elementwise arithmetic with another
     # known value or a number (cast to the result's dtype), and answers reads of it without
-    # --scalar-value; any other write to the tensor forgets it.
+    # --scalar-value; any other write to the tensor forgets it. Pointwise ops (torch.Tag.pointwise:
+    # arithmetic, compares, logical and bitwise ops, where, clamp, rounding division) of known
+    # values are evaluated on one-element CPU tensors of the same dtypes and dimensions, so
+    # torch's own type promotion and rounding give the value; where/masked_fill with a known
+    # condition take the chosen side's value. Small tensors (token ids from the CPU, a mask made
+    # from them, arange's positions) are followed whole: an op whose tensor operands are all
+    # known and small, and whose outputs are small, runs on their contents on the CPU (not ops
+    # that draw random numbers or leave memory uninitialised), so `(input_ids < 0).any()` and
+    # `.tolist()` of them read as a real run reads them.
     assumed_false = {"isnan", "isinf", "isposinf", "isneginf", "isin"}
-    uniform_check_elements = 1 << 12  # a real tensor checked for one value throughout, at most
+    contents_elements = 1 << 12  # a tensor followed whole (or checked for one value throughout), at most
+    nondeterministic_tag = torch.Tag.nondeterministic_seeded
+    # Their outputs' contents are not the op's to say: uninitialised memory, or strides that
+    # address the fake storage, which the contents do not mirror.
+    contents_excluded = ("empty", "resize", "set", "as_strided", "_reshape_alias", "_local_scalar_dense")
     fills = {"full": 1, "full_like": 1, "new_full": 2, "fill": 1, "scalar_tensor": 0}  # op -> position of the value
     constants = {"ones": 1, "ones_like": 1, "new_ones": 1, "zeros": 0, "zeros_like": 0, "new_zeros": 0}
     keeps_value = {"amax", "amin", "clone", "_to_copy", "detach", "alias", "view", "_unsafe_view", "reshape",
                    "squeeze", "unsqueeze", "expand", "select", "slice", "lift_fresh", "copy"}
     reductions = {"any": bool, "all": bool}
-    compares = {"eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b,
-                "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b}
-    combines = {"logical_or": lambda a, b: bool(a) or bool(b), "logical_and": lambda a, b: bool(a) and bool(b),
-                "bitwise_or": lambda a, b: a | b, "bitwise_and": lambda a, b: a & b, "bitwise_xor": lambda a, b: a ^ b}
-    # Elementwise arithmetic of two known values (add/sub with their alpha); true division only.
-    arithmetic = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "rsub": lambda a, b: b - a, "mul": lambda a, b: a * b,
-                  "div": lambda a, b: a / b, "maximum": max, "minimum": min, "pow": lambda a, b: a ** b}
-    unary_arithmetic = {"neg": lambda a: -a, "abs": abs}
+    pointwise_untagged = {"floor_divide"}  # elementwise, but without the tag
+    pointwise_tag = torch.Tag.pointwise
     full_reductions = {aten.max.default, aten.min.default}
     disable_modes = torch.utils._python_dispatch._disable_current_modes
     # What can know a value with nothing known yet (a real tensor's moves included).
-    value_sources = assumed_false | set(fills) | set(constants) | {"_to_copy", "copy", "lift_fresh"}
+    value_sources = assumed_false | set(fills) | set(constants) | {"_to_copy", "copy", "lift_fresh", "arange", "eye"}
 
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
@@ -517,6 +534,7 @@ def _make_recorder_class(torch):
             self.fake_mode = None  # set for fake CUDA: CPU ops run for real where cheap
             self.exclusive_use_count = None
             self.annotate = bool(os.environ.get("ALLOCBENCH_CAPTURE_OPS"))
+            self.pointwise_ops = {}  # op -> whether it is elementwise (Note [Known values])
             self.current_op = ""
             self.implicit_ops = {}  # OpOverload -> has a C++ CompositeImplicitAutograd kernel
             self.backend_ops = {}  # (OpOverload, device type) -> has a kernel of that backend
@@ -833,8 +851,23 @@ def _make_recorder_class(torch):
                 return copy
             leaves = tree_leaves((args, kwargs))
             if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
-                with fake_mode:
-                    return func(*args, **kwargs)
+                # set_ onto a storage (copy.deepcopy of a tensor): FakeTensorMode's dispatch cache
+                # would key on the storage itself and keep it alive, so its free is never seen.
+                uncached = getattr(fake_mode, "cache_enabled", False) and any(
+                    isinstance(x, (torch.UntypedStorage, torch.storage.TypedStorage)) for x in leaves)
+                try:
+                    if uncached:
+                        fake_mode.cache_enabled = False
+                    with fake_mode:
+                        return func(*args, **kwargs)
+                except (DynamicOutputShapeException, DataDependentOutputException):
+                    shaped = self._shaped_by_contents(func, args, kwargs, leaves)
+                    if shaped is None:
+                        raise
+                    return shaped
+                finally:
+                    if uncached:
+                        fake_mode.cache_enabled = True
             if any(isinstance(x, (torch.UntypedStorage, torch.storage.TypedStorage)) for x in leaves):
                 # set_ onto a real storage (torch.load rebuilding CPU tensors): its memory exists
                 # already, and a fake run would render the whole storage into an error message.
@@ -862,9 +895,15 @@ def _make_recorder_class(torch):
             if not len(known) and base not in value_sources:
                 return
             try:
-                value = self._known_result(func, base, args, kwargs, out)
+                if base == "_amp_foreach_non_finite_check_and_unscale" and len(args) > 1:
+                    # A healthy run finds no Inf or NaN: found_inf keeps its value (0), so
+                    # _amp_update_scale_ then grows the scale as on the device.
+                    outputs = [(args[1], known.get(args[1]))]
+                else:
+                    value = self._known_result(func, base, args, kwargs, out)
+                    outputs = [(out, value)] if value is not None else self._known_contents(func, base, args, kwargs, out)
             except Exception:
-                value = None  # (an op this bookkeeping cannot follow: the value is unknown)
+                outputs = []  # (an op this bookkeeping cannot follow: the value is unknown)
             for pos, arg_name in self._written_arg_positions(func):
                 arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
                 for leaf in tree_leaves(arg):
@@ -872,27 +911,183 @@ def _make_recorder_class(torch):
                         known.pop(leaf, None)
                         if leaf._is_view():
                             known.pop(leaf._base, None)  # `t[i] = v` writes t through a view
-            if value is not None and isinstance(out, torch.Tensor):
-                known[out] = value
+            for leaf, value in outputs:
+                if value is not None and isinstance(leaf, torch.Tensor):
+                    known[leaf] = value
+
+        def _known_contents(self, func, base, args, kwargs, out):
+            """[(output, its known value or contents)] when the op can run on its operands'
+            contents (Note [Known values]); [] otherwise."""
+            written = []
+            for pos, arg_name in self._written_arg_positions(func):
+                arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
+                written += [t for t in tree_leaves(arg) if isinstance(t, torch.Tensor)]
+            if any(not isinstance(t, fake_tensor_type) for t in written):
+                return []  # (a real tensor written: its data is the script's, left alone)
+            outs = [o for o in tree_leaves(out) if isinstance(o, torch.Tensor)]
+            # Written operands that are not returned (_foreach_add_, _amp_update_scale_'s growth
+            # tracker) are outputs too: their contents after the op, run in place.
+            returned = len(outs)
+            outs += [t for t in written if not any(t is o for o in outs)]
+            if (not outs or not all(isinstance(o, fake_tensor_type) and o.numel() <= contents_elements for o in outs)
+                    or nondeterministic_tag in func.tags or any(word in base for word in contents_excluded)):
+                return []
+            reals, used = [], {}
+            try:
+                if base == "copy" and len(args) > 1:
+                    # copy_(self, src): self becomes src, broadcast and cast.
+                    source = self._contents_of(args[1]) if isinstance(args[1], torch.Tensor) else None
+                    if source is None:
+                        return []
+                    with disable_modes():
+                        computed = source.to(args[0].dtype).expand(args[0].shape).clone()
+                else:
+                    computed = self._on_contents(func, args, kwargs, reals, used)
+            except LookupError:
+                return []
+            results = [r for r in tree_leaves(computed) if isinstance(r, torch.Tensor)][:returned]
+            results += [used[id(t)] for t in outs[returned:]]  # (their contents, written in place)
+            if len(results) != len(outs):
+                return []
+            followed = []
+            with disable_modes():
+                for fake, real in zip(outs, results):
+                    if real.shape != fake.shape or real.dtype != fake.dtype:
+                        followed.append((fake, None))  # (a kernel of another shape: not followed)
+                        continue
+                    if real._is_view() and reals:
+                        real = real.clone()  # (never an alias of the script's own tensors)
+                    flat = real.reshape(-1)
+                    uniform = real.numel() and not real.is_complex() and bool((flat == flat[0]).all())
+                    followed.append((fake, flat[0].item() if uniform else real))
+            return followed
+
+        def _shaped_by_contents(self, func, args, kwargs, leaves):
+            """Outputs whose shape depends on values (nonzero, a boolean mask's indexing, unique)
+            of operands followed whole (Note [Known values]): the op runs on their contents and
+            its outputs are fake tensors of the shapes it gave, on the operands' device; None
+            when an operand is unknown."""
+            fakes = [x for x in leaves if isinstance(x, fake_tensor_type)]
+            if not fakes or nondeterministic_tag in func.tags:
+                return None
+            device = fakes[0].device
+            try:
+                computed = self._on_contents(func, args, kwargs)
+            except LookupError:
+                return self._shaped_by_mask(func, args, device)
+
+            def fake_like(t):
+                if not isinstance(t, torch.Tensor):
+                    return t
+                with self.fake_mode:
+                    return torch.empty(tuple(t.shape), dtype=t.dtype, device=device)
+
+            return tree_map(fake_like, computed)
+
+        def _shaped_by_mask(self, func, args, device):
+            """``x[mask]`` and ``masked_select(x, mask)`` of an unknown ``x``: their shapes need
+            only the mask's contents. None when the mask is unknown too."""
+            def mask_contents(m):
+                if isinstance(m, torch.Tensor) and m.dtype in (torch.bool, torch.uint8):
+                    return self._contents_of(m)
+                return None
+
+            if func is aten.masked_select.default and len(args) == 2:
+                mask = mask_contents(args[1])
+                if mask is None:
+                    return None
+                with disable_modes():
+                    count = int(mask.bool().expand(torch.broadcast_shapes(args[0].shape, mask.shape)).sum())
+                with self.fake_mode:
+                    return torch.empty((count,), dtype=args[0].dtype, device=device)
+            if func is aten.index.Tensor and len(args) == 2:
+                indices = []
+                for index in args[1]:
+                    if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+                        mask = mask_contents(index)
+                        if mask is None:
+                            return None
+                        with disable_modes():
+                            positions = mask.nonzero().unbind(1)  # (a mask indexes as its nonzero positions)
+                        with self.fake_mode:
+                            indices.extend(torch.empty(tuple(p.shape), dtype=torch.long, device=device) for p in positions)
+                    else:
+                        indices.append(index)
+                with self.fake_mode:
+                    return func(args[0], indices)
+            return None
+
+        def _on_contents(self, func, args, kwargs, reals=None, used=None):
+            """``func`` run on the CPU on its operands' contents; LookupError when one is unknown.
+            ``reals`` collects the script's real tensors among them, ``used`` the contents of
+            each fake operand by id."""
+
+            def operand(x):
+                if isinstance(x, torch.device) or (isinstance(x, str) and x.startswith("cuda")):
+                    return torch.device("cpu")
+                if not isinstance(x, torch.Tensor):
+                    return x
+                contents = self._contents_of(x)
+                if contents is None:
+                    raise LookupError  # (an unknown operand: the outputs are unknown)
+                if reals is not None and not isinstance(x, fake_tensor_type):
+                    reals.append(contents)
+                if used is not None and isinstance(x, fake_tensor_type):
+                    used[id(x)] = contents
+                return contents
+
+            tree_args, tree_kwargs = tree_map(operand, (list(args), dict(kwargs)))
+            if tree_kwargs.get("pin_memory"):
+                tree_kwargs["pin_memory"] = False
+            with disable_modes(), torch.no_grad():
+                return func(*tree_args, **tree_kwargs)
+
+        def _contents_of(self, x):
+            """All of ``x``'s elements as a CPU tensor of its shape and dtype, if known and small."""
+            if x.is_sparse or x.numel() > contents_elements:
+                return None
+            if not isinstance(x, fake_tensor_type):
+                return x  # a real tensor: its own data
+            known = self.known_values.get(x)
+            if known is None or isinstance(known, torch.Tensor):
+                return known
+            with disable_modes():
+                return torch.full(tuple(x.shape), known, dtype=x.dtype)
 
         def _known_result(self, func, base, args, kwargs, out):
             def value_of(x):
                 if isinstance(x, fake_tensor_type):
-                    return self.known_values.get(x)
+                    known = self.known_values.get(x)
+                    return None if isinstance(known, torch.Tensor) else known  # (contents: not one value)
                 if isinstance(x, torch.Tensor):
                     # A real tensor (token ids made with torch.tensor, moved to fake CUDA): known
                     # when small and every element is the same.
-                    if x.is_sparse or not 0 < x.numel() <= uniform_check_elements or x.dtype.is_complex:
+                    if x.is_sparse or not 0 < x.numel() <= contents_elements or x.dtype.is_complex:
                         return None
                     with disable_modes():  # read the real data, past this mode and fake ones
                         first = x.reshape(-1)[0]
                         return first.item() if bool((x == first).all()) else None
                 return x if isinstance(x, (bool, int, float)) else None
 
+            if base in ("where", "masked_fill") and len(args) == 3 and isinstance(out, torch.Tensor):
+                # where(condition, self, other), masked_fill(self, mask, value): a known
+                # condition picks a side, and two equal sides need no condition.
+                if base == "where":
+                    condition, chosen, other = (value_of(a) for a in args)
+                else:
+                    chosen, condition, other = (value_of(a) for a in (args[2], args[1], args[0]))
+                if condition is not None:
+                    chosen = chosen if condition else other
+                elif chosen != other:
+                    return None
+                return None if chosen is None else self._as_dtype_of(out, chosen)
             if base == "isin":
                 # Both sides known: compute it; otherwise nothing is found (the assumption).
                 elements, test = (value_of(a) for a in args[:2]) if len(args) > 1 else (None, None)
-                return elements == test if elements is not None and test is not None else False
+                if elements is not None and test is not None:
+                    return elements == test
+                whole = len(args) > 1 and all(isinstance(a, torch.Tensor) and self._contents_of(a) is not None for a in args[:2])
+                return None if whole else False  # (both followed whole: computed on their contents)
             if base in assumed_false:
                 return False
             if base in constants:
@@ -910,31 +1105,59 @@ def _make_recorder_class(torch):
             if base == "sum":
                 # Each output element sums (input elements / output elements) equal values.
                 return first * (int(args[0].numel()) // int(out.numel())) if out.numel() else None
-            if base in ("logical_not", "bitwise_not"):
-                return (not first) if isinstance(first, bool) or base == "logical_not" else ~first
-            if base in compares or base in combines:
-                second = value_of(args[1]) if len(args) > 1 else None
-                if second is None:
-                    return None
-                return (compares.get(base) or combines[base])(first, second)
-            if not isinstance(out, torch.Tensor) or set(kwargs) - {"alpha"} or (base == "div" and len(args) > 2):
-                return None  # (a rounding mode, an out= form: not followed)
-            if base in unary_arithmetic:
-                return self._as_dtype_of(out, unary_arithmetic[base](first))
-            if base in arithmetic and len(args) > 1:
-                second = value_of(args[1])
-                if second is None:
-                    return None
-                alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-                if not isinstance(alpha, (bool, int, float)):
-                    return None
-                return self._as_dtype_of(out, arithmetic[base](first, second * alpha if base in ("add", "sub", "rsub") else second))
-            return None
+            if not isinstance(out, torch.Tensor) or not self._pointwise(func, base):
+                return None
+
+            def one_element(x):
+                # A known tensor as one element of its dtype and dimensions: 0-dim ones still
+                # promote as scalars do, and the rest as tensors.
+                if not isinstance(x, torch.Tensor):
+                    return x
+                value = value_of(x)
+                if value is None:
+                    raise LookupError  # (an unknown operand: the result is unknown)
+                return torch.full((1,) * x.dim(), value, dtype=x.dtype)
+
+            try:
+                with disable_modes():
+                    result = func(*[one_element(a) for a in args], **{k: one_element(v) for k, v in kwargs.items()})
+                    return result.reshape(-1)[0].item()
+            except LookupError:
+                return None
+
+        def _pointwise(self, func, base):
+            """True for an elementwise op (tagged so, or its out-of-place form is)."""
+            pointwise = self.pointwise_ops.get(func)
+            if pointwise is None:
+                functional = getattr(getattr(aten, base, None), func._overloadname, None)
+                pointwise = base in pointwise_untagged or any(
+                    pointwise_tag in op.tags for op in (func, functional) if op is not None)
+                self.pointwise_ops[func] = pointwise
+            return pointwise
+
+        def learn_contents(self, fake, real):
+            """``fake`` holds ``real``'s values (a checkpoint's tensor loaded onto fake CUDA)."""
+            if not self.fake or real.is_sparse or not 0 < real.numel() <= contents_elements:
+                return
+            with disable_modes():
+                flat = real.detach().reshape(-1)
+                uniform = not real.is_complex() and bool((flat == flat[0]).all())
+                self.known_values[fake] = flat[0].item() if uniform else real.detach().clone()
+
+        def known_contents(self, tensor):
+            """A fake tensor's contents as a real CPU tensor, when known (Note [Known values])."""
+            if tensor not in self.known_values:
+                return None
+            self.say_once("known values", KNOWN_VALUES_SAID)
+            return self._contents_of(tensor)
 
         def _scalar(self, func, args):
             value = self.known_values.get(args[0]) if isinstance(args[0], fake_tensor_type) else None
+            if isinstance(value, torch.Tensor):
+                with disable_modes():
+                    value = value.item()  # (followed whole: a one-element tensor's element)
             if value is not None:
-                self.say_once("known values", "answer reads of fake tensors where they can (Note [Known values]): isnan/isinf are all False, isin finds nothing (a generation runs to its max length)")
+                self.say_once("known values", KNOWN_VALUES_SAID)
                 return self._as_dtype_of(args[0], value)
             # FakeTensorMode knows the value of small tensors made from Python numbers and kept up
             # through in-place ops (an optimizer's step count); anything else has no value.
@@ -942,7 +1165,7 @@ def _make_recorder_class(torch):
                 return func(*args)
             except DataDependentOutputException as e:
                 if self.scalar_value is None:
-                    raise FakeValueNeeded("aten._local_scalar_dense") from e
+                    raise FakeValueNeeded("aten._local_scalar_dense", on_cpu=args[0].device.type == "cpu") from e
             return self._as_dtype_of(args[0], self.scalar_value)
 
         @staticmethod
@@ -1464,6 +1687,66 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
         return moved.requires_grad_() if requires_grad else moved
 
     return construct
+
+
+def _sequence_indices(torch, patches, tensor):
+    """``x[[0, 2]]``, ``x[0, [1, 2]]``, ``v[:, [-1]]`` on fake CUDA. PyTorch turns a Python
+    sequence index into a CUDA tensor inside its C++ indexing (indexing_tensor_from_data in
+    python_variable_indexing.cpp), below the dispatcher, so it would reach the driver: the
+    sequence becomes that one small tensor here, through ``tensor`` (torch.tensor on fake CUDA),
+    and lives as long as the indexing, as on the device."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    original_getitem, original_setitem = torch.Tensor.__getitem__, torch.Tensor.__setitem__
+
+    def index_tensor(item, device):
+        if isinstance(item, range) or (isinstance(item, list) and all(type(v) in (int, bool) for v in item)):
+            values = list(item)
+            # Byte (bool) when every element is a bool, else Long, as indexing_tensor_from_data infers.
+            dtype = torch.bool if values and all(type(v) is bool for v in values) else torch.long
+            return tensor(values, dtype=dtype, device=device)
+        return item
+
+    def on_device(self, index):
+        if not isinstance(self, fake_type) or self.device.type != "cuda":
+            return index
+        if isinstance(index, list) and len(index) < 32 and any(
+                isinstance(v, (torch.Tensor, list, tuple, range, slice)) or v is None or v is Ellipsis for v in index):
+            index = tuple(index)  # treatSequenceAsTuple: such a list indexes as a tuple does
+        if isinstance(index, tuple):
+            return tuple(index_tensor(item, self.device) for item in index)
+        return index_tensor(index, self.device)
+
+    def getitem(self, index):
+        return original_getitem(self, on_device(self, index))
+
+    def setitem(self, index, value):
+        return original_setitem(self, on_device(self, index), value)
+
+    patches.set(torch.Tensor, "__getitem__", getitem)
+    patches.set(torch.Tensor, "__setitem__", setitem)
+
+
+def _rnns_without_cudnn(torch, patches, recorder):
+    """nn.RNN/LSTM/GRU on fake CUDA run PyTorch's non-cuDNN kernels (cuDNN's RNN needs the
+    driver), as under ``torch.backends.cudnn.enabled = False``, said once: their allocations are
+    those kernels' (per-layer gate buffers), not cuDNN's workspace and reserve. Convolutions
+    keep cuDNN's path."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    for cls in (torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU):
+
+        def forward(self, *args, _original=cls.forward, **kwargs):
+            weight = next(iter(self._flat_weights), None) if getattr(self, "_flat_weights", None) else None
+            if not isinstance(weight, fake_type) or weight.device.type != "cuda" or not torch.backends.cudnn.enabled:
+                return _original(self, *args, **kwargs)
+            recorder.say_once("RNNs", "run PyTorch's non-cuDNN kernels on fake CUDA (cuDNN's RNN needs the driver): their buffers are those kernels'",
+                              trace_note="PyTorch's non-cuDNN kernels (cuDNN's RNN needs the driver)")
+            torch.backends.cudnn.enabled = False
+            try:
+                return _original(self, *args, **kwargs)
+            finally:
+                torch.backends.cudnn.enabled = True
+
+        patches.set(cls, "forward", forward)
 
 
 def _no_device_init(fake_mode_type):
@@ -2013,7 +2296,7 @@ def _fake_cuda_legacy_types(torch, patches):
     patches.set(torch.Tensor, "new", new)
 
 
-def _fake_cuda_serialization(torch, patches):
+def _fake_cuda_serialization(torch, patches, recorder):
     """torch.load onto CUDA and torch.save of fake tensors, as fine-tuning and checkpointing
     scripts do. Loading puts each storage bound for CUDA (map_location, or where it was saved) in
     one fake CUDA allocation of its size, as the real load's storage copy does; saving writes
@@ -2065,7 +2348,11 @@ def _fake_cuda_serialization(torch, patches):
             # Views of the one allocation (set_ onto a fake storage would keep it alive for good).
             whole = base[: base.numel() - base.numel() % t.element_size()]
             out = whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
-            return torch.nn.Parameter(out, t.requires_grad) if isinstance(t, torch.nn.Parameter) else out
+            out = torch.nn.Parameter(out, t.requires_grad) if isinstance(t, torch.nn.Parameter) else out
+            # A small tensor keeps its values (an optimizer's step count mapped to CUDA, read by
+            # the first step): Note [Known values].
+            recorder.learn_contents(out, t)
+            return out
 
         if isinstance(loaded, torch.nn.Module):
             return loaded._apply(to_fake_cuda)
@@ -2114,7 +2401,23 @@ def _fake_cuda_serialization(torch, patches):
         tag = current and current[1].get(getattr(storage, "_untyped_storage", storage)._cdata)
         return tag or original_tag(storage)
 
+    started = time.time()
+    kept = set()
+
+    def holds_fake(obj):
+        if isinstance(obj, torch.nn.Module):
+            return any(isinstance(t, fake_type) for t in itertools.chain(obj.parameters(), obj.buffers()))
+        return any(isinstance(t, fake_type) for t in torch.utils._pytree.tree_leaves(obj))
+
     def save(obj, f, *args, **kwargs):
+        # A file that was there before the capture (the user's checkpoint) is not replaced by
+        # one that holds zeros for its CUDA tensors: the save is skipped, and said once per file.
+        path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
+        if path is not None and os.path.isfile(path) and os.path.getmtime(path) < started and holds_fake(obj):
+            if path not in kept:
+                kept.add(path)
+                print(f"allocbench capture: left {path} as it was: it predates the capture, and a save of fake CUDA tensors holds zeros", file=sys.stderr)
+            return None
         outer = getattr(saving, "current", None)
         saving.current = ({}, {})
         try:
@@ -2392,6 +2695,7 @@ def _fake_cuda_api(torch, patches, recorder):
         return tensor(data, dtype=self.dtype if dtype is None else dtype, device=device, requires_grad=requires_grad)
 
     patches.set(torch.Tensor, "new_tensor", new_tensor)
+    _sequence_indices(torch, patches, tensor)
     # nn.MultiheadAttention and TransformerEncoderLayer in inference take a fused fast path whose
     # kernels allocate their intermediates inside, where a fake run sees only the outputs: run
     # their unfused ops, the same maths with its buffers recorded (and no nested tensors).
@@ -2406,6 +2710,7 @@ def _fake_cuda_api(torch, patches, recorder):
     # now do, through a cuDNN call that needs the driver: left as it was with the pointers all 0
     # (unpacked; the forward says what to do about cuDNN).
     patches.set(torch.nn.modules.rnn.RNNBase, "flatten_parameters", lambda self: None)
+    _rnns_without_cudnn(torch, patches, recorder)
     # torch.compile would trace and compile for a GPU that is not there: run the model eagerly and
     # say so in the trace (eager mode allocates more temporaries than fused kernels do).
     def compile_eagerly(model=None, *args, **kwargs):
@@ -2435,7 +2740,7 @@ def _fake_cuda_api(torch, patches, recorder):
     if original_trunc_normal is not None:
         patches.set(init, "_no_grad_trunc_normal_", trunc_normal)
     _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams)
-    _fake_cuda_serialization(torch, patches)
+    _fake_cuda_serialization(torch, patches, recorder)
     _fake_cuda_legacy_types(torch, patches)
     # DataLoader(pin_memory=True) pins batches, on a thread of its own with num_workers > 0
     # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
@@ -2469,13 +2774,17 @@ def _fake_cuda_api(torch, patches, recorder):
         return original_record_stream(self, stream)
 
     patches.set(torch.Tensor, "record_stream", record_stream)
-    # .numpy() of a fake tensor: the values are not there (as for .item()).
+    # .numpy() of a fake tensor: the values are not there (as for .item()), unless the capture
+    # knows them (Note [Known values]).
     original_numpy = torch.Tensor.numpy
     fake_type = torch._subclasses.fake_tensor.FakeTensor
 
     def numpy(self, *args, **kwargs):
         if isinstance(self, fake_type):
-            raise FakeValueNeeded("Tensor.numpy()")
+            contents = recorder.known_contents(self)
+            if contents is None:
+                raise FakeValueNeeded("Tensor.numpy()", on_cpu=self.device.type == "cpu")
+            return original_numpy(contents.clone(), *args, **kwargs)
         return original_numpy(self, *args, **kwargs)
 
     patches.set(torch.Tensor, "numpy", numpy)
@@ -2760,6 +3069,10 @@ def _fake_data_message(exc, script):
     else:
         op = getattr(exc, "func", None) or str(exc).split("\n")[0][:120]
         fix = "this op's output shape depends on tensor values; capture with --real on a GPU"
+    if getattr(exc, "on_cpu", False):
+        op += ("; the tensor is on the CPU but fake: a copy of a fake CUDA tensor, or made by a CPU op with over "
+               f"{_REAL_CPU_BYTES >> 20} MiB of floating-point output (those run on fake tensors too, so that a model "
+               "built on the CPU need not fit this machine)")
     return f"{where}:{code} needs real tensor data, but the capture runs on fake tensors ({name}: {op}){inside}; fix: {fix}"
 
 

@@ -326,6 +326,22 @@ fn sites_name_the_users_own_lines() {
 }
 
 #[test]
+fn a_deprecated_torch_call_is_sited_at_the_users_line() {
+    if !have_torch() {
+        return;
+    }
+    // nn.utils.weight_norm is wrapped by typing_extensions' @deprecated: its frame is a library's.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("wn.py");
+    std::fs::write(&script, "import torch\nlin = torch.nn.Linear(8, 8).cuda()\nlin = torch.nn.utils.weight_norm(lin)\n").unwrap();
+    let (out, trace) = capture(dir.path(), "wn.csv", &[], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sites: Vec<Option<String>> = allocs_with_sites(&trace).into_iter().map(|(_, site)| site).collect();
+    assert!(sites.len() > 2, "{sites:?}");
+    assert!(sites[2..].iter().all(|s| s.as_deref() == Some("wn.py:3 in <module>")), "{sites:?}");
+}
+
+#[test]
 fn loops_without_an_optimizer_mark_steps_and_steps_flag_stops() {
     if !have_torch() {
         return;
@@ -408,7 +424,7 @@ fn known_values_answer_reads_without_scalar_value() {
     assert!(out.status.success(), "{err}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "known 5\n", "the loop ran to its max length");
     assert_eq!(err.matches("known values answer reads").count(), 1, "{err}");
-    assert_eq!(steps(&events(&trace)), [1, 2, 3]);
+    assert_eq!(steps(&events(&trace)), [1, 2, 3, 4, 5, 6, 7]);
     // Overwritten with an unknown value, or written through a view, a tensor is unknown again:
     // reading it is the usual error, naming its line.
     let source = std::fs::read_to_string(&script).unwrap();
@@ -447,6 +463,86 @@ fn generate_runs_to_max_new_tokens_whatever_the_scalar_value() {
         assert_eq!(String::from_utf8_lossy(&out.stdout), "(2, 24)\n", "--scalar-value {value}");
         assert!(!events(&trace).is_empty());
     }
+}
+
+#[test]
+fn an_encoder_decoder_generates_from_cpu_token_ids_without_a_scalar_value() {
+    if !have_torch() {
+        return;
+    }
+    // T5's generate() tests the encoder's input ids (`(encoder_input_ids < 0).any()`), token ids
+    // a tokenizer made on the CPU: followed whole, they read as they are, and no --scalar-value
+    // is needed.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("t5.py");
+    std::fs::write(
+        &script,
+        "import torch\nfrom transformers import T5Config, T5ForConditionalGeneration\n\
+         cfg = T5Config(vocab_size=128, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)\n\
+         model = T5ForConditionalGeneration(cfg).cuda().eval()\n\
+         ids = torch.randint(2, 128, (2, 10)).cuda()\n\
+         out = model.generate(ids, max_new_tokens=6)\n\
+         print(tuple(out.shape))\n",
+    )
+    .unwrap();
+    let (out, trace) = capture(dir.path(), "t5.csv", &[], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "(2, 7)\n", "the start token and six new ones");
+    assert!(!events(&trace).is_empty());
+}
+
+#[test]
+fn sequence_indices_and_deep_copies_capture_as_on_a_gpu() {
+    if !have_torch() {
+        return;
+    }
+    // `x[[0, 2]]`, `x[:, range(3)]`, `x[0, [1, 2]] = 0`, nanoGPT's `v[:, [-1]]`: each list becomes
+    // one small CUDA index tensor, where it used to reach the driver. `copy.deepcopy` of a state
+    // dict three times over keeps one copy live, not three (the fake mode's cache kept them).
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "i.csv", &[], &[&fixture("indexing_copies.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "(2, 1000) (4, 3)");
+    let weights = 256 * 256 * 4 + 1024;
+    let allocated: Vec<u64> = lines[1..].iter().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(allocated.len(), 4, "{stdout}");
+    assert!(allocated[..3].iter().all(|&a| a == allocated[0]) && allocated[0] - allocated[3] == weights, "{allocated:?}");
+    let sizes = signed_sizes(&events(&trace));
+    // The index tensors: [0, 2] and [1, 2] (16 bytes), range(3) (24), [-1] (8), each freed.
+    for bytes in [16, 24, 8] {
+        assert!(sizes.contains(&bytes) && sizes.contains(&-bytes), "{bytes}: {sizes:?}");
+    }
+    assert!(sizes.contains(&8000) && sizes.contains(&(4 * 3 * 4)), "rows and columns: {sizes:?}");
+}
+
+#[test]
+fn a_resumed_run_reads_its_checkpoints_step_counts_and_keeps_the_file() {
+    if !have_torch() {
+        return;
+    }
+    // A checkpoint written by a real (CPU) run, loaded with map_location="cuda": Adam reads each
+    // step count (`.item()`), now a small CUDA tensor whose values the load knows. The run then
+    // saves back onto the file, which predates the capture: it is left as it was (a capture's
+    // save holds zeros for CUDA tensors).
+    let dir = tempfile::tempdir().unwrap();
+    let checkpoint = dir.path().join("last.pt");
+    let script = fixture("resume.py");
+    let real = std::process::Command::new(python()).arg(&script).arg(&checkpoint).output().unwrap();
+    assert!(real.status.success(), "{}", stderr(&real));
+    let before = std::fs::read(&checkpoint).unwrap();
+    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&script, checkpoint.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "epoch 1\n");
+    assert_eq!(steps(&events(&trace)), [1, 2]);
+    assert!(err.contains(&format!("left {} as it was", checkpoint.display())), "{err}");
+    assert!(std::fs::read(&checkpoint).unwrap() == before, "the user's checkpoint was overwritten");
+    // A file the capture made itself is written as before.
+    let fresh = dir.path().join("fresh.pt");
+    let (out, _) = capture(dir.path(), "f.csv", &[], &[&script, fresh.to_str().unwrap()]);
+    assert!(out.status.success() && fresh.exists(), "{}", stderr(&out));
 }
 
 #[test]
@@ -521,6 +617,13 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains("numpy_read.py:4") && err.contains("Tensor.numpy()") && err.contains("--real"), "{err}");
+    // A large CPU tensor is fake too (Note [Real CPU, fake CUDA]): the error says why.
+    let cpu_read = dir.path().join("cpu_read.py");
+    std::fs::write(&cpu_read, "import torch\nX = torch.randn(1000, 600)\nprint(float(X.mean()))\n").unwrap();
+    let (out, _) = capture(dir.path(), "c.csv", &[], &[cpu_read.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cpu_read.py:3") && err.contains("the tensor is on the CPU but fake") && err.contains("over 1 MiB"), "{err}");
 }
 
 /// Side streams on fake CUDA: each allocation is made on the current stream, record_stream of
@@ -638,7 +741,7 @@ fn checkpoints_save_and_load_on_fake_cuda() {
 }
 
 /// What fake CUDA cannot run ends in one line naming the script's line, where the call went and
-/// the fix: NCCL (which would abort the interpreter), a cuDNN RNN (the driver), a value read
+/// the fix: NCCL (which would abort the interpreter), a value read
 /// inside a library (with --scalar-value's caveat); distributions sample without validating
 /// their arguments (the validation reads values); a syntax error names its line.
 #[test]
@@ -652,7 +755,6 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
     let line = |mark: &str| 1 + source.lines().position(|l| l.ends_with(&format!("# mark: {mark}"))).unwrap();
     for (case, says) in [
         ("nccl", vec!["starts NCCL", "capture one rank without the process group"]),
-        ("lstm", vec!["reached the CUDA driver in torch/nn/modules/rnn.py", "torch.backends.cudnn.enabled = False"]),
         ("library_read", vec!["(the read is in torch/optim/lr_scheduler.py", "--scalar-value V", "steers its control flow"]),
         ("gloo_ddp", vec!["DistributedDataParallel exchanges the parameters' values", "capture one rank without DDP"]),
         ("spawn", vec!["torch.multiprocessing.spawn starts worker processes, which the capture does not follow", "fix: call the worker"]),
@@ -667,6 +769,14 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
         }
         assert!(std::fs::read_to_string(&trace).unwrap().contains("op,id,bytes,stream\n"), "{case}: a readable trace is kept");
     }
+    // An LSTM runs PyTorch's non-cuDNN kernels (cuDNN's RNN needs the driver), said once and in
+    // the trace: per time step its gate buffers (5 steps of 2 × 64 floats at least).
+    let (out, trace) = capture(dir.path(), "lstm.csv", &[], &[&script, "lstm"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(err.matches("RNNs run PyTorch's non-cuDNN kernels").count(), 1, "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# RNNs: PyTorch's non-cuDNN kernels"));
+    assert!(signed_sizes(&events(&trace)).iter().filter(|&&b| b == 2 * 64 * 4).count() >= 5);
     let (out, _) = capture(dir.path(), "d.csv", &[], &[&script, "distributions"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "sampled (1000,)\n");
