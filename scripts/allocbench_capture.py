@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import ctypes
 import gc
 import hashlib
@@ -491,13 +492,17 @@ def _make_recorder_class(torch):
     # from them, arange's positions) are followed whole: an op whose tensor operands are all
     # known and small, and whose outputs are small, runs on their contents on the CPU (not ops
     # that draw random numbers or leave memory uninitialised), so `(input_ids < 0).any()` and
-    # `.tolist()` of them read as a real run reads them.
+    # `.tolist()` of them read as a real run reads them. A number is held as its tensor's dtype
+    # holds it (_in_dtype). The NaN/Inf assumption is for unknown values only (a causal mask's
+    # known -inf is tested as it is). A tensor that takes another storage (`t.data = other`,
+    # swap_tensors: no op this mode sees) is unknown: each entry keeps the storage it was known in.
     assumed_false = {"isnan", "isinf", "isposinf", "isneginf", "isin"}
     contents_elements = 1 << 12  # a tensor followed whole (or checked for one value throughout), at most
     nondeterministic_tag = torch.Tag.nondeterministic_seeded
     # Their outputs' contents are not the op's to say: uninitialised memory, or strides that
     # address the fake storage, which the contents do not mirror.
-    contents_excluded = ("empty", "resize", "set", "as_strided", "_reshape_alias", "_local_scalar_dense")
+    contents_excluded = {"set", "resize", "resize_as", "_reshape_alias", "_local_scalar_dense"}
+    contents_excluded_parts = ("empty", "as_strided", "philox")  # (philox: random, untagged)
     fills = {"full": 1, "full_like": 1, "new_full": 2, "fill": 1, "scalar_tensor": 0}  # op -> position of the value
     constants = {"ones": 1, "ones_like": 1, "new_ones": 1, "zeros": 0, "zeros_like": 0, "new_zeros": 0}
     keeps_value = {"amax", "amin", "clone", "_to_copy", "detach", "alias", "view", "_unsafe_view", "reshape",
@@ -535,6 +540,7 @@ def _make_recorder_class(torch):
             self.exclusive_use_count = None
             self.annotate = bool(os.environ.get("ALLOCBENCH_CAPTURE_OPS"))
             self.pointwise_ops = {}  # op -> whether it is elementwise (Note [Known values])
+            self.known_by_storage = {}  # storage -> {id: weak reference} of the known tensors viewing it
             self.current_op = ""
             self.implicit_ops = {}  # OpOverload -> has a C++ CompositeImplicitAutograd kernel
             self.backend_ops = {}  # (OpOverload, device type) -> has a kernel of that backend
@@ -744,6 +750,7 @@ def _make_recorder_class(torch):
                 if entry[0] is not None:
                     self.sink.free(entry[0], entry[1])
                 entry[0], entry[1] = new_id, nbytes
+                self.forget_storage(storage._cdata)  # (new memory: its values are not the old ones)
                 return out
 
         def _dispatch(self, func, types, args=(), kwargs=None):
@@ -851,13 +858,7 @@ def _make_recorder_class(torch):
                 return copy
             leaves = tree_leaves((args, kwargs))
             if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
-                # set_ onto a storage (copy.deepcopy of a tensor): FakeTensorMode's dispatch cache
-                # would key on the storage itself and keep it alive, so its free is never seen.
-                uncached = getattr(fake_mode, "cache_enabled", False) and any(
-                    isinstance(x, (torch.UntypedStorage, torch.storage.TypedStorage)) for x in leaves)
                 try:
-                    if uncached:
-                        fake_mode.cache_enabled = False
                     with fake_mode:
                         return func(*args, **kwargs)
                 except (DynamicOutputShapeException, DataDependentOutputException):
@@ -865,9 +866,6 @@ def _make_recorder_class(torch):
                     if shaped is None:
                         raise
                     return shaped
-                finally:
-                    if uncached:
-                        fake_mode.cache_enabled = True
             if any(isinstance(x, (torch.UntypedStorage, torch.storage.TypedStorage)) for x in leaves):
                 # set_ onto a real storage (torch.load rebuilding CPU tensors): its memory exists
                 # already, and a fake run would render the whole storage into an error message.
@@ -898,7 +896,7 @@ def _make_recorder_class(torch):
                 if base == "_amp_foreach_non_finite_check_and_unscale" and len(args) > 1:
                     # A healthy run finds no Inf or NaN: found_inf keeps its value (0), so
                     # _amp_update_scale_ then grows the scale as on the device.
-                    outputs = [(args[1], known.get(args[1]))]
+                    outputs = [(args[1], self.known_of(args[1]))]
                 else:
                     value = self._known_result(func, base, args, kwargs, out)
                     outputs = [(out, value)] if value is not None else self._known_contents(func, base, args, kwargs, out)
@@ -908,12 +906,53 @@ def _make_recorder_class(torch):
                 arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
                 for leaf in tree_leaves(arg):
                     if isinstance(leaf, torch.Tensor):
-                        known.pop(leaf, None)
-                        if leaf._is_view():
-                            known.pop(leaf._base, None)  # `t[i] = v` writes t through a view
+                        self._forget_storage_of(leaf)
             for leaf, value in outputs:
                 if value is not None and isinstance(leaf, torch.Tensor):
-                    known[leaf] = value
+                    self._know(leaf, value)
+
+        def _know(self, tensor, value):
+            """``tensor`` holds ``value`` (a number throughout, as its dtype holds it, or its
+            contents), until its storage is written or it takes another storage."""
+            try:
+                key = tensor.untyped_storage()._cdata
+            except Exception:  # noqa: BLE001 - (a sparse tensor has none: forgotten by itself only)
+                key = None
+            if not isinstance(value, torch.Tensor):
+                try:
+                    with disable_modes():
+                        value = _in_dtype(torch, tensor.dtype, value)
+                except (ValueError, OverflowError, TypeError):
+                    return  # (NaN or inf cast to an integer: no defined value)
+            self.known_values[tensor] = (value, key)
+            if key is None:
+                return
+            holders = self.known_by_storage.setdefault(key, {})
+            holders[id(tensor)] = weakref.ref(tensor, lambda _, key=key, ident=id(tensor): self._drop_holder(key, ident))
+
+        def _drop_holder(self, key, ident):
+            holders = self.known_by_storage.get(key)
+            if holders is not None:
+                holders.pop(ident, None)
+                if not holders:
+                    del self.known_by_storage[key]
+
+        def _forget_storage_of(self, tensor):
+            """A write to ``tensor``: it, and every view of its storage (`t[i] = v` writes t; t2 =
+            t.view(...) changes with t), are no longer known."""
+            self.known_values.pop(tensor, None)
+            try:
+                key = tensor.untyped_storage()._cdata
+            except Exception:  # noqa: BLE001 - (a sparse tensor: no storage to share)
+                return
+            self.forget_storage(key)
+
+        def forget_storage(self, key):
+            """Every known tensor viewing the storage ``key`` is unknown (it was written or resized)."""
+            for ref in list(self.known_by_storage.pop(key, {}).values()):
+                held = ref()
+                if held is not None:
+                    self.known_values.pop(held, None)
 
         def _known_contents(self, func, base, args, kwargs, out):
             """[(output, its known value or contents)] when the op can run on its operands'
@@ -930,7 +969,8 @@ def _make_recorder_class(torch):
             returned = len(outs)
             outs += [t for t in written if not any(t is o for o in outs)]
             if (not outs or not all(isinstance(o, fake_tensor_type) and o.numel() <= contents_elements for o in outs)
-                    or nondeterministic_tag in func.tags or any(word in base for word in contents_excluded)):
+                    or nondeterministic_tag in func.tags or base in contents_excluded
+                    or any(part in base for part in contents_excluded_parts)):
                 return []
             reals, used = [], {}
             try:
@@ -974,7 +1014,7 @@ def _make_recorder_class(torch):
             try:
                 computed = self._on_contents(func, args, kwargs)
             except LookupError:
-                return self._shaped_by_mask(func, args, device)
+                return self._shaped_by_mask(func, args, kwargs, device)
 
             def fake_like(t):
                 if not isinstance(t, torch.Tensor):
@@ -984,9 +1024,23 @@ def _make_recorder_class(torch):
 
             return tree_map(fake_like, computed)
 
-        def _shaped_by_mask(self, func, args, device):
+        def _shaped_by_mask(self, func, args, kwargs, device):
             """``x[mask]`` and ``masked_select(x, mask)`` of an unknown ``x``: their shapes need
-            only the mask's contents. None when the mask is unknown too."""
+            only the mask's contents. None when the mask is unknown too. And bincount of unknown
+            values with a minlength (a mixture of experts' load count): its values are taken to be
+            below minlength, so it has minlength bins."""
+            if func is aten.bincount.default and args:
+                weights = kwargs.get("weights", args[1] if len(args) > 1 else None)
+                minlength = kwargs.get("minlength", args[2] if len(args) > 2 else 0)
+                if not minlength:
+                    return None
+                self.say_once("bincount", "of values the capture does not know has minlength bins (its values are taken to be below minlength)",
+                              trace_note="of unknown values: minlength bins")
+                with disable_modes():
+                    made = torch.bincount(torch.zeros(0, dtype=torch.long), None if weights is None else torch.zeros(0, dtype=weights.dtype),
+                                          minlength=minlength)
+                with self.fake_mode:
+                    return torch.empty(tuple(made.shape), dtype=made.dtype, device=device)
             def mask_contents(m):
                 if isinstance(m, torch.Tensor) and m.dtype in (torch.bool, torch.uint8):
                     return self._contents_of(m)
@@ -1042,13 +1096,31 @@ def _make_recorder_class(torch):
             with disable_modes(), torch.no_grad():
                 return func(*tree_args, **tree_kwargs)
 
+        def known_of(self, tensor):
+            """What ``tensor`` is known to hold (a number, or its contents), or None. A tensor that
+            took another storage since (``t.data = other``, swap_tensors: no op the mode sees) is
+            unknown."""
+            entry = self.known_values.get(tensor)
+            if entry is None:
+                return None
+            value, key = entry
+            if key is not None:
+                try:
+                    moved = tensor.untyped_storage()._cdata != key
+                except Exception:  # noqa: BLE001
+                    moved = True
+                if moved:
+                    self.known_values.pop(tensor, None)
+                    return None
+            return value
+
         def _contents_of(self, x):
             """All of ``x``'s elements as a CPU tensor of its shape and dtype, if known and small."""
             if x.is_sparse or x.numel() > contents_elements:
                 return None
             if not isinstance(x, fake_tensor_type):
                 return x  # a real tensor: its own data
-            known = self.known_values.get(x)
+            known = self.known_of(x)
             if known is None or isinstance(known, torch.Tensor):
                 return known
             with disable_modes():
@@ -1057,7 +1129,7 @@ def _make_recorder_class(torch):
         def _known_result(self, func, base, args, kwargs, out):
             def value_of(x):
                 if isinstance(x, fake_tensor_type):
-                    known = self.known_values.get(x)
+                    known = self.known_of(x)
                     return None if isinstance(known, torch.Tensor) else known  # (contents: not one value)
                 if isinstance(x, torch.Tensor):
                     # A real tensor (token ids made with torch.tensor, moved to fake CUDA): known
@@ -1088,8 +1160,8 @@ def _make_recorder_class(torch):
                     return elements == test
                 whole = len(args) > 1 and all(isinstance(a, torch.Tensor) and self._contents_of(a) is not None for a in args[:2])
                 return None if whole else False  # (both followed whole: computed on their contents)
-            if base in assumed_false:
-                return False
+            if base in assumed_false and value_of(args[0]) is None and self._contents_of(args[0]) is None:
+                return False  # (known values are tested as they are: a causal mask's -inf)
             if base in constants:
                 return constants[base]
             if base in fills:
@@ -1142,17 +1214,17 @@ def _make_recorder_class(torch):
             with disable_modes():
                 flat = real.detach().reshape(-1)
                 uniform = not real.is_complex() and bool((flat == flat[0]).all())
-                self.known_values[fake] = flat[0].item() if uniform else real.detach().clone()
+                self._know(fake, flat[0].item() if uniform else real.detach().clone())
 
         def known_contents(self, tensor):
             """A fake tensor's contents as a real CPU tensor, when known (Note [Known values])."""
-            if tensor not in self.known_values:
+            if self.known_of(tensor) is None:
                 return None
             self.say_once("known values", KNOWN_VALUES_SAID)
             return self._contents_of(tensor)
 
         def _scalar(self, func, args):
-            value = self.known_values.get(args[0]) if isinstance(args[0], fake_tensor_type) else None
+            value = self.known_of(args[0]) if isinstance(args[0], fake_tensor_type) else None
             if isinstance(value, torch.Tensor):
                 with disable_modes():
                     value = value.item()  # (followed whole: a one-element tensor's element)
@@ -1173,7 +1245,9 @@ def _make_recorder_class(torch):
             """``value`` as the Python number a read of ``tensor`` gives."""
             if tensor.dtype == torch.bool:
                 return bool(value)
-            if tensor.dtype.is_floating_point or tensor.dtype.is_complex:
+            if tensor.dtype.is_complex:
+                return complex(value)
+            if tensor.dtype.is_floating_point:
                 return float(value)
             return int(value)
 
@@ -1247,6 +1321,23 @@ def _dropout(func, args, kwargs):
         if a.name == "dropout_p":
             return (args[i] if i < len(args) else kwargs.get("dropout_p", 0.0)) > 0.0
     return False
+
+
+def _in_dtype(torch, dtype, value):
+    """``value`` as an element of ``dtype`` holds it: rounded to a float's precision (0.1 in
+    float32, 257 in bfloat16, past the range inf), an integer truncated and wrapped as a cast
+    wraps it (400 in int8 is -112)."""
+    if dtype == torch.bool:
+        return bool(value)
+    if dtype.is_complex:
+        return complex(torch.tensor(complex(value), dtype=dtype, device="cpu").item())
+    if dtype.is_floating_point:
+        return torch.tensor(float(value), dtype=torch.float64, device="cpu").to(dtype).item()
+    bits = torch.iinfo(dtype).bits
+    number = int(value)
+    if torch.iinfo(dtype).min == 0:
+        return number % (1 << bits)
+    return (number + (1 << (bits - 1))) % (1 << bits) - (1 << (bits - 1))
 
 
 def _round_up(x, m):
@@ -1687,6 +1778,42 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
         return moved.requires_grad_() if requires_grad else moved
 
     return construct
+
+
+def _fake_deep_copies(torch, patches):
+    """``copy.deepcopy`` of a fake CUDA tensor (``best = deepcopy(model.state_dict())``). torch's
+    copies the storage and ``set_``s a ``new_empty([])`` onto it; on fake tensors FakeTensorMode's
+    dispatch cache keys that set_ on the storage and keeps it alive for good (each copy leaked),
+    and freeing such storages crashes the interpreter. The copy here makes what a device run
+    allocates without set_: one buffer of the storage's size per storage copied (tensors sharing
+    one share the copy), then the new_empty that set_ frees, with the tensor a view of the buffer."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    original = torch.Tensor.__deepcopy__
+
+    def deepcopy(self, memo):
+        if (type(self) is not fake_type or self.device.type != "cuda" or id(self) in memo or not self.is_leaf
+                or self.is_sparse or self.is_quantized or self.is_conj() or self.is_neg()):
+            return original(self, memo)
+        with torch.no_grad():
+            storage = self.untyped_storage()
+            key = ("allocbench deep copy of storage", storage._cdata)
+            buffer = memo.get(key)
+            if buffer is None:
+                buffer = memo[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=self.device)
+            torch.empty((), dtype=self.dtype, device=self.device)  # new_empty([]), freed by set_
+            whole = buffer[: buffer.numel() - buffer.numel() % self.element_size()]
+            copied = whole.view(self.dtype).as_strided(self.shape, self.stride(), self.storage_offset()).detach()
+        if self.requires_grad:
+            copied.requires_grad_()
+        if self.grad is not None:
+            copied.grad = copy.deepcopy(self.grad, memo)
+        for name, value in vars(self).items():
+            if name not in vars(copied):  # the script's own attributes; the fake tensor's are the copy's
+                vars(copied)[name] = copy.deepcopy(value, memo)
+        memo[id(self)] = copied
+        return copied
+
+    patches.set(torch.Tensor, "__deepcopy__", deepcopy)
 
 
 def _sequence_indices(torch, patches, tensor):
@@ -2696,6 +2823,7 @@ def _fake_cuda_api(torch, patches, recorder):
 
     patches.set(torch.Tensor, "new_tensor", new_tensor)
     _sequence_indices(torch, patches, tensor)
+    _fake_deep_copies(torch, patches)
     # nn.MultiheadAttention and TransformerEncoderLayer in inference take a fused fast path whose
     # kernels allocate their intermediates inside, where a fake run sees only the outputs: run
     # their unfused ops, the same maths with its buffers recorded (and no nested tensors).

@@ -425,10 +425,11 @@ fn known_values_answer_reads_without_scalar_value() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "known 5\n", "the loop ran to its max length");
     assert_eq!(err.matches("known values answer reads").count(), 1, "{err}");
     assert_eq!(steps(&events(&trace)), [1, 2, 3, 4, 5, 6, 7]);
-    // Overwritten with an unknown value, or written through a view, a tensor is unknown again:
+    // Overwritten with an unknown value, or written through a view or another alias of its
+    // storage, a tensor is unknown again:
     // reading it is the usual error, naming its line.
     let source = std::fs::read_to_string(&script).unwrap();
-    for case in ["overwrite", "through_view"] {
+    for case in ["overwrite", "through_view", "alias", "data"] {
         let (out, _) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{case}: {err}");
