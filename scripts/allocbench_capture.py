@@ -511,9 +511,11 @@ def _make_recorder_class(torch):
     pointwise_untagged = {"floor_divide"}  # elementwise, but without the tag
     pointwise_tag = torch.Tag.pointwise
     full_reductions = {aten.max.default, aten.min.default}
+    view_dtype = aten.view.dtype  # (reinterprets the bits: not the same value)
     disable_modes = torch.utils._python_dispatch._disable_current_modes
     # What can know a value with nothing known yet (a real tensor's moves included).
-    value_sources = assumed_false | set(fills) | set(constants) | {"_to_copy", "copy", "lift_fresh", "arange", "eye"}
+    value_sources = assumed_false | set(fills) | set(constants) | {
+        "_to_copy", "copy", "lift_fresh", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
 
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
@@ -897,19 +899,37 @@ def _make_recorder_class(torch):
                     # A healthy run finds no Inf or NaN: found_inf keeps its value (0), so
                     # _amp_update_scale_ then grows the scale as on the device.
                     outputs = [(args[1], self.known_of(args[1]))]
+                elif base not in value_sources and not self._any_operand_known(args, kwargs):
+                    outputs = []  # (the usual op: nothing it reads is known, so neither is its output)
                 else:
                     value = self._known_result(func, base, args, kwargs, out)
                     outputs = [(out, value)] if value is not None else self._known_contents(func, base, args, kwargs, out)
-            except Exception:
-                outputs = []  # (an op this bookkeeping cannot follow: the value is unknown)
-            for pos, arg_name in self._written_arg_positions(func):
-                arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
-                for leaf in tree_leaves(arg):
-                    if isinstance(leaf, torch.Tensor):
-                        self._forget_storage_of(leaf)
-            for leaf, value in outputs:
-                if value is not None and isinstance(leaf, torch.Tensor):
-                    self._know(leaf, value)
+                for pos, arg_name in self._written_arg_positions(func):
+                    arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
+                    for leaf in tree_leaves(arg):
+                        if isinstance(leaf, torch.Tensor):
+                            self._forget_storage_of(leaf)
+                for leaf, value in outputs:
+                    if value is not None and isinstance(leaf, fake_tensor_type):
+                        self._know(leaf, value)
+            except Exception:  # noqa: BLE001 - (an op this bookkeeping cannot follow: unknown)
+                for pos, arg_name in self._written_arg_positions(func):
+                    arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
+                    for leaf in tree_leaves(arg):
+                        if isinstance(leaf, torch.Tensor):
+                            self.known_values.pop(leaf, None)
+
+        def _any_operand_known(self, args, kwargs):
+            """Whether an operand (a tensor argument, or one in a list of them) may have a known value."""
+            known = self.known_values
+            for arg in itertools.chain(args, kwargs.values()):
+                for x in (arg if isinstance(arg, (list, tuple)) else (arg,)):
+                    if isinstance(x, fake_tensor_type):
+                        if x in known:
+                            return True
+                    elif isinstance(x, torch.Tensor) and x.numel() <= contents_elements:
+                        return True  # a small real tensor: its data is there
+            return False
 
         def _know(self, tensor, value):
             """``tensor`` holds ``value`` (a number throughout, as its dtype holds it, or its
@@ -922,8 +942,8 @@ def _make_recorder_class(torch):
                 try:
                     with disable_modes():
                         value = _in_dtype(torch, tensor.dtype, value)
-                except (ValueError, OverflowError, TypeError):
-                    return  # (NaN or inf cast to an integer: no defined value)
+                except Exception:  # noqa: BLE001 - (NaN cast to an integer, a dtype torch cannot fill: unknown)
+                    return
             self.known_values[tensor] = (value, key)
             if key is None:
                 return
@@ -997,9 +1017,7 @@ def _make_recorder_class(torch):
                         continue
                     if real._is_view() and reals:
                         real = real.clone()  # (never an alias of the script's own tensors)
-                    flat = real.reshape(-1)
-                    uniform = real.numel() and not real.is_complex() and bool((flat == flat[0]).all())
-                    followed.append((fake, flat[0].item() if uniform else real))
+                    followed.append((fake, _one_value_or_contents(real)))
             return followed
 
         def _shaped_by_contents(self, func, args, kwargs, leaves):
@@ -1015,6 +1033,8 @@ def _make_recorder_class(torch):
                 computed = self._on_contents(func, args, kwargs)
             except LookupError:
                 return self._shaped_by_mask(func, args, kwargs, device)
+            except Exception:  # noqa: BLE001 - (no CPU kernel for this dtype: the shape stays unknown)
+                return None
 
             def fake_like(t):
                 if not isinstance(t, torch.Tensor):
@@ -1155,11 +1175,11 @@ def _make_recorder_class(torch):
                 return None if chosen is None else self._as_dtype_of(out, chosen)
             if base == "isin":
                 # Both sides known: compute it; otherwise nothing is found (the assumption).
-                elements, test = (value_of(a) for a in args[:2]) if len(args) > 1 else (None, None)
-                if elements is not None and test is not None:
-                    return elements == test
-                whole = len(args) > 1 and all(isinstance(a, torch.Tensor) and self._contents_of(a) is not None for a in args[:2])
-                return None if whole else False  # (both followed whole: computed on their contents)
+                invert = bool(kwargs.get("invert", args[3] if len(args) > 3 else False))
+                whole = len(args) > 1 and all(
+                    not isinstance(a, torch.Tensor) or self._contents_of(a) is not None for a in args[:2])
+                # (both known: computed on their contents, as torch computes it)
+                return None if whole else invert
             if base in assumed_false and value_of(args[0]) is None and self._contents_of(args[0]) is None:
                 return False  # (known values are tested as they are: a causal mask's -inf)
             if base in constants:
@@ -1170,7 +1190,7 @@ def _make_recorder_class(torch):
             first = value_of(args[1] if base == "copy" else args[0])  # copy(self, src): src's value
             if first is None:
                 return None
-            if base in keeps_value or func in full_reductions:
+            if (base in keeps_value and func is not view_dtype) or func in full_reductions:
                 return first
             if base in reductions:
                 return reductions[base](first) if args[0].numel() else None
@@ -1202,8 +1222,8 @@ def _make_recorder_class(torch):
             pointwise = self.pointwise_ops.get(func)
             if pointwise is None:
                 functional = getattr(getattr(aten, base, None), func._overloadname, None)
-                pointwise = base in pointwise_untagged or any(
-                    pointwise_tag in op.tags for op in (func, functional) if op is not None)
+                pointwise = nondeterministic_tag not in func.tags and (base in pointwise_untagged or any(
+                    pointwise_tag in op.tags for op in (func, functional) if op is not None))
                 self.pointwise_ops[func] = pointwise
             return pointwise
 
@@ -1211,17 +1231,24 @@ def _make_recorder_class(torch):
             """``fake`` holds ``real``'s values (a checkpoint's tensor loaded onto fake CUDA)."""
             if not self.fake or real.is_sparse or not 0 < real.numel() <= contents_elements:
                 return
-            with disable_modes():
-                flat = real.detach().reshape(-1)
-                uniform = not real.is_complex() and bool((flat == flat[0]).all())
-                self._know(fake, flat[0].item() if uniform else real.detach().clone())
+            with self.lock, disable_modes():
+                self._know(fake, _one_value_or_contents(real.detach().clone()))
+
+        def copy_known(self, source, copy):
+            """``copy`` holds what ``source`` is known to hold (a deep copy)."""
+            with self.lock:
+                known = self.known_of(source)
+                if known is not None:
+                    with disable_modes():
+                        self._know(copy, known.clone() if isinstance(known, torch.Tensor) else known)
 
         def known_contents(self, tensor):
             """A fake tensor's contents as a real CPU tensor, when known (Note [Known values])."""
-            if self.known_of(tensor) is None:
-                return None
-            self.say_once("known values", KNOWN_VALUES_SAID)
-            return self._contents_of(tensor)
+            with self.lock:
+                if self.known_of(tensor) is None:
+                    return None
+                self.say_once("known values", KNOWN_VALUES_SAID)
+                return self._contents_of(tensor)
 
         def _scalar(self, func, args):
             value = self.known_of(args[0]) if isinstance(args[0], fake_tensor_type) else None
@@ -1321,6 +1348,21 @@ def _dropout(func, args, kwargs):
         if a.name == "dropout_p":
             return (args[i] if i < len(args) else kwargs.get("dropout_p", 0.0)) > 0.0
     return False
+
+
+def _view_of_buffer(buffer, like):
+    """A tensor of ``like``'s dtype, shape, strides and offset over the byte buffer ``buffer``
+    (one allocation standing for ``like``'s storage)."""
+    whole = buffer[: buffer.numel() - buffer.numel() % like.element_size()]
+    return whole.view(like.dtype).as_strided(like.shape, like.stride(), like.storage_offset())
+
+
+def _one_value_or_contents(real):
+    """A real tensor's known value: its one number when every element is it, else the tensor."""
+    flat = real.reshape(-1)
+    if real.numel() and not real.is_complex() and bool((flat == flat[0]).all()):
+        return flat[0].item()
+    return real
 
 
 def _in_dtype(torch, dtype, value):
@@ -1780,7 +1822,7 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
     return construct
 
 
-def _fake_deep_copies(torch, patches):
+def _fake_deep_copies(torch, patches, recorder):
     """``copy.deepcopy`` of a fake CUDA tensor (``best = deepcopy(model.state_dict())``). torch's
     copies the storage and ``set_``s a ``new_empty([])`` onto it; on fake tensors FakeTensorMode's
     dispatch cache keys that set_ on the storage and keeps it alive for good (each copy leaked),
@@ -1801,8 +1843,8 @@ def _fake_deep_copies(torch, patches):
             if buffer is None:
                 buffer = memo[key] = torch.empty(storage.nbytes(), dtype=torch.uint8, device=self.device)
             torch.empty((), dtype=self.dtype, device=self.device)  # new_empty([]), freed by set_
-            whole = buffer[: buffer.numel() - buffer.numel() % self.element_size()]
-            copied = whole.view(self.dtype).as_strided(self.shape, self.stride(), self.storage_offset()).detach()
+            copied = _view_of_buffer(buffer, self).detach()
+            recorder.copy_known(self, copied)
         if self.requires_grad:
             copied.requires_grad_()
         if self.grad is not None:
@@ -1825,13 +1867,20 @@ def _sequence_indices(torch, patches, tensor):
     fake_type = torch._subclasses.fake_tensor.FakeTensor
     original_getitem, original_setitem = torch.Tensor.__getitem__, torch.Tensor.__setitem__
 
+    def holds_tensors(item):
+        return isinstance(item, torch.Tensor) or (
+            isinstance(item, (list, tuple)) and any(holds_tensors(v) for v in item))
+
     def index_tensor(item, device):
-        if isinstance(item, range) or (isinstance(item, list) and all(type(v) in (int, bool) for v in item)):
-            values = list(item)
-            # Byte (bool) when every element is a bool, else Long, as indexing_tensor_from_data infers.
-            dtype = torch.bool if values and all(type(v) is bool for v in values) else torch.long
-            return tensor(values, dtype=dtype, device=device)
-        return item
+        if not isinstance(item, (list, range)) or holds_tensors(item):
+            return item  # (tensors in a list: PyTorch's own path stacks them on their device)
+        try:
+            host = torch.tensor(item, device="cpu")  # numbers, numpy scalars, nested lists
+        except (TypeError, ValueError, RuntimeError):
+            return item  # (what PyTorch refuses, it refuses with its own error)
+        # Bool and Byte stay masks, anything else becomes Long, as indexing_tensor_from_data makes it.
+        dtype = host.dtype if host.dtype in (torch.bool, torch.uint8) else torch.long
+        return tensor(host.to(dtype), device=device)
 
     def on_device(self, index):
         if not isinstance(self, fake_type) or self.device.type != "cuda":
@@ -1859,19 +1908,30 @@ def _rnns_without_cudnn(torch, patches, recorder):
     those kernels' (per-layer gate buffers), not cuDNN's workspace and reserve. Convolutions
     keep cuDNN's path."""
     fake_type = torch._subclasses.fake_tensor.FakeTensor
+    # The flag is the process's: RNNs running at once (on threads) turn it off once, and the
+    # last to finish restores what it was.
+    lock, running, before = threading.Lock(), [0], [True]
+
     for cls in (torch.nn.RNN, torch.nn.LSTM, torch.nn.GRU):
 
         def forward(self, *args, _original=cls.forward, **kwargs):
             weight = next(iter(self._flat_weights), None) if getattr(self, "_flat_weights", None) else None
-            if not isinstance(weight, fake_type) or weight.device.type != "cuda" or not torch.backends.cudnn.enabled:
+            if not isinstance(weight, fake_type) or weight.device.type != "cuda":
                 return _original(self, *args, **kwargs)
             recorder.say_once("RNNs", "run PyTorch's non-cuDNN kernels on fake CUDA (cuDNN's RNN needs the driver): their buffers are those kernels'",
                               trace_note="PyTorch's non-cuDNN kernels (cuDNN's RNN needs the driver)")
-            torch.backends.cudnn.enabled = False
+            with lock:
+                if not running[0]:
+                    before[0] = torch.backends.cudnn.enabled
+                    torch.backends.cudnn.enabled = False
+                running[0] += 1
             try:
                 return _original(self, *args, **kwargs)
             finally:
-                torch.backends.cudnn.enabled = True
+                with lock:
+                    running[0] -= 1
+                    if not running[0]:
+                        torch.backends.cudnn.enabled = before[0]
 
         patches.set(cls, "forward", forward)
 
@@ -2473,8 +2533,7 @@ def _fake_cuda_serialization(torch, patches, recorder):
             if base is None:
                 base = moved[storage._cdata] = torch.empty(storage.nbytes(), dtype=torch.uint8, device="cuda")
             # Views of the one allocation (set_ onto a fake storage would keep it alive for good).
-            whole = base[: base.numel() - base.numel() % t.element_size()]
-            out = whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+            out = _view_of_buffer(base, t)
             out = torch.nn.Parameter(out, t.requires_grad) if isinstance(t, torch.nn.Parameter) else out
             # A small tensor keeps its values (an optimizer's step count mapped to CUDA, read by
             # the first step): Note [Known values].
@@ -2510,8 +2569,7 @@ def _fake_cuda_serialization(torch, patches, recorder):
                 make = torch.empty if nbytes >= 64 << 20 else torch.zeros
                 base = zeros[key] = make(nbytes, dtype=torch.uint8)
                 device_of[base.untyped_storage()._cdata] = str(t.device)
-            whole = base[: base.numel() - base.numel() % t.element_size()]
-            return whole.view(t.dtype).as_strided(t.shape, t.stride(), t.storage_offset())
+            return _view_of_buffer(base, t)
 
     def reduce_fake(t, protocol):
         if getattr(saving, "current", None) is None:
@@ -2529,26 +2587,35 @@ def _fake_cuda_serialization(torch, patches, recorder):
         return tag or original_tag(storage)
 
     started = time.time()
-    kept = set()
-
-    def holds_fake(obj):
-        if isinstance(obj, torch.nn.Module):
-            return any(isinstance(t, fake_type) for t in itertools.chain(obj.parameters(), obj.buffers()))
-        return any(isinstance(t, fake_type) for t in torch.utils._pytree.tree_leaves(obj))
+    kept, written = set(), set()
 
     def save(obj, f, *args, **kwargs):
         # A file that was there before the capture (the user's checkpoint) is not replaced by
-        # one that holds zeros for its CUDA tensors: the save is skipped, and said once per file.
-        path = os.fspath(f) if isinstance(f, (str, os.PathLike)) else None
-        if path is not None and os.path.isfile(path) and os.path.getmtime(path) < started and holds_fake(obj):
-            if path not in kept:
-                kept.add(path)
-                print(f"allocbench capture: left {path} as it was: it predates the capture, and a save of fake CUDA tensors holds zeros", file=sys.stderr)
-            return None
+        # one that holds zeros for its fake tensors: the save goes to a file beside it, which
+        # replaces it only when no fake storage was written (said once per file). A file object
+        # is the script's own to guard.
+        path = os.fsdecode(os.fspath(f)) if isinstance(f, (str, bytes, os.PathLike)) else None
+        guarded = (path is not None and path not in written and os.path.isfile(path)
+                   and os.path.getmtime(path) < started)
+        target = f"{path}.allocbench-{os.getpid()}.tmp" if guarded else f
         outer = getattr(saving, "current", None)
         saving.current = ({}, {})
         try:
-            return original_save(torch.utils._pytree.tree_map(zeros_like_fake, obj), f, *args, **kwargs)
+            result = original_save(torch.utils._pytree.tree_map(zeros_like_fake, obj), target, *args, **kwargs)
+            if guarded and saving.current[0]:
+                os.remove(target)
+                if path not in kept:
+                    kept.add(path)
+                    print(f"allocbench capture: left {path} as it was: it predates the capture, and a save of fake CUDA tensors holds zeros", file=sys.stderr)
+            elif guarded:
+                os.replace(target, path)
+            if path is not None and not (guarded and path in kept):
+                written.add(path)
+            return result
+        except BaseException:
+            if guarded and os.path.exists(target):
+                os.remove(target)
+            raise
         finally:
             saving.current = outer
 
@@ -2823,7 +2890,7 @@ def _fake_cuda_api(torch, patches, recorder):
 
     patches.set(torch.Tensor, "new_tensor", new_tensor)
     _sequence_indices(torch, patches, tensor)
-    _fake_deep_copies(torch, patches)
+    _fake_deep_copies(torch, patches, recorder)
     # nn.MultiheadAttention and TransformerEncoderLayer in inference take a fused fast path whose
     # kernels allocate their intermediates inside, where a fake run sees only the outputs: run
     # their unfused ops, the same maths with its buffers recorded (and no nested tensors).
@@ -2909,10 +2976,15 @@ def _fake_cuda_api(torch, patches, recorder):
 
     def numpy(self, *args, **kwargs):
         if isinstance(self, fake_type):
+            force = kwargs.get("force", args[0] if args else False)
+            if self.device.type != "cpu" and not force:
+                raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the tensor to host memory first.")
+            if self.requires_grad and not force:
+                raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
             contents = recorder.known_contents(self)
             if contents is None:
                 raise FakeValueNeeded("Tensor.numpy()", on_cpu=self.device.type == "cpu")
-            return original_numpy(contents.clone(), *args, **kwargs)
+            return original_numpy(contents.clone())
         return original_numpy(self, *args, **kwargs)
 
     patches.set(torch.Tensor, "numpy", numpy)

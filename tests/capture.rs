@@ -540,6 +540,11 @@ fn a_resumed_run_reads_its_checkpoints_step_counts_and_keeps_the_file() {
     assert_eq!(steps(&events(&trace)), [1, 2]);
     assert!(err.contains(&format!("left {} as it was", checkpoint.display())), "{err}");
     assert!(std::fs::read(&checkpoint).unwrap() == before, "the user's checkpoint was overwritten");
+    // Saved as a whole module inside a dict, the file is kept too, and no file is left beside it.
+    let (out, _) = capture(dir.path(), "w.csv", &[], &[&script, checkpoint.to_str().unwrap(), "whole"]);
+    assert!(out.status.success() && stderr(&out).contains("as it was"), "{}", stderr(&out));
+    assert!(std::fs::read(&checkpoint).unwrap() == before, "a module inside a dict overwrote the checkpoint");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count(), 0);
     // A file the capture made itself is written as before.
     let fresh = dir.path().join("fresh.pt");
     let (out, _) = capture(dir.path(), "f.csv", &[], &[&script, fresh.to_str().unwrap()]);
