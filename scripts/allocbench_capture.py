@@ -543,6 +543,7 @@ def _make_recorder_class(torch):
             self.annotate = bool(os.environ.get("ALLOCBENCH_CAPTURE_OPS"))
             self.pointwise_ops = {}  # op -> whether it is elementwise (Note [Known values])
             self.known_by_storage = {}  # storage -> {id: weak reference} of the known tensors viewing it
+            self.known_stores = 0
             self.current_op = ""
             self.implicit_ops = {}  # OpOverload -> has a C++ CompositeImplicitAutograd kernel
             self.backend_ops = {}  # (OpOverload, device type) -> has a kernel of that backend
@@ -947,15 +948,21 @@ def _make_recorder_class(torch):
             self.known_values[tensor] = (value, key)
             if key is None:
                 return
-            holders = self.known_by_storage.setdefault(key, {})
-            holders[id(tensor)] = weakref.ref(tensor, lambda _, key=key, ident=id(tensor): self._drop_holder(key, ident))
+            # The reference first: making it may collect garbage, and a holder of this storage
+            # dying then must not drop the index entry between its lookup and this insert.
+            ref = weakref.ref(tensor, lambda _, key=key, ident=id(tensor): self._drop_holder(key, ident))
+            self.known_by_storage.setdefault(key, {})[id(tensor)] = ref
+            self.known_stores += 1
+            if not self.known_stores % 4096:
+                for emptied in [k for k, holders in self.known_by_storage.items() if not holders]:
+                    self.known_by_storage.pop(emptied, None)
 
         def _drop_holder(self, key, ident):
+            # (A weak reference's callback: it runs on whichever thread drops the tensor, without
+            # the lock, so it only removes its own entry; emptied storages are pruned in _know.)
             holders = self.known_by_storage.get(key)
             if holders is not None:
                 holders.pop(ident, None)
-                if not holders:
-                    del self.known_by_storage[key]
 
         def _forget_storage_of(self, tensor):
             """A write to ``tensor``: it, and every view of its storage (`t[i] = v` writes t; t2 =
