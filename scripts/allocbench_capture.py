@@ -905,20 +905,17 @@ def _make_recorder_class(torch):
                 else:
                     value = self._known_result(func, base, args, kwargs, out)
                     outputs = [(out, value)] if value is not None else self._known_contents(func, base, args, kwargs, out)
-                for pos, arg_name in self._written_arg_positions(func):
-                    arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
-                    for leaf in tree_leaves(arg):
-                        if isinstance(leaf, torch.Tensor):
-                            self._forget_storage_of(leaf)
-                for leaf, value in outputs:
-                    if value is not None and isinstance(leaf, fake_tensor_type):
-                        self._know(leaf, value)
             except Exception:  # noqa: BLE001 - (an op this bookkeeping cannot follow: unknown)
-                for pos, arg_name in self._written_arg_positions(func):
-                    arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
-                    for leaf in tree_leaves(arg):
-                        if isinstance(leaf, torch.Tensor):
-                            self.known_values.pop(leaf, None)
+                outputs = []
+            # (_forget_storage_of and _know raise nothing: a tensor they cannot place is unknown)
+            for pos, arg_name in self._written_arg_positions(func):
+                arg = args[pos] if pos < len(args) else kwargs.get(arg_name)
+                for leaf in tree_leaves(arg):
+                    if isinstance(leaf, torch.Tensor):
+                        self._forget_storage_of(leaf)
+            for leaf, value in outputs:
+                if value is not None and isinstance(leaf, fake_tensor_type):
+                    self._know(leaf, value)
 
         def _any_operand_known(self, args, kwargs):
             """Whether an operand (a tensor argument, or one in a list of them) may have a known value."""
@@ -1161,11 +1158,11 @@ def _make_recorder_class(torch):
                 if isinstance(x, torch.Tensor):
                     # A real tensor (token ids made with torch.tensor, moved to fake CUDA): known
                     # when small and every element is the same.
-                    if x.is_sparse or not 0 < x.numel() <= contents_elements or x.dtype.is_complex:
+                    if x.is_sparse or x.numel() > contents_elements:
                         return None
                     with disable_modes():  # read the real data, past this mode and fake ones
-                        first = x.reshape(-1)[0]
-                        return first.item() if bool((x == first).all()) else None
+                        value = _one_value_or_contents(x)
+                    return None if isinstance(value, torch.Tensor) else value
                 return x if isinstance(x, (bool, int, float)) else None
 
             if base in ("where", "masked_fill") and len(args) == 3 and isinstance(out, torch.Tensor):
