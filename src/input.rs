@@ -176,6 +176,12 @@ impl Source {
 
     /// `None` means the embedded default input: the captured GPT-3 XL training trace.
     pub fn open(path: Option<&Path>) -> anyhow::Result<Source> {
+        Source::open_snapshot_device(path, None)
+    }
+
+    /// [`Source::open`]; a PyTorch snapshot gives device `snapshot_device`'s history (`None`: the
+    /// first recorded), and any other input refuses a device.
+    pub fn open_snapshot_device(path: Option<&Path>, snapshot_device: Option<usize>) -> anyhow::Result<Source> {
         let Some(path) = path else {
             return Ok(Source::Embedded);
         };
@@ -186,9 +192,14 @@ impl Source {
         let named = if crate::trace::csv::is_gzip_name(path) { path.with_extension("") } else { path.to_path_buf() };
         let ext = named.extension().and_then(|e| e.to_str()).unwrap_or("").to_ascii_lowercase();
         match ext.as_str() {
+            _ if snapshot_device.is_some() && !matches!(ext.as_str(), "pickle" | "pkl" | "json") => Err(InputError::new(
+                "--snapshot-device",
+                format!("{} is not a PyTorch memory snapshot (.pickle or .json): only a snapshot holds several devices' histories", path.display()),
+            )
+            .into()),
             "toml" => Ok(Source::Workload(Box::new(Workload::load(path)?))),
             "pickle" | "pkl" | "json" => {
-                let t = crate::trace::snapshot::import_snapshot(path)?;
+                let t = crate::trace::snapshot::import_snapshot_of_device(path, snapshot_device)?;
                 Ok(Source::Imported(Box::new(t), path.to_path_buf()))
             }
             "csv" if crate::trace::snapshot::is_rmm_log(path) => {

@@ -559,13 +559,53 @@ fn the_imported_device_is_named() {
     let history = r#"[{"action": "alloc", "addr": 4096, "size": 1048576, "stream": 0}]"#;
     for (name, traces, says) in [
         ("second.json", format!("[[], {history}]"), "imported device 1's history (the only one recorded)"),
-        ("both.json", format!("[{history}, {history}]"), "2 devices have histories: imported device 0's, the first (the others are not replayed)"),
+        (
+            "both.json",
+            format!("[{history}, {history}]"),
+            "2 devices have histories: imported device 0's, the first (the others are not replayed; --snapshot-device N picks another)",
+        ),
     ] {
         let p = dir.path().join(name);
         std::fs::write(&p, format!(r#"{{"segments": [], "device_traces": {traces}}}"#)).unwrap();
         let t = import_snapshot(&p).unwrap();
         assert!(t.notes.iter().any(|n| n == says), "{name}: {:?}", t.notes);
     }
+}
+
+/// `--snapshot-device N` picks another device's history of a snapshot of several GPUs, in the
+/// importer and on the command line; a device without one, or the flag on a trace, is refused
+/// with the devices that have one.
+#[test]
+fn another_device_is_picked_with_snapshot_device() {
+    use allocbench::trace::snapshot::import_snapshot_of_device;
+    let dir = tempfile::tempdir().unwrap();
+    let one = r#"[{"action": "alloc", "addr": 4096, "size": 1048576, "stream": 0}]"#;
+    let two = r#"[{"action": "alloc", "addr": 8192, "size": 2097152, "stream": 0}, {"action": "free_completed", "addr": 8192, "size": 2097152, "stream": 0}]"#;
+    let both = dir.path().join("both.json");
+    std::fs::write(&both, format!(r#"{{"segments": [], "device_traces": [{one}, [], {two}]}}"#)).unwrap();
+    let first = import_snapshot_of_device(&both, None).unwrap();
+    assert_eq!(first.events, import_snapshot(&both).unwrap().events);
+    assert!(matches!(first.events[..], [Event::Alloc { bytes: 1048576, .. }]), "{:?}", first.events);
+    assert!(first.notes.iter().any(|n| n.contains("imported device 0's, the first") && n.contains("--snapshot-device N")), "{:?}", first.notes);
+    let third = import_snapshot_of_device(&both, Some(2)).unwrap();
+    assert!(matches!(third.events[..], [Event::Alloc { bytes: 2097152, .. }, Event::Free { .. }]), "{:?}", third.events);
+    assert!(third.notes.iter().any(|n| n == "imported device 2's history (--snapshot-device)"), "{:?}", third.notes);
+    for d in [1, 3] {
+        let e = import_snapshot_of_device(&both, Some(d)).unwrap_err().to_string();
+        assert!(e.contains(&format!("no history for device {d} (devices with one: 0, 2)")), "{e}");
+    }
+
+    let csv = dir.path().join("device2.csv");
+    let (code, _, err) = allocbench(&["trace", both.to_str().unwrap(), "--snapshot-device", "2", "-o", csv.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(text.contains(",2097152,") && !text.contains(",1048576,"), "{text}");
+    let (code, _, err) = allocbench(&["replay", both.to_str().unwrap(), "--snapshot-device", "1"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("no history for device 1") && err.trim().lines().count() == 1, "{err}");
+    let (code, _, err) = allocbench(&["replay", csv.to_str().unwrap(), "--snapshot-device", "0"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--snapshot-device") && err.contains("is not a PyTorch memory snapshot"), "{err}");
 }
 
 /// A block whose free waited for another stream's work completes inside a malloc's retry

@@ -20,6 +20,9 @@ use crate::results::{Backend, GpuRunResult, ResultRecord};
 pub struct ReplayArgs {
     /// A trace (.csv) or workload (.toml).
     pub input: PathBuf,
+    /// A PyTorch snapshot of several GPUs: replay device N's history (default: the first recorded).
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
     /// GPU allocator policy: pytorch, nocache, ideal, or async (CUDA's pool; --device cuda).
     #[arg(long, default_value = "pytorch")]
     pub allocator: String,
@@ -39,7 +42,7 @@ pub struct ReplayArgs {
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
-    let source = Source::open(Some(&a.input))?;
+    let source = Source::open_snapshot_device(Some(&a.input), a.snapshot_device)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let mut spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };

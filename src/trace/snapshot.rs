@@ -94,6 +94,11 @@ fn site_of(entry: &Value) -> Option<String> {
 /// the same dict saved as JSON (`json.dump(torch.cuda.memory._snapshot(), f)`), told apart by
 /// their first byte (a pickle opens with its PROTO opcode, JSON with `{` or `[`), whatever the name.
 pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
+    import_snapshot_of_device(path, None)
+}
+
+/// [`import_snapshot`], of device `device`'s history (`None`: the first device that has one).
+pub fn import_snapshot_of_device(path: &Path, device: Option<usize>) -> Result<ImportedTrace, InputError> {
     let meta = std::fs::metadata(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
     if meta.len() > MAX_SNAPSHOT_BYTES {
         return Err(err(path, format!("{} bytes: larger than any snapshot this importer accepts (2 GiB)", meta.len())));
@@ -110,7 +115,7 @@ pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
     } else {
         pickle::parse(&data).map_err(|m| err(path, format!("not a readable pickle: {m}")))?
     };
-    from_snapshot_value(&root).map_err(|m| err(path, m))
+    from_snapshot_value_of_device(&root, device).map_err(|m| err(path, m))
 }
 
 /// Segments of private pools (`segment_pool_id` not (0, 0): CUDA graphs, MemPools) at the
@@ -346,6 +351,11 @@ fn allocated_before_history(root: &Value, device: usize, seen: &FxHashMap<i128, 
 }
 
 pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
+    from_snapshot_value_of_device(root, None)
+}
+
+/// [`from_snapshot_value`] of device `chosen`'s history (`None`: the first device that has one).
+pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Result<ImportedTrace, String> {
     if let Some(items) = root.items() {
         if !items.is_empty() && items.iter().all(|s| s.get("total_size").is_some() || s.get("blocks").is_some()) {
             return Err("an older snapshot layout (a bare list of segments, before torch 2.1) has no allocation trace: re-record it with torch.cuda.memory._record_memory_history()".into());
@@ -366,19 +376,33 @@ pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
     if let Some((i, t)) = traces.iter().enumerate().find(|(_, t)| t.items().is_none()) {
         return Err(format!("device_traces[{i}] is {}, not a list of trace entries", t.type_name()));
     }
-    let (device, trace) = traces
-        .iter()
-        .enumerate()
-        .find_map(|(i, t)| t.items().filter(|v| !v.is_empty()).map(|v| (i, v)))
-        .ok_or("the snapshot's device_traces are empty: record with torch.cuda.memory._record_memory_history(enabled='all') before dumping")?;
+    let recorded: Vec<usize> = (0..traces.len()).filter(|&i| traces[i].items().is_some_and(|v| !v.is_empty())).collect();
+    let device = match chosen {
+        None => *recorded
+            .first()
+            .ok_or("the snapshot's device_traces are empty: record with torch.cuda.memory._record_memory_history(enabled='all') before dumping")?,
+        Some(d) if recorded.contains(&d) => d,
+        Some(d) => {
+            let with = recorded.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+            return Err(format!(
+                "--snapshot-device {d}: the snapshot has no history for device {d} (devices with one: {})",
+                if with.is_empty() { "none".to_string() } else { with }
+            ));
+        }
+    };
+    let trace = traces[device].items().unwrap_or_default();
     if let Some((i, e)) = trace.iter().enumerate().find(|(_, e)| !matches!(e, Value::Dict(_))) {
         return Err(format!("trace entry {i} is {}, not a dict", e.type_name()));
     }
     let mut out = ImportedTrace { format: "pytorch-snapshot", ..Default::default() };
     private_pool_note(root, &mut out.notes);
-    let with_history = traces.iter().filter(|t| t.items().is_some_and(|v| !v.is_empty())).count();
-    if with_history > 1 {
-        out.notes.push(format!("{with_history} devices have histories: imported device {device}'s, the first (the others are not replayed)"));
+    let with_history = recorded.len();
+    if chosen.is_some() {
+        out.notes.push(format!("imported device {device}'s history (--snapshot-device)"));
+    } else if with_history > 1 {
+        out.notes.push(format!(
+            "{with_history} devices have histories: imported device {device}'s, the first (the others are not replayed; --snapshot-device N picks another)"
+        ));
     } else if device > 0 {
         out.notes.push(format!("imported device {device}'s history (the only one recorded)"));
     }
