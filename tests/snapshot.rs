@@ -582,14 +582,18 @@ fn another_device_is_picked_with_snapshot_device() {
     let one = r#"[{"action": "alloc", "addr": 4096, "size": 1048576, "stream": 0}]"#;
     let two = r#"[{"action": "alloc", "addr": 8192, "size": 2097152, "stream": 0}, {"action": "free_completed", "addr": 8192, "size": 2097152, "stream": 0}]"#;
     let both = dir.path().join("both.json");
-    std::fs::write(&both, format!(r#"{{"segments": [], "device_traces": [{one}, [], {two}]}}"#)).unwrap();
+    // A CUDA graph's segment on device 2 is said for device 2 alone.
+    let graph = r#"{"device": 2, "address": 1048576000, "total_size": 2097152, "stream": 0, "segment_type": "large", "segment_pool_id": [1, 0], "blocks": [{"address": 1048576000, "size": 2097152, "state": "inactive"}]}"#;
+    std::fs::write(&both, format!(r#"{{"segments": [{graph}], "device_traces": [{one}, [], {two}]}}"#)).unwrap();
     let first = import_snapshot_of_device(&both, None).unwrap();
     assert_eq!(first.events, import_snapshot(&both).unwrap().events);
     assert!(matches!(first.events[..], [Event::Alloc { bytes: 1048576, .. }]), "{:?}", first.events);
     assert!(first.notes.iter().any(|n| n.contains("imported device 0's, the first") && n.contains("--snapshot-device N")), "{:?}", first.notes);
+    assert!(first.notes.iter().all(|n| !n.contains("private pools")), "{:?}", first.notes);
     let third = import_snapshot_of_device(&both, Some(2)).unwrap();
     assert!(matches!(third.events[..], [Event::Alloc { bytes: 2097152, .. }, Event::Free { .. }]), "{:?}", third.events);
     assert!(third.notes.iter().any(|n| n == "imported device 2's history (--snapshot-device)"), "{:?}", third.notes);
+    assert!(third.notes.iter().any(|n| n.starts_with("1 segments (2097152 bytes) were in private pools")), "{:?}", third.notes);
     for d in [1, 3] {
         let e = import_snapshot_of_device(&both, Some(d)).unwrap_err().to_string();
         assert!(e.contains(&format!("no history for device {d} (devices with one: 0, 2)")), "{e}");

@@ -118,13 +118,14 @@ pub fn import_snapshot_of_device(path: &Path, device: Option<usize>) -> Result<I
     from_snapshot_value_of_device(&root, device).map_err(|m| err(path, m))
 }
 
-/// Segments of private pools (`segment_pool_id` not (0, 0): CUDA graphs, MemPools) at the
+/// Segments of private pools (`segment_pool_id` not (0, 0): CUDA graphs, MemPools) on `device` at the
 /// snapshot: the trace does not say when allocations were routed to a pool, so they replay in the
 /// allocator's own pools, and the import says so.
-fn private_pool_note(root: &Value, notes: &mut Vec<String>) {
+fn private_pool_note(root: &Value, device: usize, notes: &mut Vec<String>) {
     let Some(segments) = root.get("segments").and_then(|s| s.items()) else { return };
     let private: Vec<&Value> = segments
         .iter()
+        .filter(|s| int(s, "device").is_none_or(|d| d == device as i128))
         .filter(|s| s.get("segment_pool_id").and_then(|p| p.items()).is_some_and(|p| p.iter().any(|x| x.as_int().is_some_and(|v| v != 0))))
         .collect();
     if private.is_empty() {
@@ -395,7 +396,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
         return Err(format!("trace entry {i} is {}, not a dict", e.type_name()));
     }
     let mut out = ImportedTrace { format: "pytorch-snapshot", ..Default::default() };
-    private_pool_note(root, &mut out.notes);
+    private_pool_note(root, device, &mut out.notes);
     let with_history = recorded.len();
     if chosen.is_some() {
         out.notes.push(format!("imported device {device}'s history (--snapshot-device)"));
