@@ -295,14 +295,7 @@ impl<R: BufRead> TraceReader<R> {
         let window = &self.chunk[self.start..self.end];
         let end = memchr::memchr(b'\n', window)?;
         let ev = fast_event(&window[..end])?;
-        // (A failed insert or remove changes nothing: the general path finds the same error.)
-        let valid = match ev {
-            Event::Alloc { id, bytes, .. } => bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()),
-            Event::Free { id } => self.live.remove(id).is_some(),
-            Event::Step { .. } | Event::EmptyCache => true,
-            _ => false,
-        };
-        if !valid {
+        if !self.takes_fast(ev) {
             return None;
         }
         self.start += end + 1;
@@ -310,15 +303,25 @@ impl<R: BufRead> TraceReader<R> {
         Some(ev)
     }
 
+    /// Whether a canonical row's event is valid here (an alloc of an id not live, under 1 EiB; a
+    /// free of a live id), recording it in the live ids if so. A refusal changes nothing: the
+    /// general path then finds the same error and words it.
+    #[inline(always)]
+    fn takes_fast(&mut self, ev: Event) -> bool {
+        match ev {
+            Event::Alloc { id, bytes, .. } => bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()),
+            Event::Free { id } => self.live.remove(id).is_some(),
+            Event::Step { .. } | Event::EmptyCache => true,
+            _ => false,
+        }
+    }
+
     fn parse_line(&mut self) -> Result<Option<Event>, anyhow::Error> {
         // The fast path takes the canonical rows TraceWriter and captures write; anything else
         // (spaces, comments, errors) goes the general way below, which words the errors.
         if self.seen_header {
-            match fast_event(&self.buf) {
-                Some(ev @ Event::Alloc { id, bytes, .. }) if bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()) => return Ok(Some(ev)),
-                Some(ev @ Event::Free { id }) if self.live.remove(id).is_some() => return Ok(Some(ev)),
-                Some(ev @ (Event::Step { .. } | Event::EmptyCache)) => return Ok(Some(ev)),
-                _ => {}
+            if let Some(ev) = fast_event(&self.buf).filter(|&ev| self.takes_fast(ev)) {
+                return Ok(Some(ev));
             }
             // `#at N`, a capture's return to a known site, comes before most of its allocs.
             if let Some(rest) = self.buf.strip_prefix(b"#at ") {
