@@ -10,7 +10,6 @@ use super::output::{self, Jsonl};
 use super::progress;
 use crate::error::InputError;
 use crate::gpu::devprobe::LatencyModel;
-use crate::input::Source;
 use crate::results::{read_results, Objective, ResultRecord, SweepRow};
 
 #[derive(Args, Debug)]
@@ -18,9 +17,8 @@ pub struct AdviseArgs {
     /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml); or a merged
     /// sweep (`sweep merge`'s .jsonl): the best conf per input and capacity from its rows.
     pub input: PathBuf,
-    /// A PyTorch snapshot of several GPUs: replay device N's history (default: the first recorded).
-    #[arg(long, value_name = "N")]
-    pub snapshot_device: Option<usize>,
+    #[command(flatten)]
+    pub snapshot: super::args::SnapshotDeviceArg,
     /// Device memory (default: an H100 80 GB card, 81,559 MiB); with a merged sweep, only its rows of this capacity.
     #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
@@ -53,12 +51,12 @@ pub struct AdviseArgs {
 pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input), a.latency.as_deref()])?;
     if a.input.extension().is_some_and(|e| e == "jsonl") {
-        if a.snapshot_device.is_some() {
+        if a.snapshot.snapshot_device.is_some() {
             return Err(InputError::new("--snapshot-device", "reads a PyTorch snapshot; a sweep's results (.jsonl) hold replays already").into());
         }
         return from_sweep(a);
     }
-    let source = Source::open_snapshot_device(Some(&a.input), a.snapshot_device)?;
+    let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     // advise compares configurations itself, PyTorch's defaults first: a conf in the environment
     // is not its baseline. Said, so nobody reads the table as relative to it.

@@ -11,6 +11,21 @@ use crate::input::Source;
 use crate::results::Backend;
 use crate::units::parse_bytes;
 
+/// Which GPU's history a PyTorch snapshot of several gives (`--snapshot-device N`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct SnapshotDeviceArg {
+    /// A PyTorch snapshot of several GPUs: replay device N's history (default: the first recorded).
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
+}
+
+impl SnapshotDeviceArg {
+    /// Opens `input` (see [`Source::open_snapshot_device`]).
+    pub fn open(&self, input: &std::path::Path) -> anyhow::Result<Source> {
+        Source::open_snapshot_device(Some(input), self.snapshot_device)
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// Device memory, e.g. 80GiB, 24GB, 81559MiB (default: an H100 80 GB card, 81,559 MiB).

@@ -7,16 +7,14 @@ use clap::Args;
 use super::args::{parse_capacity, print_notes};
 use super::output::{self, Jsonl};
 use crate::gpu::config::AllocatorConfig;
-use crate::input::Source;
 use crate::results::ResultRecord;
 
 #[derive(Args, Debug)]
 pub struct DiagnoseArgs {
     /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
     pub input: PathBuf,
-    /// A PyTorch snapshot of several GPUs: replay device N's history (default: the first recorded).
-    #[arg(long, value_name = "N")]
-    pub snapshot_device: Option<usize>,
+    #[command(flatten)]
+    pub snapshot: super::args::SnapshotDeviceArg,
     /// Device memory (default: an H100 80 GB card, 81,559 MiB).
     #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
@@ -33,7 +31,7 @@ pub struct DiagnoseArgs {
 
 pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
     output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input)])?;
-    let source = Source::open_snapshot_device(Some(&a.input), a.snapshot_device)?;
+    let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let capacity = super::args::capacity_for(a.capacity, &source).unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);

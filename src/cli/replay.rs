@@ -18,11 +18,10 @@ use crate::results::{Backend, GpuRunResult, ResultRecord};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
-    /// A trace (.csv) or workload (.toml).
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
     pub input: PathBuf,
-    /// A PyTorch snapshot of several GPUs: replay device N's history (default: the first recorded).
-    #[arg(long, value_name = "N")]
-    pub snapshot_device: Option<usize>,
+    #[command(flatten)]
+    pub snapshot: super::args::SnapshotDeviceArg,
     /// GPU allocator policy: pytorch, nocache, ideal, or async (CUDA's pool; --device cuda).
     #[arg(long, default_value = "pytorch")]
     pub allocator: String,
@@ -42,7 +41,7 @@ pub struct ReplayArgs {
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
-    let source = Source::open_snapshot_device(Some(&a.input), a.snapshot_device)?;
+    let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let mut spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };

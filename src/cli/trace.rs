@@ -14,11 +14,10 @@ use crate::trace::TraceWriter;
 
 #[derive(Args, Debug)]
 pub struct TraceArgs {
-    /// A workload (.toml) or trace (.csv).
+    /// A workload (.toml), trace (.csv), RMM log (.csv) or PyTorch snapshot (.pickle or .json).
     pub input: PathBuf,
-    /// A PyTorch snapshot of several GPUs: replay device N's history (default: the first recorded).
-    #[arg(long, value_name = "N")]
-    pub snapshot_device: Option<usize>,
+    #[command(flatten)]
+    pub snapshot: super::args::SnapshotDeviceArg,
     /// Output CSV file (a .gz name is gzip-compressed; '-' = standard output).
     #[arg(short, long, default_value = "-")]
     pub output: String,
@@ -26,7 +25,7 @@ pub struct TraceArgs {
 
 pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
     output::refuse_overwriting_inputs(&[Some(Path::new(&a.output))], &[Some(&a.input)])?;
-    let source = Source::open_snapshot_device(Some(&a.input), a.snapshot_device)?;
+    let source = a.snapshot.open(&a.input)?;
     let info = source.info()?;
     let mut comments = vec![
         "allocbench trace v1".to_string(),

@@ -377,7 +377,8 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     if let Some((i, t)) = traces.iter().enumerate().find(|(_, t)| t.items().is_none()) {
         return Err(format!("device_traces[{i}] is {}, not a list of trace entries", t.type_name()));
     }
-    let recorded: Vec<usize> = (0..traces.len()).filter(|&i| traces[i].items().is_some_and(|v| !v.is_empty())).collect();
+    // (A look at each history's first entry: not a copy of every device's history.)
+    let recorded: Vec<usize> = (0..traces.len()).filter(|&i| traces[i].items_prefix(1).is_some_and(|v| !v.is_empty())).collect();
     let device = match chosen {
         None => *recorded
             .first()
