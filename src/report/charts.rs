@@ -4,7 +4,7 @@
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use super::style::{byte_unit, clip, color_for};
+use super::style::{byte_unit, clip, color_for, wrap};
 
 pub type ChartResult = Result<String, String>;
 
@@ -35,6 +35,13 @@ where
 
 const W: u32 = 960;
 const H: u32 = 540;
+/// The bar charts' layout, in pixels (the legend's headroom is worked out from it).
+const BAR_CAPTION_PX: u32 = 30;
+const BAR_MARGIN_PX: u32 = 14;
+const BAR_X_LABEL_AREA_PX: u32 = 48;
+const BAR_Y_LABEL_AREA_PX: u32 = 64;
+/// The height of one legend entry at 12 px text.
+const LEGEND_ROW_PX: f64 = 16.0;
 pub(super) const FONT: &str = "sans-serif";
 
 /// One line of a line chart.
@@ -187,25 +194,29 @@ fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, groups: &[BarGroup], o: 
             }
         }
     }
-    let categories: Vec<String> = groups.iter().map(|g| g.category.clone()).collect();
-    let label_len = (90.0 / n).clamp(8.0, 40.0) as usize;
-    let x_fmt = move |v: &f64| {
-        let i = v.round();
-        if (v - i).abs() < 1e-6 && i >= 0.0 && (i as usize) < categories.len() {
-            clip(&categories[i as usize], label_len)
-        } else {
-            String::new()
-        }
-    };
+    // A legend that only repeats the x axis (one bar per group, named as its group) is left out.
+    let legend_repeats_axis = groups.iter().all(|g| g.bars.len() == 1 && g.bars[0].0 == g.category);
+    if legend_repeats_axis {
+        series_labels.clear();
+    }
+    let legend_rows = series_labels.len() + o.reference.is_some() as usize;
+    // The legend sits in the plot's upper right: the y range leaves it that share of the height,
+    // so no bar or whisker runs under it.
+    let (area_w, area_h) = area.dim_in_pixel();
+    let plot_h = (area_h as f64 - (BAR_CAPTION_PX + 2 * BAR_MARGIN_PX + BAR_X_LABEL_AREA_PX) as f64).max(100.0);
+    let legend_share = if legend_rows == 0 { 0.0 } else { ((legend_rows as f64 * LEGEND_ROW_PX + 24.0) / plot_h).min(0.6) };
     // Log scale is drawn in log10 space with labels printed back as plain numbers.
     let (to_y, y_min, y_max): (Box<dyn Fn(f64) -> f64>, f64, f64) = if o.log {
         let positive_min = groups.iter().flat_map(|g| g.bars.iter().map(|b| b.2 / div)).filter(|v| *v > 0.0).fold(f64::MAX, f64::min);
         let lo = if positive_min == f64::MAX { 0.1 } else { (positive_min / 2.0).max(0.1) };
         let hi = (y_raw_max / div * 3.0).max(lo * 10.0);
-        (Box::new(move |v: f64| v.max(lo).log10()), lo.log10().floor(), hi.log10().ceil())
+        let (lo_log, top_log) = (lo.log10().floor(), (y_raw_max / div).max(lo).log10() + 0.05);
+        let hi_log = hi.log10().ceil().max(((top_log - legend_share * lo_log) / (1.0 - legend_share)).ceil());
+        (Box::new(move |v: f64| v.max(lo).log10()), lo_log, hi_log)
     } else {
-        let hi = (y_raw_max / div * 1.15).max(1e-9);
+        let top = y_raw_max / div;
         let lo = (y_min_raw / div * 1.15).min(0.0);
+        let hi = (top * 1.15).max((top * 1.05 - legend_share * lo) / (1.0 - legend_share)).max(1e-9);
         (Box::new(|v: f64| v), lo, hi)
     };
     let log = o.log;
@@ -227,16 +238,17 @@ fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, groups: &[BarGroup], o: 
     };
     let mut chart = ChartBuilder::on(area)
         .caption(o.title, (FONT, 18))
-        .margin(14)
-        .x_label_area_size(40)
-        .y_label_area_size(64)
+        .margin(BAR_MARGIN_PX)
+        .x_label_area_size(BAR_X_LABEL_AREA_PX)
+        .y_label_area_size(BAR_Y_LABEL_AREA_PX)
         .build_cartesian_2d(-0.6f64..(n - 0.4), y_min..y_max)
         .map_err(err)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
         .x_labels(groups.len().max(1) * 2 + 1)
-        .x_label_formatter(&x_fmt)
+        // The group names are drawn below, on up to two lines each.
+        .x_label_formatter(&|_| String::new())
         .y_labels(if log { ((y_max - y_min) as usize + 1).max(2) } else { 10 })
         .y_label_formatter(&y_fmt)
         .y_desc(y_label.as_str())
@@ -245,6 +257,17 @@ fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, groups: &[BarGroup], o: 
         .light_line_style(RGBColor(235, 235, 235))
         .draw()
         .map_err(err)?;
+    // Each group's name, wrapped to its width (13 px text averages about 6.6 px a character).
+    let group_px = (area_w as f64 - (BAR_Y_LABEL_AREA_PX + 2 * BAR_MARGIN_PX) as f64) / n;
+    let label_chars = ((group_px - 4.0) / 6.6).max(4.0) as usize;
+    let label_style = TextStyle::from((FONT, 13))
+        .pos(plotters::style::text_anchor::Pos::new(plotters::style::text_anchor::HPos::Center, plotters::style::text_anchor::VPos::Top));
+    for (gi, g) in groups.iter().enumerate() {
+        for (li, line) in wrap(&g.category, label_chars, 2).into_iter().enumerate() {
+            let text = EmptyElement::at((gi as f64, y_min)) + Text::new(line, (0, 8 + 15 * li as i32), label_style.clone());
+            chart.draw_series(std::iter::once(text)).map_err(err)?;
+        }
+    }
     let base = to_y(0.0);
     for (gi, g) in groups.iter().enumerate() {
         let k = g.bars.len().max(1) as f64;
@@ -288,7 +311,9 @@ fn draw_bars(area: &DrawingArea<SVGBackend<'_>, Shift>, groups: &[BarGroup], o: 
             .label(clip(label, 40))
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 16, y + 6)], color.filled()));
     }
-    draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 12, 0.85)?;
+    if legend_rows > 0 {
+        draw_legend(&mut chart, SeriesLabelPosition::UpperRight, 12, 0.85)?;
+    }
     Ok(())
 }
 
@@ -360,4 +385,108 @@ pub fn segment_map(title: &str, color_key: &str, rows: &[SegmentRow]) -> ChartRe
         root.present().map_err(err)?;
     }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    /// (x, y, width, height, fill, stroke) of every rectangle of an SVG.
+    fn rects(svg: &str) -> Vec<(f64, f64, f64, f64, String, String)> {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        let num = |n: &roxmltree::Node, a: &str| n.attribute(a).unwrap().parse::<f64>().unwrap();
+        doc.descendants()
+            .filter(|n| n.has_tag_name("rect"))
+            .map(|n| {
+                (
+                    num(&n, "x"),
+                    num(&n, "y"),
+                    num(&n, "width"),
+                    num(&n, "height"),
+                    n.attribute("fill").unwrap_or("").to_string(),
+                    n.attribute("stroke").unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn texts(svg: &str) -> Vec<(f64, String)> {
+        let doc = roxmltree::Document::parse(svg).unwrap();
+        doc.descendants()
+            .filter(|n| n.has_tag_name("text"))
+            .map(|n| (n.attribute("x").unwrap().parse().unwrap(), n.text().unwrap_or("").trim().to_string()))
+            .collect()
+    }
+
+    fn options(title: &str, log: bool) -> BarOptions<'_> {
+        BarOptions { title, y_desc: "value", log, y_is_bytes: false, reference: None }
+    }
+
+    #[test]
+    fn no_bar_runs_under_the_legend() {
+        // The tallest bars are in the last group, under the legend's corner.
+        let series = ["pytorch default", "expandable", "split<512M", "roundup", "gc", "nocache", "ideal"];
+        let groups: Vec<BarGroup> = (0..9)
+            .map(|g| BarGroup {
+                category: format!("workload-{g}"),
+                bars: series.iter().enumerate().map(|(i, s)| (s.to_string(), s.to_string(), if g == 8 { 10.0 + i as f64 } else { 1.0 }, None)).collect(),
+            })
+            .collect();
+        for log in [false, true] {
+            let svg = bars(&groups, &BarOptions { reference: Some((1.0, "ideal = 1.0")), ..options("t", log) }).unwrap();
+            let all = rects(&svg);
+            let legend = all.iter().find(|r| r.5 == "#C8C8C8").expect("a legend panel");
+            // Bars, not the legend's swatches (which lie inside its panel; a bar stands on the axis).
+            let inside = |r: &(f64, f64, f64, f64, String, String)| {
+                r.0 >= legend.0 && r.1 >= legend.1 && r.0 + r.2 <= legend.0 + legend.2 && r.1 + r.3 <= legend.1 + legend.3
+            };
+            let bar_rects: Vec<_> = all.iter().filter(|r| r.5 == "none" && r.4 != "#FFFFFF" && r.3 > 0.0 && r.2 < 50.0 && !inside(r)).collect();
+            assert!(bar_rects.len() >= 9 * series.len(), "every bar drawn: {}", bar_rects.len());
+            for b in bar_rects {
+                let overlaps = b.0 < legend.0 + legend.2 && legend.0 < b.0 + b.2 && b.1 < legend.1 + legend.3 && legend.1 < b.1 + b.3;
+                assert!(!overlaps, "log {log}: bar {b:?} runs under the legend {legend:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_legend_that_repeats_the_axis_is_left_out() {
+        let one_each = |name: &str| BarGroup { category: name.into(), bars: vec![(name.into(), name.into(), 3.0, Some((2.0, 4.0)))] };
+        let svg = bars(&["glibc", "jemalloc", "mimalloc"].map(one_each), &options("t", false)).unwrap();
+        assert!(!rects(&svg).iter().any(|r| r.5 == "#C8C8C8"), "no legend panel");
+        assert_eq!(texts(&svg).iter().filter(|t| t.1 == "jemalloc").count(), 1, "named once, on the axis");
+        // Two series in a group need the legend.
+        let two = BarGroup { category: "run".into(), bars: vec![("malloc".into(), "a".into(), 1.0, None), ("free".into(), "b".into(), 2.0, None)] };
+        assert!(rects(&bars(&[two], &options("t", false)).unwrap()).iter().any(|r| r.5 == "#C8C8C8"));
+    }
+
+    #[test]
+    fn group_names_that_share_a_prefix_stay_apart() {
+        let names = [
+            "gpt3-xl-1.3b",
+            "gpt3-xl-1.3b-captured",
+            "gpt3-xl-1.3b-ddp",
+            "model-switch",
+            "model-switch-captured",
+            "serving-llama7b",
+            "serving-llama7b-captured",
+            "llama2-7b-80g",
+            "llama2-7b-80g-captured",
+        ];
+        // (Nine groups of two bars: 13 characters a line.)
+        let groups: Vec<BarGroup> = names
+            .iter()
+            .map(|n| BarGroup { category: n.to_string(), bars: vec![("a".into(), "a".into(), 1.0, None), ("b".into(), "b".into(), 2.0, None)] })
+            .collect();
+        let svg = bars(&groups, &options("t", false)).unwrap();
+        // The lines of one group's label share its x: joined, they spell the name.
+        let mut by_x: BTreeMap<i64, String> = BTreeMap::new();
+        for (x, t) in texts(&svg) {
+            by_x.entry(x as i64).or_default().push_str(&t);
+        }
+        for n in names {
+            assert!(by_x.values().any(|joined| joined == n), "{n} is written whole: {by_x:?}");
+        }
+    }
 }

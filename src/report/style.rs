@@ -59,6 +59,35 @@ pub fn clip(s: &str, n: usize) -> String {
     }
 }
 
+/// `s` on at most `max_lines` lines of at most `width` characters, broken after a separator
+/// (`-`, `_`, `/`, `,`, space) where one falls in the line, else mid-word; what does not fit ends
+/// in "…".
+pub fn wrap(s: &str, width: usize, max_lines: usize) -> Vec<String> {
+    let width = width.max(2);
+    let mut lines = Vec::new();
+    let mut rest: Vec<char> = s.trim().chars().collect();
+    while !rest.is_empty() && lines.len() < max_lines {
+        if lines.len() + 1 == max_lines || rest.len() <= width {
+            lines.push(clip(&rest.iter().collect::<String>(), width));
+            break;
+        }
+        // After the last separator that fits, unless the rest would then be cut where a break
+        // mid-word lets it fit.
+        let lines_left = max_lines - lines.len() - 1;
+        let fits = |cut: usize| rest.len() - cut <= width * lines_left;
+        let cut = match (1..=width).rev().find(|&i| matches!(rest[i - 1], '-' | '_' | '/' | ',' | ' ')) {
+            Some(at) if fits(at) || !fits(width) => at,
+            _ => width,
+        };
+        lines.push(rest[..cut].iter().collect::<String>().trim_end().to_string());
+        rest.drain(..cut);
+        while rest.first() == Some(&' ') {
+            rest.remove(0);
+        }
+    }
+    lines
+}
+
 /// A file-name-safe slug.
 pub fn slug(s: &str) -> String {
     let mut out: String = s.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).collect();
@@ -70,5 +99,27 @@ pub fn slug(s: &str) -> String {
         "default".into()
     } else {
         clip(t, 60).trim_end_matches('…').to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::wrap;
+
+    #[test]
+    fn labels_wrap_at_separators_and_are_cut_last() {
+        assert_eq!(wrap("gpt3-xl-1.3b-captured", 13, 2), ["gpt3-xl-1.3b-", "captured"]);
+        assert_eq!(wrap("glibc", 13, 2), ["glibc"]);
+        // No separator-made split fits: a break mid-word keeps the whole name.
+        assert_eq!(wrap("serving-llama7b-captured", 13, 2), ["serving-llama", "7b-captured"]);
+        // Too long for the lines there are: the last line ends in an ellipsis.
+        assert_eq!(wrap("serving-llama7b-70b-instruct-captured", 13, 2), ["serving-", "llama7b-70b-…"]);
+        assert_eq!(wrap("a b", 13, 1), ["a b"]);
+        assert!(wrap("", 13, 2).is_empty());
+        let unbroken = "x".repeat(40);
+        for (s, w, n) in [("max_split_size_mb:512,roundup_power2_divisions:4", 9, 3), (unbroken.as_str(), 6, 2)] {
+            let lines = wrap(s, w, n);
+            assert!(lines.len() <= n && lines.iter().all(|l| l.chars().count() <= w), "{lines:?}");
+        }
     }
 }
