@@ -180,6 +180,14 @@ fn repetitions_fold_into_one_row_with_a_95_percent_ci() {
     let svg = std::fs::read_to_string(dir.path().join("r/cpu-throughput-python-objects.svg")).unwrap();
     let whiskers = |svg: &str| svg.matches("stroke=\"#000000\" stroke-width=\"2\"").count();
     assert_eq!(whiskers(&svg), 4, "a whisker per allocator in each of the two panels");
+    // The RSS chart draws every run and names each allocator once in its legend.
+    let rss = std::fs::read_to_string(dir.path().join("r/cpu-rss-python-objects.svg")).unwrap();
+    let doc = roxmltree::Document::parse(&rss).unwrap();
+    let texts: Vec<&str> = doc.descendants().filter(|n| n.has_tag_name("text")).filter_map(|n| n.text()).map(str::trim).collect();
+    assert_eq!(texts.iter().filter(|t| **t == "mimalloc (3 runs, the first solid)").count(), 1, "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains("(run ")), "{texts:?}");
+    let entries: Vec<&&str> = texts.iter().filter(|t| t.ends_with("(3 runs, the first solid)")).collect();
+    assert!(entries.len() >= 2 && entries.iter().all(|e| entries.iter().filter(|o| o == &e).count() == 1), "one entry per allocator: {entries:?}");
     render(&dir.path().join("single"));
     assert_eq!(whiskers(&std::fs::read_to_string(dir.path().join("single/cpu-throughput-python-objects.svg")).unwrap()), 0, "one run: no whisker");
 }

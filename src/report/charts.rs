@@ -90,9 +90,16 @@ pub fn lines(title: &str, x_desc: &str, y_desc: &str, y_is_bytes: bool, series: 
         let x_span = x_max - x_min;
         let y_raw_max = series.iter().flat_map(|s| s.points.iter().map(|p| p.1)).chain(markers.iter().map(|m| m.at.1)).fold(1.0f64, f64::max);
         let (div, unit) = if y_is_bytes { byte_unit(y_raw_max) } else { (1.0, "") };
+        // Lines that share a label (the repetitions of one run) share one legend entry.
+        let mut legend_labels: Vec<&str> = Vec::new();
+        for s in series {
+            if !legend_labels.contains(&s.label.as_str()) {
+                legend_labels.push(&s.label);
+            }
+        }
         // Headroom above the data for a legend placed at the top.
         let headroom = match legend_at {
-            LegendAt::UpperLeft | LegendAt::UpperRight | LegendAt::UpperMiddle => 1.08 + 0.055 * series.len() as f64,
+            LegendAt::UpperLeft | LegendAt::UpperRight | LegendAt::UpperMiddle => 1.08 + 0.055 * legend_labels.len() as f64,
             _ => 1.08,
         };
         let y_max = y_raw_max / div * headroom;
@@ -115,6 +122,7 @@ pub fn lines(title: &str, x_desc: &str, y_desc: &str, y_is_bytes: bool, series: 
             .light_line_style(RGBColor(235, 235, 235))
             .draw()
             .map_err(err)?;
+        let mut labelled: Vec<&str> = Vec::new();
         for s in series {
             let color = color_for(&s.color_key);
             let pts: Vec<(f64, f64)> = s.points.iter().map(|&(x, y)| (x, y / div)).collect();
@@ -124,7 +132,10 @@ pub fn lines(title: &str, x_desc: &str, y_desc: &str, y_is_bytes: bool, series: 
             } else {
                 chart.draw_series(LineSeries::new(pts, style)).map_err(err)?
             };
-            drawn.label(clip(&s.label, 56)).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ShapeStyle::from(&color).stroke_width(3)));
+            if !labelled.contains(&s.label.as_str()) {
+                labelled.push(&s.label);
+                drawn.label(clip(&s.label, 56)).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], ShapeStyle::from(&color).stroke_width(3)));
+            }
         }
         for m in markers {
             let at = (m.at.0, m.at.1 / div);

@@ -210,13 +210,14 @@ fn charts_for(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Resu
     let mut charts = Vec::new();
     for (workload, rows) in by_workload {
         let ws = slug(workload);
-        // RSS over time: every repetition, one colour per allocator.
+        // RSS over time: every repetition, one colour (and one legend entry) per allocator, the
+        // first run solid.
         let mut lines = Vec::new();
         for row in rows {
             let name = row.allocator();
             for (i, r) in row.runs.iter().enumerate() {
                 lines.push(Line {
-                    label: if row.runs.len() > 1 { format!("{name} (run {})", i + 1) } else { name.to_string() },
+                    label: if row.runs.len() > 1 { format!("{name} ({} runs, the first solid)", row.runs.len()) } else { name.to_string() },
                     color_key: name.to_string(),
                     points: r.rss_timeline.iter().map(|s| (s.t_s, s.rss as f64)).collect(),
                     dashed: i > 0,

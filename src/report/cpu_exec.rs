@@ -99,7 +99,8 @@ pub fn exec_charts(out: &Path, runs: &[&CpuExecResult], charts: &mut Vec<Chart>)
         for (name, reps) in &allocs {
             for (i, r) in reps.iter().enumerate() {
                 lines.push(Line {
-                    label: if reps.len() > 1 { format!("{name} (run {})", r.rep) } else { name.clone() },
+                    // One legend entry per allocator (lines of one label share it).
+                    label: if reps.len() > 1 { format!("{name} ({} runs, the first solid)", reps.len()) } else { name.clone() },
                     color_key: name.clone(),
                     points: r.rss.iter().map(|&(t, b)| (t, b as f64)).collect(),
                     dashed: i > 0,
