@@ -179,6 +179,12 @@ impl AllocatorConfig {
                     }
                     i + 2
                 }
+                // Host-only (pinned memory) limits of torch 2.15: a number, read with std::stoull
+                // (parsePinnedMaxRoundThreshold, parsePinnedMaxCachedSize), no bound checked.
+                "pinned_max_round_threshold_mb" | "pinned_max_cached_size_mb" => {
+                    t.size_t(i, i + 2)?;
+                    i + 2
+                }
                 "pinned_reserve_segment_size_mb" => {
                     if t.size_t(i, i + 2)? == 0 {
                         return Err(conf_error("Pinned reserve segment size has to be greater than 0"));
@@ -684,6 +690,8 @@ mod tests {
             "pinned_free_catch_all:False",
             "throw_on_cudamalloc_oom:False",
             "pinned_num_register_threads:128",
+            "pinned_max_round_threshold_mb:0",
+            "pinned_max_cached_size_mb:-1,pinned_max_round_threshold_mb:1.5",
             "expandable_segments_reserve_by_class:[capture:0.25,workspace:40G]",
             "expandable_segments_reserve_by_class:[]",
             " expandable_segments :\tTrue ",
@@ -699,6 +707,8 @@ mod tests {
             ("pinned_num_register_threads:3", "has to be power of 2"),
             ("pinned_num_register_threads:256", "less than or equal to 128"),
             ("pinned_reserve_segment_size_mb:0", "greater than 0"),
+            ("pinned_max_cached_size_mb:x", "expecting digit string"),
+            ("pinned_max_round_threshold_mb:99999999999999999999", "expecting digit string"),
             ("max_split_size_mb:1e3", "too small, must be >= 20"),
             ("max_split_size_mb:-18446744073709551615", "too small"),
             ("max_split_size_mb:18446744073709551616", "expecting digit string"),

@@ -1103,7 +1103,6 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // free: a block other streams used waits for their events (insert_events); it stays
         // active (active_bytes) while no longer allocated.
         // (No block is used by another stream in most traces: skip the hash then.)
-        // (No block is used by another stream in most traces: skip the hash then.)
         if self.events.stream_uses.is_empty() || !self.events.stream_uses.contains_key(&handle) {
             self.free_block(handle);
         } else if self.capture_underway() {
