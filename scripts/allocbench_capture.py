@@ -92,6 +92,9 @@ class FakeValueNeeded(RuntimeError):
     def __init__(self, message, on_cpu=False):
         super().__init__(message)
         self.on_cpu = on_cpu
+        # Kept, so that a read the script catches and goes on from can be told at the end.
+        if _active is not None:
+            _active.value_reads.append(self)
 
 
 class NeedsDriver(RuntimeError):
@@ -105,6 +108,14 @@ class NeedsDriver(RuntimeError):
 
 class SetupError(RuntimeError):
     """The capture could not start (no torch, no compiler, an unsupported torch ABI...)."""
+
+
+# Run as a program this file is __main__, which a script's own __main__ replaces: these are
+# pickled by the name a script imports (a DataLoader worker sends its error to the main process
+# pickled, and an exception class pickle cannot find would leave that process waiting for ever).
+for _exception in (StopCapture, FakeValueNeeded, NeedsDriver, SetupError):
+    _exception.__module__ = "allocbench_capture"
+sys.modules.setdefault("allocbench_capture", sys.modules[__name__])
 
 
 def step():
@@ -550,6 +561,8 @@ def _make_recorder_class(torch):
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
+            self.value_reads = []  # every FakeValueNeeded raised (the capture's own catches marked `handled`)
+            self.on_hard_exit = None  # called with the code when the script calls os._exit
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
             self.pinned = torch.utils.weak.WeakIdKeyDictionary()  # pin_memory()'s copies
             # Threads the script starts are recorded too (_recorded_threads): one event at a time.
@@ -614,6 +627,8 @@ def _make_recorder_class(torch):
         def _observe(self, t):
             if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
                 return
+            if self.fake and t.device.type == "cuda" and (t.device.index or 0) > 0:
+                raise NeedsDriver(_NO_SUCH_DEVICE.format(device=t.device), fix=_NO_SUCH_DEVICE_FIX)
             try:
                 st = t.untyped_storage()
             except (RuntimeError, NotImplementedError):
@@ -1061,7 +1076,8 @@ def _make_recorder_class(torch):
                 self.say_once("bincount", "of values the capture does not know has minlength bins (its values are taken to be below minlength)",
                               trace_note="of unknown values: minlength bins")
                 with disable_modes():
-                    made = torch.bincount(torch.zeros(0, dtype=torch.long), None if weights is None else torch.zeros(0, dtype=weights.dtype),
+                    made = torch.bincount(torch.zeros(0, dtype=torch.long, device="cpu"),
+                                          None if weights is None else torch.zeros(0, dtype=weights.dtype, device="cpu"),
                                           minlength=minlength)
                 with self.fake_mode:
                     return torch.empty(tuple(made.shape), dtype=made.dtype, device=device)
@@ -1148,7 +1164,7 @@ def _make_recorder_class(torch):
             if known is None or isinstance(known, torch.Tensor):
                 return known
             with disable_modes():
-                return torch.full(tuple(x.shape), known, dtype=x.dtype)
+                return torch.full(tuple(x.shape), known, dtype=x.dtype, device="cpu")
 
         def _known_result(self, func, base, args, kwargs, out):
             def value_of(x):
@@ -1212,7 +1228,7 @@ def _make_recorder_class(torch):
                 value = value_of(x)
                 if value is None:
                     raise LookupError  # (an unknown operand: the result is unknown)
-                return torch.full((1,) * x.dim(), value, dtype=x.dtype)
+                return torch.full((1,) * x.dim(), value, dtype=x.dtype, device="cpu")
 
             try:
                 with disable_modes():
@@ -1579,6 +1595,7 @@ class _Patches:
         old = vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
         self.saved.append((obj, name, old))
         setattr(obj, name, value)
+        _same_builtin(old, value)
 
     def undo(self):
         for obj, name, old in reversed(self.saved):
@@ -1590,6 +1607,29 @@ class _Patches:
 
 
 _MISSING = object()
+# A device past the fake machine's one GPU (torch.cuda.device_count() answers 1), as CUDA says it.
+_NO_SUCH_DEVICE = "CUDA error: invalid device ordinal ({device}: the fake machine has one GPU, cuda:0)"
+_NO_SUCH_DEVICE_FIX = ("capture one device's share on cuda:0 (a model split over GPUs: each part in a capture of "
+                       "its own), or capture with --real on a machine with that GPU")
+_KEPT_FOR_BUILTIN_IDS = []
+
+
+def _same_builtin(original, replacement):
+    """TorchScript compiles a call to F.linear, torch.tensor... as the aten op it maps the original
+    function to; a replacement it does not know it would try to compile from its Python source
+    (torch.jit.script of any module with an nn.Linear failed on the wrapper's `try`). The
+    replacement is mapped to the same op: scripted code calls the op, as it does without a capture."""
+    if original is _MISSING or not callable(original) or not callable(replacement):
+        return
+    try:
+        from torch.jit._builtins import _find_builtin, _register_builtin
+
+        op = _find_builtin(original)
+        if op is not None:
+            _register_builtin(replacement, op)
+            _KEPT_FOR_BUILTIN_IDS.append(replacement)  # (the table goes by id: never freed and reused)
+    except Exception:  # noqa: BLE001 - a torch without these internals: scripting is as before
+        pass
 
 def _fake_tensor_fixes(torch, patches):
     """What scripts do that fake tensors would otherwise refuse."""
@@ -1609,9 +1649,10 @@ def _fake_tensor_fixes(torch, patches):
         if self.dim() == 0:
             try:
                 return self.item().__format__(spec)  # the value as .item() answers it (--scalar-value)
-            except FakeValueNeeded:
+            except FakeValueNeeded as e:
                 if spec:
                     raise
+                e.handled = True
                 # f"{loss}": formatted as the tensor it is (its repr), as before, not a stop.
         return object.__format__(self, spec)
 
@@ -1669,7 +1710,7 @@ def _module_apply_as_on_a_device(torch, original, swap_tensors):
         # An empty tensor where the placeholder will materialize shows where fn takes it.
         probe = convert(fn, torch.empty(0, dtype=placeholder.dtype, device=vars(placeholder).get(LAZY_DEVICE, "cpu")))
         if isinstance(probe, fake_type):
-            placeholder.data = torch.empty(0, dtype=probe.dtype)
+            placeholder.data = torch.empty(0, dtype=probe.dtype, device="cpu")
             vars(placeholder)[LAZY_DEVICE] = probe.device
         else:
             placeholder.data = probe
@@ -2068,10 +2109,20 @@ class _FakeStream:
     """A stream of the fake device (made by ``_FakeStreams``): work is never queued, so it is
     always complete; saying so (synchronize, query) lets the blocks it used be reused."""
 
-    device = None
     cuda_stream = 0
     stream_id = 0
     priority = 0
+
+    @property
+    def device(self):
+        import torch
+
+        return torch.device("cuda", 0)
+
+    @staticmethod
+    def priority_range():
+        """(least, greatest) stream priority, as an H100's driver answers it."""
+        return (0, -5)
 
     def is_capturing(self):
         return self.stream_id in self.streams.capturing
@@ -2571,7 +2622,8 @@ def _fake_cuda_serialization(torch, patches, recorder):
                 # capture's RSS does not grow by the size of the model.
                 nbytes = t.untyped_storage().nbytes()
                 make = torch.empty if nbytes >= 64 << 20 else torch.zeros
-                base = zeros[key] = make(nbytes, dtype=torch.uint8)
+                # (On the CPU whatever torch.set_default_device says.)
+                base = zeros[key] = make(nbytes, dtype=torch.uint8, device="cpu")
                 device_of[base.untyped_storage()._cdata] = str(t.device)
             return _view_of_buffer(base, t)
 
@@ -2592,6 +2644,31 @@ def _fake_cuda_serialization(torch, patches, recorder):
 
     started = time.time()
     kept, written = set(), set()
+    holds_zeros = set()  # files a save of fake tensors wrote (absolute paths)
+    original_replace, original_rename = os.replace, os.rename
+
+    def predates_capture(path):
+        return os.path.isfile(path) and os.path.getmtime(path) < started
+
+    def keep_original(src, dst):
+        os.remove(src)
+        if dst not in kept:
+            kept.add(dst)
+            print(f"allocbench capture: left {dst} as it was: it predates the capture, and the file moved onto it "
+                  "holds zeros for fake CUDA tensors", file=sys.stderr)
+
+    def moving(original):
+        # Saving to a temporary file and renaming it onto the checkpoint (an atomic save) would
+        # replace the user's checkpoint with zeros as a save straight onto it would: kept too.
+        def move(src, dst, *args, **kwargs):
+            if not args and not kwargs and isinstance(src, (str, bytes, os.PathLike)) and isinstance(dst, (str, bytes, os.PathLike)):
+                source, target = os.path.abspath(os.fsdecode(os.fspath(src))), os.fsdecode(os.fspath(dst))
+                if source in holds_zeros and predates_capture(target):
+                    holds_zeros.discard(source)
+                    return keep_original(source, target)
+            return original(src, dst, *args, **kwargs)
+
+        return move
 
     def save(obj, f, *args, **kwargs):
         # A file that was there before the capture (the user's checkpoint) is not replaced by
@@ -2599,8 +2676,7 @@ def _fake_cuda_serialization(torch, patches, recorder):
         # replaces it only when no fake storage was written (said once per file). A file object
         # is the script's own to guard.
         path = os.fsdecode(os.fspath(f)) if isinstance(f, (str, bytes, os.PathLike)) else None
-        guarded = (path is not None and path not in written and os.path.isfile(path)
-                   and os.path.getmtime(path) < started)
+        guarded = path is not None and path not in written and predates_capture(path)
         target = f"{path}.allocbench-{os.getpid()}.tmp" if guarded else f
         outer = getattr(saving, "current", None)
         saving.current = ({}, {})
@@ -2612,7 +2688,9 @@ def _fake_cuda_serialization(torch, patches, recorder):
                     kept.add(path)
                     print(f"allocbench capture: left {path} as it was: it predates the capture, and a save of fake CUDA tensors holds zeros", file=sys.stderr)
             elif guarded:
-                os.replace(target, path)
+                original_replace(target, path)
+            elif path is not None and saving.current[0]:
+                holds_zeros.add(os.path.abspath(path))
             if path is not None and not (guarded and path in kept):
                 written.add(path)
             return result
@@ -2627,6 +2705,8 @@ def _fake_cuda_serialization(torch, patches, recorder):
     patches.set(serialization, "location_tag", location_tag)
     patches.set(torch, "load", load)
     patches.set(torch, "save", save)
+    patches.set(os, "replace", moving(original_replace))
+    patches.set(os, "rename", moving(original_rename))
     # safetensors (transformers' save_pretrained) copies each tensor's bytes from its data
     # pointer: a fake tensor's are zeros of its size.
     try:
@@ -2817,12 +2897,17 @@ def _fake_cuda_api(torch, patches, recorder):
             return result
         return skipped
 
+    def set_device(device):
+        index = torch.cuda._utils._get_device_index(device, optional=True)
+        if index > 0:
+            raise NeedsDriver(_NO_SUCH_DEVICE.format(device=f"cuda:{index}"), fix=_NO_SUCH_DEVICE_FIX)
+
     answers = {
         "is_available": lambda: True,
         "is_initialized": lambda: True,
         "device_count": lambda: 1,
         "current_device": lambda: 0,
-        "set_device": lambda device: None,
+        "set_device": set_device,
         "init": lambda: None,
         "_lazy_init": lambda: None,
         "is_bf16_supported": lambda including_emulation=True: True,
@@ -2918,6 +3003,20 @@ def _fake_cuda_api(torch, patches, recorder):
         return model if model is not None else (lambda fn: fn)
 
     patches.set(torch, "compile", compile_eagerly)
+    # torch.jit.trace checks its trace (check_trace, on by default) by comparing output values,
+    # which fake tensors do not have: the trace is taken and its check skipped.
+    original_jit_trace = torch.jit.trace
+
+    def jit_trace(func, *args, **kwargs):
+        args = list(args)
+        if len(args) >= 3:  # trace(func, example_inputs, optimize, check_trace, ...)
+            args[2] = False
+        else:
+            kwargs["check_trace"] = False
+        recorder.say_once("torch.jit.trace", "skips its output check on fake CUDA (it compares values)", "its check_trace skipped")
+        return original_jit_trace(func, *args, **kwargs)
+
+    patches.set(torch.jit, "trace", jit_trace)
     # nn.init.trunc_normal_ redraws until no sample falls outside [a, b], reading `mask.any()` each
     # time: on fake tensors the draws have no values. Every sample is taken as accepted on the
     # first draw (with the default bounds, ±2 around a small std, the real loop ends there too):
@@ -2986,6 +3085,12 @@ def _fake_cuda_api(torch, patches, recorder):
             if self.requires_grad and not force:
                 raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
             contents = recorder.known_contents(self)
+            if contents is None and recorder.scalar_value is not None:
+                # --scalar-value answers a read of values (`loss.detach().cpu().numpy()`, logging)
+                # as it answers .item(): every element that value.
+                recorder.say_once("Tensor.numpy()", f"of unknown values answers {recorder.scalar_value:g} in every element (--scalar-value)")
+                with torch.utils._python_dispatch._disable_current_modes():
+                    contents = torch.full(tuple(self.shape), recorder.scalar_value, dtype=self.dtype, device="cpu")
             if contents is None:
                 raise FakeValueNeeded("Tensor.numpy()", on_cpu=self.device.type == "cpu")
             return original_numpy(contents.clone())
@@ -3068,6 +3173,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         except Exception as e:
             raise SetupError(f"the capture could not start in torch {torch.__version__}: {type(e).__name__}: {e}") from e
         _active = recorder
+        _close_on_hard_exit(recorder, patches, sink)
         yield recorder
         recorder.raise_thread_error()
         outcome = f"complete: {recorder.step_no} steps"
@@ -3110,8 +3216,69 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         torch.autograd.set_multithreading_enabled(multithreading)
         with recorder.lock:
             _note_script_conf(sink, recorder.script_conf, conf_before)
+            _note_caught_value_reads(recorder, sys.exc_info()[1])
             sink.close(outcome)
         recorder.outcome = outcome
+
+
+def _close_on_hard_exit(recorder, patches, sink):
+    """os._exit skips every `finally`: the trace would end without its closing line or its last
+    buffered rows. The capturing process closes it first (a forked child, a DataLoader worker,
+    exits on its own)."""
+    real_exit, owner = os._exit, os.getpid()
+
+    def hard_exit(code):
+        if os.getpid() == owner and not recorder.closed:
+            with recorder.lock:
+                recorder.closed = True
+                _note_caught_value_reads(recorder, None)
+                recorder.outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code} (os._exit)"
+                sink.close(recorder.outcome)
+            if recorder.on_hard_exit is not None:
+                recorder.on_hard_exit(code)
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except Exception:  # noqa: BLE001 - a closed or broken stream: nothing left to flush
+                    pass
+        real_exit(code)
+
+    patches.set(os, "_exit", hard_exit)
+
+
+def _note_caught_value_reads(recorder, ending):
+    """Reads of fake values the script caught (`except Exception`) and went on from: the code that
+    needed the values did not run, so the trace lacks its work. Said on the terminal and in the trace."""
+    ended_by = set()
+    while ending is not None and id(ending) not in ended_by:
+        ended_by.add(id(ending))
+        ending = ending.__cause__ or ending.__context__
+    caught = [e for e in recorder.value_reads if not getattr(e, "handled", False) and id(e) not in ended_by]
+    if not caught or recorder.sink.file.closed:
+        return
+    where = _user_line(caught[0].__traceback__)
+    at = f" (the first at {where})" if where else ""
+    what = f"{len(caught)} read{'s' if len(caught) > 1 else ''} of fake tensor values{at} {'were' if len(caught) > 1 else 'was'} caught"
+    recorder.sink.comment(f"{what} and the run went on: the work that needed the values may be missing from this trace")
+    print(f"allocbench capture: warning: {what} (an `except` in the script or a library) and the run went on, so the "
+          "work that needed the values may be missing from the trace; pass --scalar-value V to answer such reads, guard "
+          "them (`if not allocbench_capture.fake():`), or capture with --real on a GPU", file=sys.stderr)
+
+
+def _user_line(tb):
+    """"file:line `code`" of the innermost frame of `tb` in the user's code (not this module, a
+    library or Python's own), or None."""
+    here, found = os.path.abspath(__file__), None
+    for frame, lineno in traceback.walk_tb(tb):
+        name = frame.f_code.co_filename
+        if name.startswith("<") or os.path.abspath(name) == here or any(m in name for m in ("site-packages", "dist-packages", os.sep + "lib" + os.sep + "python")):
+            continue
+        found = (name, lineno)
+    if found is None:
+        return None
+    text = linecache.getline(found[0], found[1]).strip()
+    rel = os.path.relpath(found[0]) if not os.path.relpath(found[0]).startswith("..") else found[0]
+    return f"{rel}:{found[1]}" + (f" `{text}`" if text else "")
 
 
 # The variables PyTorch reads its allocator settings from, in priority order: torch 2.15 reads
@@ -3261,7 +3428,8 @@ def _fake_data_message(exc, script):
     inside = f" (the read is in {library})" if library else ""
     if isinstance(exc, FakeValueNeeded) and str(exc) == "Tensor.numpy()":
         op = "Tensor.numpy()"
-        fix = "drop or guard the read (`if not allocbench_capture.fake():`), or capture with --real on a GPU"
+        fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value V to answer it with V "
+               "in every element, or capture with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded) and library:
         op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
         fix = ("pass --scalar-value V to answer such reads with V (a library's read steers its control flow: V "
@@ -3334,7 +3502,7 @@ def main(argv=None):
     parser.add_argument("--real", action="store_true", help="record real tensors (needs a GPU for cuda)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device whose storages are recorded")
     parser.add_argument("--cublas-workspace-mib", type=int, default=32, help="modelled cuBLAS workspace per stream (0: none)")
-    parser.add_argument("--scalar-value", type=float, help="answer .item() on fake tensors with this value")
+    parser.add_argument("--scalar-value", type=float, help="answer .item() (and .numpy()) of fake tensors with this value")
     parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
     parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes (default: an H100 80 GB's)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
@@ -3381,6 +3549,24 @@ def main(argv=None):
     sys.path.insert(0, os.path.dirname(script))
     exit_code, state, message = 0, "complete", ""
     recorder = None
+
+    def write_status(state, exit_code, message):
+        sink = recorder.sink if recorder is not None else None
+        _write_status(
+            opts.status, state=state, exit_code=exit_code, message=message,
+            outcome=getattr(recorder, "outcome", ""), steps=getattr(recorder, "step_no", 0),
+            allocs=sink.allocs if sink else 0, frees=sink.frees if sink else 0,
+            peak_live_bytes=sink.peak_live_bytes if sink else 0, live_bytes_at_end=sink.live_bytes if sink else 0,
+            ooms=sink.memory_stats.num_ooms if sink else 0, device_memory=sink.capacity if sink else None,
+            fake=not opts.real, **status,
+        )
+
+    def hard_exit_status(code):
+        # The script called os._exit(code): the process ends there, as the script asked.
+        exit_code = code if 0 <= code < 256 else code & 0xFF
+        write_status("complete" if exit_code == 0 else "script_error", exit_code,
+                     f"the script exited with status {exit_code} (os._exit)" if exit_code else "")
+
     try:
         with capture(
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
@@ -3388,6 +3574,7 @@ def main(argv=None):
             comments=[f"script: {' '.join([opts.script, *opts.args])}"],
             sites=not opts.no_sites, site_root=os.path.dirname(script), device_memory=opts.device_memory,
         ) as recorder:
+            recorder.on_hard_exit = hard_exit_status
             runpy.run_path(script, run_name="__main__")
     except SetupError as e:
         return fail_setup(str(e))
@@ -3415,15 +3602,16 @@ def main(argv=None):
             message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
             state = "script_error"
         exit_code = EXIT_SCRIPT_ERROR
-    sink = recorder.sink if recorder is not None else None
-    _write_status(
-        opts.status, state=state, exit_code=exit_code, message=message,
-        outcome=getattr(recorder, "outcome", ""), steps=getattr(recorder, "step_no", 0),
-        allocs=sink.allocs if sink else 0, frees=sink.frees if sink else 0,
-        peak_live_bytes=sink.peak_live_bytes if sink else 0, live_bytes_at_end=sink.live_bytes if sink else 0,
-        ooms=sink.memory_stats.num_ooms if sink else 0, device_memory=sink.capacity if sink else None,
-        fake=not opts.real, **status,
-    )
+    write_status(state, exit_code, message)
+    # A script's thread can outlive a capture that stopped the script (--steps, an error): a
+    # producer blocked on a full queue would keep the interpreter from exiting, and the trace and
+    # status are written. Leave without waiting for such threads, as no step of theirs is recorded.
+    stopped = state != "complete" or "(--steps)" in getattr(recorder, "outcome", "")
+    main_thread = threading.main_thread()
+    if stopped and any(t.is_alive() and not t.daemon and t is not main_thread for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(exit_code)
     return exit_code
 
 

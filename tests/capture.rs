@@ -386,6 +386,53 @@ fn a_script_that_raises_passes_its_traceback_and_status_through() {
 }
 
 #[test]
+fn os_exit_closes_the_trace_with_its_rows_and_status() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "x.csv", &[], &[&fixture("hard_exit.py")]);
+    assert_eq!(out.status.code(), Some(7), "os._exit(7) passes through: {}", stderr(&out));
+    assert!(stderr(&out).contains("(5 allocs, 0 frees"), "the status counts the rows: {}", stderr(&out));
+    assert_eq!(signed_sizes(&events(&trace)), vec![4000; 5], "the buffered rows are written");
+    assert!(std::fs::read_to_string(&trace).unwrap().trim_end().ends_with("# capture incomplete: exit status 7 (os._exit)"));
+}
+
+#[test]
+fn a_value_read_in_a_dataloader_worker_stops_the_capture_in_one_line() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "w.csv", &[], &[&fixture("worker_read.py")]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
+    assert!(err.contains("worker_read.py:") && err.contains("needs real tensor data"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: FakeValueNeeded"));
+}
+
+#[test]
+fn torchscript_default_device_saves_caught_reads_and_blocked_threads() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("script_idioms.py");
+    let (out, trace) = capture(dir.path(), "s.csv", &["--steps", "1"], &[&script]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    let line = marked_line("script_idioms.py", "caught read");
+    assert!(err.contains("3 reads of fake tensor values (the first at ") && err.contains(&format!("script_idioms.py:{line} ")), "{err}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("# 3 reads of fake tensor values") && text.contains("may be missing from this trace"), "the trace says so too");
+    assert!(text.contains("# torch.jit.trace: its check_trace skipped"), "{text}");
+    // The producer thread, blocked on its full queue, does not keep the process from ending.
+    assert!(text.trim_end().ends_with("# capture complete: stopped after 1 steps (--steps)"), "{text}");
+    assert_eq!(steps(&events(&trace)), vec![1]);
+}
+
+#[test]
 fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
     if !have_torch() {
         return;
@@ -545,6 +592,11 @@ fn a_resumed_run_reads_its_checkpoints_step_counts_and_keeps_the_file() {
     assert!(out.status.success() && stderr(&out).contains("as it was"), "{}", stderr(&out));
     assert!(std::fs::read(&checkpoint).unwrap() == before, "a module inside a dict overwrote the checkpoint");
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count(), 0);
+    // Saved beside it and renamed onto it (an atomic save): kept too, and the file beside it gone.
+    let (out, _) = capture(dir.path(), "a.csv", &[], &[&script, checkpoint.to_str().unwrap(), "atomic"]);
+    assert!(out.status.success() && stderr(&out).contains(&format!("left {} as it was", checkpoint.display())), "{}", stderr(&out));
+    assert!(std::fs::read(&checkpoint).unwrap() == before, "the rename onto the checkpoint overwrote it");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().contains(".tmp")).count(), 0);
     // A file the capture made itself is written as before.
     let fresh = dir.path().join("fresh.pt");
     let (out, _) = capture(dir.path(), "f.csv", &[], &[&script, fresh.to_str().unwrap()]);
@@ -609,6 +661,7 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     assert!(stdout.contains(&format!("allocated {0} {0}\n", small + large)), "{stdout}");
     assert!(stdout.contains(&format!("peak after reset {small}\n")), "reset_peak_memory_stats: {stdout}");
     assert!(stdout.contains("summary True\nfraction 0.5\n") && stdout.contains("done"), "{stdout}");
+    assert!(stdout.contains("stream cuda:0 cuda:0 (0, -5)\n"), "streams name their device: {stdout}");
     // The settings the script made shape a GPU run: the trace and the terminal say them.
     let text = std::fs::read_to_string(&trace).unwrap();
     let settings = "expandable_segments:True,per_process_memory_fraction:0.5";
@@ -623,6 +676,10 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains("numpy_read.py:4") && err.contains("Tensor.numpy()") && err.contains("--real"), "{err}");
+    // --scalar-value answers it as it answers .item().
+    let (out, _) = capture(dir.path(), "n2.csv", &["--scalar-value", "2.5"], &[&fixture("numpy_read.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "2.5\n");
     // A large CPU tensor is fake too (Note [Real CPU, fake CUDA]): the error says why.
     let cpu_read = dir.path().join("cpu_read.py");
     std::fs::write(&cpu_read, "import torch\nX = torch.randn(1000, 600)\nprint(float(X.mean()))\n").unwrap();
@@ -764,6 +821,9 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
         ("library_read", vec!["(the read is in torch/optim/lr_scheduler.py", "--scalar-value V", "steers its control flow"]),
         ("gloo_ddp", vec!["DistributedDataParallel exchanges the parameters' values", "capture one rank without DDP"]),
         ("spawn", vec!["torch.multiprocessing.spawn starts worker processes, which the capture does not follow", "fix: call the worker"]),
+        // The fake machine has one GPU, as device_count() says: a second is refused as CUDA does.
+        ("second_gpu", vec!["invalid device ordinal (cuda:1: the fake machine has one GPU", "capture one device's share on cuda:0"]),
+        ("set_device", vec!["invalid device ordinal (cuda:1", "--real"]),
     ] {
         let (out, trace) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
         let err = stderr(&out);

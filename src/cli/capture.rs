@@ -24,7 +24,8 @@ pub struct CaptureArgs {
     /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub device: String,
-    /// Answer `.item()` of a fake tensor with this value instead of stopping (for logging code).
+    /// Answer `.item()` of a fake tensor with this value (and `.numpy()` with it in every element)
+    /// instead of stopping (for logging code).
     #[arg(long)]
     pub scalar_value: Option<f64>,
     /// The fake card's memory (e.g. 24GiB; default an H100 80 GB's, 79.6 GiB): live tensors past
