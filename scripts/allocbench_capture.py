@@ -110,12 +110,13 @@ class SetupError(RuntimeError):
     """The capture could not start (no torch, no compiler, an unsupported torch ABI...)."""
 
 
-# Run as a program this file is __main__, which a script's own __main__ replaces: these are
-# pickled by the name a script imports (a DataLoader worker sends its error to the main process
-# pickled, and an exception class pickle cannot find would leave that process waiting for ever).
+# Run as a program this file is __main__: a script's `import allocbench_capture` must find this
+# module (and its capture in progress), not load a second copy. These classes are pickled by that
+# name, as the script's own __main__ replaces this one (a DataLoader worker sends its error to the
+# main process pickled, and a class pickle cannot find would leave that process waiting for ever).
+sys.modules.setdefault("allocbench_capture", sys.modules[__name__])
 for _exception in (StopCapture, FakeValueNeeded, NeedsDriver, SetupError):
     _exception.__module__ = "allocbench_capture"
-sys.modules.setdefault("allocbench_capture", sys.modules[__name__])
 
 
 def step():
@@ -1593,9 +1594,11 @@ class _Patches:
         # A class's own attribute as stored (a staticmethod stays one), or none: an inherited
         # one is restored by deleting the override.
         old = vars(obj).get(name, _MISSING) if isinstance(obj, type) else getattr(obj, name, _MISSING)
+        op = _builtin_op(old)  # (asked before the replacement is in place: torch builds its table lazily)
         self.saved.append((obj, name, old))
         setattr(obj, name, value)
-        _same_builtin(old, value)
+        if op is not None:
+            _script_as_builtin(value, op)
 
     def undo(self):
         for obj, name, old in reversed(self.saved):
@@ -1614,21 +1617,29 @@ _NO_SUCH_DEVICE_FIX = ("capture one device's share on cuda:0 (a model split over
 _KEPT_FOR_BUILTIN_IDS = []
 
 
-def _same_builtin(original, replacement):
-    """TorchScript compiles a call to F.linear, torch.tensor... as the aten op it maps the original
-    function to; a replacement it does not know it would try to compile from its Python source
-    (torch.jit.script of any module with an nn.Linear failed on the wrapper's `try`). The
-    replacement is mapped to the same op: scripted code calls the op, as it does without a capture."""
-    if original is _MISSING or not callable(original) or not callable(replacement):
-        return
+# TorchScript compiles a call to F.linear, torch.tensor... as the aten op it maps the original
+# function to; a replacement it does not know it would try to compile from its Python source
+# (torch.jit.script of any module with an nn.Linear failed on the wrapper's `try`). A replacement
+# is mapped to the original's op: scripted code calls the op, as it does without a capture.
+def _builtin_op(original):
+    """The aten op TorchScript maps `original` to, or None."""
+    if original is _MISSING or not callable(original):
+        return None
     try:
-        from torch.jit._builtins import _find_builtin, _register_builtin
+        from torch.jit._builtins import _find_builtin
 
-        op = _find_builtin(original)
-        if op is not None:
-            _register_builtin(replacement, op)
-            _KEPT_FOR_BUILTIN_IDS.append(replacement)  # (the table goes by id: never freed and reused)
+        return _find_builtin(original)
     except Exception:  # noqa: BLE001 - a torch without these internals: scripting is as before
+        return None
+
+
+def _script_as_builtin(replacement, op):
+    try:
+        from torch.jit._builtins import _register_builtin
+
+        _register_builtin(replacement, op)
+        _KEPT_FOR_BUILTIN_IDS.append(replacement)  # (the table goes by id: never freed and reused)
+    except Exception:  # noqa: BLE001 - as in _builtin_op
         pass
 
 def _fake_tensor_fixes(torch, patches):
@@ -3493,9 +3504,6 @@ def _write_status(path, **status):
 
 
 def main(argv=None):
-    # Run as a program, this file is __main__: a script's `import allocbench_capture` must find
-    # this module (and its capture in progress), not load a second copy.
-    sys.modules.setdefault("allocbench_capture", sys.modules[__name__])
     parser = argparse.ArgumentParser(prog="allocbench_capture.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("-o", "--output", required=True, help="the trace to write (v1 CSV)")
     parser.add_argument("--steps", type=int, help="stop after this many steps")
