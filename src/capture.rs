@@ -123,7 +123,8 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
     cmd.env("PYTHONPATH", path.unwrap_or_else(|| work.path().as_os_str().to_owned()));
     cmd.env("PYTHONUNBUFFERED", "1");
 
-    let child_status = match cmd.status() {
+    // SIGTERM is the capture's own stop (the script's rows so far kept, marked interrupted).
+    let child_status = match cmd.spawn().and_then(|c| crate::interrupt::wait_passing_on(c, libc::SIGTERM, std::time::Duration::from_secs(2))) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(InputError::new(

@@ -1,4 +1,4 @@
-//! The stop flag long runs poll: the commands set it on Ctrl-C (the CLI installs the handler),
+//! The stop flag long runs poll: the commands set it on Ctrl-C or SIGTERM (the CLI installs the handler),
 //! and a run that sees it stops and still writes the results gathered so far. Replays see it only
 //! through a `StopWhen` observer the caller adds; analyses that run many replays (advise, the
 //! capacity search) and the CPU driver poll it between units of work.
@@ -15,4 +15,27 @@ pub fn request() {
 #[inline]
 pub fn interrupted() -> bool {
     INTERRUPTED.load(Ordering::Relaxed)
+}
+
+/// Waits for `child`, passing an interrupt of this process on to it as `signal` once `grace` has
+/// passed with the child still running. A SIGTERM sent to allocbench alone (`kill`, a scheduler's
+/// time limit) reaches no child; a Ctrl-C at a terminal reaches them all, and `grace` lets a child
+/// that stops on its own finish undisturbed.
+pub fn wait_passing_on(mut child: std::process::Child, signal: i32, grace: std::time::Duration) -> std::io::Result<std::process::ExitStatus> {
+    let mut since: Option<std::time::Instant> = None;
+    let mut passed = false;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if interrupted() && !passed {
+            let at = *since.get_or_insert_with(std::time::Instant::now);
+            if at.elapsed() >= grace {
+                // SAFETY: kill(2) on the pid of a child this process has not reaped.
+                unsafe { libc::kill(child.id() as i32, signal) };
+                passed = true;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 }

@@ -142,29 +142,34 @@ fn cpu_bad_input_exits_2() {
 }
 
 /// Ctrl-C (SIGINT) stops a long run, which still writes the results it gathered, and exits 130
-/// (scripts/compare.sh stops on it, as on an interrupted `--exec` run).
+/// (scripts/compare.sh stops on it, as on an interrupted `--exec` run). So does SIGTERM sent to
+/// allocbench alone (`kill`, a scheduler's time limit), which passes it on to the child process
+/// measuring an allocator.
 #[test]
 fn interrupted_run_still_writes_its_results() {
     let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("r.jsonl");
     let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
-    let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
-        .args(["cpu", &w, "--allocator", "mimalloc", "--duration", "60", "--jsonl", out.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(1500));
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(130), "{status:?}");
-    let recs = allocbench::results::read_results(&out).unwrap();
-    match &recs[..] {
-        [allocbench::results::ResultRecord::CpuRun(r)] => {
-            assert!(r.interrupted);
-            assert!(r.wall_s < 30.0 && r.work.allocs > 0 && r.bytes_allocated == r.bytes_freed);
+    for (signal, allocators) in [(libc::SIGINT, "mimalloc"), (libc::SIGTERM, "mimalloc"), (libc::SIGTERM, "system,mimalloc")] {
+        let out = dir.path().join(format!("r{signal}-{allocators}.jsonl"));
+        let mut child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+            .args(["cpu", &w, "--allocator", allocators, "--duration", "60", "--jsonl", out.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(1500));
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(130), "signal {signal}, {allocators}: {status:?}");
+        let recs = allocbench::results::read_results(&out).unwrap();
+        match &recs[..] {
+            [allocbench::results::ResultRecord::CpuRun(r)] => {
+                assert!(r.interrupted, "signal {signal}, {allocators}");
+                assert!(r.wall_s < 30.0 && r.work.allocs > 0 && r.bytes_allocated == r.bytes_freed);
+            }
+            other => panic!("signal {signal}, {allocators}: expected one CPU run, got {}", other.len()),
         }
-        other => panic!("expected one CPU run, got {}", other.len()),
     }
 }
 
@@ -183,6 +188,27 @@ fn iterations_are_exact_on_every_thread() {
         assert_eq!(r.iterations, 40);
         assert_eq!(r.work.frees, r.work.allocs);
     }
+}
+
+/// What an allocator retains is read while its threads live: a worker's exit would hand its
+/// caches back (jemalloc purges a dying thread's pages), which a long-lived serving thread never
+/// does. jemalloc keeps freed pages for its 10 s decay, so right after the last free most of the
+/// run's growth is still resident; its purge gives it back. The run's wall time ends at the last
+/// free, not after the drain.
+#[test]
+fn retained_is_read_while_the_workers_live() {
+    let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let w = Source::open(Some(std::path::Path::new(&format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"))))).unwrap();
+    let mut o = opts(1, false);
+    o.driver.iterations = Some(100);
+    o.drain = Duration::from_millis(1200);
+    let r = cpu::run(&w, CpuAllocator::by_name("jemalloc").unwrap(), &o).unwrap();
+    let growth = r.peak_rss as f64 - r.rss_before as f64;
+    assert!(growth > 20.0 * 1048576.0, "the run grew RSS by {growth} B");
+    assert!(r.retained as f64 > 0.5 * growth, "retained {} of a {growth} B growth: read after the workers exited?", r.retained);
+    assert!(r.retained_after_drain.iter().all(|d| d.retained as f64 > 0.5 * growth), "{:?}", r.retained_after_drain);
+    assert!(r.retained_after_trim.unwrap() < r.retained / 2, "the purge gives the pages back: {:?} of {}", r.retained_after_trim, r.retained);
+    assert!(r.wall_s < 1.0 && r.drain_s >= 1.2, "wall {} s excludes the {} s drain", r.wall_s, r.drain_s);
 }
 
 /// The drain keeps sampling after the last free, reads retained at 0.1 and 1 s, then trims.

@@ -240,27 +240,17 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
 }
 
 /// Re-runs this command for one allocator in a child process and reads back its record. Ctrl-C
-/// is passed on, and the child still writes what it measured. A child that failed gives why
+/// (or SIGTERM) is passed on, and the child still writes what it measured. A child that failed gives why
 /// (naming the allocator) and the exit code to pass on.
 fn run_in_child(allocator: &str) -> anyhow::Result<Result<ResultRecord, (String, i32)>> {
     let dir = tempfile::tempdir()?;
     let result = dir.path().join("run.json");
-    let mut child = std::process::Command::new(std::env::current_exe()?)
+    let child = std::process::Command::new(std::env::current_exe()?)
         .args(std::env::args_os().skip(1))
         .env(CHILD_ALLOCATOR_ENV, allocator)
         .env(CHILD_RESULT_ENV, &result)
         .spawn()?;
-    let mut forwarded = false;
-    let status = loop {
-        if let Some(s) = child.try_wait()? {
-            break s;
-        }
-        if crate::interrupt::interrupted() && !forwarded {
-            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-            forwarded = true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    };
+    let status = crate::interrupt::wait_passing_on(child, libc::SIGINT, std::time::Duration::ZERO)?;
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
         (Some(0), _) => {}

@@ -11,7 +11,7 @@
 //! pattern: where allocators differ most).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{mpsc, Barrier};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -494,11 +494,32 @@ pub struct RunProgress {
 /// Runs the workload on `opts.threads` workers, timing sampled ops with the TSC; `progress` is
 /// published for the RSS sampler.
 pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, progress: &RunProgress) -> anyhow::Result<DriverOutcome> {
-    drive_with(source, alloc, opts, progress, &Tsc::calibrated())
+    drive_with(source, alloc, opts, progress, &Tsc::calibrated(), |_| ()).map(|(out, ())| out)
 }
 
-/// [`drive`] with the clock sampled ops are timed with.
-pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, progress: &RunProgress, clock: &C) -> anyhow::Result<DriverOutcome> {
+/// [`drive`], calling `while_held(all_ok)` after the workers' last free but before they exit
+/// (`all_ok`: no worker failed). A thread's exit hands its allocator caches back (jemalloc and
+/// tcmalloc flush a dying thread's cache, and jemalloc purges its pages), which a long-lived
+/// serving thread never does: what an allocator retains is read while its threads live.
+pub fn drive_holding<R>(
+    source: &Source,
+    alloc: CpuAllocator,
+    opts: &DriverOptions,
+    progress: &RunProgress,
+    while_held: impl FnOnce(bool) -> R,
+) -> anyhow::Result<(DriverOutcome, R)> {
+    drive_with(source, alloc, opts, progress, &Tsc::calibrated(), while_held)
+}
+
+/// [`drive_holding`] with the clock sampled ops are timed with.
+pub fn drive_with<C: Clock, R>(
+    source: &Source,
+    alloc: CpuAllocator,
+    opts: &DriverOptions,
+    progress: &RunProgress,
+    clock: &C,
+    while_held: impl FnOnce(bool) -> R,
+) -> anyhow::Result<(DriverOutcome, R)> {
     if opts.threads == 0 || opts.threads > 1024 {
         return Err(InputError::new("--threads", "must be between 1 and 1024").into());
     }
@@ -511,22 +532,39 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
     let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> = senders.into_iter().map(Some).collect();
 
-    let results: Vec<anyhow::Result<Worker<C>>> = std::thread::scope(|scope| {
+    // Each worker, done, waits at `finished` and stays alive until `released`.
+    let (finished, released) = (Barrier::new(n + 1), Barrier::new(n + 1));
+    let failed = AtomicBool::new(false);
+    let (results, wall_s, held): (Vec<anyhow::Result<Worker<C>>>, f64, R) = std::thread::scope(|scope| {
         let mut handles = Vec::new();
         for (w, rx) in receivers.into_iter().enumerate() {
             // Worker w frees into worker w+1's channel.
             let tx = if opts.cross_thread && n > 1 { senders[(w + 1) % n].take() } else { None };
-            let run = &run;
+            let (run, finished, released, failed) = (&run, &finished, &released, &failed);
             handles.push(scope.spawn(move || -> anyhow::Result<Worker<C>> {
-                let mut worker = Worker::new(w, alloc, opts, clock, tx);
-                worker.run(w, run, rx)?;
-                Ok(worker)
+                // (A panic is caught, so that every worker reaches both barriers.)
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> anyhow::Result<Worker<C>> {
+                    let mut worker = Worker::new(w, alloc, opts, clock, tx);
+                    worker.run(w, run, rx)?;
+                    Ok(worker)
+                }))
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")));
+                if result.is_err() {
+                    failed.store(true, Ordering::Relaxed);
+                }
+                finished.wait();
+                released.wait();
+                result
             }));
         }
         drop(senders);
-        handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))).collect()
+        finished.wait();
+        let wall_s = start.elapsed().as_secs_f64();
+        let held = while_held(!failed.load(Ordering::Relaxed));
+        released.wait();
+        let results = handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))).collect();
+        (results, wall_s, held)
     });
-    let wall_s = start.elapsed().as_secs_f64();
     let mut alloc_ns = histogram();
     let mut free_ns = histogram();
     let (mut allocs, mut frees, mut replay_ns, mut bytes_allocated, mut bytes_freed) = (0u64, 0u64, 0u64, 0u64, 0u64);
@@ -543,7 +581,7 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
         events += w.events;
         iterations = iterations.max(w.steps);
     }
-    Ok(DriverOutcome {
+    let outcome = DriverOutcome {
         allocs,
         frees,
         events,
@@ -556,7 +594,8 @@ pub fn drive_with<C: Clock>(source: &Source, alloc: CpuAllocator, opts: &DriverO
         replay_ns,
         wall_s,
         interrupted: run.interrupted.load(Ordering::Relaxed),
-    })
+    };
+    Ok((outcome, held))
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ use crate::error::InputError;
 use crate::input::Source;
 use crate::results::{CpuMode, CpuRunResult, Latency, LiveMalloc, MachineInfo, RetainedAt, WorkDone, SCHEMA_VERSION};
 use allocators::CpuAllocator;
-use driver::{drive, DriverOptions};
+use driver::{drive_holding, DriverOptions};
 use rss::RssSampler;
 
 /// How to run.
@@ -105,6 +105,17 @@ pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> 
     Ok(per_pass)
 }
 
+/// What a run reads at its end while its workers are held (see [`drive_holding`]).
+struct Held {
+    rss_after_free: u64,
+    peak_rss: u64,
+    retained_after_drain: Vec<RetainedAt>,
+    drain_s: f64,
+    native_stats: std::collections::BTreeMap<String, u64>,
+    trim_call: Option<&'static str>,
+    retained_after_trim: Option<i64>,
+}
+
 /// Runs one allocator over the workload and measures it.
 pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow::Result<CpuRunResult> {
     let live = preload::live_malloc();
@@ -114,29 +125,34 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
     let vmhwm_reset = rss::reset_peak_rss();
     let sampler = RssSampler::start(opts.sample_interval);
     let progress = sampler.progress.clone();
-    let outcome = drive(source, alloc, &opts.driver, &progress);
-    let last_free = std::time::Instant::now();
-    let rss_after_free = rss::rss_bytes();
-    let peak_rss = if vmhwm_reset { rss::peak_rss_bytes() } else { 0 };
-    // The drain: the allocator's decay and purge timers run while nothing is allocated.
-    let mut retained_after_drain = Vec::new();
-    if outcome.is_ok() {
-        for after_s in DRAIN_CHECKPOINTS_S.into_iter().filter(|&c| c <= opts.drain.as_secs_f64()) {
-            if !sleep_until(last_free + Duration::from_secs_f64(after_s)) {
-                break;
+    // What is retained is read while the workers live, parked after their last free (a thread's
+    // exit would hand its allocator caches back, which a serving thread never does).
+    let driven = drive_holding(source, alloc, &opts.driver, &progress, |all_ok| {
+        let last_free = std::time::Instant::now();
+        let rss_after_free = rss::rss_bytes();
+        let peak_rss = if vmhwm_reset { rss::peak_rss_bytes() } else { 0 };
+        // The drain: the allocator's decay and purge timers run while nothing is allocated.
+        let mut retained_after_drain = Vec::new();
+        if all_ok {
+            for after_s in DRAIN_CHECKPOINTS_S.into_iter().filter(|&c| c <= opts.drain.as_secs_f64()) {
+                if !sleep_until(last_free + Duration::from_secs_f64(after_s)) {
+                    break;
+                }
+                retained_after_drain.push(RetainedAt { after_s, retained: rss::rss_bytes() as i64 - rss_before as i64 });
             }
-            retained_after_drain.push(RetainedAt { after_s, retained: rss::rss_bytes() as i64 - rss_before as i64 });
+            sleep_until(last_free + opts.drain);
         }
-        sleep_until(last_free + opts.drain);
-    }
-    let drain_s = last_free.elapsed().as_secs_f64();
+        let drain_s = last_free.elapsed().as_secs_f64();
+        let native_stats = alloc.native_stats(&live.name);
+        let trim_call = alloc.trim(&live.name);
+        let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
+        Held { rss_after_free, peak_rss, retained_after_drain, drain_s, native_stats, trim_call, retained_after_trim }
+    });
     let samples = sampler.finish();
-    let out = outcome?;
+    let (out, held) = driven?;
+    let Held { rss_after_free, peak_rss, retained_after_drain, drain_s, native_stats, trim_call, retained_after_trim } = held;
     let sampled_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
     let peak_rss = peak_rss.max(sampled_peak);
-    let native_stats = alloc.native_stats(&live.name);
-    let trim_call = alloc.trim(&live.name);
-    let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
     let drift = rss::drift(&samples);
     let ops = (out.allocs + out.frees) as f64;
     Ok(CpuRunResult {

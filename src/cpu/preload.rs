@@ -87,7 +87,9 @@ pub fn rerun_preloaded(spec: &str) -> anyhow::Result<Option<i32>> {
     // A library that does not load or does not serve malloc is refused before anything runs.
     let canonical = std::fs::canonicalize(&lib).map_err(|e| InputError::new(spec, format!("cannot preload it: {e}")))?;
     super::exec::check_serves_malloc(&exe, &canonical)?;
-    let status = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_PRELOAD", &lib).env(PRELOAD_CHILD_ENV, "1").status()?;
+    let child = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_PRELOAD", &lib).env(PRELOAD_CHILD_ENV, "1").spawn()?;
+    // The child stops as on Ctrl-C and still writes what it measured.
+    let status = crate::interrupt::wait_passing_on(child, libc::SIGINT, std::time::Duration::ZERO)?;
     Ok(Some(status.code().unwrap_or(1)))
 }
 
