@@ -263,6 +263,14 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
                 summary.push(format!("The failing request was made at {site}."));
             }
         }
+        None if d.allowed.is_some_and(|cap| d.peak_reserved > cap) => summary.push(format!(
+            "No OOM on a {} device (per_process_memory_fraction caps the allocator at {}): peak reserved {} is {} over the cap ({}).",
+            format_bytes(capacity),
+            format_bytes(d.allowed.unwrap_or(0)),
+            format_bytes(d.peak_reserved),
+            format_bytes(d.peak_reserved - d.allowed.unwrap_or(0)),
+            crate::results::gpu::OVER_CAP_WHY
+        )),
         None => summary.push(format!(
             "No OOM on a {} device{}: peak reserved {} leaves {} of headroom{}.",
             format_bytes(capacity),

@@ -236,10 +236,18 @@ pub fn describe(r: &GpuRunResult) -> String {
             // Under per_process_memory_fraction the allocator's limit is the cap, not the device.
             let cap = if r.allocator == "pytorch" { AllocatorConfig::parse(&r.conf).ok().and_then(|c| c.allowed_bytes(r.capacity)) } else { None };
             match cap {
+                Some(cap) if sm.peak_reserved > cap => {
+                    s += &format!(
+                        "no OOM      peak reserved is {} over the {} cap of per_process_memory_fraction ({})\n",
+                        format_bytes(sm.peak_reserved - cap),
+                        format_bytes(cap),
+                        crate::results::gpu::OVER_CAP_WHY
+                    )
+                }
                 Some(cap) => {
                     s += &format!(
                         "no OOM      headroom at peak: {} under the {} cap of per_process_memory_fraction\n",
-                        format_bytes(cap.saturating_sub(sm.peak_reserved)),
+                        format_bytes(cap - sm.peak_reserved),
                         format_bytes(cap)
                     )
                 }

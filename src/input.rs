@@ -242,7 +242,12 @@ impl Source {
                 description: w.file.description.clone(),
             },
             Source::Imported(t, p) => WorkloadInfo {
-                name: p.file_stem().and_then(|s| s.to_str()).unwrap_or("snapshot").to_string(),
+                // One device's history of a snapshot of several is named for it: reports would
+                // take two devices' replays for repetitions of one workload.
+                name: {
+                    let stem = p.file_stem().and_then(|s| s.to_str()).unwrap_or("snapshot");
+                    t.device_of_several.map_or_else(|| stem.to_string(), |d| format!("{stem}-device{d}"))
+                },
                 kind: t.format.to_string(),
                 origin: p.display().to_string(),
                 sha256: sha256_hex(&std::fs::read(p).unwrap_or_default()),

@@ -492,6 +492,16 @@ fn diagnose_measures_headroom_and_free_memory_under_a_memory_fraction() {
     assert_eq!((failed["oom"]["device_free"].as_u64(), failed["oom"]["device_free_uncapped"].as_u64()), (Some(20 << 20), Some(140 << 20)));
     let cause = failed["summary"][1].as_str().unwrap();
     assert!(cause.contains("per_process_memory_fraction's 80.0 MiB cap left 20.0 MiB while the device itself had 140 MiB free"), "{cause}");
+    // Expandable segments map whole 20 MiB pages once the 22 MiB allocation size passed the 25 MiB
+    // cap: 40 MiB reserved, said as 15 MiB over the cap, not as 0 B of headroom.
+    std::fs::write(&path, format!("op,id,bytes,stream\nalloc,1,{},0\n", 21 << 20)).unwrap();
+    let conf = "per_process_memory_fraction:0.25,expandable_segments:True";
+    let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "100MiB", "--conf", conf, "--json", "-"]).output().unwrap();
+    let over: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((over["peak_reserved"].as_u64(), over["allowed"].as_u64()), (Some(40 << 20), Some(25 << 20)));
+    assert!(over["summary"][0].as_str().unwrap().contains("peak reserved 40.0 MiB is 15.0 MiB over the cap"), "{over}");
+    let out = bin().args(["replay", path.to_str().unwrap(), "--capacity", "100MiB", "--conf", conf]).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("peak reserved is 15.0 MiB over the 25.0 MiB cap"), "{}", String::from_utf8_lossy(&out.stdout));
 }
 
 /// A capture cut short (no closing line), a trace whose last row has no line end, and a copy made

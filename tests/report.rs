@@ -115,6 +115,24 @@ fn bytes(v: &serde_json::Value) -> String {
     allocbench::units::format_bytes(v.as_u64().unwrap())
 }
 
+/// A run stopped by an OOM saw live bytes only up to it: the table's heading gives the workload's
+/// peak live, the most any of its runs saw.
+#[test]
+fn a_tables_peak_live_is_the_workloads_not_an_oomed_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = edited_fixture(dir.path(), "stopped.jsonl", |v| {
+        if v["type"] == "gpu_replay" && v["workload"]["name"] == "model-switch" && v["conf"] == "" && v["allocator"] == "pytorch" {
+            v["work"]["peak_live_bytes"] = serde_json::json!(1u64 << 30);
+        }
+        vec![v.clone()]
+    });
+    let records = report::load(&[results]).unwrap();
+    report::render(&records, &dir.path().join("r"), "stopped").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let heading = md.lines().skip_while(|l| *l != "#### model-switch").nth(2).unwrap();
+    assert!(heading.ends_with(&format!("peak live {}.", allocbench::units::format_bytes(14_780_630_912))), "{heading}");
+}
+
 #[test]
 fn findings_come_first_with_numbers_from_the_results() {
     let dir = tempfile::tempdir().unwrap();

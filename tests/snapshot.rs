@@ -610,6 +610,19 @@ fn another_device_is_picked_with_snapshot_device() {
     let (code, _, err) = allocbench(&["replay", csv.to_str().unwrap(), "--snapshot-device", "0"]);
     assert_ne!(code, Some(0));
     assert!(err.contains("--snapshot-device") && err.contains("is not a PyTorch memory snapshot"), "{err}");
+    // Each device's replay is a workload of its own (a report would take them for repetitions).
+    for (device, name) in [(None, "both-device0"), (Some("0"), "both-device0"), (Some("2"), "both-device2")] {
+        let mut args = vec!["replay", both.to_str().unwrap(), "--json", "-"];
+        args.extend(device.map(|d| ["--snapshot-device", d]).into_iter().flatten());
+        let (code, out, err) = allocbench(&args);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["workload"]["name"], name, "{device:?}");
+    }
+    let single = dir.path().join("single.json");
+    std::fs::write(&single, format!(r#"{{"segments": [], "device_traces": [{one}]}}"#)).unwrap();
+    let (_, out, err) = allocbench(&["replay", single.to_str().unwrap(), "--json", "-"]);
+    assert_eq!(serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {err}"))["workload"]["name"], "single");
 }
 
 /// A block whose free waited for another stream's work completes inside a malloc's retry

@@ -34,7 +34,8 @@ pub struct DeviceArgs {
     /// What to do at an out-of-memory: stop the replay, or skip the allocation and continue.
     #[arg(long, value_enum, default_value = "stop")]
     pub on_oom: OnOom,
-    /// Also sample the memory timeline every N events (it is always sampled at every step).
+    /// Also sample the memory timeline every N events (it is always sampled at every step; past
+    /// 4,000 points, neighbouring points merge and the strides double).
     #[arg(long)]
     pub sample_every: Option<u64>,
     /// No progress bar.

@@ -253,12 +253,15 @@ fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
     let mut s = String::new();
     for (workload, rows) in rows_by_workload {
         let first = rows[0].first();
+        // The workload's peak live bytes: a run stopped by an OOM counts only up to it, so the
+        // most any run saw (one that ran the whole workload saw it all).
+        let peak_live = rows.iter().map(|r| r.first().work.peak_live_bytes).max().unwrap_or(0);
         let _ = writeln!(
             s,
             "#### {workload}\n\n{} on {}, peak live {}.\n\n| allocator / conf | runs | peak reserved | vs defaults | reserved / live | fragmentation at peak | device mallocs | vs defaults | retries | OOM |\n|---|---|---|---|---|---|---|---|---|---|",
             first.device,
             format_bytes(first.capacity),
-            format_bytes(first.work.peak_live_bytes)
+            format_bytes(peak_live)
         );
         let base = rows.iter().find(|r| r.is_default());
         for row in rows {

@@ -87,6 +87,10 @@ impl OomRecord {
     }
 }
 
+/// Why peak reserved can pass per_process_memory_fraction's cap: alloc_block checks the allocation
+/// size against it, then an expandable segment maps whole pages for the request.
+pub const OVER_CAP_WHY: &str = "expandable segments map whole pages after alloc_block checks the allocation size against the cap, as in PyTorch";
+
 /// "X free on the device", or under a memory-fraction cap what the cap left and what the device
 /// had: the cap, not the device, is what the policy's malloc saw.
 pub fn device_free_phrase(free: u64, uncapped: u64, allowed: Option<u64>) -> String {

@@ -44,6 +44,8 @@ pub struct ImportedTrace {
     /// (address, size) of each `segment_alloc`, in order: replaying them makes best-fit ties
     /// between equal-size blocks break as they did on the GPU.
     pub segment_addresses: Vec<(u64, u64)>,
+    /// The device imported, when the snapshot recorded several: each is a workload of its own.
+    pub device_of_several: Option<usize>,
 }
 
 const MAX_SNAPSHOT_BYTES: u64 = 2 << 30;
@@ -399,6 +401,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     let mut out = ImportedTrace { format: "pytorch-snapshot", ..Default::default() };
     private_pool_note(root, device, &mut out.notes);
     let with_history = recorded.len();
+    out.device_of_several = (with_history > 1).then_some(device);
     if chosen.is_some() {
         out.notes.push(format!("imported device {device}'s history (--snapshot-device)"));
     } else if with_history > 1 {

@@ -920,7 +920,6 @@ impl<D: Device> CachingAllocator<D> {
             device_free = device_free.min(allowed.saturating_sub(reserved));
         }
         let pair = pool.index() & !1;
-        let own = self.pools[pair..pair + 2].iter();
         OomInfo {
             requested,
             rounded,
@@ -929,7 +928,8 @@ impl<D: Device> CachingAllocator<D> {
             device_free_uncapped,
             allowed: self.allowed,
             cached_free: reserved - allocated,
-            largest_free_block: own.clone().map(|p| p.blocks.max_size()).max().unwrap_or(0),
+            // Only the pool the request searched could serve it (get_pool: small or large).
+            largest_free_block: self.pools[pool.index()].blocks.max_size(),
             other_pools_free: self.pools.iter().enumerate().filter(|(i, _)| i / 2 != pair / 2).flat_map(|(_, p)| p.blocks.iter().map(|(k, _)| k.size())).sum(),
             reserved,
             allocated,

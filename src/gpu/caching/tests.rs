@@ -242,6 +242,15 @@ fn oom_reports_fragmentation_or_capacity() {
     }
     assert_eq!(b.stats().num_ooms, 1);
     assert_eq!(b.stats().num_alloc_retries, 1);
+    // The largest free block is the searched pool's: a small request cannot use the 10 MiB free in
+    // a large segment pinned by a live block.
+    let mut c = alloc("", 21 * MIB);
+    let (first, _second) = (c.malloc(5 * MIB, 0).unwrap(), c.malloc(5 * MIB, 0).unwrap());
+    c.free(first).unwrap();
+    match c.malloc(4096, 0) {
+        Err(AllocError::OutOfMemory(info)) => assert_eq!((info.largest_free_block, info.cached_free), (0, 15 * MIB)),
+        other => panic!("expected an OOM, got {other:?}"),
+    }
     // Real exhaustion.
     let mut c = alloc("", GIB);
     match c.malloc(2 * GIB, 0) {
