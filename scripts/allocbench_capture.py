@@ -2661,12 +2661,14 @@ def _fake_cuda_serialization(torch, patches, recorder):
     def predates_capture(path):
         return os.path.isfile(path) and os.path.getmtime(path) < started
 
+    def say_kept(path, why):
+        if path not in kept:
+            kept.add(path)
+            print(f"allocbench capture: left {path} as it was: it predates the capture, and {why}", file=sys.stderr)
+
     def keep_original(src, dst):
         os.remove(src)
-        if dst not in kept:
-            kept.add(dst)
-            print(f"allocbench capture: left {dst} as it was: it predates the capture, and the file moved onto it "
-                  "holds zeros for fake CUDA tensors", file=sys.stderr)
+        say_kept(dst, "the file moved onto it holds zeros for fake CUDA tensors")
 
     def moving(original):
         # Saving to a temporary file and renaming it onto the checkpoint (an atomic save) would
@@ -2695,9 +2697,7 @@ def _fake_cuda_serialization(torch, patches, recorder):
             result = original_save(torch.utils._pytree.tree_map(zeros_like_fake, obj), target, *args, **kwargs)
             if guarded and saving.current[0]:
                 os.remove(target)
-                if path not in kept:
-                    kept.add(path)
-                    print(f"allocbench capture: left {path} as it was: it predates the capture, and a save of fake CUDA tensors holds zeros", file=sys.stderr)
+                say_kept(path, "a save of fake CUDA tensors holds zeros")
             elif guarded:
                 original_replace(target, path)
             elif path is not None and saving.current[0]:
@@ -3288,8 +3288,7 @@ def _user_line(tb):
     if found is None:
         return None
     text = linecache.getline(found[0], found[1]).strip()
-    rel = os.path.relpath(found[0]) if not os.path.relpath(found[0]).startswith("..") else found[0]
-    return f"{rel}:{found[1]}" + (f" `{text}`" if text else "")
+    return f"{_shown_path(found[0])}:{found[1]}" + (f" `{text}`" if text else "")
 
 
 # The variables PyTorch reads its allocator settings from, in priority order: torch 2.15 reads
@@ -3408,8 +3407,13 @@ def _where(exc, script):
     else:
         path, line = _script_frame(exc.__traceback__, script)
     text = linecache.getline(path, line).strip() if line else ""
-    rel = os.path.relpath(path) if not os.path.relpath(path).startswith("..") else path
-    return f"{rel}:{line}", text
+    return f"{_shown_path(path)}:{line}", text
+
+
+def _shown_path(path):
+    """`path` relative to the working directory when inside it, else as it is."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
 
 
 def _library_frame(tb, script):
@@ -3571,7 +3575,7 @@ def main(argv=None):
 
     def hard_exit_status(code):
         # The script called os._exit(code): the process ends there, as the script asked.
-        exit_code = code if 0 <= code < 256 else code & 0xFF
+        exit_code = code & 0xFF  # (as the shell sees it)
         write_status("complete" if exit_code == 0 else "script_error", exit_code,
                      f"the script exited with status {exit_code} (os._exit)" if exit_code else "")
 
