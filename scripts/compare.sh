@@ -8,10 +8,15 @@
 #   - real programs (.py, plain python3): `allocbench cpu --exec --allocator all -- python3 X.py`.
 #
 #   scripts/compare.sh [--quick] [--reps N] [--drain S] [--out DIR] [--threads N] [--cross-thread]
-#                      [--scale F] [--iterations N] [WORKLOAD.toml|PROGRAM.py ...]
+#                      [--scale F] [--iterations N] [WORKLOAD.toml|TRACE.csv|PROGRAM.py ...]
+#                      [-- PROGRAM [ARGS...]]
 #
-# ALLOCBENCH names the binary (else it is built). Ctrl-C keeps every finished run in cpu.jsonl
-# and exits 130.
+# After `--`, the rest is one more program with its arguments: a .py runs under python3, anything
+# else as a command (a path, or a name found on PATH). Relative paths are the caller's.
+# ALLOCBENCH names the binary (else it is built). Every input is checked before the first run.
+# A run that fails (a workload refused, a program exiting non-zero under some allocator) is kept
+# with its exit code where allocbench recorded it, and the comparison goes on; the script then
+# exits 1 naming the failures. Ctrl-C keeps every finished run in cpu.jsonl and exits 130.
 # Defaults: workloads/python-objects.toml, workloads/serving-llama7b.toml (scale 1/64) and
 # workloads/python/*.py; 5 repetitions, a 12 s drain; results in results/compare-<date>/cpu.jsonl.
 # --quick: 1 repetition, 200 iterations, a 1 s drain and short programs (a smoke test).
@@ -19,7 +24,18 @@
 # --expect-malloc and every program run is proven from its mappings, so no run is labelled with
 # an allocator that did not serve it. Exit status is non-zero only on a real failure.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+caller="$PWD"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+
+usage_error() { echo "compare.sh: $1 (see --help)" >&2; exit 2; }
+# A path as the caller meant it: relative to the directory compare.sh was started in.
+from_caller() { case "$1" in /*) printf '%s' "$1" ;; *) printf '%s' "$caller/$1" ;; esac; }
+# The value of option $1, which must be there ($2 = how many words are left, $3 = the value).
+value_of() {
+  if [ "$2" -lt 2 ] || [ -z "$3" ]; then usage_error "$1 needs a value"; fi
+  printf '%s' "$3"
+}
+positive_integer() { [[ "$2" =~ ^[1-9][0-9]*$ ]] || usage_error "$1 must be a whole number of at least 1, not '$2'"; }
 
 reps=5
 drain=12
@@ -31,31 +47,57 @@ iterations=""
 quick=0
 workloads=()
 programs=()
+# The program after `--`, with its arguments.
+command_after=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
-    --reps) reps="$2"; shift ;;
-    --drain) drain="$2"; shift ;;
-    --out) out="$2"; shift ;;
-    --threads) threads="$2"; shift ;;
+    --reps) reps=$(value_of "$1" $# "${2:-}"); positive_integer --reps "$reps"; shift ;;
+    --drain) drain=$(value_of "$1" $# "${2:-}"); shift
+      [[ "$drain" =~ ^[0-9]+(\.[0-9]+)?$ ]] || usage_error "--drain must be a number of seconds, not '$drain'" ;;
+    --out) out=$(value_of "$1" $# "${2:-}"); out=$(from_caller "$out"); shift ;;
+    --threads) threads=$(value_of "$1" $# "${2:-}"); positive_integer --threads "$threads"; shift ;;
     --cross-thread) cross="--cross-thread" ;;
-    --scale) scale="$2"; shift ;;
-    --iterations) iterations="$2"; shift ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
-    -*) echo "compare.sh: unknown option $1" >&2; exit 2 ;;
-    *.py) programs+=("$1") ;;
-    *) workloads+=("$1") ;;
+    --scale) scale=$(value_of "$1" $# "${2:-}"); shift
+      # A number or a fraction (1/64) in (0, 1], as `allocbench cpu --scale` takes it.
+      [[ "$scale" =~ ^([0-9]+(\.[0-9]*)?|\.[0-9]+)(/([0-9]+(\.[0-9]*)?|\.[0-9]+))?$ ]] \
+        && awk -v s="$scale" 'BEGIN { n = split(s, p, "/"); v = (n == 2) ? (p[2] > 0 ? p[1] / p[2] : 0) : p[1]; exit !(v > 0 && v <= 1) }' \
+        || usage_error "--scale must be a number or fraction in (0, 1], such as 1/64, not '$scale'" ;;
+    --iterations) iterations=$(value_of "$1" $# "${2:-}"); positive_integer --iterations "$iterations"; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    --) shift
+      [ $# -gt 0 ] || usage_error "-- needs a program after it"
+      command_after=("$@")
+      case "$1" in
+        */*|*.py) command_after[0]=$(from_caller "$1") ;;
+      esac
+      break ;;
+    -*) usage_error "unknown option $1" ;;
+    *.py) programs+=("$(from_caller "$1")") ;;
+    *.toml|*.csv|*.csv.gz) workloads+=("$(from_caller "$1")") ;;
+    *) usage_error "$1 is neither a workload (.toml), a trace (.csv) nor a program (.py); a program of another kind goes after --" ;;
   esac
   shift
 done
-if [ -n "$cross" ] && ! [ "$threads" -ge 2 ] 2>/dev/null; then
-  echo "compare.sh: --cross-thread needs --threads 2 or more" >&2
-  exit 2
+if [ -n "$cross" ] && [ "$threads" -lt 2 ]; then
+  usage_error "--cross-thread needs --threads 2 or more"
 fi
-if [ ${#workloads[@]} -eq 0 ] && [ ${#programs[@]} -eq 0 ]; then
-  workloads=(workloads/python-objects.toml workloads/serving-llama7b.toml)
-  programs=(workloads/python/*.py)
+cd "$repo"
+if [ ${#workloads[@]} -eq 0 ] && [ ${#programs[@]} -eq 0 ] && [ ${#command_after[@]} -eq 0 ]; then
+  workloads=("$repo/workloads/python-objects.toml" "$repo/workloads/serving-llama7b.toml")
+  programs=("$repo"/workloads/python/*.py)
 fi
+# Every input, before anything is built or run.
+for w in "${workloads[@]}"; do
+  [ -f "$w" ] && [ -r "$w" ] || usage_error "no such workload: $w"
+done
+for p in "${programs[@]}" "${command_after[@]:0:1}"; do
+  case "$p" in
+    *.py) [ -f "$p" ] && [ -r "$p" ] || usage_error "no such program: $p" ;;
+    */*) [ -f "$p" ] && [ -x "$p" ] || usage_error "$p is not an executable file" ;;
+    *) command -v "$p" > /dev/null || usage_error "$p: no such command on PATH" ;;
+  esac
+done
 if [ "$quick" = 1 ]; then
   reps=1
   drain=1
@@ -65,7 +107,7 @@ fi
 # The binary: $ALLOCBENCH if set (as in scripts/slurm/), else built wherever cargo puts it
 # (CARGO_TARGET_DIR, a workspace's target/, ...).
 if [ -n "${ALLOCBENCH:-}" ]; then
-  bin="$ALLOCBENCH"
+  case "$ALLOCBENCH" in */*) bin=$(from_caller "$ALLOCBENCH") ;; *) bin="$ALLOCBENCH" ;; esac
 else
   cargo build --release --quiet
   target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')
@@ -94,21 +136,33 @@ for name in glibc jemalloc tcmalloc mimalloc; do
 done
 
 # Ctrl-C reaches the running allocbench too (same process group), which stops and writes what it
-# measured: keep that, then stop here instead of going on to the next run.
+# measured: keep that, then stop here instead of going on to the next run. Any other failure is
+# remembered and the comparison goes on.
 interrupted=0
 trap 'interrupted=1' INT
-stop_if_interrupted() {
-  if [ "$interrupted" = 1 ] || [ "$1" != 0 ]; then
-    local code="$1"
-    if [ "$code" = 0 ]; then code=130; fi
-    echo "compare.sh: stopped (exit $code); the finished runs are in $jsonl" >&2
-    exit "$code"
+failures=()
+ran=0
+# Moves a run's results into cpu.jsonl, counting them.
+keep_part() {
+  if [ -f "$jsonl.part" ]; then
+    ran=$((ran + $(grep -c . "$jsonl.part" || true)))
+    cat "$jsonl.part" >> "$jsonl"
+  fi
+  rm -f "$jsonl.part"
+}
+after_run() {
+  local code="$1" what="$2"
+  if [ "$interrupted" = 1 ] || [ "$code" = 130 ]; then
+    echo "compare.sh: stopped (exit 130); the finished runs are in $jsonl" >&2
+    exit 130
+  fi
+  if [ "$code" != 0 ]; then
+    echo "compare.sh: $what failed (exit $code); going on" >&2
+    failures+=("$what (exit $code)")
   fi
 }
 
-ran=0
 for w in "${workloads[@]}"; do
-  if [ ! -f "$w" ]; then echo "compare.sh: no such workload: $w" >&2; exit 2; fi
   wscale="$scale"
   if [ -z "$wscale" ]; then
     case "$(basename "$w")" in
@@ -130,10 +184,8 @@ for w in "${workloads[@]}"; do
       else
         env -u LD_PRELOAD "$bin" "${args[@]}" || rc=$?
       fi
-      if [ -f "$jsonl.part" ]; then cat "$jsonl.part" >> "$jsonl"; fi
-      rm -f "$jsonl.part"
-      stop_if_interrupted "$rc"
-      ran=$((ran + 1))
+      keep_part
+      after_run "$rc" "$(basename "$w") under $name (repetition $rep)"
     done
   done
 done
@@ -142,11 +194,23 @@ allocators=$(IFS=,; echo "${installed[*]}")
 # The interpreter itself, not a wrapper (pyenv's shim is a shell script whose own processes would be
 # preloaded too and counted in the program's RSS).
 python=""
-if [ "${#programs[@]}" -gt 0 ]; then
+if [ "${#programs[@]}" -gt 0 ] || [[ "${command_after[0]:-}" == *.py ]]; then
   python=$(python3 -c 'import sys; print(sys.executable)') || { echo "compare.sh: the programs need python3, which did not run" >&2; exit 2; }
 fi
+# One program (a .py under python3, else a command) with its arguments, under every allocator.
+run_program() {
+  local name
+  name=$(basename "$1")
+  local command=("$@")
+  case "$name" in *.py) command=("$python" "${command[@]}") ;; esac
+  if [ "$reps" = 1 ]; then echo "== $name under $allocators"; else echo "== $name under $allocators ($reps repetitions, interleaved)"; fi
+  rm -f "$jsonl.part"
+  local rc=0
+  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- "${command[@]}" || rc=$?
+  keep_part
+  after_run "$rc" "$name"
+}
 for p in "${programs[@]}"; do
-  if [ ! -f "$p" ]; then echo "compare.sh: no such program: $p" >&2; exit 2; fi
   # Short runs for a smoke test; the programs' defaults otherwise.
   short=()
   if [ "$quick" = 1 ]; then
@@ -156,14 +220,14 @@ for p in "${programs[@]}"; do
       serving_loop.py) short=(--bursts 3) ;;
     esac
   fi
-  echo "== $(basename "$p") under $allocators ($reps repetitions, interleaved)"
-  rm -f "$jsonl.part"
-  rc=0
-  "$bin" cpu --exec --allocator "$allocators" --reps "$reps" --jsonl "$jsonl.part" -- "$python" "$p" "${short[@]}" || rc=$?
-  if [ -f "$jsonl.part" ]; then cat "$jsonl.part" >> "$jsonl"; fi
-  rm -f "$jsonl.part"
-  stop_if_interrupted "$rc"
-  ran=$((ran + reps * ${#installed[@]}))
+  run_program "$p" "${short[@]}"
 done
+if [ ${#command_after[@]} -gt 0 ]; then
+  run_program "${command_after[@]}"
+fi
 echo "wrote $ran runs to $jsonl"
 echo "render: $bin report $jsonl -o reports/<name>/"
+if [ ${#failures[@]} -gt 0 ]; then
+  echo "compare.sh: ${#failures[@]} failed: $(IFS=';'; echo "${failures[*]}" | sed 's/;/; /g'); their runs, where allocbench kept them, are in $jsonl" >&2
+  exit 1
+fi

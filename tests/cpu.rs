@@ -604,6 +604,58 @@ fn compare_script_keeps_finished_runs_on_ctrl_c() {
     assert!(!out.join("cpu.jsonl.part").exists());
 }
 
+/// `scripts/compare.sh` takes paths as the caller gave them (relative to where it was started,
+/// not to the repository), passes a program after `--` its arguments, and goes on after a program
+/// that fails under one allocator: the failed run is kept with its exit code, the next program
+/// still runs, and the script exits 1 naming the failure. Bad arguments stop it before any run.
+#[test]
+fn compare_script_goes_on_after_a_failure_with_the_callers_paths_and_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    // Fails under glibc alone (its run has no LD_PRELOAD).
+    std::fs::write(dir.path().join("fails_under_glibc.py"), "import os, sys\nsys.exit(0 if os.environ.get('LD_PRELOAD') else 3)\n").unwrap();
+    std::fs::write(dir.path().join("args.py"), "import json, os, sys\nwith open(os.path.join(os.path.dirname(__file__), 'seen'), 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n").unwrap();
+    let compare = |args: &[&str]| {
+        std::process::Command::new("bash")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compare.sh"))
+            .args(args)
+            .current_dir(dir.path())
+            .env("ALLOCBENCH", assert_cmd::cargo::cargo_bin("allocbench"))
+            .output()
+            .unwrap()
+    };
+    let run = compare(&["--reps", "1", "--out", "out", "fails_under_glibc.py", "--", "args.py", "two words", "--flag"]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{err}");
+    assert!(err.contains("fails_under_glibc.py (exit 1)") && err.contains("1 failed"), "{err}");
+    let recs = allocbench::results::read_results(&dir.path().join("out/cpu.jsonl")).unwrap();
+    let runs: Vec<_> = recs.iter().map(|r| if let allocbench::results::ResultRecord::CpuExec(r) = r { r } else { panic!("an exec run") }).collect();
+    let of = |name: &str| runs.iter().filter(|r| r.name == name).collect::<Vec<_>>();
+    let (failing, with_args) = (of("fails_under_glibc.py"), of("args.py"));
+    assert!(!failing.is_empty() && failing.len() == with_args.len(), "every allocator ran both programs: {} and {}", failing.len(), with_args.len());
+    for r in failing {
+        assert_eq!(r.exit_code, if r.allocator == "glibc" { 3 } else { 0 }, "{}", r.allocator);
+    }
+    assert!(with_args.iter().all(|r| r.exit_code == 0));
+    let seen = std::fs::read_to_string(dir.path().join("seen")).unwrap();
+    assert_eq!(seen.lines().count(), with_args.len(), "{seen}");
+    assert!(seen.lines().all(|l| l == r#"["two words", "--flag"]"#), "{seen}");
+    // Bad arguments: refused before anything runs (no results folder is made).
+    for (args, want) in [
+        (&["--reps", "abc", "args.py"][..], "--reps must be a whole number"),
+        (&["--reps"][..], "--reps needs a value"),
+        (&["--scale", "3", "args.py"][..], "--scale must be"),
+        (&["--out", "never", "args.py", "missing.py"][..], "no such program: "),
+        (&["--out", "never", "--", "no-such-command-here"][..], "no such command on PATH"),
+        (&["notes.txt"][..], "neither a workload"),
+    ] {
+        let run = compare(args);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(want) && err.lines().count() == 1, "{args:?}: {err}");
+    }
+    assert!(!dir.path().join("never").exists());
+}
+
 /// A program that dies of SIGINT (Ctrl-C reaches the whole process group, and the program may die
 /// before allocbench sees it) is a stopped run, not a result: nothing more runs, exit 130.
 #[test]
