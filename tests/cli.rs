@@ -183,6 +183,40 @@ fn an_output_that_is_the_input_is_refused_and_the_input_kept() {
     }
 }
 
+/// An output that cannot be written is refused before the work, not found after it (a long `cpu`
+/// or `advise` run lost its results that way), and nothing is left behind by the check.
+#[test]
+fn an_unwritable_output_is_refused_before_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "").unwrap();
+    let under_a_file = file.join("out/r.json");
+    let (u, d) = (under_a_file.to_str().unwrap(), dir.path().to_str().unwrap());
+    let w = workload("python-objects.toml");
+    for (args, want) in [
+        (vec!["cpu", &w, "--allocator", "system", "--duration", "30", "--json", u], "is not a folder"),
+        (vec!["cpu", &w, "--allocator", "system", "--duration", "30", "--jsonl", d], "is a folder"),
+        (vec!["replay", &w, "--json", u], "is not a folder"),
+        (vec!["advise", &w, "--json", d], "is a folder"),
+        (vec!["diagnose", &w, "--jsonl", u], "is not a folder"),
+        (vec!["run", &w, "-q", "--jsonl", u], "is not a folder"),
+    ] {
+        let t = std::time::Instant::now();
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want) && stderr(&out).trim().lines().count() == 1, "{args:?}: {}", stderr(&out));
+        assert!(t.elapsed() < std::time::Duration::from_secs(20), "{args:?} ran before refusing");
+    }
+    // A new file in a new folder is fine, and the check leaves nothing there.
+    let fresh = dir.path().join("new/folder/r.json");
+    let out = bin().args(["replay", &workload("model-switch.toml"), "--json", fresh.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_dir(fresh.parent().unwrap()).unwrap().count(), 1);
+    let mut names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    assert_eq!(names, ["file", "new"]);
+}
+
 /// `--sim-latency` accounts simulated device time with latencies measured on a real H100
 /// (`allocbench devprobe`, fixture from reports/gpu-h100): no caching spends far more of it.
 #[test]

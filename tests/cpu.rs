@@ -613,7 +613,11 @@ fn compare_script_goes_on_after_a_failure_with_the_callers_paths_and_arguments()
     let dir = tempfile::tempdir().unwrap();
     // Fails under glibc alone (its run has no LD_PRELOAD).
     std::fs::write(dir.path().join("fails_under_glibc.py"), "import os, sys\nsys.exit(0 if os.environ.get('LD_PRELOAD') else 3)\n").unwrap();
-    std::fs::write(dir.path().join("args.py"), "import json, os, sys\nwith open(os.path.join(os.path.dirname(__file__), 'seen'), 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n").unwrap();
+    std::fs::write(
+        dir.path().join("args.py"),
+        "import json, os, sys\nwith open(os.path.join(os.path.dirname(__file__), 'seen'), 'a') as f:\n    f.write(json.dumps(sys.argv[1:]) + '\\n')\n",
+    )
+    .unwrap();
     let compare = |args: &[&str]| {
         std::process::Command::new("bash")
             .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/compare.sh"))

@@ -49,7 +49,7 @@ pub struct AdviseArgs {
 }
 
 pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
-    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input), a.latency.as_deref()])?;
+    output::check_outputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input), a.latency.as_deref()])?;
     if a.input.extension().is_some_and(|e| e == "jsonl") {
         if a.snapshot.snapshot_device.is_some() {
             return Err(InputError::new("--snapshot-device", "reads a PyTorch snapshot; a sweep's results (.jsonl) hold replays already").into());

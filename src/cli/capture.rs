@@ -47,7 +47,7 @@ pub struct CaptureArgs {
 pub fn main(a: CaptureArgs) -> i32 {
     let mut command = a.command.into_iter();
     let script = PathBuf::from(command.next().unwrap_or_default());
-    if let Err(e) = super::output::refuse_overwriting_inputs(&[Some(&a.output)], &[Some(&script)]) {
+    if let Err(e) = super::output::check_outputs(&[Some(&a.output)], &[Some(&script)]) {
         eprintln!("error: {e}");
         return crate::capture::EXIT_SETUP_ERROR;
     }

@@ -111,7 +111,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     // From here on the harness's own allocations come from its private arena, never from the
     // malloc under test.
     crate::cpu::harness_alloc::isolate();
-    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[a.input.as_deref()])?;
+    output::check_outputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[a.input.as_deref()])?;
     if a.exec {
         return exec_main(a);
     }

@@ -16,6 +16,7 @@ pub struct DevprobeArgs {
 }
 
 pub fn main(a: &DevprobeArgs) -> anyhow::Result<()> {
+    output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[])?;
     let device = crate::gpu::cuda::CudaDevice::open(0)?;
     eprintln!("probing {} ...", crate::gpu::device::Device::describe(&device));
     let r = crate::gpu::devprobe::probe(device, a.reps.max(3)).map_err(|e| anyhow::anyhow!("devprobe failed: {e}"))?;

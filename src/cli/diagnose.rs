@@ -30,7 +30,7 @@ pub struct DiagnoseArgs {
 }
 
 pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
-    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input)])?;
+    output::check_outputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input)])?;
     let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;

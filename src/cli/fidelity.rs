@@ -27,7 +27,7 @@ pub struct FidelityArgs {
 
 pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
     use crate::gpu::fidelity;
-    output::refuse_overwriting_inputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace), Some(&a.torch_json)])?;
+    output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace), Some(&a.torch_json)])?;
     let torch = fidelity::load_torch(&a.torch_json)?;
     let r = fidelity::check(&a.trace, &torch, a.conf.as_deref(), a.address_order)?;
     println!(

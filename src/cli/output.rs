@@ -79,11 +79,13 @@ fn end_with_a_whole_line(path: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Refuses to write any of `outputs` that is one of `inputs` (the same file, by any name):
-/// creating it would empty the input before it is read, or replace it with results.
-pub fn refuse_overwriting_inputs(outputs: &[Option<&Path>], inputs: &[Option<&Path>]) -> anyhow::Result<()> {
+/// Checks, before any work, that every one of `outputs` can be written, and refuses any that is
+/// one of `inputs` (the same file, by any name): creating it would empty the input before it is
+/// read, or replace it with results. (An output found unwritable after a long run loses the run.)
+pub fn check_outputs(outputs: &[Option<&Path>], inputs: &[Option<&Path>]) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
     for output in outputs.iter().flatten().filter(|o| o.as_os_str() != "-") {
+        check_writable(output)?;
         let Ok(out) = std::fs::metadata(output) else { continue };
         for input in inputs.iter().flatten() {
             if std::fs::metadata(input).is_ok_and(|i| i.dev() == out.dev() && i.ino() == out.ino()) {
@@ -93,6 +95,35 @@ pub fn refuse_overwriting_inputs(outputs: &[Option<&Path>], inputs: &[Option<&Pa
         }
     }
     Ok(())
+}
+
+/// Whether `path` can be written as `open` would: an existing file opened for writing (not
+/// truncated), or a new one created and removed again in the nearest folder that exists (the
+/// folders between are made by `open`). Nothing is left behind.
+fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let name = path.display().to_string();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Err(InputError::new(name, "is a folder: name a file").into()),
+        Ok(_) => {
+            return std::fs::OpenOptions::new().append(true).open(path).map(drop).map_err(|e| InputError::new(name, format!("cannot write: {e}")).into());
+        }
+        Err(_) => {}
+    }
+    let mut folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    while !folder.exists() {
+        folder = folder.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    }
+    if !folder.is_dir() {
+        return Err(InputError::new(name, format!("cannot create: {} is not a folder", folder.display())).into());
+    }
+    let probe = folder.join(format!(".allocbench-write-check-{}", std::process::id()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(InputError::new(name, format!("cannot create: {e}")).into()),
+    }
 }
 
 /// Writes one pretty-printed JSON document to `path` (`-` = standard output).

@@ -40,7 +40,7 @@ pub struct ReplayArgs {
 }
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
-    output::refuse_overwriting_inputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
+    output::check_outputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
     let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;

@@ -31,7 +31,7 @@ pub struct RunArgs {
 }
 
 pub fn main(a: &RunArgs) -> anyhow::Result<()> {
-    super::output::refuse_overwriting_inputs(&[a.jsonl.as_deref()], &[a.input.as_deref()])?;
+    super::output::check_outputs(&[a.jsonl.as_deref()], &[a.input.as_deref()])?;
     let source = Source::open(a.input.as_deref())?;
     compare(&source, &a.allocators, &a.confs, &a.device, a.jsonl.as_deref())
 }

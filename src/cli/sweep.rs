@@ -117,7 +117,7 @@ fn read_confs(arg: Option<&str>) -> anyhow::Result<Vec<String>> {
 
 fn plan(a: &PlanArgs) -> anyhow::Result<()> {
     let inputs: Vec<Option<&Path>> = a.inputs.iter().map(|p| Some(p.as_path())).chain([a.confs.as_deref().map(Path::new)]).collect();
-    output::refuse_overwriting_inputs(&[Some(&a.output)], &inputs)?;
+    output::check_outputs(&[Some(&a.output)], &inputs)?;
     let confs = read_confs(a.confs.as_deref())?;
     let capacities = if a.capacities.is_empty() { vec![crate::gpu::device::H100_CAPACITY_BYTES] } else { a.capacities.clone() };
     let rows = crate::sweep::make_plan(&PlanRequest {
@@ -189,7 +189,7 @@ fn run(a: &RunArgs) -> anyhow::Result<()> {
 fn merge(a: &MergeArgs) -> anyhow::Result<()> {
     // Its own inputs (the plan's copy, the shards) are never its output.
     let inputs = crate::sweep::merge_inputs(&a.dir)?;
-    output::refuse_overwriting_inputs(&[Some(&a.output)], &inputs.iter().map(|p| Some(p.as_path())).collect::<Vec<_>>())?;
+    output::check_outputs(&[Some(&a.output)], &inputs.iter().map(|p| Some(p.as_path())).collect::<Vec<_>>())?;
     let merged = crate::sweep::merge(&a.dir)?;
     let mut out = Jsonl::open(Some(&a.output))?;
     for r in &merged.rows {

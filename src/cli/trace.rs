@@ -24,7 +24,7 @@ pub struct TraceArgs {
 }
 
 pub fn main(a: &TraceArgs) -> anyhow::Result<()> {
-    output::refuse_overwriting_inputs(&[Some(Path::new(&a.output))], &[Some(&a.input)])?;
+    output::check_outputs(&[Some(Path::new(&a.output))], &[Some(&a.input)])?;
     let source = a.snapshot.open(&a.input)?;
     let info = source.info()?;
     let mut comments = vec![
