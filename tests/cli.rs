@@ -230,6 +230,8 @@ fn sim_latency_accounts_device_time() {
     };
     let (cached, uncached) = (time("pytorch"), time("nocache"));
     assert!(cached > 0.0 && uncached > 20.0 * cached, "pytorch {cached} s vs nocache {uncached} s");
+    // The ideal bound makes no device calls: 0 s beside the others, not an absent figure.
+    assert_eq!(time("ideal"), 0.0);
     let out = bin().args(["replay", &workload("model-switch.toml"), "--sim-latency", &workload("model-switch.toml")]).output().unwrap();
     assert_eq!(out.status.code(), Some(2), "a workload file is not a devprobe results file");
 }
@@ -670,6 +672,10 @@ fn run_header_counts_the_inputs_events_and_names_the_device() {
     let out = bin().args(["run", &w, "--capacity", "1GiB", "-q"]).output().unwrap();
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
     assert!(header.contains("events replayed before every run stopped"), "{header}");
+    // With --on-oom continue every run goes on to the end: the header counts all the events.
+    let out = bin().args(["run", &w, "--capacity", "1GiB", "--on-oom", "continue", "-q"]).output().unwrap();
+    let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
+    assert!(header.starts_with("scenario-sawtooth (scenario), 49 events, "), "{header}");
     let out = bin().args(["run", &w, "--allocators", "nocache", "--conf", "expandable_segments:True", "-q"]).output().unwrap();
     assert!(out.status.success());
     assert!(stderr(&out).contains("warning: --conf applies to the pytorch allocator only"), "{}", stderr(&out));

@@ -10,7 +10,7 @@ use super::{output::Jsonl, progress};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu_run;
 use crate::input::Source;
-use crate::results::ResultRecord;
+use crate::results::{GpuRunResult, OnOom, ResultRecord};
 use crate::units::count;
 
 #[derive(Args, Debug)]
@@ -65,7 +65,9 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
     // The input's events: a row that stopped at an OOM replayed fewer. The device: the one a
     // policy ran on (the ideal bound describes itself).
     let events = rows.iter().map(|r| r.work.events).max().unwrap_or(0);
-    let all_stopped = !rows.is_empty() && rows.iter().all(|r| r.oom.is_some() || r.summary.interrupted);
+    // (With --on-oom continue an OOM is counted and the run goes on to the end.)
+    let stopped = |r: &GpuRunResult| r.summary.interrupted || (r.oom.is_some() && opts.on_oom == OnOom::Stop);
+    let all_stopped = !rows.is_empty() && rows.iter().all(stopped);
     println!(
         "{} ({}), {}, {}",
         info.name,

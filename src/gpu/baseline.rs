@@ -181,4 +181,10 @@ impl GpuAllocator for IdealAllocator {
     fn device_description(&self) -> String {
         format!("ideal bound, {} capacity", crate::units::format_bytes(self.capacity))
     }
+
+    /// The bound makes no device calls: none of its time is spent in them (a real 0, beside the
+    /// policies' modelled or measured time, not an absent figure).
+    fn device_time_ns(&self) -> Option<u64> {
+        Some(0)
+    }
 }
