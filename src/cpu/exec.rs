@@ -409,8 +409,12 @@ fn sample_tree(pid: i32, start: Instant, interval: Duration, preloaded: Option<&
         }
         if now >= next_sample {
             let rss: u64 = tree.iter().map(|&p| process_rss(p)).sum();
-            obs.rss.push((now.duration_since(start).as_secs_f64(), rss));
-            obs.max_processes = obs.max_processes.max(tree.len() as u32);
+            // A live program holds pages: 0 is a tree that has exited (a zombie's statm reads 0)
+            // between wait4 and `done`, not a sample of it.
+            if rss > 0 {
+                obs.rss.push((now.duration_since(start).as_secs_f64(), rss));
+                obs.max_processes = obs.max_processes.max(tree.len() as u32);
+            }
             next_sample += interval;
             if next_sample < now {
                 next_sample = now + interval;
@@ -502,6 +506,20 @@ mod tests {
         elf[64] = 3; // PT_INTERP
         assert_eq!(elf_without_interpreter(&elf), Some(false));
         assert_eq!(elf_without_interpreter(b"#!/bin/sh\n"), None);
+    }
+
+    /// The RSS timeline holds the program alone: no 0 sample of its exited tree (between its
+    /// exit and the sampler's stop), which a chart drew as a drop to nothing.
+    #[test]
+    fn the_rss_timeline_holds_no_sample_of_the_exited_program() {
+        let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let glibc = ExecAllocator { name: "glibc".into(), library: None };
+        let opts = ExecOptions { sample_interval: Duration::from_millis(1), program_stdout_to_stderr: false };
+        for rep in 0..40 {
+            let r = run_once(&v(&["sh", "-c", "sleep 0.01"]), &glibc, rep, &opts);
+            assert_eq!(r.exit_code, 0);
+            assert!(!r.rss.is_empty() && r.rss.iter().all(|&(_, b)| b > 0), "run {rep}: {:?}", r.rss);
+        }
     }
 
     #[test]
