@@ -249,12 +249,20 @@ pub fn describe(r: &CpuRunResult) -> String {
         let at: Vec<String> = r.retained_after_drain.iter().map(|d| format!("{} s {}", d.after_s, format_bytes_signed(d.retained as i128))).collect();
         s += &format!("  retained into the drain: {}\n", at.join(", "));
     }
-    s += &format!(
-        "  drift (RSS - live) {} MiB per 1,000 iterations; raw RSS {} MiB per 1,000 iterations, {} MiB per minute\n",
-        opt(r.drift_overhead_mib_per_1k),
-        opt(r.drift_mib_per_1k_iterations),
-        opt(r.drift_mib_per_minute)
-    );
+    if r.drift_overhead_mib_per_1k.is_none() && r.drift_mib_per_1k_iterations.is_none() && r.drift_mib_per_minute.is_none() {
+        s += &format!(
+            "  drift: none measured (its steady part needs {} iterations and {} RSS samples: run longer, e.g. --duration 10)\n",
+            crate::cpu::rss::MIN_DRIFT_ITERATIONS,
+            crate::cpu::rss::MIN_DRIFT_SAMPLES
+        );
+    } else {
+        s += &format!(
+            "  drift (RSS - live) {} MiB per 1,000 iterations; raw RSS {} MiB per 1,000 iterations, {} MiB per minute\n",
+            opt(r.drift_overhead_mib_per_1k),
+            opt(r.drift_mib_per_1k_iterations),
+            opt(r.drift_mib_per_minute)
+        );
+    }
     if r.interrupted {
         s += "  interrupted (Ctrl-C): numbers cover the part that ran\n";
     }

@@ -134,10 +134,16 @@ pub struct Drift {
 /// millions of MiB), not a drift.
 pub const MIN_DRIFT_ITERATIONS: u64 = 10;
 
+/// The fewest RSS samples the steady-state window must hold for a drift: a slope through three
+/// or four samples of a run shorter than a tenth of a second is its warm-up's noise, and "per
+/// minute" multiplied it into tens of GiB (a 0.03 s run gave +78,777 MiB per minute).
+pub const MIN_DRIFT_SAMPLES: usize = 10;
+
 /// Drift: least-squares slopes over the steady-state part of the run, from a quarter of the way
 /// to the last iteration until the last sample before it (the warm-up, the final teardown and
 /// the drain are excluded: a sample that already counts the last iteration may have been taken
-/// after every block was freed); none when that part spans fewer than [`MIN_DRIFT_ITERATIONS`].
+/// after every block was freed); none when that part spans fewer than [`MIN_DRIFT_ITERATIONS`]
+/// or holds fewer than [`MIN_DRIFT_SAMPLES`].
 pub fn drift(samples: &[RssSample]) -> Drift {
     const MIB: f64 = 1048576.0;
     let Some(last_iter) = samples.iter().map(|s| s.iteration).max() else {
@@ -147,7 +153,7 @@ pub fn drift(samples: &[RssSample]) -> Drift {
     let steady: Vec<&RssSample> = samples.iter().filter(|s| s.t_s >= t_end * 0.25 && s.t_s <= t_end).collect();
     let first_iter = steady.iter().map(|s| s.iteration).min().unwrap_or(last_iter);
     let end_iter = steady.iter().map(|s| s.iteration).max().unwrap_or(first_iter);
-    if end_iter - first_iter < MIN_DRIFT_ITERATIONS {
+    if end_iter - first_iter < MIN_DRIFT_ITERATIONS || steady.len() < MIN_DRIFT_SAMPLES {
         return Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None };
     }
     let fit = |f: &dyn Fn(&RssSample) -> (f64, f64)| slope(&steady.iter().map(|s| f(s)).collect::<Vec<_>>());
@@ -206,6 +212,9 @@ mod tests {
         assert_eq!(drift(&samples), Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None });
         let long: Vec<RssSample> = (0..100).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i, rss: 8 << 20, live_bytes: 0 }).collect();
         assert_eq!(drift(&long).rss_per_1k, Some(0.0));
+        // Many iterations, but a run so short that the steady state holds a handful of samples.
+        let short: Vec<RssSample> = (0..6).map(|i| RssSample { t_s: i as f64 * 0.01, iteration: i * 4, rss: (8 << 20) + (i << 20), live_bytes: 0 }).collect();
+        assert_eq!(drift(&short), Drift { rss_per_1k: None, rss_per_minute: None, overhead_per_1k: None });
     }
 
     #[test]
