@@ -159,10 +159,14 @@ pub struct PlanRequest<'a> {
     pub plan_path: &'a Path,
     /// Copy the inputs into this folder, for a shared filesystem.
     pub bundle: Option<&'a Path>,
+    /// A PyTorch snapshot of several GPUs: replay this device's history only (`None`: each
+    /// recorded device's, as a workload of its own).
+    pub snapshot_device: Option<usize>,
 }
 
-/// The rows of a plan: input × capacity × allocator × conf, in that order (inputs as given; the
-/// conf only varies for pytorch). Every input is opened first, so a bad one fails before any row.
+/// The rows of a plan: input (× device, for a snapshot of several GPUs) × capacity × allocator ×
+/// conf, in that order (inputs as given; the conf only varies for pytorch). Every input is opened
+/// first, so a bad one fails before any row.
 pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
     if req.capacities.is_empty() {
         return Err(InputError::new("--capacities", "no capacity given").into());
@@ -182,30 +186,37 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
     let mut seen = HashSet::new();
     let mut inputs = Vec::new();
     for path in req.inputs {
-        Source::open(Some(path))?;
+        let devices: Vec<Option<usize>> = match Source::open_snapshot_device(Some(path), req.snapshot_device)? {
+            _ if req.snapshot_device.is_some() => vec![req.snapshot_device],
+            Source::Imported(t, _) if t.recorded_devices.len() > 1 => t.recorded_devices.iter().map(|&d| Some(d)).collect(),
+            _ => vec![None],
+        };
         let canonical = path.canonicalize().map_err(|e| InputError::new(path.display().to_string(), e.to_string()))?;
         if !seen.insert(canonical.clone()) {
             return Err(InputError::new(path.display().to_string(), "given twice").into());
         }
-        inputs.push((canonical, sha256_file(path)?));
+        inputs.push((canonical, sha256_file(path)?, devices));
     }
     let recorded: Vec<String> = match req.bundle {
         Some(dir) => bundle(&inputs, dir, req.plan_path)?,
-        None => inputs.iter().map(|(p, _)| p.display().to_string()).collect(),
+        None => inputs.iter().map(|(p, _, _)| p.display().to_string()).collect(),
     };
     let mut rows = Vec::new();
-    for ((_, sha256), input) in inputs.iter().zip(&recorded) {
-        for &capacity in req.capacities {
-            for p in &planned {
-                rows.push(PlanRow {
-                    schema_version: SCHEMA_VERSION,
-                    index: rows.len() as u64,
-                    input: input.clone(),
-                    sha256: sha256.clone(),
-                    allocator: p.allocator.clone(),
-                    conf: if p.allocator == "pytorch" { p.conf.source.clone() } else { String::new() },
-                    capacity,
-                });
+    for ((_, sha256, devices), input) in inputs.iter().zip(&recorded) {
+        for &snapshot_device in devices {
+            for &capacity in req.capacities {
+                for p in &planned {
+                    rows.push(PlanRow {
+                        schema_version: SCHEMA_VERSION,
+                        index: rows.len() as u64,
+                        input: input.clone(),
+                        sha256: sha256.clone(),
+                        allocator: p.allocator.clone(),
+                        conf: if p.allocator == "pytorch" { p.conf.source.clone() } else { String::new() },
+                        capacity,
+                        snapshot_device,
+                    });
+                }
             }
         }
     }
@@ -215,7 +226,7 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
 /// Copies the inputs into `dir` (a name taken by another file gets its sha256 prefix) and
 /// returns their paths as the plan records them: relative to the plan's folder when `dir` is
 /// inside it, else absolute.
-fn bundle(inputs: &[(PathBuf, String)], dir: &Path, plan_path: &Path) -> anyhow::Result<Vec<String>> {
+fn bundle(inputs: &[(PathBuf, String, Vec<Option<usize>>)], dir: &Path, plan_path: &Path) -> anyhow::Result<Vec<String>> {
     let dir_name = dir.display().to_string();
     std::fs::create_dir_all(dir).map_err(|e| InputError::new(&dir_name, format!("cannot create the bundle folder: {e}")))?;
     let dir = dir.canonicalize().map_err(|e| InputError::new(&dir_name, e.to_string()))?;
@@ -224,7 +235,7 @@ fn bundle(inputs: &[(PathBuf, String)], dir: &Path, plan_path: &Path) -> anyhow:
     let plan_dir = plan_dir.canonicalize()?;
     let mut taken: HashMap<String, String> = HashMap::new();
     let mut out = Vec::new();
-    for (src, sha) in inputs {
+    for (src, sha, _) in inputs {
         let file = src.file_name().and_then(|n| n.to_str()).unwrap_or("input").to_string();
         let holds_other = |name: &str| {
             let dest = dir.join(name);
@@ -343,9 +354,11 @@ struct Loaded {
     addresses: Vec<(u64, u64)>,
 }
 
-/// An input of the shard: loaded when a thread first needs it, dropped after its last row.
+/// An input of the shard (a file, and the device of a snapshot of several): loaded when a thread
+/// first needs it, dropped after its last row.
 struct InputSlot {
     path: PathBuf,
+    snapshot_device: Option<usize>,
     loaded: Mutex<Option<Result<Arc<Loaded>, String>>>,
     rows_left: AtomicUsize,
 }
@@ -353,7 +366,7 @@ struct InputSlot {
 impl InputSlot {
     fn get(&self) -> Result<Arc<Loaded>, String> {
         let mut slot = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
-        slot.get_or_insert_with(|| load(&self.path).map(Arc::new).map_err(|e| format!("{e:#}"))).clone()
+        slot.get_or_insert_with(|| load(&self.path, self.snapshot_device).map(Arc::new).map_err(|e| format!("{e:#}"))).clone()
     }
 
     fn done_with_row(&self) {
@@ -363,8 +376,8 @@ impl InputSlot {
     }
 }
 
-fn load(path: &Path) -> anyhow::Result<Loaded> {
-    let source = Source::open(Some(path))?;
+fn load(path: &Path, snapshot_device: Option<usize>) -> anyhow::Result<Loaded> {
+    let source = Source::open_snapshot_device(Some(path), snapshot_device)?;
     Ok(Loaded { events: crate::diagnose::load_events(&source)?, info: source.info()?, addresses: source.address_script() })
 }
 
@@ -443,9 +456,9 @@ pub fn run_shard(
     let rows: Vec<&PlanRow> = mine.iter().copied().filter(|r| !done.contains(&r.index)).collect();
 
     // Every input is checked before any replay: a plan whose inputs changed is refused whole.
-    let mut slots: BTreeMap<&str, InputSlot> = BTreeMap::new();
+    let mut slots: BTreeMap<(&str, Option<usize>), InputSlot> = BTreeMap::new();
     for row in &rows {
-        if let Some(slot) = slots.get(row.input.as_str()) {
+        if let Some(slot) = slots.get(&(row.input.as_str(), row.snapshot_device)) {
             slot.rows_left.fetch_add(1, Ordering::Relaxed);
             continue;
         }
@@ -463,7 +476,10 @@ pub fn run_shard(
         } else {
             Some(Err(format!("input missing on this node: {}", path.display())))
         };
-        slots.insert(&row.input, InputSlot { path, loaded: Mutex::new(loaded), rows_left: AtomicUsize::new(1) });
+        slots.insert(
+            (&row.input, row.snapshot_device),
+            InputSlot { path, snapshot_device: row.snapshot_device, loaded: Mutex::new(loaded), rows_left: AtomicUsize::new(1) },
+        );
     }
     todo(rows.len());
 
@@ -480,7 +496,7 @@ pub fn run_shard(
                 if i >= rows.len() || crate::interrupt::interrupted() {
                     return;
                 }
-                let slot = &slots[rows[i].input.as_str()];
+                let slot = &slots[&(rows[i].input.as_str(), rows[i].snapshot_device)];
                 let finished = replay_row(rows[i], slot.get(), &plan.id);
                 slot.done_with_row();
                 let sent = finished.is_some_and(|r| tx.send(r).is_ok());
@@ -578,10 +594,10 @@ pub struct Advice {
 
 /// The confs of every input × capacity in `rows` (first-seen order), as advise candidates.
 pub fn advice(rows: &[SweepRow]) -> Vec<Advice> {
-    let mut groups: Vec<((String, String, u64), Advice)> = Vec::new();
+    let mut groups: Vec<((String, String, Option<usize>, u64), Advice)> = Vec::new();
     for r in rows {
         let Some(result) = r.result.as_ref().filter(|g| g.allocator == "pytorch") else { continue };
-        let key = (r.row.input.clone(), r.row.sha256.clone(), r.row.capacity);
+        let key = (r.row.input.clone(), r.row.sha256.clone(), r.row.snapshot_device, r.row.capacity);
         let mut candidate = Candidate::from_run(result);
         candidate.conflicts = crate::gpu::config::AllocatorConfig::parse(&result.conf).map(|c| c.conflicts()).unwrap_or_default();
         match groups.iter_mut().find(|(k, _)| *k == key) {

@@ -132,6 +132,43 @@ fn plan_rows_are_inputs_by_capacities_by_allocator_confs_in_order() {
     assert_eq!(std::fs::read_to_string(&again).unwrap(), text);
 }
 
+/// A PyTorch snapshot of several GPUs gives rows for each recorded device, replayed as workloads
+/// of their own (a sweep of it replayed device 0 alone); `--snapshot-device N` keeps one.
+#[test]
+fn each_device_of_a_multi_gpu_snapshot_is_swept() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = r#"[{"action": "alloc", "addr": 4096, "size": 1048576, "stream": 0}]"#;
+    let two = r#"[{"action": "alloc", "addr": 8192, "size": 3145728, "stream": 0}, {"action": "free_completed", "addr": 8192, "size": 3145728, "stream": 0}]"#;
+    let snapshot = dir.path().join("ranks.json");
+    std::fs::write(&snapshot, format!(r#"{{"segments": [], "device_traces": [{one}, [], {two}]}}"#)).unwrap();
+    let plan = dir.path().join("plan.jsonl");
+    let said = ok(bin().args(["sweep", "plan", s(&snapshot), "--capacities", "40GiB", "--allocators", "pytorch,ideal", "-o", s(&plan)]));
+    assert!(said.contains("4 rows (1 input, 2 workloads with each GPU of a snapshot's × 1 capacities × 2 allocator/conf pairs)"), "{said}");
+    let devices: Vec<Value> = lines(&plan).iter().map(|r| r["snapshot_device"].clone()).collect();
+    assert_eq!(devices, [0, 0, 2, 2]);
+    let out = dir.path().join("out");
+    ok(&mut run(&plan, &out));
+    let merged = lines(&merge(&out));
+    let seen: Vec<(String, u64)> = merged
+        .iter()
+        .map(|r| (r["result"]["workload"]["name"].as_str().unwrap().to_string(), r["result"]["work"]["peak_live_bytes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        seen,
+        [("ranks-device0".into(), 1 << 20), ("ranks-device0".into(), 1 << 20), ("ranks-device2".into(), 3 << 20), ("ranks-device2".into(), 3 << 20)]
+    );
+    // One device on request; a device without a history is refused with those that have one.
+    let only = dir.path().join("only.jsonl");
+    ok(bin().args(["sweep", "plan", s(&snapshot), "--snapshot-device", "2", "-o", s(&only)]));
+    assert_eq!(lines(&only).iter().map(|r| r["snapshot_device"].clone()).collect::<Vec<_>>(), [2]);
+    let err = fails(bin().args(["sweep", "plan", s(&snapshot), "--snapshot-device", "1", "-o", s(&only)]), 2);
+    assert!(err.contains("no history for device 1 (devices with one: 0, 2)"), "{err}");
+    // A one-device input's rows carry no device.
+    let plain = dir.path().join("plain.jsonl");
+    ok(bin().args(["sweep", "plan", s(&repo("workloads/scenario-sawtooth.toml")), "-o", s(&plain)]));
+    assert!(lines(&plain).iter().all(|r| r.get("snapshot_device").is_none()));
+}
+
 #[test]
 fn shards_from_the_flag_slurm_and_kubernetes_merge_to_the_unsharded_run() {
     let dir = tempfile::tempdir().unwrap();

@@ -50,6 +50,10 @@ pub struct PlanArgs {
     /// The plan file (JSON Lines).
     #[arg(short, long)]
     pub output: PathBuf,
+    /// A PyTorch snapshot of several GPUs: replay device N's history only (default: every
+    /// recorded device's, each a workload of its own).
+    #[arg(long, value_name = "N")]
+    pub snapshot_device: Option<usize>,
 }
 
 #[derive(Args, Debug)]
@@ -127,14 +131,18 @@ fn plan(a: &PlanArgs) -> anyhow::Result<()> {
         capacities: &capacities,
         plan_path: &a.output,
         bundle: a.bundle.as_deref(),
+        snapshot_device: a.snapshot_device,
     })?;
     crate::sweep::write_plan(output::open(&a.output.display().to_string())?.as_mut(), &rows)?;
+    // A snapshot of several GPUs gives a workload per device.
+    let workloads = rows.iter().map(|r| (&r.input, r.snapshot_device)).collect::<std::collections::HashSet<_>>().len();
     println!(
-        "{} rows ({} inputs × {} capacities × {} allocator/conf pairs) written to {}",
+        "{} rows ({}{} × {} capacities × {} allocator/conf pairs) written to {}",
         rows.len(),
-        a.inputs.len(),
+        crate::units::count(a.inputs.len() as u64, "input"),
+        if workloads > a.inputs.len() { format!(", {workloads} workloads with each GPU of a snapshot's") } else { String::new() },
         capacities.len(),
-        rows.len() / (a.inputs.len() * capacities.len()).max(1),
+        rows.len() / (workloads * capacities.len()).max(1),
         a.output.display()
     );
     Ok(())

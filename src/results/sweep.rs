@@ -19,6 +19,10 @@ pub struct PlanRow {
     /// The PYTORCH_CUDA_ALLOC_CONF string ("" = defaults; always "" for nocache and ideal).
     pub conf: String,
     pub capacity: u64,
+    /// The device whose history a PyTorch snapshot of several GPUs gives (absent: the input
+    /// holds one history, or is no snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot_device: Option<usize>,
 }
 
 /// Whether a plan row's replay ran (`"status"`).

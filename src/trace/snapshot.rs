@@ -46,6 +46,8 @@ pub struct ImportedTrace {
     pub segment_addresses: Vec<(u64, u64)>,
     /// The device imported, when the snapshot recorded several: each is a workload of its own.
     pub device_of_several: Option<usize>,
+    /// Every device the snapshot holds a history for (a sweep replays each).
+    pub recorded_devices: Vec<usize>,
 }
 
 const MAX_SNAPSHOT_BYTES: u64 = 2 << 30;
@@ -402,6 +404,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     private_pool_note(root, device, &mut out.notes);
     let with_history = recorded.len();
     out.device_of_several = (with_history > 1).then_some(device);
+    out.recorded_devices = recorded.clone();
     if chosen.is_some() {
         out.notes.push(format!("imported device {device}'s history (--snapshot-device)"));
     } else if with_history > 1 {
