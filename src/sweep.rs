@@ -594,7 +594,9 @@ pub struct Advice {
 
 /// The confs of every input × capacity in `rows` (first-seen order), as advise candidates.
 pub fn advice(rows: &[SweepRow]) -> Vec<Advice> {
-    let mut groups: Vec<((String, String, Option<usize>, u64), Advice)> = Vec::new();
+    // (input, its sha256, the snapshot's device, capacity) → the candidates replayed on it.
+    type Key = (String, String, Option<usize>, u64);
+    let mut groups: Vec<(Key, Advice)> = Vec::new();
     for r in rows {
         let Some(result) = r.result.as_ref().filter(|g| g.allocator == "pytorch") else { continue };
         let key = (r.row.input.clone(), r.row.sha256.clone(), r.row.snapshot_device, r.row.capacity);
