@@ -235,6 +235,47 @@ fn charts_are_inline_and_memory_views_are_written() {
     }
 }
 
+/// Configs that reserve the same least are a tie, and the finding says so: the one with the
+/// fewest device mallocs is named (the first given on equal counts), with the others beside it.
+/// (A garbage-collection threshold without a memory fraction is ignored, so it ties.)
+#[test]
+fn a_tie_for_the_least_reserved_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("tie.jsonl");
+    let w = format!("{}/workloads/model-switch.toml", env!("CARGO_MANIFEST_DIR"));
+    let gc = "garbage_collection_threshold:0.8,expandable_segments:True";
+    let run = assert_cmd::Command::cargo_bin("allocbench")
+        .unwrap()
+        .args([
+            "run",
+            &w,
+            "--allocators",
+            "pytorch",
+            "--conf",
+            "",
+            "--conf",
+            gc,
+            "--conf",
+            "expandable_segments:True",
+            "-q",
+            "--jsonl",
+            results.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    report::render(&report::load(&[results]).unwrap(), &dir.path().join("r"), "tie").unwrap();
+    let md = std::fs::read_to_string(dir.path().join("r/README.md")).unwrap();
+    let line = md.lines().find(|l| l.starts_with("- model-switch: ")).unwrap_or_else(|| panic!("{md}"));
+    let mallocs = line.split(" at ").nth(1).and_then(|t| t.split(' ').next()).unwrap();
+    assert!(
+        line.starts_with(&format!(
+            "- model-switch: `{gc}` (tied on peak reserved with `expandable_segments:True` at {mallocs} device mallocs) cuts peak reserved most"
+        )),
+        "{line}"
+    );
+}
+
 #[test]
 fn without_a_defaults_run_the_finding_says_so() {
     let dir = tempfile::tempdir().unwrap();

@@ -174,16 +174,27 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
         .map(|r| format!("; the ideal bound (peak live bytes) is {}", format_bytes(r.peak_reserved.mean as u64)));
     // A run that stopped at an OOM has no full peak to compare: the OOM sentence below says it.
     if let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) {
-        let best = rows
+        let tried: Vec<&GpuRow> = rows.iter().filter(|r| r.first().allocator == "pytorch" && !r.is_default()).filter(fits).collect();
+        // Among configs that reserve the same least, the one with the fewest device mallocs is
+        // named, and the others beside it: a tie is no ranking.
+        let best = tried
             .iter()
-            .filter(|r| r.first().allocator == "pytorch" && !r.is_default())
-            .filter(fits)
-            .min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean));
+            .copied()
+            .min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean).then(a.device_mallocs.mean.total_cmp(&b.device_mallocs.mean)));
         match best {
             Some(b) if b.peak_reserved.mean < base.peak_reserved.mean => {
+                let tied: Vec<String> = tried
+                    .iter()
+                    .filter(|r| !std::ptr::eq(**r, b) && r.peak_reserved.mean == b.peak_reserved.mean)
+                    .map(|r| format!("{} at {} device mallocs", config_name(r.first()), r.device_mallocs.show(|v| format!("{v:.0}"))))
+                    .collect();
+                let name = if tied.is_empty() {
+                    config_name(b.first())
+                } else {
+                    format!("{} (tied on peak reserved with {})", config_name(b.first()), tied.join(", "))
+                };
                 out.push(format!(
-                    "{workload}: {} cuts peak reserved most, {} → {} ({}, {} less) at {} device mallocs instead of {} ({:.2}×){}.",
-                    config_name(b.first()),
+                    "{workload}: {name} cuts peak reserved most, {} → {} ({}, {} less) at {} device mallocs instead of {} ({:.2}×){}.",
                     bytes_spread(&base.peak_reserved),
                     bytes_spread(&b.peak_reserved),
                     percent_change(b.peak_reserved.mean, base.peak_reserved.mean),
