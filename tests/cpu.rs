@@ -211,6 +211,33 @@ fn retained_is_read_while_the_workers_live() {
     assert!(r.wall_s < 1.0 && r.drain_s >= 1.2, "wall {} s excludes the {} s drain", r.wall_s, r.drain_s);
 }
 
+/// The trim runs on the worker threads that allocated, not only on the main thread: mimalloc's
+/// `mi_collect` frees the calling thread's heap alone, so a preloaded mimalloc trimmed from the
+/// main thread gave back nothing of the worker's memory.
+#[test]
+fn the_trim_runs_on_the_threads_that_allocated() {
+    let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let Some((_, path, package)) = allocbench::cpu::preload::PRELOAD_LIBRARIES.iter().find(|(n, _, _)| *n == "mimalloc") else { panic!("mimalloc is listed") };
+    if !std::path::Path::new(path).exists() {
+        assert!(!preload_required(), "{path} is missing: install {package} (ALLOCBENCH_REQUIRE_PRELOAD is set)");
+        println!("skipped: {path} not installed (apt-get install {package})");
+        return;
+    }
+    let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
+    for threads in ["1", "2"] {
+        let out = bin()
+            .env("LD_PRELOAD", path)
+            .args(["cpu", &w, "--allocator", "system", "--iterations", "100", "--threads", threads, "--json", "-"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["trim_call"], "mi_collect(true)", "{threads} thread(s)");
+        let (retained, after) = (v["retained"].as_f64().unwrap(), v["retained_after_trim"].as_f64().unwrap());
+        assert!(retained > 20.0 * 1048576.0 && after < 0.8 * retained, "{threads} thread(s): retained {retained} B, after the trim {after} B");
+    }
+}
+
 /// The drain keeps sampling after the last free, reads retained at 0.1 and 1 s, then trims.
 #[test]
 fn drain_reads_retained_at_checkpoints_then_trims() {

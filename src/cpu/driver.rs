@@ -11,7 +11,7 @@
 //! pattern: where allocators differ most).
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{mpsc, Barrier};
+use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -494,19 +494,42 @@ pub struct RunProgress {
 /// Runs the workload on `opts.threads` workers, timing sampled ops with the TSC; `progress` is
 /// published for the RSS sampler.
 pub fn drive(source: &Source, alloc: CpuAllocator, opts: &DriverOptions, progress: &RunProgress) -> anyhow::Result<DriverOutcome> {
-    drive_with(source, alloc, opts, progress, &Tsc::calibrated(), |_| ()).map(|(out, ())| out)
+    drive_with(source, alloc, opts, progress, &Tsc::calibrated(), |_, _| ()).map(|(out, ())| out)
 }
 
-/// [`drive`], calling `while_held(all_ok)` after the workers' last free but before they exit
-/// (`all_ok`: no worker failed). A thread's exit hands its allocator caches back (jemalloc and
-/// tcmalloc flush a dying thread's cache, and jemalloc purges its pages), which a long-lived
+/// A job run on every parked worker thread (see [`HeldWorkers::run_on_each`]).
+pub type WorkerJob = Arc<dyn Fn() + Send + Sync>;
+
+/// The workers of a run, parked after their last free (see [`drive_holding`]).
+pub struct HeldWorkers {
+    jobs: Vec<mpsc::Sender<WorkerJob>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl HeldWorkers {
+    /// Runs `job` on every worker thread and returns when all have: what acts on a thread's own
+    /// allocator state (mimalloc's `mi_collect` frees the calling thread's heap, not the
+    /// others') is done by the threads that allocated, as a serving thread calling it would.
+    pub fn run_on_each(&self, job: WorkerJob) {
+        let sent = self.jobs.iter().filter(|tx| tx.send(job.clone()).is_ok()).count();
+        for _ in 0..sent {
+            if self.done.recv().is_err() {
+                break;
+            }
+        }
+    }
+}
+
+/// [`drive`], calling `while_held(all_ok, workers)` after the workers' last free but before they
+/// exit (`all_ok`: no worker failed). A thread's exit hands its allocator caches back (jemalloc
+/// and tcmalloc flush a dying thread's cache, and jemalloc purges its pages), which a long-lived
 /// serving thread never does: what an allocator retains is read while its threads live.
 pub fn drive_holding<R>(
     source: &Source,
     alloc: CpuAllocator,
     opts: &DriverOptions,
     progress: &RunProgress,
-    while_held: impl FnOnce(bool) -> R,
+    while_held: impl FnOnce(bool, &HeldWorkers) -> R,
 ) -> anyhow::Result<(DriverOutcome, R)> {
     drive_with(source, alloc, opts, progress, &Tsc::calibrated(), while_held)
 }
@@ -518,7 +541,7 @@ pub fn drive_with<C: Clock, R>(
     opts: &DriverOptions,
     progress: &RunProgress,
     clock: &C,
-    while_held: impl FnOnce(bool) -> R,
+    while_held: impl FnOnce(bool, &HeldWorkers) -> R,
 ) -> anyhow::Result<(DriverOutcome, R)> {
     if opts.threads == 0 || opts.threads > 1024 {
         return Err(InputError::new("--threads", "must be between 1 and 1024").into());
@@ -532,15 +555,18 @@ pub fn drive_with<C: Clock, R>(
     let (senders, receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<(usize, usize)>()).unzip();
     let mut senders: Vec<Option<mpsc::Sender<(usize, usize)>>> = senders.into_iter().map(Some).collect();
 
-    // Each worker, done, waits at `finished` and stays alive until `released`.
-    let (finished, released) = (Barrier::new(n + 1), Barrier::new(n + 1));
+    // Each worker, done, waits at `finished`, then runs the jobs it is sent (acknowledging each)
+    // and stays alive until its job channel closes.
+    let finished = Barrier::new(n + 1);
+    let (job_senders, job_receivers): (Vec<_>, Vec<_>) = (0..n).map(|_| mpsc::channel::<WorkerJob>()).unzip();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
     let failed = AtomicBool::new(false);
     let (results, wall_s, held): (Vec<anyhow::Result<Worker<C>>>, f64, R) = std::thread::scope(|scope| {
         let mut handles = Vec::new();
-        for (w, rx) in receivers.into_iter().enumerate() {
+        for ((w, rx), jobs) in receivers.into_iter().enumerate().zip(job_receivers) {
             // Worker w frees into worker w+1's channel.
             let tx = if opts.cross_thread && n > 1 { senders[(w + 1) % n].take() } else { None };
-            let (run, finished, released, failed) = (&run, &finished, &released, &failed);
+            let (run, finished, failed, done_tx) = (&run, &finished, &failed, done_tx.clone());
             handles.push(scope.spawn(move || -> anyhow::Result<Worker<C>> {
                 // (A panic is caught, so that every worker reaches both barriers.)
                 let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> anyhow::Result<Worker<C>> {
@@ -553,15 +579,22 @@ pub fn drive_with<C: Clock, R>(
                     failed.store(true, Ordering::Relaxed);
                 }
                 finished.wait();
-                released.wait();
+                for job in jobs {
+                    // (A job that panics still answers, so that the caller does not wait for ever.)
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job()));
+                    let _ = done_tx.send(());
+                }
                 result
             }));
         }
         drop(senders);
+        drop(done_tx);
         finished.wait();
         let wall_s = start.elapsed().as_secs_f64();
-        let held = while_held(!failed.load(Ordering::Relaxed));
-        released.wait();
+        let workers = HeldWorkers { jobs: job_senders, done: done_rx };
+        let held = while_held(!failed.load(Ordering::Relaxed), &workers);
+        // Closing the job channels releases the workers.
+        drop(workers);
         let results = handles.into_iter().map(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a worker thread panicked")))).collect();
         (results, wall_s, held)
     });
