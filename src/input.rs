@@ -49,6 +49,8 @@ fn capture_description(trace: impl BufRead) -> String {
 
 /// How much of a plain trace's end is read for a capture's closing marker.
 const CAPTURE_MARKER_TAIL_BYTES: u64 = 64 * 1024;
+/// How much of a file's start is read to find its header comments.
+const HEADER_SNIFF_BYTES: u64 = 64 * 1024;
 
 /// The first header line of a capture (`allocbench trace` keeps it in its copies' headers).
 const CAPTURE_HEADER: &str = "allocbench capture v1";
@@ -57,7 +59,12 @@ const CAPTURE_HEADER: &str = "allocbench capture v1";
 /// room for a capture's header and a few generations of `allocbench trace` copies).
 fn header_comments(path: &Path) -> Vec<String> {
     let Ok(reader) = read_trace(path) else { return Vec::new() };
-    reader.into_inner().lines().take(64).map_while(Result::ok).map_while(|l| l.strip_prefix("# ").map(str::to_string)).collect()
+    // (Bounded: a file whose first "line" is gigabytes long must not be read whole to sniff it.)
+    std::io::BufRead::lines(std::io::Read::take(reader.into_inner(), HEADER_SNIFF_BYTES))
+        .take(64)
+        .map_while(Result::ok)
+        .map_while(|l| l.strip_prefix("# ").map(str::to_string))
+        .collect()
 }
 
 /// The end of a capture's trace (header `# allocbench capture v1`), where its closing lines are:
@@ -69,7 +76,21 @@ fn capture_tail(path: &Path) -> Option<String> {
     }
     let mut tail = Vec::new();
     if crate::trace::csv::is_gzip_name(path) {
-        let _ = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).ok()?).read_to_end(&mut tail);
+        // Decoded to its end, keeping only the last bytes (a large capture, or a gzip bomb with
+        // a capture header, must not be held whole).
+        let mut gz = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).ok()?);
+        let mut chunk = vec![0u8; 1 << 16];
+        let keep = CAPTURE_MARKER_TAIL_BYTES as usize;
+        while let Ok(n) = gz.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            tail.extend_from_slice(&chunk[..n]);
+            if tail.len() > 4 * keep {
+                tail.drain(..tail.len() - keep);
+            }
+        }
+        tail.drain(..tail.len().saturating_sub(keep));
     } else {
         let mut file = std::fs::File::open(path).ok()?;
         let len = file.metadata().ok()?.len();

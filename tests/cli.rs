@@ -217,6 +217,59 @@ fn an_unwritable_output_is_refused_before_the_work() {
     assert_eq!(names, ["file", "new"]);
 }
 
+/// Hostile inputs get one line and exit 2, without reading them whole: a file of gigabytes of NUL
+/// bytes as a trace or a workload (its sniffers read the first "line" whole, and aborted), two
+/// outputs in one file, and thread counts no machine has (a panic).
+#[test]
+fn huge_files_shared_outputs_and_absurd_thread_counts_are_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let sparse = |name: &str| {
+        let p = dir.path().join(name);
+        std::fs::File::create(&p).unwrap().set_len(3 << 30).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (csv, toml) = (sparse("zeros.csv"), sparse("zeros.toml"));
+    let same = dir.path().join("same").to_str().unwrap().to_string();
+    let w = workload("scenario-sawtooth.toml");
+    for (args, want) in [
+        (vec!["replay", &csv], "line longer than 4096 bytes"),
+        (vec!["replay", &toml], "larger than 16 MiB"),
+        (vec!["replay", &w, "--json", &same, "--html", &same], "is also the file of another output"),
+        (vec!["advise", &w, "--json", &same, "--jsonl", &same], "is also the file of another output"),
+        (vec!["advise", &w, "--threads", "100000"], "not in 1..=1024"),
+        (vec!["advise", &w, "--threads", "0"], "not in 1..=1024"),
+    ] {
+        let out = bin().args(&args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want) && !stderr(&out).contains("panicked"), "{args:?}: {}", stderr(&out));
+    }
+}
+
+/// A replay stopped by SIGTERM (a scheduler's time limit) keeps its results and exits 130: it
+/// exited 0, reading as a finished replay.
+#[test]
+fn an_interrupted_replay_keeps_its_results_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let long = dir.path().join("long.toml");
+    let text = std::fs::read_to_string(workload("gpt3-xl-1.3b.toml")).unwrap().replace("steps = 200", "steps = 1000000");
+    std::fs::write(&long, text).unwrap();
+    let json = dir.path().join("r.json");
+    let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+        .args(["replay", long.to_str().unwrap(), "--json", json.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    assert!(stderr(&out).contains("interrupted: the results cover the"), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["summary"]["interrupted"], true);
+    assert!(v["work"]["events"].as_u64().unwrap() > 0);
+}
+
 /// `--sim-latency` accounts simulated device time with latencies measured on a real H100
 /// (`allocbench devprobe`, fixture from reports/gpu-h100): no caching spends far more of it.
 #[test]

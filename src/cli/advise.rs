@@ -33,9 +33,9 @@ pub struct AdviseArgs {
     /// How many of the best configurations to print.
     #[arg(long, default_value_t = 5)]
     pub top: usize,
-    /// Worker threads (default: every core).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Worker threads, 1 to 1024 (default: every core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
     /// Write every configuration searched and the recommendation as JSON ('-' = standard output).
     #[arg(long)]
     pub json: Option<String>,
@@ -72,7 +72,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     let events = crate::diagnose::load_events(&source)?;
     let info = source.info()?;
     let confs = crate::advise::search_space();
-    let threads = a.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let threads = a.threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let to_stdout = a.json.as_deref() == Some("-");
     let pb = progress::configurations(a.quiet || to_stdout, confs.len());
     let tick = |n: u64| {

@@ -84,7 +84,18 @@ fn end_with_a_whole_line(path: &Path) -> anyhow::Result<()> {
 /// read, or replace it with results. (An output found unwritable after a long run loses the run.)
 pub fn check_outputs(outputs: &[Option<&Path>], inputs: &[Option<&Path>]) -> anyhow::Result<()> {
     use std::os::unix::fs::MetadataExt;
-    for output in outputs.iter().flatten().filter(|o| o.as_os_str() != "-") {
+    let named: Vec<&&Path> = outputs.iter().flatten().filter(|o| o.as_os_str() != "-").collect();
+    // Two outputs of one run in one file would overwrite or interleave each other.
+    let same = |a: &Path, b: &Path| {
+        std::path::absolute(a).ok() == std::path::absolute(b).ok()
+            || std::fs::metadata(a).ok().zip(std::fs::metadata(b).ok()).is_some_and(|(x, y)| x.dev() == y.dev() && x.ino() == y.ino())
+    };
+    for (i, a) in named.iter().enumerate() {
+        if let Some(b) = named[..i].iter().find(|b| same(b, a)) {
+            return Err(InputError::new(a.display().to_string(), format!("is also the file of another output ({}): name two files", b.display())).into());
+        }
+    }
+    for output in named {
         check_writable(output)?;
         let Ok(out) = std::fs::metadata(output) else { continue };
         for input in inputs.iter().flatten() {

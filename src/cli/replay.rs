@@ -83,6 +83,11 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
         std::fs::write(out, page).map_err(|e| InputError::new(out.display().to_string(), format!("cannot write the memory view: {e}")))?;
         eprintln!("memory view written to {}", out.display());
     }
+    if result.summary.interrupted {
+        // Kept, and said: a scheduler's time limit must not read as a finished replay.
+        eprintln!("interrupted: the results cover the {} replayed before it (marked \"interrupted\")", crate::units::count(result.work.events, "event"));
+        std::process::exit(130);
+    }
     Ok(())
 }
 

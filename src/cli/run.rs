@@ -79,5 +79,9 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
     if let Some(p) = jsonl {
         eprintln!("results written to {}", p.display());
     }
+    if rows.iter().any(|r| r.summary.interrupted) {
+        eprintln!("interrupted: the rows cover what was replayed before it (marked \"interrupted\")");
+        std::process::exit(130);
+    }
     Ok(())
 }

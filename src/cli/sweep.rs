@@ -70,8 +70,8 @@ pub struct RunArgs {
     #[arg(long)]
     pub shards: Option<u64>,
     /// Worker threads (default: SLURM_CPUS_PER_TASK inside a Slurm job, else every core).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: Option<u16>,
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
@@ -99,6 +99,9 @@ fn read_confs(arg: Option<&str>) -> anyhow::Result<Vec<String>> {
     let Some(arg) = arg else { return Ok(vec![String::new()]) };
     if arg == "advise" {
         return Ok(crate::advise::search_space());
+    }
+    if std::fs::metadata(arg).is_ok_and(|m| m.len() > 16 << 20) {
+        return Err(InputError::new(arg, "larger than 16 MiB: not a confs file (one PYTORCH_CUDA_ALLOC_CONF string per line)").into());
     }
     let text = std::fs::read_to_string(arg).map_err(|e| InputError::new(arg, format!("cannot read the confs file ('advise' for advise's space): {e}")))?;
     let mut confs: Vec<String> = Vec::new();
@@ -155,7 +158,7 @@ fn run(a: &RunArgs) -> anyhow::Result<()> {
     let plan = Plan::read(&a.plan)?;
     // Every core this task may use: what Slurm granted (--cpus-per-task), else the machine's.
     let granted = std::env::var("SLURM_CPUS_PER_TASK").ok().and_then(|v| v.trim().parse::<usize>().ok());
-    let threads = a.threads.or(granted).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
+    let threads = a.threads.map(usize::from).or(granted).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).max(1);
     let start = std::time::Instant::now();
     // The bar learns its length once the shard knows which of its rows are left.
     let pb = progress::rows(a.quiet);

@@ -817,7 +817,10 @@ pub fn is_rmm_log(path: &Path) -> bool {
     let Ok(f) = std::fs::File::open(path) else { return false };
     let mut r = std::io::BufReader::new(f);
     let gzip = r.fill_buf().is_ok_and(|b| b.starts_with(&[0x1f, 0x8b]));
-    let mut r: Box<dyn BufRead> = if gzip { Box::new(std::io::BufReader::new(flate2::read::MultiGzDecoder::new(r))) } else { Box::new(r) };
+    let r: Box<dyn BufRead> = if gzip { Box::new(std::io::BufReader::new(flate2::read::MultiGzDecoder::new(r))) } else { Box::new(r) };
+    // The sniff reads at most the file's first 64 KiB: a first "line" of gigabytes (a file of
+    // NUL bytes) is no RMM log, and must not be read whole to say so.
+    let mut r = std::io::Read::take(r, 64 << 10);
     let mut first = String::new();
     while r.read_line(&mut first).unwrap_or(0) > 0 {
         let t = first.trim().trim_start_matches('\u{feff}');
