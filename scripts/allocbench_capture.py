@@ -3500,6 +3500,20 @@ def _is_fake_data_error(exc):
     return False
 
 
+def _from_the_script(tb):
+    """``tb`` from the script's first frame on, as ``python script.py`` prints it: the frames
+    that ran it (this module's main, runpy's) left out. None when the script has no frame (a
+    SyntaxError raised compiling it: its own lines say where)."""
+    here = os.path.abspath(__file__)
+    running = {here, os.path.abspath(runpy.__file__)}
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith("<frozen ") or os.path.abspath(name) in running):
+            break
+        tb = tb.tb_next
+    return tb
+
+
 def _write_status(path, **status):
     if not path:
         return
@@ -3609,7 +3623,7 @@ def main(argv=None):
             say(message)
             state = "fake_data"
         else:
-            traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
+            traceback.print_exception(type(e), e, _from_the_script(e.__traceback__))
             where, _ = _where(e, script)
             message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
             state = "script_error"

@@ -375,6 +375,11 @@ fn a_script_that_raises_passes_its_traceback_and_status_through() {
     let err = stderr(&out);
     assert!(err.contains("Traceback") && err.contains("ValueError: boom at step two"), "{err}");
     assert!(err.contains("raises.py:9"), "names the script line: {err}");
+    // The frames begin with the script's own, as `python raises.py` prints them: not runpy's
+    // (`<frozen runpy>`) nor the capture's that ran it.
+    let frames: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("File \"")).collect();
+    assert!(frames.first().is_some_and(|f| f.contains("raises.py\", line 9, in <module>")), "{err}");
+    assert!(!err.contains("<frozen") && !err.contains("allocbench_capture.py"), "{err}");
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(text.trim_end().ends_with("# capture incomplete: ValueError"), "{text}");
     assert_eq!(steps(&events(&trace)), vec![1, 2], "the trace so far is kept and readable");
