@@ -565,7 +565,7 @@ def _make_recorder_class(torch):
             self.value_reads = []  # every FakeValueNeeded raised (the capture's own catches marked `handled`)
             self.on_hard_exit = None  # called with the code when the script calls os._exit
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
-            self.pinned = torch.utils.weak.WeakIdKeyDictionary()  # pin_memory()'s copies
+            self.pinned = torch.utils.weak.WeakIdKeyDictionary()  # the storages of pinned tensors (mark_pinned)
             # Threads the script starts are recorded too (_recorded_threads): one event at a time.
             self.lock = threading.RLock()
             # An error that stopped a recorded thread, handed to the main thread.
@@ -865,16 +865,15 @@ def _make_recorder_class(torch):
                 return func(*args, **kwargs)
             if func in pin_ops:
                 # Pinned host memory needs the driver; it is host memory, and not what is measured:
-                # a copy, which is_pinned() then answers True for (views of it are not followed).
+                # a copy, whose storage is_pinned() then answers True for (and for its views).
                 if func is is_pinned:
-                    return args[0] in self.pinned
+                    return self.is_pinned(args[0])
                 if isinstance(args[0], fake_tensor_type):
                     with fake_mode:
                         copy = aten.clone.default(args[0])
                 else:
                     copy = args[0].clone()
-                self.pinned[copy] = True
-                return copy
+                return self.mark_pinned(copy)
             leaves = tree_leaves((args, kwargs))
             if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
                 try:
@@ -890,7 +889,10 @@ def _make_recorder_class(torch):
                 # already, and a fake run would render the whole storage into an error message.
                 return func(*args, **kwargs)
             if kwargs.get("pin_memory"):
-                kwargs = {**kwargs, "pin_memory": False}  # torch.empty(..., pin_memory=True): the same
+                # torch.empty(..., pin_memory=True): host memory the same, made without the driver;
+                # is_pinned() answers True for it, as on a GPU machine.
+                kwargs = {**kwargs, "pin_memory": False}
+                return self.mark_pinned(self._run(func, args, kwargs))
             # Note [Real CPU, fake CUDA]: CPU work stays real where it is cheap (data loading,
             # shuffling indices, step counters, token ids), so scripts can read its values; large
             # floating CPU tensors (a model built on the CPU before .cuda()) are fake, since this
@@ -1136,6 +1138,15 @@ def _make_recorder_class(torch):
                 tree_kwargs["pin_memory"] = False
             with disable_modes(), torch.no_grad():
                 return func(*tree_args, **tree_kwargs)
+
+        def mark_pinned(self, tensor):
+            """``tensor`` (a CPU tensor made pinned on a GPU machine), answered pinned from now on."""
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                self.pinned[tensor.untyped_storage()] = True
+            return tensor
+
+        def is_pinned(self, tensor):
+            return tensor.device.type == "cpu" and tensor.untyped_storage() in self.pinned
 
         def known_of(self, tensor):
             """What ``tensor`` is known to hold (a number, or its contents), or None. A tensor that
@@ -1861,6 +1872,10 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
             # factory calls their device; the mode does not see this wrapper, so it asks.
             device = torch.utils._device.CURRENT_DEVICE
         if device is None or torch.device(device).type != "cuda":
+            if kwargs.get("pin_memory") and _active is not None and _active.fake:
+                # Pinned in C++ below the dispatcher (the driver's host allocator): the same host
+                # memory made unpinned, then answered pinned as on a GPU machine.
+                return _active.mark_pinned(original(data, *args, device=device, **{**kwargs, "pin_memory": False}))
             return original(data, *args, device=device, **kwargs)
         requires_grad = kwargs.pop("requires_grad", False) if takes_requires_grad else False
         if isinstance(data, torch.Tensor) and data.device.type == "cuda":
@@ -3055,7 +3070,16 @@ def _fake_cuda_api(torch, patches, recorder):
     # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
     import torch.utils.data._utils.pin_memory as pinning
 
-    patches.set(pinning, "pin_memory", lambda data, device=None: data)
+    from torch.utils._pytree import tree_leaves
+
+    def pin_batch(data, device=None):
+        # The batch's host memory as it is, answered pinned (is_pinned()) as on a GPU machine.
+        with recorder.lock:
+            for leaf in tree_leaves(data):
+                recorder.mark_pinned(leaf)
+        return data
+
+    patches.set(pinning, "pin_memory", pin_batch)
     functional = torch.nn.functional
     patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
     accelerator = getattr(torch, "accelerator", None)

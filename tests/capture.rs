@@ -417,6 +417,25 @@ fn a_value_read_in_a_dataloader_worker_stops_the_capture_in_one_line() {
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: FakeValueNeeded"));
 }
 
+/// Pinned host memory answers is_pinned() as on a GPU machine: factories with pin_memory=True
+/// (torch.tensor's too, pinned in C++ below the dispatcher), pin_memory() and a DataLoader's
+/// pinned batches, their views too; host memory is not recorded.
+#[test]
+fn pinned_host_memory_answers_is_pinned_as_on_a_gpu_machine() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "p.csv", &[], &[&fixture("pinned.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "empty=True zeros=True full=True empty_strided=True arange=True tensor=True pin_memory()=True large=True\n\
+         view True clone False unpinned False\nloader True\ndone cuda:0\n"
+    );
+    assert_eq!(signed_sizes(&events(&trace)), vec![16, -16]);
+}
+
 #[test]
 fn torchscript_default_device_saves_caught_reads_and_blocked_threads() {
     if !have_torch() {
