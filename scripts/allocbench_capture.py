@@ -1626,6 +1626,8 @@ _NO_SUCH_DEVICE = "CUDA error: invalid device ordinal ({device}: the fake machin
 _NO_SUCH_DEVICE_FIX = ("capture one device's share on cuda:0 (a model split over GPUs: each part in a capture of "
                        "its own), or capture with --real on a machine with that GPU")
 _KEPT_FOR_BUILTIN_IDS = []
+# A new generator's seed (default_rng_seed_val in c10/core/GeneratorImpl.h), CUDA's included.
+_DEFAULT_RNG_SEED = 67280421310721
 
 
 # TorchScript compiles a call to F.linear, torch.tensor... as the aten op it maps the original
@@ -2228,13 +2230,17 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
     real_generator = torch.Generator
 
     class Generator(real_generator):
-        """A CUDA generator draws on the CPU (fake CUDA ops take one); it still says it is CUDA's."""
+        """A CUDA generator draws on the CPU (fake CUDA ops take one); it still says it is CUDA's,
+        and its state is CUDA's: the Philox seed and offset, 16 bytes (CUDAGeneratorImpl::get_state
+        in aten/src/ATen/cuda/CUDAGeneratorImpl.cpp), not the CPU's Mersenne Twister (5,056).
+        The offset moves only when set: no kernel draws on fake CUDA."""
 
         def __new__(cls, device="cpu"):
             generator = super().__new__(cls, "cpu")
             generator.wanted = torch.device(device)
             if generator.wanted.type == "cuda" and generator.wanted.index is None:
                 generator.wanted = torch.device("cuda", 0)
+            generator.philox = [_DEFAULT_RNG_SEED, 0]  # (seed, offset), as a new CUDAGeneratorImpl
             return generator
 
         def __init__(self, device="cpu"):
@@ -2244,7 +2250,96 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
         def device(self):
             return self.wanted
 
+        def _cuda(self):
+            return self.wanted.type == "cuda"
+
+        def get_state(self):
+            if not self._cuda():
+                return super().get_state()
+            seed, offset = self.philox
+            return torch.frombuffer(bytearray(seed.to_bytes(8, "little") + offset.to_bytes(8, "little", signed=True)), dtype=torch.uint8)
+
+        def set_state(self, new_state):
+            if not self._cuda():
+                return super().set_state(new_state)
+            if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.device.type != "cpu":
+                raise TypeError("RNG state must be a torch.ByteTensor")
+            data = bytes(new_state.contiguous().tolist())
+            if len(data) not in (8, 16):  # (8: a seed alone, offset 0)
+                raise RuntimeError("RNG state is wrong size")
+            offset = int.from_bytes(data[8:] or bytes(8), "little", signed=True)
+            if offset % 4:
+                raise RuntimeError("offset must be a multiple of 4")
+            self.philox = [int.from_bytes(data[:8], "little"), offset]
+            return self
+
+        def manual_seed(self, seed):
+            super().manual_seed(seed)
+            if self._cuda():
+                self.philox = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, 0]
+            return self
+
+        def seed(self):
+            seed = super().seed()
+            if self._cuda():
+                self.philox = [seed, 0]
+            return seed
+
+        def initial_seed(self):
+            return self.philox[0] if self._cuda() else super().initial_seed()
+
+        def get_offset(self):
+            return self.philox[1] if self._cuda() else super().get_offset()
+
+        def set_offset(self, offset):
+            if not self._cuda():
+                return super().set_offset(offset)
+            self.philox[1] = int(offset)
+            return self
+
     patches.set(torch, "Generator", Generator)
+    # torch.cuda's default generator (one device), its module functions going through it as
+    # torch/cuda/random.py's do; torch.manual_seed and torch.seed reach it by manual_seed_all.
+    default = Generator("cuda")
+    # (seeded at random, as getDefaultCUDAGenerator seeds it: the CPU's seed, which is so too)
+    default.manual_seed(torch.initial_seed())
+    patches.set(cuda, "default_generators", (default,))
+
+    def default_of(device="cuda"):
+        index = torch.cuda._utils._get_device_index(device, optional=True) if not isinstance(device, int) else device
+        if index not in (0, -1):
+            raise NeedsDriver(_NO_SUCH_DEVICE.format(device=f"cuda:{index}"), fix=_NO_SUCH_DEVICE_FIX)
+        return default
+
+    def set_states(states):
+        for state in states[:1]:
+            default.set_state(state)
+
+    def set_rng_state(new_state, device="cuda"):
+        default_of(device).set_state(new_state)
+
+    def reseed(seed=None):
+        # (torch.cuda's seeding functions answer None)
+        if seed is None:
+            default.seed()
+        else:
+            default.manual_seed(int(seed))
+
+    rng = dict(
+        get_rng_state=lambda device="cuda": default_of(device).get_state(),
+        set_rng_state=set_rng_state,
+        get_rng_state_all=lambda: [default.get_state()],
+        set_rng_state_all=set_states,
+        manual_seed=reseed,
+        manual_seed_all=reseed,
+        seed=lambda: reseed(),
+        seed_all=lambda: reseed(),
+        initial_seed=lambda: default.initial_seed(),
+    )
+    for module in (cuda, cuda.random):
+        for name, fn in rng.items():
+            if hasattr(module, name):
+                patches.set(module, name, fn)
 
     # Note [Private pools]: a CUDA graph capture runs the captured region eagerly once (replay()
     # runs nothing) with its allocations routed to the graph's private pool, as
@@ -2941,11 +3036,6 @@ def _fake_cuda_api(torch, patches, recorder):
         "get_device_capability": lambda device=None: (9, 0),
         "get_device_properties": lambda device=None: props,
         "get_arch_list": lambda: ["sm_90"],
-        "manual_seed": lambda seed: None,
-        "initial_seed": lambda: torch.initial_seed(),  # the CPU generator's: the fake device draws there
-        "manual_seed_all": lambda seed: None,
-        "seed": lambda: None,
-        "seed_all": lambda: None,
         "memory_allocated": allocated,
         "max_memory_allocated": peak,
         "memory_reserved": allocated,
@@ -2965,11 +3055,6 @@ def _fake_cuda_api(torch, patches, recorder):
         "_record_memory_history": not_on_fake_cuda("torch.cuda.memory._record_memory_history"),
         "_dump_snapshot": not_on_fake_cuda("torch.cuda.memory._dump_snapshot"),
         "_set_allocator_settings": set_allocator_settings,
-        # The CUDA generator's state (Philox seed and offset, 16 bytes): there is no device RNG.
-        "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
-        "set_rng_state": lambda new_state, device="cuda": None,
-        "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
-        "set_rng_state_all": lambda new_states: None,
     }
     streams = _FakeStreams(recorder.sink)
     recorder.fake_streams = streams

@@ -436,6 +436,25 @@ fn pinned_host_memory_answers_is_pinned_as_on_a_gpu_machine() {
     assert_eq!(signed_sizes(&events(&trace)), vec![16, -16]);
 }
 
+/// The CUDA generator's state is CUDA's (seed and Philox offset, 16 bytes), through
+/// torch.cuda.get_rng_state, default_generators and torch.Generator(device="cuda"); it follows
+/// the seeding calls and set_rng_state round-trips it (fork_rng restores it).
+#[test]
+fn the_cuda_generator_state_is_a_seed_and_an_offset_and_round_trips() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&fixture("cuda_rng.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "state torch.uint8 cpu 16 True\nnew generator 67280421310721\nsizes 16 16 1\nseeded 1234 1234\nreseeded 7 99\nrestored 1234 True\n\
+         generator restored 1234 True\nfork_rng 1234\ncpu state: RNG state is wrong size\ndone\n"
+    );
+    assert_eq!(signed_sizes(&events(&trace)), vec![4000, -4000]);
+}
+
 #[test]
 fn torchscript_default_device_saves_caught_reads_and_blocked_threads() {
     if !have_torch() {
