@@ -2936,6 +2936,38 @@ def _fake_data_pointers(torch, patches, recorder):
     patches.set(fake_type, "data_ptr", tensor_data_ptr)
 
 
+def _worker_errors_keep_their_frames(patches):
+    """A DataLoader worker process sends its error to the main process as text
+    (torch._utils.ExceptionWrapper), which raises it anew at the `for ... in loader` line: the
+    worker's frames and what the capture knew of the error ride along, so that a fake-value read in
+    a Dataset's __getitem__ is named at its own line (the main process's line given as context)."""
+    from torch._utils import ExceptionWrapper
+
+    original_init, original_reraise = ExceptionWrapper.__init__, ExceptionWrapper.reraise
+
+    def init(self, exc_info=None, where="in background"):
+        if exc_info is None:
+            exc_info = sys.exc_info()
+        original_init(self, exc_info, where)
+        exc = exc_info[1]
+        self.allocbench = dict(origin_frames=_frames(exc_info[2]), origin_where=where,
+                               on_cpu=getattr(exc, "on_cpu", False), fix=getattr(exc, "fix", None))
+
+    def reraise(self):
+        try:
+            original_reraise(self)
+        except BaseException as exc:
+            for name, value in getattr(self, "allocbench", {}).items():
+                try:
+                    setattr(exc, name, value)
+                except (AttributeError, TypeError):
+                    pass
+            raise
+
+    patches.set(ExceptionWrapper, "__init__", init)
+    patches.set(ExceptionWrapper, "reraise", reraise)
+
+
 def _recorded_threads(threading_module, patches, recorder):
     """torch's dispatch modes are per thread: a thread the script starts (a prefetch thread,
     generate() under TextIteratorStreamer) runs with the capture's mode pushed, as the main
@@ -3165,6 +3197,7 @@ def _fake_cuda_api(torch, patches, recorder):
         return data
 
     patches.set(pinning, "pin_memory", pin_batch)
+    _worker_errors_keep_their_frames(patches)
     functional = torch.nn.functional
     patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
     accelerator = getattr(torch, "accelerator", None)
@@ -3495,14 +3528,27 @@ def _start(torch, recorder, stack, patches, fake, device):
 # --- running a script -----------------------------------------------------------------------
 
 
-def _script_frame(tb, script):
+def _frames(tb):
+    """(file, line, function) of each frame of ``tb``, outermost first."""
+    return [(frame.f_code.co_filename, lineno, frame.f_code.co_name) for frame, lineno in traceback.walk_tb(tb)]
+
+
+def _failing_frames(exc):
+    """The frames where ``exc`` was raised: a DataLoader worker's own for an error a worker process
+    sent (_worker_errors_keep_their_frames), the scripted function's for one TorchScript lost
+    (_torchscript_error), else its traceback's."""
+    frames = getattr(exc, "origin_frames", None)
+    return frames if frames is not None else _frames(exc.__traceback__)
+
+
+def _script_frame(frames, script):
     """The innermost frame of the user's code (the script or its own modules, not torch or us)."""
     here = os.path.abspath(__file__)
     libraries = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     best = None
-    for frame, lineno in traceback.walk_tb(tb):
-        name = os.path.abspath(frame.f_code.co_filename)
-        if name == here or name.startswith(libraries) or frame.f_code.co_filename.startswith("<"):
+    for filename, lineno, _ in frames:
+        name = os.path.abspath(filename)
+        if name == here or name.startswith(libraries) or filename.startswith("<"):
             continue
         if "site-packages" in name or "dist-packages" in name:
             continue
@@ -3510,13 +3556,32 @@ def _script_frame(tb, script):
     return best or (os.path.abspath(script), 0)
 
 
+def _line_of(path, line):
+    text = linecache.getline(path, line).strip() if line else ""
+    return f"{_shown_path(path)}:{line}", text
+
+
 def _where(exc, script):
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         path, line = os.path.abspath(exc.filename), exc.lineno  # raised while compiling: no frame of its own
     else:
-        path, line = _script_frame(exc.__traceback__, script)
-    text = linecache.getline(path, line).strip() if line else ""
-    return f"{_shown_path(path)}:{line}", text
+        path, line = _script_frame(_failing_frames(exc), script)
+    return _line_of(path, line)
+
+
+def _origin(exc, script):
+    """For an error raised elsewhere than where the script met it (a DataLoader worker process,
+    TorchScript): " (in DataLoader worker process N; the main process was at FILE:LINE `code`)"
+    (" (in the TorchScript function F; called at ...)"), else ""."""
+    where = getattr(exc, "origin_where", None)
+    if getattr(exc, "origin_frames", None) is None or not where:
+        return ""
+    caller = getattr(exc, "caller_frames", None)
+    main_at, text = _line_of(*_script_frame(_frames(exc.__traceback__) if caller is None else caller, script))
+    code = f" `{text}`" if text else ""
+    called = getattr(exc, "caller_words", "the main process was at")
+    return f" ({where}; {called} {main_at}{code})"
+
 
 
 def _shown_path(path):
@@ -3525,18 +3590,17 @@ def _shown_path(path):
     return path if rel.startswith("..") else rel
 
 
-def _library_frame(tb, script):
+def _library_frame(frames, script):
     """Where in a library (torch's public modules included) the failing call was made, when that is
     deeper than the user's own line: "file:line in function", else None."""
     here = os.path.abspath(__file__)
     torch_private = (os.sep + "torch" + os.sep + "_", os.sep + "torch" + os.sep + "utils" + os.sep + "_")
     innermost = None
-    for frame, lineno in traceback.walk_tb(tb):
-        name = frame.f_code.co_filename
+    for name, lineno, function in frames:
         if os.path.abspath(name) == here or name.startswith("<") or any(p in name for p in torch_private):
             continue
-        innermost = (os.path.abspath(name), lineno, frame.f_code.co_name)
-    if innermost is None or innermost[:2] == _script_frame(tb, script):
+        innermost = (os.path.abspath(name), lineno, function)
+    if innermost is None or innermost[:2] == _script_frame(frames, script):
         return None
     path, line, function = innermost
     marker = next((m for m in ("site-packages" + os.sep, "dist-packages" + os.sep) if m in path), None)
@@ -3548,8 +3612,9 @@ def _fake_data_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
     name = type(exc).__name__
-    library = _library_frame(exc.__traceback__, script)
+    library = _library_frame(_failing_frames(exc), script)
     inside = f" (the read is in {library})" if library else ""
+    inside += _origin(exc, script)
     if isinstance(exc, FakeValueNeeded) and str(exc) == "Tensor.numpy()":
         op = "Tensor.numpy()"
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value V to answer it with V "
@@ -3583,8 +3648,8 @@ def _is_driver_error(exc):
 def _driver_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
-    library = _library_frame(exc.__traceback__, script)
-    inside = f" in {library}" if library else ""
+    library = _library_frame(_failing_frames(exc), script)
+    inside = (f" in {library}" if library else "") + _origin(exc, script)
     first = str(exc) if isinstance(exc, NeedsDriver) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
     if getattr(exc, "fix", None):
         return f"{where}:{code} {first}{inside}; fix: {exc.fix}"

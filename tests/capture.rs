@@ -414,6 +414,11 @@ fn a_value_read_in_a_dataloader_worker_stops_the_capture_in_one_line() {
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains("worker_read.py:") && err.contains("needs real tensor data"), "{err}");
+    // Named at the worker's own line (the Dataset's __getitem__), the main process's as context.
+    assert!(err.contains("worker_read.py:13: `if img.max() > 1:` needs real tensor data"), "{err}");
+    assert!(err.contains("(in DataLoader worker process ") && err.contains("the main process was at "), "{err}");
+    assert!(err.contains("worker_read.py:19 `for x, _ in"), "{err}");
+    assert!(err.contains("the tensor is on the CPU but fake"), "what the worker knew of the read rides along: {err}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: FakeValueNeeded"));
 }
 
