@@ -39,12 +39,14 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import functools
 import gc
 import hashlib
 import itertools
 import json
 import linecache
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -562,6 +564,7 @@ def _make_recorder_class(torch):
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
+            self.dispatch_error = None  # the last error raised out of an op (type, message, id, on_cpu, fix)
             self.value_reads = []  # every FakeValueNeeded raised (the capture's own catches marked `handled`)
             self.on_hard_exit = None  # called with the code when the script calls os._exit
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
@@ -744,8 +747,15 @@ def _make_recorder_class(torch):
                 return func(*args, **(kwargs or {}))
             if self.thread_error is not None:
                 self.raise_thread_error()
-            with self.lock:
-                return self._dispatch(func, types, args, kwargs)
+            try:
+                with self.lock:
+                    return self._dispatch(func, types, args, kwargs)
+            except BaseException as e:
+                # TorchScript's interpreter turns a Python error into a RuntimeError with an
+                # empty message: what it was is kept for that message (_torchscript_error).
+                # Not the exception itself: its frames would keep the op's tensors alive.
+                self.dispatch_error = (type(e), str(e), id(e), getattr(e, "on_cpu", False), getattr(e, "fix", None))
+                raise
 
         def resize_storage(self, storage, nbytes, resize):
             """UntypedStorage.resize_ to ``nbytes`` (FSDP frees a parameter's storage with
@@ -3160,6 +3170,16 @@ def _fake_cuda_api(torch, patches, recorder):
         return original_jit_trace(func, *args, **kwargs)
 
     patches.set(torch.jit, "trace", jit_trace)
+    original_jit_script = torch.jit.script
+
+    def jit_script(obj, *args, **kwargs):
+        recorder.say_once("torch.jit.script", "runs unfused on fake CUDA (TorchScript's GPU fuser compiles kernels "
+                          "with the driver): a fused kernel's intermediates are recorded as separate allocations",
+                          "GPU fusion off (fused intermediates recorded)")
+        return original_jit_script(obj, *args, **kwargs)
+
+    functools.update_wrapper(jit_script, original_jit_script)
+    patches.set(torch.jit, "script", jit_script)
     # nn.init.trunc_normal_ redraws until no sample falls outside [a, b], reading `mask.any()` each
     # time: on fake tensors the draws have no values. Every sample is taken as accepted on the
     # first draw (with the default bounds, ±2 around a small std, the real loop ends there too):
@@ -3403,6 +3423,8 @@ def _note_caught_value_reads(recorder, ending):
     """Reads of fake values the script caught (`except Exception`) and went on from: the code that
     needed the values did not run, so the trace lacks its work. Said on the terminal and in the trace."""
     ended_by = set()
+    if _torchscript_error(ending, recorder) is not None:
+        ended_by.add(recorder.dispatch_error[2])  # (the read TorchScript caught and raised again, emptied)
     while ending is not None and id(ending) not in ended_by:
         ended_by.add(id(ending))
         ending = ending.__cause__ or ending.__context__
@@ -3477,6 +3499,20 @@ def _note_script_conf(sink, script_conf, conf_before):
     print(f"allocbench capture: the script set the allocator's settings; replay with --conf '{conf}' to apply them", file=sys.stderr)
 
 
+def _no_gpu_fusion(torch, stack):
+    """TorchScript's profiling executor fuses a scripted function's elementwise ops into one GPU
+    kernel from its third call on, compiled by the driver (NVRTC, libcuda): on fake CUDA the ops
+    run unfused, as with torch._C._jit_override_can_fuse_on_gpu(False) (said when something is
+    scripted: their intermediates are allocations a fused kernel would not make)."""
+    can_fuse = getattr(torch._C, "_jit_can_fuse_on_gpu", None)
+    override = getattr(torch._C, "_jit_override_can_fuse_on_gpu", None)
+    if can_fuse is None or override is None:
+        return
+    before = can_fuse()
+    override(False)
+    stack.callback(override, before)
+
+
 def _start(torch, recorder, stack, patches, fake, device):
     # Run backward on this thread: the op order is then the device thread's, deterministically.
     torch.autograd.set_multithreading_enabled(False)
@@ -3517,6 +3553,7 @@ def _start(torch, recorder, stack, patches, fake, device):
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         if device == "cuda":
             _fake_cuda_api(torch, patches, recorder)
+            _no_gpu_fusion(torch, stack)
             recorder.fake_mode = _no_device_init(FakeTensorMode)(allow_non_fake_inputs=True)
         else:
             # Checking the capture on CPU: every tensor is fake, as CUDA ones are in a real capture.
@@ -3583,6 +3620,36 @@ def _origin(exc, script):
     return f" ({where}; {called} {main_at}{code})"
 
 
+_TORCHSCRIPT_FAILED = "The following operation failed in the TorchScript interpreter."
+
+
+def _torchscript_error(exc, recorder):
+    """TorchScript's interpreter turns a Python error raised inside it (by this capture's mode: a
+    fake-value read, a call with no stand-in) into a RuntimeError whose last line is its class with
+    an empty message. That error, remade from what the mode kept of it (Recorder.dispatch_error),
+    its frames ending at the scripted function's line; else None."""
+    text = str(exc) if isinstance(exc, RuntimeError) else ""
+    kept = getattr(recorder, "dispatch_error", None)
+    if _TORCHSCRIPT_FAILED not in text or kept is None:
+        return None
+    lines = text.rstrip("\n").splitlines()
+    if not lines or not lines[-1].rstrip().endswith(":") or " " in lines[-1].strip():
+        return None  # (a message of its own: TorchScript kept it)
+    cls, message, _, on_cpu, fix = kept
+    inner = cls.__new__(cls)
+    inner.args = (message,)
+    scripted = [(path, int(line), function) for path, line, function in
+                (m.groups() for m in map(_TORCHSCRIPT_FRAME.match, lines) if m)]
+    inner.caller_frames = _frames(exc.__traceback__)
+    inner.origin_frames = inner.caller_frames + scripted
+    inner.origin_where = f"in the TorchScript function {scripted[-1][2]}" if scripted else "in TorchScript"
+    inner.caller_words = "called at"
+    inner.on_cpu, inner.fix = on_cpu, fix
+    return inner
+
+
+_TORCHSCRIPT_FRAME = re.compile(r'\s*File "(.+)", line (\d+), in (\S+)')
+
 
 def _shown_path(path):
     """`path` relative to the working directory when inside it, else as it is."""
@@ -3641,7 +3708,8 @@ def _is_driver_error(exc):
     """An error from the CUDA driver or runtime: on fake CUDA, a call that has no stand-in."""
     text = str(exc)
     return isinstance(exc, NeedsDriver) or type(exc).__name__ == "AcceleratorError" or any(
-        m in text for m in ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available")
+        m in text for m in ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available",
+                            "libcuda.so")
     )
 
 
@@ -3788,6 +3856,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         exit_code, state, message = 130, "interrupted", "interrupted"
     except BaseException as e:  # noqa: BLE001 - the script's own error passes through
+        lost = _torchscript_error(e, recorder)
+        if lost is not None and (_is_fake_data_error(lost) or (not opts.real and _is_driver_error(lost))):
+            e = lost
         if _is_fake_data_error(e):
             message = _fake_data_message(e, script)
             say(message)
@@ -3798,6 +3869,10 @@ def main(argv=None):
             state = "fake_data"
         else:
             traceback.print_exception(type(e), e, _from_the_script(e.__traceback__))
+            if lost is not None:
+                # The error TorchScript emptied, as a GPU run would have printed it.
+                print(f"{type(lost).__name__}: {lost}", file=sys.stderr)
+                e = lost
             where, _ = _where(e, script)
             message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
             state = "script_error"

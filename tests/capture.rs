@@ -422,6 +422,41 @@ fn a_value_read_in_a_dataloader_worker_stops_the_capture_in_one_line() {
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: FakeValueNeeded"));
 }
 
+/// TorchScript functions (not modules) making tensors with torch.tensor: called in a loop, one
+/// runs unfused (TorchScript's GPU fuser would have the driver compile a kernel from its third
+/// call: said once); a value read inside one, which TorchScript re-raises as a RuntimeError with an
+/// empty message, is the one-line read error at the scripted line, not a read caught and gone on from.
+#[test]
+fn torchscript_functions_run_unfused_and_a_read_inside_one_is_named() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("jit_function.py");
+    let (out, trace) = capture(dir.path(), "j.csv", &[], &[&script]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "scaled torch.Size([4]) cuda:0\n");
+    assert!(err.contains("torch.jit.script runs unfused on fake CUDA"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# torch.jit.script: GPU fusion off"));
+    let sizes = signed_sizes(&events(&trace));
+    assert!(sizes.len() > 4 && sizes.iter().all(|&b| b.abs() == 16), "{sizes:?}");
+
+    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&script, "read"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let read = marked_line("jit_function.py", "scripted read");
+    let call = marked_line("jit_function.py", "scripted call");
+    let line = err.lines().find(|l| l.contains("needs real tensor data")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains(&format!("jit_function.py:{read}: `norm = float(x.norm())")), "{line}");
+    assert!(line.contains(&format!("(in the TorchScript function norm_of; called at tests/fixtures/capture/jit_function.py:{call} `norm_of(x)")), "{line}");
+    assert!(line.contains("--scalar-value"), "{line}");
+    assert!(!err.contains("The following operation failed") && !err.contains("caught"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: RuntimeError"));
+    let (out, _) = capture(dir.path(), "v.csv", &["--scalar-value", "2"], &[&script, "read"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
 /// Pinned host memory answers is_pinned() as on a GPU machine: factories with pin_memory=True
 /// (torch.tensor's too, pinned in C++ below the dispatcher), pin_memory() and a DataLoader's
 /// pinned batches, their views too; host memory is not recorded.
