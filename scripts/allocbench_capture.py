@@ -39,12 +39,14 @@ import argparse
 import contextlib
 import copy
 import ctypes
+import functools
 import gc
 import hashlib
 import itertools
 import json
 import linecache
 import os
+import re
 import runpy
 import signal
 import subprocess
@@ -562,10 +564,11 @@ def _make_recorder_class(torch):
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
+            self.dispatch_error = None  # the last error raised out of an op (type, message, id, on_cpu, fix)
             self.value_reads = []  # every FakeValueNeeded raised (the capture's own catches marked `handled`)
             self.on_hard_exit = None  # called with the code when the script calls os._exit
             self.known_values = torch.utils.weak.WeakIdKeyDictionary()  # Note [Known values]
-            self.pinned = torch.utils.weak.WeakIdKeyDictionary()  # pin_memory()'s copies
+            self.pinned = torch.utils.weak.WeakIdKeyDictionary()  # the storages of pinned tensors (mark_pinned)
             # Threads the script starts are recorded too (_recorded_threads): one event at a time.
             self.lock = threading.RLock()
             # An error that stopped a recorded thread, handed to the main thread.
@@ -744,8 +747,15 @@ def _make_recorder_class(torch):
                 return func(*args, **(kwargs or {}))
             if self.thread_error is not None:
                 self.raise_thread_error()
-            with self.lock:
-                return self._dispatch(func, types, args, kwargs)
+            try:
+                with self.lock:
+                    return self._dispatch(func, types, args, kwargs)
+            except BaseException as e:
+                # TorchScript's interpreter turns a Python error into a RuntimeError with an
+                # empty message: what it was is kept for that message (_torchscript_error).
+                # Not the exception itself: its frames would keep the op's tensors alive.
+                self.dispatch_error = (type(e), str(e), id(e), getattr(e, "on_cpu", False), getattr(e, "fix", None))
+                raise
 
         def resize_storage(self, storage, nbytes, resize):
             """UntypedStorage.resize_ to ``nbytes`` (FSDP frees a parameter's storage with
@@ -865,16 +875,15 @@ def _make_recorder_class(torch):
                 return func(*args, **kwargs)
             if func in pin_ops:
                 # Pinned host memory needs the driver; it is host memory, and not what is measured:
-                # a copy, which is_pinned() then answers True for (views of it are not followed).
+                # a copy, whose storage is_pinned() then answers True for (and for its views).
                 if func is is_pinned:
-                    return args[0] in self.pinned
+                    return self.is_pinned(args[0])
                 if isinstance(args[0], fake_tensor_type):
                     with fake_mode:
                         copy = aten.clone.default(args[0])
                 else:
                     copy = args[0].clone()
-                self.pinned[copy] = True
-                return copy
+                return self.mark_pinned(copy)
             leaves = tree_leaves((args, kwargs))
             if any(isinstance(x, fake_tensor_type) or (isinstance(x, torch.device) and x.type == "cuda") for x in leaves):
                 try:
@@ -890,7 +899,10 @@ def _make_recorder_class(torch):
                 # already, and a fake run would render the whole storage into an error message.
                 return func(*args, **kwargs)
             if kwargs.get("pin_memory"):
-                kwargs = {**kwargs, "pin_memory": False}  # torch.empty(..., pin_memory=True): the same
+                # torch.empty(..., pin_memory=True): host memory the same, made without the driver;
+                # is_pinned() answers True for it, as on a GPU machine.
+                kwargs = {**kwargs, "pin_memory": False}
+                return self.mark_pinned(self._run(func, args, kwargs))
             # Note [Real CPU, fake CUDA]: CPU work stays real where it is cheap (data loading,
             # shuffling indices, step counters, token ids), so scripts can read its values; large
             # floating CPU tensors (a model built on the CPU before .cuda()) are fake, since this
@@ -1136,6 +1148,15 @@ def _make_recorder_class(torch):
                 tree_kwargs["pin_memory"] = False
             with disable_modes(), torch.no_grad():
                 return func(*tree_args, **tree_kwargs)
+
+        def mark_pinned(self, tensor):
+            """``tensor`` (a CPU tensor made pinned on a GPU machine), answered pinned from now on."""
+            if isinstance(tensor, torch.Tensor) and tensor.device.type == "cpu":
+                self.pinned[tensor.untyped_storage()] = True
+            return tensor
+
+        def is_pinned(self, tensor):
+            return tensor.device.type == "cpu" and tensor.untyped_storage() in self.pinned
 
         def known_of(self, tensor):
             """What ``tensor`` is known to hold (a number, or its contents), or None. A tensor that
@@ -1615,6 +1636,8 @@ _NO_SUCH_DEVICE = "CUDA error: invalid device ordinal ({device}: the fake machin
 _NO_SUCH_DEVICE_FIX = ("capture one device's share on cuda:0 (a model split over GPUs: each part in a capture of "
                        "its own), or capture with --real on a machine with that GPU")
 _KEPT_FOR_BUILTIN_IDS = []
+# A new generator's seed (default_rng_seed_val in c10/core/GeneratorImpl.h), CUDA's included.
+_DEFAULT_RNG_SEED = 67280421310721
 
 
 # TorchScript compiles a call to F.linear, torch.tensor... as the aten op it maps the original
@@ -1861,6 +1884,10 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
             # factory calls their device; the mode does not see this wrapper, so it asks.
             device = torch.utils._device.CURRENT_DEVICE
         if device is None or torch.device(device).type != "cuda":
+            if kwargs.get("pin_memory") and _active is not None and _active.fake:
+                # Pinned in C++ below the dispatcher (the driver's host allocator): the same host
+                # memory made unpinned, then answered pinned as on a GPU machine.
+                return _active.mark_pinned(original(data, *args, device=device, **{**kwargs, "pin_memory": False}))
             return original(data, *args, device=device, **kwargs)
         requires_grad = kwargs.pop("requires_grad", False) if takes_requires_grad else False
         if isinstance(data, torch.Tensor) and data.device.type == "cuda":
@@ -2213,13 +2240,17 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
     real_generator = torch.Generator
 
     class Generator(real_generator):
-        """A CUDA generator draws on the CPU (fake CUDA ops take one); it still says it is CUDA's."""
+        """A CUDA generator draws on the CPU (fake CUDA ops take one); it still says it is CUDA's,
+        and its state is CUDA's: the Philox seed and offset, 16 bytes (CUDAGeneratorImpl::get_state
+        in aten/src/ATen/cuda/CUDAGeneratorImpl.cpp), not the CPU's Mersenne Twister (5,056).
+        The offset moves only when set: no kernel draws on fake CUDA."""
 
         def __new__(cls, device="cpu"):
             generator = super().__new__(cls, "cpu")
             generator.wanted = torch.device(device)
             if generator.wanted.type == "cuda" and generator.wanted.index is None:
                 generator.wanted = torch.device("cuda", 0)
+            generator.philox = [_DEFAULT_RNG_SEED, 0]  # (seed, offset), as a new CUDAGeneratorImpl
             return generator
 
         def __init__(self, device="cpu"):
@@ -2229,7 +2260,96 @@ def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, stream
         def device(self):
             return self.wanted
 
+        def _cuda(self):
+            return self.wanted.type == "cuda"
+
+        def get_state(self):
+            if not self._cuda():
+                return super().get_state()
+            seed, offset = self.philox
+            return torch.frombuffer(bytearray(seed.to_bytes(8, "little") + offset.to_bytes(8, "little", signed=True)), dtype=torch.uint8)
+
+        def set_state(self, new_state):
+            if not self._cuda():
+                return super().set_state(new_state)
+            if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8 or new_state.device.type != "cpu":
+                raise TypeError("RNG state must be a torch.ByteTensor")
+            data = bytes(new_state.contiguous().tolist())
+            if len(data) not in (8, 16):  # (8: a seed alone, offset 0)
+                raise RuntimeError("RNG state is wrong size")
+            offset = int.from_bytes(data[8:] or bytes(8), "little", signed=True)
+            if offset % 4:
+                raise RuntimeError("offset must be a multiple of 4")
+            self.philox = [int.from_bytes(data[:8], "little"), offset]
+            return self
+
+        def manual_seed(self, seed):
+            super().manual_seed(seed)
+            if self._cuda():
+                self.philox = [int(seed) & 0xFFFF_FFFF_FFFF_FFFF, 0]
+            return self
+
+        def seed(self):
+            seed = super().seed()
+            if self._cuda():
+                self.philox = [seed, 0]
+            return seed
+
+        def initial_seed(self):
+            return self.philox[0] if self._cuda() else super().initial_seed()
+
+        def get_offset(self):
+            return self.philox[1] if self._cuda() else super().get_offset()
+
+        def set_offset(self, offset):
+            if not self._cuda():
+                return super().set_offset(offset)
+            self.philox[1] = int(offset)
+            return self
+
     patches.set(torch, "Generator", Generator)
+    # torch.cuda's default generator (one device), its module functions going through it as
+    # torch/cuda/random.py's do; torch.manual_seed and torch.seed reach it by manual_seed_all.
+    default = Generator("cuda")
+    # (seeded at random, as getDefaultCUDAGenerator seeds it: the CPU's seed, which is so too)
+    default.manual_seed(torch.initial_seed())
+    patches.set(cuda, "default_generators", (default,))
+
+    def default_of(device="cuda"):
+        index = torch.cuda._utils._get_device_index(device, optional=True) if not isinstance(device, int) else device
+        if index not in (0, -1):
+            raise NeedsDriver(_NO_SUCH_DEVICE.format(device=f"cuda:{index}"), fix=_NO_SUCH_DEVICE_FIX)
+        return default
+
+    def set_states(states):
+        for state in states[:1]:
+            default.set_state(state)
+
+    def set_rng_state(new_state, device="cuda"):
+        default_of(device).set_state(new_state)
+
+    def reseed(seed=None):
+        # (torch.cuda's seeding functions answer None)
+        if seed is None:
+            default.seed()
+        else:
+            default.manual_seed(int(seed))
+
+    rng = dict(
+        get_rng_state=lambda device="cuda": default_of(device).get_state(),
+        set_rng_state=set_rng_state,
+        get_rng_state_all=lambda: [default.get_state()],
+        set_rng_state_all=set_states,
+        manual_seed=reseed,
+        manual_seed_all=reseed,
+        seed=lambda: reseed(),
+        seed_all=lambda: reseed(),
+        initial_seed=lambda: default.initial_seed(),
+    )
+    for module in (cuda, cuda.random):
+        for name, fn in rng.items():
+            if hasattr(module, name):
+                patches.set(module, name, fn)
 
     # Note [Private pools]: a CUDA graph capture runs the captured region eagerly once (replay()
     # runs nothing) with its allocations routed to the graph's private pool, as
@@ -2826,6 +2946,38 @@ def _fake_data_pointers(torch, patches, recorder):
     patches.set(fake_type, "data_ptr", tensor_data_ptr)
 
 
+def _worker_errors_keep_their_frames(patches):
+    """A DataLoader worker process sends its error to the main process as text
+    (torch._utils.ExceptionWrapper), which raises it anew at the `for ... in loader` line: the
+    worker's frames and what the capture knew of the error ride along, so that a fake-value read in
+    a Dataset's __getitem__ is named at its own line (the main process's line given as context)."""
+    from torch._utils import ExceptionWrapper
+
+    original_init, original_reraise = ExceptionWrapper.__init__, ExceptionWrapper.reraise
+
+    def init(self, exc_info=None, where="in background"):
+        if exc_info is None:
+            exc_info = sys.exc_info()
+        original_init(self, exc_info, where)
+        exc = exc_info[1]
+        self.allocbench = dict(origin_frames=_frames(exc_info[2]), origin_where=where,
+                               on_cpu=getattr(exc, "on_cpu", False), fix=getattr(exc, "fix", None))
+
+    def reraise(self):
+        try:
+            original_reraise(self)
+        except BaseException as exc:
+            for name, value in getattr(self, "allocbench", {}).items():
+                try:
+                    setattr(exc, name, value)
+                except (AttributeError, TypeError):
+                    pass
+            raise
+
+    patches.set(ExceptionWrapper, "__init__", init)
+    patches.set(ExceptionWrapper, "reraise", reraise)
+
+
 def _recorded_threads(threading_module, patches, recorder):
     """torch's dispatch modes are per thread: a thread the script starts (a prefetch thread,
     generate() under TextIteratorStreamer) runs with the capture's mode pushed, as the main
@@ -2926,11 +3078,6 @@ def _fake_cuda_api(torch, patches, recorder):
         "get_device_capability": lambda device=None: (9, 0),
         "get_device_properties": lambda device=None: props,
         "get_arch_list": lambda: ["sm_90"],
-        "manual_seed": lambda seed: None,
-        "initial_seed": lambda: torch.initial_seed(),  # the CPU generator's: the fake device draws there
-        "manual_seed_all": lambda seed: None,
-        "seed": lambda: None,
-        "seed_all": lambda: None,
         "memory_allocated": allocated,
         "max_memory_allocated": peak,
         "memory_reserved": allocated,
@@ -2950,11 +3097,6 @@ def _fake_cuda_api(torch, patches, recorder):
         "_record_memory_history": not_on_fake_cuda("torch.cuda.memory._record_memory_history"),
         "_dump_snapshot": not_on_fake_cuda("torch.cuda.memory._dump_snapshot"),
         "_set_allocator_settings": set_allocator_settings,
-        # The CUDA generator's state (Philox seed and offset, 16 bytes): there is no device RNG.
-        "get_rng_state": lambda device="cuda": torch.zeros(16, dtype=torch.uint8),
-        "set_rng_state": lambda new_state, device="cuda": None,
-        "get_rng_state_all": lambda: [torch.zeros(16, dtype=torch.uint8)],
-        "set_rng_state_all": lambda new_states: None,
     }
     streams = _FakeStreams(recorder.sink)
     recorder.fake_streams = streams
@@ -3028,6 +3170,16 @@ def _fake_cuda_api(torch, patches, recorder):
         return original_jit_trace(func, *args, **kwargs)
 
     patches.set(torch.jit, "trace", jit_trace)
+    original_jit_script = torch.jit.script
+
+    def jit_script(obj, *args, **kwargs):
+        recorder.say_once("torch.jit.script", "runs unfused on fake CUDA (TorchScript's GPU fuser compiles kernels "
+                          "with the driver): a fused kernel's intermediates are recorded as separate allocations",
+                          "GPU fusion off (fused intermediates recorded)")
+        return original_jit_script(obj, *args, **kwargs)
+
+    functools.update_wrapper(jit_script, original_jit_script)
+    patches.set(torch.jit, "script", jit_script)
     # nn.init.trunc_normal_ redraws until no sample falls outside [a, b], reading `mask.any()` each
     # time: on fake tensors the draws have no values. Every sample is taken as accepted on the
     # first draw (with the default bounds, ±2 around a small std, the real loop ends there too):
@@ -3055,7 +3207,17 @@ def _fake_cuda_api(torch, patches, recorder):
     # (dispatch modes are per thread): pinned host memory needs the driver and is not measured.
     import torch.utils.data._utils.pin_memory as pinning
 
-    patches.set(pinning, "pin_memory", lambda data, device=None: data)
+    from torch.utils._pytree import tree_leaves
+
+    def pin_batch(data, device=None):
+        # The batch's host memory as it is, answered pinned (is_pinned()) as on a GPU machine.
+        with recorder.lock:
+            for leaf in tree_leaves(data):
+                recorder.mark_pinned(leaf)
+        return data
+
+    patches.set(pinning, "pin_memory", pin_batch)
+    _worker_errors_keep_their_frames(patches)
     functional = torch.nn.functional
     patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
     accelerator = getattr(torch, "accelerator", None)
@@ -3261,6 +3423,8 @@ def _note_caught_value_reads(recorder, ending):
     """Reads of fake values the script caught (`except Exception`) and went on from: the code that
     needed the values did not run, so the trace lacks its work. Said on the terminal and in the trace."""
     ended_by = set()
+    if _torchscript_error(ending, recorder) is not None:
+        ended_by.add(recorder.dispatch_error[2])  # (the read TorchScript caught and raised again, emptied)
     while ending is not None and id(ending) not in ended_by:
         ended_by.add(id(ending))
         ending = ending.__cause__ or ending.__context__
@@ -3335,6 +3499,20 @@ def _note_script_conf(sink, script_conf, conf_before):
     print(f"allocbench capture: the script set the allocator's settings; replay with --conf '{conf}' to apply them", file=sys.stderr)
 
 
+def _no_gpu_fusion(torch, stack):
+    """TorchScript's profiling executor fuses a scripted function's elementwise ops into one GPU
+    kernel from its third call on, compiled by the driver (NVRTC, libcuda): on fake CUDA the ops
+    run unfused, as with torch._C._jit_override_can_fuse_on_gpu(False) (said when something is
+    scripted: their intermediates are allocations a fused kernel would not make)."""
+    can_fuse = getattr(torch._C, "_jit_can_fuse_on_gpu", None)
+    override = getattr(torch._C, "_jit_override_can_fuse_on_gpu", None)
+    if can_fuse is None or override is None:
+        return
+    before = can_fuse()
+    override(False)
+    stack.callback(override, before)
+
+
 def _start(torch, recorder, stack, patches, fake, device):
     # Run backward on this thread: the op order is then the device thread's, deterministically.
     torch.autograd.set_multithreading_enabled(False)
@@ -3375,6 +3553,7 @@ def _start(torch, recorder, stack, patches, fake, device):
         warnings.filterwarnings("ignore", message="Accessing the data pointer of FakeTensor")
         if device == "cuda":
             _fake_cuda_api(torch, patches, recorder)
+            _no_gpu_fusion(torch, stack)
             recorder.fake_mode = _no_device_init(FakeTensorMode)(allow_non_fake_inputs=True)
         else:
             # Checking the capture on CPU: every tensor is fake, as CUDA ones are in a real capture.
@@ -3386,14 +3565,27 @@ def _start(torch, recorder, stack, patches, fake, device):
 # --- running a script -----------------------------------------------------------------------
 
 
-def _script_frame(tb, script):
+def _frames(tb):
+    """(file, line, function) of each frame of ``tb``, outermost first."""
+    return [(frame.f_code.co_filename, lineno, frame.f_code.co_name) for frame, lineno in traceback.walk_tb(tb)]
+
+
+def _failing_frames(exc):
+    """The frames where ``exc`` was raised: a DataLoader worker's own for an error a worker process
+    sent (_worker_errors_keep_their_frames), the scripted function's for one TorchScript lost
+    (_torchscript_error), else its traceback's."""
+    frames = getattr(exc, "origin_frames", None)
+    return frames if frames is not None else _frames(exc.__traceback__)
+
+
+def _script_frame(frames, script):
     """The innermost frame of the user's code (the script or its own modules, not torch or us)."""
     here = os.path.abspath(__file__)
     libraries = tuple(os.path.abspath(p) + os.sep for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
     best = None
-    for frame, lineno in traceback.walk_tb(tb):
-        name = os.path.abspath(frame.f_code.co_filename)
-        if name == here or name.startswith(libraries) or frame.f_code.co_filename.startswith("<"):
+    for filename, lineno, _ in frames:
+        name = os.path.abspath(filename)
+        if name == here or name.startswith(libraries) or filename.startswith("<"):
             continue
         if "site-packages" in name or "dist-packages" in name:
             continue
@@ -3401,13 +3593,62 @@ def _script_frame(tb, script):
     return best or (os.path.abspath(script), 0)
 
 
+def _line_of(path, line):
+    text = linecache.getline(path, line).strip() if line else ""
+    return f"{_shown_path(path)}:{line}", text
+
+
 def _where(exc, script):
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:
         path, line = os.path.abspath(exc.filename), exc.lineno  # raised while compiling: no frame of its own
     else:
-        path, line = _script_frame(exc.__traceback__, script)
-    text = linecache.getline(path, line).strip() if line else ""
-    return f"{_shown_path(path)}:{line}", text
+        path, line = _script_frame(_failing_frames(exc), script)
+    return _line_of(path, line)
+
+
+def _origin(exc, script):
+    """For an error raised elsewhere than where the script met it (a DataLoader worker process,
+    TorchScript): " (in DataLoader worker process N; the main process was at FILE:LINE `code`)"
+    (" (in the TorchScript function F; called at ...)"), else ""."""
+    where = getattr(exc, "origin_where", None)
+    if getattr(exc, "origin_frames", None) is None or not where:
+        return ""
+    caller = getattr(exc, "caller_frames", None)
+    main_at, text = _line_of(*_script_frame(_frames(exc.__traceback__) if caller is None else caller, script))
+    code = f" `{text}`" if text else ""
+    called = getattr(exc, "caller_words", "the main process was at")
+    return f" ({where}; {called} {main_at}{code})"
+
+
+_TORCHSCRIPT_FAILED = "The following operation failed in the TorchScript interpreter."
+
+
+def _torchscript_error(exc, recorder):
+    """TorchScript's interpreter turns a Python error raised inside it (by this capture's mode: a
+    fake-value read, a call with no stand-in) into a RuntimeError whose last line is its class with
+    an empty message. That error, remade from what the mode kept of it (Recorder.dispatch_error),
+    its frames ending at the scripted function's line; else None."""
+    text = str(exc) if isinstance(exc, RuntimeError) else ""
+    kept = getattr(recorder, "dispatch_error", None)
+    if _TORCHSCRIPT_FAILED not in text or kept is None:
+        return None
+    lines = text.rstrip("\n").splitlines()
+    if not lines or not lines[-1].rstrip().endswith(":") or " " in lines[-1].strip():
+        return None  # (a message of its own: TorchScript kept it)
+    cls, message, _, on_cpu, fix = kept
+    inner = cls.__new__(cls)
+    inner.args = (message,)
+    scripted = [(path, int(line), function) for path, line, function in
+                (m.groups() for m in map(_TORCHSCRIPT_FRAME.match, lines) if m)]
+    inner.caller_frames = _frames(exc.__traceback__)
+    inner.origin_frames = inner.caller_frames + scripted
+    inner.origin_where = f"in the TorchScript function {scripted[-1][2]}" if scripted else "in TorchScript"
+    inner.caller_words = "called at"
+    inner.on_cpu, inner.fix = on_cpu, fix
+    return inner
+
+
+_TORCHSCRIPT_FRAME = re.compile(r'\s*File "(.+)", line (\d+), in (\S+)')
 
 
 def _shown_path(path):
@@ -3416,18 +3657,17 @@ def _shown_path(path):
     return path if rel.startswith("..") else rel
 
 
-def _library_frame(tb, script):
+def _library_frame(frames, script):
     """Where in a library (torch's public modules included) the failing call was made, when that is
     deeper than the user's own line: "file:line in function", else None."""
     here = os.path.abspath(__file__)
     torch_private = (os.sep + "torch" + os.sep + "_", os.sep + "torch" + os.sep + "utils" + os.sep + "_")
     innermost = None
-    for frame, lineno in traceback.walk_tb(tb):
-        name = frame.f_code.co_filename
+    for name, lineno, function in frames:
         if os.path.abspath(name) == here or name.startswith("<") or any(p in name for p in torch_private):
             continue
-        innermost = (os.path.abspath(name), lineno, frame.f_code.co_name)
-    if innermost is None or innermost[:2] == _script_frame(tb, script):
+        innermost = (os.path.abspath(name), lineno, function)
+    if innermost is None or innermost[:2] == _script_frame(frames, script):
         return None
     path, line, function = innermost
     marker = next((m for m in ("site-packages" + os.sep, "dist-packages" + os.sep) if m in path), None)
@@ -3439,8 +3679,9 @@ def _fake_data_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
     name = type(exc).__name__
-    library = _library_frame(exc.__traceback__, script)
+    library = _library_frame(_failing_frames(exc), script)
     inside = f" (the read is in {library})" if library else ""
+    inside += _origin(exc, script)
     if isinstance(exc, FakeValueNeeded) and str(exc) == "Tensor.numpy()":
         op = "Tensor.numpy()"
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value V to answer it with V "
@@ -3467,15 +3708,16 @@ def _is_driver_error(exc):
     """An error from the CUDA driver or runtime: on fake CUDA, a call that has no stand-in."""
     text = str(exc)
     return isinstance(exc, NeedsDriver) or type(exc).__name__ == "AcceleratorError" or any(
-        m in text for m in ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available")
+        m in text for m in ("CUDA driver version is insufficient", "Found no NVIDIA driver", "no CUDA GPUs are available",
+                            "libcuda.so")
     )
 
 
 def _driver_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
-    library = _library_frame(exc.__traceback__, script)
-    inside = f" in {library}" if library else ""
+    library = _library_frame(_failing_frames(exc), script)
+    inside = (f" in {library}" if library else "") + _origin(exc, script)
     first = str(exc) if isinstance(exc, NeedsDriver) else str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
     if getattr(exc, "fix", None):
         return f"{where}:{code} {first}{inside}; fix: {exc.fix}"
@@ -3498,6 +3740,20 @@ def _is_fake_data_error(exc):
             return True
         exc = exc.__cause__ or exc.__context__
     return False
+
+
+def _from_the_script(tb):
+    """``tb`` from the script's first frame on, as ``python script.py`` prints it: the frames
+    that ran it (this module's main, runpy's) left out. None when the script has no frame (a
+    SyntaxError raised compiling it: its own lines say where)."""
+    here = os.path.abspath(__file__)
+    running = {here, os.path.abspath(runpy.__file__)}
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if not (name.startswith("<frozen ") or os.path.abspath(name) in running):
+            break
+        tb = tb.tb_next
+    return tb
 
 
 def _write_status(path, **status):
@@ -3600,6 +3856,9 @@ def main(argv=None):
     except KeyboardInterrupt:
         exit_code, state, message = 130, "interrupted", "interrupted"
     except BaseException as e:  # noqa: BLE001 - the script's own error passes through
+        lost = _torchscript_error(e, recorder)
+        if lost is not None and (_is_fake_data_error(lost) or (not opts.real and _is_driver_error(lost))):
+            e = lost
         if _is_fake_data_error(e):
             message = _fake_data_message(e, script)
             say(message)
@@ -3609,7 +3868,11 @@ def main(argv=None):
             say(message)
             state = "fake_data"
         else:
-            traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
+            traceback.print_exception(type(e), e, _from_the_script(e.__traceback__))
+            if lost is not None:
+                # The error TorchScript emptied, as a GPU run would have printed it.
+                print(f"{type(lost).__name__}: {lost}", file=sys.stderr)
+                e = lost
             where, _ = _where(e, script)
             message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
             state = "script_error"

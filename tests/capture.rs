@@ -375,6 +375,11 @@ fn a_script_that_raises_passes_its_traceback_and_status_through() {
     let err = stderr(&out);
     assert!(err.contains("Traceback") && err.contains("ValueError: boom at step two"), "{err}");
     assert!(err.contains("raises.py:9"), "names the script line: {err}");
+    // The frames begin with the script's own, as `python raises.py` prints them: not runpy's
+    // (`<frozen runpy>`) nor the capture's that ran it.
+    let frames: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("File \"")).collect();
+    assert!(frames.first().is_some_and(|f| f.contains("raises.py\", line 9, in <module>")), "{err}");
+    assert!(!err.contains("<frozen") && !err.contains("allocbench_capture.py"), "{err}");
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(text.trim_end().ends_with("# capture incomplete: ValueError"), "{text}");
     assert_eq!(steps(&events(&trace)), vec![1, 2], "the trace so far is kept and readable");
@@ -409,7 +414,85 @@ fn a_value_read_in_a_dataloader_worker_stops_the_capture_in_one_line() {
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
     assert!(err.contains("worker_read.py:") && err.contains("needs real tensor data"), "{err}");
+    // Named at the worker's own line (the Dataset's __getitem__), the main process's as context.
+    assert!(err.contains("worker_read.py:13: `if img.max() > 1:` needs real tensor data"), "{err}");
+    assert!(err.contains("(in DataLoader worker process ") && err.contains("the main process was at "), "{err}");
+    assert!(err.contains("worker_read.py:19 `for x, _ in"), "{err}");
+    assert!(err.contains("the tensor is on the CPU but fake"), "what the worker knew of the read rides along: {err}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: FakeValueNeeded"));
+}
+
+/// TorchScript functions (not modules) making tensors with torch.tensor: called in a loop, one
+/// runs unfused (TorchScript's GPU fuser would have the driver compile a kernel from its third
+/// call: said once); a value read inside one, which TorchScript re-raises as a RuntimeError with an
+/// empty message, is the one-line read error at the scripted line, not a read caught and gone on from.
+#[test]
+fn torchscript_functions_run_unfused_and_a_read_inside_one_is_named() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("jit_function.py");
+    let (out, trace) = capture(dir.path(), "j.csv", &[], &[&script]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "scaled torch.Size([4]) cuda:0\n");
+    assert!(err.contains("torch.jit.script runs unfused on fake CUDA"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# torch.jit.script: GPU fusion off"));
+    let sizes = signed_sizes(&events(&trace));
+    assert!(sizes.len() > 4 && sizes.iter().all(|&b| b.abs() == 16), "{sizes:?}");
+
+    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&script, "read"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    let read = marked_line("jit_function.py", "scripted read");
+    let call = marked_line("jit_function.py", "scripted call");
+    let line = err.lines().find(|l| l.contains("needs real tensor data")).unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains(&format!("jit_function.py:{read}: `norm = float(x.norm())")), "{line}");
+    assert!(line.contains(&format!("(in the TorchScript function norm_of; called at tests/fixtures/capture/jit_function.py:{call} `norm_of(x)")), "{line}");
+    assert!(line.contains("--scalar-value"), "{line}");
+    assert!(!err.contains("The following operation failed") && !err.contains("caught"), "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: RuntimeError"));
+    let (out, _) = capture(dir.path(), "v.csv", &["--scalar-value", "2"], &[&script, "read"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// Pinned host memory answers is_pinned() as on a GPU machine: factories with pin_memory=True
+/// (torch.tensor's too, pinned in C++ below the dispatcher), pin_memory() and a DataLoader's
+/// pinned batches, their views too; host memory is not recorded.
+#[test]
+fn pinned_host_memory_answers_is_pinned_as_on_a_gpu_machine() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "p.csv", &[], &[&fixture("pinned.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "empty=True zeros=True full=True empty_strided=True arange=True tensor=True pin_memory()=True large=True\n\
+         view True clone False unpinned False\nloader True\ndone cuda:0\n"
+    );
+    assert_eq!(signed_sizes(&events(&trace)), vec![16, -16]);
+}
+
+/// The CUDA generator's state is CUDA's (seed and Philox offset, 16 bytes), through
+/// torch.cuda.get_rng_state, default_generators and torch.Generator(device="cuda"); it follows
+/// the seeding calls and set_rng_state round-trips it (fork_rng restores it).
+#[test]
+fn the_cuda_generator_state_is_a_seed_and_an_offset_and_round_trips() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&fixture("cuda_rng.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "state torch.uint8 cpu 16 True\nnew generator 67280421310721\nsizes 16 16 1\nseeded 1234 1234\nreseeded 7 99\nrestored 1234 True\n\
+         generator restored 1234 True\nfork_rng 1234\ncpu state: RNG state is wrong size\ndone\n"
+    );
+    assert_eq!(signed_sizes(&events(&trace)), vec![4000, -4000]);
 }
 
 #[test]
