@@ -69,7 +69,8 @@ fn drift_is_positive_for_a_leak_and_near_zero_when_steady() {
     let overhead = leak.drift_overhead_mib_per_1k.expect("enough samples");
     assert!(overhead.abs() < 10.0, "growth-only workload: overhead drift {overhead} MiB/1k iterations while RSS grows {d}");
     // Steady: the kept set is trimmed to a fixed size; stated tolerance ±10 MiB per 1,000 iterations.
-    let steady = cpu::run(&python_like("steady", 10, 200, 100, 1500), CpuAllocator::by_name("mimalloc").unwrap(), &opts(1, false)).unwrap();
+    // (Long enough for the 10 samples a drift needs: 1,500 iterations of small objects took a few ms.)
+    let steady = cpu::run(&python_like("steady", 10, 200, 100, 30_000), CpuAllocator::by_name("mimalloc").unwrap(), &opts(1, false)).unwrap();
     let d = steady.drift_mib_per_1k_iterations.expect("enough samples");
     assert!(d.abs() < 10.0, "steady workload drift {d} MiB/1k iterations");
 }
