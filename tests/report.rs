@@ -311,7 +311,23 @@ fn cpu_exec_and_drain_runs_render_with_spread_and_verdicts() {
     let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
     let run = assert_cmd::Command::cargo_bin("allocbench")
         .unwrap()
-        .args(["cpu", &w, "--allocator", "system", "--reps", "2", "--iterations", "50", "--drain", "0.2", "--jsonl", inproc.to_str().unwrap()])
+        // (Sampled every 1 ms: the drift needs 10 samples of a run that lasts about 0.1 s.)
+        .args([
+            "cpu",
+            &w,
+            "--allocator",
+            "system",
+            "--reps",
+            "2",
+            "--iterations",
+            "50",
+            "--sample-ms",
+            "1",
+            "--drain",
+            "0.2",
+            "--jsonl",
+            inproc.to_str().unwrap(),
+        ])
         .output()
         .unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
