@@ -119,6 +119,52 @@ fn bad_input_exits_2_with_one_line() {
     }
 }
 
+/// A torch_replay.py output is judged only when it can be: its target keys are there, its conf is
+/// its own to get wrong, and it replayed the trace it is compared with.
+#[test]
+fn fidelity_judges_only_a_matching_torch_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.csv");
+    std::fs::write(&trace, "op,id,bytes,stream\nalloc,1,5242880,0\nalloc,2,1000,0\nfree,1,,\n").unwrap();
+    let trace = trace.to_str().unwrap();
+    let replayed: serde_json::Value =
+        serde_json::from_slice(&bin().args(["replay", trace, "--capacity", "80GiB", "--json", "-"]).output().unwrap().stdout).unwrap();
+    let torch = |conf: &str, events: u64, final_stats: &serde_json::Value| {
+        let path = dir.path().join("torch.json");
+        let v = serde_json::json!({"format": "allocbench-torch-replay-v1", "torch_version": "2.15", "device": "x", "total_memory": 80u64 << 30,
+                                   "conf": conf, "events": events, "oom": null, "steps": [], "final": final_stats});
+        std::fs::write(&path, v.to_string()).unwrap();
+        bin().args(["fidelity", trace, "--torch-json", path.to_str().unwrap(), "--json", "-"]).output().unwrap()
+    };
+    // The same stats: identical, and with --json - the standard output is the JSON alone.
+    let out = torch("", 3, &replayed["stats"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON alone");
+    assert_eq!((r["keys_compared"].as_u64(), r["target_identical"].as_bool()), (Some(123), Some(true)));
+    assert!(stderr(&out).contains("identical"), "the summary goes to stderr: {}", stderr(&out));
+    let only = |keys: &[&str]| serde_json::Value::Object(keys.iter().map(|k| (k.to_string(), replayed["stats"][*k].clone())).collect());
+    let cases = [
+        // No target key: nothing to judge by (this once passed with 0 keys compared).
+        (torch("", 3, &serde_json::json!({"something.else": 1})), "its final memory_stats() lack 'reserved_bytes.all.peak'"),
+        (torch("", 3, &only(&["reserved_bytes.all.peak", "segment.all.allocated", "num_alloc_retries"])), "lack 'num_ooms'"),
+        // The JSON's own conf is that file's fault, not --conf's.
+        (
+            torch("max_split_size_mb:5", 3, &replayed["stats"]),
+            "torch.json: its conf 'max_split_size_mb:5': CachingAllocator option max_split_size_mb too small",
+        ),
+        (torch("", 7, &replayed["stats"]), "torch.json: PyTorch replayed 7 events but"),
+    ];
+    for (out, want) in cases {
+        assert_eq!(out.status.code(), Some(2), "{want}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{want}: {}", stderr(&out));
+        assert_eq!(stderr(&out).trim().lines().count(), 1, "{}", stderr(&out));
+    }
+    // The four target keys alone are a judgement on them.
+    let out = torch("", 3, &only(&["reserved_bytes.all.peak", "segment.all.allocated", "num_alloc_retries", "num_ooms"]));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success() && r["keys_compared"] == 4 && r["target_identical"] == true, "{r}");
+}
+
 #[test]
 fn trace_then_replay_of_the_trace_matches_the_workload() {
     let dir = tempfile::tempdir().unwrap();

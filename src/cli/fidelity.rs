@@ -30,7 +30,11 @@ pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
     output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace), Some(&a.torch_json)])?;
     let torch = fidelity::load_torch(&a.torch_json)?;
     let r = fidelity::check(&a.trace, &torch, a.conf.as_deref(), a.address_order)?;
-    println!(
+    // With the JSON on standard output, the summary goes to standard error.
+    let mut text = String::new();
+    use std::fmt::Write as _;
+    writeln!(
+        text,
         "fidelity of {} against PyTorch {} on {} [conf: {}]: {} snapshots x {} keys compared, {} mismatches",
         a.trace.display(),
         r.torch_version,
@@ -39,11 +43,16 @@ pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
         r.snapshots_compared,
         r.keys_compared,
         r.mismatches.len()
-    );
+    )?;
     for m in &r.mismatches {
-        println!("  {:<10} {:<40} sim {:>16}  torch {:>16}", m.at, m.key, m.sim, m.torch);
+        writeln!(text, "  {:<10} {:<40} sim {:>16}  torch {:>16}", m.at, m.key, m.sim, m.torch)?;
     }
-    println!("target keys ({}) at the end: {}", fidelity::TARGET_KEYS.join(", "), if r.target_identical { "identical" } else { "DIFFERENT" });
+    writeln!(text, "target keys ({}) at the end: {}", fidelity::TARGET_KEYS.join(", "), if r.target_identical { "identical" } else { "DIFFERENT" })?;
+    if a.json.as_deref() == Some("-") {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
     if let Some(path) = &a.json {
         output::write_json(path, &r)?;
     }

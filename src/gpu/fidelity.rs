@@ -29,7 +29,11 @@ pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
         return Err(InputError::new(&name, format!("unknown format '{}' (expected allocbench-torch-replay-v1)", t.format)));
     }
     crate::units::check_capacity(t.total_memory).map_err(|m| InputError::new(&name, format!("total_memory {}: {m}", t.total_memory)))?;
-    Ok(t)
+    // Without the target keys at the end there is nothing to judge the simulator by.
+    if let Some(missing) = TARGET_KEYS.iter().find(|k| !t.r#final.contains_key(**k)) {
+        return Err(InputError::new(&name, format!("its final memory_stats() lack '{missing}' (not a torch_replay.py output?)")));
+    }
+    Ok(TorchReplay { path: name, ..t })
 }
 
 fn compare(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>, out: &mut Vec<Mismatch>) -> usize {
@@ -50,7 +54,11 @@ fn compare(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>,
 /// placed at the addresses the GPU returned, or with `address_order` by the simulator's own
 /// placement (what the default path does without a history to replay).
 pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>, address_order: Option<AddressOrder>) -> anyhow::Result<FidelityReport> {
-    let conf = AllocatorConfig::parse(conf_override.unwrap_or(&torch.conf))?;
+    let conf = match conf_override {
+        Some(c) => AllocatorConfig::parse(c)?,
+        // The conf PyTorch ran with is the JSON's: a bad one is that file's fault.
+        None => AllocatorConfig::parse(&torch.conf).map_err(|e| InputError::new(&torch.path, format!("its conf '{}': {}", torch.conf, e.message)))?,
+    };
     let source = Source::open(Some(trace))?;
     let unavailable = torch.free_memory_at_start.map(|f| torch.total_memory.saturating_sub(f)).unwrap_or(0);
     // Best fit breaks ties by address: replay the addresses the GPU handed out. (Composed here
@@ -62,7 +70,18 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>, add
     let mut snapshots: Vec<(u64, BTreeMap<String, i64>)> = Vec::new();
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     let mut watch = (AtStep(|n, _, stats: &crate::gpu::stats::DeviceStats| snapshots.push((n, stats.to_torch_map()))), StopWhen(crate::interrupt::interrupted));
-    replay_watched(&mut alloc, source.events()?, &opts, &mut watch)?;
+    let outcome = replay_watched(&mut alloc, source.events()?, &opts, &mut watch)?;
+    if outcome.interrupted {
+        anyhow::bail!("interrupted at event {} of {}: no comparison", outcome.events, trace.display());
+    }
+    // Neither side stopped early: both replayed every row, so a different count is another trace.
+    if torch.oom.is_none() && outcome.oom.is_none() && torch.events != outcome.events {
+        return Err(InputError::new(
+            &torch.path,
+            format!("PyTorch replayed {} events but {} has {}: this JSON is from another trace", torch.events, trace.display(), outcome.events),
+        )
+        .into());
+    }
     let final_sim = snapshots.pop().map(|s| s.1).unwrap_or_default();
     let mut mismatches = Vec::new();
     let mut keys = 0;
@@ -75,7 +94,8 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>, add
     }
     keys = keys.max(compare("final", &final_sim, &torch.r#final, &mut mismatches));
     compared += 1;
-    let target_identical = TARGET_KEYS.iter().all(|k| !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
+    // Identical means compared and equal: load_torch saw each target key in PyTorch's final stats.
+    let target_identical = TARGET_KEYS.iter().all(|k| final_sim.contains_key(*k) && !mismatches.iter().any(|m| m.at == "final" && m.key == *k));
     let address_misses = alloc.device().inner().script_misses;
     Ok(FidelityReport {
         address_order: match address_order {
@@ -122,6 +142,7 @@ mod tests {
             oom: None,
             steps: snaps.into_iter().map(|(n, e, stats)| TorchStep { step: n, event: e, stats }).collect(),
             r#final: fin,
+            path: "torch.json".into(),
         };
         let r = check(&trace, &torch, None, None).unwrap();
         assert!(r.mismatches.is_empty() && r.target_identical && r.keys_compared == 123 && r.snapshots_compared == 3, "{r:?}");

@@ -137,7 +137,10 @@ pub fn sites_of_run(run: &GpuRunResult, source: &Source, sites: &Sites) -> anyho
     if run.backend != Backend::Sim || run.summary.interrupted {
         return Ok(None);
     }
-    let conf = AllocatorConfig::from_arg(Some(&run.conf))?;
+    // A record whose conf does not parse (edited by hand) cannot be replayed: no sites.
+    let Ok(conf) = AllocatorConfig::parse(&run.conf) else {
+        return Ok(None);
+    };
     let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(run.capacity) };
     let owners = crate::gpu_run::segment_owners(&run.allocator, &conf, &spec, source.events()?, run.on_oom)?;
     let (at, shown) = shown_segments(run);

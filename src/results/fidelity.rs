@@ -28,6 +28,9 @@ pub struct TorchReplay {
     pub steps: Vec<TorchStep>,
     /// memory_stats() at the end.
     pub r#final: BTreeMap<String, i64>,
+    /// The file it was read from (for messages), set by `gpu::fidelity::load_torch`.
+    #[serde(skip)]
+    pub path: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
