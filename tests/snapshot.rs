@@ -828,4 +828,11 @@ fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
     }
     std::fs::write(&p, header).unwrap();
     assert_eq!(import_rmm_log(&p).unwrap().notes, vec!["the log holds no allocations".to_string()]);
+    // `allocate` rows with a null pointer hold nothing: two of them are no reuse of one pointer,
+    // and the free of a real allocation between them still lands on it.
+    let nulls = "1,t,allocate,(nil),4096,0x0\n1,t,allocate,0x7f0000000000,512,0x0\n1,t,allocate,0x0,8192,0x0\n1,t,free,0x7f0000000000,512,0x0\n";
+    std::fs::write(&p, format!("{header}{nulls}")).unwrap();
+    let t = import_rmm_log(&p).unwrap();
+    assert_eq!(t.events, vec![Event::Alloc { id: 0, bytes: 512, stream: 0 }, Event::Free { id: 0 }]);
+    assert_eq!(t.notes, vec!["2 allocations with a null pointer skipped (nothing was allocated)".to_string()]);
 }

@@ -712,7 +712,7 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
     let mut cols: Option<(FxHashMap<String, usize>, usize)> = None;
     let mut live: FxHashMap<u64, u64> = FxHashMap::default();
     let mut next_id = 0u64;
-    let (mut failures, mut unknown_frees, mut double_frees, mut reallocated) = (0u64, 0u64, 0u64, 0u64);
+    let (mut failures, mut unknown_frees, mut double_frees, mut reallocated, mut null_allocs) = (0u64, 0u64, 0u64, 0u64, 0u64);
     // Pointers freed and not allocated again: a second free of one is a double free.
     let mut freed: FxHashSet<u64> = FxHashSet::default();
     for (n, line) in text.lines().enumerate() {
@@ -757,6 +757,12 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
                     empty.insert(ptr);
                     continue;
                 }
+                // A null pointer holds nothing (no upstream hands one out for a served request):
+                // replayed, each would look like a reuse of the last one.
+                if ptr == 0 {
+                    null_allocs += 1;
+                    continue;
+                }
                 // (A failed allocation may log any size: a negative one cast to size_t.)
                 if size >= crate::units::MAX_REQUEST_BYTES {
                     return Err(InputError::new(loc(), format!("size {size}: 1 EiB or more, larger than any request a device allocator serves")));
@@ -788,6 +794,9 @@ pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
     }
     if failures > 0 {
         out.notes.push(format!("{} in the log skipped", crate::units::count(failures, "failed allocation")));
+    }
+    if null_allocs > 0 {
+        out.notes.push(format!("{} with a null pointer skipped (nothing was allocated)", crate::units::count(null_allocs, "allocation")));
     }
     if unknown_frees > 0 {
         out.notes.push(format!(
