@@ -349,6 +349,14 @@ fn trace_name(path: &Path) -> String {
 }
 
 /// sha256 of a file's bytes, read in 1 MiB pieces (what `WorkloadInfo::sha256` holds for every input file).
+/// Whether two paths name one file: the same path, or (for files that exist) the same inode,
+/// whatever links or spellings lead there.
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::path::absolute(a).ok() == std::path::absolute(b).ok()
+        || std::fs::metadata(a).ok().zip(std::fs::metadata(b).ok()).is_some_and(|(x, y)| x.dev() == y.dev() && x.ino() == y.ino())
+}
+
 pub fn sha256_file(path: &Path) -> anyhow::Result<String> {
     let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
     let mut f = std::fs::File::open(path).map_err(|e| InputError::new(path.display().to_string(), e.to_string()))?;

@@ -71,6 +71,23 @@ fn rendering_is_byte_identical_twice() {
 }
 
 #[test]
+fn a_file_named_twice_is_read_once() {
+    // By its own name, another spelling and a link: still one file, its runs counted once.
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("link.jsonl");
+    std::os::unix::fs::symlink(fixture(), &link).unwrap();
+    let respelled = fixture().parent().unwrap().join("../fixtures/results-small.jsonl");
+    let once = report::load(&[fixture()]).unwrap();
+    let named_thrice = report::load(&[fixture(), respelled, link]).unwrap();
+    assert!(once.len() > 1);
+    assert_eq!(named_thrice.len(), once.len());
+    // Two files with the same content are two sets of runs.
+    let copy = dir.path().join("copy.jsonl");
+    std::fs::copy(fixture(), &copy).unwrap();
+    assert_eq!(report::load(&[fixture(), copy]).unwrap().len(), 2 * once.len());
+}
+
+#[test]
 fn other_schema_versions_and_broken_files_are_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let text = std::fs::read_to_string(fixture()).unwrap();

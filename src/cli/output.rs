@@ -83,23 +83,18 @@ fn end_with_a_whole_line(path: &Path) -> anyhow::Result<()> {
 /// one of `inputs` (the same file, by any name): creating it would empty the input before it is
 /// read, or replace it with results. (An output found unwritable after a long run loses the run.)
 pub fn check_outputs(outputs: &[Option<&Path>], inputs: &[Option<&Path>]) -> anyhow::Result<()> {
-    use std::os::unix::fs::MetadataExt;
+    use crate::input::same_file;
     let named: Vec<&&Path> = outputs.iter().flatten().filter(|o| o.as_os_str() != "-").collect();
     // Two outputs of one run in one file would overwrite or interleave each other.
-    let same = |a: &Path, b: &Path| {
-        std::path::absolute(a).ok() == std::path::absolute(b).ok()
-            || std::fs::metadata(a).ok().zip(std::fs::metadata(b).ok()).is_some_and(|(x, y)| x.dev() == y.dev() && x.ino() == y.ino())
-    };
     for (i, a) in named.iter().enumerate() {
-        if let Some(b) = named[..i].iter().find(|b| same(b, a)) {
+        if let Some(b) = named[..i].iter().find(|b| same_file(b, a)) {
             return Err(InputError::new(a.display().to_string(), format!("is also the file of another output ({}): name two files", b.display())).into());
         }
     }
     for output in named {
         check_writable(output)?;
-        let Ok(out) = std::fs::metadata(output) else { continue };
         for input in inputs.iter().flatten() {
-            if std::fs::metadata(input).is_ok_and(|i| i.dev() == out.dev() && i.ino() == out.ino()) {
+            if same_file(input, output) {
                 let why = format!("is the input {}: writing it would destroy the input; name another file", input.display());
                 return Err(InputError::new(output.display().to_string(), why).into());
             }
@@ -120,9 +115,10 @@ fn check_writable(path: &Path) -> anyhow::Result<()> {
         }
         Err(_) => {}
     }
-    let mut folder = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let parent = |p: &Path| p.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
+    let mut folder = parent(path);
     while !folder.exists() {
-        folder = folder.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        folder = parent(&folder);
     }
     if !folder.is_dir() {
         return Err(InputError::new(name, format!("cannot create: {} is not a folder", folder.display())).into());

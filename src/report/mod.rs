@@ -65,7 +65,12 @@ pub const SECTIONS: &[SectionFn] = &[gpu::section, cpu::section, cpu_exec::secti
 /// Loads every results file (errors name the file and line).
 pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<ResultRecord>> {
     let mut all = Vec::new();
-    for p in paths {
+    for (i, p) in paths.iter().enumerate() {
+        // A file named twice (a glob and its own name) would count its runs twice.
+        if let Some(first) = paths[..i].iter().find(|q| crate::input::same_file(q, p)) {
+            eprintln!("note: {} is the same file as {}: read once", p.display(), first.display());
+            continue;
+        }
         // A merged sweep's rows are replays (its failed rows have nothing to draw).
         all.extend(read_results(p)?.into_iter().filter_map(|r| match r {
             ResultRecord::SweepRow(s) => s.result.map(|g| ResultRecord::GpuReplay(Box::new(g))),
