@@ -138,11 +138,18 @@ fn bad_pickles_are_clear_errors() {
         (write("cut.pickle", &real[..real.len() / 2]), "truncated pickle"),
         (write("evil.pickle", b"\x80\x02cos\nsystem\n(S'echo hi'\ntR."), "would import or call code"),
         (write("text.pickle", b"\xff\xfehello"), "unsupported pickle opcode 0xff"),
-        (write("empty.pickle", b""), "truncated pickle"),
+        (write("empty.pickle", b""), "is empty: not a snapshot"),
         // A truncated history's first free of a 2^70-byte block (python: pickle.dumps of
         // {'device_traces': [[{'action': 'free_completed', 'addr': 1, 'size': 2**70}]]}) once
         // wrapped to an alloc of 0 bytes.
         (write("huge-free.pickle", b"\x80\x04\x95\x53\x00\x00\x00\x00\x00\x00\x00\x7d\x94\x8c\x0d\x64\x65\x76\x69\x63\x65\x5f\x74\x72\x61\x63\x65\x73\x94\x5d\x94\x5d\x94\x7d\x94\x28\x8c\x06\x61\x63\x74\x69\x6f\x6e\x94\x8c\x0e\x66\x72\x65\x65\x5f\x63\x6f\x6d\x70\x6c\x65\x74\x65\x64\x94\x8c\x04\x61\x64\x64\x72\x94\x4b\x01\x8c\x04\x73\x69\x7a\x65\x94\x8a\x09\x00\x00\x00\x00\x00\x00\x00\x00\x40\x75\x61\x61\x73\x2e"), "free_completed of a 1180591620717411303424-byte block"),
+        // The JSON form: an empty file is no pickle, and 2**70 (digits past 64 bits, which
+        // serde_json reads as a float) is an integer too big to allocate.
+        (write("empty.json", b" \n"), "is empty: not a snapshot"),
+        (
+            write("huge.json", br#"{"device_traces": [[{"action": "alloc", "addr": 4096, "size": 1180591620717411303424, "stream": 0}]]}"#),
+            "trace entry 0: alloc of 1180591620717411303424 bytes: 1 EiB or more",
+        ),
     ];
     for (path, want) in cases {
         let e = import_snapshot(&path).unwrap_err().to_string();

@@ -114,7 +114,13 @@ impl Value {
             serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64()) {
                 (Some(i), _) => Value::Int(i as i128),
                 (None, Some(u)) => Value::Int(u as i128),
-                _ => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+                // serde_json reads an integer past 64 bits (Python's json writes 2**70 as digits)
+                // as a float: it is an integer all the same, too big for what it sizes (i128
+                // saturates).
+                _ => match n.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f.abs() >= 2f64.powi(63) => Value::Int(f as i128),
+                    f => Value::Float(f.unwrap_or(f64::NAN)),
+                },
             },
             serde_json::Value::String(s) => Value::Str(Rc::from(s.as_str())),
             serde_json::Value::Array(items) => Value::List(Container::new(items.iter().map(Value::from_json).collect())),

@@ -113,6 +113,9 @@ pub fn import_snapshot_of_device(path: &Path, device: Option<usize>) -> Result<I
     }
     // (A JSON file some editors saved with a byte-order mark is JSON all the same.)
     let text = data.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&data);
+    if text.iter().all(u8::is_ascii_whitespace) {
+        return Err(err(path, "is empty: not a snapshot"));
+    }
     let root = if text.iter().find(|b| !b.is_ascii_whitespace()).is_some_and(|b| matches!(b, b'{' | b'[')) {
         let json: serde_json::Value = serde_json::from_slice(text).map_err(|e| err(path, format!("not readable JSON: {e}")))?;
         Value::from_json(&json)
@@ -532,7 +535,8 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
                 let size = required_int(e, "size", i, &action)?;
                 // Requests under 1 EiB are the allocator's to refuse (units::MAX_REQUEST_BYTES).
                 if size <= 0 || size >= crate::units::MAX_REQUEST_BYTES as i128 {
-                    return Err(format!("trace entry {i}: alloc of {size} bytes"));
+                    let why = if size <= 0 { "a size must be positive" } else { "1 EiB or more, larger than any request a device allocator serves" };
+                    return Err(format!("trace entry {i}: alloc of {size} bytes: {why}"));
                 }
                 let stream = int(e, "stream").unwrap_or(0).max(0) as u64;
                 if let Some(side) = waiting.remove(&addr) {
