@@ -84,7 +84,11 @@ pub const H100_CAPACITY_BYTES: u64 = 81_559 * MIB;
 /// Simulated addresses are 2 MiB aligned, like real large cudaMalloc results.
 pub const SIM_ALIGNMENT_BYTES: u64 = 2 * MIB;
 pub(crate) const SIM_VA_BASE: u64 = 0x7f00_0000_0000;
-const SIM_VA_SPAN: u64 = 1 << 46;
+/// The simulated address space: 64 TiB, or for a larger device 1024 times its capacity (each
+/// expandable segment reserves more than the whole card, as PyTorch's do), at most 2^60 bytes.
+fn sim_va_span(capacity: u64) -> u64 {
+    (1u64 << 46).max(capacity.checked_next_power_of_two().unwrap_or(1 << 63).saturating_mul(1024).min(1 << 60))
+}
 
 /// Where the simulated device places a new cudaMalloc (`--address-order`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -116,6 +120,8 @@ pub struct SimDevice {
     order: AddressOrder,
     /// AddressOrder::Driver: large allocations go below this address (the last one placed).
     cursor: u64,
+    /// The end of the address space.
+    va_end: u64,
     pub device_mallocs: u64,
     pub device_frees: u64,
     pub pages_mapped: u64,
@@ -124,14 +130,19 @@ pub struct SimDevice {
 
 impl SimDevice {
     pub fn new(capacity: u64) -> Self {
+        Self::with_va_span(capacity, sim_va_span(capacity))
+    }
+
+    fn with_va_span(capacity: u64, span: u64) -> Self {
         let mut free_ranges = BTreeMap::new();
-        free_ranges.insert(SIM_VA_BASE, SIM_VA_SPAN);
+        free_ranges.insert(SIM_VA_BASE, span);
         SimDevice {
             capacity,
             used: 0,
             free_ranges,
             order: AddressOrder::Lowest,
-            cursor: SIM_VA_BASE + SIM_VA_SPAN,
+            cursor: SIM_VA_BASE + span,
+            va_end: SIM_VA_BASE + span,
             device_mallocs: 0,
             device_frees: 0,
             pages_mapped: 0,
@@ -164,7 +175,7 @@ impl SimDevice {
                 self.cursor = addr;
                 return Ok(addr);
             }
-            self.cursor = SIM_VA_BASE + SIM_VA_SPAN;
+            self.cursor = self.va_end;
         }
         Err(DeviceError::Other("simulated address space exhausted".into()))
     }
@@ -336,12 +347,27 @@ mod tests {
         assert!(d.describe().contains("driver address order"));
     }
 
+    /// A device past 64 TiB (up to the 1 PiB `--capacity` takes) can be filled: its address
+    /// space grows with it, in both orders, with room for VA reservations larger than the card.
+    #[test]
+    fn a_petabyte_device_has_the_addresses_to_fill_it() {
+        for order in [AddressOrder::Lowest, AddressOrder::Driver] {
+            let mut d = SimDevice::new(1 << 50).with_address_order(order);
+            let a = d.malloc(1 << 49, 0).unwrap();
+            let b = d.malloc(1 << 49, 0).unwrap();
+            assert_ne!(a, b);
+            assert!(matches!(d.malloc(MIB, 0), Err(DeviceError::OutOfMemory)), "full by capacity, not by addresses");
+            d.free(a, 1 << 49).unwrap();
+            assert!(d.reserve_address(9 << 47).is_ok(), "an expandable segment's reservation of 1.125 x the card");
+        }
+    }
+
     /// Once the space below the cursor is used up, the search wraps to the top and reuses the
     /// highest freed range.
     #[test]
     fn driver_order_wraps_when_the_space_below_is_used() {
-        let quarter = SIM_VA_SPAN / 4;
-        let mut d = SimDevice::new(1 << 50).with_address_order(AddressOrder::Driver);
+        let quarter = (1 << 46) / 4;
+        let mut d = SimDevice::with_va_span(1 << 50, 1 << 46).with_address_order(AddressOrder::Driver);
         let ptrs: Vec<u64> = (0..4).map(|_| d.malloc(quarter, 0).unwrap()).collect();
         assert_eq!(ptrs, [3, 2, 1, 0].map(|k| SIM_VA_BASE + k * quarter));
         d.free(ptrs[1], quarter).unwrap();
