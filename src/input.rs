@@ -134,9 +134,15 @@ fn ends_mid_row(path: &Path) -> bool {
     !last_row.is_empty() && !last_row.starts_with(b"#") && last_row.trim_ascii() != crate::trace::csv::HEADER.as_bytes()
 }
 
-/// The fake card a capture ran on (`# fake card memory: N bytes`, `capture --device-memory`).
-fn capture_device_memory(path: &Path) -> Option<u64> {
-    header_comments(path).iter().find_map(|c| c.strip_prefix("fake card memory: ")?.split(' ').next()?.parse().ok())
+/// The fake card a capture ran on (`# fake card memory: N bytes`, `capture --device-memory`); a
+/// header that says no device (0 bytes, not a number: edited by hand) is an error naming the file.
+fn capture_device_memory(path: &Path) -> Result<Option<u64>, InputError> {
+    let Some(said) = header_comments(path).into_iter().find_map(|c| c.strip_prefix("fake card memory: ").map(str::to_owned)) else {
+        return Ok(None);
+    };
+    let bytes = said.split(' ').next().and_then(|n| n.parse::<u64>().ok());
+    let checked = bytes.ok_or_else(|| "not a number of bytes".to_string()).and_then(crate::units::check_capacity);
+    checked.map(Some).map_err(|m| InputError::new(path.display().to_string(), format!("its header '# fake card memory: {said}': {m}")))
 }
 
 impl Source {
@@ -157,10 +163,10 @@ impl Source {
 
     /// The memory of the fake card a capture ran on, when the trace says (`capture
     /// --device-memory`): the device its script's OOM handling was sized for.
-    pub fn capture_device_memory(&self) -> Option<u64> {
+    pub fn capture_device_memory(&self) -> Result<Option<u64>, InputError> {
         match self {
             Source::Trace(p) => capture_device_memory(p),
-            _ => None,
+            _ => Ok(None),
         }
     }
 

@@ -165,6 +165,31 @@ fn fidelity_judges_only_a_matching_torch_json() {
     assert!(out.status.success() && r["keys_compared"] == 4 && r["target_identical"] == true, "{r}");
 }
 
+/// The fake card a capture's header names sizes the device; a header naming no device is an
+/// error naming the file, unless --capacity overrides it.
+#[test]
+fn a_captures_fake_card_sizes_the_device_and_a_bad_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = |memory: &str| {
+        let p = dir.path().join("t.csv");
+        std::fs::write(&p, format!("# allocbench capture v1: test\n# fake card memory: {memory}\nop,id,bytes,stream\nalloc,1,5242880,0\n")).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let t = trace("314572800 bytes (torch.cuda.OutOfMemoryError past it)");
+    let out = bin().args(["replay", &t, "--json", "-"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["capacity"], 300u64 << 20, "{}", stderr(&out));
+    for (memory, want) in [("0 bytes", "capacity must be > 0"), ("lots bytes", "not a number of bytes"), ("2251799813685248 bytes", "capacity over 1 PiB")] {
+        let t = trace(memory);
+        for cmd in ["replay", "diagnose", "advise"] {
+            let out = bin().args([cmd, &t]).output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{cmd} {memory}: {}", stderr(&out));
+            assert!(stderr(&out).contains(&format!("t.csv: its header '# fake card memory: {memory}': {want}")), "{cmd}: {}", stderr(&out));
+        }
+        assert!(bin().args(["replay", &t, "--capacity", "80GiB", "-q"]).output().unwrap().status.success(), "--capacity overrides the header");
+    }
+}
+
 #[test]
 fn trace_then_replay_of_the_trace_matches_the_workload() {
     let dir = tempfile::tempdir().unwrap();

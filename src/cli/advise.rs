@@ -64,7 +64,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     if let Some((var, conf)) = crate::gpu::config::ENV_VARS.into_iter().find_map(|var| Some((var, std::env::var(var).ok()?))).filter(|(_, c)| !c.is_empty()) {
         eprintln!("note: advise searches the allocator settings itself and ignores {var}='{conf}'; its row is the configuration \"{conf}\" if searched, or `allocbench replay --conf '{conf}'`");
     }
-    let capacity = super::args::capacity_for(a.capacity, &source).unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let capacity = super::args::capacity_for(a.capacity, &source)?.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
     let model = match &a.latency {
         Some(p) => LatencyModel::load(p)?,
         None => LatencyModel::h100(),

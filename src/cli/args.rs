@@ -81,12 +81,15 @@ pub fn parse_capacity(s: &str) -> Result<u64, String> {
 /// The capacity a run on the simulated device uses: `--capacity`, else the fake card a capture
 /// ran on when it was not the default H100's (its script's OOM handling was sized for that card;
 /// said on standard error), else `None` (the default).
-pub fn capacity_for(flag: Option<u64>, source: &Source) -> Option<u64> {
-    flag.or_else(|| {
-        let card = source.capture_device_memory().filter(|&bytes| bytes != crate::gpu::device::H100_CAPACITY_BYTES)?;
-        eprintln!("note: capacity {}: the fake card the capture ran on (capture --device-memory); --capacity overrides", crate::units::format_bytes(card));
-        Some(card)
-    })
+pub fn capacity_for(flag: Option<u64>, source: &Source) -> Result<Option<u64>, crate::error::InputError> {
+    if flag.is_some() {
+        return Ok(flag);
+    }
+    let Some(card) = source.capture_device_memory()?.filter(|&bytes| bytes != crate::gpu::device::H100_CAPACITY_BYTES) else {
+        return Ok(None);
+    };
+    eprintln!("note: capacity {}: the fake card the capture ran on (capture --device-memory); --capacity overrides", crate::units::format_bytes(card));
+    Ok(Some(card))
 }
 
 /// Says what an imported trace left out (on standard error).

@@ -34,7 +34,7 @@ pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
     let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
-    let capacity = super::args::capacity_for(a.capacity, &source).unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let capacity = super::args::capacity_for(a.capacity, &source)?.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
     let (d, run) = crate::diagnose::diagnose(&source, &conf, capacity)?;
     if a.json.as_deref() != Some("-") {
         print!("{}", crate::diagnose::describe(&d));

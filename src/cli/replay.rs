@@ -46,7 +46,7 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
     let mut spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
     if spec.backend == crate::results::Backend::Sim {
-        spec.capacity = super::args::capacity_for(spec.capacity, &source);
+        spec.capacity = super::args::capacity_for(spec.capacity, &source)?;
     }
     let mut built = build(&a.allocator, &conf, &spec)?;
     let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
