@@ -128,6 +128,19 @@ impl Plan {
             }
             // A hand-edited capacity of 0 would reach the simulated device (and panic there).
             crate::units::check_capacity(row.capacity).map_err(|m| InputError::new(&loc, format!("plan row {}: {m}", row.index)))?;
+            // An allocator or conf no row could replay is the plan's error, found before any
+            // replay (as a failed row it would pass for a run that went wrong on its node).
+            let bad = |m: String| InputError::new(&loc, format!("plan row {}: {m}", row.index));
+            match row.allocator.as_str() {
+                "pytorch" => drop(AllocatorConfig::parse(&row.conf).map_err(|e| bad(format!("conf '{}': {}", row.conf, e.message)))?),
+                "async" => return Err(bad("allocator 'async' runs only on a real GPU; a sweep replays on the simulated device".into()).into()),
+                other if crate::gpu::build::GPU_ALLOCATORS.iter().any(|(n, _)| *n == other) => {
+                    if !row.conf.is_empty() {
+                        return Err(bad(format!("conf '{}' for allocator '{other}', which takes none", row.conf)).into());
+                    }
+                }
+                other => return Err(bad(crate::gpu::build::unknown_allocator(other).message).into()),
+            }
             rows.push(row);
         }
         if rows.is_empty() {

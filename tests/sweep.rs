@@ -439,6 +439,28 @@ fn bad_shards_plans_and_folders_exit_2() {
     std::fs::write(&zero, plan_text.replacen(second, &edited, 1)).unwrap();
     let e = one_line(fails(&mut run(&zero, &d.join("o-zero")), 2));
     assert!(e.contains("zero-capacity.jsonl:2") && e.contains("capacity must be > 0"), "{e}");
+    // A row no replay could run is the plan's error before any replay, not a failed row.
+    let row1 = lines(&plan)[1].clone();
+    assert_eq!((row1["allocator"].as_str(), row1["index"].as_u64()), (Some("pytorch"), Some(1)));
+    for (field, value, want) in [
+        ("allocator", "tlsf", "plan row 1: unknown GPU allocator 'tlsf'"),
+        ("allocator", "async", "plan row 1: allocator 'async' runs only on a real GPU"),
+        ("conf", "max_split_size_mb:oops", "plan row 1: conf 'max_split_size_mb:oops'"),
+    ] {
+        let mut edited = row1.clone();
+        edited[field] = value.into();
+        let p = d.join(format!("bad-{value}.jsonl").replace(':', "-"));
+        std::fs::write(&p, plan_text.replacen(second, &edited.to_string(), 1)).unwrap();
+        let e = one_line(fails(&mut run(&p, &d.join("o-bad")), 2));
+        assert!(e.contains(":2: ") && e.contains(want), "{e}");
+        assert!(!d.join("o-bad").join("shard-0-of-1.jsonl").exists(), "nothing replayed");
+    }
+    let mut ideal_with_conf = row1.clone();
+    ideal_with_conf["allocator"] = "ideal".into();
+    ideal_with_conf["conf"] = "expandable_segments:True".into();
+    let p = d.join("ideal-conf.jsonl");
+    std::fs::write(&p, plan_text.replacen(second, &ideal_with_conf.to_string(), 1)).unwrap();
+    assert!(one_line(fails(&mut run(&p, &d.join("o-bad")), 2)).contains("conf 'expandable_segments:True' for allocator 'ideal', which takes none"));
     let bad = d.join("bad-confs.txt");
     std::fs::write(&bad, "expandable_segments:True\nmax_split_size_mb:oops\n").unwrap();
     let e = one_line(fails(bin().args(["sweep", "plan", s(&d.join("scenario-sawtooth.toml")), "--confs", s(&bad), "-o", s(&d.join("p.jsonl"))]), 2));
