@@ -190,6 +190,27 @@ fn a_captures_fake_card_sizes_the_device_and_a_bad_one_is_refused() {
     }
 }
 
+/// A full disk names the output it could not write, in one line, whichever output it was.
+#[test]
+fn a_full_disk_names_the_output() {
+    let w = workload("scenario-sawtooth.toml");
+    let cases: [(&[&str], &str); 5] = [
+        (&["replay", &w, "--json", "/dev/full"], "/dev/full: cannot write"),
+        (&["run", &w, "--jsonl", "/dev/full", "-q"], "/dev/full: cannot write"),
+        (&["trace", &w, "-o", "/dev/full"], "/dev/full: cannot write"),
+        (&["diagnose", &w], "standard output: cannot write"),
+        (&["replay", &w, "--json", "-"], "standard output: cannot write"),
+    ];
+    for (args, want) in cases {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench")).args(args).stdout(full).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains(want) && err.contains("No space left on device") && !err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    }
+}
+
 #[test]
 fn trace_then_replay_of_the_trace_matches_the_workload() {
     let dir = tempfile::tempdir().unwrap();

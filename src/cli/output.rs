@@ -17,7 +17,7 @@ pub fn open(path: &str) -> anyhow::Result<Box<dyn Write>> {
 /// Opens `path` for writing, appending to what it holds when `append`; `-` is standard output.
 fn open_with(path: &str, append: bool) -> anyhow::Result<Box<dyn Write>> {
     if path == "-" {
-        return Ok(Box::new(std::io::BufWriter::new(std::io::stdout().lock())));
+        return Ok(Box::new(std::io::BufWriter::new(Named { name: "standard output".into(), inner: std::io::stdout().lock() })));
     }
     if let Some(parent) = Path::new(path).parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| InputError::new(path, format!("cannot create folder: {e}")))?;
@@ -29,7 +29,29 @@ fn open_with(path: &str, append: bool) -> anyhow::Result<Box<dyn Write>> {
         .truncate(!append)
         .open(path)
         .map_err(|e| InputError::new(path, format!("cannot create: {e}")))?;
-    Ok(Box::new(std::io::BufWriter::new(f)))
+    Ok(Box::new(std::io::BufWriter::new(Named { name: path.to_string(), inner: f })))
+}
+
+/// A writer whose errors name where it writes (a full disk otherwise reads "No space left on
+/// device" with no file to free).
+struct Named<W> {
+    name: String,
+    inner: W,
+}
+
+impl<W: Write> Named<W> {
+    fn named(&self, e: std::io::Error) -> std::io::Error {
+        std::io::Error::new(e.kind(), format!("{}: cannot write: {e}", self.name))
+    }
+}
+
+impl<W: Write> Write for Named<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(buf).map_err(|e| self.named(e))
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush().map_err(|e| self.named(e))
+    }
 }
 
 /// Makes a JSON Lines file that records will be appended to end with a newline: a last record
