@@ -6,6 +6,7 @@
 //! capacity search [`min_capacity`]); text is rendered from it ([`summary`]: the sentences the
 //! record keeps for JSON readers, [`describe`]: the whole diagnosis for people).
 
+use crate::error::InputError;
 use crate::event::Event;
 use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
@@ -16,8 +17,35 @@ use crate::units::format_bytes;
 
 /// Materialises a source's events (diagnosis replays them many times).
 pub fn load_events(source: &Source) -> anyhow::Result<Vec<Event>> {
-    source.events()?.collect()
+    load_at_most(source, MAX_LOADED_EVENTS)
 }
+
+fn load_at_most(source: &Source, most: usize) -> anyhow::Result<Vec<Event>> {
+    let mut events = Vec::new();
+    for event in source.events()? {
+        if events.len() == most {
+            return Err(InputError::new(
+                source.origin(),
+                format!(
+                    "more than {most} events ({} in memory): this analysis replays them many times from memory; cut the input (fewer steps) or use `allocbench replay`, which streams it",
+                    format_bytes((most * std::mem::size_of::<Event>()) as u64)
+                ),
+            )
+            .into());
+        }
+        events.push(event?);
+        // (A workload of 10^8 steps generates for minutes: Ctrl-C and SIGTERM must stop it.)
+        if events.len().is_multiple_of(crate::gpu::replay::CHECK_EVERY_EVENTS as usize) && crate::interrupt::interrupted() {
+            let read = crate::units::count(events.len() as u64, "event");
+            return Err(crate::interrupt::Interrupted(format!("while reading the input ({read} read): nothing analysed")).into());
+        }
+    }
+    Ok(events)
+}
+
+/// The most events an analysis holds in memory (4 GiB of them): a trace of a few thousand steps
+/// of a large model has millions; a bound keeps a runaway workload from taking the machine.
+pub const MAX_LOADED_EVENTS: usize = 1 << 27;
 
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], addresses: &[(u64, u64)], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
@@ -368,6 +396,18 @@ pub fn describe(d: &DiagnoseResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An input past the bound is refused naming it, before its events take the machine; one at
+    /// the bound loads whole.
+    #[test]
+    fn loading_stops_at_the_bound() {
+        let path = format!("{}/workloads/scenario-sawtooth.toml", env!("CARGO_MANIFEST_DIR"));
+        let source = Source::open(Some(std::path::Path::new(&path))).unwrap();
+        let all = load_events(&source).unwrap();
+        assert_eq!(load_at_most(&source, all.len()).unwrap(), all);
+        let e = load_at_most(&source, all.len() - 1).unwrap_err().to_string();
+        assert!(e.starts_with(&path) && e.contains(&format!("more than {} events", all.len() - 1)), "{e}");
+    }
 
     /// The smallest card is exact: to the 2 MiB step segments come in, and to the byte under a
     /// memory fraction (5 GiB at 0.75 needs floor(0.75 × C) ≥ 5 GiB: C = ⌈5 GiB / 0.75⌉).

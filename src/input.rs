@@ -258,6 +258,15 @@ impl Source {
         }
     }
 
+    /// Where the events come from, as errors name it: the file, or the embedded trace's origin.
+    pub fn origin(&self) -> String {
+        match self {
+            Source::Workload(w) => w.origin.clone(),
+            Source::Trace(p) | Source::Imported(_, p) => p.display().to_string(),
+            Source::Embedded => EMBEDDED_TRACE_ORIGIN.into(),
+        }
+    }
+
     pub fn info(&self) -> anyhow::Result<WorkloadInfo> {
         Ok(match self {
             Source::Workload(w) => WorkloadInfo {

@@ -7,6 +7,26 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
+/// Why a command stopped on an interrupt before it had results to keep: the CLI says it and
+/// exits 130, as [`exit_interrupted`] does after keeping them.
+#[derive(Debug)]
+pub struct Interrupted(pub String);
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+impl std::error::Error for Interrupted {}
+
+/// Says what an interrupted command kept (`interrupted: {kept}`) and exits 130, the status of a
+/// process stopped by SIGINT: a scheduler's time limit must not read as a finished run.
+pub fn exit_interrupted(kept: &str) -> ! {
+    eprintln!("interrupted: {kept}");
+    std::process::exit(130)
+}
+
 /// Asks every long run to stop.
 pub fn request() {
     INTERRUPTED.store(true, Ordering::SeqCst);

@@ -211,6 +211,32 @@ fn a_full_disk_names_the_output() {
     }
 }
 
+/// A workload of 10^8 steps is read into memory by diagnose and advise: SIGTERM (a scheduler's
+/// time limit) stops the reading, says so and exits 130, instead of being ignored until the
+/// machine runs out of memory.
+#[test]
+fn sigterm_stops_an_analysis_while_it_reads_its_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = dir.path().join("huge.toml");
+    let text = std::fs::read_to_string(workload("gpt3-xl-1.3b.toml")).unwrap();
+    std::fs::write(&huge, text.replacen("steps = 200", "steps = 100000000", 1)).unwrap();
+    for cmd in ["diagnose", "advise"] {
+        let child = std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+            .args([cmd, huge.to_str().unwrap()])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+        let started = std::time::Instant::now();
+        let out = child.wait_with_output().unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "{cmd} took {:?} to stop", started.elapsed());
+        assert_eq!(out.status.code(), Some(130), "{cmd}: {}", stderr(&out));
+        assert!(stderr(&out).contains("interrupted: while reading the input"), "{cmd}: {}", stderr(&out));
+    }
+}
+
 #[test]
 fn trace_then_replay_of_the_trace_matches_the_workload() {
     let dir = tempfile::tempdir().unwrap();

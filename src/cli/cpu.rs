@@ -227,9 +227,8 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     if stopped || crate::interrupt::interrupted() {
         // As `--exec` and compare.sh expect: the finished runs are written, the exit says stopped.
         let marked = if stopped { " (the stopped one marked \"interrupted\")" } else { "" };
-        eprintln!("interrupted: {} kept{marked}", crate::units::count(records.len() as u64, "run"));
         drop(jsonl);
-        std::process::exit(130);
+        crate::interrupt::exit_interrupted(&format!("{} kept{marked}", crate::units::count(records.len() as u64, "run")));
     }
     if let Some((_, code)) = failures.first() {
         eprintln!("{} of the runs failed; the {} finished kept", failures.len(), records.len());
@@ -382,8 +381,7 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
         }
     }
     if stopped || crate::interrupt::interrupted() {
-        eprintln!("interrupted: {} finished run(s) kept", records.len());
-        std::process::exit(130);
+        crate::interrupt::exit_interrupted(&format!("{} finished run(s) kept", records.len()));
     }
     if let Some(e) = failed_to_start {
         eprintln!("the program did not start: {e}");

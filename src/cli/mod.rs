@@ -108,6 +108,10 @@ pub fn main_with(cli: Cli) -> i32 {
     };
     match result {
         Ok(()) => 0,
+        Err(e) if e.downcast_ref::<crate::interrupt::Interrupted>().is_some() => {
+            eprintln!("interrupted: {e:#}");
+            130
+        }
         Err(e) => {
             let msg = format!("{e:#}").replace('\n', " ");
             eprintln!("error: {msg}");

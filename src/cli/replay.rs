@@ -84,9 +84,10 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
         eprintln!("memory view written to {}", out.display());
     }
     if result.summary.interrupted {
-        // Kept, and said: a scheduler's time limit must not read as a finished replay.
-        eprintln!("interrupted: the results cover the {} replayed before it (marked \"interrupted\")", crate::units::count(result.work.events, "event"));
-        std::process::exit(130);
+        crate::interrupt::exit_interrupted(&format!(
+            "the results cover the {} replayed before it (marked \"interrupted\")",
+            crate::units::count(result.work.events, "event")
+        ));
     }
     Ok(())
 }

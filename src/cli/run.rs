@@ -80,8 +80,7 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
         eprintln!("results written to {}", p.display());
     }
     if rows.iter().any(|r| r.summary.interrupted) {
-        eprintln!("interrupted: the rows cover what was replayed before it (marked \"interrupted\")");
-        std::process::exit(130);
+        crate::interrupt::exit_interrupted("the rows cover what was replayed before it (marked \"interrupted\")");
     }
     Ok(())
 }
