@@ -364,6 +364,25 @@ fn trace_name(path: &Path) -> String {
 }
 
 /// sha256 of a file's bytes, read in 1 MiB pieces (what `WorkloadInfo::sha256` holds for every input file).
+/// Reads `path` whole as UTF-8 text (decompressed, for a `.gz` name), refusing one over `limit`
+/// bytes without reading past it: a file of gigabytes, a sparse file of NUL bytes or /dev/zero
+/// is named, not loaded. `what` is what the file should be ("a workload definition").
+pub fn read_text_at_most(path: &Path, limit: u64, what: &str) -> Result<String, InputError> {
+    let name = path.display().to_string();
+    let cannot = |e: std::io::Error| InputError::new(&name, format!("cannot read {what}: {e}"));
+    let file = std::fs::File::open(path).map_err(cannot)?;
+    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") { Box::new(flate2::read::MultiGzDecoder::new(file)) } else { Box::new(file) };
+    let mut bytes = Vec::new();
+    reader.take(limit + 1).read_to_end(&mut bytes).map_err(cannot)?;
+    if bytes.len() as u64 > limit {
+        return Err(InputError::new(&name, format!("larger than {}: not {what}", crate::units::format_bytes(limit))));
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()].iter().filter(|&&b| b == b'\n').count();
+        InputError::new(format!("{name}:{line}"), "not valid UTF-8 text")
+    })
+}
+
 /// Whether two paths name one file: the same path, or (for files that exist) the same inode,
 /// whatever links or spellings lead there.
 pub fn same_file(a: &Path, b: &Path) -> bool {

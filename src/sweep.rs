@@ -115,10 +115,9 @@ pub struct Plan {
 impl Plan {
     pub fn read(path: &Path) -> anyhow::Result<Plan> {
         let name = path.display().to_string();
-        let bytes = std::fs::read(path).map_err(|e| InputError::new(&name, format!("cannot read the plan: {e}")))?;
-        let text = std::str::from_utf8(&bytes).map_err(|_| InputError::new(&name, "not a sweep plan (not UTF-8 text)"))?;
+        let text = crate::input::read_text_at_most(path, crate::results::MAX_RESULTS_BYTES, "a sweep plan")?;
         let mut rows = Vec::new();
-        for (loc, row) in versioned_lines::<PlanRow>(&name, text, "sweep plan", "make the plan again with this allocbench")? {
+        for (loc, row) in versioned_lines::<PlanRow>(&name, &text, "sweep plan", "make the plan again with this allocbench")? {
             if row.index != rows.len() as u64 {
                 return Err(InputError::new(
                     &loc,
@@ -147,7 +146,7 @@ impl Plan {
             return Err(InputError::new(&name, "the plan has no rows").into());
         }
         let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new(".")).to_path_buf();
-        Ok(Plan { rows, id: sha256_hex(&bytes), bytes, dir })
+        Ok(Plan { rows, id: sha256_hex(text.as_bytes()), bytes: text.into_bytes(), dir })
     }
 
     /// Where a row's input is on this node.

@@ -346,12 +346,15 @@ fn huge_files_shared_outputs_and_absurd_thread_counts_are_refused_in_one_line() 
         std::fs::File::create(&p).unwrap().set_len(3 << 30).unwrap();
         p.to_str().unwrap().to_string()
     };
-    let (csv, toml) = (sparse("zeros.csv"), sparse("zeros.toml"));
+    let (csv, toml, json) = (sparse("zeros.csv"), sparse("zeros.toml"), sparse("zeros.json"));
     let same = dir.path().join("same").to_str().unwrap().to_string();
     let w = workload("scenario-sawtooth.toml");
     for (args, want) in [
         (vec!["replay", &csv], "line longer than 4096 bytes"),
-        (vec!["replay", &toml], "larger than 16 MiB"),
+        (vec!["replay", &toml], "larger than 16.0 MiB: not a workload definition"),
+        // Files read whole are read up to their bound only.
+        (vec!["replay", &w, "--latency", &json], "zeros.json: larger than 64.0 MiB: not a results file"),
+        (vec!["fidelity", &csv, "--torch-json", &json], "zeros.json: larger than 256 MiB: not a torch_replay.py output"),
         (vec!["replay", &w, "--json", &same, "--html", &same], "is also the file of another output"),
         (vec!["advise", &w, "--json", &same, "--jsonl", &same], "is also the file of another output"),
         (vec!["advise", &w, "--threads", "100000"], "not in 1..=1024"),

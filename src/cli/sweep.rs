@@ -100,10 +100,7 @@ fn read_confs(arg: Option<&str>) -> anyhow::Result<Vec<String>> {
     if arg == "advise" {
         return Ok(crate::advise::search_space());
     }
-    if std::fs::metadata(arg).is_ok_and(|m| m.len() > 16 << 20) {
-        return Err(InputError::new(arg, "larger than 16 MiB: not a confs file (one PYTORCH_CUDA_ALLOC_CONF string per line)").into());
-    }
-    let text = std::fs::read_to_string(arg).map_err(|e| InputError::new(arg, format!("cannot read the confs file ('advise' for advise's space): {e}")))?;
+    let text = crate::input::read_text_at_most(std::path::Path::new(arg), 16 << 20, "a confs file (one PYTORCH_CUDA_ALLOC_CONF string per line, or 'advise')")?;
     let mut confs: Vec<String> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();

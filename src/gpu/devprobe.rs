@@ -154,7 +154,8 @@ impl LatencyModel {
 
     /// Reads `--sim-latency FILE` (a devprobe results file).
     pub fn load(path: &std::path::Path) -> anyhow::Result<Self> {
-        let recs = crate::results::read_results(path)?;
+        // A devprobe record is a few KiB.
+        let recs = crate::results::read_results_at_most(path, 64 << 20)?;
         let probe = recs.iter().find_map(|r| if let ResultRecord::Devprobe(p) = r { Some(p.as_ref()) } else { None }).ok_or_else(|| {
             InputError::new(path.display().to_string(), "no devprobe record in this file (write one with `allocbench devprobe --json FILE` on a GPU)")
         })?;

@@ -58,6 +58,9 @@ pub use sweep::{PlanRow, RowStatus, SweepRow};
 /// Bumped whenever a field changes meaning or is removed; readers refuse other versions.
 pub const SCHEMA_VERSION: u32 = 1;
 
+/// The largest results file (or sweep plan) read: 2 GiB of text.
+pub const MAX_RESULTS_BYTES: u64 = 2 << 30;
+
 /// Any results record, tagged by `"type"`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -106,17 +109,15 @@ pub fn from_versioned<T: serde::de::DeserializeOwned>(v: serde_json::Value, loc:
 /// `.gz`. Errors name the file and line and refuse other schema versions instead of drawing
 /// broken charts.
 pub fn read_results(path: &Path) -> anyhow::Result<Vec<ResultRecord>> {
+    read_results_at_most(path, MAX_RESULTS_BYTES)
+}
+
+/// [`read_results`] of a file that holds at most `limit` bytes of text.
+pub fn read_results_at_most(path: &Path, limit: u64) -> anyhow::Result<Vec<ResultRecord>> {
     let name = path.display().to_string();
-    let cannot = |e: std::io::Error| InputError::new(&name, format!("cannot read results: {e}"));
-    // `.gz`: the results a published report keeps beside it, compressed.
-    let text = if path.extension().is_some_and(|e| e == "gz") {
-        let mut text = String::new();
-        std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(path).map_err(cannot)?), &mut text)
-            .map_err(|e| InputError::new(&name, format!("cannot read gzip-compressed results: {e}")))?;
-        text
-    } else {
-        std::fs::read_to_string(path).map_err(cannot)?
-    };
+    // `.gz`: the results a published report keeps beside it, compressed. (A fleet's merged sweep
+    // is a few hundred MiB; a file past the bound is no results file to load whole.)
+    let text = crate::input::read_text_at_most(path, limit, "a results file")?;
     const FIX: &str = "re-run the benchmark with this version";
     let trimmed = text.trim_start();
     if trimmed.is_empty() {

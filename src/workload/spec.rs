@@ -481,13 +481,5 @@ impl Validator<'_> {
 pub fn read_source(path: &Path) -> Result<String, InputError> {
     // A workload is a page of TOML: a file of gigabytes (a sparse file of NUL bytes) is not
     // read whole to find out.
-    const MAX_WORKLOAD_BYTES: u64 = 16 << 20;
-    if std::fs::metadata(path).is_ok_and(|m| m.len() > MAX_WORKLOAD_BYTES) {
-        return Err(InputError::new(path.display().to_string(), "larger than 16 MiB: not a workload definition (a trace goes in a .csv)"));
-    }
-    let bytes = std::fs::read(path).map_err(|e| InputError::new(path.display().to_string(), format!("cannot read workload: {e}")))?;
-    String::from_utf8(bytes).map_err(|e| {
-        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()].iter().filter(|&&b| b == b'\n').count();
-        InputError::new(format!("{}:{line}", path.display()), "not valid UTF-8 text")
-    })
+    crate::input::read_text_at_most(path, 16 << 20, "a workload definition (a trace goes in a .csv)")
 }
