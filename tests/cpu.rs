@@ -140,6 +140,16 @@ fn cpu_bad_input_exits_2() {
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
     }
+    // Found by the first allocator's own process (the trace is read there): its one line is all,
+    // not followed by the parent's account of a failed run.
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "op,id,bytes,stream\nalloc,1,4096,0\nfree,2,,\n").unwrap();
+    let out = bin().args(["cpu", bad.to_str().unwrap(), "--allocator", "all", "--iterations", "1"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("bad.csv:3: free of id 2, which is not live"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }
 
 /// Ctrl-C (SIGINT) stops a long run, which still writes the results it gathered, and exits 130

@@ -185,10 +185,15 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
                 let rec = match run_in_child(al.name)? {
                     Ok(rec) => rec,
                     Err(failure) => {
-                        eprintln!("error: {}", failure.0);
                         // Bad input (exit 2) fails every allocator alike; anything else (a crash,
                         // the OOM killer) is this allocator's, and the others still run.
                         let bad_input = failure.1 == 2;
+                        if bad_input && records.is_empty() {
+                            // The child's one line said what is wrong with the input; nothing ran.
+                            drop(jsonl);
+                            std::process::exit(2);
+                        }
+                        eprintln!("error: {}", failure.0);
                         failures.push(failure);
                         if bad_input || crate::interrupt::interrupted() {
                             break 'reps;
