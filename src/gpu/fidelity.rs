@@ -73,7 +73,7 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>, add
     let mut watch = (AtStep(|n, _, stats: &crate::gpu::stats::DeviceStats| snapshots.push((n, stats.to_torch_map()))), StopWhen(crate::interrupt::interrupted));
     let outcome = replay_watched(&mut alloc, source.events()?, &opts, &mut watch)?;
     if outcome.interrupted {
-        anyhow::bail!("interrupted at event {} of {}: no comparison", outcome.events, trace.display());
+        return Err(crate::interrupt::Interrupted(format!("at event {} of {}: nothing compared", outcome.events, trace.display())).into());
     }
     // Neither side stopped early: both replayed every row, so a different count is another trace.
     if torch.oom.is_none() && outcome.oom.is_none() && torch.events != outcome.events {
