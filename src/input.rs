@@ -364,19 +364,37 @@ fn trace_name(path: &Path) -> String {
 }
 
 /// sha256 of a file's bytes, read in 1 MiB pieces (what `WorkloadInfo::sha256` holds for every input file).
-/// Reads `path` whole as UTF-8 text (decompressed, for a `.gz` name), refusing one over `limit`
-/// bytes without reading past it: a file of gigabytes, a sparse file of NUL bytes or /dev/zero
-/// is named, not loaded. `what` is what the file should be ("a workload definition").
+/// Reads `path` whole, gunzipped when it is gzip (by its magic bytes, whatever the name), refusing
+/// one over `limit` bytes (read or decompressed) without reading past it: a file of gigabytes, a
+/// sparse file of NUL bytes or /dev/zero is named, not loaded. `what` is what the file should be
+/// ("a workload definition").
+pub fn read_bytes_at_most(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>, InputError> {
+    let name = path.display().to_string();
+    let too_large = || InputError::new(&name, format!("larger than {}: not {what}", crate::units::format_bytes(limit)));
+    let mut data = Vec::new();
+    let file = std::fs::File::open(path).map_err(|e| InputError::new(&name, format!("cannot read {what}: {e}")))?;
+    file.take(limit + 1).read_to_end(&mut data).map_err(|e| InputError::new(&name, format!("cannot read {what}: {e}")))?;
+    if data.len() as u64 > limit {
+        return Err(too_large());
+    }
+    if !data.starts_with(&[0x1f, 0x8b]) {
+        return Ok(data);
+    }
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(&data[..])
+        .take(limit + 1)
+        .read_to_end(&mut out)
+        .map_err(|e| InputError::new(&name, format!("a gzip file that does not decode: {e}")))?;
+    if out.len() as u64 > limit {
+        return Err(too_large());
+    }
+    Ok(out)
+}
+
+/// [`read_bytes_at_most`], as UTF-8 text.
 pub fn read_text_at_most(path: &Path, limit: u64, what: &str) -> Result<String, InputError> {
     let name = path.display().to_string();
-    let cannot = |e: std::io::Error| InputError::new(&name, format!("cannot read {what}: {e}"));
-    let file = std::fs::File::open(path).map_err(cannot)?;
-    let reader: Box<dyn Read> = if path.extension().is_some_and(|e| e == "gz") { Box::new(flate2::read::MultiGzDecoder::new(file)) } else { Box::new(file) };
-    let mut bytes = Vec::new();
-    reader.take(limit + 1).read_to_end(&mut bytes).map_err(cannot)?;
-    if bytes.len() as u64 > limit {
-        return Err(InputError::new(&name, format!("larger than {}: not {what}", crate::units::format_bytes(limit))));
-    }
+    let bytes = read_bytes_at_most(path, limit, what)?;
     String::from_utf8(bytes).map_err(|e| {
         let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()].iter().filter(|&&b| b == b'\n').count();
         InputError::new(format!("{name}:{line}"), "not valid UTF-8 text")

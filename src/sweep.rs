@@ -130,15 +130,11 @@ impl Plan {
             // An allocator or conf no row could replay is the plan's error, found before any
             // replay (as a failed row it would pass for a run that went wrong on its node).
             let bad = |m: String| InputError::new(&loc, format!("plan row {}: {m}", row.index));
-            match row.allocator.as_str() {
-                "pytorch" => drop(AllocatorConfig::parse(&row.conf).map_err(|e| bad(format!("conf '{}': {}", row.conf, e.message)))?),
-                "async" => return Err(bad("allocator 'async' runs only on a real GPU; a sweep replays on the simulated device".into()).into()),
-                other if crate::gpu::build::GPU_ALLOCATORS.iter().any(|(n, _)| *n == other) => {
-                    if !row.conf.is_empty() {
-                        return Err(bad(format!("conf '{}' for allocator '{other}', which takes none", row.conf)).into());
-                    }
-                }
-                other => return Err(bad(crate::gpu::build::unknown_allocator(other).message).into()),
+            sweep_allocator(&row.allocator).map_err(bad)?;
+            if row.allocator == "pytorch" {
+                AllocatorConfig::parse(&row.conf).map_err(|e| bad(format!("conf '{}': {}", row.conf, e.message)))?;
+            } else if !row.conf.is_empty() {
+                return Err(bad(format!("conf '{}' for allocator '{}', which takes none", row.conf, row.allocator)).into());
             }
             rows.push(row);
         }
@@ -158,6 +154,18 @@ impl Plan {
             self.dir.join(p)
         }
     }
+}
+
+/// Whether a sweep can replay `allocator`: a registered policy that runs on the simulated device
+/// (the one check of `sweep plan`'s `--allocators` and of a plan's rows).
+fn sweep_allocator(allocator: &str) -> Result<(), String> {
+    if allocator == "async" {
+        return Err(format!("allocator '{allocator}' runs only on a real GPU; a sweep replays on the simulated device"));
+    }
+    if !crate::gpu::build::GPU_ALLOCATORS.iter().any(|(n, _)| *n == allocator) {
+        return Err(crate::gpu::build::unknown_allocator(allocator).message);
+    }
+    Ok(())
 }
 
 /// What `sweep plan` is asked for.
@@ -190,8 +198,8 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
     if let Some((i, a)) = req.allocators.iter().enumerate().find(|&(i, a)| req.allocators[..i].contains(a)) {
         return Err(InputError::new("--allocators", format!("'{a}' (entry {}) given twice", i + 1)).into());
     }
-    if let Some(a) = req.allocators.iter().find(|a| a.as_str() == "async") {
-        return Err(InputError::new("--allocators", format!("'{a}' runs only on a real GPU; a sweep replays on the simulated device")).into());
+    if let Some(why) = req.allocators.iter().find_map(|a| sweep_allocator(a).err()) {
+        return Err(InputError::new("--allocators", why).into());
     }
     let parsed: Vec<AllocatorConfig> = req.confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
     let planned = crate::gpu_run::plan(req.allocators, &parsed)?;

@@ -103,11 +103,7 @@ pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
 
 /// [`import_snapshot`], of device `device`'s history (`None`: the first device that has one).
 pub fn import_snapshot_of_device(path: &Path, device: Option<usize>) -> Result<ImportedTrace, InputError> {
-    let meta = std::fs::metadata(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
-    if meta.len() > MAX_SNAPSHOT_BYTES {
-        return Err(err(path, format!("{} bytes: larger than any snapshot this importer accepts (2 GiB)", meta.len())));
-    }
-    let data = read_maybe_gzip(path, MAX_SNAPSHOT_BYTES)?;
+    let data = crate::input::read_bytes_at_most(path, MAX_SNAPSHOT_BYTES, "a snapshot")?;
     if data.starts_with(b"PK\x03\x04") {
         return Err(err(path, "a zip archive (what torch.save writes), not a snapshot: write it with torch.cuda.memory._dump_snapshot(path), or pickle.dump(torch.cuda.memory._snapshot(), f)"));
     }
@@ -682,30 +678,11 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     Ok(out)
 }
 
-/// A file's bytes, gunzipped when they are gzip (by their magic bytes, whatever the name), up to
-/// `limit` bytes.
-fn read_maybe_gzip(path: &Path, limit: u64) -> Result<Vec<u8>, InputError> {
-    use std::io::Read;
-    let data = std::fs::read(path).map_err(|e| err(path, format!("cannot read: {e}")))?;
-    if !data.starts_with(&[0x1f, 0x8b]) {
-        return Ok(data);
-    }
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(&data[..])
-        .take(limit + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| err(path, format!("a gzip file that does not decode: {e}")))?;
-    if out.len() as u64 > limit {
-        return Err(err(path, format!("decompresses to more than {} bytes: larger than any input this importer accepts", limit)));
-    }
-    Ok(out)
-}
-
 /// Reads an RMM `logging_resource_adaptor` CSV log (`Thread,Time,Action,Pointer,Size,Stream`),
 /// plain or gzip-compressed. A failed allocation (`allocate failure`, whose pointer RMM prints
 /// as `(nil)` or `0x0`) is skipped and counted.
 pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
-    let text = read_maybe_gzip(path, MAX_SNAPSHOT_BYTES)?;
+    let text = crate::input::read_bytes_at_most(path, MAX_SNAPSHOT_BYTES, "an RMM log")?;
     let text = String::from_utf8(text).map_err(|_| err(path, "not valid UTF-8 text"))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // RMM buffers its log (auto_flush is off by default): a process that died leaves a cut row.
