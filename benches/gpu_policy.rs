@@ -61,9 +61,8 @@ fn captured_replay(c: &mut Criterion) {
         b.iter(|| {
             let source = Source::open(Some(&csv)).unwrap();
             let mut built = build("pytorch", &cfg, &DeviceSpec::sim(H100_CAPACITY_BYTES)).unwrap();
-            let mut r = allocbench::gpu_run::run_hashing_alongside(&mut built, &cfg, &source, &ReplayOptions::default(), &mut StopWhen(|| false)).unwrap();
-            // As `replay --json` does: the segment map at exactly the peak.
-            allocbench::gpu_run::exact_segments_at_peak(&mut r, "pytorch", &cfg, &DeviceSpec::sim(H100_CAPACITY_BYTES), source.events().unwrap()).unwrap();
+            // As `replay --json` does (the segment map at exactly the peak included).
+            let r = allocbench::gpu_run::run_hashing_alongside(&mut built, &cfg, &source, &ReplayOptions::default(), &mut StopWhen(|| false)).unwrap();
             serde_json::to_vec_pretty(&ResultRecord::GpuReplay(Box::new(r))).unwrap()
         })
     });

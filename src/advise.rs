@@ -429,8 +429,7 @@ pub fn full_runs(
         let spec = DeviceSpec { latency: Some(o.model.clone()), addresses: o.addresses.clone(), ..DeviceSpec::sim(o.capacity) };
         let mut built = build("pytorch", &cfg, &spec)?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-        let mut run = run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?;
-        crate::gpu_run::exact_segments_at_peak(&mut run, "pytorch", &cfg, &spec, Box::new(events.iter().copied().map(Ok)))?;
+        let run = run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?;
         each(run)?;
         if best.conf.is_empty() {
             break;

@@ -101,7 +101,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     let events = load_events(source)?;
     let mut built = build("pytorch", conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-    let mut run = crate::gpu_run::run_one(
+    let run = crate::gpu_run::run_one(
         &mut built,
         conf,
         Box::new(events.iter().copied().map(Ok)),
@@ -109,8 +109,6 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         &opts,
         &mut StopWhen(crate::interrupt::interrupted),
     )?;
-    let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) };
-    crate::gpu_run::exact_segments_at_peak(&mut run, "pytorch", conf, &spec, Box::new(events.iter().copied().map(Ok)))?;
     let w = waste(&run);
     let (top_sites, oom_site) = top_sites(source, run.oom.as_ref().map(|o| o.event))?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.

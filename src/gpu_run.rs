@@ -8,7 +8,7 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::address_replay::AddressReplay;
 use crate::gpu::device::latency::WithLatency;
 use crate::gpu::devprobe::LatencyModel;
-use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, SegmentsAtEvent, StopWhen};
+use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, StopWhen};
 use crate::gpu::GpuAllocator;
 use crate::input::Source;
 use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, WorkDone, WorkloadInfo, SCHEMA_VERSION};
@@ -55,34 +55,7 @@ pub fn run_source(
 ) -> anyhow::Result<GpuRunResult> {
     let spec = DeviceSpec { addresses: source.address_script(), ..device.clone() };
     let mut built = build(allocator, conf, &spec)?;
-    let mut result = run_one(&mut built, conf, source.events()?, info.clone(), opts, watch)?;
-    exact_segments_at_peak(&mut result, allocator, conf, &spec, source.events()?)?;
-    Ok(result)
-}
-
-/// The segment map at exactly the peak moment, where the replay took it later: the everyday
-/// replay thins its snapshots to stay fast, and a second replay of the same `events` on a fresh
-/// allocator (deterministic: it passes through the same states) takes it there and stops. The
-/// record's map is then the peak itself, where allocated + pinned free + wholly free cached
-/// segments = reserved, as its summary says.
-pub fn exact_segments_at_peak(
-    result: &mut GpuRunResult,
-    allocator: &str,
-    conf: &AllocatorConfig,
-    device: &DeviceSpec,
-    events: EventStream<'_>,
-) -> anyhow::Result<()> {
-    let Some(index) = result.segments_at_peak_late.take() else { return Ok(()) };
-    if device.backend != Backend::Sim || result.summary.interrupted {
-        return Ok(());
-    }
-    let mut built = build(allocator, conf, device)?;
-    let mut at = SegmentsAtEvent { index, segments: None };
-    replay_observed(built.alloc.as_mut(), events, result.on_oom, &mut at)?;
-    if let Some(segments) = at.segments {
-        result.segments_at_peak = segments;
-    }
-    Ok(())
+    run_one(&mut built, conf, source.events()?, info.clone(), opts, watch)
 }
 
 /// The segment maps at exactly the peak and at the first OOM with the trace id of every live
@@ -106,7 +79,8 @@ pub fn run_one(
     watch: &mut dyn Observer<dyn GpuAllocator>,
 ) -> anyhow::Result<GpuRunResult> {
     let alloc = built.alloc.as_mut();
-    let opts = &ReplayOptions { time_model: built.time_model.clone(), ..opts.clone() };
+    // A record holds the segment map at exactly the peak.
+    let opts = &ReplayOptions { time_model: built.time_model.clone(), exact_peak_map: true, ..opts.clone() };
     let outcome = replay_watched(alloc, events, opts, watch)?;
     let stats = alloc.stats();
     let conf_str = if alloc.name() == "pytorch" { conf.source.clone() } else { String::new() };
@@ -152,7 +126,6 @@ pub fn run_one(
         },
         timeline: outcome.timeline,
         segments_at_peak: outcome.segments_at_peak,
-        segments_at_peak_late: outcome.segments_at_peak_late,
         segments_at_oom: outcome.segments_at_oom,
         size_histogram: outcome.size_histogram,
     })

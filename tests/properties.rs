@@ -229,6 +229,55 @@ proptest! {
     }
 }
 
+/// `ops` as a CSV trace a capture could write: only the pool rows a trace may hold (each end
+/// after its begin, no more releases than begins), frees and record_streams of live ids.
+fn trace_text(ops: &[Op]) -> String {
+    let mut text = String::from("op,id,bytes,stream\n");
+    let mut live: Vec<usize> = Vec::new();
+    // Only the pool rows a trace may hold (each end after its begin, no more releases than begins).
+    let mut recording = std::collections::BTreeSet::new();
+    let mut captured = std::collections::BTreeSet::new();
+    let mut uses = std::collections::BTreeMap::<u64, u64>::new();
+    for (id, op) in ops.iter().enumerate() {
+        match *op {
+            // (A released pool's id is not begun again: real pool ids are never reused.)
+            Op::PoolBegin(p, s) if uses.get(&p) != Some(&0) && recording.insert(p) => {
+                *uses.entry(p).or_default() += 1;
+                if s.is_some() {
+                    captured.insert(p);
+                }
+                text += &format!("pool_begin,{p},,{}\n", s.map_or(String::new(), |s| s.to_string()));
+            }
+            Op::PoolEnd(p) if recording.remove(&p) => {
+                captured.remove(&p);
+                text += &format!("pool_end,{p},,\n");
+            }
+            Op::PoolRelease(p) if uses.get(&p).is_some_and(|&n| n > 1 || (n == 1 && !recording.contains(&p))) => {
+                *uses.get_mut(&p).unwrap() -= 1;
+                text += &format!("pool_release,{p},,\n");
+            }
+            Op::PoolEmptyCache(p) => text += &format!("empty_cache,{p},,\n"),
+            Op::PoolJoin(p, s) if captured.contains(&p) => text += &format!("pool_join,{p},,{s}\n"),
+            Op::PoolJoin(..) => {}
+            Op::PoolBegin(..) | Op::PoolEnd(_) | Op::PoolRelease(_) => {}
+            Op::Alloc(bytes, stream) => {
+                text += &format!("alloc,{id},{bytes},{stream}\n");
+                live.push(id);
+            }
+            Op::Free(i) if !live.is_empty() => {
+                let id = live.swap_remove(i % live.len());
+                text += &format!("free,{id},,\n");
+            }
+            Op::RecordStream(i, s) if !live.is_empty() => text += &format!("record_stream,{},,{s}\n", live[i % live.len()]),
+            Op::Free(_) | Op::RecordStream(..) => {}
+            Op::Sync(Some(s)) => text += &format!("sync,,,{s}\n"),
+            Op::Sync(None) => text += "sync,,,\n",
+            Op::EmptyCache => text += "empty_cache,,,\n",
+        }
+    }
+    text
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -237,43 +286,7 @@ proptest! {
     /// an OOM the same holds for the state that failed.
     #[test]
     fn diagnosis_breakdown_reconciles(ops in ops(), conf in 0usize..CONFS.len(), small_device in any::<bool>()) {
-        let mut text = String::from("op,id,bytes,stream\n");
-        let mut live: Vec<usize> = Vec::new();
-        // Only the pool rows a trace may hold (each end after its begin, no more releases than begins).
-        let mut recording = std::collections::BTreeSet::new();
-        let mut captured = std::collections::BTreeSet::new();
-        let mut uses = std::collections::BTreeMap::<u64, u64>::new();
-        for (id, op) in ops.iter().enumerate() {
-            match *op {
-                // (A released pool's id is not begun again: real pool ids are never reused.)
-                Op::PoolBegin(p, s) if uses.get(&p) != Some(&0) && recording.insert(p) => {
-                    *uses.entry(p).or_default() += 1;
-                    if s.is_some() {
-                        captured.insert(p);
-                    }
-                    text += &format!("pool_begin,{p},,{}\n", s.map_or(String::new(), |s| s.to_string()));
-                }
-                Op::PoolEnd(p) if recording.remove(&p) => {
-                    captured.remove(&p);
-                    text += &format!("pool_end,{p},,\n");
-                }
-                Op::PoolRelease(p) if uses.get(&p).is_some_and(|&n| n > 1 || (n == 1 && !recording.contains(&p))) => {
-                    *uses.get_mut(&p).unwrap() -= 1;
-                    text += &format!("pool_release,{p},,\n");
-                }
-                Op::PoolEmptyCache(p) => text += &format!("empty_cache,{p},,\n"),
-                Op::PoolJoin(p, s) if captured.contains(&p) => text += &format!("pool_join,{p},,{s}\n"),
-                Op::PoolJoin(..) => {}
-                Op::PoolBegin(..) | Op::PoolEnd(_) | Op::PoolRelease(_) => {}
-                Op::Alloc(bytes, stream) => { text += &format!("alloc,{id},{bytes},{stream}\n"); live.push(id); }
-                Op::Free(i) if !live.is_empty() => { let id = live.swap_remove(i % live.len()); text += &format!("free,{id},,\n"); }
-                Op::RecordStream(i, s) if !live.is_empty() => text += &format!("record_stream,{},,{s}\n", live[i % live.len()]),
-                Op::Free(_) | Op::RecordStream(..) => {}
-                Op::Sync(Some(s)) => text += &format!("sync,,,{s}\n"),
-                Op::Sync(None) => text += "sync,,,\n",
-                Op::EmptyCache => text += "empty_cache,,,\n",
-            }
-        }
+        let text = trace_text(&ops);
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("t.csv");
         std::fs::write(&path, text).unwrap();
@@ -285,5 +298,31 @@ proptest! {
             None => prop_assert_eq!(d.allocated_at_peak + d.pending_free_bytes + d.pinned_free_bytes + d.cached_free_segments_bytes, d.peak_reserved),
             Some(oom) => prop_assert_eq!(oom.allocated + d.pending_free_bytes + d.pinned_free_bytes + d.cached_free_segments_bytes, oom.reserved),
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The segment map a replay keeps for its record (the allocator forked every few events and
+    /// the calls since made again on the fork before the peak) is the map at exactly the peak
+    /// moment, as a replay that takes the map at every move of the peak has it: with streams,
+    /// record_stream, syncs, private pools, OOMs skipped (`--on-oom continue`), and a fork at
+    /// every event, every few events, or never again after the first.
+    #[test]
+    fn the_forked_peak_map_is_the_map_at_the_peak(ops in ops(), conf in 0usize..CONFS.len(), small_device in any::<bool>(), fork_every in prop_oneof![Just(1u64), 2u64..9, Just(1 << 20)]) {
+        use allocbench::gpu::build::{build, DeviceSpec};
+        use allocbench::gpu::replay::{replay_observed, SegmentsAtExactPeak, SegmentsAtPeak};
+        let text = trace_text(&ops);
+        let events: Vec<Event> = TraceReader::new(text.as_bytes(), "t.csv").collect::<anyhow::Result<_>>().unwrap();
+        let spec = DeviceSpec::sim(if small_device { 300 << 20 } else { 80 << 30 });
+        let conf = AllocatorConfig::parse(CONFS[conf]).unwrap();
+        let mut every_move = SegmentsAtExactPeak::default();
+        replay_observed(build("pytorch", &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut every_move).unwrap();
+        let mut forked = SegmentsAtPeak::exact_forking_every(fork_every);
+        replay_observed(build("pytorch", &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut forked).unwrap();
+        prop_assert_eq!(forked.peak.reserved, every_move.peak.reserved);
+        prop_assert_eq!(forked.peak.allocated_at_peak, every_move.peak.allocated_at_peak);
+        prop_assert_eq!(&forked.segments, &every_move.segments);
     }
 }

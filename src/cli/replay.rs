@@ -54,11 +54,6 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     progress::finish(pb);
     let sites = match &a.html {
         Some(_) => exact_segments_and_sites(&source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
-        // The text says nothing of the segment map: only a record gets it exact.
-        None if a.json.is_some() => {
-            gpu_run::exact_segments_at_peak(&mut result, &a.allocator, &conf, &spec, source.events()?)?;
-            None
-        }
         None => None,
     };
     let json = a.json.as_deref();
@@ -110,7 +105,6 @@ fn exact_segments_and_sites(
     let owners = gpu_run::segment_owners(allocator, conf, spec, source.events()?, on_oom)?;
     // The peak map is exact here whatever happened after it (the record keeps it).
     result.segments_at_peak = owners.at_peak.segments;
-    result.segments_at_peak_late = None;
     let ids = if result.oom.is_some() {
         result.segments_at_oom = owners.at_oom;
         owners.oom_owners

@@ -77,6 +77,11 @@ pub trait Device {
     fn device_time_ns(&self) -> Option<u64> {
         None
     }
+    /// An independent copy in the same state, for a device whose state is data (a simulated
+    /// one): what lets a replay pass through a past state again. `None` for a real device.
+    fn fork(&self) -> Option<Box<dyn Device>> {
+        None
+    }
 }
 
 /// The default capacity: an H100 80 GB card reports 81,559 MiB of total memory.
@@ -287,6 +292,10 @@ impl Device for SimDevice {
         let order = if self.order == AddressOrder::Driver { ", driver address order" } else { "" };
         format!("simulated device, {} capacity{order}", crate::units::format_bytes(self.capacity))
     }
+
+    fn fork(&self) -> Option<Box<dyn Device>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 /// A boxed device is a device (the policies `gpu::build` makes own one).
@@ -320,6 +329,9 @@ impl<D: Device + ?Sized> Device for Box<D> {
     }
     fn device_time_ns(&self) -> Option<u64> {
         (**self).device_time_ns()
+    }
+    fn fork(&self) -> Option<Box<dyn Device>> {
+        (**self).fork()
     }
 }
 

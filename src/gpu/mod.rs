@@ -183,6 +183,12 @@ pub trait GpuAllocator {
     fn device_time_ns(&self) -> Option<u64> {
         None
     }
+    /// An independent copy in the same state, where the policy and its device can make one
+    /// (PyTorch's policy on a simulated device): a replay forks the allocator to pass through a
+    /// past state again (the segment map at the peak). `None` otherwise.
+    fn fork(&self) -> Option<Box<dyn GpuAllocator>> {
+        None
+    }
 }
 
 /// The snapshot name of a pool's segments.

@@ -20,8 +20,8 @@ use crate::error::InputError;
 use crate::event::{Event, PoolOp};
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
-pub use observer::{At, Coarse, Observer};
-pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtEvent, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
+pub use observer::{At, Call, Coarse, Observer};
+pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 #[derive(Clone)]
 pub struct ReplayOptions {
@@ -32,11 +32,14 @@ pub struct ReplayOptions {
     pub max_timeline_points: usize,
     /// Prices the timeline's per-step allocator time (`run_one` sets the built device's model).
     pub time_model: Option<LatencyModel>,
+    /// The segment map at exactly the peak moment where the allocator forks (what a results
+    /// record holds: `run_one` sets it), not near it ([`SegmentsAtPeak`]).
+    pub exact_peak_map: bool,
 }
 
 impl Default for ReplayOptions {
     fn default() -> Self {
-        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000, time_model: None }
+        ReplayOptions { on_oom: OnOom::Stop, sample_every_events: None, max_timeline_points: 2000, time_model: None, exact_peak_map: false }
     }
 }
 
@@ -76,7 +79,9 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 } else if !null.is_empty() && null.contains(&id) {
                     return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                 } else {
-                    match alloc.malloc(bytes, stream) {
+                    let answer = alloc.malloc(bytes, stream);
+                    obs.called(alloc, Call::Malloc { bytes, stream, handle: answer.as_ref().ok().copied() });
+                    match answer {
                         Ok(h) => {
                             if !handles.insert(id, (h, bytes)) {
                                 return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
@@ -109,6 +114,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                     match handles.remove(id) {
                         Some((h, bytes)) => {
                             alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                            obs.called(alloc, Call::Free(h));
                             at.live -= bytes;
                         }
                         None => {
@@ -119,15 +125,27 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                     }
                 }
             }
-            Event::EmptyCache => alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?,
+            Event::EmptyCache => {
+                alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                obs.called(alloc, Call::EmptyCache);
+            }
             Event::RecordStream { id, stream } => match handles.get(id) {
-                Some((h, _)) => alloc.record_stream(h, stream),
+                Some((handle, _)) => {
+                    alloc.record_stream(handle, stream);
+                    obs.called(alloc, Call::RecordStream { handle, stream });
+                }
                 // A null pointer or an allocation that failed (--on-oom continue): nothing to use.
                 None if null.contains(&id) || failed.contains(&id) => {}
                 None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
             },
-            Event::Sync { stream } => alloc.sync(stream),
-            Event::Pool(op) => pool_call(alloc, op, at.index)?,
+            Event::Sync { stream } => {
+                alloc.sync(stream);
+                obs.called(alloc, Call::Sync(stream));
+            }
+            Event::Pool(op) => {
+                pool_call(alloc, op, at.index)?;
+                obs.called(alloc, Call::Pool(op));
+            }
             Event::Step { n } => {
                 obs.step(alloc, at, n);
                 out.steps += 1;
@@ -183,9 +201,6 @@ pub struct ReplayOutcome {
     pub elapsed_s: f64,
     pub timeline: Vec<TimelinePoint>,
     pub segments_at_peak: Vec<SegmentSnapshot>,
-    /// The event of the peak moment when `segments_at_peak` was taken later (the replay thins
-    /// its snapshots): [`crate::gpu_run::exact_segments_at_peak`] replays to it.
-    pub segments_at_peak_late: Option<u64>,
     /// The segment map at the first OOM (empty without one).
     pub segments_at_oom: Vec<SegmentSnapshot>,
     /// (smallest size of the log2 bucket, allocations in it).
@@ -238,14 +253,13 @@ pub fn replay_watched<A: GpuAllocator + ?Sized, W: Observer<A> + ?Sized>(
     opts: &ReplayOptions,
     watch: &mut W,
 ) -> anyhow::Result<ReplayOutcome> {
-    let mut segments = SegmentsAtPeak::default();
+    let mut segments = if opts.exact_peak_map { SegmentsAtPeak::exact() } else { SegmentsAtPeak::default() };
     let mut timeline = Timeline::new(opts.sample_every_events, opts.max_timeline_points, opts.time_model.clone());
     let mut first_oom = FirstOom::default();
     let mut sizes = SizeHistogram::default();
     let mut out = replay_observed(alloc, events, opts.on_oom, &mut (&mut segments, &mut timeline, &mut first_oom, &mut sizes, Coarse(watch)))?;
     out.peak_reserved = segments.peak.reserved;
     out.allocated_at_peak_reserved = segments.peak.allocated_at_peak;
-    out.segments_at_peak_late = (!segments.exact && segments.kept_segments).then_some(segments.peak_event);
     out.oom = first_oom.record;
     out.timeline = timeline.points;
     out.segments_at_peak = segments.segments;

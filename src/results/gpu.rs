@@ -238,10 +238,6 @@ pub struct GpuRunResult {
     pub summary: GpuSummary,
     pub timeline: Vec<TimelinePoint>,
     pub segments_at_peak: Vec<SegmentSnapshot>,
-    /// Where the replay took `segments_at_peak` after the peak moment, that moment's event (see
-    /// [`crate::gpu_run::exact_segments_at_peak`]); not part of the record.
-    #[serde(skip)]
-    pub segments_at_peak_late: Option<u64>,
     /// The segment map at the first OOM (empty without one).
     #[serde(default)]
     pub segments_at_oom: Vec<SegmentSnapshot>,

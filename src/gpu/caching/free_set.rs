@@ -181,7 +181,7 @@ impl Occupancy {
 /// remove needs no search. A bin that grows past [`SHORT_BIN`] moves into `long_bins`, ordered by
 /// (size, address); its vector stays empty (an occupied bin with no entries is a long one) until
 /// the tree empties.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct FreeSet {
     bins: Vec<Vec<Entry>>,
     long_bins: FxHashMap<usize, BTreeMap<(u64, u64), u32>>,

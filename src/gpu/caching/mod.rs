@@ -174,7 +174,7 @@ impl Block {
 
 /// BlockPool: free mapped blocks ordered by (stream, size, address), unmapped expandable blocks
 /// ordered by (stream, address), and the GC's lookup counter.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct BlockPool {
     blocks: FreeSet,
     unmapped: BTreeMap<(u32, u64), u32>,
@@ -183,6 +183,7 @@ struct BlockPool {
 
 /// An expandable segment (`expandable.rs`): a reserved VA range of `pages` pages of
 /// `page_size` bytes, some of them mapped.
+#[derive(Clone)]
 struct ExpandableSegment {
     base: u64,
     page_size: u64,
@@ -227,6 +228,7 @@ pub struct CachingAllocator<D: Device> {
 /// existence after its last user is gone until empty_cache frees them. (An expandable segment
 /// counts once, from its address reservation to its release: PyTorch counts its maps and
 /// unmaps, which need not pair up, and would erase a pool whose pages are still mapped.)
+#[derive(Clone)]
 struct PrivatePool {
     pair: u32,
     use_count: u64,
@@ -235,6 +237,7 @@ struct PrivatePool {
 
 /// An entry of captures_underway: allocations on `stream` (every stream when `None`) go to
 /// private pool `pool`, whose BlockPools start at `pair`.
+#[derive(Clone)]
 struct CaptureUnderway {
     pool: u64,
     pair: u32,
@@ -243,7 +246,7 @@ struct CaptureUnderway {
 
 /// The cross-stream state of recordStream / insert_events / process_events: which live blocks
 /// other streams use, and the freed blocks waiting for those streams' events.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct StreamEvents {
     /// Block::stream_uses: live block → the raw streams (other than its own) that used it.
     stream_uses: FxHashMap<u32, Vec<u64>>,
@@ -304,6 +307,27 @@ impl<D: Device> CachingAllocator<D> {
 
     pub fn config(&self) -> &AllocatorConfig {
         &self.cfg
+    }
+
+    /// This allocator in the same state over a fork of its device ([`Device::fork`]).
+    fn forked(&self) -> Option<CachingAllocator<Box<dyn Device>>> {
+        Some(CachingAllocator {
+            cfg: self.cfg.clone(),
+            device: self.device.fork()?,
+            blocks: self.blocks.clone(),
+            dead: self.dead.clone(),
+            pools: self.pools.clone(),
+            stats: self.stats.clone(),
+            allowed: self.allowed,
+            streams: self.streams.clone(),
+            raw_streams: self.raw_streams.clone(),
+            expandable_segments: self.expandable_segments.clone(),
+            events: self.events.clone(),
+            private_pools: self.private_pools.clone(),
+            pair_owner: self.pair_owner.clone(),
+            captures_underway: self.captures_underway.clone(),
+            spare_pairs: self.spare_pairs.clone(),
+        })
     }
 
     pub fn device(&self) -> &D {
@@ -1059,6 +1083,10 @@ impl<D: Device> CachingAllocator<D> {
 impl<D: Device> GpuAllocator for CachingAllocator<D> {
     fn name(&self) -> String {
         "pytorch".into()
+    }
+
+    fn fork(&self) -> Option<Box<dyn GpuAllocator>> {
+        Some(Box::new(self.forked()?))
     }
 
     /// malloc, in PyTorch's order: cache hit; else GC, new segment, release oversize cached

@@ -67,6 +67,10 @@ impl Device for AddressReplay {
             self.inner.free(ptr, bytes)
         }
     }
+
+    fn fork(&self) -> Option<Box<dyn Device>> {
+        Some(Box::new(self.clone()))
+    }
 }
 
 #[cfg(test)]

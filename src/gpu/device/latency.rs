@@ -67,4 +67,9 @@ impl<D: Device> Device for WithLatency<D> {
     fn device_time_ns(&self) -> Option<u64> {
         Some(self.device_time_ns)
     }
+
+    fn fork(&self) -> Option<Box<dyn Device>> {
+        let inner = self.inner.fork()?;
+        Some(Box::new(WithLatency { inner, model: self.model.clone(), device_time_ns: self.device_time_ns }))
+    }
 }

@@ -43,4 +43,8 @@ impl<D: Device> Device for Withheld<D> {
         }
         self.inner.map_page(ptr, bytes)
     }
+
+    fn fork(&self) -> Option<Box<dyn Device>> {
+        Some(Box::new(Withheld { inner: self.inner.fork()?, bytes: self.bytes }))
+    }
 }

@@ -1,7 +1,50 @@
 //! The observer seam of a replay: what the loop tells observers, and how observers compose.
 
+use crate::event::PoolOp;
 use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, Handle, OomInfo};
+
+/// A call the replay made on the allocator, with the handle a malloc answered: the calls from a
+/// state on, made again on a fork of the allocator taken in that state, pass through the same
+/// states (the policies are deterministic), which is how a replay revisits a past moment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Call {
+    /// `handle` is `None` when the malloc failed with an OOM.
+    Malloc {
+        bytes: u64,
+        stream: u64,
+        handle: Option<Handle>,
+    },
+    Free(Handle),
+    EmptyCache,
+    RecordStream {
+        handle: Handle,
+        stream: u64,
+    },
+    Sync(Option<u64>),
+    Pool(PoolOp),
+}
+
+impl Call {
+    /// Makes the call on `alloc`; false when it answers otherwise than it did in the replay (a
+    /// fork that does not follow: its map cannot stand for the replay's).
+    pub fn make(self, alloc: &mut dyn GpuAllocator) -> bool {
+        match self {
+            Call::Malloc { bytes, stream, handle } => alloc.malloc(bytes, stream).ok() == handle,
+            Call::Free(h) => alloc.free(h).is_ok(),
+            Call::EmptyCache => alloc.empty_cache().is_ok(),
+            Call::RecordStream { handle, stream } => {
+                alloc.record_stream(handle, stream);
+                true
+            }
+            Call::Sync(stream) => {
+                alloc.sync(stream);
+                true
+            }
+            Call::Pool(op) => super::pool_call(alloc, op, 0).is_ok(),
+        }
+    }
+}
 
 /// Where a replay stands: the event's 0-based index, the step it belongs to, and the bytes the
 /// workload holds (independent of the allocator).
@@ -21,6 +64,9 @@ pub trait Observer<A: GpuAllocator + ?Sized> {
     /// After an allocation of `bytes` (the request) succeeded; `stats` are the allocator's now
     /// (read once for every observer).
     fn allocated(&mut self, _alloc: &A, _stats: &DeviceStats, _at: At, _bytes: u64) {}
+    /// Right after each call the replay made on the allocator (before [`Observer::placed`] and
+    /// [`Observer::allocated`] for a malloc, before [`Observer::out_of_memory`] for a failed one).
+    fn called(&mut self, _alloc: &A, _call: Call) {}
     /// Right after a successful allocation, before [`Observer::allocated`]: the trace's `id` for
     /// it and the policy's handle (for `GpuAllocator::block_address`).
     fn placed(&mut self, _alloc: &A, _id: u64, _handle: Handle) {}
@@ -48,6 +94,10 @@ impl<A: GpuAllocator + ?Sized, O: Observer<A> + ?Sized> Observer<A> for &mut O {
     #[inline]
     fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
         (**self).allocated(alloc, stats, at, bytes)
+    }
+    #[inline]
+    fn called(&mut self, alloc: &A, call: Call) {
+        (**self).called(alloc, call)
     }
     #[inline]
     fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
@@ -85,6 +135,10 @@ macro_rules! tuple_observer {
             #[inline]
             fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
                 $(self.$i.allocated(alloc, stats, at, bytes);)+
+            }
+            #[inline]
+            fn called(&mut self, alloc: &A, call: Call) {
+                $(self.$i.called(alloc, call);)+
             }
             #[inline]
             fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {

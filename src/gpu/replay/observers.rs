@@ -2,7 +2,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::observer::{At, Observer};
+use super::observer::{At, Call, Observer};
 use crate::gpu::devprobe::LatencyModel;
 use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, Handle, OomInfo};
@@ -115,49 +115,130 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
 
 /// Events between snapshots of the segment map when reserved keeps reaching new peaks.
 const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
+/// Events between forks of the allocator: a fork copies the allocator's state (about 20 µs for
+/// the 1.3B trace's), and the map at the peak costs making again the calls from the last fork
+/// before it.
+const FORK_EVERY_EVENTS: u64 = 1 << 16;
 
-/// Peak reserved ([`Peak`]) and the segment map at it. Taking a snapshot costs a walk over every
-/// block, so while the peak keeps moving one is taken at most every `SNAPSHOT_GAP_EVENTS`
-/// events, and at the next step marker or the end: `peak_event` says where the peak moment was
-/// and `exact` whether the map was taken there ([`SegmentsAtEvent`] takes it there in a second,
-/// deterministic replay that stops soon after).
-#[derive(Debug, Default)]
+/// Peak reserved ([`Peak`]) and the segment map at it. Taking a map costs a walk over every
+/// block and the peak moment (the allocation after which reserved stood at its peak with the
+/// most allocated) moves thousands of times in a long trace, so a map is not taken at each move:
+/// - [`SegmentsAtPeak::exact`], for an allocator that forks ([`GpuAllocator::fork`]): the
+///   allocator is forked every `FORK_EVERY_EVENTS` events and the calls made since are kept
+///   ([`Call`]); at the end, the fork before the last move makes the calls up to it again and
+///   gives the map at exactly that moment. This costs a few percent of the replay.
+/// - otherwise (or on a real GPU, which cannot fork) a map is taken at most every
+///   `SNAPSHOT_GAP_EVENTS` events while the peak keeps moving, and at the next step marker or
+///   the end: near the peak, not at it.
+#[derive(Default)]
 pub struct SegmentsAtPeak {
     pub peak: Peak,
     pub segments: Vec<SegmentSnapshot>,
-    /// The event of the peak moment: the allocation after which reserved stood at its peak with
-    /// the most allocated.
-    pub peak_event: u64,
-    /// Whether `segments` were taken right after `peak_event`.
-    pub exact: bool,
-    /// Whether any snapshot held a segment (a policy that keeps none has no map to refine; a
-    /// last snapshot can be empty after an empty_cache although the peak's was not).
-    pub kept_segments: bool,
     last_snapshot_event: Option<u64>,
     pending: bool,
+    /// Events between forks; 0: no forks.
+    fork_every: u64,
+    forks: Option<Forks>,
+}
+
+/// The allocator forked at the start of the current window of events and the calls made since,
+/// and the same for the window of the latest peak moment, cut right after it.
+struct Forks {
+    /// Events left before the next fork.
+    left: u64,
+    window: Box<dyn GpuAllocator>,
+    calls: Vec<Call>,
+    /// `calls.len()` right after the latest peak moment, when it fell in the current window.
+    peak_in_window: Option<usize>,
+    at_peak: Option<(Box<dyn GpuAllocator>, Vec<Call>)>,
+}
+
+impl Forks {
+    /// The window ends: keep it if the peak moved in it, and start the next at `fork`.
+    fn next_window(&mut self, fork: Box<dyn GpuAllocator>) {
+        let window = std::mem::replace(&mut self.window, fork);
+        if let Some(n) = self.peak_in_window.take() {
+            self.calls.truncate(n);
+            // The buffer of the window it replaces serves the next window (a new one would be
+            // paged in afresh).
+            let spare = self.at_peak.take().map(|(_, calls)| calls).unwrap_or_default();
+            self.at_peak = Some((window, std::mem::replace(&mut self.calls, spare)));
+        }
+        self.calls.clear();
+    }
+
+    /// The segment map right after the latest peak moment (`None` when there was none); `Err`
+    /// when the fork did not follow the calls.
+    fn segments_at_peak(mut self) -> Result<Option<Vec<SegmentSnapshot>>, ()> {
+        if let Some(n) = self.peak_in_window {
+            self.calls.truncate(n);
+            self.at_peak = Some((self.window, self.calls));
+        }
+        let Some((mut alloc, calls)) = self.at_peak else { return Ok(None) };
+        if calls.into_iter().all(|call| call.make(alloc.as_mut())) {
+            Ok(Some(alloc.segments()))
+        } else {
+            Err(())
+        }
+    }
 }
 
 impl SegmentsAtPeak {
+    /// The map at exactly the peak moment, where the allocator forks.
+    pub fn exact() -> Self {
+        Self::exact_forking_every(FORK_EVERY_EVENTS)
+    }
+
+    /// [`SegmentsAtPeak::exact`], forking the allocator every `events` events (at least 1).
+    pub fn exact_forking_every(events: u64) -> Self {
+        SegmentsAtPeak { fork_every: events.max(1), ..Default::default() }
+    }
+
     fn take<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, index: u64) {
         self.segments = alloc.segments();
-        self.kept_segments |= !self.segments.is_empty();
         self.last_snapshot_event = Some(index);
         self.pending = false;
     }
 }
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
+    fn start(&mut self, alloc: &A) {
+        if self.fork_every > 0 {
+            self.forks = alloc.fork().map(|window| Forks { left: self.fork_every, window, calls: Vec::new(), peak_in_window: None, at_peak: None });
+        }
+    }
+
+    #[inline]
+    fn called(&mut self, _alloc: &A, call: Call) {
+        if let Some(forks) = &mut self.forks {
+            forks.calls.push(call);
+        }
+    }
+
     #[inline]
     fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
         let before = (self.peak.reserved, self.peak.allocated_at_peak);
         Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
         if (self.peak.reserved, self.peak.allocated_at_peak) != before {
+            if let Some(forks) = &mut self.forks {
+                forks.peak_in_window = Some(forks.calls.len());
+                return;
+            }
             self.pending = true;
-            self.exact = false;
-            self.peak_event = at.index;
             if self.last_snapshot_event.is_none_or(|e| at.index - e >= SNAPSHOT_GAP_EVENTS) {
                 self.take(alloc, at.index);
-                self.exact = true;
+            }
+        }
+    }
+
+    #[inline]
+    fn after_event(&mut self, alloc: &A, _at: At) {
+        if let Some(forks) = &mut self.forks {
+            forks.left -= 1;
+            if forks.left == 0 {
+                forks.left = self.fork_every;
+                // (An allocator that forked at the start forks again.)
+                forks.next_window(alloc.fork().expect("the allocator forked before"));
             }
         }
     }
@@ -169,30 +250,21 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     }
 
     fn finish(&mut self, alloc: &A, at: At) {
+        if let Some(forks) = self.forks.take() {
+            match forks.segments_at_peak() {
+                Ok(Some(segments)) => {
+                    self.segments = segments;
+                    return;
+                }
+                Ok(None) => {}
+                // A fork that answers otherwise is a bug of the fork: the map at the end is the
+                // best left.
+                Err(()) => debug_assert!(false, "a fork of the allocator did not follow the replay's calls"),
+            }
+        }
         if self.pending || self.segments.is_empty() {
             self.take(alloc, at.index);
         }
-    }
-}
-
-/// The segment map right after the allocation at event `index` (a [`SegmentsAtPeak`]'s
-/// `peak_event`, in a second replay of the same events): the replay stops at its next checkpoint.
-#[derive(Debug)]
-pub struct SegmentsAtEvent {
-    pub index: u64,
-    pub segments: Option<Vec<SegmentSnapshot>>,
-}
-
-impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtEvent {
-    #[inline]
-    fn allocated(&mut self, alloc: &A, _stats: &DeviceStats, at: At, _bytes: u64) {
-        if at.index == self.index {
-            self.segments = Some(alloc.segments());
-        }
-    }
-
-    fn checkpoint(&mut self, events: u64) -> bool {
-        events > self.index
     }
 }
 
