@@ -115,10 +115,13 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
 
 /// Events between snapshots of the segment map when reserved keeps reaching new peaks.
 const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
-/// Events between forks of the allocator: a fork copies the allocator's state (about 20 µs for
-/// the 1.3B trace's), and the map at the peak costs making again the calls from the last fork
-/// before it.
+/// Events between forks of the allocator, at least: a fork copies the allocator's state (about
+/// 20 µs for the 1.3B trace's), and the map at the peak costs making again the calls from the
+/// last fork before it.
 const FORK_EVERY_EVENTS: u64 = 1 << 16;
+/// A window lasts at least this many times as long as the fork that starts it took: forks of a
+/// large state (hundreds of thousands of live blocks) stay a small share of the replay.
+const WINDOW_PER_FORK_TIME: u64 = 8;
 
 /// Peak reserved ([`Peak`]) and the segment map at it. Taking a map costs a walk over every
 /// block and the peak moment (the allocation after which reserved stood at its peak with the
@@ -136,16 +139,20 @@ pub struct SegmentsAtPeak {
     pub segments: Vec<SegmentSnapshot>,
     last_snapshot_event: Option<u64>,
     pending: bool,
-    /// Events between forks; 0: no forks.
+    /// Events between forks (at least, when `stretch`); 0: no forks.
     fork_every: u64,
+    /// Whether windows stretch with the time a fork takes ([`WINDOW_PER_FORK_TIME`]).
+    stretch: bool,
     forks: Option<Forks>,
 }
 
 /// The allocator forked at the start of the current window of events and the calls made since,
 /// and the same for the window of the latest peak moment, cut right after it.
 struct Forks {
-    /// Events left before the next fork.
+    /// Events left before the next fork, of the window's `len`.
     left: u64,
+    len: u64,
+    started: std::time::Instant,
     window: Box<dyn GpuAllocator>,
     calls: Vec<Call>,
     /// `calls.len()` right after the latest peak moment, when it fell in the current window.
@@ -186,10 +193,11 @@ impl Forks {
 impl SegmentsAtPeak {
     /// The map at exactly the peak moment, where the allocator forks.
     pub fn exact() -> Self {
-        Self::exact_forking_every(FORK_EVERY_EVENTS)
+        SegmentsAtPeak { stretch: true, ..Self::exact_forking_every(FORK_EVERY_EVENTS) }
     }
 
-    /// [`SegmentsAtPeak::exact`], forking the allocator every `events` events (at least 1).
+    /// [`SegmentsAtPeak::exact`], forking the allocator every `events` events (at least 1),
+    /// however long a fork takes.
     pub fn exact_forking_every(events: u64) -> Self {
         SegmentsAtPeak { fork_every: events.max(1), ..Default::default() }
     }
@@ -204,7 +212,8 @@ impl SegmentsAtPeak {
 impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     fn start(&mut self, alloc: &A) {
         if self.fork_every > 0 {
-            self.forks = alloc.fork().map(|window| Forks { left: self.fork_every, window, calls: Vec::new(), peak_in_window: None, at_peak: None });
+            let (left, started) = (self.fork_every, std::time::Instant::now());
+            self.forks = alloc.fork().map(|window| Forks { left, len: left, started, window, calls: Vec::new(), peak_in_window: None, at_peak: None });
         }
     }
 
@@ -236,9 +245,19 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
         if let Some(forks) = &mut self.forks {
             forks.left -= 1;
             if forks.left == 0 {
-                forks.left = self.fork_every;
+                let (replayed, replayed_events) = (forks.started.elapsed(), forks.len);
+                let forking = std::time::Instant::now();
                 // (An allocator that forked at the start forks again.)
                 forks.next_window(alloc.fork().expect("the allocator forked before"));
+                forks.started = std::time::Instant::now();
+                forks.len = self.fork_every;
+                if self.stretch {
+                    // The events that last WINDOW_PER_FORK_TIME forks, at the last window's pace.
+                    let ns_per_event = (replayed.as_nanos() / u128::from(replayed_events)).max(1);
+                    let events = WINDOW_PER_FORK_TIME as u128 * forking.elapsed().as_nanos() / ns_per_event;
+                    forks.len = forks.len.max(u64::try_from(events).unwrap_or(u64::MAX));
+                }
+                forks.left = forks.len;
             }
         }
     }
