@@ -59,8 +59,9 @@ pub fn run_source(
 }
 
 /// The segment maps at exactly the peak and at the first OOM with the trace id of every live
-/// block ([`BlockOwners`]), from a replay of their own on a fresh allocator (deterministic, as
-/// [`segments_at_exact_peak`]): what the memory view needs to name allocation sites.
+/// block ([`BlockOwners`]), from a replay of their own on a fresh allocator (deterministic: the
+/// record's replay passed through the same states): what the memory view needs to name
+/// allocation sites.
 pub fn segment_owners(allocator: &str, conf: &AllocatorConfig, device: &DeviceSpec, events: EventStream<'_>, on_oom: OnOom) -> anyhow::Result<BlockOwners> {
     let mut built = build(allocator, conf, device)?;
     let mut owners = BlockOwners::default();

@@ -306,23 +306,32 @@ proptest! {
 
     /// The segment map a replay keeps for its record (the allocator forked every few events and
     /// the calls since made again on the fork before the peak) is the map at exactly the peak
-    /// moment, as a replay that takes the map at every move of the peak has it: with streams,
+    /// moment, as a replay that takes the map at every move of the peak has it, and so are the
+    /// trace ids of its blocks: with streams,
     /// record_stream, syncs, private pools, OOMs skipped (`--on-oom continue`), and a fork at
     /// every event, every few events, or never again after the first.
     #[test]
     fn the_forked_peak_map_is_the_map_at_the_peak(ops in ops(), conf in 0usize..CONFS.len(), small_device in any::<bool>(), fork_every in prop_oneof![Just(1u64), 2u64..9, Just(1 << 20)]) {
         use allocbench::gpu::build::{build, DeviceSpec};
-        use allocbench::gpu::replay::{replay_observed, SegmentsAtExactPeak, SegmentsAtPeak};
+        use allocbench::gpu::replay::{replay_observed, SegmentsAtPeak};
         let text = trace_text(&ops);
         let events: Vec<Event> = TraceReader::new(text.as_bytes(), "t.csv").collect::<anyhow::Result<_>>().unwrap();
         let spec = DeviceSpec::sim(if small_device { 300 << 20 } else { 80 << 30 });
         let conf = AllocatorConfig::parse(CONFS[conf]).unwrap();
-        let mut every_move = SegmentsAtExactPeak::default();
-        replay_observed(build("pytorch", &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut every_move).unwrap();
-        let mut forked = SegmentsAtPeak::exact_forking_every(fork_every);
-        replay_observed(build("pytorch", &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut forked).unwrap();
+        let replayed = |mut observer: SegmentsAtPeak| {
+            replay_observed(build("pytorch", &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut observer).unwrap();
+            observer
+        };
+        // Without forks, a map with owners is taken at every move of the peak.
+        let every_move = replayed(SegmentsAtPeak::default().with_owners());
+        let forked = replayed(SegmentsAtPeak::exact_forking_every(fork_every));
         prop_assert_eq!(forked.peak.reserved, every_move.peak.reserved);
         prop_assert_eq!(forked.peak.allocated_at_peak, every_move.peak.allocated_at_peak);
         prop_assert_eq!(&forked.segments, &every_move.segments);
+        // The memory view's owners (each live block's trace id) from the fork are those then.
+        let forked_owners = replayed(SegmentsAtPeak::exact_forking_every(fork_every).with_owners());
+        prop_assert_eq!(&forked_owners.segments, &every_move.segments);
+        prop_assert_eq!(&forked_owners.owners, &every_move.owners);
+        prop_assert!(every_move.owners.iter().flatten().flatten().count() > 0 || every_move.segments.iter().all(|s| s.blocks.iter().all(|b| !b.is_allocated())));
     }
 }

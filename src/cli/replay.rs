@@ -109,7 +109,7 @@ fn exact_segments_and_sites(
         result.segments_at_oom = owners.at_oom;
         owners.oom_owners
     } else {
-        owners.peak_owners
+        owners.at_peak.owners
     };
     Ok(source.sites()?.map(|sites| (memory_view::block_sites(&ids, &sites), sites.into_owned().names)))
 }

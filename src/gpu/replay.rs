@@ -21,7 +21,7 @@ use crate::event::{Event, PoolOp};
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Call, Coarse, Observer};
-pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtExactPeak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
+pub use observers::{AtStep, BlockOwners, FirstOom, Peak, SegmentsAtPeak, SizeHistogram, StopWhen, Timeline};
 
 #[derive(Clone)]
 pub struct ReplayOptions {

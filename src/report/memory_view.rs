@@ -144,7 +144,7 @@ pub fn sites_of_run(run: &GpuRunResult, source: &Source, sites: &Sites) -> anyho
     let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(run.capacity) };
     let owners = crate::gpu_run::segment_owners(&run.allocator, &conf, &spec, source.events()?, run.on_oom)?;
     let (at, shown) = shown_segments(run);
-    let (segments, ids) = if at == "OOM" { (owners.at_oom, owners.oom_owners) } else { (owners.at_peak.segments, owners.peak_owners) };
+    let (segments, ids) = if at == "OOM" { (owners.at_oom, owners.oom_owners) } else { (owners.at_peak.segments, owners.at_peak.owners) };
     Ok((segments == shown).then(|| block_sites(&ids, sites)))
 }
 

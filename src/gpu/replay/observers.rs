@@ -35,84 +35,6 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Peak {
     }
 }
 
-/// The segment map at exactly the moment [`Peak`] records: the allocation after which reserved
-/// stood at its peak with the most allocated. Every time that moment moves the map is taken
-/// again, so it costs a walk over the segments per improvement: diagnoses use it, in a replay of
-/// their own; the everyday replay keeps [`SegmentsAtPeak`].
-#[derive(Debug, Default)]
-pub struct SegmentsAtExactPeak {
-    pub peak: Peak,
-    pub segments: Vec<SegmentSnapshot>,
-}
-
-impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtExactPeak {
-    #[inline]
-    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
-        let before = (self.peak.reserved, self.peak.allocated_at_peak);
-        Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
-        if (self.peak.reserved, self.peak.allocated_at_peak) != before {
-            self.segments = alloc.segments();
-        }
-    }
-}
-
-/// The trace id of every live block of the segment map at exactly the peak ([`SegmentsAtExactPeak`])
-/// and at the first OOM (`owners[segment][block]`, `None` for free pieces): what lets the memory
-/// view name each block's allocation site. Blocks are matched by address (a segment's blocks are
-/// contiguous from its address), the latest allocation placed at an address being the live one.
-#[derive(Debug, Default)]
-pub struct BlockOwners {
-    pub at_peak: SegmentsAtExactPeak,
-    pub peak_owners: Vec<Vec<Option<u64>>>,
-    pub at_oom: Vec<SegmentSnapshot>,
-    pub oom_owners: Vec<Vec<Option<u64>>>,
-    by_address: FxHashMap<u64, u64>,
-    oom_taken: bool,
-}
-
-impl BlockOwners {
-    fn owners(&self, segments: &[SegmentSnapshot]) -> Vec<Vec<Option<u64>>> {
-        segments
-            .iter()
-            .map(|s| {
-                let mut address = s.address;
-                s.blocks
-                    .iter()
-                    .map(|b| {
-                        let id = if b.is_allocated() { self.by_address.get(&address).copied() } else { None };
-                        address += b.size;
-                        id
-                    })
-                    .collect()
-            })
-            .collect()
-    }
-}
-
-impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
-    fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
-        if let Some(address) = alloc.block_address(handle) {
-            self.by_address.insert(address, id);
-        }
-    }
-
-    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
-        let before = (self.at_peak.peak.reserved, self.at_peak.peak.allocated_at_peak);
-        Observer::<A>::allocated(&mut self.at_peak, alloc, stats, at, bytes);
-        if (self.at_peak.peak.reserved, self.at_peak.peak.allocated_at_peak) != before {
-            self.peak_owners = self.owners(&self.at_peak.segments);
-        }
-    }
-
-    fn out_of_memory(&mut self, alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {
-        if !self.oom_taken {
-            self.oom_taken = true;
-            self.at_oom = alloc.segments();
-            self.oom_owners = self.owners(&self.at_oom);
-        }
-    }
-}
-
 /// Events between snapshots of the segment map when reserved keeps reaching new peaks.
 const SNAPSHOT_GAP_EVENTS: u64 = 50_000;
 /// Events between forks of the allocator, at least: a fork copies the allocator's state (about
@@ -127,16 +49,24 @@ const WINDOW_PER_FORK_TIME: u64 = 8;
 /// block and the peak moment (the allocation after which reserved stood at its peak with the
 /// most allocated) moves thousands of times in a long trace, so a map is not taken at each move:
 /// - [`SegmentsAtPeak::exact`], for an allocator that forks ([`GpuAllocator::fork`]): the
-///   allocator is forked every `FORK_EVERY_EVENTS` events and the calls made since are kept
-///   ([`Call`]); at the end, the fork before the last move makes the calls up to it again and
-///   gives the map at exactly that moment. This costs a few percent of the replay.
-/// - otherwise (or on a real GPU, which cannot fork) a map is taken at most every
+///   allocator is forked every `FORK_EVERY_EVENTS` events (or more, [`WINDOW_PER_FORK_TIME`])
+///   and the calls made since are kept ([`Call`]); at the end, the fork before the last move
+///   makes the calls up to it again and gives the map at exactly that moment. This costs a few
+///   percent of the replay.
+/// - otherwise (on a real GPU, which cannot fork) a map is taken at most every
 ///   `SNAPSHOT_GAP_EVENTS` events while the peak keeps moving, and at the next step marker or
-///   the end: near the peak, not at it.
+///   the end: near the peak, not at it. [`SegmentsAtPeak::with_owners`] takes it at every move
+///   instead (exact, slow).
 #[derive(Default)]
 pub struct SegmentsAtPeak {
     pub peak: Peak,
     pub segments: Vec<SegmentSnapshot>,
+    /// With [`SegmentsAtPeak::with_owners`]: the trace id of the allocation in each block of
+    /// `segments` (`owners[segment][block]`, `None` for free pieces).
+    pub owners: Vec<Vec<Option<u64>>>,
+    /// With owners: address → the id of the latest allocation placed there (a segment's blocks
+    /// are contiguous from its address, and the latest allocation at an address is the live one).
+    by_address: Option<AddressIds>,
     last_snapshot_event: Option<u64>,
     pending: bool,
     /// Events between forks (at least, when `stretch`); 0: no forks.
@@ -146,48 +76,95 @@ pub struct SegmentsAtPeak {
     forks: Option<Forks>,
 }
 
-/// The allocator forked at the start of the current window of events and the calls made since,
-/// and the same for the window of the latest peak moment, cut right after it.
+/// Address → the trace id of the latest allocation placed there.
+type AddressIds = FxHashMap<u64, u64>;
+
+/// The allocator forked at the start of a window of events, the calls made since, and with
+/// owners the address map then and the ids placed since (one per successful malloc, in order).
+struct Window {
+    alloc: Box<dyn GpuAllocator>,
+    calls: Vec<Call>,
+    by_address: AddressIds,
+    placed: Vec<u64>,
+}
+
+/// The current window, and the window of the latest peak moment, cut right after it.
 struct Forks {
     /// Events left before the next fork, of the window's `len`.
     left: u64,
     len: u64,
     started: std::time::Instant,
-    window: Box<dyn GpuAllocator>,
-    calls: Vec<Call>,
-    /// `calls.len()` right after the latest peak moment, when it fell in the current window.
-    peak_in_window: Option<usize>,
-    at_peak: Option<(Box<dyn GpuAllocator>, Vec<Call>)>,
+    current: Window,
+    /// (`calls.len()`, `placed.len()`) right after the latest peak moment, when it fell in the
+    /// current window.
+    peak_in_window: Option<(usize, usize)>,
+    at_peak: Option<Window>,
 }
 
 impl Forks {
-    /// The window ends: keep it if the peak moved in it, and start the next at `fork`.
-    fn next_window(&mut self, fork: Box<dyn GpuAllocator>) {
-        let window = std::mem::replace(&mut self.window, fork);
-        if let Some(n) = self.peak_in_window.take() {
-            self.calls.truncate(n);
-            // The buffer of the window it replaces serves the next window (a new one would be
-            // paged in afresh).
-            let spare = self.at_peak.take().map(|(_, calls)| calls).unwrap_or_default();
-            self.at_peak = Some((window, std::mem::replace(&mut self.calls, spare)));
+    /// The window ends: keep it if the peak moved in it, and start the next at `fork` (with the
+    /// address map now, with owners).
+    fn next_window(&mut self, fork: Box<dyn GpuAllocator>, by_address: Option<&AddressIds>) {
+        let start = Window { alloc: fork, calls: Vec::new(), by_address: by_address.cloned().unwrap_or_default(), placed: Vec::new() };
+        let mut ended = std::mem::replace(&mut self.current, start);
+        let spare = match self.peak_in_window.take() {
+            Some((calls, placed)) => {
+                ended.calls.truncate(calls);
+                ended.placed.truncate(placed);
+                self.at_peak.replace(ended)
+            }
+            None => Some(ended),
+        };
+        // The buffers of the window dropped serve the next (new ones would be paged in afresh).
+        if let Some(spare) = spare {
+            (self.current.calls, self.current.placed) = (spare.calls, spare.placed);
+            self.current.calls.clear();
+            self.current.placed.clear();
         }
-        self.calls.clear();
     }
 
-    /// The segment map right after the latest peak moment (`None` when there was none); `Err`
-    /// when the fork did not follow the calls.
-    fn segments_at_peak(mut self) -> Result<Option<Vec<SegmentSnapshot>>, ()> {
-        if let Some(n) = self.peak_in_window {
-            self.calls.truncate(n);
-            self.at_peak = Some((self.window, self.calls));
+    /// The segment map right after the latest peak moment and, with owners, the address map
+    /// then (`None` when there was no peak moment); `Err` when the fork did not follow the calls.
+    fn at_peak(mut self) -> Result<Option<(Vec<SegmentSnapshot>, AddressIds)>, ()> {
+        if let Some((calls, placed)) = self.peak_in_window {
+            self.current.calls.truncate(calls);
+            self.current.placed.truncate(placed);
+            self.at_peak = Some(self.current);
         }
-        let Some((mut alloc, calls)) = self.at_peak else { return Ok(None) };
-        if calls.into_iter().all(|call| call.make(alloc.as_mut())) {
-            Ok(Some(alloc.segments()))
-        } else {
-            Err(())
+        let Some(Window { mut alloc, calls, mut by_address, placed }) = self.at_peak else { return Ok(None) };
+        let mut ids = placed.into_iter();
+        let owners = ids.len() > 0;
+        for call in calls {
+            if !call.make(alloc.as_mut()) {
+                return Err(());
+            }
+            if let (Call::Malloc { handle: Some(h), .. }, true) = (call, owners) {
+                let id = ids.next().ok_or(())?;
+                if let Some(address) = alloc.block_address(h) {
+                    by_address.insert(address, id);
+                }
+            }
         }
+        Ok(Some((alloc.segments(), by_address)))
     }
+}
+
+/// The trace id of each block of `segments` (`None` for free pieces), by address.
+fn owners_of(segments: &[SegmentSnapshot], by_address: &AddressIds) -> Vec<Vec<Option<u64>>> {
+    segments
+        .iter()
+        .map(|s| {
+            let mut address = s.address;
+            s.blocks
+                .iter()
+                .map(|b| {
+                    let id = if b.is_allocated() { by_address.get(&address).copied() } else { None };
+                    address += b.size;
+                    id
+                })
+                .collect()
+        })
+        .collect()
 }
 
 impl SegmentsAtPeak {
@@ -202,8 +179,18 @@ impl SegmentsAtPeak {
         SegmentsAtPeak { fork_every: events.max(1), ..Default::default() }
     }
 
+    /// Also the trace id of each block of the map ([`SegmentsAtPeak::owners`]): what lets the
+    /// memory view name each block's allocation site. Without forks the map is then taken at
+    /// every move of the peak (exact).
+    pub fn with_owners(self) -> Self {
+        SegmentsAtPeak { by_address: Some(FxHashMap::default()), ..self }
+    }
+
     fn take<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, index: u64) {
         self.segments = alloc.segments();
+        if let Some(by_address) = &self.by_address {
+            self.owners = owners_of(&self.segments, by_address);
+        }
         self.last_snapshot_event = Some(index);
         self.pending = false;
     }
@@ -213,14 +200,33 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     fn start(&mut self, alloc: &A) {
         if self.fork_every > 0 {
             let (left, started) = (self.fork_every, std::time::Instant::now());
-            self.forks = alloc.fork().map(|window| Forks { left, len: left, started, window, calls: Vec::new(), peak_in_window: None, at_peak: None });
+            self.forks = alloc.fork().map(|fork| Forks {
+                left,
+                len: left,
+                started,
+                current: Window { alloc: fork, calls: Vec::new(), by_address: self.by_address.clone().unwrap_or_default(), placed: Vec::new() },
+                peak_in_window: None,
+                at_peak: None,
+            });
         }
     }
 
     #[inline]
     fn called(&mut self, _alloc: &A, call: Call) {
         if let Some(forks) = &mut self.forks {
-            forks.calls.push(call);
+            forks.current.calls.push(call);
+        }
+    }
+
+    #[inline]
+    fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
+        if let Some(by_address) = &mut self.by_address {
+            if let Some(address) = alloc.block_address(handle) {
+                by_address.insert(address, id);
+            }
+            if let Some(forks) = &mut self.forks {
+                forks.current.placed.push(id);
+            }
         }
     }
 
@@ -230,11 +236,11 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
         Observer::<A>::allocated(&mut self.peak, alloc, stats, at, bytes);
         if (self.peak.reserved, self.peak.allocated_at_peak) != before {
             if let Some(forks) = &mut self.forks {
-                forks.peak_in_window = Some(forks.calls.len());
+                forks.peak_in_window = Some((forks.current.calls.len(), forks.current.placed.len()));
                 return;
             }
             self.pending = true;
-            if self.last_snapshot_event.is_none_or(|e| at.index - e >= SNAPSHOT_GAP_EVENTS) {
+            if self.by_address.is_some() || self.last_snapshot_event.is_none_or(|e| at.index - e >= SNAPSHOT_GAP_EVENTS) {
                 self.take(alloc, at.index);
             }
         }
@@ -248,7 +254,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
                 let (replayed, replayed_events) = (forks.started.elapsed(), forks.len);
                 let forking = std::time::Instant::now();
                 // (An allocator that forked at the start forks again.)
-                forks.next_window(alloc.fork().expect("the allocator forked before"));
+                forks.next_window(alloc.fork().expect("the allocator forked before"), self.by_address.as_ref());
                 forks.started = std::time::Instant::now();
                 forks.len = self.fork_every;
                 if self.stretch {
@@ -270,8 +276,11 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
 
     fn finish(&mut self, alloc: &A, at: At) {
         if let Some(forks) = self.forks.take() {
-            match forks.segments_at_peak() {
-                Ok(Some(segments)) => {
+            match forks.at_peak() {
+                Ok(Some((segments, by_address))) => {
+                    if self.by_address.is_some() {
+                        self.owners = owners_of(&segments, &by_address);
+                    }
                     self.segments = segments;
                     return;
                 }
@@ -283,6 +292,53 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
         }
         if self.pending || self.segments.is_empty() {
             self.take(alloc, at.index);
+        }
+    }
+}
+
+/// The segment maps at exactly the peak ([`SegmentsAtPeak::exact`] with owners) and at the
+/// first OOM, each with the trace id of every live block: what the memory view needs to name
+/// allocation sites.
+pub struct BlockOwners {
+    pub at_peak: SegmentsAtPeak,
+    pub at_oom: Vec<SegmentSnapshot>,
+    pub oom_owners: Vec<Vec<Option<u64>>>,
+    oom_taken: bool,
+}
+
+impl Default for BlockOwners {
+    fn default() -> Self {
+        BlockOwners { at_peak: SegmentsAtPeak::exact().with_owners(), at_oom: Vec::new(), oom_owners: Vec::new(), oom_taken: false }
+    }
+}
+
+impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
+    fn start(&mut self, alloc: &A) {
+        self.at_peak.start(alloc)
+    }
+    fn called(&mut self, alloc: &A, call: Call) {
+        self.at_peak.called(alloc, call)
+    }
+    fn placed(&mut self, alloc: &A, id: u64, handle: Handle) {
+        self.at_peak.placed(alloc, id, handle)
+    }
+    fn allocated(&mut self, alloc: &A, stats: &DeviceStats, at: At, bytes: u64) {
+        self.at_peak.allocated(alloc, stats, at, bytes)
+    }
+    fn after_event(&mut self, alloc: &A, at: At) {
+        self.at_peak.after_event(alloc, at)
+    }
+    fn step(&mut self, alloc: &A, at: At, n: u64) {
+        self.at_peak.step(alloc, at, n)
+    }
+    fn finish(&mut self, alloc: &A, at: At) {
+        self.at_peak.finish(alloc, at)
+    }
+    fn out_of_memory(&mut self, alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {
+        if !self.oom_taken {
+            self.oom_taken = true;
+            self.at_oom = alloc.segments();
+            self.oom_owners = owners_of(&self.at_oom, self.at_peak.by_address.as_ref().expect("owners are tracked"));
         }
     }
 }
