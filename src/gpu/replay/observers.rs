@@ -45,6 +45,9 @@ const FORK_EVERY_EVENTS: u64 = 1 << 16;
 /// large state (hundreds of thousands of live blocks) stay a small share of the replay.
 const WINDOW_PER_FORK_TIME: u64 = 8;
 
+/// Address → the trace id of the latest allocation placed there.
+type AddressIds = FxHashMap<u64, u64>;
+
 /// Peak reserved ([`Peak`]) and the segment map at it. Taking a map costs a walk over every
 /// block and the peak moment (the allocation after which reserved stood at its peak with the
 /// most allocated) moves thousands of times in a long trace, so a map is not taken at each move:
@@ -75,9 +78,6 @@ pub struct SegmentsAtPeak {
     stretch: bool,
     forks: Option<Forks>,
 }
-
-/// Address → the trace id of the latest allocation placed there.
-type AddressIds = FxHashMap<u64, u64>;
 
 /// The allocator forked at the start of a window of events, the calls made since, and with
 /// owners the address map then and the ids placed since (one per successful malloc, in order).
