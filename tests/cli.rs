@@ -95,6 +95,13 @@ fn bad_input_exits_2_with_one_line() {
     let bad_trace = dir.path().join("bad.csv");
     std::fs::write(&bad_trace, "op,id,bytes,stream\nalloc,1,100,0\nfree,2,,\n").unwrap();
     let bad = bad_trace.to_str().unwrap().to_string();
+    // Steps that go back in a scenario (no reader checks its events before the replay).
+    let steps_back = dir.path().join("back.toml");
+    std::fs::write(
+        &steps_back,
+        "name = \"back\"\n[scenario]\nevents = [{ op = \"step\", n = 3 }, { op = \"alloc\", id = 1, bytes = \"1MiB\" }, { op = \"step\", n = 1 }]\n",
+    )
+    .unwrap();
     // A torch_replay.py output naming a device of 0 bytes once panicked in the expandable segments.
     let zero_device = dir.path().join("torch.json");
     let torch = r#"{"format":"allocbench-torch-replay-v1","torch_version":"2.15","device":"x","total_memory":0,"conf":"expandable_segments:True","events":2,"oom":null,"steps":[],"final":{}}"#;
@@ -106,6 +113,7 @@ fn bad_input_exits_2_with_one_line() {
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "lots".into()], "lots"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "80".into()], "write it with its unit, e.g. 80GiB"),
         (vec!["replay".into(), bad.clone()], "bad.csv:3: free of id 2, which is not live"),
+        (vec!["replay".into(), steps_back.to_str().unwrap().into()], "event 2: step 1 after step 3: step numbers must increase"),
         (vec!["replay".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["trace".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["run".into(), workload("scenario-1-2-1-gib.toml"), "--allocators".into(), "pytorch,bogus".into()], "unknown GPU allocator 'bogus'"),

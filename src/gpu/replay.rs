@@ -147,6 +147,10 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 obs.called(alloc, Call::Pool(op));
             }
             Event::Step { n } => {
+                // (A CSV trace says so at its line; a scenario's events come here unchecked.)
+                if out.steps > 0 && n <= at.step {
+                    return Err(InputError::new(format!("event {}", at.index), format!("step {n} after step {}: step numbers must increase", at.step)).into());
+                }
                 obs.step(alloc, at, n);
                 out.steps += 1;
                 at.step = n;

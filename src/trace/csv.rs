@@ -85,6 +85,8 @@ pub struct TraceReader<R> {
     failed: bool,
     site_names: Vec<String>,
     site: Option<u32>,
+    /// The last `step` row's number: step numbers increase (a step is the events after it).
+    last_step: Option<u64>,
 }
 
 /// Opens a trace file for streaming; a `.gz` name is read through gzip.
@@ -121,6 +123,7 @@ impl<R: BufRead> TraceReader<R> {
             failed: false,
             site_names: Vec::new(),
             site: None,
+            last_step: None,
         }
     }
 
@@ -311,7 +314,14 @@ impl<R: BufRead> TraceReader<R> {
         match ev {
             Event::Alloc { id, bytes, .. } => bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()),
             Event::Free { id } => self.live.remove(id).is_some(),
-            Event::Step { .. } | Event::EmptyCache => true,
+            Event::Step { n } => {
+                let increases = self.last_step.is_none_or(|last| n > last);
+                if increases {
+                    self.last_step = Some(n);
+                }
+                increases
+            }
+            Event::EmptyCache => true,
             _ => false,
         }
     }
@@ -397,7 +407,14 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 Event::Free { id }
             }
-            "step" => Event::Step { n: self.number(id, "step number (id column)")? },
+            "step" => {
+                let n = self.number(id, "step number (id column)")?;
+                if let Some(last) = self.last_step.filter(|&last| n <= last) {
+                    return Err(self.err(format!("step {n} after step {last}: step numbers must increase (renumber the steps of joined traces)")));
+                }
+                self.last_step = Some(n);
+                Event::Step { n }
+            }
             // `empty_cache,POOL,,`: the cache of one private pool (emptyCache(mempool_id)).
             "empty_cache" if id.is_empty() => Event::EmptyCache,
             "empty_cache" => Event::Pool(PoolOp::EmptyCache { pool: self.number(id, "pool (id column)")? }),
@@ -732,6 +749,11 @@ mod tests {
             ("op,id,bytes,stream\nalloc,1,,\n", "t.csv:2: alloc needs a 'bytes' value"),
             ("op,id,bytes,stream\nalloc,1,2000000000000000000,\n", "t.csv:2: alloc of 2000000000000000000 bytes is 1 EiB or more"),
             ("op,id,bytes,stream\nalloc,1,1152921504606846976,\n", "t.csv:2: alloc of 1152921504606846976 bytes is 1 EiB or more"),
+            ("op,id,bytes,stream\nstep,5,,\nstep,3,,\n", "t.csv:3: step 3 after step 5: step numbers must increase"),
+            ("op,id,bytes,stream\nstep,2,,\nstep,2,,\n", "t.csv:3: step 2 after step 2"),
+            // The general path (spaces) keeps the same order.
+            ("op,id,bytes,stream\nstep,4,,\nstep, 1,,\n", "t.csv:3: step 1 after step 4"),
+            ("op,id,bytes,stream\nstep, 4,,\nstep,1,,\n", "t.csv:3: step 1 after step 4"),
             ("id,op\n", "t.csv:1: expected the header"),
             ("", "t.csv: empty trace"),
         ];
