@@ -19,6 +19,9 @@ struct Page<V> {
 /// id → `V` for the ids that are live.
 pub struct IdMap<V: Copy> {
     pages: Vec<Option<Page<V>>>,
+    /// The last page dropped (all its slots empty), for the next new page: ids move through
+    /// pages in order, so one is emptied about as often as one is made.
+    spare: Option<Page<V>>,
     sparse: FxHashMap<u64, V>,
     len: usize,
 }
@@ -28,7 +31,7 @@ pub type IdSet = IdMap<()>;
 
 impl<V: Copy> Default for IdMap<V> {
     fn default() -> Self {
-        IdMap { pages: Vec::new(), sparse: FxHashMap::default(), len: 0 }
+        IdMap { pages: Vec::new(), spare: None, sparse: FxHashMap::default(), len: 0 }
     }
 }
 
@@ -96,7 +99,8 @@ impl<V: Copy> IdMap<V> {
         if self.pages.len() <= p {
             self.pages.resize_with(p + 1, || None);
         }
-        self.pages[p].get_or_insert_with(|| Page { slots: vec![None; PAGE_LEN].into_boxed_slice(), live: 0 })
+        let spare = &mut self.spare;
+        self.pages[p].get_or_insert_with(|| spare.take().unwrap_or_else(|| Page { slots: vec![None; PAGE_LEN].into_boxed_slice(), live: 0 }))
     }
 
     #[inline]
@@ -108,7 +112,7 @@ impl<V: Copy> IdMap<V> {
                 let v = page.slots[s].take()?;
                 page.live -= 1;
                 if page.live == 0 {
-                    self.pages[p] = None;
+                    self.spare = self.pages[p].take();
                 }
                 v
             }
@@ -150,6 +154,7 @@ mod tests {
                 prop_assert!(ids.remove(id).is_some());
             }
             prop_assert!(ids.pages.iter().all(Option::is_none));
+            prop_assert!(ids.spare.as_ref().is_none_or(|p| p.live == 0 && p.slots.iter().all(Option::is_none)));
             prop_assert!(ids.sparse.is_empty() && ids.is_empty());
         }
     }

@@ -391,8 +391,21 @@ impl<D: Device> CachingAllocator<D> {
         self.dead.push(i);
     }
 
+    /// BlockPool `p`: unchecked on the hot paths, as `pools` never shrinks (an erased private
+    /// pool's pair stays, spare for the next) and every PoolId was made for a pair it holds.
+    #[inline(always)]
     fn pool(&mut self, p: PoolId) -> &mut BlockPool {
-        &mut self.pools[p.index()]
+        debug_assert!(p.index() < self.pools.len(), "pool {p:?} out of range");
+        // SAFETY: as said above.
+        unsafe { self.pools.get_unchecked_mut(p.index()) }
+    }
+
+    /// [`Self::pool`], shared.
+    #[inline(always)]
+    fn pool_ref(&self, p: PoolId) -> &BlockPool {
+        debug_assert!(p.index() < self.pools.len(), "pool {p:?} out of range");
+        // SAFETY: as in `pool`.
+        unsafe { self.pools.get_unchecked(p.index()) }
     }
 
     /// insert_into_blocks: also stamps the block with the pool's GC lookup count.
@@ -400,7 +413,7 @@ impl<D: Device> CachingAllocator<D> {
     fn insert_free(&mut self, i: u32) {
         let b = self.block(i);
         let (k, p) = (key(b), b.pool);
-        let count = self.pools[p.index()].get_free_blocks_call_count;
+        let count = self.pool_ref(p).get_free_blocks_call_count;
         let slot = self.pool(p).blocks.insert(k, i);
         let b = self.block_mut(i);
         b.gc_count_base = count;
@@ -427,7 +440,7 @@ impl<D: Device> CachingAllocator<D> {
             self.pool(pool).get_free_blocks_call_count += 1;
         }
         let m = self.cfg.max_split_size;
-        let mut candidate = self.pools[pool.index()].blocks.first_at_least(stream, rounded)?.1;
+        let mut candidate = self.pool_ref(pool).blocks.first_at_least(stream, rounded)?.1;
         if self.block(candidate).expandable() {
             // Prefer a fitting block whose expandable size (size + unmapped tail) is smaller:
             // a non-tail free block beats growing the tail.

@@ -79,8 +79,8 @@ fn tv_a_small_pool_split_and_merge() {
     assert_eq!((s.num_device_free, s.num_sync_all_streams), (1, 1));
     assert_eq!(s.allocated_bytes.all.peak, 2048);
     assert_eq!(s.reserved_bytes.all.peak, 2 * MIB as i64);
-    assert_eq!(s.allocated_bytes.small.peak, 2048);
-    assert_eq!(s.allocated_bytes.large.peak, 0);
+    assert_eq!(s.allocated_bytes.pool(PoolKind::Small).peak, 2048);
+    assert_eq!(s.allocated_bytes.pool(PoolKind::Large).peak, 0);
 }
 
 #[test]
@@ -114,8 +114,8 @@ fn tv_c_pool_boundary() {
     assert_eq!(state(&a).1, 4_194_304);
     a.malloc(MIB + 1, 0).unwrap();
     let s = a.stats();
-    assert_eq!(s.reserved_bytes.large.current, 20 * MIB as i64);
-    assert_eq!(s.inactive_split_bytes.large.current, 19_922_432);
+    assert_eq!(s.reserved_bytes.pool(PoolKind::Large).current, 20 * MIB as i64);
+    assert_eq!(s.inactive_split_bytes.pool(PoolKind::Large).current, 19_922_432);
 }
 
 #[test]
@@ -644,7 +644,7 @@ fn a_capture_allocates_from_its_private_pool() {
     // A pool whose segments are all gone can be made again under the same id.
     a.begin_allocate_to_pool(1, Some(7)).unwrap();
     a.malloc(512, 7).unwrap();
-    assert_eq!(a.stats().segment.small.current, 1);
+    assert_eq!(a.stats().segment.pool(PoolKind::Small).current, 1);
 }
 
 /// A live tensor allocated during the capture keeps its segment even after the pool is
