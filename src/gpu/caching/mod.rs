@@ -898,14 +898,10 @@ impl<D: Device> CachingAllocator<D> {
             let b = self.block(i);
             (b.size, b.requested, b.pool.kind(), b.prev, b.next, b.expandable())
         };
-        let mut net_blocks: i64 = 0;
-        let mut net_bytes: i64 = 0;
-        for cand in [prev, next] {
-            // (Counted without branches: whether a neighbour merged is data.)
-            let subsumed = self.try_merge(i, cand);
-            net_blocks -= (subsumed > 0) as i64;
-            net_bytes -= subsumed as i64;
-        }
+        // (Counted without branches: whether a neighbour merged is data.)
+        let (from_prev, from_next) = (self.try_merge(i, prev), self.try_merge(i, next));
+        let mut net_blocks = -((from_prev > 0) as i64) - (from_next > 0) as i64;
+        let mut net_bytes = -((from_prev + from_next) as i64);
         self.insert_free(i);
         let b = self.block(i);
         let split = b.is_split() as i64;
