@@ -1919,6 +1919,15 @@ def _fake_deep_copies(torch, patches, recorder):
         if (type(self) is not fake_type or self.device.type != "cuda" or id(self) in memo or not self.is_leaf
                 or self.is_sparse or self.is_quantized or self.is_conj() or self.is_neg()):
             return original(self, memo)
+        if getattr(self, "_is_param", False):
+            # A parameter on fake CUDA is a FakeTensor marked _is_param (Parameter.__new__'s way
+            # for subclasses), so Parameter.__deepcopy__ is not the one Python finds. As it does
+            # (torch/nn/parameter.py): a Parameter of a clone of the data, no grad, no attributes.
+            with torch.no_grad():
+                data = self.data.clone(memory_format=torch.preserve_format)
+            recorder.copy_known(self, data)
+            copied = memo[id(self)] = torch.nn.Parameter(data, self.requires_grad)
+            return copied
         with torch.no_grad():
             storage = self.untyped_storage()
             key = ("allocbench deep copy of storage", storage._cdata)
@@ -2031,7 +2040,7 @@ def _no_device_init(fake_mode_type):
     return NoDeviceInit
 
 
-def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa):
+def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa, is_causal):
     """The backend PyTorch's SDPA picks on an H100 (sm90) for these inputs, in its priority order
     flash, memory-efficient, math (select_sdp_backend, aten/src/ATen/native/transformers/cuda/
     sdp_utils.cpp; the main checks only): on fake CUDA tensors the real selection asks the driver
@@ -2042,7 +2051,10 @@ def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa):
     d, heads_q, heads_k = q.shape[-1], q.shape[1], k.shape[1]
     same_heads = heads_q == heads_k and k.shape[1] == v.shape[1]
     half = q.dtype in (torch.float16, torch.bfloat16)
-    if (cuda_backends.flash_sdp_enabled() and half and attn_mask is None and d <= 256 and d % 8 == 0
+    # check_flash_causal_non_square_seqlens: FlashAttention-2's causal mask is aligned to the lower
+    # right, so a causal call whose query and key lengths differ is refused.
+    causal_non_square = is_causal and q.shape[-2] != k.shape[-2]
+    if (cuda_backends.flash_sdp_enabled() and half and attn_mask is None and d <= 256 and d % 8 == 0 and not causal_non_square
             and k.shape[-1] == d and v.shape[-1] == d and (same_heads or (enable_gqa and heads_q % heads_k == 0))):
         return "flash"
     if (cuda_backends.mem_efficient_sdp_enabled() and same_heads and (half or q.dtype == torch.float32)
@@ -2065,7 +2077,7 @@ def _fake_cuda_sdpa(torch, original):
             query, key, value = (t.to(low) if t.is_floating_point() and t.dtype != low else t for t in (query, key, value))
             if attn_mask is not None and attn_mask.is_floating_point() and attn_mask.dtype != low:
                 attn_mask = attn_mask.to(low)
-        backend = _sdp_backend(torch, query, key, value, attn_mask, enable_gqa)
+        backend = _sdp_backend(torch, query, key, value, attn_mask, enable_gqa, is_causal)
         if backend == "flash":
             return flash(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
         if backend == "efficient":

@@ -649,6 +649,29 @@ fn sequence_indices_and_deep_copies_capture_as_on_a_gpu() {
 }
 
 #[test]
+fn a_deep_copy_of_a_trained_model_copies_its_parameters_not_their_grads() {
+    if !have_torch() {
+        return;
+    }
+    // "Keep the best model" after backward: nn.Parameter.__deepcopy__ clones the data alone, so a
+    // GPU run gains the weights (two 64 KiB matrices, two 512 B biases), not their gradients.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("best.py");
+    let text = "import copy, torch\nm = torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.Linear(128, 128)).cuda()\n\
+                m(torch.randn(4, 128, device='cuda')).sum().backward()\nbefore = torch.cuda.memory_allocated()\nbest = copy.deepcopy(m)\n\
+                print(torch.cuda.memory_allocated() - before, best[0].weight.grad is None, isinstance(best[0].weight, torch.nn.Parameter))\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "best.csv", &["--cublas-workspace-mib", "0"], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let weights = 2 * (128 * 128 * 4 + 512);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("{weights} True True"));
+    // The copy is the trace's last allocations (the frees at exit follow).
+    let sizes = signed_sizes(&events(&trace));
+    let last_alloc = sizes.iter().rposition(|&s| s > 0).unwrap();
+    assert_eq!(sizes[last_alloc - 3..=last_alloc], [128 * 128 * 4, 512, 128 * 128 * 4, 512], "one clone per parameter and nothing else: {sizes:?}");
+}
+
+#[test]
 fn a_resumed_run_reads_its_checkpoints_step_counts_and_keeps_the_file() {
     if !have_torch() {
         return;
@@ -990,6 +1013,19 @@ fn sdpa_on_fake_cuda_runs_flash_attention_with_its_backward_scratch() {
     let dq_accum = b * 256 * h * 32 * 4;
     let scratch = sizes.windows(4).filter(|w| w == &[softmax_d, dq_accum, -dq_accum, -softmax_d]).count();
     assert_eq!(scratch, 2, "one FlashAttention-2 backward scratch pair per layer");
+
+    // 16 causal queries against 1,024 keys (chunked prefill): flash refuses a causal call whose
+    // lengths differ (check_flash_causal_non_square_seqlens); memory-efficient attention runs,
+    // its log-sum-exp padded to 32 queries.
+    let script = dir.path().join("prefill.py");
+    let text = "import torch, torch.nn.functional as F\nq = torch.randn(2, 16, 16, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n\
+                k = torch.randn(2, 16, 1024, 128, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n\
+                F.scaled_dot_product_attention(q, k, k, is_causal=True).sum().backward()\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "prefill.csv", &["--cublas-workspace-mib", "0"], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sizes = signed_sizes(&events(&trace));
+    assert!(sizes.contains(&(2 * 16 * 32 * 4)) && !sizes.contains(&(2 * 16 * 16 * 4)), "memory-efficient attention's log-sum-exp, not flash's: {sizes:?}");
 }
 
 #[test]

@@ -425,6 +425,9 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 Event::RecordStream { id, stream: self.number(stream, "stream")? }
             }
+            // A number in the id column is a stream put one column early: syncing the whole
+            // device instead would replay another trace.
+            "sync" if !id.is_empty() => return Err(self.err(format!("sync takes its stream in the stream column ('sync,,,{id}'), not the id column"))),
             "sync" => Event::Sync { stream: if stream.is_empty() { None } else { Some(self.number(stream, "stream")?) } },
             "pool_begin" => {
                 let pool = self.number(id, "pool (id column)")?;
@@ -754,6 +757,7 @@ mod tests {
             // The general path (spaces) keeps the same order.
             ("op,id,bytes,stream\nstep,4,,\nstep, 1,,\n", "t.csv:3: step 1 after step 4"),
             ("op,id,bytes,stream\nstep, 4,,\nstep,1,,\n", "t.csv:3: step 1 after step 4"),
+            ("op,id,bytes,stream\nsync,4,,\n", "t.csv:2: sync takes its stream in the stream column ('sync,,,4')"),
             ("id,op\n", "t.csv:1: expected the header"),
             ("", "t.csv: empty trace"),
         ];
