@@ -1905,6 +1905,20 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
     return construct
 
 
+def _quiet_meta_failures(patches):
+    """FakeTensorMode logs "failed while attempting to run meta for OP" with a traceback each time a
+    meta kernel raises (a shape error the script may even catch); on a GPU the op raises and nothing
+    is logged, so the records are dropped (the error itself still reaches the script)."""
+    import logging
+
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+
+    def keep(record):
+        return not str(record.msg).startswith("failed while attempting to run meta")
+
+    patches.set(logger, "filters", [*logger.filters, keep])
+
+
 def _fake_deep_copies(torch, patches, recorder):
     """``copy.deepcopy`` of a fake CUDA tensor (``best = deepcopy(model.state_dict())``). torch's
     copies the storage and ``set_``s a ``new_empty([])`` onto it; on fake tensors FakeTensorMode's
@@ -3145,6 +3159,7 @@ def _fake_cuda_api(torch, patches, recorder):
     patches.set(torch.Tensor, "new_tensor", new_tensor)
     _sequence_indices(torch, patches, tensor)
     _fake_deep_copies(torch, patches, recorder)
+    _quiet_meta_failures(patches)
     # nn.MultiheadAttention and TransformerEncoderLayer in inference take a fused fast path whose
     # kernels allocate their intermediates inside, where a fake run sees only the outputs: run
     # their unfused ops, the same maths with its buffers recorded (and no nested tensors).
@@ -3756,7 +3771,9 @@ def _is_fake_data_error(exc):
 
 def _from_the_script(tb):
     """``tb`` from the script's first frame on, as ``python script.py`` prints it: the frames
-    that ran it (this module's main, runpy's) left out. None when the script has no frame (a
+    that ran it (this module's main, runpy's) left out, and those of a fake op's dispatch (this
+    module's wrappers, FakeTensorMode, meta kernels and decompositions: on a GPU the op fails in
+    C++, so the traceback ends at the frame that called it). None when the script has no frame (a
     SyntaxError raised compiling it: its own lines say where)."""
     here = os.path.abspath(__file__)
     running = {here, os.path.abspath(runpy.__file__)}
@@ -3765,6 +3782,19 @@ def _from_the_script(tb):
         if not (name.startswith("<frozen ") or os.path.abspath(name) in running):
             break
         tb = tb.tb_next
+    torch = sys.modules.get("torch")
+    internal = [here]
+    if torch is not None and getattr(torch, "__file__", None):
+        package = os.path.dirname(os.path.abspath(torch.__file__))
+        internal += [os.path.join(package, *p.split("/")) for p in (
+            "_subclasses/", "_ops.py", "_meta_registrations.py", "_decomp/", "_refs/", "_prims", "_compile.py",
+            "_dynamo/", "utils/_stats.py", "utils/_python_dispatch.py")]
+    prev, node = tb, tb.tb_next if tb is not None else None
+    while node is not None:
+        if os.path.abspath(node.tb_frame.f_code.co_filename).startswith(tuple(internal)):
+            prev.tb_next = None
+            break
+        prev, node = node, node.tb_next
     return tb
 
 

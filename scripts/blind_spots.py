@@ -48,6 +48,7 @@ def main():
     for name, how, key, formula in rows:
         vals = [mib(c[key]) if c[key] else "—" for c in cols]
         print(f"| {name} | {how} | {vals[0]} | {vals[1]} | {formula} |")
+    print("| cuDNN attention (first in SDPA's order in recent torch on sm90/sm100 with cuDNN > 9.15) | named | — | — | the capture runs flash, memory-efficient or math as with `TORCH_CUDNN_SDPA_DEPRIORITIZED=1`; cuDNN's kernel keeps output and log-sum-exp alike but takes a per-call workspace its heuristics size, transient |")
     print("| cuDNN convolution workspace | named | — | — | per convolution, chosen by the algorithm (with `cudnn.benchmark` the search tries workspaces up to the free memory), transient |")
     print("| cuFFT workspace | named | — | — | per `torch.fft` call on CUDA, sized by its cuFFT plan, through the caching allocator; complex-to-real transforms also copy their input; transient |")
     print("| NCCL buffers | named | — | — | outside the caching allocator (cudaMalloc by NCCL; `NCCL_BUFFSIZE` 4 MiB per channel per peer) |")

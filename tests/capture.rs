@@ -388,6 +388,22 @@ fn a_script_that_raises_passes_its_traceback_and_status_through() {
     assert_eq!(out.status.code(), Some(3), "sys.exit(3) passes through");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: exit status 3"));
     assert_eq!(signed_sizes(&events(&trace)), vec![4096], "what ran before the exit is kept");
+
+    // A shape error in an op, once caught and once not: on a GPU the op fails in C++, so the
+    // traceback ends at the module that called it, and nothing is logged for the caught one.
+    let script = dir.path().join("shapes.py");
+    let text =
+        "import torch\nlin = torch.nn.Linear(64, 64).cuda()\ntry:\n    lin(torch.randn(2, 32, device='cuda'))\nexcept RuntimeError:\n    print('caught')\n\
+                lin(torch.randn(2, 16, device='cuda'))\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, _) = capture(dir.path(), "s.csv", &[], &[script.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "caught\n");
+    let err = stderr(&out);
+    let frames: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("File \"")).collect();
+    assert!(frames.first().is_some_and(|f| f.contains("shapes.py\", line 7, in <module>")), "{err}");
+    assert!(frames.last().is_some_and(|f| f.contains("torch/nn/modules/linear.py")), "ends where the op was called: {err}");
+    assert!(!err.contains("fake_tensor") && !err.contains("failed while attempting to run meta"), "{err}");
 }
 
 #[test]
