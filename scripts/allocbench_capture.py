@@ -3178,8 +3178,8 @@ def _fake_cuda_api(torch, patches, recorder):
     # torch.compile would trace and compile for a GPU that is not there: run the model eagerly and
     # say so in the trace (eager mode allocates more temporaries than fused kernels do).
     def compile_eagerly(model=None, *args, **kwargs):
-        recorder.sink.comment("torch.compile ignored: eager allocations recorded (compiled kernels fuse some temporaries)")
-        print("allocbench capture: torch.compile is ignored on fake CUDA; the trace records eager mode", file=sys.stderr)
+        recorder.say_once("torch.compile", "is ignored on fake CUDA (CUDA graphs of mode=\"reduce-overhead\" too); the trace "
+                          "records eager mode", "ignored: eager allocations recorded (compiled kernels fuse some temporaries)")
         return model if model is not None else (lambda fn: fn)
 
     patches.set(torch, "compile", compile_eagerly)

@@ -529,6 +529,18 @@ fn torchscript_default_device_saves_caught_reads_and_blocked_threads() {
     // The producer thread, blocked on its full queue, does not keep the process from ending.
     assert!(text.trim_end().ends_with("# capture complete: stopped after 1 steps (--steps)"), "{text}");
     assert_eq!(steps(&events(&trace)), vec![1]);
+
+    // torch.compile as a decorator, with options, and on a module: eager, said once.
+    let script = dir.path().join("compiled.py");
+    let text = "import torch\n@torch.compile\ndef f(x):\n    return x * 2\n@torch.compile(mode='reduce-overhead')\ndef g(x):\n    return x + 1\n\
+                m = torch.nn.Linear(8, 8).cuda()\nm.compile()\nprint(tuple(g(f(m(torch.ones(2, 8, device='cuda')))).shape))\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "c.csv", &[], &[script.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "(2, 8)\n");
+    assert_eq!(err.matches("torch.compile is ignored on fake CUDA").count(), 1, "{err}");
+    assert_eq!(std::fs::read_to_string(&trace).unwrap().matches("# torch.compile: ignored").count(), 1);
 }
 
 #[test]
