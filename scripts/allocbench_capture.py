@@ -564,6 +564,7 @@ def _make_recorder_class(torch):
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
             self.skipped_calls = set()  # torch.cuda calls answered without a driver, said once each
+            self.from_data = threading.local()  # depth of CPU constructors from data on this thread
             self.dispatch_error = None  # the last error raised out of an op (type, message, id, on_cpu, fix)
             self.value_reads = []  # every FakeValueNeeded raised (the capture's own catches marked `handled`)
             self.on_hard_exit = None  # called with the code when the script calls os._exit
@@ -903,10 +904,15 @@ def _make_recorder_class(torch):
                 # is_pinned() answers True for it, as on a GPU machine.
                 kwargs = {**kwargs, "pin_memory": False}
                 return self.mark_pinned(self._run(func, args, kwargs))
-            # Note [Real CPU, fake CUDA]: CPU work stays real where it is cheap (data loading,
-            # shuffling indices, step counters, token ids), so scripts can read its values; large
-            # floating CPU tensors (a model built on the CPU before .cuda()) are fake, since this
-            # machine need not hold them. The fake run tells what the op would make.
+            # Note [Real CPU, fake CUDA]: CPU work stays real, so scripts can read its values (data
+            # loading, sampler weights, statistics, token ids), except large floating tensors that
+            # come from nothing (a factory: a model built on the CPU before .cuda() is torch.empty
+            # and an init), which are fake, since this machine need not hold them; every op on a
+            # fake tensor is fake. An op on real data makes real data up to a far larger bound (the
+            # data it works from is here already), and a constructor from Python or NumPy data
+            # holds that data. The fake run tells what the op would make.
+            if getattr(self.from_data, "depth", 0):
+                return func(*args, **kwargs)
             try:
                 with fake_mode:
                     predicted = func(*args, **kwargs)
@@ -914,7 +920,8 @@ def _make_recorder_class(torch):
                 return func(*args, **kwargs)
             made = [t for t in tree_leaves(predicted) if isinstance(t, torch.Tensor)]
             floating = sum(t.numel() * t.element_size() for t in made if t.is_floating_point() or t.is_complex())
-            return func(*args, **kwargs) if floating <= _REAL_CPU_BYTES else predicted
+            from_real_data = any(isinstance(x, torch.Tensor) for x in leaves)
+            return func(*args, **kwargs) if floating <= (_REAL_CPU_DERIVED_BYTES if from_real_data else _REAL_CPU_BYTES) else predicted
 
         def _follow_known_value(self, func, args, kwargs, out):
             """Note [Known values]: what every element of ``out`` is known to be, if anything."""
@@ -1380,8 +1387,10 @@ def _linear_bias_add_in_place(torch, patches, recorder):
     patches.set(functional, "linear", linear)
 
 
-# CPU ops making at most this many bytes of floating tensors run for real under fake CUDA.
+# CPU factories making at most this many bytes of floating tensors run for real under fake CUDA,
+# and CPU ops on real tensors up to the second bound (Note [Real CPU, fake CUDA]).
 _REAL_CPU_BYTES = 1 << 20
+_REAL_CPU_DERIVED_BYTES = 1 << 30
 _RNG_OUTPUTS = frozenset({"rng_state", "unused", "philox_seed", "philox_offset"})
 
 
@@ -1873,6 +1882,20 @@ def _lazy_placeholders(torch, patches, swap_tensors):
         patches.set(cls, "__deepcopy__", deepcopy)
 
 
+@contextlib.contextmanager
+def _real_cpu_from_data():
+    """A CPU tensor built from Python or NumPy data stays real, however large (Note [Real CPU, fake
+    CUDA]): its values are the script's, already in memory."""
+    local = _active.from_data if _active is not None else None
+    if local is not None:
+        local.depth = getattr(local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        if local is not None:
+            local.depth -= 1
+
+
 def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False):
     """``original`` (torch.tensor, as_tensor, asarray) for a CUDA device, made on the CPU and copied
     into one fake CUDA tensor. ``shares``: a CUDA tensor of the right dtype is returned as it is
@@ -1884,11 +1907,12 @@ def _constructor_via_cpu(torch, original, takes_requires_grad=True, shares=False
             # factory calls their device; the mode does not see this wrapper, so it asks.
             device = torch.utils._device.CURRENT_DEVICE
         if device is None or torch.device(device).type != "cuda":
-            if kwargs.get("pin_memory") and _active is not None and _active.fake:
-                # Pinned in C++ below the dispatcher (the driver's host allocator): the same host
-                # memory made unpinned, then answered pinned as on a GPU machine.
-                return _active.mark_pinned(original(data, *args, device=device, **{**kwargs, "pin_memory": False}))
-            return original(data, *args, device=device, **kwargs)
+            with _real_cpu_from_data():
+                if kwargs.get("pin_memory") and _active is not None and _active.fake:
+                    # Pinned in C++ below the dispatcher (the driver's host allocator): the same
+                    # host memory made unpinned, then answered pinned as on a GPU machine.
+                    return _active.mark_pinned(original(data, *args, device=device, **{**kwargs, "pin_memory": False}))
+                return original(data, *args, device=device, **kwargs)
         requires_grad = kwargs.pop("requires_grad", False) if takes_requires_grad else False
         if isinstance(data, torch.Tensor) and data.device.type == "cuda":
             dtype = kwargs.get("dtype", args[0] if args else None)
@@ -3725,9 +3749,9 @@ def _fake_data_message(exc, script):
         op = getattr(exc, "func", None) or str(exc).split("\n")[0][:120]
         fix = "this op's output shape depends on tensor values; capture with --real on a GPU"
     if getattr(exc, "on_cpu", False):
-        op += ("; the tensor is on the CPU but fake: a copy of a fake CUDA tensor, or made by a CPU op with over "
-               f"{_REAL_CPU_BYTES >> 20} MiB of floating-point output (those run on fake tensors too, so that a model "
-               "built on the CPU need not fit this machine)")
+        op += ("; the tensor is on the CPU but fake: a copy of a fake CUDA tensor, made by a CPU factory (torch.empty, "
+               f"randn, zeros, ...) with over {_REAL_CPU_BYTES >> 20} MiB of floating-point output (those run on fake "
+               "tensors too, so that a model built on the CPU need not fit this machine), or computed from such a tensor")
     return f"{where}:{code} needs real tensor data, but the capture runs on fake tensors ({name}: {op}){inside}; fix: {fix}"
 
 

@@ -821,6 +821,17 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cpu_read.py:3") && err.contains("the tensor is on the CPU but fake") && err.contains("over 1 MiB"), "{err}");
+    // Data the script holds stays real however large: built from NumPy (8 MB), computed from it,
+    // and per-sample weights drawn from by a WeightedRandomSampler (1.2 MB of float32).
+    let data_read = dir.path().join("data_read.py");
+    let text = "import numpy as np, torch\nfrom torch.utils.data import WeightedRandomSampler\na = np.ones((1000, 1000))\n\
+                print(torch.tensor(a).sum().item(), (torch.from_numpy(a) * 2).sum().item())\n\
+                y = torch.arange(300_000) % 4\nw = (1.0 / torch.bincount(y).float())[y]\n\
+                print(len(list(WeightedRandomSampler(w, num_samples=8))))\n";
+    std::fs::write(&data_read, text).unwrap();
+    let (out, _) = capture(dir.path(), "d.csv", &[], &[data_read.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "1000000.0 2000000.0\n8\n");
 }
 
 /// Side streams on fake CUDA: each allocation is made on the current stream, record_stream of
