@@ -837,7 +837,7 @@ def _make_recorder_class(torch):
             if self.fake:
                 self._follow_known_value(func, args, kwargs, out)
             if func is flash_backward and self.device_type == "cuda":
-                self._kernel_scratch(_flash_backward_scratch(args), args[1])
+                self._kernel_scratch(_flash_backward_scratch(torch, args), args[1])
             return out
 
         def _decomposes(self, func, args, kwargs):
@@ -1437,21 +1437,33 @@ def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-def flash_backward_scratch(batch, heads, seq_q, seq_k, head_dim):
+# An H100 SXM's streaming multiprocessors (the fake device's multi_processor_count).
+H100_SMS = 132
+
+
+def flash_backward_scratch(batch, heads, seq_q, seq_k, head_dim, heads_k=None, elem_bytes=2, deterministic=False):
     """Bytes FlashAttention-2's backward allocates through the caching allocator besides its
-    outputs (mha_bwd in aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp):
-    softmax_d [B, H, S_q rounded to 128] fp32 and, when the keys take more than one block, the
-    dq accumulator [B, S_q rounded, H, D rounded to 32 (64 past 128)] fp32."""
+    outputs, in order (mha_bwd in aten/src/ATen/native/transformers/cuda/flash_attn/flash_api.cpp;
+    freed in reverse): softmax_d [B, H, S_q rounded to 128] fp32; the dq accumulator [B, S_q
+    rounded, H, D rounded to 32 (64 past 128)] fp32, always (`bool loop = true`), split
+    ceil(SMs / (B·H)) ways when deterministic; and for grouped-query attention (fewer key heads)
+    dk and dv expanded to every query head, [B, S_k, H, D] in the inputs' dtype, summed into dk
+    and dv after the kernel."""
     s_q_rounded = _round_up(seq_q, 128)
     d_rounded = _round_up(head_dim, 32 if head_dim <= 128 else 64)
     softmax_d = batch * heads * s_q_rounded * 4
-    dq_accum = batch * s_q_rounded * heads * d_rounded * 4 if seq_k > 128 else 0
-    return [softmax_d, dq_accum]
+    splits = -(-H100_SMS // (batch * heads)) if deterministic else 1
+    dq_accum = splits * batch * s_q_rounded * heads * d_rounded * 4
+    expanded = batch * seq_k * heads * head_dim * elem_bytes if heads_k not in (None, heads) else 0
+    return [softmax_d, dq_accum, expanded, expanded]
 
 
-def _flash_backward_scratch(args):
-    b, h, s_q, d = args[1].shape  # query [B, H, S_q, D]
-    return flash_backward_scratch(b, h, s_q, args[2].shape[2], d)
+def _flash_backward_scratch(torch, args):
+    q, k = args[1], args[2]  # query [B, H, S_q, D], key [B, H_k, S_k, D]
+    b, h, s_q, d = q.shape
+    # _flash_attention_backward: deterministic unless deterministic algorithms only warn.
+    deterministic = torch.are_deterministic_algorithms_enabled() and not torch.is_deterministic_algorithms_warn_only_enabled()
+    return flash_backward_scratch(b, h, s_q, k.shape[2], d, heads_k=k.shape[1], elem_bytes=q.element_size(), deterministic=deterministic)
 
 
 def _non_overlapping_and_dense(t):
@@ -3080,7 +3092,7 @@ def _fake_cuda_api(torch, patches, recorder):
     total_memory = recorder.sink.capacity or FAKE_TOTAL_MEMORY
     props = types.SimpleNamespace(
         name=FAKE_DEVICE_NAME, total_memory=total_memory, major=9, minor=0,
-        multi_processor_count=132, is_integrated=False, is_multi_gpu_board=False,
+        multi_processor_count=H100_SMS, is_integrated=False, is_multi_gpu_board=False,
         L2_cache_size=50 * 1024 * 1024, warp_size=32, gcnArchName="",
     )
     stats = recorder.sink.memory_stats

@@ -41,7 +41,7 @@ def main():
         )
     rows = [
         ("cuBLAS workspace", "modelled (`--cublas-workspace-mib`)", "cublas", "32 MiB per stream (Hopper's default), held for the process"),
-        ("FlashAttention-2 backward scratch", "modelled", "flash", "softmax_d B·H·⌈S⌉₁₂₈·4 + dq_accum B·⌈S⌉₁₂₈·H·⌈D⌉₃₂·4, per layer, transient"),
+        ("FlashAttention-2 backward scratch", "modelled", "flash", "softmax_d B·H·⌈S⌉₁₂₈·4 + dq_accum B·⌈S⌉₁₂₈·H·⌈D⌉₃₂·4 (+ dk, dv expanded to every query head, B·S·H·D each, under grouped-query attention), per layer, transient"),
         ("memory-efficient attention backward", "named", "efficient", "up to 3 fp32 accumulators B·S·H·D·4, transient (0 when the math or flash kernel runs)"),
         ("embedding backward (sort, segments)", "named", "embedding", "≈ B·S·D·4 partial sums + 6·B·S·8 index buffers, transient, once per step"),
     ]

@@ -1065,6 +1065,21 @@ fn sdpa_on_fake_cuda_runs_flash_attention_with_its_backward_scratch() {
     assert!(out.status.success(), "{}", stderr(&out));
     let sizes = signed_sizes(&events(&trace));
     assert!(sizes.contains(&(2 * 16 * 32 * 4)) && !sizes.contains(&(2 * 16 * 16 * 4)), "memory-efficient attention's log-sum-exp, not flash's: {sizes:?}");
+
+    // Grouped-query attention as transformers calls it (enable_gqa, 4 query heads on 2 key heads),
+    // 64 tokens: the backward's dq accumulator even for one block of keys, and dk, dv expanded to
+    // every query head, freed in reverse (mha_bwd).
+    let script = dir.path().join("gqa.py");
+    let text = "import torch, torch.nn.functional as F\nq = torch.randn(2, 4, 64, 16, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n\
+                k = torch.randn(2, 2, 64, 16, device='cuda', dtype=torch.bfloat16, requires_grad=True)\n\
+                F.scaled_dot_product_attention(q, k, k, is_causal=True, enable_gqa=True).sum().backward()\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "gqa.csv", &["--cublas-workspace-mib", "0"], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sizes = signed_sizes(&events(&trace));
+    let (softmax_d, dq_accum, expanded) = (2 * 4 * 128 * 4, 2 * 128 * 4 * 32 * 4, 2 * 64 * 4 * 16 * 2);
+    let scratch = [softmax_d, dq_accum, expanded, expanded, -expanded, -expanded, -dq_accum, -softmax_d];
+    assert_eq!(sizes.windows(8).filter(|w| w == &scratch).count(), 1, "{sizes:?}");
 }
 
 #[test]

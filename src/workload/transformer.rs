@@ -1367,15 +1367,17 @@ impl TransformerGen {
 }
 
 /// Bytes FlashAttention-2's backward allocates through the caching allocator besides its outputs
-/// (mha_bwd, flash_api.cpp): softmax_d [B, H, S rounded to 128] fp32 and, when the keys span more
-/// than one 128-block, the dq accumulator [B, S rounded, H, d rounded to 32 (64 past 128)] fp32.
+/// (mha_bwd, flash_api.cpp): softmax_d [B, H, S rounded to 128] fp32 and the dq accumulator [B, S
+/// rounded, H, d rounded to 32 (64 past 128)] fp32, always (`bool loop = true`). (k and v reach
+/// SDPA repeated to every head here, as llama.py does, so the kernel's grouped-query expansion of
+/// dk and dv never runs.)
 pub fn flash_backward_scratch(batch: u64, heads: u64, seq: u64, head_dim: u64) -> [u64; 2] {
     const BLOCK: u64 = 128;
     let s_rounded = seq.div_ceil(BLOCK) * BLOCK;
     let d_round = if head_dim <= 128 { 32 } else { 64 };
     let d_rounded = head_dim.div_ceil(d_round) * d_round;
     let softmax_d = batch * heads * s_rounded * FP32;
-    let dq_accum = if seq > BLOCK { batch * s_rounded * heads * d_rounded * FP32 } else { 0 };
+    let dq_accum = batch * s_rounded * heads * d_rounded * FP32;
     [softmax_d, dq_accum]
 }
 
