@@ -2212,6 +2212,9 @@ class _FakeStream:
     cuda_stream = 0
     stream_id = 0
     priority = 0
+    # torch.Stream's attributes (FSDP2 reads them off its streams).
+    device_index = 0
+    device_type = 1  # DeviceType::CUDA, as torch.cuda.Stream answers
 
     @property
     def device(self):

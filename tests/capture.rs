@@ -700,6 +700,33 @@ fn a_deep_copy_of_a_trained_model_copies_its_parameters_not_their_grads() {
 }
 
 #[test]
+fn fsdp2_on_a_fake_process_group_shards_and_trains() {
+    if !have_torch() {
+        return;
+    }
+    // fully_shard over 4 ranks of torch's fake process group: FSDP2 reads its streams' device
+    // (torch.Stream's device_type, device_index) in backward. Each rank holds a quarter of the
+    // weights: 256x256 fp32 sharded four ways is 64 KiB.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("fsdp.py");
+    let text = "import torch, torch.distributed as dist\nfrom torch.testing._internal.distributed.fake_pg import FakeStore\n\
+                dist.init_process_group('fake', store=FakeStore(), rank=0, world_size=4)\n\
+                from torch.distributed.fsdp import fully_shard\nfrom torch.distributed.device_mesh import init_device_mesh\n\
+                model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Linear(256, 256)).cuda()\n\
+                for layer in model:\n    fully_shard(layer, mesh=init_device_mesh('cuda', (4,)))\n\
+                opt = torch.optim.AdamW(model.parameters())\nfor _ in range(2):\n\
+                \x20   model(torch.randn(8, 256, device='cuda')).sum().backward()\n    opt.step()\n    opt.zero_grad()\n\
+                print(tuple(model[0].weight.to_local().shape))\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "fsdp.csv", &[], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "(64, 256)\n");
+    let evs = events(&trace);
+    assert_eq!(steps(&evs), vec![1, 2]);
+    assert!(signed_sizes(&evs).contains(&(64 * 256 * 4)), "a rank's shard of a weight");
+}
+
+#[test]
 fn a_resumed_run_reads_its_checkpoints_step_counts_and_keeps_the_file() {
     if !have_torch() {
         return;
