@@ -3293,9 +3293,23 @@ def _fake_cuda_api(torch, patches, recorder):
             current_device_idx=lambda: 0, set_device_index=lambda device: None, set_device_idx=lambda device: None,
             current_stream=lambda device=None: streams.current(), set_stream=streams.set_current,
             synchronize=lambda device=None: recorder.sink.sync(None),
+            current_accelerator=lambda check_available=False: torch.device("cuda"),
+            # The device-generic memory API answers as torch.cuda's stand-ins do (looked up at
+            # the call: they are patched below).
+            empty_cache=lambda: cuda.empty_cache(),
+            memory_stats=lambda *device: cuda.memory_stats(),
+            memory_allocated=lambda *device: cuda.memory_allocated(),
+            max_memory_allocated=lambda *device: cuda.max_memory_allocated(),
+            memory_reserved=lambda *device: cuda.memory_reserved(),
+            max_memory_reserved=lambda *device: cuda.max_memory_reserved(),
+            reset_peak_memory_stats=lambda *device: cuda.reset_peak_memory_stats(),
+            reset_accumulated_memory_stats=lambda *device: cuda.reset_accumulated_memory_stats(),
+            get_memory_info=lambda *device: cuda.mem_get_info(),
         ).items():
             if hasattr(accelerator, name):
                 patches.set(accelerator, name, fn)
+    # The accelerator torch's device-generic code asks for (FSDP2 without a mesh, for one).
+    patches.set(torch._C, "_get_accelerator", lambda check_available=False: torch.device("cuda"))
     # torch.cuda.memory's own functions (memory_stats, memory_summary) call these by their names there.
     for module in (cuda.memory, getattr(cuda, "random", None)):
         for name, fn in answers.items():

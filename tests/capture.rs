@@ -700,6 +700,26 @@ fn a_deep_copy_of_a_trained_model_copies_its_parameters_not_their_grads() {
 }
 
 #[test]
+fn the_device_generic_accelerator_api_answers_as_torch_cuda_does() {
+    if !have_torch() {
+        return;
+    }
+    // torch.accelerator: the device is CUDA, the memory figures are torch.cuda's, and its
+    // empty_cache is the trace's empty_cache.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("acc.py");
+    let text = "import torch\nacc = torch.accelerator\na = torch.empty(1 << 20, device=acc.current_accelerator())\n\
+                print(acc.current_accelerator().type, acc.memory_allocated() == torch.cuda.memory_allocated() == 4 << 20)\n\
+                print(acc.memory_stats()['allocated_bytes.all.current'], acc.get_memory_info()[1] == torch.cuda.mem_get_info()[1])\n\
+                del a\nacc.empty_cache()\nprint(acc.max_memory_allocated(), acc.memory_allocated())\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "acc.csv", &[], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "cuda True\n4194304 True\n4194304 0\n");
+    assert_eq!(events(&trace).iter().filter(|e| matches!(e, Event::EmptyCache)).count(), 1);
+}
+
+#[test]
 fn fsdp2_on_a_fake_process_group_shards_and_trains() {
     if !have_torch() {
         return;
