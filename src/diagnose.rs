@@ -49,12 +49,30 @@ pub const MAX_LOADED_EVENTS: usize = 1 << 27;
 
 /// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
 pub fn min_capacity(events: &[Event], addresses: &[(u64, u64)], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
+    min_capacity_until(events, addresses, conf, peak_live, crate::interrupt::interrupted)
+}
+
+/// [`min_capacity`], stopped (an [`crate::interrupt::Interrupted`] error) once `stop()` says so.
+fn min_capacity_until(
+    events: &[Event],
+    addresses: &[(u64, u64)],
+    conf: &AllocatorConfig,
+    peak_live: u64,
+    stop: impl Fn() -> bool,
+) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
     if peak_live > crate::units::MAX_SANE_BYTES {
         // More live bytes than the largest device the bisection tries (a request under 1 EiB).
         return Ok(None);
     }
-    let fits = |c: u64| -> anyhow::Result<bool> { Ok(crate::gpu_run::replay_sim(events, addresses, conf, c, OnOom::Stop)?.0.oom.is_none()) };
+    let fits = |c: u64| -> anyhow::Result<bool> {
+        // Polled between replays (Ctrl-C, SIGTERM): a search of many short replays would not see
+        // a replay's own checkpoints.
+        if stop() {
+            return Err(crate::interrupt::Interrupted("while searching for the smallest device that fits: nothing written".into()).into());
+        }
+        Ok(crate::gpu_run::replay_sim(events, addresses, conf, c, OnOom::Stop)?.0.oom.is_none())
+    };
     if peak_live == 0 && fits(0)? {
         return Ok(Some(0)); // nothing reaches the device
     }
@@ -405,6 +423,20 @@ mod tests {
         assert_eq!(load_at_most(&source, all.len()).unwrap(), all);
         let e = load_at_most(&source, all.len() - 1).unwrap_err().to_string();
         assert!(e.starts_with(&path) && e.contains(&format!("more than {} events", all.len() - 1)), "{e}");
+    }
+
+    /// The search polls its stop flag between replays: a stop is an interruption, not an answer.
+    #[test]
+    fn the_capacity_search_stops_between_replays() {
+        let events = [Event::Alloc { id: 1, bytes: 5 << 30, stream: 0 }, Event::Free { id: 1 }];
+        let replays = std::cell::Cell::new(0);
+        let stop_after_three = || {
+            replays.set(replays.get() + 1);
+            replays.get() > 3
+        };
+        let err = min_capacity_until(&events, &[], &AllocatorConfig::default(), 5 << 30, stop_after_three).unwrap_err();
+        assert!(err.downcast_ref::<crate::interrupt::Interrupted>().is_some(), "{err}");
+        assert_eq!(replays.get(), 4, "stopped at the first poll that said so");
     }
 
     /// The smallest card is exact: to the 2 MiB step segments come in, and to the byte under a
