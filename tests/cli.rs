@@ -95,7 +95,7 @@ fn bad_input_exits_2_with_one_line() {
     let bad_trace = dir.path().join("bad.csv");
     std::fs::write(&bad_trace, "op,id,bytes,stream\nalloc,1,100,0\nfree,2,,\n").unwrap();
     let bad = bad_trace.to_str().unwrap().to_string();
-    // Steps that go back in a scenario (no reader checks its events before the replay).
+    // Steps that go back in a scenario.
     let steps_back = dir.path().join("back.toml");
     std::fs::write(
         &steps_back,
@@ -113,7 +113,11 @@ fn bad_input_exits_2_with_one_line() {
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "lots".into()], "lots"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "80".into()], "write it with its unit, e.g. 80GiB"),
         (vec!["replay".into(), bad.clone()], "bad.csv:3: free of id 2, which is not live"),
-        (vec!["replay".into(), steps_back.to_str().unwrap().into()], "event 2: step 1 after step 3: step numbers must increase"),
+        (vec!["replay".into(), steps_back.to_str().unwrap().into()], "back.toml: scenario.events[2]: step 1 after step 3: step numbers must increase"),
+        (
+            vec!["trace".into(), steps_back.to_str().unwrap().into(), "-o".into(), dir.path().join("back.csv").to_str().unwrap().into()],
+            "scenario.events[2]: step 1 after step 3",
+        ),
         (vec!["replay".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["trace".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["run".into(), workload("scenario-1-2-1-gib.toml"), "--allocators".into(), "pytorch,bogus".into()], "unknown GPU allocator 'bogus'"),

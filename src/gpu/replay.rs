@@ -147,7 +147,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 obs.called(alloc, Call::Pool(op));
             }
             Event::Step { n } => {
-                // (A CSV trace says so at its line; a scenario's events come here unchecked.)
+                // (Readers say so at the line or field; this guards every other source.)
                 if out.steps > 0 && n <= at.step {
                     return Err(InputError::new(format!("event {}", at.index), format!("step {n} after step {}: step numbers must increase", at.step)).into());
                 }
@@ -280,4 +280,20 @@ pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
     at_step: &mut dyn FnMut(u64, u64, &DeviceStats),
 ) -> anyhow::Result<ReplayOutcome> {
     replay_watched(alloc, events, opts, &mut AtStep(at_step))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::baseline::IdealAllocator;
+
+    /// Events that did not come through a reader (a library caller's) are checked here too.
+    #[test]
+    fn steps_going_back_are_an_error_naming_the_event() {
+        let events = [Event::Step { n: 3 }, Event::Alloc { id: 1, bytes: 512, stream: 0 }, Event::Step { n: 3 }];
+        let err = replay(&mut IdealAllocator::new(1 << 30), events.into_iter().map(Ok), &ReplayOptions::default()).unwrap_err();
+        assert_eq!(err.to_string(), "event 2: step 3 after step 3: step numbers must increase");
+        let increasing = [Event::Step { n: 0 }, Event::Step { n: 1 }];
+        assert_eq!(replay(&mut IdealAllocator::new(1 << 30), increasing.into_iter().map(Ok), &ReplayOptions::default()).unwrap().steps, 2);
+    }
 }

@@ -182,6 +182,7 @@ impl Workload {
         }
         if let Some(sc) = &f.scenario {
             let mut live = FxHashSet::default();
+            let mut last_step: Option<u64> = None;
             for (i, ev) in sc.events.iter().enumerate() {
                 let field = format!("scenario.events[{i}]");
                 match ev {
@@ -195,6 +196,12 @@ impl Workload {
                     }
                     ScenarioEvent::Free { id } if !live.remove(id) => {
                         return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: free of id {id}, which is not live")));
+                    }
+                    ScenarioEvent::Step { n } => {
+                        if let Some(last) = last_step.filter(|last| n <= last) {
+                            return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: step {n} after step {last}: step numbers must increase")));
+                        }
+                        last_step = Some(*n);
                     }
                     _ => {}
                 }
