@@ -95,6 +95,8 @@ fn bad_input_exits_2_with_one_line() {
     let bad_trace = dir.path().join("bad.csv");
     std::fs::write(&bad_trace, "op,id,bytes,stream\nalloc,1,100,0\nfree,2,,\n").unwrap();
     let bad = bad_trace.to_str().unwrap().to_string();
+    let plain_gz = dir.path().join("plain.csv.gz");
+    std::fs::write(&plain_gz, "op,id,bytes,stream\nalloc,1,100,0\n").unwrap();
     // Steps that go back in a scenario.
     let steps_back = dir.path().join("back.toml");
     std::fs::write(
@@ -113,6 +115,7 @@ fn bad_input_exits_2_with_one_line() {
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "lots".into()], "lots"),
         (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "80".into()], "write it with its unit, e.g. 80GiB"),
         (vec!["replay".into(), bad.clone()], "bad.csv:3: free of id 2, which is not live"),
+        (vec!["replay".into(), plain_gz.to_str().unwrap().into()], "plain.csv.gz:1: not gzip-compressed data: name it without .gz"),
         (vec!["replay".into(), steps_back.to_str().unwrap().into()], "back.toml: scenario.events[2]: step 1 after step 3: step numbers must increase"),
         (
             vec!["trace".into(), steps_back.to_str().unwrap().into(), "-o".into(), dir.path().join("back.csv").to_str().unwrap().into()],

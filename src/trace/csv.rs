@@ -221,8 +221,17 @@ impl<R: BufRead> TraceReader<R> {
         loop {
             match self.input.read(&mut self.chunk) {
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                // A corrupt or truncated gzip stream surfaces here.
-                r => return Ok(r.map_err(|e| InputError::new(format!("{}:{}", self.name, self.line_no + 1), format!("read error: {e}")))?),
+                // A corrupt or truncated gzip stream surfaces here, and plain text named .gz.
+                r => {
+                    return Ok(r.map_err(|e| {
+                        let what = if self.line_no == 0 && e.to_string().contains("invalid gzip header") {
+                            "not gzip-compressed data: name it without .gz, or compress it (gzip)".to_string()
+                        } else {
+                            format!("read error: {e}")
+                        };
+                        InputError::new(format!("{}:{}", self.name, self.line_no + 1), what)
+                    })?)
+                }
             }
         }
     }
