@@ -70,6 +70,15 @@ impl Event {
 pub type EventStream<'a> = Box<dyn Iterator<Item = anyhow::Result<Event>> + 'a>;
 
 /// Adapts an infallible generator into an [`EventStream`].
+/// A `step` marker numbered `n` after the last one, `last`: step numbers increase (a step is the
+/// events after its marker), or the message that says they must.
+pub fn check_step_order(last: Option<u64>, n: u64) -> Result<(), String> {
+    match last {
+        Some(last) if n <= last => Err(format!("step {n} after step {last}: step numbers must increase")),
+        _ => Ok(()),
+    }
+}
+
 pub fn infallible<'a, I: Iterator<Item = Event> + 'a>(events: I) -> EventStream<'a> {
     Box::new(events.map(Ok))
 }

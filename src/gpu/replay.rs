@@ -148,9 +148,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
             }
             Event::Step { n } => {
                 // (Readers say so at the line or field; this guards every other source.)
-                if out.steps > 0 && n <= at.step {
-                    return Err(InputError::new(format!("event {}", at.index), format!("step {n} after step {}: step numbers must increase", at.step)).into());
-                }
+                crate::event::check_step_order((out.steps > 0).then_some(at.step), n).map_err(|m| InputError::new(format!("event {}", at.index), m))?;
                 obs.step(alloc, at, n);
                 out.steps += 1;
                 at.step = n;

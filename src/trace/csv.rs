@@ -324,7 +324,7 @@ impl<R: BufRead> TraceReader<R> {
             Event::Alloc { id, bytes, .. } => bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()),
             Event::Free { id } => self.live.remove(id).is_some(),
             Event::Step { n } => {
-                let increases = self.last_step.is_none_or(|last| n > last);
+                let increases = crate::event::check_step_order(self.last_step, n).is_ok();
                 if increases {
                     self.last_step = Some(n);
                 }
@@ -418,9 +418,7 @@ impl<R: BufRead> TraceReader<R> {
             }
             "step" => {
                 let n = self.number(id, "step number (id column)")?;
-                if let Some(last) = self.last_step.filter(|&last| n <= last) {
-                    return Err(self.err(format!("step {n} after step {last}: step numbers must increase (renumber the steps of joined traces)")));
-                }
+                crate::event::check_step_order(self.last_step, n).map_err(|m| self.err(format!("{m} (renumber the steps of joined traces)")))?;
                 self.last_step = Some(n);
                 Event::Step { n }
             }

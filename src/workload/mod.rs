@@ -198,9 +198,7 @@ impl Workload {
                         return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: free of id {id}, which is not live")));
                     }
                     ScenarioEvent::Step { n } => {
-                        if let Some(last) = last_step.filter(|last| n <= last) {
-                            return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: step {n} after step {last}: step numbers must increase")));
-                        }
+                        crate::event::check_step_order(last_step, *n).map_err(|m| InputError::new(&self.origin, format!("scenario.events[{i}]: {m}")))?;
                         last_step = Some(*n);
                     }
                     _ => {}
