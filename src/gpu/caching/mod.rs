@@ -743,10 +743,8 @@ impl<D: Device> CachingAllocator<D> {
     fn get_pool(&self, rounded: u64, stream: u32) -> PoolId {
         let kind = pool_for(rounded);
         if !self.captures_underway.is_empty() {
-            // The first entry whose filter takes the stream, in the order they began
-            // (beginAllocateToPool appends; get_pool walks captures_underway from its front): a
-            // pool begun inside another one's routing of the same stream gets nothing.
-            if let Some(c) = self.captures_underway.iter().find(|c| c.stream.is_none_or(|s| s == stream)) {
+            // In LIFO order: the latest capture whose filter takes the stream.
+            if let Some(c) = self.captures_underway.iter().rev().find(|c| c.stream.is_none_or(|s| s == stream)) {
                 return PoolId::in_pair(c.pair, kind);
             }
         }

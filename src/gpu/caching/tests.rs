@@ -647,28 +647,6 @@ fn a_capture_allocates_from_its_private_pool() {
     assert_eq!(a.stats().segment.pool(PoolKind::Small).current, 1);
 }
 
-/// With two pools being allocated to, an allocation goes to the first begun whose filter takes
-/// its stream (get_pool walks captures_underway from the front; beginAllocateToPool appends).
-#[test]
-fn the_first_pool_begun_that_takes_the_stream_gets_the_allocation() {
-    let pool_of = |a: &CachingAllocator<SimDevice>, h: Handle| {
-        let address = a.block_address(h).unwrap();
-        a.segments().into_iter().find(|s| (s.address..s.address + s.total_size).contains(&address)).and_then(|s| s.private_pool)
-    };
-    let mut a = default_alloc();
-    a.begin_allocate_to_pool(10, None).unwrap();
-    a.begin_allocate_to_pool(20, None).unwrap();
-    let h = a.malloc(MIB, 0).unwrap();
-    assert_eq!(pool_of(&a, h), Some(10), "the outer pool, as in PyTorch");
-    // One pool on stream 7, begun first, and one on every stream: stream 7's allocation goes to
-    // the first, stream 0's to the second.
-    let mut a = default_alloc();
-    a.begin_allocate_to_pool(10, Some(7)).unwrap();
-    a.begin_allocate_to_pool(20, None).unwrap();
-    let (on_7, on_0) = (a.malloc(MIB, 7).unwrap(), a.malloc(MIB, 0).unwrap());
-    assert_eq!((pool_of(&a, on_7), pool_of(&a, on_0)), (Some(10), Some(20)));
-}
-
 /// A live tensor allocated during the capture keeps its segment even after the pool is
 /// released: only whole free segments of a freeable pool are cudaFree'd, and the pool stays
 /// (cudaMalloc_count > 0) until they are.
