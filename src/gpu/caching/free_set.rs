@@ -332,10 +332,7 @@ impl FreeSet {
         // The occupied bins alone, in class order: a walk of every bin of every stream made a
         // flush of a cache used by thousands of streams take seconds.
         let occupancy = &self.occupied[stream];
-        let occupied_classes = (0..WORDS).filter(|&w| occupancy.summary & (1 << w) != 0).flat_map(|w| {
-            let word = occupancy.words[w];
-            (0..64).filter(move |b| word & (1 << b) != 0).map(move |b| w * 64 + b)
-        });
+        let occupied_classes = std::iter::successors(occupancy.first_from(0), |&c| occupancy.first_from(c + 1));
         for c in occupied_classes {
             let bin = &self.bins[stream * BINS + c];
             let from = out.len();
