@@ -1,5 +1,3 @@
-use clap::Parser;
-
 fn main() {
     // `allocbench replay ... | head` ends quietly, as command-line tools do, instead of panicking
     // in println! when the reader goes away (Rust ignores SIGPIPE by default).
@@ -20,6 +18,6 @@ fn main() {
         }
         default_hook(info)
     }));
-    let cli = allocbench::cli::Cli::parse();
+    let cli = allocbench::cli::parse_or_exit();
     std::process::exit(allocbench::cli::main_with(cli));
 }

@@ -61,13 +61,22 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     if num.is_empty() {
         return Err(format!("size '{t}' has no number"));
     }
-    let bytes = if num.contains('.') {
-        let v: f64 = num.parse().map_err(|_| format!("'{t}' is not a size"))?;
-        let b = v * mult as f64;
-        if !b.is_finite() || b > u64::MAX as f64 {
-            return Err(format!("size '{t}' is too large"));
+    let bytes = if let Some((whole, fraction)) = num.split_once('.') {
+        // Exact decimal arithmetic (1.3GB is 1,300,000,000 bytes, which f64 misses by a hair).
+        let not_a_size = || format!("'{t}' is not a size");
+        if fraction.contains('.') || (whole.is_empty() && fraction.is_empty()) || fraction.len() > 18 {
+            return Err(not_a_size());
         }
-        b.round() as u64
+        let digits = |s: &str| if s.is_empty() { Ok(0) } else { s.parse::<u128>().map_err(|_| not_a_size()) };
+        let scale = 10u128.pow(fraction.len() as u32);
+        let (whole, fraction) = (digits(whole)?, digits(fraction)?);
+        let scaled = whole.checked_mul(scale).and_then(|w| w.checked_add(fraction)).ok_or_else(|| format!("size '{t}' is too large"))?;
+        let total = scaled.checked_mul(mult as u128).ok_or_else(|| format!("size '{t}' is too large"))?;
+        // A device or a request holds whole bytes: `0.5B` is a typo, not 1 byte.
+        if total % scale != 0 {
+            return Err(format!("size '{t}' is not a whole number of bytes"));
+        }
+        u64::try_from(total / scale).map_err(|_| format!("size '{t}' is too large"))?
     } else {
         let v: u64 = num.parse().map_err(|_| format!("'{t}' is not a size"))?;
         v.checked_mul(mult).ok_or_else(|| format!("size '{t}' is too large"))?
@@ -146,6 +155,14 @@ mod tests {
         assert_eq!(parse_bytes("80GiB").unwrap(), 80 * GIB);
         assert_eq!(parse_bytes("81559MiB").unwrap(), 81_559 * MIB);
         assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 * GIB / 2);
+        assert_eq!(parse_bytes("1.3GB").unwrap(), 1_300_000_000);
+        assert_eq!(parse_bytes("0.1MB").unwrap(), 100_000);
+        assert_eq!(parse_bytes(".5KiB").unwrap(), 512);
+        assert_eq!(parse_bytes("2.KiB").unwrap(), 2048);
+        assert_eq!(parse_bytes("0.5B").unwrap_err(), "size '0.5B' is not a whole number of bytes");
+        assert_eq!(parse_bytes("0.1KiB").unwrap_err(), "size '0.1KiB' is not a whole number of bytes");
+        assert!(parse_bytes("1.2.3GiB").is_err() && parse_bytes(".GiB").is_err());
+        assert!(parse_bytes("16.5EiB").is_err() && parse_bytes("20000000000.5GiB").is_err());
         assert_eq!(parse_bytes("80GB").unwrap(), 80_000_000_000);
         // A bare letter is binary (dd's reading); Kubernetes' `Gi` too.
         assert_eq!(parse_bytes("80G").unwrap(), 80 * GIB);

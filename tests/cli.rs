@@ -124,6 +124,20 @@ fn bad_input_exits_2_with_one_line() {
         (vec!["replay".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["trace".into(), "/nonexistent/w.toml".into()], "no such file"),
         (vec!["run".into(), workload("scenario-1-2-1-gib.toml"), "--allocators".into(), "pytorch,bogus".into()], "unknown GPU allocator 'bogus'"),
+        (vec!["replay".into(), workload("scenario-1-2-1-gib.toml"), "--capacity".into(), "0.5B".into()], "size '0.5B' is not a whole number of bytes"),
+        (
+            vec![
+                "replay".into(),
+                workload("scenario-1-2-1-gib.toml"),
+                "--allocator".into(),
+                "nocache".into(),
+                "--conf".into(),
+                "expandable_segments:True".into(),
+            ],
+            "--conf: sets PyTorch's caching allocator, which --allocator nocache is not",
+        ),
+        (vec!["replay".into()], "error: the following required arguments were not provided: <INPUT>; usage: allocbench replay <INPUT> (see --help)"),
+        (vec!["advise".into(), bad.clone(), "--objective".into(), "fastest".into()], "invalid value 'fastest' for '--objective"),
     ];
     for (args, want) in cases {
         let out = bin().args(&args).output().unwrap();
@@ -131,6 +145,7 @@ fn bad_input_exits_2_with_one_line() {
         let err = stderr(&out);
         assert!(err.contains(want), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
 }
 

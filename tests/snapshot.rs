@@ -843,3 +843,29 @@ fn rmm_logs_as_rmm_writes_them_and_bad_rows() {
     assert_eq!(t.events, vec![Event::Alloc { id: 0, bytes: 512, stream: 0 }, Event::Free { id: 0 }]);
     assert_eq!(t.notes, vec!["2 allocations with a null pointer skipped (nothing was allocated)".to_string()]);
 }
+
+/// A stream that is not a handle is a corrupt entry, not the default stream; an allocation at the
+/// address of a live block (its free lost) frees that block first, and says so.
+#[test]
+fn a_bad_stream_is_refused_and_a_lost_free_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    for (stream, want) in
+        [(r#""0x7f""#, "trace entry 1 (alloc): 'stream' is a str, not an integer"), ("-3", "trace entry 1 (alloc): 'stream' is -3, not a stream handle")]
+    {
+        let trace =
+            format!(r#"{{"action": "alloc", "addr": 4096, "size": 512, "stream": 0}}, {{"action": "alloc", "addr": 8192, "size": 512, "stream": {stream}}}"#);
+        let p = json_snapshot(dir.path(), "bad-stream.json", "", &trace);
+        let err = import_snapshot(&p).unwrap_err().to_string();
+        assert!(err.contains(want), "{err}");
+        let (code, _, stderr) = allocbench(&["replay", p.to_str().unwrap()]);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert!(stderr.contains(want) && stderr.trim_end().lines().count() == 1, "{stderr}");
+    }
+    let segment = r#"{"address": 4096, "total_size": 2097152, "stream": 1.5, "segment_type": "small", "blocks": []}"#;
+    let p = json_snapshot(dir.path(), "bad-segment.json", segment, r#"{"action": "alloc", "addr": 4096, "size": 512, "stream": 0}"#);
+    assert!(import_snapshot(&p).unwrap_err().to_string().contains("segment 0: 'stream' is"), "a segment's stream too");
+    let twice = r#"{"action": "alloc", "addr": 4096, "size": 512, "stream": 0}, {"action": "alloc", "addr": 4096, "size": 1024, "stream": 0}"#;
+    let t = import_snapshot(&json_snapshot(dir.path(), "twice.json", "", twice)).unwrap();
+    assert_eq!(t.events, vec![Event::Alloc { id: 0, bytes: 512, stream: 0 }, Event::Free { id: 0 }, Event::Alloc { id: 1, bytes: 1024, stream: 0 }]);
+    assert!(t.notes.iter().any(|n| n.starts_with("1 alloc at the address of a live block")), "{:?}", t.notes);
+}

@@ -88,6 +88,49 @@ pub enum Command {
 }
 
 /// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
+/// The command line, parsed; a usage error is said in one line (exit 2), as every other error is.
+/// Help and version are printed as clap prints them.
+pub fn parse_or_exit() -> Cli {
+    use clap::error::ErrorKind;
+    match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand) => e.exit(),
+        Err(e) => {
+            eprintln!("{}", one_line_usage_error(&e.render().to_string()));
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
+/// clap's several-line usage error as one line: its message, tips and usage joined, without the
+/// "For more information" line (the line says `see --help` instead).
+pub fn one_line_usage_error(rendered: &str) -> String {
+    let parts: Vec<String> = rendered
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("For more information"))
+        .map(|l| match l.strip_prefix("Usage:") {
+            Some(usage) => format!("usage:{usage}"),
+            None => l.to_string(),
+        })
+        .collect();
+    let mut line = String::new();
+    for (i, part) in parts.iter().enumerate() {
+        // A message ending in ':' continues on the next line (the missing arguments' names).
+        let sep = if i == 0 {
+            ""
+        } else if line.ends_with(':') {
+            " "
+        } else {
+            "; "
+        };
+        line.push_str(sep);
+        line.push_str(part);
+    }
+    line.push_str(" (see --help)");
+    line
+}
+
 pub fn main_with(cli: Cli) -> i32 {
     // Ctrl-C stops a run, which still writes what it measured (once; later calls are no-ops).
     let _ = ctrlc::set_handler(crate::interrupt::request);
@@ -121,5 +164,30 @@ pub fn main_with(cli: Cli) -> i32 {
                 1
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_errors_fit_on_one_line() {
+        for args in [
+            &["allocbench", "replay"][..],
+            &["allocbench", "replay", "x.csv", "--capacity", "12Q"],
+            &["allocbench", "replai"],
+            &["allocbench", "advise", "x", "--objective", "fast"],
+        ] {
+            let rendered = Cli::try_parse_from(args).unwrap_err().render().to_string();
+            let line = one_line_usage_error(&rendered);
+            assert!(!line.contains('\n'), "{args:?}: {line}");
+            assert!(line.starts_with("error: ") && line.ends_with("(see --help)"), "{args:?}: {line}");
+            // Nothing clap said is lost but the pointer to --help.
+            let first = rendered.lines().next().unwrap();
+            assert!(line.contains(first), "{args:?}: {line}");
+        }
+        let missing = one_line_usage_error(&Cli::try_parse_from(["allocbench", "replay"]).unwrap_err().render().to_string());
+        assert_eq!(missing, "error: the following required arguments were not provided: <INPUT>; usage: allocbench replay <INPUT> (see --help)");
     }
 }

@@ -41,6 +41,16 @@ pub struct ReplayArgs {
 
 pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     output::check_outputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
+    // Only PyTorch's caching allocator reads the conf: another one would be replayed as if the
+    // setting had been tried.
+    let known = crate::gpu::build::GPU_ALLOCATORS.iter().any(|(n, _)| *n == a.allocator);
+    if known && a.allocator != "pytorch" && a.conf.as_deref().is_some_and(|c| !c.trim().is_empty()) {
+        return Err(InputError::new(
+            "--conf",
+            format!("sets PyTorch's caching allocator, which --allocator {} is not: drop --conf, or use --allocator pytorch", a.allocator),
+        )
+        .into());
+    }
     let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;

@@ -72,6 +72,23 @@ fn required_int(e: &Value, key: &str, i: usize, action: &str) -> Result<i128, St
     }
 }
 
+/// Entry `i`'s stream (`stream`, 0 when absent): a handle is a non-negative integer, and another
+/// value is a corrupt entry, not the default stream.
+fn stream_of(e: &Value, i: usize, action: &str) -> Result<u64, String> {
+    stream_field(e, || format!("trace entry {i} ({action})"))
+}
+
+/// The `stream` of an entry or segment that `what` names (for the error only).
+fn stream_field(e: &Value, what: impl Fn() -> String) -> Result<u64, String> {
+    match e.get("stream") {
+        None => Ok(0),
+        Some(v) => match v.as_int() {
+            Some(s) => u64::try_from(s).map_err(|_| format!("{}: 'stream' is {s}, not a stream handle", what())),
+            None => Err(format!("{}: 'stream' is {}, not an integer", what(), v.type_name())),
+        },
+    }
+}
+
 /// Frames examined for a site: the user's code is near the top of a stack, and a hostile pickle
 /// can share one huge frame list among every entry.
 const SITE_FRAMES: usize = 256;
@@ -319,14 +336,14 @@ fn recorded_settings(root: &Value) -> Option<String> {
 
 /// The blocks the snapshot's segments on `device` hold allocated (or waiting for their events)
 /// that the history never allocated: (address, requested bytes, stream, the block).
-fn allocated_before_history(root: &Value, device: usize, seen: &FxHashMap<i128, ()>) -> Vec<(i128, i128, i128, Value)> {
-    let Some(segments) = root.get("segments").and_then(|s| s.items()) else { return Vec::new() };
+fn allocated_before_history(root: &Value, device: usize, seen: &FxHashMap<i128, ()>) -> Result<Vec<(i128, i128, u64, Value)>, String> {
+    let Some(segments) = root.get("segments").and_then(|s| s.items()) else { return Ok(Vec::new()) };
     let mut out = Vec::new();
-    for seg in segments {
+    for (k, seg) in segments.into_iter().enumerate() {
         if int(&seg, "device").is_some_and(|d| d != device as i128) {
             continue;
         }
-        let stream = int(&seg, "stream").unwrap_or(0);
+        let stream = stream_field(&seg, || format!("segment {k}"))?;
         // Blocks tile their segment in address order: before torch 2.1 they carried no address
         // (MemoryViz adds up the sizes from the segment's), and their request and frames were in
         // `history[0]` (`real_size`, `frames`; _memory_viz._block_extra_legacy).
@@ -351,7 +368,7 @@ fn allocated_before_history(root: &Value, device: usize, seen: &FxHashMap<i128, 
             }
         }
     }
-    out
+    Ok(out)
 }
 
 pub fn from_snapshot_value(root: &Value) -> Result<ImportedTrace, String> {
@@ -418,7 +435,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     }
     // Blocks freed before the trace allocated them: the ring buffer dropped their alloc.
     let mut seen: FxHashMap<i128, ()> = FxHashMap::default();
-    let mut prelude: Vec<(i128, i128, i128)> = Vec::new();
+    let mut prelude: Vec<(i128, i128, u64)> = Vec::new();
     for (i, e) in trace.iter().enumerate() {
         let action = action_of(e);
         let Some(addr) = int(e, "addr") else { continue };
@@ -433,7 +450,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
                 if size >= crate::units::MAX_REQUEST_BYTES as i128 {
                     return Err(format!("trace entry {i}: {action} of a {size}-byte block"));
                 }
-                prelude.push((addr, size, int(e, "stream").unwrap_or(0)));
+                prelude.push((addr, size, stream_of(e, i, &action)?));
             }
             _ => {}
         }
@@ -442,7 +459,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     let mut live: FxHashMap<i128, u64> = FxHashMap::default();
     let mut site_ids: FxHashMap<String, u32> = FxHashMap::default();
     // Blocks live at the snapshot that the history never allocated or freed: allocated before it.
-    let before = allocated_before_history(root, device, &seen);
+    let before = allocated_before_history(root, device, &seen)?;
     // Blocks the replay allocates at the start: the segments that held them are replayed then.
     let mut at_start: Vec<i128> = before.iter().map(|b| b.0).chain(prelude.iter().map(|p| p.0)).collect();
     at_start.sort_unstable();
@@ -460,7 +477,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
                 let sid = out.sites.intern(site, &mut site_ids);
                 out.sites.of_id.insert(next_id, sid);
             }
-            out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream: stream.max(0) as u64 });
+            out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream });
             next_id += 1;
         }
     }
@@ -472,7 +489,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
         ));
         for (addr, size, stream) in prelude {
             live.insert(addr, next_id);
-            out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream: stream.max(0) as u64 });
+            out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream });
             next_id += 1;
         }
     }
@@ -493,6 +510,8 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     let mut segment_frames: FxHashMap<i128, Vec<FrameKey>> = FxHashMap::default();
     let mut release: Option<ReleaseRun> = None;
     let mut skipped_unknown = 0usize;
+    // Allocations at the address of a live one: the earlier one's free is not in the history.
+    let mut freed_unseen = 0usize;
     let mut unknown_actions: Vec<(String, usize)> = Vec::new();
     // (entry, rounded size, device_free) of each recorded out-of-memory error.
     let mut ooms: Vec<(usize, i128, Option<i128>)> = Vec::new();
@@ -534,15 +553,16 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
                     let why = if size <= 0 { "a size must be positive" } else { "1 EiB or more, larger than any request a device allocator serves" };
                     return Err(format!("trace entry {i}: alloc of {size} bytes: {why}"));
                 }
-                let stream = int(e, "stream").unwrap_or(0).max(0) as u64;
+                let stream = stream_of(e, i, &action)?;
                 if let Some(side) = waiting.remove(&addr) {
                     // Allocated again: its free completed (its free_completed was not recorded).
                     out.events.push(Event::Sync { stream: Some(side) });
                 }
                 if let Some(old) = live.insert(addr, next_id) {
                     // Allocated twice without a free_completed in between (a free still pending
-                    // when recording stopped): free the old one first.
+                    // when recording stopped, or an entry lost): free the old one first.
                     out.events.push(Event::Free { id: old });
+                    freed_unseen += 1;
                 }
                 if let Some(site) = site_of(e) {
                     let sid = out.sites.intern(site, &mut site_ids);
@@ -631,7 +651,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
                     let sid = out.sites.intern(site, &mut site_ids);
                     out.sites.of_id.insert(next_id, sid);
                 }
-                out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream: int(e, "stream").unwrap_or(0).max(0) as u64 });
+                out.events.push(Event::Alloc { id: next_id, bytes: size as u64, stream: stream_of(e, i, &action)? });
                 out.events.push(Event::Free { id: next_id });
                 next_id += 1;
             }
@@ -670,6 +690,12 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
     }
     if skipped_unknown > 0 {
         out.notes.push(format!("{} of unknown blocks skipped", crate::units::count(skipped_unknown as u64, "free")));
+    }
+    if freed_unseen > 0 {
+        out.notes.push(format!(
+            "{} at the address of a live block: the history lacks the earlier block's free, so it is freed just before",
+            crate::units::count(freed_unseen as u64, "alloc")
+        ));
     }
     if !live.is_empty() {
         out.notes.push(format!("{} still allocated when the snapshot was taken", crate::units::count(live.len() as u64, "block")));
