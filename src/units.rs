@@ -52,11 +52,14 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
         "g" | "gi" | "gib" => GIB,
         "t" | "ti" | "tib" => TIB,
         "p" | "pi" | "pib" => PIB,
+        "e" | "ei" | "eib" => EIB,
         "kb" => 1_000,
         "mb" => 1_000_000,
         "gb" => 1_000_000_000,
         "tb" => 1_000_000_000_000,
-        other => return Err(format!("unknown unit '{other}' in size '{t}' (use B, KiB, MiB, GiB, TiB, or kB, MB, GB, TB)")),
+        "pb" => 1_000_000_000_000_000,
+        "eb" => 1_000_000_000_000_000_000,
+        other => return Err(format!("unknown unit '{other}' in size '{t}' (use B, KiB, MiB, GiB, TiB, PiB, EiB, or kB, MB, GB, TB, PB, EB)")),
     };
     if num.is_empty() {
         return Err(format!("size '{t}' has no number"));
@@ -156,6 +159,9 @@ mod tests {
         assert_eq!(parse_bytes("81559MiB").unwrap(), 81_559 * MIB);
         assert_eq!(parse_bytes("1.5GiB").unwrap(), 3 * GIB / 2);
         assert_eq!(parse_bytes("1.3GB").unwrap(), 1_300_000_000);
+        assert_eq!(parse_bytes("1EiB").unwrap(), EIB);
+        assert_eq!(parse_bytes("2PB").unwrap(), 2_000_000_000_000_000);
+        assert!(parse_bytes("16EiB").is_err());
         assert_eq!(parse_bytes("0.1MB").unwrap(), 100_000);
         assert_eq!(parse_bytes(".5KiB").unwrap(), 512);
         assert_eq!(parse_bytes("2.KiB").unwrap(), 2048);

@@ -46,8 +46,10 @@ fn errors_name_file_line_and_field() {
         (GOOD.replace("[transformer]", "[transformer"), "w.toml:5:"),
         (GOOD[..GOOD.len() / 2].to_string(), "w.toml:"),
         ("name = \"x\"\n".to_string(), "expected exactly one of the tables"),
-        ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = 0 }]\n".to_string(), "scenario.events[0]: alloc of 0 bytes"),
-        ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"2PiB\" }]\n".to_string(), "scenario.events[0]: alloc of"),
+        (
+            "name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"2EiB\" }]\n".to_string(),
+            "scenario.events[0]: alloc of 2305843009213693952 bytes is 1 EiB or more",
+        ),
         ("name = \"x\"\n[scenario]\nevents = [{ op = \"free\", id = 9 }]\n".to_string(), "scenario.events[0]: free of id 9"),
         ("name = \"x\"\n[scenario]\nevents = [{ op = \"alloc\", id = 1, bytes = \"5 parsecs\" }]\n".to_string(), "unknown unit"),
     ];

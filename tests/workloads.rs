@@ -525,3 +525,29 @@ fn model_switch_preset_matches_its_documented_numbers() {
     let missing: Vec<&String> = documented.iter().filter(|d| !comment.contains(d.as_str())).collect();
     assert!(missing.is_empty(), "workloads/model-switch.toml's comment should state {missing:?}");
 }
+
+/// A scenario's alloc follows a CSV trace's rules: 0 bytes is PyTorch's null pointer (accepted,
+/// and replayed as one), 1 EiB or more is refused as PyTorch refuses it, whichever way it is read.
+#[test]
+fn scenario_and_csv_allocs_share_their_size_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let toml = |name: &str, bytes: &str| {
+        let p = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&p, format!("name = \"{name}\"\n[scenario]\nevents = [{{ op = \"alloc\", id = 1, bytes = {bytes} }}, {{ op = \"free\", id = 1 }}]\n"))
+            .unwrap();
+        Workload::load(&p)
+    };
+    let csv = |name: &str, bytes: u64| {
+        let p = dir.path().join(format!("{name}.csv"));
+        std::fs::write(&p, format!("op,id,bytes,stream\nalloc,1,{bytes},0\nfree,1,,\n")).unwrap();
+        read_trace(&p).and_then(|r| r.collect::<anyhow::Result<Vec<Event>>>())
+    };
+    let zero = toml("zero", "0").unwrap();
+    assert_eq!(zero.events().collect::<Vec<_>>(), vec![Event::Alloc { id: 1, bytes: 0, stream: 0 }, Event::Free { id: 1 }]);
+    assert!(csv("zero", 0).is_ok());
+    let just_below = (1u64 << 60) - 1;
+    assert!(toml("below", &just_below.to_string()).is_ok() && csv("below", just_below).is_ok());
+    let too_big = toml("big", "\"1EiB\"").unwrap_err().to_string();
+    assert!(too_big.contains("scenario.events[0]: alloc of 1152921504606846976 bytes is 1 EiB or more"), "{too_big}");
+    assert!(csv("big", 1 << 60).unwrap_err().to_string().contains("is 1 EiB or more"));
+}

@@ -184,12 +184,16 @@ impl Workload {
             let mut live = FxHashSet::default();
             let mut last_step: Option<u64> = None;
             for (i, ev) in sc.events.iter().enumerate() {
-                let field = format!("scenario.events[{i}]");
                 match ev {
                     ScenarioEvent::Alloc { id, bytes, .. } => {
-                        v.positive(&field, bytes.0, crate::units::MAX_SANE_BYTES).map_err(|_| {
-                            InputError::new(&self.origin, format!("scenario.events[{i}]: alloc of {} bytes (must be > 0 and ≤ 1 PiB)", bytes.0))
-                        })?;
+                        // The rules of a CSV trace's alloc row: 0 bytes is PyTorch's null pointer,
+                        // and 1 EiB or more is refused there ("more than 1EB").
+                        if bytes.0 >= crate::units::MAX_REQUEST_BYTES {
+                            return Err(InputError::new(
+                                &self.origin,
+                                format!("scenario.events[{i}]: alloc of {} bytes is 1 EiB or more: PyTorch refuses it (\"more than 1EB\")", bytes.0),
+                            ));
+                        }
                         if !live.insert(*id) {
                             return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: alloc of id {id}, which is still live")));
                         }
