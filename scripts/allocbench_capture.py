@@ -2078,6 +2078,27 @@ def _rnns_without_cudnn(torch, patches, recorder):
         patches.set(cls, "forward", forward)
 
 
+def _padding_kept(torch, patches, recorder):
+    """nn.TransformerEncoder in inference with a src_key_padding_mask drops the padded tokens on
+    a GPU (its fast path packs the rest into a nested tensor, whose size depends on the mask's
+    values); the capture runs the unfused path (fast path off), which keeps them: said once, as
+    the trace's activations are then an upper bound."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+    original = torch.nn.TransformerEncoder.forward
+
+    def forward(self, src, *args, **kwargs):
+        padding_mask = kwargs.get("src_key_padding_mask", args[1] if len(args) > 1 else None)
+        if (padding_mask is not None and not self.training and not torch.is_grad_enabled() and getattr(self, "use_nested_tensor", False)
+                and isinstance(src, fake_type) and src.device.type == "cuda"):
+            recorder.say_once("nn.TransformerEncoder", "keeps padded tokens on fake CUDA: with a src_key_padding_mask in inference a GPU run "
+                              "drops them (nested tensors sized by the mask's values), so the trace's activations are an upper bound",
+                              "padded tokens kept (a GPU's inference fast path drops them)")
+        return original(self, src, *args, **kwargs)
+
+    functools.update_wrapper(forward, original)
+    patches.set(torch.nn.TransformerEncoder, "forward", forward)
+
+
 def _no_device_init(fake_mode_type):
     """FakeTensorMode that never runs a device copy for real: it asks torch.cuda.is_available(),
     which the fake CUDA API answers True."""
@@ -3205,6 +3226,7 @@ def _fake_cuda_api(torch, patches, recorder):
     mha = getattr(torch.backends, "mha", None)
     if mha is not None and hasattr(mha, "get_fastpath_enabled"):
         patches.set(mha, "get_fastpath_enabled", lambda: False)
+    _padding_kept(torch, patches, recorder)
     # Data pointers: a fake storage has none (0 for all), and libraries tell storages apart by
     # them (transformers' save_pretrained finds shared tensors so): each recorded allocation gets
     # an address of its own, as on the device.

@@ -51,6 +51,8 @@ def main():
     print("| cuDNN attention (first in SDPA's order in recent torch on sm90/sm100 with cuDNN > 9.15) | named | — | — | the capture runs flash, memory-efficient or math as with `TORCH_CUDNN_SDPA_DEPRIORITIZED=1`; cuDNN's kernel keeps output and log-sum-exp alike but takes a per-call workspace its heuristics size, transient |")
     print("| cuDNN convolution workspace | named | — | — | per convolution, chosen by the algorithm (with `cudnn.benchmark` the search tries workspaces up to the free memory), transient |")
     print("| cuFFT workspace | named | — | — | per `torch.fft` call on CUDA, sized by its cuFFT plan, through the caching allocator; complex-to-real transforms also copy their input; transient |")
+    print("| padding removal (`nn.TransformerEncoder` in inference with a `src_key_padding_mask`) | named (said at capture) | — | — | a GPU's fast path packs the unpadded tokens into a nested tensor sized by the mask's values; the capture keeps the padded layout, an upper bound by the padding share |")
+    print("| sparse gradients (`Embedding(sparse=True)`, `torch.sparse_coo`) | named (said at capture) | — | — | indices and values sized by the data (nnz·(D·itemsize + 8)); not recorded |")
     print("| NCCL buffers | named | — | — | outside the caching allocator (cudaMalloc by NCCL; `NCCL_BUFFSIZE` 4 MiB per channel per peer) |")
     print("| CUDA context | named | — | — | outside the caching allocator: lower `--capacity` by what `nvidia-smi` shows for an idle process |")
 

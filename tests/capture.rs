@@ -1035,6 +1035,14 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
     assert_eq!(err.matches("RNNs run PyTorch's non-cuDNN kernels").count(), 1, "{err}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# RNNs: PyTorch's non-cuDNN kernels"));
     assert!(signed_sizes(&events(&trace)).iter().filter(|&&b| b == 2 * 64 * 4).count() >= 5);
+    // A TransformerEncoder in inference with a padding mask drops the padded tokens on a GPU: the
+    // capture keeps them (the mask's values are unknown), said once and in the trace.
+    let (out, trace) = capture(dir.path(), "encoder.csv", &[], &[&script, "encoder_padding"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "encoded (4, 32, 64)\n");
+    assert_eq!(err.matches("nn.TransformerEncoder keeps padded tokens on fake CUDA").count(), 1, "{err}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# nn.TransformerEncoder: padded tokens kept"));
     let (out, _) = capture(dir.path(), "d.csv", &[], &[&script, "distributions"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "sampled (1000,)\n");
