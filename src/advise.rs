@@ -521,16 +521,39 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
                 );
             }
             s += &format!("\nexport PYTORCH_CUDA_ALLOC_CONF={}\n", if best.conf.is_empty() { "''".to_string() } else { format!("'{}'", best.conf) });
+            if let Some(note) = conf_compatibility_note(&best.conf) {
+                s += &format!("({note})\n");
+            }
         }
         None => s += "\nNothing was replayed (interrupted).\n",
     }
     s
 }
 
+/// What an older torch does not read in `conf`. The keys are read as torch 2.15's
+/// AllocatorConfig does; `per_process_memory_fraction` came into the variable with pytorch PR
+/// #161035 (2025), and a torch from before refuses the whole variable at its first allocation.
+pub fn conf_compatibility_note(conf: &str) -> Option<String> {
+    let fraction = conf.split(',').find_map(|kv| kv.trim().strip_prefix("per_process_memory_fraction:"))?;
+    Some(format!(
+        "per_process_memory_fraction is a key of the variable since pytorch PR #161035 (2025), and a torch from before refuses it: \
+         there, leave it out of the variable and call torch.cuda.set_per_process_memory_fraction({}) in the script",
+        fraction.trim()
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::workload::Workload;
+
+    #[test]
+    fn a_memory_fraction_in_the_advice_says_how_older_torch_gets_it() {
+        let note = conf_compatibility_note("max_split_size_mb:32,garbage_collection_threshold:0.6,per_process_memory_fraction:0.99").unwrap();
+        assert!(note.contains("torch.cuda.set_per_process_memory_fraction(0.99)"), "{note}");
+        assert_eq!(conf_compatibility_note("expandable_segments:True"), None);
+        assert_eq!(conf_compatibility_note(""), None);
+    }
 
     fn events(file: &str) -> Vec<Event> {
         let path = format!("{}/workloads/{file}", env!("CARGO_MANIFEST_DIR"));
