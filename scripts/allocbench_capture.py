@@ -467,7 +467,7 @@ class _Sites:
         return index, self._name(*key)
 
 
-KNOWN_VALUES_SAID = "answer reads of fake tensors where they can (Note [Known values]): isnan/isinf are all False, isin finds nothing (a generation runs to its max length)"
+KNOWN_VALUES_SAID = "answer reads of fake tensors where they can (Note [Known values]): isnan/isinf are all False, isfinite all True, isin finds nothing (a generation runs to its max length)"
 
 
 def _make_recorder_class(torch):
@@ -528,7 +528,9 @@ def _make_recorder_class(torch):
     view_dtype = aten.view.dtype  # (reinterprets the bits: not the same value)
     disable_modes = torch.utils._python_dispatch._disable_current_modes
     # What can know a value with nothing known yet (a real tensor's moves included).
-    value_sources = assumed_false | set(fills) | set(constants) | {
+    # x == x and x != ±inf are True for an unknown value (no NaN, no Inf): isfinite decomposes so.
+    no_nan_no_inf = {"eq", "ne"}
+    value_sources = assumed_false | no_nan_no_inf | set(fills) | set(constants) | {
         "_to_copy", "copy", "lift_fresh", "arange", "eye", "linspace", "logspace", "tril_indices", "triu_indices"}
 
     class Recorder(TorchDispatchMode):
@@ -1231,6 +1233,14 @@ def _make_recorder_class(torch):
                 return None if whole else invert
             if base in assumed_false and value_of(args[0]) is None and self._contents_of(args[0]) is None:
                 return False  # (known values are tested as they are: a causal mask's -inf)
+            if base in no_nan_no_inf and len(args) > 1 and isinstance(args[0], torch.Tensor) and value_of(args[0]) is None \
+                    and self._contents_of(args[0]) is None:
+                # The assumption above, as isfinite(x) (x == x) * (x.abs() != inf) and `x != x`
+                # ask it: an unknown value equals itself and is no infinity.
+                itself = args[1] is args[0]
+                infinity = isinstance(args[1], float) and args[1] in (float("inf"), float("-inf"))
+                if itself or infinity:
+                    return (base == "eq") == itself
             if base in constants:
                 return constants[base]
             if base in fills:
