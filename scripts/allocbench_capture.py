@@ -3118,6 +3118,35 @@ def _recorded_threads(threading_module, patches, recorder):
             return original(self)
 
     patches.set(threading_module.Thread, "_bootstrap_inner", bootstrap_inner)
+    # A thread's uncaught exception is printed as on a GPU: threading's frames, then the script's
+    # (not run_recorded's and bootstrap_inner's, nor a fake op's dispatch).
+    original_hook = threading_module.excepthook
+
+    def excepthook(args):
+        if not recorder.closed and args.exc_traceback is not None:
+            tb = _from_the_script(_without_thread_wrappers(args.exc_traceback, threading_module.__file__))
+            args = threading_module.ExceptHookArgs((args.exc_type, args.exc_value, tb, args.thread))
+        return original_hook(args)
+
+    patches.set(threading_module, "excepthook", excepthook)
+
+
+def _without_thread_wrappers(tb, threading_file):
+    """``tb`` without this module's frames between threading's and the script's first."""
+    here, threading_file = os.path.abspath(__file__), os.path.abspath(threading_file)
+    entries = []
+    while tb is not None:
+        entries.append(tb)
+        tb = tb.tb_next
+    kept, in_script = [], False
+    for entry in entries:
+        name = os.path.abspath(entry.tb_frame.f_code.co_filename)
+        in_script = in_script or name not in (here, threading_file)
+        if in_script or name != here:
+            kept.append(entry)
+    for entry, following in zip(kept, kept[1:] + [None]):
+        entry.tb_next = following
+    return kept[0] if kept else None
 
 
 def _fake_cuda_api(torch, patches, recorder):

@@ -1043,6 +1043,14 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), "encoded (4, 32, 64)\n");
     assert_eq!(err.matches("nn.TransformerEncoder keeps padded tokens on fake CUDA").count(), 1, "{err}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# nn.TransformerEncoder: padded tokens kept"));
+    // A thread's uncaught exception prints as on a GPU: threading's frames and the script's, none
+    // of the capture's; the main thread goes on.
+    let (out, _) = capture(dir.path(), "thread.csv", &[], &[&script, "thread_raises"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "main continues\n");
+    assert!(err.contains(&format!("fake_limits.py\", line {}, in work", line("thread_raises"))) && err.contains("ValueError: boom in thread"), "{err}");
+    assert!(err.contains("threading.py") && !err.contains("allocbench_capture.py"), "{err}");
     let (out, _) = capture(dir.path(), "d.csv", &[], &[&script, "distributions"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "sampled (1000,)\n");
