@@ -1639,3 +1639,36 @@ fn a_value_read_in_a_thread_stops_the_capture_with_its_line() {
     assert!(err.contains("thread_read.py:13: `results.put(x.sum().item())") && err.contains("--scalar-value"), "{err}");
     assert!(std::fs::read_to_string(&trace).unwrap().ends_with("# capture incomplete: FakeValueNeeded\n"));
 }
+
+/// What a CUDA kernel refuses, though a fake op's meta kernel lets it through, is refused as on
+/// a GPU: a matmul of mixed dtypes (a half model fed fp32) and cross_entropy with int32 targets.
+#[test]
+fn what_cuda_kernels_refuse_is_refused() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("dtypes.py");
+    std::fs::write(
+        &script,
+        "import sys, torch\ncase = sys.argv[1]\n\
+         if case == 'half_model':\n    torch.nn.Linear(16, 16).cuda().half()(torch.randn(2, 16, device='cuda'))\n\
+         if case == 'int_target':\n    torch.nn.functional.cross_entropy(torch.randn(8, 10, device='cuda'), torch.randint(0, 10, (8,), device='cuda').int())\n\
+         if case == 'fine':\n    m = torch.nn.Linear(16, 16).cuda()\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        y = m(torch.randn(2, 16, device='cuda'))\n    \
+         torch.nn.functional.cross_entropy(y.float(), torch.randint(0, 10, (2,), device='cuda'))\n    print('fine', y.dtype)\n",
+    )
+    .unwrap();
+    let script = script.to_str().unwrap();
+    for (case, says) in [
+        ("half_model", "dtypes.py:4: expected mat1 and mat2 to have the same dtype, but got: float != c10::Half"),
+        ("int_target", "dtypes.py:6: \"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for 'Int'"),
+    ] {
+        let (out, _) = capture(dir.path(), &format!("{case}.csv"), &[], &[script, case]);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{case}: {err}");
+        assert!(err.contains(says), "{case}: {err}");
+    }
+    let (out, _) = capture(dir.path(), "fine.csv", &[], &[script, "fine"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "fine torch.bfloat16\n");
+}
