@@ -85,26 +85,22 @@ _SCALAR_TYPE = {"float32": "Float", "float64": "Double", "float16": "Half", "bfl
                 "int16": "Short", "int8": "Char", "bool": "Bool", "uint8": "Byte", "int64": "Long"}
 
 
-def _refuse_as_cuda_kernels_do(name, args):
+def _refuse_as_cuda_kernels_do(name, args, tensor_type):
     """What a fake op's meta kernel lets through but its CUDA kernel refuses, refused as there:
     a matmul of mixed dtypes (the CPU kernel refuses it too), and nll_loss with a target that is
     not Long or Byte (AT_DISPATCH_NLL_LOSS_INDEX_TYPES; cross_entropy's int32 targets)."""
     positions = _SAME_DTYPE_OPERANDS.get(name)
     if positions is not None and len(args) > max(positions):
         first, second = (args[p] for p in positions)
-        if isinstance(first, torch_tensor_type()) and isinstance(second, torch_tensor_type()) and first.dtype != second.dtype \
+        if isinstance(first, tensor_type) and isinstance(second, tensor_type) and first.dtype != second.dtype \
                 and first.device.type == "cuda":
             names = [_CPP_DTYPE.get(str(t.dtype).replace("torch.", ""), str(t.dtype)) for t in (first, second)]
             raise RuntimeError(f"expected mat1 and mat2 to have the same dtype, but got: {names[0]} != {names[1]}")
     if name in ("nll_loss_forward", "nll_loss2d_forward") and len(args) > 1:
         target = args[1]
-        if isinstance(target, torch_tensor_type()) and target.device.type == "cuda" and str(target.dtype) not in ("torch.int64", "torch.uint8"):
+        if isinstance(target, tensor_type) and target.device.type == "cuda" and str(target.dtype) not in ("torch.int64", "torch.uint8"):
             kernel = "nll_loss_forward_reduce_cuda_kernel_2d_index" if name == "nll_loss_forward" else "nll_loss2d_forward_kernel"
             raise NotImplementedError(f'"{kernel}" not implemented for \'{_SCALAR_TYPE.get(str(target.dtype).replace("torch.", ""), str(target.dtype))}\'')
-
-
-def torch_tensor_type():
-    return sys.modules["torch"].Tensor
 
 
 def _fresh_lock_after_fork():
@@ -844,7 +840,7 @@ def _make_recorder_class(torch):
                 with self:
                     return func._op_dk(explicit_key, *args, **kwargs)
             if self.fake:
-                _refuse_as_cuda_kernels_do(func.overloadpacket.__name__, args)
+                _refuse_as_cuda_kernels_do(func.overloadpacket.__name__, args, torch.Tensor)
             if self.cublas_workspace_bytes and func.overloadpacket.__name__ in _CUBLAS_OPS:
                 self._cublas_workspace(args)
             if self.probing is not None:
