@@ -19,6 +19,15 @@ pub const MAX_SANE_BYTES: u64 = PIB;
 /// device can hold is an out-of-memory there, not bad input.
 pub const MAX_REQUEST_BYTES: u64 = EIB;
 
+/// An alloc's request as a trace or scenario gives it: below [`MAX_REQUEST_BYTES`] (0 bytes is
+/// PyTorch's null pointer, accepted).
+pub fn check_request_bytes(bytes: u64) -> Result<u64, String> {
+    if bytes >= MAX_REQUEST_BYTES {
+        return Err(format!("alloc of {bytes} bytes is 1 EiB or more: PyTorch refuses it (\"more than 1EB\")"));
+    }
+    Ok(bytes)
+}
+
 /// A device's memory, as any input names it (`--capacity`, a sweep plan's rows, a
 /// torch_replay.py output): more than 0 bytes and at most [`MAX_SANE_BYTES`].
 pub fn check_capacity(bytes: u64) -> Result<u64, String> {

@@ -87,7 +87,6 @@ pub enum Command {
     Sweep(sweep::SweepArgs),
 }
 
-/// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
 /// The command line, parsed; a usage error is said in one line (exit 2), as every other error is.
 /// Help and version are printed as clap prints them.
 pub fn parse_or_exit() -> Cli {
@@ -131,6 +130,7 @@ pub fn one_line_usage_error(rendered: &str) -> String {
     line
 }
 
+/// Runs the CLI and returns the process exit code: 0, 2 for bad input, 1 for other failures.
 pub fn main_with(cli: Cli) -> i32 {
     // Ctrl-C stops a run, which still writes what it measured (once; later calls are no-ops).
     let _ = ctrlc::set_handler(crate::interrupt::request);

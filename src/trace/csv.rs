@@ -399,10 +399,7 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 // A 0-byte alloc is accepted (PyTorch returns a null pointer for it: see
                 // Event::Alloc); its id is live like any other so that its free is accepted.
-                let bytes = self.number(bytes, "bytes")?;
-                if bytes >= MAX_REQUEST_BYTES {
-                    return Err(self.err(format!("alloc of {bytes} bytes is 1 EiB or more: PyTorch refuses it (\"more than 1EB\")")));
-                }
+                let bytes = crate::units::check_request_bytes(self.number(bytes, "bytes")?).map_err(|m| self.err(m))?;
                 let stream = if stream.is_empty() { 0 } else { self.number(stream, "stream")? };
                 if !self.live.insert(id, ()) {
                     return Err(self.err(format!("alloc of id {id}, which is still live (free it first)")));

@@ -186,14 +186,8 @@ impl Workload {
             for (i, ev) in sc.events.iter().enumerate() {
                 match ev {
                     ScenarioEvent::Alloc { id, bytes, .. } => {
-                        // The rules of a CSV trace's alloc row: 0 bytes is PyTorch's null pointer,
-                        // and 1 EiB or more is refused there ("more than 1EB").
-                        if bytes.0 >= crate::units::MAX_REQUEST_BYTES {
-                            return Err(InputError::new(
-                                &self.origin,
-                                format!("scenario.events[{i}]: alloc of {} bytes is 1 EiB or more: PyTorch refuses it (\"more than 1EB\")", bytes.0),
-                            ));
-                        }
+                        // The rules of a CSV trace's alloc row.
+                        crate::units::check_request_bytes(bytes.0).map_err(|m| InputError::new(&self.origin, format!("scenario.events[{i}]: {m}")))?;
                         if !live.insert(*id) {
                             return Err(InputError::new(&self.origin, format!("scenario.events[{i}]: alloc of id {id}, which is still live")));
                         }
