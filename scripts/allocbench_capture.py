@@ -30,8 +30,10 @@ As a library (a notebook, a custom loop)::
 
 Blind spots (allocations the dispatcher never sees): kernel-internal scratch (flash / memory-efficient
 attention backward, embedding backward's sort buffers, cub temporaries), NCCL buffers and the CUDA
-context (outside the caching allocator). cuBLAS workspaces are modelled: one per stream, at the
-first matrix multiply on it, ``--cublas-workspace-mib`` (32 MiB, Hopper's default) each.
+context (outside the caching allocator). cuBLAS and cuBLASLt workspaces are modelled as the torch
+running the capture takes them: per call (torch 2.15's default) or kept per stream
+(``TORCH_CUBLAS_WORKSPACE_CACHE=1``, older torch), sized by ``CUBLAS_WORKSPACE_CONFIG`` (32 MiB,
+Hopper's default, when unset; ``--cublas-workspace-mib`` overrides it) and ``CUBLASLT_WORKSPACE_SIZE``.
 """
 from __future__ import annotations
 
@@ -63,11 +65,237 @@ FORMAT_HEADER = "op,id,bytes,stream"
 EXIT_SETUP_ERROR = 2
 EXIT_SCRIPT_ERROR = 1
 
-# aten ops that take a cuBLAS handle, whose workspace PyTorch allocates through the caching
-# allocator on the first use per (handle, stream) (aten/src/ATen/cuda/CublasHandlePool.cpp).
-_CUBLAS_OPS = frozenset(
-    "mm addmm bmm baddbmm addbmm addmv mv dot vdot _addmm_activation _scaled_mm _int_mm".split()
+# --- cuBLAS workspaces -----------------------------------------------------------------------
+# A cuBLAS call (gemm, bgemm, gemv: CUDABlas.cpp; dot, vdot) takes a workspace of
+# getChosenWorkspaceSize() bytes through the caching allocator, a cuBLASLt call (addmm's fused-bias
+# path, _scaled_mm, _int_mm: CublasLtWorkspace) one of getCUDABlasLtWorkspaceSize()
+# (aten/src/ATen/cuda/CublasHandlePool.cpp). Torch builds that have isCUDABlasWorkspaceCachingEnabled
+# (torch 2.15) take it per call ("eager": getCurrentCUDABlasHandleWithWorkspace), after the op's
+# output, and free it when the call returns; with TORCH_CUBLAS_WORKSPACE_CACHE=1, and in builds
+# without that switch, the workspace is kept per (handle, stream) from the stream's first call on.
+_CUBLAS_GEMM_OPS = frozenset("mm bmm baddbmm baddbmm_ addbmm addbmm_".split())
+_CUBLAS_GEMV_OPS = frozenset("mv addmv addmv_".split())
+_CUBLAS_DOT_OPS = frozenset("dot vdot".split())  # dot_cuda/vdot_cuda: no determinism alert
+_ADDMM_OPS = frozenset("addmm addmm_ _addmm_activation".split())  # Lt when isInputCompliesAddmmCudaLt
+_CUBLASLT_OPS = frozenset("_scaled_mm _int_mm".split())
+_BLAS_OPS = _CUBLAS_GEMM_OPS | _CUBLAS_GEMV_OPS | _CUBLAS_DOT_OPS | _ADDMM_OPS | _CUBLASLT_OPS
+HOPPER_CUBLAS_WORKSPACE_BYTES = 4096 * 8 * 1024  # parseChosenWorkspaceSize on sm90 and later
+DEFAULT_CUBLASLT_WORKSPACE_KIB = 1024  # parseCUDABlasLtWorkspaceSize's default
+# Context::checkCuBLASConfigDeterministic: the CUBLAS_WORKSPACE_CONFIG values deterministic runs need.
+_DETERMINISTIC_CUBLAS_CONFIGS = (":4096:8", ":16:8")
+_CUBLAS_NOT_DETERMINISTIC = (
+    "Deterministic behavior was enabled with either `torch.use_deterministic_algorithms(True)` or "
+    "`at::Context::setDeterministicAlgorithms(true)`, but this operation is not deterministic because "
+    "it uses CuBLAS and you have CUDA >= 10.2. To enable deterministic behavior in this case, you must "
+    "set an environment variable before running your PyTorch application: CUBLAS_WORKSPACE_CONFIG=:4096:8 "
+    "or CUBLAS_WORKSPACE_CONFIG=:16:8. For more information, go to "
+    "https://docs.nvidia.com/cuda/cublas/index.html#results-reproducibility"
 )
+
+
+def cublas_workspace_bytes(config, warn=None):
+    """parseChosenWorkspaceSize: CUBLAS_WORKSPACE_CONFIG's ``:SIZE:COUNT`` pairs (SIZE in KiB), summed;
+    unset or unparseable (``warn`` is told): Hopper's 32 MiB."""
+    if config is None:
+        return HOPPER_CUBLAS_WORKSPACE_BYTES
+    pairs = re.findall(r":([0-9]+):([0-9]+)", config)
+    if not pairs:
+        if warn:
+            warn(f"Could not parse CUBLAS_WORKSPACE_CONFIG, using default workspace size of {HOPPER_CUBLAS_WORKSPACE_BYTES} bytes.")
+        return HOPPER_CUBLAS_WORKSPACE_BYTES
+    return sum(int(size) * 1024 * int(count) for size, count in pairs)
+
+
+def cublaslt_workspace_bytes(value, warn=None):
+    """parseCUDABlasLtWorkspaceSize: CUBLASLT_WORKSPACE_SIZE in KiB (std::stoi: a leading integer),
+    1 MiB when unset or invalid (``warn`` is told)."""
+    kib = DEFAULT_CUBLASLT_WORKSPACE_KIB
+    if value is not None:
+        m = re.match(r"\s*([+-]?[0-9]+)", value)
+        if m is None or int(m.group(1)) < 0:
+            if warn:
+                warn(f"invalid CUBLASLT_WORKSPACE_SIZE, using default workspace size of {kib} KiB.")
+        elif int(m.group(1)) > 2**31 - 1:
+            if warn:
+                warn(f"CUBLASLT_WORKSPACE_SIZE out of range, using default workspace size of {kib} KiB.")
+        else:
+            kib = int(m.group(1))
+    return kib * 1024
+
+
+def _torch_warn(source, message):
+    """A TORCH_WARN from PyTorch's C++ ``source``: a UserWarning, as the warning handler turns it."""
+    warnings.warn_explicit(f"{message} (Triggered internally at {source}.)", UserWarning, source, 0)
+
+
+def _env_flag(name):
+    """c10::utils::check_env: True for "1", False for "0", None otherwise."""
+    return {"1": True, "0": False}.get(os.environ.get(name))
+
+
+def _torch_has_eager_cublas_workspaces(torch):
+    """Whether this torch build takes cuBLAS workspaces per call unless TORCH_CUBLAS_WORKSPACE_CACHE=1
+    (it exports at::cuda::isCUDABlasWorkspaceCachingEnabled; ROCm builds cache by default)."""
+    if getattr(torch.version, "hip", None):
+        return False
+    library = os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cuda.so")
+    try:
+        ctypes.CDLL(library)["_ZN2at4cuda33isCUDABlasWorkspaceCachingEnabledEv"]
+        return True
+    except (OSError, AttributeError):
+        pass
+    # A build without its CUDA library (CPU-only): by version, torch 2.15 having the switch.
+    release = tuple(int(p) for p in re.findall(r"\d+", torch.__version__.split("+")[0])[:2])
+    return release >= (2, 15)
+
+
+def _is_expandable_to(shape, desired):
+    """at::is_expandable_to: ``shape`` broadcasts to ``desired``."""
+    if len(shape) > len(desired):
+        return False
+    return all(s == 1 or s == d for s, d in zip(reversed(shape), reversed(desired)))
+
+
+class _CublasWorkspaces:
+    """The workspaces PyTorch's BLAS calls take (see the note above), for one capture.
+
+    ``chosen_bytes``: --cublas-workspace-mib's size, or None for CUBLAS_WORKSPACE_CONFIG's (read,
+    as PyTorch does once, at the first call)."""
+
+    def __init__(self, torch, chosen_bytes):
+        self.torch = torch
+        self.flag_bytes = chosen_bytes
+        self.settings = None  # resolved at the first BLAS call: the environment is read then
+        self.kept = {}  # cached mode: (map, stream) -> (trace id, bytes)
+        # setChosenWorkspaceSize / setCUDABlasLtWorkspaceSize (torch.backends.cuda.
+        # cublas_workspace_size, cublaslt_workspace_size): "cublas"/"cublaslt" -> bytes.
+        self.override = {}
+
+    def size(self, library):
+        """getChosenWorkspaceSize (library "cublas") or getCUDABlasLtWorkspaceSize ("cublaslt"):
+        --cublas-workspace-mib, else the script's setting, else the environment's."""
+        s = self._resolve()
+        chosen = self.flag_bytes if self.flag_bytes is not None else self.override.get("cublas", s["chosen"])
+        if library == "cublas":
+            return chosen
+        lt = self.override.get("cublaslt", s["lt"])
+        return min(lt, chosen) if s["unified"] else lt
+
+    def describe(self):
+        size = f"{self.flag_bytes >> 20} MiB (--cublas-workspace-mib)" if self.flag_bytes is not None else (
+            "CUBLAS_WORKSPACE_CONFIG's size (32 MiB when unset)")
+        mode = ("per call, freed when it returns (TORCH_CUBLAS_WORKSPACE_CACHE=1 keeps one per stream)"
+                if _torch_has_eager_cublas_workspaces(self.torch) else "one per stream, kept")
+        return f"cuBLAS workspace modelled: {size}, {mode}; cuBLASLt's: CUBLASLT_WORKSPACE_SIZE (1 MiB when unset)"
+
+    def _resolve(self):
+        if self.settings is None:
+            warn = functools.partial(_torch_warn, "aten/src/ATen/cuda/CublasHandlePool.cpp")
+            has_switch = _torch_has_eager_cublas_workspaces(self.torch)
+            eager = has_switch and _env_flag("TORCH_CUBLAS_WORKSPACE_CACHE") is not True
+            unified_flag = _env_flag("TORCH_CUBLASLT_UNIFIED_WORKSPACE")
+            chosen = self.flag_bytes if self.flag_bytes is not None else cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), warn)
+            lt = cublaslt_workspace_bytes(os.environ.get("CUBLASLT_WORKSPACE_SIZE"), warn)
+            # unified_cublas_and_lt_workspaces: cached mode, unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0
+            # (builds before the switch: only with =1). Unified, the Lt workspace is capped at the
+            # cuBLAS one's size (getCUDABlasLtWorkspaceSize) and shares its per-stream entry.
+            unified = not eager and (unified_flag is not False if has_switch else unified_flag is True)
+            self.settings = {
+                "eager": eager, "unified": unified, "chosen": chosen, "lt": lt,
+                "deterministic_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG") in _DETERMINISTIC_CUBLAS_CONFIGS,
+                "addmm_lt_disabled": os.environ.get("DISABLE_ADDMM_CUDA_LT") == "1",
+            }
+        return self.settings
+
+    def library(self, name, args, kwargs):
+        """Which library the op's CUDA kernel calls: "cublas", "cublaslt" or None."""
+        if name in _CUBLASLT_OPS:
+            return "cublaslt"
+        if name in _ADDMM_OPS and self._addmm_takes_lt(name, args, kwargs):
+            return "cublaslt"
+        if name in _CUBLAS_GEMM_OPS or name in _ADDMM_OPS:
+            # gemm_internal / bgemm_internal: cuBLASLt when it is the preferred BLAS library
+            # (torch.backends.cuda.preferred_blas_library), for the floating types it covers.
+            first = next((a for a in args if isinstance(a, self.torch.Tensor)), None)
+            lt_types = (self.torch.float32, self.torch.float16, self.torch.bfloat16)
+            if first is not None and first.dtype in lt_types and self._preferred_is_lt():
+                return "cublaslt"
+        return "cublas"
+
+    def _preferred_is_lt(self):
+        try:
+            return self.torch._C._get_blas_preferred_backend() == self.torch._C._BlasBackend.Cublaslt
+        except (AttributeError, RuntimeError):
+            return False
+
+    def _addmm_takes_lt(self, name, args, kwargs):
+        """isInputCompliesAddmmCudaLt (Blas.cpp), and DISABLE_ADDMM_CUDA_LT unset."""
+        if self._resolve()["addmm_lt_disabled"] or len(args) < 3:
+            return False
+        torch = self.torch
+        bias, mat1, mat2 = args[0], args[1], args[2]
+        if not all(isinstance(t, torch.Tensor) for t in (bias, mat1, mat2)) or mat1.dim() != 2 or mat2.dim() != 2:
+            return False
+        beta = kwargs.get("beta", args[3] if len(args) > 3 else 1)
+        result = bias if name == "addmm_" else kwargs.get("out")
+        if result is not None and not (result.dim() == 2 and result.is_contiguous()):
+            return False
+        squeezed_dims = sum(1 for s in bias.shape if s != 1)
+        fused_bias = bias.is_contiguous() and (bias.dim() == 1 or squeezed_dims == 1) and bias.dim() >= 1 and bias.shape[-1] == mat2.shape[1]
+        activation_bias = name == "_addmm_activation" and bias.dim() == 2 and _is_expandable_to(tuple(bias.shape), (mat1.shape[0], mat2.shape[1]))
+        return (
+            beta == 1
+            and (fused_bias or activation_bias)
+            and mat1.dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+            and min(mat1.shape) > 1 and min(mat2.shape) > 1
+        )
+
+    def check_deterministic(self, name):
+        """Context::alertCuBLASConfigNotDeterministic, which the cuBLAS and cuBLASLt gemm, bgemm and
+        gemv wrappers call before taking their handle (dot and vdot do not)."""
+        if name in _CUBLAS_DOT_OPS or not self.torch.are_deterministic_algorithms_enabled():
+            return
+        if self._resolve()["deterministic_config"]:
+            return
+        if self.torch.is_deterministic_algorithms_warn_only_enabled():
+            _torch_warn("aten/src/ATen/Context.cpp", _CUBLAS_NOT_DETERMINISTIC)
+        else:
+            raise RuntimeError(_CUBLAS_NOT_DETERMINISTIC)
+
+    def take(self, recorder, library, stream):
+        """The workspace of one call on ``stream``: allocated and freed (eager), or the stream's
+        kept one allocated at its first call (cached)."""
+        s = self._resolve()
+        nbytes = self.size(library)
+        if not nbytes:
+            return
+        label = "cuBLAS" if library == "cublas" else "cuBLASLt"
+        if s["eager"]:
+            trace_id = recorder._new_id()
+            recorder.record_alloc(trace_id, nbytes, stream)
+            recorder.sink.free(trace_id, nbytes)
+            return
+        # Cached: one per (handle, stream) in each map, replaced when a larger size is asked
+        # (the new one allocated before the old goes); unified, cuBLASLt's shares cuBLAS's entry,
+        # allocated at max(lt, chosen) when Lt comes first (getCUDABlasLtWorkspace).
+        key = ("cublas" if library == "cublas" or s["unified"] else "cublaslt", stream)
+        old = self.kept.get(key)
+        if old is not None and old[1] >= nbytes:
+            return
+        if library == "cublaslt" and key[0] == "cublas":
+            nbytes = max(nbytes, self.size("cublas"))
+        trace_id = recorder._new_id()
+        recorder.record_alloc(trace_id, nbytes, stream, f"{label} workspace of stream {stream} (modelled, kept per stream)")
+        self.kept[key] = (trace_id, nbytes)
+        if old is not None:
+            recorder.sink.free(*old)
+
+    def clear_stream(self, recorder, stream):
+        """clearCublasWorkspacesForStream: the stream's kept workspaces are freed."""
+        for key in [k for k in self.kept if k[1] == stream]:
+            trace_id, nbytes = self.kept.pop(key)
+            if not recorder.closed:
+                recorder.sink.free(trace_id, nbytes)
 
 _active = None  # the Recorder of the capture in progress, if any
 
@@ -567,20 +795,19 @@ def _make_recorder_class(torch):
     class Recorder(TorchDispatchMode):
         """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
 
-        def __init__(self, sink, device_type, fake, cublas_workspace_bytes, scalar_value, sites=None):
+        def __init__(self, sink, device_type, fake, blas_workspaces, scalar_value, sites=None):
             super().__init__()
             self.sink = sink
             self.sites = sites
             self.device_type = device_type
             self.fake = fake
-            self.cublas_workspace_bytes = cublas_workspace_bytes
+            self.blas = blas_workspaces  # _CublasWorkspaces, or None when none are modelled
             self.scalar_value = scalar_value
             self.closed = False
             self.storages = {}  # StorageImpl address -> [trace id or None, nbytes]
             self.next_id = 1
             self.step_no = 0
             self.max_steps = None
-            self.workspace_streams = {}  # stream -> the trace id of its cuBLAS workspace
             self.stream_ids = {}
             self.fake_streams = None  # _FakeStreams on fake CUDA
             self.written_args = {}
@@ -743,24 +970,19 @@ def _make_recorder_class(torch):
                 if entry is not None and entry[0] is not None and not self.closed:
                     self.sink.free(entry[0], entry[1])
 
-        def _cublas_workspace(self, args):
+        def _blas_workspace(self, name, args, kwargs):
+            """A BLAS op's CUDA kernel, after its output: the determinism check, then its workspace."""
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is None or first.device.type != "cuda" or self.device_type != "cuda":
+            if first is None or first.device.type != "cuda":
                 return
-            stream = self._stream_of(first)
-            if stream in self.workspace_streams:
-                return
-            trace_id = self._new_id()
-            comment = f"cuBLAS workspace of stream {stream} (modelled, --cublas-workspace-mib)"
-            self.record_alloc(trace_id, self.cublas_workspace_bytes, stream, comment)
-            self.workspace_streams[stream] = trace_id
+            self.blas.check_deterministic(name)
+            self.blas.take(self, self.blas.library(name, args, kwargs), self._stream_of(first))
 
         def clear_cublas_workspace(self, stream):
-            """clearCublasWorkspacesForStream: the stream's workspace is freed (a CUDA graph's reset
-            does it for its capture stream, so the workspace no longer pins the graph's pool)."""
-            trace_id = self.workspace_streams.pop(stream, None)
-            if trace_id is not None and not self.closed:
-                self.sink.free(trace_id, self.cublas_workspace_bytes)
+            """clearCublasWorkspacesForStream: the stream's kept workspaces are freed (a CUDA graph's
+            reset does it for its capture stream, so a workspace no longer pins the graph's pool)."""
+            if self.blas is not None:
+                self.blas.clear_stream(self, stream)
 
         def _written_arg_positions(self, func):
             positions = self.written_args.get(func)
@@ -841,8 +1063,6 @@ def _make_recorder_class(torch):
                     return func._op_dk(explicit_key, *args, **kwargs)
             if self.fake:
                 _refuse_as_cuda_kernels_do(func.overloadpacket.__name__, args, torch.Tensor)
-            if self.cublas_workspace_bytes and func.overloadpacket.__name__ in _CUBLAS_OPS:
-                self._cublas_workspace(args)
             if self.probing is not None:
                 if func is add_tensor and torch._C._current_autograd_node() is not None:
                     self.probing.append(args[0]._use_count())
@@ -869,6 +1089,9 @@ def _make_recorder_class(torch):
                 arg = args[pos] if pos < len(args) else kwargs.get(name)
                 for leaf in tree_leaves(arg):
                     self._observe(leaf)
+            if self.blas is not None and func.overloadpacket.__name__ in _BLAS_OPS:
+                # After the output (the structured kernel allocates it before calling cuBLAS).
+                self._blas_workspace(func.overloadpacket.__name__, args, kwargs)
             if self.fake:
                 self._follow_known_value(func, args, kwargs, out)
             if func is flash_backward and self.device_type == "cuda":
@@ -3450,7 +3673,7 @@ def _fake_cuda_api(torch, patches, recorder):
 
 
 @contextlib.contextmanager
-def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None):
+def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=None, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None):
     """Records the allocation trace of the code inside the block into ``path`` (a v1 trace).
 
     ``fake``: None picks fake tensors when ``device`` is cuda and no GPU is present.
@@ -3471,11 +3694,15 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         raise SetupError("--real needs a GPU, and torch.cuda.is_available() is False here: drop --real to capture on fake CUDA tensors")
     if fake and device == "cuda":
         _install_fake_cuda_guard(torch)
-    workspace = cublas_workspace_mib * 1024 * 1024 if device == "cuda" else 0
+    # --cublas-workspace-mib 0: none; unset: CUBLAS_WORKSPACE_CONFIG's (see _CublasWorkspaces).
+    if cublas_workspace_mib is not None and cublas_workspace_mib < 0:
+        raise SetupError(f"--cublas-workspace-mib must be 0 or more, not {cublas_workspace_mib}")
+    modelled = device == "cuda" and cublas_workspace_mib != 0
+    workspaces = _CublasWorkspaces(torch, None if cublas_workspace_mib is None else cublas_workspace_mib << 20) if modelled else None
     header = [
         "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()",
         f"torch {torch.__version__}, {'fake' if fake else 'real'} {device} tensors, python {sys.version.split()[0]}",
-        f"cuBLAS workspace modelled: {cublas_workspace_mib} MiB per stream" if workspace else "cuBLAS workspace: not modelled",
+        workspaces.describe() if workspaces else "cuBLAS workspace: not modelled",
         "not seen: kernel-internal scratch (attention/embedding backward, cub), cuDNN and cuFFT workspaces, NCCL, the CUDA context",
         *comments,
     ]
@@ -3495,7 +3722,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=32,
         value = _conf_fraction(_alloc_conf_items(conf))
         sink.fraction = 1.0 if value is None else value  # (a fraction of 0 is a cap, not unset)
     site_table = _Sites(torch, site_root or os.getcwd()) if sites else None
-    recorder = _make_recorder_class(torch)(sink, device, fake, workspace, scalar_value, site_table)
+    recorder = _make_recorder_class(torch)(sink, device, fake, workspaces, scalar_value, site_table)
     recorder.max_steps = steps
     patches = _Patches()
     outcome = "incomplete: stopped by an error"
@@ -3687,9 +3914,36 @@ def _no_gpu_fusion(torch, stack):
     stack.callback(override, before)
 
 
+def _patch_blas_workspace_sizes(torch, workspaces, patches, fake):
+    """torch.backends.cuda.cublas_workspace_size / cublaslt_workspace_size: the modelled workspaces
+    take the sizes a script sets (setChosenWorkspaceSize, setCUDABlasLtWorkspaceSize), and on fake
+    CUDA a query answers the modelled size (PyTorch's reads the device's properties)."""
+    for name, library in (("Cublas", "cublas"), ("CublasLt", "cublaslt")):
+        setter, getter, resetter = (getattr(torch._C, f"_cuda_{verb}{name}WorkspaceSize", None) for verb in ("set", "get", "reset"))
+        if setter is None or getter is None or resetter is None:
+            continue  # a torch without the setting
+
+        def set_size(size, library=library, setter=setter):
+            setter(size)
+            workspaces.override[library] = int(size)
+
+        def reset_size(library=library, resetter=resetter):
+            resetter()
+            workspaces.override.pop(library, None)
+
+        def get_size(library=library, getter=getter):
+            return workspaces.size(library) if fake else getter()
+
+        patches.set(torch._C, f"_cuda_set{name}WorkspaceSize", set_size)
+        patches.set(torch._C, f"_cuda_reset{name}WorkspaceSize", reset_size)
+        patches.set(torch._C, f"_cuda_get{name}WorkspaceSize", get_size)
+
+
 def _start(torch, recorder, stack, patches, fake, device):
     # Run backward on this thread: the op order is then the device thread's, deterministically.
     torch.autograd.set_multithreading_enabled(False)
+    if recorder.blas is not None:
+        _patch_blas_workspace_sizes(torch, recorder.blas, patches, fake)
     original_empty_cache = torch.cuda.empty_cache
 
     def empty_cache():
@@ -3958,7 +4212,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, help="stop after this many steps")
     parser.add_argument("--real", action="store_true", help="record real tensors (needs a GPU for cuda)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device whose storages are recorded")
-    parser.add_argument("--cublas-workspace-mib", type=int, default=32, help="modelled cuBLAS workspace per stream (0: none)")
+    parser.add_argument("--cublas-workspace-mib", type=int, help="the modelled cuBLAS workspace (default: CUBLAS_WORKSPACE_CONFIG's, 32 MiB when unset; 0: none)")
     parser.add_argument("--scalar-value", type=float, help="answer .item() (and .numpy()) of fake tensors with this value")
     parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
     parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes (default: an H100 80 GB's)")

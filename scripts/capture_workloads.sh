@@ -13,8 +13,11 @@
 # The serving capture also writes its generator twin, workloads/captured/serving-llama7b.toml:
 # workloads/serving-llama7b.toml driven by the capture's own arrivals (tests check both agree);
 # model-switch likewise writes workloads/captured/model-switch.toml (the capture's residencies).
+# The traces keep one cuBLAS workspace per stream (TORCH_CUBLAS_WORKSPACE_CACHE=1), as the
+# generators they calibrate do; torch 2.15's default takes one per matmul call instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export TORCH_CUBLAS_WORKSPACE_CACHE=1
 bin=$(cargo build --release --message-format=json-render-diagnostics 2>/dev/null | sed -n 's/.*"executable":"\([^"]*allocbench\)".*/\1/p' | tail -1)
 bin=${bin:-target/release/allocbench}
 mkdir -p workloads/captured

@@ -30,7 +30,8 @@ pub struct CaptureOptions {
     pub real: bool,
     /// The device whose storages are recorded: `cuda`, or `cpu` for validation runs.
     pub device: String,
-    pub cublas_workspace_mib: u64,
+    /// The modelled cuBLAS workspace in MiB; `None`: CUBLAS_WORKSPACE_CONFIG's, as PyTorch sizes it.
+    pub cublas_workspace_mib: Option<u64>,
     /// Answer `.item()` on fake tensors with this value instead of stopping.
     pub scalar_value: Option<f64>,
     /// Record each alloc's site (the innermost frame of the user's code) as `#site`/`#at` lines.
@@ -99,7 +100,10 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
 
     let mut cmd = Command::new(&python);
     cmd.arg(&module).arg("-o").arg(&opts.output).arg("--status").arg(&status);
-    cmd.arg("--device").arg(&opts.device).arg("--cublas-workspace-mib").arg(opts.cublas_workspace_mib.to_string());
+    cmd.arg("--device").arg(&opts.device);
+    if let Some(mib) = opts.cublas_workspace_mib {
+        cmd.arg("--cublas-workspace-mib").arg(mib.to_string());
+    }
     if let Some(n) = opts.steps {
         cmd.arg("--steps").arg(n.to_string());
     }

@@ -50,9 +50,15 @@ fn stderr(out: &Output) -> String {
 /// Runs `allocbench capture FLAGS -o DIR/NAME -- SCRIPT ARGS`; returns the output and the trace path.
 /// (With a timeout: a capture that regresses into an endless loop fails instead of hanging CI.)
 fn capture(dir: &Path, name: &str, flags: &[&str], script_and_args: &[&str]) -> (Output, PathBuf) {
+    capture_with_env(dir, name, flags, script_and_args, &[])
+}
+
+/// [`capture`] with these environment variables set for the script.
+fn capture_with_env(dir: &Path, name: &str, flags: &[&str], script_and_args: &[&str], env: &[(&str, &str)]) -> (Output, PathBuf) {
     let trace = dir.join(name);
     let out = Command::cargo_bin("allocbench")
         .unwrap()
+        .envs(env.iter().copied())
         .arg("capture")
         .args(flags)
         .arg("-o")
@@ -84,6 +90,14 @@ fn signed_sizes(evs: &[Event]) -> Vec<i64> {
         }
     }
     out
+}
+
+/// How many `workspace`-byte blocks were taken and freed at once (a BLAS call's workspace in
+/// torch 2.15's eager mode); every one of that size must be freed.
+fn per_call_workspaces(sizes: &[i64], workspace: i64) -> usize {
+    let taken = sizes.iter().filter(|&&b| b == workspace).count();
+    assert_eq!(taken, sizes.iter().filter(|&&b| b == -workspace).count(), "a {workspace} B workspace was kept");
+    sizes.windows(2).filter(|w| w[0] == workspace && w[1] == -workspace).count()
 }
 
 /// Signed sizes per phase between step markers (frees may name allocations of earlier phases).
@@ -153,8 +167,7 @@ fn inference_mode_captures_what_no_grad_does_op_by_op() {
         assert_eq!(inference.len(), 3, "{model}: two forwards, a step after each");
         assert!(no_grad[1].len() > 40, "{model}: a forward allocates");
         assert_eq!(inference, no_grad, "{model}: inference_mode must allocate what no_grad does, op by op");
-        let workspaces = inference.concat().iter().filter(|&&b| b == 32 << 20).count();
-        assert_eq!(workspaces, 1, "{model}: the cuBLAS workspace of the first matmul under inference_mode");
+        assert!(per_call_workspaces(&inference.concat(), 32 << 20) > 0, "{model}: the cuBLAS workspaces of the matmuls under inference_mode");
     }
     // Real CPU tensors under inference_mode: the recorder sees the same parts as on fake ones.
     let (fake_out, fake) = capture(dir.path(), "cpu-fake.csv", &["--device", "cpu"], &[&forward, "inference_mode", "tiny-gpt", "cpu"]);
@@ -227,9 +240,10 @@ fn a_users_amp_script_captures_unedited_on_fake_cuda() {
     assert_eq!(first, params);
     // CUDA autocast casts the weights to fp16 (half their fp32 size) for the matmuls.
     assert!(sizes.contains(&(256 * 512 * 2)), "an fp16 copy of the first weight");
-    // The modelled cuBLAS workspace: 32 MiB, once, never freed.
-    assert_eq!(sizes.iter().filter(|&&b| b == 32 << 20).count(), 1);
-    assert!(!sizes.contains(&-(32 << 20)));
+    // The modelled cuBLAS workspaces: 32 MiB, taken by each matmul of the backward and freed when
+    // it returns (torch 2.15); autocast's fp16 linears take cuBLASLt's 1 MiB likewise.
+    assert!(per_call_workspaces(&sizes, 32 << 20) > 0);
+    assert!(per_call_workspaces(&sizes, 1 << 20) > 0);
     // AdamW's state appears at the first step: exp_avg and exp_avg_sq for every parameter.
     let first_step = evs.iter().position(|e| matches!(e, Event::Step { n: 1 })).unwrap();
     let before: Vec<i64> = signed_sizes(&evs[..first_step]);
@@ -299,8 +313,8 @@ fn sites_name_the_users_own_lines() {
             (4096, Some(format!("sites_lib/blocks.py:{} in make", marked_line("sites_lib/blocks.py", "make")))),
             (256, at("linear", "<module>")),
             (128, at("forward", "<module>")),
-            (workspace, at("forward", "<module>")),
             (128, at("forward", "<module>")),
+            (workspace, at("forward", "<module>")),
             (64, at("twice-first", "twice")),
             (128, at("twice-second", "twice")),
         ]
@@ -1272,18 +1286,91 @@ fn make_graphed_callables_captures_into_one_shared_pool() {
     assert!(replay.status.success(), "{}", stderr(&replay));
 }
 
+/// cuBLAS and cuBLASLt workspaces as the torch running the capture takes them
+/// (CublasHandlePool.cpp, CUDABlas.cpp): a Linear with a bias runs addmm's fused-bias cuBLASLt path
+/// (1 MiB, CUBLASLT_WORKSPACE_SIZE), a plain matmul cuBLAS (32 MiB, CUBLAS_WORKSPACE_CONFIG), each
+/// after the op's output. torch 2.15 takes them per call; TORCH_CUBLAS_WORKSPACE_CACHE=1 keeps one
+/// per stream, which cuBLASLt shares unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0. Deterministic
+/// algorithms without a deterministic CUBLAS_WORKSPACE_CONFIG raise PyTorch's error, as a GPU does.
+#[test]
+fn blas_workspaces_follow_the_torch_settings() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("blas_workspaces.py");
+    let (weight, bias, x, y) = (64 * 32 * 4, 32 * 4, 16 * 64 * 4, 16 * 32 * 4);
+    let run_with = |label: &str, flags: &[&str], env: &[(&str, &str)], arg: &[&str]| {
+        let (out, trace) = capture_with_env(dir.path(), &format!("{label}.csv"), flags, &[&[script.as_str()], arg].concat(), env);
+        assert!(out.status.success(), "{label}: {}", stderr(&out));
+        let sizes = signed_sizes(&events(&trace));
+        // The script's own tensors first; its end frees them (the order is the interpreter's).
+        assert_eq!(sizes[..3], [weight, bias, x], "{label}: {sizes:?}");
+        sizes[3..].iter().copied().take_while(|&b| b != -bias).collect::<Vec<i64>>()
+    };
+    let run = |label: &str, flags: &[&str], env: &[(&str, &str)]| run_with(label, flags, env, &[]);
+    let (mib, lt) = (1 << 20, 1 << 20);
+    assert_eq!(run("per-call", &[], &[]), [y, lt, -lt, y, 32 * mib, -32 * mib]);
+    assert_eq!(
+        run("sized", &[], &[("CUBLAS_WORKSPACE_CONFIG", ":16:8"), ("CUBLASLT_WORKSPACE_SIZE", "4096")]),
+        [y, 4 * mib, -4 * mib, y, 128 << 10, -(128 << 10)]
+    );
+    assert_eq!(run("flag", &["--cublas-workspace-mib", "8"], &[("CUBLAS_WORKSPACE_CONFIG", ":16:8")]), [y, lt, -lt, y, 8 * mib, -8 * mib]);
+    assert_eq!(run("no-lt", &[], &[("DISABLE_ADDMM_CUDA_LT", "1")]), [y, 32 * mib, -32 * mib, y, 32 * mib, -32 * mib]);
+    assert_eq!(run("kept", &[], &[("TORCH_CUBLAS_WORKSPACE_CACHE", "1")]), [y, 32 * mib, y], "unified: Lt's call takes the stream's one");
+    let separate = [("TORCH_CUBLAS_WORKSPACE_CACHE", "1"), ("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")];
+    assert_eq!(run("kept-separate", &[], &separate), [y, lt, y, 32 * mib]);
+    assert_eq!(run("none", &["--cublas-workspace-mib", "0"], &[]), [y, y]);
+    assert_eq!(run_with("lt", &[], &[], &["lt"]), [y, lt, -lt, y, lt, -lt], "cuBLASLt preferred: the matmul's gemm goes there too");
+    // A configuration PyTorch cannot parse: its warning, and the default size.
+    let (out, trace) = capture_with_env(dir.path(), "bad.csv", &[], &[&script], &[("CUBLAS_WORKSPACE_CONFIG", "4096x8")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("Could not parse CUBLAS_WORKSPACE_CONFIG, using default workspace size of 33554432 bytes."), "{}", stderr(&out));
+    assert!(signed_sizes(&events(&trace)).contains(&(32 * mib)));
+
+    // Deterministic algorithms need a deterministic workspace configuration: the first cuBLAS call
+    // raises (after its output), and the script's error passes through.
+    let (out, trace) = capture(dir.path(), "det.csv", &[], &[&script, "det"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("you must set an environment variable before running your PyTorch application: CUBLAS_WORKSPACE_CONFIG=:4096:8"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(signed_sizes(&events(&trace)), [weight, bias, x, y]);
+    let (out, _) = capture_with_env(dir.path(), "det-ok.csv", &[], &[&script, "det"], &[("CUBLAS_WORKSPACE_CONFIG", ":4096:8")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    // Sizes the script sets (torch.backends.cuda.cublas_workspace_size, cublaslt_workspace_size),
+    // which a query on fake CUDA answers; kept, a larger size replaces the stream's workspace.
+    let sized = fixture("blas_workspace_sizes.py");
+    let (a, lin_bias) = (64 * 64 * 4, 64 * 4);
+    let (out, trace) = capture(dir.path(), "set.csv", &[], &[&sized]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "default 33554432\nset 8388608\nlt 2097152\n");
+    let sizes = signed_sizes(&events(&trace));
+    assert_eq!(sizes[..12], [a, a, 8 * mib, -8 * mib, a, 64 * mib, -64 * mib, a, lin_bias, a, 2 * mib, -2 * mib]);
+    let (out, trace) = capture_with_env(dir.path(), "set-kept.csv", &[], &[&sized], &[("TORCH_CUBLAS_WORKSPACE_CACHE", "1")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(signed_sizes(&events(&trace))[..8], [a, a, 8 * mib, a, 64 * mib, -8 * mib, a, lin_bias]);
+}
+
 /// CUDA graph edge cases: reset() of a capture left open ends it before releasing the pool; a
-/// matmul captured on a fresh stream puts its cuBLAS workspace in the graph's pool and reset
-/// frees it (clearCublasWorkspacesForStream), so the pool can go; use_mem_pool inside a capture
-/// routes to the MemPool, which the graph keeps until its reset. The replay ends with only the
-/// eager segment cached: every private segment was given back.
+/// matmul captured on a fresh stream with workspaces kept (TORCH_CUBLAS_WORKSPACE_CACHE=1) puts
+/// its cuBLAS workspace in the graph's pool and reset frees it (clearCublasWorkspacesForStream),
+/// so the pool can go; use_mem_pool inside a capture routes to the MemPool, which the graph keeps
+/// until its reset. The replay ends with only the eager segment cached: every private segment was
+/// given back. With torch 2.15's per-call workspaces the matmul frees its own at once.
 #[test]
 fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
     if !have_torch() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (out, trace) = capture(dir.path(), "e.csv", &[], &[&fixture("graph_edges.py")]);
+    let (out, per_call) = capture(dir.path(), "per-call.csv", &[], &[&fixture("graph_edges.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(per_call_workspaces(&signed_sizes(&events(&per_call)), 32 << 20), 1, "the captured matmul's workspace, taken and freed");
+    let (out, trace) = capture_with_env(dir.path(), "e.csv", &[], &[&fixture("graph_edges.py")], &[("TORCH_CUBLAS_WORKSPACE_CACHE", "1")]);
     assert!(out.status.success(), "{}", stderr(&out));
     let evs = events(&trace);
     use Event::{Alloc, EmptyCache, Free, Pool};
@@ -1301,8 +1388,8 @@ fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
             Pool(PoolOp::End { pool: 2 }),
             EmptyCache,
             Pool(PoolOp::Begin { pool: 3, stream: Some(2) }),
-            Alloc { id: 3, bytes: workspace, stream: 2 },
-            Alloc { id: 4, bytes: 16384, stream: 2 },
+            Alloc { id: 3, bytes: 16384, stream: 2 },
+            Alloc { id: 4, bytes: workspace, stream: 2 },
             Pool(PoolOp::Begin { pool: 2, stream: None }),
             Alloc { id: 5, bytes: 16384, stream: 2 },
             Pool(PoolOp::End { pool: 2 }),
@@ -1312,9 +1399,9 @@ fn cuda_graph_resets_workspaces_and_mem_pools_inside_captures() {
             Pool(PoolOp::End { pool: 3 }),
             Pool(PoolOp::Release { pool: 2 }),
             Pool(PoolOp::EmptyCache { pool: 2 }),
-            Free { id: 4 },
-            Free { id: 5 },
             Free { id: 3 },
+            Free { id: 5 },
+            Free { id: 4 },
             Pool(PoolOp::Release { pool: 3 }),
             Pool(PoolOp::Release { pool: 2 }),
             EmptyCache,

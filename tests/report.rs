@@ -500,7 +500,16 @@ fn a_captured_traces_memory_view_in_a_report_names_sites() {
     assert_eq!(data["runs"].as_array().unwrap().len(), 3, "pytorch twice, nocache once");
     let (live, with_site) = live_blocks_with_sites(&data);
     assert!(live >= 10, "every run maps its live blocks: {live}");
-    assert_eq!(with_site, live, "every allocation of the capture has a site");
+    // The caching allocator forks, so its map is the exact peak's and every block there has its
+    // site. nocache cannot fork: its map is taken near the peak (here after the matmul's
+    // workspace went), which a replay cannot match to owners, so it names no site, not a wrong one.
+    for run in data["runs"].as_array().unwrap() {
+        let blocks: Vec<&serde_json::Value> = run["segments"].as_array().unwrap().iter().flat_map(|s| s[5].as_array().unwrap()).filter(|b| b[2] == 1).collect();
+        let named = blocks.iter().filter(|b| b[3].as_i64().unwrap() >= 0).count();
+        let expected = if run["label"] == "nocache" { 0 } else { blocks.len() };
+        assert_eq!(named, expected, "{}: {} live blocks", run["label"], blocks.len());
+    }
+    assert!(with_site >= 10, "{with_site}");
 
     // Moved away: the report cannot find the trace, and names no site.
     let moved = dir.path().join("moved.csv");

@@ -18,9 +18,11 @@ pub struct CaptureArgs {
     /// Record real tensors (needs a GPU) instead of fake CUDA tensors.
     #[arg(long)]
     pub real: bool,
-    /// The cuBLAS workspace modelled per stream, in MiB (32: Hopper's default; 0: none).
-    #[arg(long, default_value_t = 32)]
-    pub cublas_workspace_mib: u64,
+    /// The cuBLAS workspace modelled, in MiB (default: CUBLAS_WORKSPACE_CONFIG's size, 32 MiB,
+    /// Hopper's, when unset; 0: none). Taken per call, or kept per stream with
+    /// TORCH_CUBLAS_WORKSPACE_CACHE=1, as the torch running the capture does.
+    #[arg(long)]
+    pub cublas_workspace_mib: Option<u64>,
     /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub device: String,

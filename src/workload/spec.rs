@@ -191,7 +191,8 @@ pub struct TransformerSpec {
     #[serde(default = "yes")]
     pub clip_grad_norm: bool,
     /// The cuBLAS workspace PyTorch allocates through the caching allocator at the first matmul
-    /// of a stream and keeps (default 32 MiB, the Hopper `CUBLAS_WORKSPACE_CONFIG`); 0: none.
+    /// of a stream and keeps, as with `TORCH_CUBLAS_WORKSPACE_CACHE=1` (torch 2.15's default
+    /// takes one per call instead) (default 32 MiB, the Hopper `CUBLAS_WORKSPACE_CONFIG`); 0: none.
     pub cublas_workspace: Option<Bytes>,
     /// `DistributedDataParallel`: gradients reduced in buckets on a communication stream.
     #[serde(default)]
