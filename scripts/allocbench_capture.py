@@ -2400,6 +2400,23 @@ def _sdp_backend(torch, q, k, v, attn_mask, enable_gqa, is_causal):
     return "math"
 
 
+def _mem_efficient_mask(torch, mask, query, key):
+    """The mask scaled_dot_product_attention hands the memory-efficient kernel (aten/src/ATen/
+    native/transformers/attention.cpp): convert_boolean_attn_mask turns a boolean mask into an
+    additive one of the query's dtype (where(mask, 0, -inf), -inf a scalar tensor on the device),
+    and preprocess_mask pads one that is not aligned_tensor<8> (strides but the last a multiple of
+    8, the last 1) to a multiple of 8 columns (pad_bias: padded, then sliced back), then expands
+    it to (B, H, L, S)."""
+    if mask.dtype == torch.bool:
+        neg_inf = torch.scalar_tensor(float("-inf"), dtype=query.dtype, device=mask.device)
+        mask = torch.where(mask, 0.0, neg_inf)
+        del neg_inf
+    if not (all(s % 8 == 0 for s in mask.stride()[:-1]) and mask.stride(-1) == 1):
+        columns = mask.shape[-1]
+        mask = torch.nn.functional.pad(mask, (0, 8 - columns % 8))[..., :columns]
+    return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+
+
 def _fake_cuda_sdpa(torch, original):
     """scaled_dot_product_attention that dispatches to the fused kernel a GPU would run."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention.default
@@ -2419,6 +2436,8 @@ def _fake_cuda_sdpa(torch, original):
             return flash(query, key, value, dropout_p, is_causal, False, scale=scale)[0]
         if backend == "efficient":
             need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+            if attn_mask is not None:
+                attn_mask = _mem_efficient_mask(torch, attn_mask, query, key)
             return efficient(query, key, value, attn_mask, need_lse, dropout_p, is_causal, scale=scale)[0]
         return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
 

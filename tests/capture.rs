@@ -1143,6 +1143,20 @@ fn sdpa_on_fake_cuda_runs_flash_attention_with_its_backward_scratch() {
     let sizes = signed_sizes(&events(&trace));
     assert!(sizes.contains(&(2 * 16 * 32 * 4)) && !sizes.contains(&(2 * 16 * 16 * 4)), "memory-efficient attention's log-sum-exp, not flash's: {sizes:?}");
 
+    // A boolean mask (flash takes none: memory-efficient attention runs): scaled_dot_product_attention
+    // makes it additive in the query's dtype (where(mask, 0, -inf), both scalars on the device) and
+    // pads its 100 columns to 104 (preprocess_mask: a multiple of 8), expanded, not copied, to B·H·L·S.
+    let script = dir.path().join("mask.py");
+    let text = "import torch, torch.nn.functional as F\nq = torch.randn(2, 4, 100, 64, device='cuda', dtype=torch.bfloat16)\n\
+                mask = torch.ones(100, 100, dtype=torch.bool, device='cuda').tril()\n\
+                out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)\n";
+    std::fs::write(&script, text).unwrap();
+    let (out, trace) = capture(dir.path(), "mask.csv", &["--cublas-workspace-mib", "0"], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let sizes = signed_sizes(&events(&trace));
+    let (additive, padded, output) = (100 * 100 * 2, 100 * 104 * 2, 2 * 4 * 100 * 64 * 2);
+    assert_eq!(sizes[4..], [2, 2, additive, -2, -2, padded, -additive, output, -padded, -(2 * 4 * 100 * 64 * 2), -10000, -output], "{sizes:?}");
+
     // Grouped-query attention as transformers calls it (enable_gqa, 4 query heads on 2 key heads),
     // 64 tokens: the backward's dq accumulator even for one block of keys, and dk, dv expanded to
     // every query head, freed in reverse (mha_bwd).
