@@ -2365,6 +2365,31 @@ def _padding_kept(torch, patches, recorder):
     patches.set(torch.nn.TransformerEncoder, "forward", forward)
 
 
+def _profiler_without_cuda(torch, patches, recorder):
+    """torch.profiler on fake CUDA profiles the CPU side only: no kernel runs, and its CUDA activity
+    would ask the driver for an event at every op (a warning with a C++ stack each). PyTorch turns
+    CUDA profiling off the same way when CUDA is not available (autograd.profiler.profile); said once."""
+    from torch.autograd.profiler import ProfilerActivity, ProfilerState
+
+    original = torch.autograd.profiler.profile.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        if getattr(self, "use_device", None) != "cuda":
+            return
+        self.use_device = None
+        self.kineto_activities.discard(ProfilerActivity.CUDA)
+        if self.profiler_kind == ProfilerState.KINETO_GPU_FALLBACK:
+            self.profiler_kind = ProfilerState.KINETO
+        if not self.kineto_activities:
+            self.kineto_activities.add(ProfilerActivity.CPU)  # (CUDA alone asked: the CPU side, not nothing)
+        recorder.say_once("torch.profiler", "records CPU activity only on fake CUDA (no kernel runs): its CUDA activity is off",
+                          "the profiler's CUDA activity off (no kernel runs)")
+
+    functools.update_wrapper(__init__, original)
+    patches.set(torch.autograd.profiler.profile, "__init__", __init__)
+
+
 def _no_device_init(fake_mode_type):
     """FakeTensorMode that never runs a device copy for real: it asks torch.cuda.is_available(),
     which the fake CUDA API answers True."""
@@ -3541,6 +3566,7 @@ def _fake_cuda_api(torch, patches, recorder):
     if mha is not None and hasattr(mha, "get_fastpath_enabled"):
         patches.set(mha, "get_fastpath_enabled", lambda: False)
     _padding_kept(torch, patches, recorder)
+    _profiler_without_cuda(torch, patches, recorder)
     # Data pointers: a fake storage has none (0 for all), and libraries tell storages apart by
     # them (transformers' save_pretrained finds shared tensors so): each recorded allocation gets
     # an address of its own, as on the device.

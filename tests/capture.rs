@@ -1369,6 +1369,27 @@ fn blas_workspaces_follow_the_torch_settings() {
     assert_eq!(signed_sizes(&events(&trace))[..8], [a, a, 8 * mib, a, 64 * mib, -8 * mib, a, lin_bias]);
 }
 
+/// torch.profiler with CUDA activity on fake CUDA: the CPU side only (no kernel runs; PyTorch's
+/// CUDA activity would warn at every op that it cannot record an event), said once, and the
+/// loop's allocations are recorded as without the profiler.
+#[test]
+fn a_profiled_loop_captures_quietly_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "p.csv", &[], &[&fixture("profiled.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(!err.contains("Failed to record CUDA event"), "{err}");
+    assert_eq!(err.matches("allocbench capture: torch.profiler records CPU activity only on fake CUDA").count(), 1, "{err}");
+    assert!(err.lines().count() < 20, "{err}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("Self CPU"), "the profiler's table printed");
+    let evs = events(&trace);
+    assert_eq!(evs.iter().filter(|e| matches!(e, Event::Alloc { .. })).count(), evs.iter().filter(|e| matches!(e, Event::Free { .. })).count());
+    assert!(std::fs::read_to_string(&trace).unwrap().contains("# torch.profiler: the profiler's CUDA activity off"));
+}
+
 /// CUDA graph edge cases: reset() of a capture left open ends it before releasing the pool; a
 /// matmul captured on a fresh stream with workspaces kept (TORCH_CUBLAS_WORKSPACE_CACHE=1) puts
 /// its cuBLAS workspace in the graph's pool and reset frees it (clearCublasWorkspacesForStream),
