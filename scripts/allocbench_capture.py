@@ -73,12 +73,15 @@ EXIT_SCRIPT_ERROR = 1
 # (torch 2.15) take it per call ("eager": getCurrentCUDABlasHandleWithWorkspace), after the op's
 # output, and free it when the call returns; with TORCH_CUBLAS_WORKSPACE_CACHE=1, and in builds
 # without that switch, the workspace is kept per (handle, stream) from the stream's first call on.
-_CUBLAS_GEMM_OPS = frozenset("mm bmm baddbmm baddbmm_ addbmm addbmm_".split())
+_CUBLAS_GEMM_OPS = frozenset("mm bmm baddbmm baddbmm_".split())
+# addbmm has no CUDA kernel of its own: addbmm_impl_ runs addmm_ once per batch (each a cuBLAS call).
+_ADDBMM_OPS = frozenset("addbmm addbmm_".split())
 _CUBLAS_GEMV_OPS = frozenset("mv addmv addmv_".split())
 _CUBLAS_DOT_OPS = frozenset("dot vdot".split())  # dot_cuda/vdot_cuda: no determinism alert
 _ADDMM_OPS = frozenset("addmm addmm_ _addmm_activation".split())  # Lt when isInputCompliesAddmmCudaLt
-_CUBLASLT_OPS = frozenset("_scaled_mm _int_mm".split())
-_BLAS_OPS = _CUBLAS_GEMM_OPS | _CUBLAS_GEMV_OPS | _CUBLAS_DOT_OPS | _ADDMM_OPS | _CUBLASLT_OPS
+# scaled_gemm's CublasLtWorkspace (_int_mm's int8_gemm passes cuBLASLt no workspace).
+_CUBLASLT_OPS = frozenset("_scaled_mm _scaled_mm_v2".split())
+_BLAS_OPS = _CUBLAS_GEMM_OPS | _ADDBMM_OPS | _CUBLAS_GEMV_OPS | _CUBLAS_DOT_OPS | _ADDMM_OPS | _CUBLASLT_OPS
 HOPPER_CUBLAS_WORKSPACE_BYTES = 4096 * 8 * 1024  # parseChosenWorkspaceSize on sm90 and later
 DEFAULT_CUBLASLT_WORKSPACE_KIB = 1024  # parseCUDABlasLtWorkspaceSize's default
 # Context::checkCuBLASConfigDeterministic: the CUBLAS_WORKSPACE_CONFIG values deterministic runs need.
@@ -149,6 +152,19 @@ def _torch_has_eager_cublas_workspaces(torch):
     return release >= (2, 15)
 
 
+def _blas_short_circuits(torch, name, args, out):
+    """Whether the op's CUDA kernel returns before the BLAS call: an empty result, or an empty
+    reduction (addmm_out_cuda_impl, baddbmm_out_cuda_impl, addmv_out_cuda, dot_cuda)."""
+    result = next((t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)), None)
+    if result is not None and result.numel() == 0:
+        return True
+    operand = args[0] if name in ("mm", "bmm", "mv", "dot", "vdot", "_scaled_mm", "_scaled_mm_v2") else args[1] if len(args) > 1 else None
+    if not isinstance(operand, torch.Tensor):
+        return False
+    reduced = operand.numel() if name in _CUBLAS_DOT_OPS else operand.shape[-1] if operand.dim() else 1
+    return reduced == 0 or (name in _ADDBMM_OPS and operand.shape[0] == 0)
+
+
 def _is_expandable_to(shape, desired):
     """at::is_expandable_to: ``shape`` broadcasts to ``desired``."""
     if len(shape) > len(desired):
@@ -203,6 +219,9 @@ class _CublasWorkspaces:
             self.settings = {
                 "eager": eager, "unified": unified, "chosen": chosen, "lt": lt,
                 "deterministic_config": os.environ.get("CUBLAS_WORKSPACE_CONFIG") in _DETERMINISTIC_CUBLAS_CONFIGS,
+                # alertCuBLASConfigNotDeterministic went with PR #161749 (torch 2.15 has none); the
+                # builds that check say so in use_deterministic_algorithms' documentation.
+                "deterministic_check": "CUBLAS_WORKSPACE_CONFIG" in (self.torch.use_deterministic_algorithms.__doc__ or ""),
                 "addmm_lt_disabled": os.environ.get("DISABLE_ADDMM_CUDA_LT") == "1",
             }
         return self.settings
@@ -213,13 +232,13 @@ class _CublasWorkspaces:
             return "cublaslt"
         if name in _ADDMM_OPS and self._addmm_takes_lt(name, args, kwargs):
             return "cublaslt"
-        if name in _CUBLAS_GEMM_OPS or name in _ADDMM_OPS:
-            # gemm_internal / bgemm_internal: cuBLASLt when it is the preferred BLAS library
-            # (torch.backends.cuda.preferred_blas_library), for the floating types it covers.
-            first = next((a for a in args if isinstance(a, self.torch.Tensor)), None)
-            lt_types = (self.torch.float32, self.torch.float16, self.torch.bfloat16)
-            if first is not None and first.dtype in lt_types and self._preferred_is_lt():
-                return "cublaslt"
+        # gemm_internal / bgemm_internal: cuBLASLt when it is the preferred BLAS library
+        # (torch.backends.cuda.preferred_blas_library); half and bfloat16 gemv goes through gemm.
+        first = next((a for a in args if isinstance(a, self.torch.Tensor)), None)
+        via_gemm = name in _CUBLAS_GEMM_OPS or name in _ADDMM_OPS or name in _ADDBMM_OPS or (
+            name in _CUBLAS_GEMV_OPS and first is not None and first.dtype in (self.torch.float16, self.torch.bfloat16))
+        if via_gemm and self._preferred_is_lt():
+            return "cublaslt"
         return "cublas"
 
     def _preferred_is_lt(self):
@@ -241,21 +260,28 @@ class _CublasWorkspaces:
         if result is not None and not (result.dim() == 2 and result.is_contiguous()):
             return False
         squeezed_dims = sum(1 for s in bias.shape if s != 1)
-        fused_bias = bias.is_contiguous() and (bias.dim() == 1 or squeezed_dims == 1) and bias.dim() >= 1 and bias.shape[-1] == mat2.shape[1]
-        activation_bias = name == "_addmm_activation" and bias.dim() == 2 and _is_expandable_to(tuple(bias.shape), (mat1.shape[0], mat2.shape[1]))
-        return (
-            beta == 1
-            and (fused_bias or activation_bias)
-            and mat1.dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-            and min(mat1.shape) > 1 and min(mat2.shape) > 1
-        )
+        m, n = mat1.shape[0], mat2.shape[1]
+        fused_bias = bias.is_contiguous() and (bias.dim() == 1 or squeezed_dims == 1) and bias.dim() >= 1 and bias.shape[-1] == n
+        activation_bias = name == "_addmm_activation" and bias.dim() == 2 and _is_expandable_to(tuple(bias.shape), (m, n))
+        if (beta == 1 and (fused_bias or activation_bias) and mat1.dtype in (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+                and min(mat2.shape) > 1):
+            return True
+        # A full 2-D half-precision input (issue #153590): row-major (a valid leading dimension),
+        # one dtype for all three, not written in place, beta and alpha non-zero, no activation.
+        alpha = kwargs.get("alpha", args[4] if len(args) > 4 else 1)
+        half = (torch.float16, torch.bfloat16)
+        return (name == "addmm" and result is not bias and beta != 0 and alpha != 0 and bias.dim() == 2 and tuple(bias.shape) == (m, n)
+                and bias.stride(1) == 1 and bias.stride(0) >= max(1, n) and bias.dtype in half and bias.dtype == mat1.dtype == mat2.dtype
+                and m > 1 and min(mat2.shape) > 1)
 
     def check_deterministic(self, name):
         """Context::alertCuBLASConfigNotDeterministic, which the cuBLAS and cuBLASLt gemm, bgemm and
-        gemv wrappers call before taking their handle (dot and vdot do not)."""
+        gemv wrappers of torch builds before PR #161749 call before taking their handle (dot and
+        vdot do not)."""
         if name in _CUBLAS_DOT_OPS or not self.torch.are_deterministic_algorithms_enabled():
             return
-        if self._resolve()["deterministic_config"]:
+        settings = self._resolve()
+        if settings["deterministic_config"] or not settings["deterministic_check"]:
             return
         if self.torch.is_deterministic_algorithms_warn_only_enabled():
             _torch_warn("aten/src/ATen/Context.cpp", _CUBLAS_NOT_DETERMINISTIC)
@@ -277,8 +303,11 @@ class _CublasWorkspaces:
             return
         # Cached: one per (handle, stream) in each map, replaced when a larger size is asked
         # (the new one allocated before the old goes); unified, cuBLASLt's shares cuBLAS's entry,
-        # allocated at max(lt, chosen) when Lt comes first (getCUDABlasLtWorkspace).
-        key = ("cublas" if library == "cublas" or s["unified"] else "cublaslt", stream)
+        # allocated at max(lt, chosen) when Lt comes first (getCUDABlasLtWorkspace). Handles are
+        # per thread (a PoolWindow each): the backward runs on autograd's CUDA device thread, so
+        # its calls have a handle, and workspaces, of their own.
+        handle = "autograd" if self.torch._C._current_autograd_node() is not None else "script"
+        key = ("cublas" if library == "cublas" or s["unified"] else "cublaslt", stream, handle)
         old = self.kept.get(key)
         if old is not None and old[1] >= nbytes:
             return
@@ -291,7 +320,7 @@ class _CublasWorkspaces:
             recorder.sink.free(*old)
 
     def clear_stream(self, recorder, stream):
-        """clearCublasWorkspacesForStream: the stream's kept workspaces are freed."""
+        """clearCublasWorkspacesForStream: the stream's kept workspaces (every handle's) are freed."""
         for key in [k for k in self.kept if k[1] == stream]:
             trace_id, nbytes = self.kept.pop(key)
             if not recorder.closed:
@@ -970,13 +999,16 @@ def _make_recorder_class(torch):
                 if entry is not None and entry[0] is not None and not self.closed:
                     self.sink.free(entry[0], entry[1])
 
-        def _blas_workspace(self, name, args, kwargs):
-            """A BLAS op's CUDA kernel, after its output: the determinism check, then its workspace."""
+        def _blas_workspace(self, name, args, kwargs, out):
+            """A BLAS op's CUDA kernel, after its output: the determinism check, then its workspace
+            (one per addmm_ for addbmm); none when the kernel returns before calling the library."""
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
-            if first is None or first.device.type != "cuda":
+            if first is None or first.device.type != "cuda" or _blas_short_circuits(torch, name, args, out):
                 return
             self.blas.check_deterministic(name)
-            self.blas.take(self, self.blas.library(name, args, kwargs), self._stream_of(first))
+            calls = args[1].shape[0] if name in _ADDBMM_OPS else 1
+            for _ in range(calls):
+                self.blas.take(self, self.blas.library(name, args, kwargs), self._stream_of(first))
 
         def clear_cublas_workspace(self, stream):
             """clearCublasWorkspacesForStream: the stream's kept workspaces are freed (a CUDA graph's
@@ -1091,7 +1123,7 @@ def _make_recorder_class(torch):
                     self._observe(leaf)
             if self.blas is not None and func.overloadpacket.__name__ in _BLAS_OPS:
                 # After the output (the structured kernel allocates it before calling cuBLAS).
-                self._blas_workspace(func.overloadpacket.__name__, args, kwargs)
+                self._blas_workspace(func.overloadpacket.__name__, args, kwargs, out)
             if self.fake:
                 self._follow_known_value(func, args, kwargs, out)
             if func is flash_backward and self.device_type == "cuda":

@@ -42,7 +42,7 @@ def main():
         )
     rows = [
         ("cuBLAS workspace", "modelled (`CUBLAS_WORKSPACE_CONFIG`, `--cublas-workspace-mib`)", "cublas", "32 MiB (Hopper's default) per cuBLAS call (mm, bmm, gemv, dot), after its output and freed when it returns (torch 2.15); kept per stream with `TORCH_CUBLAS_WORKSPACE_CACHE=1` or an older torch"),
-        ("cuBLASLt workspace", "modelled (`CUBLASLT_WORKSPACE_SIZE`)", "cublaslt", "1 MiB per cuBLASLt call (a Linear's fused-bias addmm, `_scaled_mm`, `_int_mm`), freed when it returns; kept, it shares the stream's cuBLAS workspace (`TORCH_CUBLASLT_UNIFIED_WORKSPACE=0`: its own)"),
+        ("cuBLASLt workspace", "modelled (`CUBLASLT_WORKSPACE_SIZE`)", "cublaslt", "1 MiB per cuBLASLt call (a Linear's fused-bias addmm, `_scaled_mm`), freed when it returns; kept, it shares the stream's cuBLAS workspace (`TORCH_CUBLASLT_UNIFIED_WORKSPACE=0`: its own)"),
         ("FlashAttention-2 backward scratch", "modelled", "flash", "softmax_d B·H·⌈S⌉₁₂₈·4 + dq_accum B·⌈S⌉₁₂₈·H·⌈D⌉₃₂·4 (+ dk, dv expanded to every query head, B·S·H·D each, under grouped-query attention), per layer, transient"),
         ("memory-efficient attention backward", "named", "efficient", "up to 3 fp32 accumulators B·S·H·D·4, transient (0 when the math or flash kernel runs)"),
         ("embedding backward (sort, segments)", "named", "embedding", "≈ B·S·D·4 partial sums + 6·B·S·8 index buffers, transient, once per step"),
