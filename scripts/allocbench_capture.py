@@ -68,7 +68,7 @@ EXIT_SCRIPT_ERROR = 1
 # --- cuBLAS workspaces -----------------------------------------------------------------------
 # A cuBLAS call (gemm, bgemm, gemv: CUDABlas.cpp; dot, vdot) takes a workspace of
 # getChosenWorkspaceSize() bytes through the caching allocator, a cuBLASLt call (addmm's fused-bias
-# path, _scaled_mm, _int_mm: CublasLtWorkspace) one of getCUDABlasLtWorkspaceSize()
+# path, _scaled_mm: CublasLtWorkspace) one of getCUDABlasLtWorkspaceSize()
 # (aten/src/ATen/cuda/CublasHandlePool.cpp). Torch builds that have isCUDABlasWorkspaceCachingEnabled
 # (torch 2.15) take it per call ("eager": getCurrentCUDABlasHandleWithWorkspace), after the op's
 # output, and free it when the call returns; with TORCH_CUBLAS_WORKSPACE_CACHE=1, and in builds
@@ -150,6 +150,32 @@ def _torch_has_eager_cublas_workspaces(torch):
     # A build without its CUDA library (CPU-only): by version, torch 2.15 having the switch.
     release = tuple(int(p) for p in re.findall(r"\d+", torch.__version__.split("+")[0])[:2])
     return release >= (2, 15)
+
+
+def _ctc_use_cudnn(torch, func_name, args, kwargs):
+    """_use_cudnn_ctc_loss (aten/src/ATen/native/cudnn/LossCTC.cpp) on fake CUDA: cuDNN's CTC loss
+    takes float32 log-probs on the GPU, blank 0, 1-D int32 targets on the CPU (any device for the
+    Tensor overload, with int32 lengths), every input length T (IntArrayRef overload) and target
+    lengths under 256, none above its input's."""
+    log_probs, targets, input_lengths, target_lengths = args[:4]
+    blank = kwargs.get("blank", args[4] if len(args) > 4 else 0)
+    tensor_lengths = isinstance(input_lengths, torch.Tensor)
+    if tensor_lengths:
+        if input_lengths.dtype != torch.int32 or target_lengths.dtype != torch.int32:
+            return False
+        if any(t.device.type != "cpu" for t in (input_lengths, target_lengths)):
+            return None  # the lengths' values are on the fake device: unknown here
+        input_lengths, target_lengths = input_lengths.tolist(), target_lengths.tolist()
+    ok = (torch.backends.cudnn.enabled and blank == 0 and targets.dim() == 1 and targets.dtype == torch.int32
+          and (tensor_lengths or targets.device.type == "cpu") and targets.is_contiguous()
+          and log_probs.dtype == torch.float32 and log_probs.device.type == "cuda" and log_probs.dim() == 3)
+    if not ok:
+        return False
+    T = log_probs.shape[0]
+    if not tensor_lengths and any(length != T for length in input_lengths):
+        return False
+    return all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths))
+
 
 
 def _blas_short_circuits(torch, name, args, out):
@@ -774,6 +800,10 @@ def _make_recorder_class(torch):
     implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
     explicit_key = torch._C.DispatchKey.CompositeExplicitAutograd
     pack_padded = aten._pack_padded_sequence.default
+    ctc_forward, ctc_backward = aten._ctc_loss.default, aten._ctc_loss_backward.default
+    ctc_with_length_tensors = {aten._ctc_loss.Tensor: ctc_forward, aten._ctc_loss_backward.Tensor: ctc_backward}
+    ctc_cudnn_checks = {getattr(aten, "_use_cudnn_ctc_loss").default, getattr(aten, "_use_cudnn_ctc_loss").Tensor}
+    ctc_miopen_checks = {getattr(getattr(aten, "_use_miopen_ctc_loss", None), o, None) for o in ("default", "Tensor")} - {None}
 
     # Note [Known values]: fake tensors have no data, but some values are known and libraries
     # steer by them, so the capture follows them: a tensor filled with one Python number (full,
@@ -1093,8 +1123,18 @@ def _make_recorder_class(torch):
                 # run would have no lengths to read.
                 with self:
                     return func._op_dk(explicit_key, *args, **kwargs)
+            if self.fake and (func in ctc_cudnn_checks or func in ctc_miopen_checks):
+                return self._ctc_uses_library(func, args, kwargs)
+            if self.fake and func in ctc_with_length_tensors and not any(isinstance(a, fake_tensor_type) for a in args[2:4]):
+                # ctc_loss_tensor (LossCTC.cpp) reads its CPU lengths and calls the IntArrayRef
+                # kernel, as does its backward: recorded as that runs.
+                lengths = [a.tolist() if isinstance(a, torch.Tensor) else a for a in args[2:4]]
+                with self:
+                    return ctc_with_length_tensors[func](*args[:2], *lengths, *args[4:], **kwargs)
             if self.fake:
                 _refuse_as_cuda_kernels_do(func.overloadpacket.__name__, args, torch.Tensor)
+            ctc = (func is ctc_forward or func is ctc_backward) and self.device_type == "cuda" and self.fake
+            ctc_lengths = self._ctc_lengths(args) if ctc else []
             if self.probing is not None:
                 if func is add_tensor and torch._C._current_autograd_node() is not None:
                     self.probing.append(args[0]._use_count())
@@ -1109,7 +1149,9 @@ def _make_recorder_class(torch):
                 self._inherit_allocation(out, args[0])
             if self.annotate:
                 self.current_op = func.__name__
-            if func in rng_state_ops and isinstance(out, tuple) and not _dropout(func, args, kwargs):
+            if func is ctc_forward and ctc:
+                out_seen = (out[1], out[0])  # ctc_loss_gpu_template: log_alpha, then neg_log_likelihood
+            elif func in rng_state_ops and isinstance(out, tuple) and not _dropout(func, args, kwargs):
                 # Without dropout the fused attention kernels return their RNG state as CPU
                 # tensors (flash_api.cpp, mem_eff_attention); the meta kernels say CUDA.
                 out_seen = [o for o, r in zip(out, func._schema.returns) if r.name not in _RNG_OUTPUTS]
@@ -1128,7 +1170,54 @@ def _make_recorder_class(torch):
                 self._follow_known_value(func, args, kwargs, out)
             if func is flash_backward and self.device_type == "cuda":
                 self._kernel_scratch(_flash_backward_scratch(torch, args), args[1])
+            if ctc:
+                if func is ctc_backward:
+                    self._ctc_backward_blank_gradient(args)
+                for trace_id, n in reversed(ctc_lengths):
+                    self.sink.free(trace_id, n)
             return out
+
+        def _ctc_uses_library(self, func, args, kwargs):
+            """_use_cudnn_ctc_loss / _use_miopen_ctc_loss on fake CUDA: PyTorch's own kernel runs. cuDNN's
+            (its inputs qualify) sizes a workspace by its own heuristics, so it is said once and
+            replaced by the native kernel's allocations; MIOpen is ROCm's."""
+            if func in ctc_cudnn_checks and _ctc_use_cudnn(torch, func.overloadpacket.__name__, args, kwargs) is not False:
+                self.say_once("F.ctc_loss", "runs PyTorch's CUDA kernel on fake CUDA where a GPU may run cuDNN's (int32 targets on the CPU, "
+                              "blank 0): cuDNN's workspace is its own choice", "PyTorch's CTC kernel in place of cuDNN's")
+            return False
+
+        def _ctc_lengths(self, args):
+            """The native CTC kernels' first buffers (aten/src/ATen/native/cuda/LossCTC.cu): the target
+            and input lengths and the targets' batch offsets on the device (B int64 each), and in
+            the backward log_beta (like log_alpha); freed when the kernel returns."""
+            backward = len(args) > 6
+            log_probs = args[1] if backward else args[0]
+            batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
+            sizes = [batch * 8] * 3 + ([args[6].numel() * args[6].element_size()] if backward else [])
+            return [(self._alloc(n, log_probs), n) for n in sizes]
+
+        def _ctc_backward_blank_gradient(self, args):
+            """ctc_loss_backward_gpu_template with many time steps or classes (2T + 24B/10 + 2C/10 > 450):
+            the blank gradient's log-sum-exp over log_alpha + log_beta (every other s), after the
+            gradient: the sum, then logsumexp's max, |max| and its isinf mask (freed), the shifted
+            copy, the reduced sum (the copy freed), the max freed; the sum and its result freed last."""
+            log_probs, log_alpha = args[1], args[6]
+            T, B, C = log_probs.shape if log_probs.dim() == 3 else (log_probs.shape[0], 1, log_probs.shape[1])
+            if 2 * T + (24 * B) // 10 + (2 * C) // 10 <= 450:
+                return
+            e, S = log_probs.element_size(), (log_alpha.shape[-1] - 1) // 2
+            pair, row = B * T * (S + 1) * e, B * T * e
+            summed = self._alloc(pair, log_probs)
+            maxes = self._alloc(row, log_probs)
+            magnitude, infinite = self._alloc(row, log_probs), self._alloc(B * T, log_probs)
+            self.sink.free(infinite, B * T)
+            self.sink.free(magnitude, row)
+            shifted = self._alloc(pair, log_probs)
+            result = self._alloc(row, log_probs)
+            self.sink.free(shifted, pair)
+            self.sink.free(maxes, row)
+            self.sink.free(result, row)
+            self.sink.free(summed, pair)
 
         def _decomposes(self, func, args, kwargs):
             """True when the device runs this op's CompositeImplicitAutograd kernel: it has one and
@@ -1164,6 +1253,14 @@ def _make_recorder_class(torch):
             fake_mode = self.fake_mode
             if fake_mode is None:
                 return func(*args, **kwargs)
+            if func is ctc_forward and isinstance(args[0], fake_tensor_type):
+                # FakeTensor takes _ctc_loss's shape for data-dependent, but its lengths are ints:
+                # neg_log_likelihood (B), log_alpha (B, T, 2·max target length + 1) (LossCTC.cu).
+                log_probs, target_lengths = args[0], args[3]
+                like = {"dtype": log_probs.dtype, "device": log_probs.device}
+                with fake_mode:
+                    return (torch.empty((log_probs.shape[1],), **like),
+                            torch.empty((log_probs.shape[1], log_probs.shape[0], 2 * max(target_lengths, default=0) + 1), **like))
             if func in pin_ops:
                 # Pinned host memory needs the driver; it is host memory, and not what is measured:
                 # a copy, whose storage is_pinned() then answers True for (and for its views).
@@ -2474,6 +2571,22 @@ def _mem_efficient_mask(torch, mask, query, key):
     return mask.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
 
 
+def _ctc_loss_with_host_lengths(torch, original):
+    """torch.ctc_loss of fake CUDA log-probs with lengths in CPU tensors: ctc_loss (LossCTC.cpp) copies
+    them to lists and runs the IntArrayRef overload, but takes the Tensor one for a tensor subclass,
+    which a fake tensor is (and whose 'mean' would divide by the CPU lengths): lists here too."""
+    fake_type = torch._subclasses.fake_tensor.FakeTensor
+
+    def ctc_loss(log_probs, targets, input_lengths, target_lengths, *args, **kwargs):
+        lengths = (input_lengths, target_lengths)
+        if isinstance(log_probs, fake_type) and all(isinstance(t, torch.Tensor) and not isinstance(t, fake_type) and t.device.type == "cpu" for t in lengths):
+            input_lengths, target_lengths = (t.tolist() for t in lengths)
+        return original(log_probs, targets, input_lengths, target_lengths, *args, **kwargs)
+
+    functools.update_wrapper(ctc_loss, original)
+    return ctc_loss
+
+
 def _fake_cuda_sdpa(torch, original):
     """scaled_dot_product_attention that dispatches to the fused kernel a GPU would run."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention.default
@@ -3680,6 +3793,7 @@ def _fake_cuda_api(torch, patches, recorder):
     _worker_errors_keep_their_frames(patches)
     functional = torch.nn.functional
     patches.set(functional, "scaled_dot_product_attention", _fake_cuda_sdpa(torch, functional.scaled_dot_product_attention))
+    patches.set(torch, "ctc_loss", _ctc_loss_with_host_lengths(torch, torch.ctc_loss))
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None:
         for name, fn in dict(
@@ -4016,6 +4130,16 @@ def _patch_blas_workspace_sizes(torch, workspaces, patches, fake):
         patches.set(torch._C, f"_cuda_get{name}WorkspaceSize", get_size)
 
 
+def _ctc_backward_meta(torch, stack):
+    """_ctc_loss_backward has no Meta kernel (_ctc_loss has one): its gradient has log_probs' shape,
+    contiguous (full_like(log_probs, -inf, LEGACY_CONTIGUOUS_MEMORY_FORMAT) in LossCTC.cu)."""
+    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_ctc_loss_backward", "Meta"):
+        return
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_ctc_loss_backward", lambda grad, log_probs, *rest, **kwargs: torch.empty_like(log_probs, memory_format=torch.contiguous_format), "Meta")
+    stack.callback(library._destroy)
+
+
 def _start(torch, recorder, stack, patches, fake, device):
     # Run backward on this thread: the op order is then the device thread's, deterministically.
     torch.autograd.set_multithreading_enabled(False)
@@ -4059,6 +4183,7 @@ def _start(torch, recorder, stack, patches, fake, device):
         if device == "cuda":
             _fake_cuda_api(torch, patches, recorder)
             _no_gpu_fusion(torch, stack)
+            _ctc_backward_meta(torch, stack)
             recorder.fake_mode = _no_device_init(FakeTensorMode)(allow_non_fake_inputs=True)
         else:
             # Checking the capture on CPU: every tensor is fake, as CUDA ones are in a real capture.

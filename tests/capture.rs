@@ -1371,6 +1371,51 @@ fn blas_workspaces_follow_the_torch_settings() {
     assert_eq!(signed_sizes(&events(&trace))[..8], [a, a, 8 * mib, a, 64 * mib, -8 * mib, a, lin_bias]);
 }
 
+/// F.ctc_loss on fake CUDA runs as PyTorch's CUDA kernels allocate (aten/src/ATen/native/cuda/
+/// LossCTC.cu): the lengths and batch offsets on the device, log_alpha (B, T, 2·max target + 1)
+/// and the loss; the backward's lengths, log_beta, the gradient and, with many frames ("large"),
+/// the blank gradient's log-sum-exp buffers, freed at the kernel's return.
+#[test]
+fn ctc_loss_captures_as_its_cuda_kernels_allocate() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "ctc.csv", &[], &[&fixture("ctc.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "(300, 4, 20)");
+    let sizes = signed_sizes(&events(&trace));
+    let (t, b, c, s) = (300i64, 4i64, 20i64, 9i64);
+    let (lengths, log_alpha, grad) = (b * 8, b * t * (2 * s + 1) * 4, t * b * c * 4);
+    let forward = [lengths, lengths, lengths, log_alpha, b * 4, -lengths, -lengths, -lengths];
+    assert_eq!(sizes.windows(8).filter(|w| w == &forward).count(), 1, "{sizes:?}");
+    let (pair, row) = (b * t * (s + 1) * 4, b * t * 4);
+    let backward = [
+        lengths,
+        lengths,
+        lengths,
+        log_alpha,
+        grad,
+        pair,
+        row,
+        row,
+        b * t,
+        -(b * t),
+        -row,
+        pair,
+        row,
+        -pair,
+        -row,
+        -row,
+        -pair,
+        -log_alpha,
+        -lengths,
+        -lengths,
+        -lengths,
+    ];
+    assert_eq!(sizes.windows(backward.len()).filter(|w| w == &backward).count(), 1, "{sizes:?}");
+}
+
 /// torch.profiler with CUDA activity on fake CUDA: the CPU side only (no kernel runs; PyTorch's
 /// CUDA activity would warn at every op that it cannot record an event), said once, and the
 /// loop's allocations are recorded as without the profiler.
