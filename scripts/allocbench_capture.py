@@ -136,6 +136,7 @@ def _env_flag(name):
     return {"1": True, "0": False}.get(os.environ.get(name))
 
 
+@functools.lru_cache(maxsize=None)
 def _torch_has_eager_cublas_workspaces(torch):
     """Whether this torch build takes cuBLAS workspaces per call unless TORCH_CUBLAS_WORKSPACE_CACHE=1
     (it exports at::cuda::isCUDABlasWorkspaceCachingEnabled; ROCm builds cache by default)."""
@@ -236,7 +237,8 @@ class _CublasWorkspaces:
             has_switch = _torch_has_eager_cublas_workspaces(self.torch)
             eager = has_switch and _env_flag("TORCH_CUBLAS_WORKSPACE_CACHE") is not True
             unified_flag = _env_flag("TORCH_CUBLASLT_UNIFIED_WORKSPACE")
-            chosen = self.flag_bytes if self.flag_bytes is not None else cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), warn)
+            # (With --cublas-workspace-mib the environment's size is not PyTorch's to parse here.)
+            chosen = None if self.flag_bytes is not None else cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), warn)
             lt = cublaslt_workspace_bytes(os.environ.get("CUBLASLT_WORKSPACE_SIZE"), warn)
             # unified_cublas_and_lt_workspaces: cached mode, unless TORCH_CUBLASLT_UNIFIED_WORKSPACE=0
             # (builds before the switch: only with =1). Unified, the Lt workspace is capped at the
