@@ -347,9 +347,10 @@ class _CublasWorkspaces:
         if old is not None:
             recorder.sink.free(*old)
 
-    def clear_stream(self, recorder, stream):
-        """clearCublasWorkspacesForStream: the stream's kept workspaces (every handle's) are freed."""
-        for key in [k for k in self.kept if k[1] == stream]:
+    def clear_stream(self, recorder, stream=None):
+        """clearCublasWorkspacesForStream: the stream's kept workspaces (every handle's) are freed;
+        clearCublasWorkspaces (``stream`` None): every one."""
+        for key in [k for k in self.kept if stream is None or k[1] == stream]:
             trace_id, nbytes = self.kept.pop(key)
             if not recorder.closed:
                 recorder.sink.free(trace_id, nbytes)
@@ -4107,10 +4108,20 @@ def _no_gpu_fusion(torch, stack):
     stack.callback(override, before)
 
 
-def _patch_blas_workspace_sizes(torch, workspaces, patches, fake):
+def _patch_blas_workspace_sizes(torch, recorder, patches, fake):
     """torch.backends.cuda.cublas_workspace_size / cublaslt_workspace_size: the modelled workspaces
     take the sizes a script sets (setChosenWorkspaceSize, setCUDABlasLtWorkspaceSize), and on fake
-    CUDA a query answers the modelled size (PyTorch's reads the device's properties)."""
+    CUDA a query answers the modelled size (PyTorch's reads the device's properties).
+    torch._C._cuda_clearCublasWorkspaces (inductor's CUDA graph trees call it) frees the kept ones."""
+    workspaces = recorder.blas
+    clear_all = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear_all is not None:
+
+        def clear_cublas_workspaces():
+            clear_all()
+            workspaces.clear_stream(recorder)
+
+        patches.set(torch._C, "_cuda_clearCublasWorkspaces", clear_cublas_workspaces)
     for name, library in (("Cublas", "cublas"), ("CublasLt", "cublaslt")):
         setter, getter, resetter = (getattr(torch._C, f"_cuda_{verb}{name}WorkspaceSize", None) for verb in ("set", "get", "reset"))
         if setter is None or getter is None or resetter is None:
@@ -4146,7 +4157,7 @@ def _start(torch, recorder, stack, patches, fake, device):
     # Run backward on this thread: the op order is then the device thread's, deterministically.
     torch.autograd.set_multithreading_enabled(False)
     if recorder.blas is not None:
-        _patch_blas_workspace_sizes(torch, recorder.blas, patches, fake)
+        _patch_blas_workspace_sizes(torch, recorder, patches, fake)
     original_empty_cache = torch.cuda.empty_cache
 
     def empty_cache():
