@@ -227,8 +227,12 @@ class _CublasWorkspaces:
     def describe(self):
         size = f"{self.flag_bytes >> 20} MiB (--cublas-workspace-mib)" if self.flag_bytes is not None else (
             "CUBLAS_WORKSPACE_CONFIG's size (32 MiB when unset)")
-        mode = ("per call, freed when it returns (TORCH_CUBLAS_WORKSPACE_CACHE=1 keeps one per stream)"
-                if _torch_has_eager_cublas_workspaces(self.torch) else "one per stream, kept")
+        if not _torch_has_eager_cublas_workspaces(self.torch):
+            mode = "one per cuBLAS handle and stream, kept (this torch has no per-call workspaces)"
+        elif _env_flag("TORCH_CUBLAS_WORKSPACE_CACHE") is True:
+            mode = "one per cuBLAS handle and stream, kept (TORCH_CUBLAS_WORKSPACE_CACHE=1)"
+        else:
+            mode = "per call, freed when it returns (TORCH_CUBLAS_WORKSPACE_CACHE=1 keeps one per handle and stream)"
         return f"cuBLAS workspace modelled: {size}, {mode}; cuBLASLt's: CUBLASLT_WORKSPACE_SIZE (1 MiB when unset)"
 
     def _resolve(self):

@@ -1339,6 +1339,9 @@ fn blas_workspaces_follow_the_torch_settings() {
     assert_eq!(run("flag", &["--cublas-workspace-mib", "8"], &[("CUBLAS_WORKSPACE_CONFIG", ":16:8")]), [y, lt, -lt, y, 8 * mib, -8 * mib]);
     assert_eq!(run("no-lt", &[], &[("DISABLE_ADDMM_CUDA_LT", "1")]), [y, 32 * mib, -32 * mib, y, 32 * mib, -32 * mib]);
     assert_eq!(run("kept", &[], &[("TORCH_CUBLAS_WORKSPACE_CACHE", "1")]), [y, 32 * mib, y], "unified: Lt's call takes the stream's one");
+    let header = |label: &str| std::fs::read_to_string(dir.path().join(format!("{label}.csv"))).unwrap().lines().nth(2).unwrap().to_string();
+    assert!(header("kept").contains("kept (TORCH_CUBLAS_WORKSPACE_CACHE=1)"), "{}", header("kept"));
+    assert!(header("per-call").contains("per call, freed when it returns"), "{}", header("per-call"));
     let separate = [("TORCH_CUBLAS_WORKSPACE_CACHE", "1"), ("TORCH_CUBLASLT_UNIFIED_WORKSPACE", "0")];
     assert_eq!(run("kept-separate", &[], &separate), [y, lt, y, 32 * mib]);
     assert_eq!(run("none", &["--cublas-workspace-mib", "0"], &[]), [y, y]);
