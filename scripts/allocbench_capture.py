@@ -31,7 +31,7 @@ As a library (a notebook, a custom loop)::
 Blind spots (allocations the dispatcher never sees): kernel-internal scratch (flash / memory-efficient
 attention backward, embedding backward's sort buffers, cub temporaries), NCCL buffers and the CUDA
 context (outside the caching allocator). cuBLAS and cuBLASLt workspaces are modelled as the torch
-running the capture takes them: per call (torch 2.15's default) or kept per stream
+running the capture takes them: per call (torch 2.15's default) or kept per handle and stream
 (``TORCH_CUBLAS_WORKSPACE_CACHE=1``, older torch), sized by ``CUBLAS_WORKSPACE_CONFIG`` (32 MiB,
 Hopper's default, when unset; ``--cublas-workspace-mib`` overrides it) and ``CUBLASLT_WORKSPACE_SIZE``.
 """
@@ -153,7 +153,17 @@ def _torch_has_eager_cublas_workspaces(torch):
     return release >= (2, 15)
 
 
-def _ctc_use_cudnn(torch, func_name, args, kwargs):
+def _cublas_workspaces_kept(torch):
+    """Why this run keeps its workspaces per handle and stream, or None when it takes them per call
+    (isCUDABlasWorkspaceCachingEnabled: TORCH_CUBLAS_WORKSPACE_CACHE=1)."""
+    if not _torch_has_eager_cublas_workspaces(torch):
+        return "this torch has no per-call workspaces"
+    if _env_flag("TORCH_CUBLAS_WORKSPACE_CACHE") is True:
+        return "TORCH_CUBLAS_WORKSPACE_CACHE=1"
+    return None
+
+
+def _ctc_use_cudnn(torch, args, kwargs):
     """_use_cudnn_ctc_loss (aten/src/ATen/native/cudnn/LossCTC.cpp) on fake CUDA: cuDNN's CTC loss
     takes float32 log-probs on the GPU, blank 0, 1-D int32 targets on the CPU (any device for the
     Tensor overload, with int32 lengths), every input length T (IntArrayRef overload) and target
@@ -176,7 +186,6 @@ def _ctc_use_cudnn(torch, func_name, args, kwargs):
     if not tensor_lengths and any(length != T for length in input_lengths):
         return False
     return all(t < 256 and t <= i for t, i in zip(target_lengths, input_lengths))
-
 
 
 def _blas_short_circuits(torch, name, args, out):
@@ -209,7 +218,7 @@ class _CublasWorkspaces:
         self.torch = torch
         self.flag_bytes = chosen_bytes
         self.settings = None  # resolved at the first BLAS call: the environment is read then
-        self.kept = {}  # cached mode: (map, stream) -> (trace id, bytes)
+        self.kept = {}  # kept mode: (map, stream, handle) -> (trace id, bytes)
         # setChosenWorkspaceSize / setCUDABlasLtWorkspaceSize (torch.backends.cuda.
         # cublas_workspace_size, cublaslt_workspace_size): "cublas"/"cublaslt" -> bytes.
         self.override = {}
@@ -227,10 +236,9 @@ class _CublasWorkspaces:
     def describe(self):
         size = f"{self.flag_bytes >> 20} MiB (--cublas-workspace-mib)" if self.flag_bytes is not None else (
             "CUBLAS_WORKSPACE_CONFIG's size (32 MiB when unset)")
-        if not _torch_has_eager_cublas_workspaces(self.torch):
-            mode = "one per cuBLAS handle and stream, kept (this torch has no per-call workspaces)"
-        elif _env_flag("TORCH_CUBLAS_WORKSPACE_CACHE") is True:
-            mode = "one per cuBLAS handle and stream, kept (TORCH_CUBLAS_WORKSPACE_CACHE=1)"
+        kept = _cublas_workspaces_kept(self.torch)
+        if kept:
+            mode = f"one per cuBLAS handle and stream, kept ({kept})"
         else:
             mode = "per call, freed when it returns (TORCH_CUBLAS_WORKSPACE_CACHE=1 keeps one per handle and stream)"
         return f"cuBLAS workspace modelled: {size}, {mode}; cuBLASLt's: CUBLASLT_WORKSPACE_SIZE (1 MiB when unset)"
@@ -239,7 +247,7 @@ class _CublasWorkspaces:
         if self.settings is None:
             warn = functools.partial(_torch_warn, "aten/src/ATen/cuda/CublasHandlePool.cpp")
             has_switch = _torch_has_eager_cublas_workspaces(self.torch)
-            eager = has_switch and _env_flag("TORCH_CUBLAS_WORKSPACE_CACHE") is not True
+            eager = _cublas_workspaces_kept(self.torch) is None
             unified_flag = _env_flag("TORCH_CUBLASLT_UNIFIED_WORKSPACE")
             # (With --cublas-workspace-mib the environment's size is not PyTorch's to parse here.)
             chosen = None if self.flag_bytes is not None else cublas_workspace_bytes(os.environ.get("CUBLAS_WORKSPACE_CONFIG"), warn)
@@ -346,7 +354,7 @@ class _CublasWorkspaces:
         if library == "cublaslt" and key[0] == "cublas":
             nbytes = max(nbytes, self.size("cublas"))
         trace_id = recorder._new_id()
-        recorder.record_alloc(trace_id, nbytes, stream, f"{label} workspace of stream {stream} (modelled, kept per stream)")
+        recorder.record_alloc(trace_id, nbytes, stream, f"{label} workspace of stream {stream} (modelled, kept per handle and stream)")
         self.kept[key] = (trace_id, nbytes)
         if old is not None:
             recorder.sink.free(*old)
@@ -358,6 +366,7 @@ class _CublasWorkspaces:
             trace_id, nbytes = self.kept.pop(key)
             if not recorder.closed:
                 recorder.sink.free(trace_id, nbytes)
+
 
 _active = None  # the Recorder of the capture in progress, if any
 
@@ -1141,7 +1150,7 @@ def _make_recorder_class(torch):
             if self.fake:
                 _refuse_as_cuda_kernels_do(func.overloadpacket.__name__, args, torch.Tensor)
             ctc = (func is ctc_forward or func is ctc_backward) and self.device_type == "cuda" and self.fake
-            ctc_lengths = self._ctc_lengths(args) if ctc else []
+            ctc_lengths = self._ctc_lengths(args, func is ctc_backward) if ctc else []
             if self.probing is not None:
                 if func is add_tensor and torch._C._current_autograd_node() is not None:
                     self.probing.append(args[0]._use_count())
@@ -1188,16 +1197,15 @@ def _make_recorder_class(torch):
             """_use_cudnn_ctc_loss / _use_miopen_ctc_loss on fake CUDA: PyTorch's own kernel runs. cuDNN's
             (its inputs qualify) sizes a workspace by its own heuristics, so it is said once and
             replaced by the native kernel's allocations; MIOpen is ROCm's."""
-            if func in ctc_cudnn_checks and _ctc_use_cudnn(torch, func.overloadpacket.__name__, args, kwargs) is not False:
+            if func in ctc_cudnn_checks and _ctc_use_cudnn(torch, args, kwargs) is not False:
                 self.say_once("F.ctc_loss", "runs PyTorch's CUDA kernel on fake CUDA where a GPU may run cuDNN's (int32 targets on the CPU, "
                               "blank 0): cuDNN's workspace is its own choice", "PyTorch's CTC kernel in place of cuDNN's")
             return False
 
-        def _ctc_lengths(self, args):
+        def _ctc_lengths(self, args, backward):
             """The native CTC kernels' first buffers (aten/src/ATen/native/cuda/LossCTC.cu): the target
             and input lengths and the targets' batch offsets on the device (B int64 each), and in
             the backward log_beta (like log_alpha); freed when the kernel returns."""
-            backward = len(args) > 6
             log_probs = args[1] if backward else args[0]
             batch = log_probs.shape[1] if log_probs.dim() == 3 else 1
             sizes = [batch * 8] * 3 + ([args[6].numel() * args[6].element_size()] if backward else [])
