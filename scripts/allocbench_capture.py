@@ -855,7 +855,8 @@ def _make_recorder_class(torch):
     constants = {"ones": 1, "ones_like": 1, "new_ones": 1, "zeros": 0, "zeros_like": 0, "new_zeros": 0}
     keeps_value = {"amax", "amin", "clone", "_to_copy", "detach", "alias", "view", "_unsafe_view", "reshape",
                    "squeeze", "unsqueeze", "expand", "select", "slice", "lift_fresh", "copy"}
-    reductions = {"any": bool, "all": bool}
+    # (_is_any_true/_is_all_true: the autograd engine's anomaly check, isnan(out)._is_any_true().)
+    reductions = {"any": bool, "all": bool, "_is_any_true": bool, "_is_all_true": bool}
     pointwise_untagged = {"floor_divide"}  # elementwise, but without the tag
     pointwise_tag = torch.Tag.pointwise
     full_reductions = {aten.max.default, aten.min.default}
@@ -1656,6 +1657,11 @@ def _make_recorder_class(torch):
             if base == "sum":
                 # Each output element sums (input elements / output elements) equal values.
                 return first * (int(args[0].numel()) // int(out.numel())) if out.numel() else None
+            if base == "count_nonzero":
+                # ... and counts them all, or none.
+                return (int(args[0].numel()) // int(out.numel()) if first else 0) if out.numel() else None
+            if base == "mean":
+                return first if args[0].numel() else None
             if not isinstance(out, torch.Tensor) or not self._pointwise(func, base):
                 return None
 
@@ -2788,6 +2794,17 @@ FAKE_ELAPSED_MS = 1.0
 # What the fake device reports: an H100 SXM 80 GB, the card the replay defaults to.
 FAKE_DEVICE_NAME = "NVIDIA H100 80GB HBM3 (allocbench fake CUDA)"
 FAKE_TOTAL_MEMORY = 81559 * 1024 * 1024
+FAKE_DEVICE_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+class _FakeDeviceProperties(types.SimpleNamespace):
+    """torch.cuda.get_device_properties() of the fake card: _CudaDeviceProperties' fields and repr."""
+
+    def __repr__(self):
+        return (f"_CudaDeviceProperties(name='{self.name}', major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory >> 20}MB, multi_processor_count={self.multi_processor_count}, "
+                f"uuid={self.uuid}, pci_bus_id={self.pci_bus_id}, pci_device_id={self.pci_device_id}, "
+                f"pci_domain_id={self.pci_domain_id}, L2_cache_size={self.L2_cache_size >> 20}MB)")
 
 
 def _fake_cuda_generators_graphs_and_raw_blocks(torch, patches, recorder, streams):
@@ -3609,14 +3626,29 @@ def _without_thread_wrappers(tb, threading_file):
     return kept[0] if kept else None
 
 
+def _eager_optimized_module(torch, model):
+    """What torch.compile(model) answers, an OptimizedModule around ``model`` (its ``_orig_mod``; its
+    state_dict keys start "_orig_mod."), whose forward runs ``model`` eagerly (dynamo disabled)."""
+    try:
+        from torch._dynamo.eval_frame import DisableContext, OptimizedModule
+    except ImportError:  # (a torch without dynamo: the module itself)
+        return model
+    return OptimizedModule(model, DisableContext())
+
+
 def _fake_cuda_api(torch, patches, recorder):
     """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
     cuda = torch.cuda
     total_memory = recorder.sink.capacity or FAKE_TOTAL_MEMORY
-    props = types.SimpleNamespace(
+    props = _FakeDeviceProperties(
         name=FAKE_DEVICE_NAME, total_memory=total_memory, major=9, minor=0,
         multi_processor_count=H100_SMS, is_integrated=False, is_multi_gpu_board=False,
         L2_cache_size=50 * 1024 * 1024, warp_size=32, gcnArchName="",
+        # An H100 SXM5's cudaDeviceProp (clock rates in kHz, as CUDA gives them).
+        max_threads_per_block=1024, max_threads_per_multi_processor=2048, regs_per_multiprocessor=65536,
+        shared_memory_per_block=48 * 1024, shared_memory_per_block_optin=227 * 1024,
+        shared_memory_per_multiprocessor=228 * 1024, clock_rate=1980000, memory_clock_rate=2619000,
+        memory_bus_width=5120, pci_bus_id=0, pci_device_id=0, pci_domain_id=0, uuid=FAKE_DEVICE_UUID,
     )
     stats = recorder.sink.memory_stats
     allocated = lambda *a, **k: stats.current()  # noqa: E731
@@ -3741,7 +3773,9 @@ def _fake_cuda_api(torch, patches, recorder):
     def compile_eagerly(model=None, *args, **kwargs):
         recorder.say_once("torch.compile", "is ignored on fake CUDA (CUDA graphs of mode=\"reduce-overhead\" too); the trace "
                           "records eager mode", "ignored: eager allocations recorded (compiled kernels fuse some temporaries)")
-        return model if model is not None else (lambda fn: fn)
+        if model is None:
+            return lambda fn: fn
+        return _eager_optimized_module(torch, model) if isinstance(model, torch.nn.Module) else model
 
     patches.set(torch, "compile", compile_eagerly)
     # torch.jit.trace checks its trace (check_trace, on by default) by comparing output values,
@@ -4155,13 +4189,26 @@ def _patch_blas_workspace_sizes(torch, recorder, patches, fake):
         patches.set(torch._C, f"_cuda_get{name}WorkspaceSize", get_size)
 
 
-def _ctc_backward_meta(torch, stack):
-    """_ctc_loss_backward has no Meta kernel (_ctc_loss has one): its gradient has log_probs' shape,
-    contiguous (full_like(log_probs, -inf, LEGACY_CONTIGUOUS_MEMORY_FORMAT) in LossCTC.cu)."""
-    if torch._C._dispatch_has_kernel_for_dispatch_key("aten::_ctc_loss_backward", "Meta"):
-        return
+# The fused optimizers' in-place steps (SGD, Adagrad, and Adam's/AdamW's tensor-lr forms): they
+# update their lists in place and make nothing, but some have no Meta kernel to say so.
+_FUSED_OPTIMIZER_STEPS = ("_fused_sgd_", "_fused_adagrad_", "_fused_adam_", "_fused_adamw_")
+
+
+def _missing_meta_kernels(torch, stack):
+    """Meta kernels for the ops a training step reaches that have none, for the capture's duration:
+    _ctc_loss_backward (_ctc_loss has one), whose gradient has log_probs' shape, contiguous
+    (full_like(log_probs, -inf, LEGACY_CONTIGUOUS_MEMORY_FORMAT) in LossCTC.cu); and the fused
+    optimizer steps without one (a fake run would otherwise call their CUDA kernels)."""
     library = torch.library.Library("aten", "IMPL")
-    library.impl("_ctc_loss_backward", lambda grad, log_probs, *rest, **kwargs: torch.empty_like(log_probs, memory_format=torch.contiguous_format), "Meta")
+    has_meta = lambda name: torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")  # noqa: E731
+    if not has_meta("aten::_ctc_loss_backward"):
+        library.impl("_ctc_loss_backward", lambda grad, log_probs, *rest, **kwargs: torch.empty_like(log_probs, memory_format=torch.contiguous_format), "Meta")
+    for name in _FUSED_OPTIMIZER_STEPS:
+        packet = getattr(torch.ops.aten, name, None)
+        for overload in packet.overloads() if packet is not None else ():
+            op = getattr(packet, overload)
+            if not has_meta(op.name()):
+                library.impl(name if overload == "default" else f"{name}.{overload}", lambda *args, **kwargs: None, "Meta")
     stack.callback(library._destroy)
 
 
@@ -4208,7 +4255,7 @@ def _start(torch, recorder, stack, patches, fake, device):
         if device == "cuda":
             _fake_cuda_api(torch, patches, recorder)
             _no_gpu_fusion(torch, stack)
-            _ctc_backward_meta(torch, stack)
+            _missing_meta_kernels(torch, stack)
             recorder.fake_mode = _no_device_init(FakeTensorMode)(allow_non_fake_inputs=True)
         else:
             # Checking the capture on CPU: every tensor is fake, as CUDA ones are in a real capture.

@@ -1845,3 +1845,37 @@ fn what_cuda_kernels_refuse_is_refused() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "fine torch.bfloat16\n");
 }
+
+/// A GPU run's answers, on fake CUDA: every device property (an H100's), torch.compile's
+/// OptimizedModule (`_orig_mod`, its state_dict keys), the fused optimizers whose in-place steps
+/// have no Meta kernel (SGD, Adagrad, Adam with a tensor lr), anomaly detection's NaN check of
+/// every gradient, and NaN checks by count_nonzero and mean (known values: no NaN, no Inf).
+#[test]
+fn a_scripts_gpu_answers_on_fake_cuda() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut kept_after_first_step = Vec::new();
+    for which in ["sgd-plain", "sgd", "adagrad", "adam-tensor-lr"] {
+        let (out, trace) = capture(dir.path(), &format!("{which}.csv"), &["--no-sites"], &[&fixture("gpu_answers.py"), which]);
+        assert!(out.status.success(), "{which}: {}", stderr(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(stdout.contains("props 9 0 1024 232448 65536 5120 True 36 True"), "{stdout}");
+        assert!(stdout.contains("compiled OptimizedModule Linear ['_orig_mod.bias', '_orig_mod.weight']"), "{stdout}");
+        assert!(stdout.contains("checks False 0 1.0 True"), "{stdout}");
+        let evs = events(&trace);
+        assert_eq!(steps(&evs), vec![1, 2, 3], "{which}: a step after each optimizer.step()");
+        // The iterations after the first allocate and free alike: the optimizer's state came
+        // with the first.
+        let by_step = phases(&evs);
+        assert_eq!(by_step[1], by_step[2], "{which}");
+        assert_eq!(by_step[1].iter().sum::<i64>(), 0, "{which}");
+        kept_after_first_step.push(by_step[0].iter().sum::<i64>());
+    }
+    // The state each optimizer keeps, over plain SGD's (none): SGD's momentum buffers, Adagrad's
+    // sums and step counts (float32 scalars on the device when fused), Adam's two moments and steps.
+    let params = (64 * 64 + 64) * 4;
+    let state: Vec<i64> = kept_after_first_step.iter().map(|k| k - kept_after_first_step[0]).collect();
+    assert_eq!(state, vec![0, params, params + 2 * 4, 2 * params + 2 * 4]);
+}
