@@ -47,6 +47,7 @@ import hashlib
 import itertools
 import json
 import linecache
+import math
 import os
 import re
 import runpy
@@ -382,6 +383,34 @@ _CPP_DTYPE = {"float32": "float", "float64": "double", "float16": "c10::Half", "
 # ScalarType names (toString), as AT_DISPATCH's "not implemented for" prints them.
 _SCALAR_TYPE = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16", "int32": "Int",
                 "int16": "Short", "int8": "Char", "bool": "Bool", "uint8": "Byte", "int64": "Long"}
+
+
+# Ops whose CUDA kernel is their composite one (CompositeExplicitAutograd, no CUDA kernel of their
+# own) and allocates more than the output on the way, which the meta kernel a fake run takes
+# skips: run as composites on fake CUDA (Recorder._composite_on_cuda). BCEWithLogitsLoss makes
+# log_sigmoid(input) and (1 - target) * input, SoftMarginLoss its elementwise loss (kept as the
+# output's storage) and the mean, its backward exp(-target * input), logsumexp the shifted
+# exp(self - max), dist self - other, isinf abs(self) (Loss.cpp, ReduceOps.cpp, TensorCompare.cpp).
+_COMPOSITES_ON_CUDA = frozenset({
+    "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward", "logsumexp", "dist", "isinf"})
+# Loss kernels that reduce into or through an elementwise loss the meta kernel does not make
+# (Loss.cpp, Loss.cu): name -> (position of `reduction`, whether the output keeps the elementwise
+# storage, the kernel's buffer). mse_loss and smooth_l1_loss are structured: the meta step makes
+# the elementwise output and resize_({}) keeps its storage, then the kernel computes the
+# elementwise loss into a temporary ("elementwise", after the output) and reduces it into the
+# output. binary_cross_entropy writes the loss into empty_like(input), reduces it into a 0-dim
+# temporary ("scalar") and resize_as_ keeps the storage. huber_loss computes the elementwise loss
+# into a temporary first ("before") and reduces it into a fresh output. Without a reduction
+# (Reduction::None) each writes the elementwise loss as its output, and nothing more.
+# soft_margin_loss runs as its composite on fake CUDA (_COMPOSITES_ON_CUDA), which keeps the
+# storage itself; its entry gives fake CPU tensors the storage a CPU run keeps.
+_LOSS_KERNELS = {
+    "soft_margin_loss": (2, True, "scalar"),
+    "mse_loss": (2, True, "elementwise"),
+    "smooth_l1_loss": (2, True, "elementwise"),
+    "binary_cross_entropy": (3, True, "scalar"),
+    "huber_loss": (2, False, "before"),
+}
 
 
 def _refuse_as_cuda_kernels_do(name, args, tensor_type):
@@ -815,7 +844,9 @@ def _make_recorder_class(torch):
     add_tensor = aten.add.Tensor
     implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
     explicit_key = torch._C.DispatchKey.CompositeExplicitAutograd
+    explicit_keys = (explicit_key, torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional)
     pack_padded = aten._pack_padded_sequence.default
+    multinomial = aten.multinomial.default
     ctc_forward, ctc_backward = aten._ctc_loss.default, aten._ctc_loss_backward.default
     ctc_with_length_tensors = {aten._ctc_loss.Tensor: ctc_forward, aten._ctc_loss_backward.Tensor: ctc_backward}
     ctc_cudnn_checks = {getattr(aten, "_use_cudnn_ctc_loss").default, getattr(aten, "_use_cudnn_ctc_loss").Tensor}
@@ -896,6 +927,7 @@ def _make_recorder_class(torch):
             self.known_stores = 0
             self.current_op = ""
             self.implicit_ops = {}  # OpOverload -> has a C++ CompositeImplicitAutograd kernel
+            self.explicit_ops = {}  # OpOverload -> the composite key CUDA runs it by (_COMPOSITES_ON_CUDA), or None
             self.backend_ops = {}  # (OpOverload, device type) -> has a kernel of that backend
             self.linear_bias_add = False  # F.linear with a bias is running (Note [linear's bias add])
             self.script_conf = {}  # allocator settings the script made itself (key -> value)
@@ -1140,6 +1172,12 @@ def _make_recorder_class(torch):
                 # run would have no lengths to read.
                 with self:
                     return func._op_dk(explicit_key, *args, **kwargs)
+            composite = self._composite_on_cuda(func, args)
+            if composite is not None:
+                # Its CUDA kernel is the composite one (_COMPOSITES_ON_CUDA), whose parts a meta
+                # kernel skips: run here with the mode pushed, each part is recorded as it runs.
+                with self:
+                    return func._op_dk(composite, *args, **kwargs)
             if self.fake and (func in ctc_cudnn_checks or func in ctc_miopen_checks):
                 return self._ctc_uses_library(func, args, kwargs)
             if self.fake and func in ctc_with_length_tensors and not any(isinstance(a, fake_tensor_type) for a in args[2:4]):
@@ -1174,6 +1212,9 @@ def _make_recorder_class(torch):
                 out_seen = [o for o, r in zip(out, func._schema.returns) if r.name not in _RNG_OUTPUTS]
             else:
                 out_seen = out
+            scratch_before, loss_scratch_after = [], []
+            if self.fake and func.overloadpacket.__name__ in _LOSS_KERNELS and func._overloadname == "default" and isinstance(out, torch.Tensor):
+                scratch_before, loss_scratch_after = self._loss_kernel(func.overloadpacket.__name__, args, kwargs, out)
             for leaf in tree_leaves(out_seen):
                 self._observe(leaf)
             for pos, name in self._written_arg_positions(func):
@@ -1187,12 +1228,86 @@ def _make_recorder_class(torch):
                 self._follow_known_value(func, args, kwargs, out)
             if func is flash_backward and self.device_type == "cuda":
                 self._kernel_scratch(_flash_backward_scratch(torch, args), args[1])
+            for trace_id, n in scratch_before:
+                self.sink.free(trace_id, n)
+            if func is multinomial and self.device_type == "cuda" and self.fake and isinstance(out, torch.Tensor) and out.numel():
+                self._multinomial_buffers(args, kwargs)
+            if loss_scratch_after:
+                self._kernel_scratch(loss_scratch_after, out)
             if ctc:
                 if func is ctc_backward:
                     self._ctc_backward_blank_gradient(args)
                 for trace_id, n in reversed(ctc_lengths):
                     self.sink.free(trace_id, n)
             return out
+
+        def _composite_on_cuda(self, func, args):
+            """The composite dispatch key whose kernel a GPU runs for ``func`` on fake CUDA operands,
+            when it is one of _COMPOSITES_ON_CUDA and has no CUDA kernel of its own; else None."""
+            if not self.fake or self.device_type != "cuda" or func.overloadpacket.__name__ not in _COMPOSITES_ON_CUDA:
+                return None
+            if func not in self.explicit_ops:
+                has = lambda key: torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), key)  # noqa: E731
+                own = has(torch._C.DispatchKey.CUDA)
+                self.explicit_ops[func] = None if own else next((key for key in explicit_keys if has(key)), None)
+            first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            return self.explicit_ops[func] if isinstance(first, fake_tensor_type) and first.device.type == "cuda" else None
+
+        def _loss_kernel(self, name, args, kwargs, out):
+            """_LOSS_KERNELS: the output's storage as the kernel leaves it (elementwise-sized, on any
+            device: the CPU kernels share the code), and on CUDA the kernel's own buffers:
+            (buffers allocated before the output, as (trace id, bytes), to free after it; sizes of
+            the buffers allocated and freed after it)."""
+            position, elementwise_output, scratch = _LOSS_KERNELS[name]
+            reduction = kwargs.get("reduction", args[position] if len(args) > position else 1)
+            if reduction == 0:  # Reduction::None: the elementwise loss is the output
+                return [], []
+            shape = torch.broadcast_shapes(args[0].shape, args[1].shape) if name != "binary_cross_entropy" else args[0].shape
+            elementwise = math.prod(shape) * out.element_size()
+            if elementwise_output:
+                storage = out.untyped_storage()
+                if storage.nbytes() < elementwise and storage._cdata not in self.storages:
+                    storage.resize_(elementwise)
+            if self.device_type != "cuda":
+                return [], []
+            if scratch == "before":
+                return [(self._alloc(elementwise, out), elementwise)], []
+            return [], [elementwise if scratch == "elementwise" else out.element_size()]
+
+        def _multinomial_buffers(self, args, kwargs):
+            """multinomial_out (Distributions.cpp, shared by CPU and CUDA) after its result: one sample
+            or none replaced runs on the device's ops, checking the probabilities (aminmax, the
+            compares, row sums) with _assert_async, then q = empty_like(self) for argmax(self / q)
+            or topk's values; more samples with replacement run MultinomialKernel.cu, which copies,
+            renormalises and prefix-sums the distribution in three buffers. Each freed when it
+            goes out of scope (temporaries at the end of their statement, the last made first)."""
+            probs, n_sample = args[0], args[1]
+            replacement = kwargs.get("replacement", args[2] if len(args) > 2 else False)
+            e, whole = probs.element_size(), probs.numel() * probs.element_size()
+            rows = probs.shape[0] if probs.dim() == 2 else 1
+            alloc = lambda n: (self._alloc(n, probs), n)  # noqa: E731
+            free = lambda *buffers: [self.sink.free(*b) for b in buffers]  # noqa: E731
+            if replacement and n_sample > 1:
+                dists = [alloc(whole) for _ in range(3)]  # origDist, normDist, prefixSum
+                free(*reversed(dists))
+                return
+            low, high = alloc(e), alloc(e)  # auto [self_min, self_max] = self.aminmax()
+            at_least_zero, below_inf = alloc(1), alloc(1)  # (the right operand of & first)
+            is_valid = alloc(1)
+            free(below_inf, at_least_zero)
+            if probs.dim() == 1:
+                total = alloc(e)
+                zero_prob = alloc(1)
+                free(total)
+            else:
+                totals = alloc(rows * e)
+                zero_rows = alloc(rows)
+                zero_prob = alloc(1)  # .any()
+                free(zero_rows, totals)
+            free(alloc(1))  # ~zero_prob_condition, for _assert_async
+            q = alloc(whole)  # exponential_ and div_out in place
+            values = [alloc(rows * n_sample * e)] if n_sample > 1 else []  # topk_out's values
+            free(*values, q, zero_prob, is_valid, low, high)
 
         def _ctc_uses_library(self, func, args, kwargs):
             """_use_cudnn_ctc_loss / _use_miopen_ctc_loss on fake CUDA: PyTorch's own kernel runs. cuDNN's
@@ -3778,6 +3893,20 @@ def _fake_cuda_api(torch, patches, recorder):
         return _eager_optimized_module(torch, model) if isinstance(model, torch.nn.Module) else model
 
     patches.set(torch, "compile", compile_eagerly)
+    # The CUDA kernels' alertNotDeterministic checks are not modelled (nor the deterministic
+    # variants some ops switch to): said once, when the script turns determinism on.
+    original_use_deterministic = torch.use_deterministic_algorithms
+
+    def use_deterministic_algorithms(mode, *args, **kwargs):
+        original_use_deterministic(mode, *args, **kwargs)
+        if mode:
+            recorder.say_once("torch.use_deterministic_algorithms(True)", "is not enforced on fake CUDA: an op whose CUDA kernel "
+                              "has no deterministic implementation (bilinear interpolate's backward, histc...) runs and is recorded "
+                              "where a GPU raises, and the deterministic variants of index_put, scatter_add_ and cumsum are not "
+                              "modelled", "not enforced (ops a GPU refuses are recorded)")
+
+    functools.update_wrapper(use_deterministic_algorithms, original_use_deterministic)  # (its __doc__ is read: _CublasWorkspaces)
+    patches.set(torch, "use_deterministic_algorithms", use_deterministic_algorithms)
     # torch.jit.trace checks its trace (check_trace, on by default) by comparing output values,
     # which fake tensors do not have: the trace is taken and its check skipped.
     original_jit_trace = torch.jit.trace

@@ -1864,6 +1864,8 @@ fn a_scripts_gpu_answers_on_fake_cuda() {
         assert!(stdout.contains("props 9 0 1024 232448 65536 5120 True 36 True"), "{stdout}");
         assert!(stdout.contains("compiled OptimizedModule Linear ['_orig_mod.bias', '_orig_mod.weight']"), "{stdout}");
         assert!(stdout.contains("checks False 0 1.0 True"), "{stdout}");
+        assert!(stdout.contains("deterministic True"), "{stdout}");
+        assert_eq!(stderr(&out).matches("torch.use_deterministic_algorithms(True) is not enforced on fake CUDA").count(), 1, "{}", stderr(&out));
         let evs = events(&trace);
         assert_eq!(steps(&evs), vec![1, 2, 3], "{which}: a step after each optimizer.step()");
         // The iterations after the first allocate and free alike: the optimizer's state came
@@ -1878,4 +1880,79 @@ fn a_scripts_gpu_answers_on_fake_cuda() {
     let params = (64 * 64 + 64) * 4;
     let state: Vec<i64> = kept_after_first_step.iter().map(|k| k - kept_after_first_step[0]).collect();
     assert_eq!(state, vec![0, params, params + 2 * 4, 2 * params + 2 * 4]);
+}
+
+/// Kernels whose memory their outputs do not show, as a GPU runs them (Loss.cpp, Loss.cu,
+/// ReduceOps.cpp, Distributions.cpp, MultinomialKernel.cu), one per phase of
+/// kernel_buffers.py: x and t are 16 KiB, `row` 1 KiB. mse_loss and smooth_l1_loss keep their
+/// elementwise storage behind the 0-dim loss and reduce a temporary; huber_loss reduces a
+/// temporary into a fresh loss; binary_cross_entropy and soft_margin_loss keep theirs and reduce
+/// into a 0-dim temporary; the composites (BCE with logits, logsumexp) record their parts;
+/// multinomial checks its probabilities and divides by an exponential sample (or copies and
+/// prefix-sums the distribution, with replacement). On the CPU, fake tensors keep the storages a
+/// real run keeps.
+#[test]
+fn kernel_buffers_are_recorded_as_a_gpu_allocates_them() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "kb.csv", &["--no-sites"], &[&fixture("kernel_buffers.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let storages: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        storages,
+        [
+            "mse 16384",
+            "mse-sum 16384",
+            "mse-none 16384",
+            "mse-broadcast 16384",
+            "smooth_l1 16384",
+            "huber 4",
+            "huber-none 16384",
+            "bce 16384",
+            "bce-weight 16384",
+            "soft_margin 16384",
+            "bce_logits 4",
+            "bce_logits-pos 4",
+            "logsumexp 64",
+            "multinomial 128",
+            "multinomial-1d 8",
+            "multinomial-topk 384",
+            "multinomial-replaced 384"
+        ]
+    );
+    let (e, r) = (16384, 1024);
+    let reduced_into_temporary = vec![e, e, -e, -e];
+    let reduced_into_scalar = vec![e, 4, -4, -e];
+    let multinomial_checks = |sums: Vec<i64>| [vec![4, 4, 1, 1, 1, -1, -1], sums, vec![1, -1]].concat();
+    let expected: Vec<Vec<i64>> = vec![
+        [vec![e, e, r], reduced_into_temporary.clone()].concat(),
+        reduced_into_temporary.clone(),
+        vec![e, -e],
+        reduced_into_temporary.clone(),
+        reduced_into_temporary,
+        vec![e, 4, -e, -4],
+        vec![e, -e],
+        reduced_into_scalar.clone(),
+        reduced_into_scalar.clone(),
+        reduced_into_scalar,
+        vec![e, e, 4, -e, -e, -4],
+        vec![e, r, e, -r, -e, e, 4, -e, -e, -4],
+        vec![64, 64, 16, -16, -64, e, 64, -e, -64, -64],
+        [vec![128], multinomial_checks(vec![64, 16, 1, -16, -64]), vec![e, -e, -1, -1, -4, -4, -128]].concat(),
+        [vec![8], multinomial_checks(vec![4, 1, -4]), vec![r, -r, -1, -1, -4, -4, -8]].concat(),
+        [vec![384], multinomial_checks(vec![64, 16, 1, -16, -64]), vec![e, 192, -192, -e, -1, -1, -4, -4, -384]].concat(),
+        vec![384, e, e, e, -e, -e, -e, -384],
+        vec![],
+    ];
+    assert_eq!(phases(&events(&trace)), expected);
+    // CPU: the kernels are the same code, so the loss storages a real run keeps are the fake run's.
+    let (fake_out, fake) = capture(dir.path(), "cpu-fake.csv", &["--device", "cpu", "--no-sites"], &[&fixture("kernel_buffers.py"), "cpu"]);
+    assert!(fake_out.status.success(), "{}", stderr(&fake_out));
+    let (real_out, real) = capture(dir.path(), "cpu-real.csv", &["--device", "cpu", "--real", "--no-sites"], &[&fixture("kernel_buffers.py"), "cpu"]);
+    assert!(real_out.status.success(), "{}", stderr(&real_out));
+    assert_eq!(fake_out.stdout, real_out.stdout);
+    assert_eq!(signed_sizes(&events(&fake)), signed_sizes(&events(&real)));
 }
