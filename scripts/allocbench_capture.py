@@ -424,6 +424,12 @@ def _refuse_as_cuda_kernels_do(name, args, tensor_type):
                 and first.device.type == "cuda":
             names = [_CPP_DTYPE.get(str(t.dtype).replace("torch.", ""), str(t.dtype)) for t in (first, second)]
             raise RuntimeError(f"expected mat1 and mat2 to have the same dtype, but got: {names[0]} != {names[1]}")
+    if name == "convolution" and len(args) > 1 and all(isinstance(t, tensor_type) and t.device.type == "cuda" for t in args[:2]) \
+            and args[0].dtype != args[1].dtype:
+        # check_input_same_type_as_parameters (Convolution.cpp); FakeTensor's own check is off when
+        # it allows real inputs, as the capture's mode does (the bias check stays).
+        legacy = [f"torch.cuda.{_SCALAR_TYPE.get(str(t.dtype).replace('torch.', ''), str(t.dtype))}Tensor" for t in args[:2]]
+        raise RuntimeError(f"Input type ({legacy[0]}) and weight type ({legacy[1]}) should be the same")
     if name in ("nll_loss_forward", "nll_loss2d_forward") and len(args) > 1:
         target = args[1]
         if isinstance(target, tensor_type) and target.device.type == "cuda" and str(target.dtype) not in ("torch.int64", "torch.uint8"):
@@ -847,6 +853,7 @@ def _make_recorder_class(torch):
     explicit_keys = (explicit_key, torch._C.DispatchKey.CompositeExplicitAutogradNonFunctional)
     pack_padded = aten._pack_padded_sequence.default
     multinomial = aten.multinomial.default
+    value_comparisons = {aten.equal.default, aten.allclose.default}  # Python bools read from the data
     ctc_forward, ctc_backward = aten._ctc_loss.default, aten._ctc_loss_backward.default
     ctc_with_length_tensors = {aten._ctc_loss.Tensor: ctc_forward, aten._ctc_loss_backward.Tensor: ctc_backward}
     ctc_cudnn_checks = {getattr(aten, "_use_cudnn_ctc_loss").default, getattr(aten, "_use_cudnn_ctc_loss").Tensor}
@@ -1165,6 +1172,8 @@ def _make_recorder_class(torch):
                     return func._op_dk(implicit_key, *args, **kwargs)
             if func is local_scalar and self.fake:
                 return self._scalar(func, args)
+            if func in value_comparisons and self.fake and any(isinstance(a, fake_tensor_type) for a in args[:2]):
+                return self._compare_values(func, args, kwargs)
             if func is pack_padded and self.fake and not isinstance(args[1], fake_tensor_type):
                 # pack_padded_sequence takes its lengths on the CPU (nn.utils.rnn), real here: its
                 # kernel (PackedSequence.cpp, CompositeExplicitAutograd) reads them and slices,
@@ -1198,6 +1207,8 @@ def _make_recorder_class(torch):
                 out = args[0].add_(args[1])
             else:
                 out = self._run(func, args, kwargs)
+            if _in_place_in_an_untraced_backward(torch, func, args, out):
+                self._inherit_allocation(out, args[0])  # Note [Out-of-place backward formulas]
             if func is add_tensor and self.linear_bias_add:
                 # Note [linear's bias add]: an untraced run adds the bias in place.
                 self.linear_bias_add = False
@@ -1847,6 +1858,26 @@ def _make_recorder_class(torch):
                     raise FakeValueNeeded("aten._local_scalar_dense", on_cpu=args[0].device.type == "cpu") from e
             return self._as_dtype_of(args[0], self.scalar_value)
 
+        def _compare_values(self, func, args, kwargs):
+            """torch.equal / torch.allclose of fake tensors: a read of both operands' values. Known
+            contents are compared as torch compares them; with --scalar-value every element holds
+            that value (equal when the shapes are, allclose when they broadcast); else the read
+            stops the capture as .item() does."""
+            a, b = args[0], args[1]
+            contents = [self._contents_of(x) if isinstance(x, torch.Tensor) else None for x in (a, b)]
+            if all(c is not None for c in contents):
+                with disable_modes():
+                    return func(*contents, *args[2:], **kwargs)
+            if self.scalar_value is None:
+                raise FakeValueNeeded(str(func), on_cpu=a.device.type == "cpu")
+            if func is aten.equal.default:
+                return tuple(a.shape) == tuple(b.shape)
+            try:
+                torch.broadcast_shapes(a.shape, b.shape)
+            except RuntimeError:
+                return func(*args, **kwargs)  # (torch's own error for shapes that do not broadcast)
+            return True
+
         @staticmethod
         def _as_dtype_of(tensor, value):
             """``value`` as the Python number a read of ``tensor`` gives."""
@@ -1900,6 +1931,47 @@ def _engine_add(torch, func_is_add, args, kwargs, exclusive_use_count):
 # run never allocates. The recorder lets the add's output take over the matmul output's
 # allocation instead: one buffer, as in the untraced run (forward-mode AD, the other reason for
 # the out-of-place add, is not taken into account).
+
+
+# Note [Out-of-place backward formulas]: isTensorSubclassLike() is true whenever a dispatch mode is
+# active (as for linear's bias add above), so under a capture these backward formulas
+# (torch/csrc/autograd/FunctionsManual.cpp) take their branch "for composite compliance": out of
+# place on a fresh temporary (gather_backward's new_zeros(...).scatter_add, index_backward's
+# zeros.index_put, value_selecting_reduction_backward's zeros.scatter for topk, sort, max/min
+# over a dim..., binary_cross_entropy_with_logits_backward's sigmoid().sub(target).mul(grad)),
+# where an untraced run (grad mode off) writes the same temporary in place. The out-of-place
+# result takes over the temporary's allocation: one buffer, as in the untraced run.
+_VALUE_SELECTING = {"aten.scatter.src"}
+_IN_PLACE_IN_UNTRACED_BACKWARD = {
+    "GatherBackward0": {"aten.scatter_add.default"},
+    "IndexBackward0": {"aten.index_put.default"},
+    "IndexSelectBackward0": {"aten.index_add.default"},
+    "TakeBackward0": {"aten.put.default"},
+    "BinaryCrossEntropyWithLogitsBackward0": {"aten.sub.Tensor", "aten.mul.Tensor"},
+    **{node: _VALUE_SELECTING for node in (
+        "TopkBackward0", "SortBackward0", "SortBackward1", "KthvalueBackward0", "MaxBackward0", "MinBackward0",
+        "MedianBackward1", "NanmedianBackward1", "ModeBackward0", "CummaxBackward0", "CumminBackward0")},
+}
+
+
+_IN_PLACE_OPS = frozenset(op for ops in _IN_PLACE_IN_UNTRACED_BACKWARD.values() for op in ops)
+
+
+def _in_place_in_an_untraced_backward(torch, func, args, out):
+    """Whether this op, in the backward formula running now, writes its first operand in place in
+    an untraced run: an operand only the formula holds (a temporary), of the result's layout. (The
+    running node is asked last: only for the few ops that qualify.)"""
+    if torch.is_grad_enabled() or not args or str(func) not in _IN_PLACE_OPS:
+        return False
+    old = args[0]
+    if not isinstance(old, torch.Tensor) or not isinstance(out, torch.Tensor):
+        return False
+    if old.shape != out.shape or old.dtype != out.dtype or not _non_overlapping_and_dense(old):
+        return False
+    if torch._C._storage_Use_Count(old.untyped_storage()._cdata) > 2:
+        return False
+    node = torch._C._current_autograd_node()
+    return node is not None and str(func) in _IN_PLACE_IN_UNTRACED_BACKWARD.get(node.name(), ())
 
 
 def _linear_bias_add_in_place(torch, patches, recorder):
@@ -4324,14 +4396,37 @@ _FUSED_OPTIMIZER_STEPS = ("_fused_sgd_", "_fused_adagrad_", "_fused_adam_", "_fu
 
 
 def _missing_meta_kernels(torch, stack):
-    """Meta kernels for the ops a training step reaches that have none, for the capture's duration:
-    _ctc_loss_backward (_ctc_loss has one), whose gradient has log_probs' shape, contiguous
-    (full_like(log_probs, -inf, LEGACY_CONTIGUOUS_MEMORY_FORMAT) in LossCTC.cu); and the fused
-    optimizer steps without one (a fake run would otherwise call their CUDA kernels)."""
+    """Meta kernels for the CUDA ops scripts reach that have none (a fake run would otherwise call
+    their CUDA kernels), for the capture's duration: ops whose outputs are shaped as an operand, as
+    their CUDA kernels make them (contiguous; _ctc_loss_backward's gradient is full_like(log_probs,
+    -inf, LEGACY_CONTIGUOUS_MEMORY_FORMAT) in LossCTC.cu; the fake-quantize masks are bool), geqrf's
+    (a, tau), and the fused optimizer steps, which make nothing."""
     library = torch.library.Library("aten", "IMPL")
     has_meta = lambda name: torch._C._dispatch_has_kernel_for_dispatch_key(name, "Meta")  # noqa: E731
-    if not has_meta("aten::_ctc_loss_backward"):
-        library.impl("_ctc_loss_backward", lambda grad, log_probs, *rest, **kwargs: torch.empty_like(log_probs, memory_format=torch.contiguous_format), "Meta")
+    like = lambda t, **kwargs: torch.empty_like(t, memory_format=torch.contiguous_format, **kwargs)  # noqa: E731
+    with_mask = lambda self, *rest, **kwargs: (like(self), like(self, dtype=torch.bool))  # noqa: E731
+    kernels = {
+        "_ctc_loss_backward": lambda grad, log_probs, *rest, **kwargs: like(log_probs),
+        "_sample_dirichlet": lambda self, *rest, **kwargs: like(self),  # Beta/Dirichlet.rsample
+        "_standard_gamma_grad": lambda self, output: like(self),  # Gamma.rsample's backward
+        "_dirichlet_grad": lambda x, alpha, total: like(x),
+        "multi_margin_loss_backward": lambda grad_output, self, *rest, **kwargs: like(self),
+        "multilabel_margin_loss_backward": lambda grad_output, self, *rest, **kwargs: like(self),
+        "fractional_max_pool3d_backward": lambda grad_output, self, *rest, **kwargs: like(self),
+        "fake_quantize_per_tensor_affine_cachemask": with_mask,
+        "fake_quantize_per_channel_affine_cachemask": with_mask,
+        "_fake_quantize_per_tensor_affine_cachemask_tensor_qparams": with_mask,
+        "_fake_quantize_learnable_per_tensor_affine": lambda self, *rest, **kwargs: like(self),
+        "_fake_quantize_learnable_per_channel_affine": lambda self, *rest, **kwargs: like(self),
+        "_fake_quantize_learnable_per_tensor_affine_backward": lambda grad, self, scale, zero_point, *rest, **kwargs: (
+            like(self), like(scale), like(zero_point)),
+        "_fake_quantize_learnable_per_channel_affine_backward": lambda grad, self, scale, zero_point, *rest, **kwargs: (
+            like(self), like(scale), like(zero_point)),
+        "geqrf": lambda self: (like(self), self.new_empty((*self.shape[:-2], min(self.shape[-2:])))),
+    }
+    for name, kernel in kernels.items():
+        if hasattr(torch.ops.aten, name) and not has_meta(f"aten::{name}"):
+            library.impl(name, kernel, "Meta")
     for name in _FUSED_OPTIMIZER_STEPS:
         packet = getattr(torch.ops.aten, name, None)
         for overload in packet.overloads() if packet is not None else ():
@@ -4506,6 +4601,13 @@ def _library_frame(frames, script):
     return f"{short}:{line} in {function}"
 
 
+def _value_read(exc):
+    """The read a FakeValueNeeded stands for: a comparison of values, or a number's."""
+    if str(exc) in ("aten.equal.default", "aten.allclose.default"):
+        return f"{exc} (torch.equal, torch.allclose: a bool read from the values)"
+    return "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
+
+
 def _fake_data_message(exc, script):
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
@@ -4518,11 +4620,11 @@ def _fake_data_message(exc, script):
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value V to answer it with V "
                "in every element, or capture with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded) and library:
-        op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
+        op = _value_read(exc)
         fix = ("pass --scalar-value V to answer such reads with V (a library's read steers its control flow: V "
                "decides which branch it takes), or capture with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded):
-        op = "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
+        op = _value_read(exc)
         fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value 0 to answer such "
                "reads with 0, or capture with --real on a GPU")
     else:

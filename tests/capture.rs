@@ -1814,7 +1814,8 @@ fn a_value_read_in_a_thread_stops_the_capture_with_its_line() {
 }
 
 /// What a CUDA kernel refuses, though a fake op's meta kernel lets it through, is refused as on
-/// a GPU: a matmul of mixed dtypes (a half model fed fp32) and cross_entropy with int32 targets.
+/// a GPU: a matmul or a convolution of mixed dtypes (a half model fed fp32) and cross_entropy with
+/// int32 targets.
 #[test]
 fn what_cuda_kernels_refuse_is_refused() {
     if !have_torch() {
@@ -1826,15 +1827,18 @@ fn what_cuda_kernels_refuse_is_refused() {
         &script,
         "import sys, torch\ncase = sys.argv[1]\n\
          if case == 'half_model':\n    torch.nn.Linear(16, 16).cuda().half()(torch.randn(2, 16, device='cuda'))\n\
+         if case == 'half_conv':\n    torch.nn.Conv2d(3, 8, 3, bias=False).cuda().half()(torch.randn(2, 3, 8, 8, device='cuda'))\n\
          if case == 'int_target':\n    torch.nn.functional.cross_entropy(torch.randn(8, 10, device='cuda'), torch.randint(0, 10, (8,), device='cuda').int())\n\
-         if case == 'fine':\n    m = torch.nn.Linear(16, 16).cuda()\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        y = m(torch.randn(2, 16, device='cuda'))\n    \
+         if case == 'fine':\n    m = torch.nn.Linear(16, 16).cuda()\n    with torch.autocast('cuda', dtype=torch.bfloat16):\n        y = m(torch.randn(2, 16, device='cuda'))\n        \
+         torch.nn.Conv2d(3, 8, 3).cuda()(torch.randn(2, 3, 8, 8, device='cuda'))\n    \
          torch.nn.functional.cross_entropy(y.float(), torch.randint(0, 10, (2,), device='cuda'))\n    print('fine', y.dtype)\n",
     )
     .unwrap();
     let script = script.to_str().unwrap();
     for (case, says) in [
         ("half_model", "dtypes.py:4: expected mat1 and mat2 to have the same dtype, but got: float != c10::Half"),
-        ("int_target", "dtypes.py:6: \"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for 'Int'"),
+        ("half_conv", "dtypes.py:6: Input type (torch.cuda.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same"),
+        ("int_target", "dtypes.py:8: \"nll_loss_forward_reduce_cuda_kernel_2d_index\" not implemented for 'Int'"),
     ] {
         let (out, _) = capture(dir.path(), &format!("{case}.csv"), &[], &[script, case]);
         let err = stderr(&out);
@@ -1865,6 +1869,8 @@ fn a_scripts_gpu_answers_on_fake_cuda() {
         assert!(stdout.contains("compiled OptimizedModule Linear ['_orig_mod.bias', '_orig_mod.weight']"), "{stdout}");
         assert!(stdout.contains("checks False 0 1.0 True"), "{stdout}");
         assert!(stdout.contains("deterministic True"), "{stdout}");
+        assert!(stdout.contains("kernels (32, 4) (8, 64) (8, 3, 16, 16) (8, 10) (5, 7, 4) (5, 4)"), "{stdout}");
+        assert!(stdout.contains("compared True False"), "{stdout}");
         assert_eq!(stderr(&out).matches("torch.use_deterministic_algorithms(True) is not enforced on fake CUDA").count(), 1, "{}", stderr(&out));
         let evs = events(&trace);
         assert_eq!(steps(&evs), vec![1, 2, 3], "{which}: a step after each optimizer.step()");
@@ -1955,4 +1961,54 @@ fn kernel_buffers_are_recorded_as_a_gpu_allocates_them() {
     assert!(real_out.status.success(), "{}", stderr(&real_out));
     assert_eq!(fake_out.stdout, real_out.stdout);
     assert_eq!(signed_sizes(&events(&fake)), signed_sizes(&events(&real)));
+}
+
+/// Note [Out-of-place backward formulas]: under a dispatch mode these backward formulas take
+/// their out-of-place branch; the capture records the one gradient buffer an untraced run makes
+/// (new_zeros then scatter_add_/scatter_/index_put_/index_add_ in place; BCE with logits'
+/// sigmoid().sub_(target).mul_(grad)), not a second and third of the same size.
+#[test]
+fn backward_formulas_record_one_buffer_where_an_untraced_run_writes_in_place() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "bw.csv", &["--no-sites"], &[&fixture("backward_formulas.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let g = 256 * 256 * 4;
+    let by_phase = phases(&events(&trace));
+    let expected: Vec<Vec<i64>> = vec![
+        vec![g, 16384, g, 512],
+        vec![8192, 4, -8192, 4, g, -4, -4, -g],
+        vec![8192, 16384, 4, -8192, 4, g, -16384, -4, -4, -g],
+        vec![g, g, 4, -g, -g, 4, g, -4, -4, -g],
+        vec![65536, 4, -65536, 4, g, -4, -4, -g],
+        vec![65536, 4, -65536, 4, g, -4, -4, -g],
+        vec![g, 2 * g, 4, -g, 4, g, -2 * g, -4, -4, -g],
+        vec![1024, 2048, 4, -1024, 4, g, -2048, -4, -4, -g],
+        vec![],
+    ];
+    assert_eq!(by_phase, expected);
+}
+
+/// torch.equal and torch.allclose read values: known contents are compared as torch compares them;
+/// unknown ones stop the capture naming the read, or with --scalar-value every element holds
+/// that value (equal when the shapes are).
+#[test]
+fn value_comparisons_read_known_values_or_the_scalar_value() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = capture(dir.path(), "stop.csv", &["--no-sites"], &[&fixture("value_comparisons.py")]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("known True False"));
+    let err = stderr(&out);
+    assert!(
+        err.contains("value_comparisons.py:8") && err.contains("aten.allclose.default (torch.equal, torch.allclose: a bool read from the values)"),
+        "{err}"
+    );
+    let (out, _) = capture(dir.path(), "answered.csv", &["--no-sites", "--scalar-value", "1"], &[&fixture("value_comparisons.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("unknown True True False"));
 }
