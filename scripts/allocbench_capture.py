@@ -391,8 +391,12 @@ _SCALAR_TYPE = {"float32": "Float", "float64": "Double", "float16": "Half", "bfl
 # log_sigmoid(input) and (1 - target) * input, SoftMarginLoss its elementwise loss (kept as the
 # output's storage) and the mean, its backward exp(-target * input), logsumexp the shifted
 # exp(self - max), dist self - other, isinf abs(self) (Loss.cpp, ReduceOps.cpp, TensorCompare.cpp).
+# The window functions (TensorFactories.cpp) compute a periodic window of N as N + 1 points and
+# narrow it: a meta kernel answers the view's N, and FakeTensor's dispatch cache answers it so
+# from the second call on, where the composite keeps the N + 1 storage.
 _COMPOSITES_ON_CUDA = frozenset({
-    "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward", "logsumexp", "dist", "isinf"})
+    "binary_cross_entropy_with_logits", "soft_margin_loss", "soft_margin_loss_backward", "logsumexp", "dist", "isinf",
+    "hann_window", "hamming_window", "blackman_window", "bartlett_window"})
 # Loss kernels that reduce into or through an elementwise loss the meta kernel does not make
 # (Loss.cpp, Loss.cu): name -> (position of `reduction`, whether the output keeps the elementwise
 # storage, the kernel's buffer). mse_loss and smooth_l1_loss are structured: the meta step makes
@@ -1181,7 +1185,7 @@ def _make_recorder_class(torch):
                 # run would have no lengths to read.
                 with self:
                     return func._op_dk(explicit_key, *args, **kwargs)
-            composite = self._composite_on_cuda(func, args)
+            composite = self._composite_on_cuda(func, args, kwargs)
             if composite is not None:
                 # Its CUDA kernel is the composite one (_COMPOSITES_ON_CUDA), whose parts a meta
                 # kernel skips: run here with the mode pushed, each part is recorded as it runs.
@@ -1252,7 +1256,7 @@ def _make_recorder_class(torch):
                     self.sink.free(trace_id, n)
             return out
 
-        def _composite_on_cuda(self, func, args):
+        def _composite_on_cuda(self, func, args, kwargs):
             """The composite dispatch key whose kernel a GPU runs for ``func`` on fake CUDA operands,
             when it is one of _COMPOSITES_ON_CUDA and has no CUDA kernel of its own; else None."""
             if not self.fake or self.device_type != "cuda" or func.overloadpacket.__name__ not in _COMPOSITES_ON_CUDA:
@@ -1262,6 +1266,8 @@ def _make_recorder_class(torch):
                 own = has(torch._C.DispatchKey.CUDA)
                 self.explicit_ops[func] = None if own else next((key for key in explicit_keys if has(key)), None)
             first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+            if first is None:  # a factory: its device argument says
+                return self.explicit_ops[func] if torch.device(kwargs.get("device") or "cpu").type == "cuda" else None
             return self.explicit_ops[func] if isinstance(first, fake_tensor_type) and first.device.type == "cuda" else None
 
         def _loss_kernel(self, name, args, kwargs, out):

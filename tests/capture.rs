@@ -2012,3 +2012,21 @@ fn value_comparisons_read_known_values_or_the_scalar_value() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("unknown True True False"));
 }
+
+/// A periodic window of N points is computed as N + 1 and narrowed (TensorFactories.cpp): its
+/// storage keeps N + 1 at every call, not only at the first (FakeTensor's dispatch cache rebuilds
+/// a cached result from its view's size), as the composite kernel a GPU runs makes it.
+#[test]
+fn periodic_windows_keep_their_extra_point_at_every_call() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "w.csv", &["--no-sites"], &[&fixture("windows.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, ["hann_window 1028 (256,) 1024", "hann_window 1028 (256,) 1024", "hamming_window 1028 (256,) 1024", "bartlett_window 1028 (256,) 1024"]);
+    let allocs: Vec<u64> = events(&trace).iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
+    assert_eq!(allocs, [1028, 1024].repeat(4));
+}
