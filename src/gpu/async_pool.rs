@@ -24,24 +24,17 @@ pub struct AsyncPoolAllocator {
 impl AsyncPoolAllocator {
     pub fn new(device: CudaDevice) -> DeviceResult<Self> {
         let pool = CudaPool::new(&device)?;
-        Ok(AsyncPoolAllocator {
-            pool,
-            device,
-            live: HashMap::new(),
-            next: 0,
-            stats: DeviceStats { max_split_size: -1, ..Default::default() },
-            device_time_ns: 0,
-        })
+        Ok(AsyncPoolAllocator { pool, device, live: HashMap::new(), next: 0, stats: DeviceStats::new(-1), device_time_ns: 0 })
     }
 
     /// Reserved memory as the pool reports it (the backend:cudaMallocAsync stats).
     fn sync_reserved(&mut self) {
         let reserved = self.pool.reserved() as i64;
-        let cur = self.stats.reserved_bytes.all.current;
+        let cur = self.stats.all.reserved_bytes.current;
         if reserved > cur {
-            self.stats.reserved_bytes.increase(PoolKind::Large, (reserved - cur) as u64);
+            self.stats.update(PoolKind::Large, |g| g.reserved_bytes.increase((reserved - cur) as u64));
         } else if reserved < cur {
-            self.stats.reserved_bytes.decrease(PoolKind::Large, (cur - reserved) as u64);
+            self.stats.update(PoolKind::Large, |g| g.reserved_bytes.decrease((cur - reserved) as u64));
         }
     }
 }
@@ -56,8 +49,8 @@ impl GpuAllocator for AsyncPoolAllocator {
             Ok(ptr) => ptr,
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                let reserved = self.stats.reserved_bytes.all.current as u64;
-                let allocated = self.stats.allocated_bytes.all.current as u64;
+                let reserved = self.stats.all.reserved_bytes.current as u64;
+                let allocated = self.stats.all.allocated_bytes.current as u64;
                 return Err(AllocError::OutOfMemory(OomInfo::unrounded(
                     bytes,
                     self.device.free_memory(),
@@ -72,10 +65,12 @@ impl GpuAllocator for AsyncPoolAllocator {
         self.next = self.next.wrapping_add(1);
         self.live.insert(h, (ptr, bytes, stream));
         let pool = super::caching::pool_for(bytes);
-        self.stats.allocation.increase(pool, 1);
-        self.stats.allocated_bytes.increase(pool, bytes);
-        self.stats.active_bytes.increase(pool, bytes);
-        self.stats.requested_bytes.increase(pool, bytes);
+        self.stats.update(pool, |g| {
+            g.allocation.increase(1);
+            g.allocated_bytes.increase(bytes);
+            g.active_bytes.increase(bytes);
+            g.requested_bytes.increase(bytes);
+        });
         self.sync_reserved();
         Ok(h)
     }
@@ -84,10 +79,12 @@ impl GpuAllocator for AsyncPoolAllocator {
         let (ptr, bytes, stream) = self.live.remove(&handle).expect("free of a live handle");
         self.pool.free(&mut self.device, ptr, stream, &mut self.device_time_ns)?;
         let pool = super::caching::pool_for(bytes);
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, bytes);
-        self.stats.active_bytes.decrease(pool, bytes);
-        self.stats.requested_bytes.decrease(pool, bytes);
+        self.stats.update(pool, |g| {
+            g.allocation.decrease(1);
+            g.allocated_bytes.decrease(bytes);
+            g.active_bytes.decrease(bytes);
+            g.requested_bytes.decrease(bytes);
+        });
         Ok(())
     }
 

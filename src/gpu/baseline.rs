@@ -17,28 +17,24 @@ use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 /// `device_call` is false for the ideal bound, which makes none.
 fn count_alloc(stats: &mut DeviceStats, pool: PoolKind, bytes: u64, requested: u64, device_call: bool) {
     if device_call {
-        stats.segment.increase(pool, 1);
+        stats.update(pool, |g| g.segment.increase(1));
         stats.num_device_alloc += 1;
     }
-    stats.reserved_bytes.increase(pool, bytes);
-    stats.allocation.increase(pool, 1);
-    stats.allocated_bytes.increase(pool, bytes);
-    stats.active.increase(pool, 1);
-    stats.active_bytes.increase(pool, bytes);
-    stats.requested_bytes.increase(pool, requested);
+    stats.update(pool, |g| {
+        g.reserved_bytes.increase(bytes);
+        g.allocate(bytes, requested);
+    });
 }
 
 fn count_free(stats: &mut DeviceStats, pool: PoolKind, bytes: u64, requested: u64, device_call: bool) {
     if device_call {
-        stats.segment.decrease(pool, 1);
+        stats.update(pool, |g| g.segment.decrease(1));
         stats.num_device_free += 1;
     }
-    stats.reserved_bytes.decrease(pool, bytes);
-    stats.allocation.decrease(pool, 1);
-    stats.allocated_bytes.decrease(pool, bytes);
-    stats.active.decrease(pool, 1);
-    stats.active_bytes.decrease(pool, bytes);
-    stats.requested_bytes.decrease(pool, requested);
+    stats.update(pool, |g| {
+        g.reserved_bytes.decrease(bytes);
+        g.release(bytes, requested);
+    });
 }
 
 struct Live {
@@ -57,7 +53,7 @@ pub struct NoCacheAllocator<D: Device> {
 
 impl<D: Device> NoCacheAllocator<D> {
     pub fn new(device: D) -> Self {
-        NoCacheAllocator { device, live: FxHashMap::default(), next: 0, stats: DeviceStats { max_split_size: -1, ..Default::default() } }
+        NoCacheAllocator { device, live: FxHashMap::default(), next: 0, stats: DeviceStats::new(-1) }
     }
 }
 
@@ -77,7 +73,7 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
             }
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                let reserved = self.stats.reserved_bytes.all.current as u64;
+                let reserved = self.stats.all.reserved_bytes.current as u64;
                 Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.device.free_memory(), 0, reserved, reserved)))
             }
             Err(e) => Err(AllocError::Device(e)),
@@ -142,7 +138,7 @@ pub struct IdealAllocator {
 
 impl IdealAllocator {
     pub fn new(capacity: u64) -> Self {
-        IdealAllocator { capacity, live: FxHashMap::default(), next: 0, stats: DeviceStats { max_split_size: -1, ..Default::default() } }
+        IdealAllocator { capacity, live: FxHashMap::default(), next: 0, stats: DeviceStats::new(-1) }
     }
 }
 
@@ -152,7 +148,7 @@ impl GpuAllocator for IdealAllocator {
     }
 
     fn malloc(&mut self, bytes: u64, _stream: u64) -> Result<Handle, AllocError> {
-        let reserved = self.stats.reserved_bytes.all.current as u64;
+        let reserved = self.stats.all.reserved_bytes.current as u64;
         if reserved + bytes > self.capacity {
             self.stats.num_ooms += 1;
             return Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.capacity - reserved, 0, reserved, reserved)));

@@ -42,6 +42,19 @@ impl Stat {
         self.current -= amount as i64;
     }
 
+    /// `increase` where the caller knows the peak stays: `current` stays at or below it.
+    #[inline(always)]
+    fn increase_below_peak(&mut self, amount: i64) {
+        self.current += amount;
+        self.allocated += amount;
+    }
+
+    /// How far `current` stands below the peak.
+    #[inline]
+    fn headroom(&self) -> i64 {
+        self.peak - self.current
+    }
+
     /// `increase(net)` when net > 0, `decrease(−net)` when net < 0, nothing at 0 (free_block's
     /// net change of inactive_split).
     #[inline]
@@ -78,76 +91,101 @@ impl PoolKind {
     }
 }
 
-/// A StatArray: `all`, `small_pool`, `large_pool`. Every update applies to `all` and the pool.
+/// The nine counters PyTorch keeps per StatType (`all`, `small_pool`, `large_pool`): one group
+/// per StatType, so an update of several counters of one pool goes through one base address.
+///
+/// The five counters an allocation moves up (allocation, active, allocated_bytes, active_bytes,
+/// requested_bytes) move through [`StatGroup::allocate`] and the decreases beside it, which keep
+/// `count_room` and `bytes_room`: lower bounds of how far the count counters and the byte
+/// counters stand below their peaks (an allocator that raises them otherwise never asks the
+/// rooms, which then stay 0). An allocation that fits in both rooms moves no peak, so the
+/// common allocation adds to its counters without a compare per counter (two updates of five
+/// counters at every malloc were a tenth of a replay).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct StatArray {
-    pub all: Stat,
-    /// By [`PoolKind`]: indexed, not matched, as which pool an update goes to is data (a branch
-    /// on it mispredicted on about every other update of a replay).
-    pools: [Stat; 2],
+pub struct StatGroup {
+    pub allocation: Stat,
+    pub segment: Stat,
+    pub active: Stat,
+    pub inactive_split: Stat,
+    pub allocated_bytes: Stat,
+    pub reserved_bytes: Stat,
+    pub active_bytes: Stat,
+    pub inactive_split_bytes: Stat,
+    pub requested_bytes: Stat,
+    /// ≤ the headroom (peak − current) of allocation and of active.
+    count_room: i64,
+    /// ≤ the headroom of allocated_bytes, active_bytes and requested_bytes.
+    bytes_room: i64,
 }
 
-impl StatArray {
-    #[inline]
-    pub fn increase(&mut self, pool: PoolKind, amount: u64) {
-        self.all.increase(amount);
-        self.pool_mut(pool).increase(amount);
+impl StatGroup {
+    /// An allocation of a `size`-byte block for a `requested`-byte request (≤ size):
+    /// alloc_found_block's allocation, active, allocated_bytes, active_bytes and requested_bytes.
+    #[inline(always)]
+    pub fn allocate(&mut self, size: u64, requested: u64) {
+        debug_assert!(requested <= size);
+        let (size, requested) = (size as i64, requested as i64);
+        self.allocation.increase_below_peak(1);
+        self.active.increase_below_peak(1);
+        self.allocated_bytes.increase_below_peak(size);
+        self.active_bytes.increase_below_peak(size);
+        self.requested_bytes.increase_below_peak(requested);
+        // Every count headroom fell by 1, every byte headroom by at most `size`.
+        self.count_room -= 1;
+        self.bytes_room -= size;
+        if (self.count_room | self.bytes_room) < 0 {
+            self.settle_allocation_peaks();
+        }
     }
 
-    #[inline]
-    pub fn decrease(&mut self, pool: PoolKind, amount: u64) {
-        self.all.decrease(amount);
-        self.pool_mut(pool).decrease(amount);
+    /// A room ran out: raise the peaks that `current` passed, and measure the rooms exactly.
+    #[cold]
+    #[inline(never)]
+    fn settle_allocation_peaks(&mut self) {
+        for s in [&mut self.allocation, &mut self.active, &mut self.allocated_bytes, &mut self.active_bytes, &mut self.requested_bytes] {
+            s.peak = s.peak.max(s.current);
+        }
+        self.count_room = self.allocation.headroom().min(self.active.headroom());
+        self.bytes_room = self.allocated_bytes.headroom().min(self.active_bytes.headroom()).min(self.requested_bytes.headroom());
     }
 
-    #[inline]
-    pub fn apply_net(&mut self, pool: PoolKind, net: i64) {
-        self.all.apply_net(net);
-        self.pool_mut(pool).apply_net(net);
+    /// An allocation freed and no longer active at once (no other stream's work to wait for):
+    /// [`StatGroup::allocate`] undone, with the room it gives back.
+    #[inline(always)]
+    pub fn release(&mut self, size: u64, requested: u64) {
+        self.deallocate(size);
+        self.deactivate(size, requested);
+        // Every count headroom rose by 1, every byte headroom by at least `requested`.
+        self.count_room += 1;
+        self.bytes_room += requested as i64;
     }
 
-    /// The `small_pool` or `large_pool` counter.
-    #[inline]
-    pub fn pool(&self, pool: PoolKind) -> &Stat {
-        &self.pools[pool as usize]
+    /// The allocation is freed (allocation, allocated_bytes) but stays active until the
+    /// streams that used it are done ([`StatGroup::deactivate`]). No room is given back: only
+    /// some headrooms rose.
+    #[inline(always)]
+    pub fn deallocate(&mut self, size: u64) {
+        self.allocation.decrease(1);
+        self.allocated_bytes.decrease(size);
     }
 
-    #[inline]
-    fn pool_mut(&mut self, pool: PoolKind) -> &mut Stat {
-        &mut self.pools[pool as usize]
+    /// A freed block is no longer active (active, active_bytes, requested_bytes).
+    #[inline(always)]
+    pub fn deactivate(&mut self, size: u64, requested: u64) {
+        self.active.decrease(1);
+        self.active_bytes.decrease(size);
+        self.requested_bytes.decrease(requested);
     }
 
-    fn each_mut(&mut self) -> [&mut Stat; 3] {
-        let [small, large] = &mut self.pools;
-        [&mut self.all, small, large]
+    /// Whether the rooms are below the headrooms they bound (checked by the allocators'
+    /// invariant checks).
+    pub fn rooms_hold(&self) -> bool {
+        self.count_room <= self.allocation.headroom().min(self.active.headroom())
+            && self.bytes_room <= self.allocated_bytes.headroom().min(self.active_bytes.headroom()).min(self.requested_bytes.headroom())
     }
-}
 
-/// The allocator's statistics, as `DeviceStats` in c10.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DeviceStats {
-    pub allocation: StatArray,
-    pub segment: StatArray,
-    pub active: StatArray,
-    pub inactive_split: StatArray,
-    pub allocated_bytes: StatArray,
-    pub reserved_bytes: StatArray,
-    pub active_bytes: StatArray,
-    pub inactive_split_bytes: StatArray,
-    pub requested_bytes: StatArray,
-    pub oversize_allocations: Stat,
-    pub oversize_segments: Stat,
-    pub num_alloc_retries: i64,
-    pub num_ooms: i64,
-    pub num_sync_all_streams: i64,
-    pub num_device_alloc: i64,
-    pub num_device_free: i64,
-    /// `max_split_size` as captured at creation; SIZE_MAX shows as −1.
-    pub max_split_size: i64,
-}
-
-impl DeviceStats {
-    fn arrays(&self) -> [(&'static str, &StatArray); 9] {
+    /// The counters with their `memory_stats()` names.
+    fn named(&self) -> [(&'static str, &Stat); 9] {
         [
             ("allocation", &self.allocation),
             ("segment", &self.segment),
@@ -161,6 +199,70 @@ impl DeviceStats {
         ]
     }
 
+    fn each_mut(&mut self) -> [&mut Stat; 9] {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+    }
+}
+
+/// The allocator's statistics, as `DeviceStats` in c10: `all` and the pools' counter groups,
+/// then the counters that have no pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    pub all: StatGroup,
+    /// By [`PoolKind`]: indexed, not matched, as which pool an update goes to is data (a branch
+    /// on it mispredicted on about every other update of a replay).
+    pools: [StatGroup; 2],
+    pub oversize_allocations: Stat,
+    pub oversize_segments: Stat,
+    pub num_alloc_retries: i64,
+    pub num_ooms: i64,
+    pub num_sync_all_streams: i64,
+    pub num_device_alloc: i64,
+    pub num_device_free: i64,
+    /// `max_split_size` as captured at creation; SIZE_MAX shows as −1.
+    pub max_split_size: i64,
+}
+
+impl DeviceStats {
+    /// All counters at zero; `max_split_size` as the allocator reports it (−1 for none).
+    pub fn new(max_split_size: i64) -> Self {
+        DeviceStats { max_split_size, ..Default::default() }
+    }
+
+    /// The `small_pool` or `large_pool` counters.
+    #[inline]
+    pub fn pool(&self, pool: PoolKind) -> &StatGroup {
+        &self.pools[pool as usize]
+    }
+
+    /// Applies `f` to the counters of `pool` and to `all`: every pooled update counts in both
+    /// (c10's `for_each_selected_stat_type`).
+    #[inline(always)]
+    pub fn update(&mut self, pool: PoolKind, f: impl Fn(&mut StatGroup)) {
+        f(&mut self.pools[pool as usize]);
+        f(&mut self.all);
+    }
+
+    /// Whether every group's rooms bound its headrooms ([`StatGroup::rooms_hold`]).
+    pub fn rooms_hold(&self) -> bool {
+        [&self.all, &self.pools[0], &self.pools[1]].iter().all(|g| g.rooms_hold())
+    }
+
+    fn groups_mut(&mut self) -> [&mut StatGroup; 3] {
+        let [small, large] = &mut self.pools;
+        [&mut self.all, small, large]
+    }
+
     /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (123 keys, as torch ≥ 2.13's).
     pub fn to_torch_map(&self) -> BTreeMap<String, i64> {
         let mut out = BTreeMap::new();
@@ -170,10 +272,11 @@ impl DeviceStats {
             out.insert(format!("{prefix}.allocated"), s.allocated);
             out.insert(format!("{prefix}.freed"), s.freed());
         };
-        for (name, arr) in self.arrays() {
-            put_stat(&format!("{name}.all"), &arr.all);
-            put_stat(&format!("{name}.small_pool"), arr.pool(PoolKind::Small));
-            put_stat(&format!("{name}.large_pool"), arr.pool(PoolKind::Large));
+        for (group, stat_type) in [(&self.all, "all"), (self.pool(PoolKind::Small), PoolKind::Small.key()), (self.pool(PoolKind::Large), PoolKind::Large.key())]
+        {
+            for (name, s) in group.named() {
+                put_stat(&format!("{name}.{stat_type}"), s);
+            }
         }
         put_stat("oversize_allocations", &self.oversize_allocations);
         put_stat("oversize_segments", &self.oversize_segments);
@@ -191,10 +294,11 @@ impl DeviceStats {
 
     /// `torch.cuda.reset_peak_memory_stats()`.
     pub fn reset_peak(&mut self) {
-        for arr in self.all_arrays_mut() {
-            for s in arr.each_mut() {
+        for group in self.groups_mut() {
+            for s in group.each_mut() {
                 s.reset_peak();
             }
+            (group.count_room, group.bytes_room) = (0, 0);
         }
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
@@ -202,8 +306,8 @@ impl DeviceStats {
 
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     pub fn reset_accumulated(&mut self) {
-        for arr in self.all_arrays_mut() {
-            for s in arr.each_mut() {
+        for group in self.groups_mut() {
+            for s in group.each_mut() {
                 s.reset_accumulated();
             }
         }
@@ -215,20 +319,6 @@ impl DeviceStats {
         self.num_device_alloc = 0;
         self.num_device_free = 0;
     }
-
-    fn all_arrays_mut(&mut self) -> [&mut StatArray; 9] {
-        [
-            &mut self.allocation,
-            &mut self.segment,
-            &mut self.active,
-            &mut self.inactive_split,
-            &mut self.allocated_bytes,
-            &mut self.reserved_bytes,
-            &mut self.active_bytes,
-            &mut self.inactive_split_bytes,
-            &mut self.requested_bytes,
-        ]
-    }
 }
 
 #[cfg(test)]
@@ -237,7 +327,7 @@ mod tests {
 
     #[test]
     fn torch_map_has_all_123_keys() {
-        let m = DeviceStats { max_split_size: -1, ..Default::default() }.to_torch_map();
+        let m = DeviceStats::new(-1).to_torch_map();
         assert_eq!(m.len(), 123);
         assert_eq!(m["num_oom_rejections"], 0);
         assert!(m.contains_key("allocated_bytes.all.current"));
@@ -249,18 +339,18 @@ mod tests {
     #[test]
     fn peak_survives_decrease_and_resets() {
         let mut s = DeviceStats::default();
-        s.allocated_bytes.increase(PoolKind::Large, 100);
-        s.allocated_bytes.decrease(PoolKind::Large, 60);
-        assert_eq!(s.allocated_bytes.all, Stat::new(40, 100, 100, 60));
-        assert_eq!(s.allocated_bytes.all.freed(), 60);
-        assert_eq!(*s.allocated_bytes.pool(PoolKind::Small), Stat::default());
+        s.update(PoolKind::Large, |g| g.allocated_bytes.increase(100));
+        s.update(PoolKind::Large, |g| g.allocated_bytes.decrease(60));
+        assert_eq!(s.all.allocated_bytes, Stat::new(40, 100, 100, 60));
+        assert_eq!(s.all.allocated_bytes.freed(), 60);
+        assert_eq!(s.pool(PoolKind::Small).allocated_bytes, Stat::default());
         s.reset_peak();
-        assert_eq!(s.allocated_bytes.pool(PoolKind::Large).peak, 40);
+        assert_eq!(s.pool(PoolKind::Large).allocated_bytes.peak, 40);
         s.reset_accumulated();
-        assert_eq!(s.allocated_bytes.all, Stat::new(40, 40, 0, 0));
-        assert_eq!(s.allocated_bytes.all.freed(), 0);
-        s.allocated_bytes.decrease(PoolKind::Large, 15);
-        s.allocated_bytes.increase(PoolKind::Large, 5);
-        assert_eq!((s.allocated_bytes.all.current, s.allocated_bytes.all.allocated, s.allocated_bytes.all.freed()), (30, 5, 15));
+        assert_eq!(s.all.allocated_bytes, Stat::new(40, 40, 0, 0));
+        assert_eq!(s.all.allocated_bytes.freed(), 0);
+        s.update(PoolKind::Large, |g| g.allocated_bytes.decrease(15));
+        s.update(PoolKind::Large, |g| g.allocated_bytes.increase(5));
+        assert_eq!((s.all.allocated_bytes.current, s.all.allocated_bytes.allocated, s.all.allocated_bytes.freed()), (30, 5, 15));
     }
 }

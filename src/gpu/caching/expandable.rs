@@ -143,9 +143,7 @@ impl<D: Device> CachingAllocator<D> {
                 gc_count_base: 0,
                 slot: NIL,
             });
-            if old_next != NIL {
-                self.blocks[old_next as usize].prev = rest;
-            }
+            self.blocks[old_next as usize].prev = rest;
             self.blocks[i as usize].next = rest;
             self.blocks[i as usize].size = mapped_size;
             self.pools[pool.index()].unmapped.insert((stream, ptr + mapped_size), rest);
@@ -155,7 +153,7 @@ impl<D: Device> CachingAllocator<D> {
         let next = self.blocks[i as usize].next;
         self.try_merge(i, next);
         self.insert_free(i);
-        self.stats.reserved_bytes.increase(pool.kind(), mapped_size);
+        self.stats.update(pool.kind(), |g| g.reserved_bytes.increase(mapped_size));
         self.stats.num_device_alloc += 1;
         Ok(true)
     }
@@ -191,9 +189,7 @@ impl<D: Device> CachingAllocator<D> {
         if before > 0 {
             let prev = self.blocks[i as usize].prev;
             let bi = self.new_block(Block { ptr, size: before, prev, next: i, ..template });
-            if prev != NIL {
-                self.blocks[prev as usize].next = bi;
-            }
+            self.blocks[prev as usize].next = bi;
             self.blocks[i as usize].prev = bi;
             self.insert_free(bi);
         }
@@ -201,9 +197,7 @@ impl<D: Device> CachingAllocator<D> {
         if after > 0 {
             let next = self.blocks[i as usize].next;
             let ai = self.new_block(Block { ptr: un_ptr + un_size, size: after, prev: i, next, ..template });
-            if next != NIL {
-                self.blocks[next as usize].prev = ai;
-            }
+            self.blocks[next as usize].prev = ai;
             self.blocks[i as usize].next = ai;
             self.insert_free(ai);
         }
@@ -219,7 +213,7 @@ impl<D: Device> CachingAllocator<D> {
         self.try_merge(i, next);
         let key = (stream, self.blocks[i as usize].ptr);
         self.pools[pool.index()].unmapped.insert(key, i);
-        self.stats.reserved_bytes.decrease(pool.kind(), un_size);
+        self.stats.update(pool.kind(), |g| g.reserved_bytes.decrease(un_size));
         self.stats.num_device_free += 1;
         Ok(())
     }

@@ -43,7 +43,12 @@ pub const MIN_LARGE_ALLOC_BYTES: u64 = 10 * MIB;
 /// kRoundLarge: larger segments are rounded up to 2 MiB.
 pub const ROUND_LARGE_BYTES: u64 = 2 * MIB;
 
-const NIL: u32 = u32::MAX;
+/// No block: a link to nothing. Index 0 is a sentinel that is never free (allocated, size 0),
+/// so a merge with "no neighbour" fails as one with an allocated neighbour does and a link fix
+/// to nothing writes the sentinel: no branch on whether a neighbour exists (data, and hot).
+const NIL: u32 = 0;
+/// `Block::segment` of an ordinary (not expandable) segment's block.
+const NOT_EXPANDABLE: u32 = u32::MAX;
 
 /// round_size(n): 512-byte rounding, or the next power-2 division for sizes above 512·d.
 #[inline]
@@ -153,7 +158,7 @@ struct Block {
     pool: PoolId,
     allocated: bool,
     mapped: bool,
-    /// Index into `expandable_segments`, or NIL for an ordinary segment.
+    /// Index into `expandable_segments`, or NOT_EXPANDABLE for an ordinary segment.
     segment: u32,
     /// The block's place in its free-set bin while it is there.
     slot: u32,
@@ -163,13 +168,29 @@ struct Block {
 impl Block {
     #[inline(always)]
     fn is_split(&self) -> bool {
-        // Both links NIL (all ones) is the one case whose AND is all ones: one test, no branch
-        // on `||` (hot, and data-dependent).
-        self.prev & self.next != NIL
+        // Both links NIL (0) is the one case whose OR is 0: one test, no branch on `||` (hot,
+        // and data-dependent).
+        self.prev | self.next != NIL
     }
     fn expandable(&self) -> bool {
-        self.segment != NIL
+        self.segment != NOT_EXPANDABLE
     }
+
+    /// The sentinel at index [`NIL`].
+    const SENTINEL: Block = Block {
+        ptr: 0,
+        size: 0,
+        requested: 0,
+        prev: NIL,
+        next: NIL,
+        stream: 0,
+        pool: PoolId::SMALL,
+        allocated: true,
+        mapped: true,
+        segment: NOT_EXPANDABLE,
+        slot: 0,
+        gc_count_base: 0,
+    };
 }
 
 /// BlockPool: free mapped blocks ordered by (stream, size, address), unmapped expandable blocks
@@ -207,6 +228,8 @@ pub struct CachingAllocator<D: Device> {
     stats: DeviceStats,
     /// floor(fraction × capacity) when a memory fraction below 1 is set.
     allowed: Option<u64>,
+    /// [`AllocatorConfig::gc_enabled`].
+    gc_enabled: bool,
     /// Raw stream handles → dense ids in order of first use (the default stream 0 first).
     streams: FxHashMap<u64, u32>,
     raw_streams: Vec<u64>,
@@ -275,6 +298,15 @@ impl StreamEvents {
     }
 }
 
+/// Whether free_block's block is freed by the same call (free with no other stream's work to
+/// wait for) or was freed earlier and waited for events: the allocation counters then moved at
+/// the free.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum FreedNow {
+    Yes,
+    Earlier,
+}
+
 #[inline]
 fn key(b: &Block) -> FreeKey {
     FreeKey::new(b.stream, b.size, b.ptr)
@@ -283,13 +315,14 @@ fn key(b: &Block) -> FreeKey {
 impl<D: Device> CachingAllocator<D> {
     pub fn new(cfg: AllocatorConfig, device: D) -> Self {
         let allowed = cfg.allowed_bytes(device.capacity());
-        let stats = DeviceStats { max_split_size: if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 }, ..Default::default() };
+        let gc_enabled = cfg.gc_enabled();
+        let stats = DeviceStats::new(if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 });
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);
         CachingAllocator {
             cfg,
             device,
-            blocks: Vec::new(),
+            blocks: vec![Block::SENTINEL],
             dead: Vec::new(),
             pools: vec![BlockPool::default(), BlockPool::default()],
             private_pools: BTreeMap::new(),
@@ -298,6 +331,7 @@ impl<D: Device> CachingAllocator<D> {
             spare_pairs: Vec::new(),
             stats,
             allowed,
+            gc_enabled,
             streams,
             raw_streams: vec![0],
             expandable_segments: Vec::new(),
@@ -319,6 +353,7 @@ impl<D: Device> CachingAllocator<D> {
             pools: self.pools.clone(),
             stats: self.stats.clone(),
             allowed: self.allowed,
+            gc_enabled: self.gc_enabled,
             streams: self.streams.clone(),
             raw_streams: self.raw_streams.clone(),
             expandable_segments: self.expandable_segments.clone(),
@@ -428,9 +463,11 @@ impl<D: Device> CachingAllocator<D> {
         self.block_mut(moved).slot = slot;
     }
 
-    /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction below 1).
+    /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction
+    /// below 1), asked once at creation.
+    #[inline(always)]
     fn gc_enabled(&self) -> bool {
-        self.cfg.gc_enabled()
+        self.gc_enabled
     }
 
     /// get_free_block: best fit on the stream, with the expandable and oversize rules.
@@ -478,7 +515,7 @@ impl<D: Device> CachingAllocator<D> {
             self.stats.num_alloc_retries += 1;
         }
         if let Some(allowed) = self.allowed {
-            if self.stats.reserved_bytes.all.current as u64 + alloc_size > allowed {
+            if self.stats.all.reserved_bytes.current as u64 + alloc_size > allowed {
                 return Ok(None);
             }
         }
@@ -501,12 +538,14 @@ impl<D: Device> CachingAllocator<D> {
             pool,
             allocated: false,
             mapped: true,
-            segment: NIL,
+            segment: NOT_EXPANDABLE,
             gc_count_base: 0,
             slot: NIL,
         });
-        self.stats.segment.increase(pool.kind(), 1);
-        self.stats.reserved_bytes.increase(pool.kind(), alloc_size);
+        self.stats.update(pool.kind(), |g| {
+            g.segment.increase(1);
+            g.reserved_bytes.increase(alloc_size);
+        });
         if alloc_size >= self.cfg.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
@@ -523,8 +562,10 @@ impl<D: Device> CachingAllocator<D> {
         debug_assert!(!b.is_split() && !b.allocated && !b.expandable());
         self.device.free(b.ptr, b.size)?;
         self.remove_free(i);
-        self.stats.segment.decrease(b.pool.kind(), 1);
-        self.stats.reserved_bytes.decrease(b.pool.kind(), b.size);
+        self.stats.update(b.pool.kind(), |g| {
+            g.segment.decrease(1);
+            g.reserved_bytes.decrease(b.size);
+        });
         if b.size >= self.cfg.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
@@ -573,7 +614,7 @@ impl<D: Device> CachingAllocator<D> {
     fn garbage_collect_cached_blocks(&mut self) -> Result<(), DeviceError> {
         let allowed = self.allowed.unwrap_or(u64::MAX);
         let threshold = (self.cfg.garbage_collection_threshold * allowed as f64) as u64;
-        let reserved = self.stats.reserved_bytes.all.current as u64;
+        let reserved = self.stats.all.reserved_bytes.current as u64;
         if reserved <= threshold {
             return Ok(());
         }
@@ -710,7 +751,7 @@ impl<D: Device> CachingAllocator<D> {
                 uses.retain(|s| !graph_uses.contains(s));
             }
             if uses.is_empty() {
-                self.free_block(block);
+                self.free_block(block, FreedNow::Earlier);
             } else {
                 self.insert_events(block, uses);
             }
@@ -769,7 +810,7 @@ impl<D: Device> CachingAllocator<D> {
             *count -= 1;
             if *count == 0 {
                 self.events.event_count.remove(&block);
-                self.free_block(block);
+                self.free_block(block, FreedNow::Earlier);
             }
         }
     }
@@ -799,9 +840,7 @@ impl<D: Device> CachingAllocator<D> {
     /// try_merge_blocks: absorb a free neighbour with the same mapped state; returns its size.
     #[inline(always)]
     fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
-        if src == NIL {
-            return 0;
-        }
+        // (No neighbour is the sentinel: allocated.)
         let s = self.block(src);
         // try_merge_blocks: not a block awaiting its events (event_count > 0).
         if s.allocated || s.mapped != self.block(dst).mapped || self.events.is_pending(src) {
@@ -818,14 +857,10 @@ impl<D: Device> CachingAllocator<D> {
         if d.prev == src {
             d.ptr = s_ptr;
             d.prev = s_prev;
-            if s_prev != NIL {
-                self.block_mut(s_prev).next = dst;
-            }
+            self.block_mut(s_prev).next = dst;
         } else {
             d.next = s_next;
-            if s_next != NIL {
-                self.block_mut(s_next).prev = dst;
-            }
+            self.block_mut(s_next).prev = dst;
         }
         self.kill(src);
         s_size
@@ -854,9 +889,7 @@ impl<D: Device> CachingAllocator<D> {
             let r = self.block(found);
             let (prev, piece) = (r.prev, Block { size: rounded, next: found, allocated: false, requested: 0, ..*r });
             block = self.new_block(piece);
-            if prev != NIL {
-                self.block_mut(prev).next = block;
-            }
+            self.block_mut(prev).next = block;
             let rem = self.block_mut(found);
             rem.prev = block;
             rem.ptr += rounded;
@@ -865,26 +898,26 @@ impl<D: Device> CachingAllocator<D> {
             self.insert_free(found);
             if !expandable {
                 if already_split {
-                    self.stats.inactive_split_bytes.decrease(pool, rounded);
+                    self.stats.update(pool, |g| g.inactive_split_bytes.decrease(rounded));
                 } else {
-                    self.stats.inactive_split_bytes.increase(pool, rem_size);
-                    self.stats.inactive_split.increase(pool, 1);
+                    self.stats.update(pool, |g| {
+                        g.inactive_split_bytes.increase(rem_size);
+                        g.inactive_split.increase(1);
+                    });
                 }
             }
         } else if already_split && !expandable {
             let size = self.block(found).size;
-            self.stats.inactive_split_bytes.decrease(pool, size);
-            self.stats.inactive_split.decrease(pool, 1);
+            self.stats.update(pool, |g| {
+                g.inactive_split_bytes.decrease(size);
+                g.inactive_split.decrease(1);
+            });
         }
         let b = self.block_mut(block);
         b.allocated = true;
         b.requested = requested;
         let size = b.size;
-        self.stats.allocation.increase(pool, 1);
-        self.stats.allocated_bytes.increase(pool, size);
-        self.stats.active.increase(pool, 1);
-        self.stats.active_bytes.increase(pool, size);
-        self.stats.requested_bytes.increase(pool, requested);
+        self.stats.update(pool, |g| g.allocate(size, requested));
         if size >= self.cfg.max_split_size {
             self.stats.oversize_allocations.increase(1);
         }
@@ -893,7 +926,7 @@ impl<D: Device> CachingAllocator<D> {
 
     /// free_block: merge with prev then next, return to the pool, update inactive_split.
     #[inline(always)]
-    fn free_block(&mut self, i: u32) {
+    fn free_block(&mut self, i: u32, freed_now: FreedNow) {
         let (original_size, requested, pool, prev, next, expandable) = {
             let b = self.block(i);
             (b.size, b.requested, b.pool.kind(), b.prev, b.next, b.expandable())
@@ -908,12 +941,15 @@ impl<D: Device> CachingAllocator<D> {
         net_blocks += split;
         net_bytes += split * b.size as i64;
         if !expandable {
-            self.stats.inactive_split.apply_net(pool, net_blocks);
-            self.stats.inactive_split_bytes.apply_net(pool, net_bytes);
+            self.stats.update(pool, |g| {
+                g.inactive_split.apply_net(net_blocks);
+                g.inactive_split_bytes.apply_net(net_bytes);
+            });
         }
-        self.stats.active.decrease(pool, 1);
-        self.stats.active_bytes.decrease(pool, original_size);
-        self.stats.requested_bytes.decrease(pool, requested);
+        match freed_now {
+            FreedNow::Yes => self.stats.update(pool, |g| g.release(original_size, requested)),
+            FreedNow::Earlier => self.stats.update(pool, |g| g.deactivate(original_size, requested)),
+        }
     }
 
     /// malloc when the cache has no block: GC, a new segment, release oversize cached blocks and
@@ -945,8 +981,8 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `pool`: the BlockPool the request searched; only its pair's free blocks could serve it.
     fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64, pool: PoolId) -> OomInfo {
-        let reserved = self.stats.reserved_bytes.all.current as u64;
-        let allocated = self.stats.allocated_bytes.all.current as u64;
+        let reserved = self.stats.all.reserved_bytes.current as u64;
+        let allocated = self.stats.all.allocated_bytes.current as u64;
         let device_free_uncapped = self.device.free_memory();
         let mut device_free = device_free_uncapped;
         if let Some(allowed) = self.allowed {
@@ -1067,22 +1103,25 @@ impl<D: Device> CachingAllocator<D> {
         self.check_private_pools()?;
         let s = &self.stats;
         let checks = [
-            ("allocated_bytes", s.allocated_bytes.all.current, allocated as i64),
-            ("reserved_bytes", s.reserved_bytes.all.current, reserved as i64),
-            ("inactive_split_bytes", s.inactive_split_bytes.all.current, inactive_split_bytes as i64),
-            ("inactive_split", s.inactive_split.all.current, inactive_split),
-            ("segment", s.segment.all.current, segments),
-            ("active_bytes", s.active_bytes.all.current, active as i64),
+            ("allocated_bytes", s.all.allocated_bytes.current, allocated as i64),
+            ("reserved_bytes", s.all.reserved_bytes.current, reserved as i64),
+            ("inactive_split_bytes", s.all.inactive_split_bytes.current, inactive_split_bytes as i64),
+            ("inactive_split", s.all.inactive_split.current, inactive_split),
+            ("segment", s.all.segment.current, segments),
+            ("active_bytes", s.all.active_bytes.current, active as i64),
         ];
         for (name, stat, recount) in checks {
             if stat != recount {
                 return Err(format!("{name}.all.current is {stat} but the blocks add up to {recount}"));
             }
         }
-        if s.allocated_bytes.all.current > s.reserved_bytes.all.current {
+        if s.all.allocated_bytes.current > s.all.reserved_bytes.current {
             return Err("allocated > reserved".into());
         }
-        if s.reserved_bytes.all.current as u64 > self.device.capacity() {
+        if !s.rooms_hold() {
+            return Err("a stat group's peak room exceeds a counter's headroom".into());
+        }
+        if s.all.reserved_bytes.current as u64 > self.device.capacity() {
             return Err("reserved > capacity".into());
         }
         Ok(())
@@ -1132,8 +1171,6 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
         b.allocated = false;
         let (size, pool) = (b.size, b.pool.kind());
-        self.stats.allocation.decrease(pool, 1);
-        self.stats.allocated_bytes.decrease(pool, size);
         if size >= self.cfg.max_split_size {
             self.stats.oversize_allocations.decrease(1);
         }
@@ -1141,8 +1178,13 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // active (active_bytes) while no longer allocated.
         // (No block is used by another stream in most traces: skip the hash then.)
         if self.events.stream_uses.is_empty() || !self.events.stream_uses.contains_key(&handle) {
-            self.free_block(handle);
-        } else if self.capture_underway() {
+            return {
+                self.free_block(handle, FreedNow::Yes);
+                Ok(())
+            };
+        }
+        self.stats.update(pool, |g| g.deallocate(size));
+        if self.capture_underway() {
             // cudaEventQuery is forbidden during capture: the events wait until none is underway.
             self.events.deferred_until_no_capture.push(handle);
         } else {
