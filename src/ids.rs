@@ -103,22 +103,32 @@ impl<V: Copy> IdMap<V> {
         self.pages[p].get_or_insert_with(|| spare.take().unwrap_or_else(|| Page { slots: vec![None; PAGE_LEN].into_boxed_slice(), live: 0 }))
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn remove(&mut self, id: u64) -> Option<V> {
-        let v = match Self::split(id) {
-            None => self.sparse.remove(&id)?,
-            Some((p, s)) => {
-                let page = self.pages.get_mut(p)?.as_mut()?;
-                let v = page.slots[s].take()?;
-                page.live -= 1;
-                if page.live == 0 {
-                    self.spare = self.pages[p].take();
-                }
-                v
-            }
+        let Some((p, s)) = Self::split(id) else {
+            return self.remove_sparse(id);
         };
+        let page = self.pages.get_mut(p)?.as_mut()?;
+        let v = page.slots[s].take()?;
+        page.live -= 1;
+        if page.live == 0 {
+            self.drop_page(p);
+        }
         self.len -= 1;
         Some(v)
+    }
+
+    #[cold]
+    fn remove_sparse(&mut self, id: u64) -> Option<V> {
+        let v = self.sparse.remove(&id)?;
+        self.len -= 1;
+        Some(v)
+    }
+
+    /// Page `p` holds no live id: kept as the spare for the next new page.
+    #[cold]
+    fn drop_page(&mut self, p: usize) {
+        self.spare = self.pages[p].take();
     }
 }
 

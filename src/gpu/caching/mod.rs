@@ -230,6 +230,8 @@ pub struct CachingAllocator<D: Device> {
     allowed: Option<u64>,
     /// [`AllocatorConfig::gc_enabled`].
     gc_enabled: bool,
+    /// No roundup_power2_divisions above 1: every size rounds to a multiple of 512 bytes.
+    plain_rounding: bool,
     /// Raw stream handles → dense ids in order of first use (the default stream 0 first).
     streams: FxHashMap<u64, u32>,
     raw_streams: Vec<u64>,
@@ -316,6 +318,7 @@ impl<D: Device> CachingAllocator<D> {
     pub fn new(cfg: AllocatorConfig, device: D) -> Self {
         let allowed = cfg.allowed_bytes(device.capacity());
         let gc_enabled = cfg.gc_enabled();
+        let plain_rounding = cfg.roundup_power2_divisions.iter().all(|&d| d <= 1);
         let stats = DeviceStats::new(if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 });
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);
@@ -332,6 +335,7 @@ impl<D: Device> CachingAllocator<D> {
             stats,
             allowed,
             gc_enabled,
+            plain_rounding,
             streams,
             raw_streams: vec![0],
             expandable_segments: Vec::new(),
@@ -354,6 +358,7 @@ impl<D: Device> CachingAllocator<D> {
             stats: self.stats.clone(),
             allowed: self.allowed,
             gc_enabled: self.gc_enabled,
+            plain_rounding: self.plain_rounding,
             streams: self.streams.clone(),
             raw_streams: self.raw_streams.clone(),
             expandable_segments: self.expandable_segments.clone(),
@@ -448,11 +453,13 @@ impl<D: Device> CachingAllocator<D> {
     fn insert_free(&mut self, i: u32) {
         let b = self.block(i);
         let (k, p) = (key(b), b.pool);
-        let count = self.pool_ref(p).get_free_blocks_call_count;
         let slot = self.pool(p).blocks.insert(k, i);
-        let b = self.block_mut(i);
-        b.gc_count_base = count;
-        b.slot = slot;
+        self.block_mut(i).slot = slot;
+        // (Without GC the lookup count stays 0, and so does every stamp.)
+        if self.gc_enabled() {
+            let count = self.pool_ref(p).get_free_blocks_call_count;
+            self.block_mut(i).gc_count_base = count;
+        }
     }
 
     #[inline(always)]
@@ -868,14 +875,15 @@ impl<D: Device> CachingAllocator<D> {
 
     /// should_split: small pool or expandable: remainder ≥ 512; large pool: rounded < max_split
     /// and remainder > 1 MiB (strictly).
+    #[inline(always)]
     fn should_split(&self, i: u32, rounded: u64) -> bool {
         let b = self.block(i);
         let remaining = b.size - rounded;
-        if b.pool.kind() == PoolKind::Small || self.cfg.expandable_segments {
-            remaining >= MIN_BLOCK_SIZE_BYTES
-        } else {
-            rounded < self.cfg.max_split_size && remaining > SMALL_SIZE_BYTES
-        }
+        // (Both rules evaluated and selected: which pool a block is in is data.)
+        let any_remainder = (b.pool.kind() == PoolKind::Small) | self.cfg.expandable_segments;
+        let small_rule = remaining >= MIN_BLOCK_SIZE_BYTES;
+        let large_rule = (rounded < self.cfg.max_split_size) & (remaining > SMALL_SIZE_BYTES);
+        (any_remainder & small_rule) | (!any_remainder & large_rule)
     }
 
     /// alloc_found_block: split off the low part if worth it; update the stats.
@@ -1153,7 +1161,8 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         if !self.stream_is_capturing(stream) {
             self.process_events();
         }
-        let rounded = round_size(&self.cfg, bytes);
+        // (The default conf's rounding skips the divisions table.)
+        let rounded = if self.plain_rounding { bytes.max(1).div_ceil(MIN_BLOCK_SIZE_BYTES) * MIN_BLOCK_SIZE_BYTES } else { round_size(&self.cfg, bytes) };
         let pool = self.get_pool(rounded, stream);
         match self.get_free_block(stream, rounded, pool) {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),

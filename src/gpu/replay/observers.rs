@@ -395,6 +395,31 @@ impl Timeline {
         });
         self.interval = (allocated, reserved);
     }
+
+    /// Thins the points once they reach twice the budget, after the event's last sample.
+    fn thin_if_full(&mut self) {
+        if self.points.len() >= self.thin_at {
+            self.thin();
+        }
+    }
+
+    /// Merges neighbours, keeping each pair's later values and both pairs' peaks, and doubles
+    /// the sampling strides.
+    fn thin(&mut self) {
+        self.points = self
+            .points
+            .chunks(2)
+            .map(|c| {
+                let mut p = *c.last().expect("non-empty chunk");
+                p.allocated_max = c.iter().map(|q| q.allocated_max).max().unwrap_or(0);
+                p.reserved_max = c.iter().map(|q| q.reserved_max).max().unwrap_or(0);
+                p.modelled_alloc_time_s = c.iter().map(|q| q.modelled_alloc_time_s).sum();
+                p
+            })
+            .collect();
+        self.stride_steps *= 2;
+        self.stride_events *= 2;
+    }
 }
 
 impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
@@ -413,29 +438,20 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
         self.steps += 1;
         if self.steps.is_multiple_of(self.stride_steps) {
             self.sample(alloc, at.index, at.step, at.live);
+            // (With event sampling, after_event samples this event too, then thins.)
+            if self.stride_events == 0 {
+                self.thin_if_full();
+            }
         }
     }
 
     #[inline]
     fn after_event(&mut self, alloc: &A, at: At) {
-        if self.stride_events > 0 && at.index.is_multiple_of(self.stride_events) {
-            self.sample(alloc, at.index, at.step, at.live);
-        }
-        if self.points.len() >= self.thin_at {
-            // Merge neighbours, keeping each pair's later values and both pairs' peaks.
-            self.points = self
-                .points
-                .chunks(2)
-                .map(|c| {
-                    let mut p = *c.last().expect("non-empty chunk");
-                    p.allocated_max = c.iter().map(|q| q.allocated_max).max().unwrap_or(0);
-                    p.reserved_max = c.iter().map(|q| q.reserved_max).max().unwrap_or(0);
-                    p.modelled_alloc_time_s = c.iter().map(|q| q.modelled_alloc_time_s).sum();
-                    p
-                })
-                .collect();
-            self.stride_steps *= 2;
-            self.stride_events *= 2;
+        if self.stride_events > 0 {
+            if at.index.is_multiple_of(self.stride_events) {
+                self.sample(alloc, at.index, at.step, at.live);
+            }
+            self.thin_if_full();
         }
     }
 
