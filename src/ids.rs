@@ -5,19 +5,45 @@
 //! direct-indexed table: two loads per lookup instead of a hash probe (the hash maps of live ids
 //! were a third of a bookkeeping-only replay's time). A page is dropped once every id in it has
 //! died, so memory follows the live ids, not the length of the trace. Larger ids go to a hash map.
+//!
+//! A slot is its value, with one value standing for "no id" ([`Slot::EMPTY`]): no tag beside
+//! each value to write and test on the path of every allocation and free of a replay.
 
 use rustc_hash::FxHashMap;
 
 const PAGE_BITS: u32 = 12;
 const PAGE_LEN: usize = 1 << PAGE_BITS;
 
+/// A value an [`IdMap`] holds, with the one value it never holds, which marks an empty slot.
+pub trait Slot: Copy + PartialEq {
+    const EMPTY: Self;
+}
+
+/// The value of a set: a live id's slot holds `true`.
+impl Slot for bool {
+    const EMPTY: Self = false;
+}
+
 struct Page<V> {
-    slots: Box<[Option<V>]>,
+    slots: Box<[V; PAGE_LEN]>,
     live: u32,
 }
 
-/// id → `V` for the ids that are live.
-pub struct IdMap<V: Copy> {
+impl<V: Slot> Page<V> {
+    fn new() -> Self {
+        let slots = vec![V::EMPTY; PAGE_LEN].into_boxed_slice().try_into().unwrap_or_else(|_| unreachable!("PAGE_LEN slots"));
+        Page { slots, live: 0 }
+    }
+
+    #[inline(always)]
+    fn get(&self, s: usize) -> Option<V> {
+        let v = self.slots[s];
+        (v != V::EMPTY).then_some(v)
+    }
+}
+
+/// id → `V` for the ids that are live (`V` is never [`Slot::EMPTY`]).
+pub struct IdMap<V: Slot> {
     pages: Vec<Option<Page<V>>>,
     /// The last page dropped (all its slots empty), for the next new page: ids move through
     /// pages in order, so one is emptied about as often as one is made.
@@ -27,15 +53,15 @@ pub struct IdMap<V: Copy> {
 }
 
 /// The set of live ids.
-pub type IdSet = IdMap<()>;
+pub type IdSet = IdMap<bool>;
 
-impl<V: Copy> Default for IdMap<V> {
+impl<V: Slot> Default for IdMap<V> {
     fn default() -> Self {
         IdMap { pages: Vec::new(), spare: None, sparse: FxHashMap::default(), len: 0 }
     }
 }
 
-impl<V: Copy> IdMap<V> {
+impl<V: Slot> IdMap<V> {
     #[inline]
     fn split(id: u64) -> Option<(usize, usize)> {
         (id >> 32 == 0).then_some(((id >> PAGE_BITS) as usize, (id as usize) & (PAGE_LEN - 1)))
@@ -52,7 +78,7 @@ impl<V: Copy> IdMap<V> {
     #[inline]
     pub fn get(&self, id: u64) -> Option<V> {
         match Self::split(id) {
-            Some((p, s)) => self.pages.get(p)?.as_ref()?.slots[s],
+            Some((p, s)) => self.pages.get(p)?.as_ref()?.get(s),
             None => self.sparse.get(&id).copied(),
         }
     }
@@ -62,9 +88,11 @@ impl<V: Copy> IdMap<V> {
         self.get(id).is_some()
     }
 
-    /// Records `id` → `v`; false (and nothing changed) when `id` is already there.
+    /// Records `id` → `v` (not [`Slot::EMPTY`]); false (and nothing changed) when `id` is
+    /// already there.
     #[inline(always)]
     pub fn insert(&mut self, id: u64, v: V) -> bool {
+        debug_assert!(v != V::EMPTY, "the empty slot's value is not a value");
         let Some((p, s)) = Self::split(id) else {
             return self.insert_sparse(id, v);
         };
@@ -72,10 +100,10 @@ impl<V: Copy> IdMap<V> {
             Some(Some(page)) => page,
             _ => self.new_page(p),
         };
-        if page.slots[s].is_some() {
+        if page.slots[s] != V::EMPTY {
             return false;
         }
-        page.slots[s] = Some(v);
+        page.slots[s] = v;
         page.live += 1;
         self.len += 1;
         true
@@ -100,7 +128,7 @@ impl<V: Copy> IdMap<V> {
             self.pages.resize_with(p + 1, || None);
         }
         let spare = &mut self.spare;
-        self.pages[p].get_or_insert_with(|| spare.take().unwrap_or_else(|| Page { slots: vec![None; PAGE_LEN].into_boxed_slice(), live: 0 }))
+        self.pages[p].get_or_insert_with(|| spare.take().unwrap_or_else(Page::new))
     }
 
     #[inline(always)]
@@ -109,7 +137,8 @@ impl<V: Copy> IdMap<V> {
             return self.remove_sparse(id);
         };
         let page = self.pages.get_mut(p)?.as_mut()?;
-        let v = page.slots[s].take()?;
+        let v = page.get(s)?;
+        page.slots[s] = V::EMPTY;
         page.live -= 1;
         if page.live == 0 {
             self.drop_page(p);
@@ -138,20 +167,27 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::HashMap;
 
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    struct Value(u32, u64);
+
+    impl Slot for Value {
+        const EMPTY: Self = Value(u32::MAX, 0);
+    }
+
     proptest! {
         /// Answers exactly as a hash map does, for dense, page-crossing and huge ids.
         #[test]
         fn agrees_with_a_map(ops in proptest::collection::vec((0u8..3, 0u64..3, 0u64..20_000, 1u64..1000), 1..2000)) {
-            let mut ids: IdMap<(u32, u64)> = IdMap::default();
-            let mut map: HashMap<u64, (u32, u64)> = HashMap::new();
+            let mut ids: IdMap<Value> = IdMap::default();
+            let mut map: HashMap<u64, Value> = HashMap::new();
             for (i, (op, hi, lo, bytes)) in ops.into_iter().enumerate() {
                 let id = [0, 1 << 20, u64::MAX - 30_000][hi as usize] + lo;
                 match op {
                     0 => {
                         let fresh = !map.contains_key(&id);
-                        prop_assert_eq!(ids.insert(id, (i as u32, bytes)), fresh);
+                        prop_assert_eq!(ids.insert(id, Value(i as u32, bytes)), fresh);
                         if fresh {
-                            map.insert(id, (i as u32, bytes));
+                            map.insert(id, Value(i as u32, bytes));
                         }
                     }
                     1 => prop_assert_eq!(ids.remove(id), map.remove(&id)),
@@ -164,7 +200,7 @@ mod tests {
                 prop_assert!(ids.remove(id).is_some());
             }
             prop_assert!(ids.pages.iter().all(Option::is_none));
-            prop_assert!(ids.spare.as_ref().is_none_or(|p| p.live == 0 && p.slots.iter().all(Option::is_none)));
+            prop_assert!(ids.spare.as_ref().is_none_or(|p| p.live == 0 && p.slots.iter().all(|&v| v == Value::EMPTY)));
             prop_assert!(ids.sparse.is_empty() && ids.is_empty());
         }
     }

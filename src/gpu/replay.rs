@@ -58,7 +58,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
 ) -> anyhow::Result<ReplayOutcome> {
     let start = Instant::now();
     let mut out = ReplayOutcome::default();
-    let mut handles: crate::ids::IdMap<(super::Handle, u64)> = crate::ids::IdMap::default();
+    let mut handles: crate::ids::IdMap<Live> = crate::ids::IdMap::default();
     let mut failed: FxHashSet<u64> = FxHashSet::default();
     // Live 0-byte allocations: null pointers that never reached the allocator.
     let mut null: FxHashSet<u64> = FxHashSet::default();
@@ -83,7 +83,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                     obs.called(alloc, Call::Malloc { bytes, stream, handle: answer.as_ref().ok().copied() });
                     match answer {
                         Ok(h) => {
-                            if !handles.insert(id, (h, bytes)) {
+                            if !handles.insert(id, Live { handle: h, bytes }) {
                                 return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                             }
                             at.live += bytes;
@@ -112,7 +112,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 // (The sets are empty in almost every trace: skip the hash then.)
                 if null.is_empty() || !null.remove(&id) {
                     match handles.remove(id) {
-                        Some((h, bytes)) => {
+                        Some(Live { handle: h, bytes }) => {
                             alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
                             obs.called(alloc, Call::Free(h));
                             at.live -= bytes;
@@ -130,7 +130,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 obs.called(alloc, Call::EmptyCache);
             }
             Event::RecordStream { id, stream } => match handles.get(id) {
-                Some((handle, _)) => {
+                Some(Live { handle, .. }) => {
                     alloc.record_stream(handle, stream);
                     obs.called(alloc, Call::RecordStream { handle, stream });
                 }
@@ -169,6 +169,18 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     out.live_bytes_end = at.live;
     out.elapsed_s = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// A live allocation of the trace: the allocator's handle and the bytes asked for (more than 0:
+/// a 0-byte allocation is a null pointer that never reaches the allocator).
+#[derive(Clone, Copy, PartialEq)]
+struct Live {
+    handle: super::Handle,
+    bytes: u64,
+}
+
+impl crate::ids::Slot for Live {
+    const EMPTY: Self = Live { handle: super::NULL_HANDLE, bytes: 0 };
 }
 
 /// The allocator call of a private-pool row at event `index`: a call PyTorch would refuse is an

@@ -321,7 +321,7 @@ impl<R: BufRead> TraceReader<R> {
     #[inline(always)]
     fn takes_fast(&mut self, ev: Event) -> bool {
         match ev {
-            Event::Alloc { id, bytes, .. } => bytes < MAX_REQUEST_BYTES && self.live.insert(id, ()),
+            Event::Alloc { id, bytes, .. } => bytes < MAX_REQUEST_BYTES && self.live.insert(id, true),
             Event::Free { id } => self.live.remove(id).is_some(),
             Event::Step { n } => {
                 let increases = crate::event::check_step_order(self.last_step, n).is_ok();
@@ -401,7 +401,7 @@ impl<R: BufRead> TraceReader<R> {
                 // Event::Alloc); its id is live like any other so that its free is accepted.
                 let bytes = crate::units::check_request_bytes(self.number(bytes, "bytes")?).map_err(|m| self.err(m))?;
                 let stream = if stream.is_empty() { 0 } else { self.number(stream, "stream")? };
-                if !self.live.insert(id, ()) {
+                if !self.live.insert(id, true) {
                     return Err(self.err(format!("alloc of id {id}, which is still live (free it first)")));
                 }
                 Event::Alloc { id, bytes, stream }
