@@ -941,18 +941,25 @@ impl<D: Device> CachingAllocator<D> {
         };
         // (Counted without branches: whether a neighbour merged is data.)
         let (from_prev, from_next) = (self.try_merge(i, prev), self.try_merge(i, next));
-        let mut net_blocks = -((from_prev > 0) as i64) - (from_next > 0) as i64;
-        let mut net_bytes = -((from_prev + from_next) as i64);
+        let merged_blocks = (from_prev > 0) as u64 + (from_next > 0) as u64;
         self.insert_free(i);
-        let b = self.block(i);
-        let split = b.is_split() as i64;
-        net_blocks += split;
-        net_bytes += split * b.size as i64;
         if !expandable {
-            self.stats.update(pool, |g| {
-                g.inactive_split.apply_net(net_blocks);
-                g.inactive_split_bytes.apply_net(net_bytes);
-            });
+            // free_block's net changes of inactive_split: −1 and −size per neighbour absorbed,
+            // +1 and +size if the block is still split. Still split, the block brings its own
+            // bytes (the merged size less what it absorbed): a gain; whole again, a loss.
+            if self.block(i).is_split() {
+                let net_blocks = 1 - merged_blocks as i64;
+                self.stats.update(pool, |g| {
+                    g.inactive_split.apply_net(net_blocks);
+                    g.inactive_split_bytes.increase(original_size);
+                });
+            } else {
+                let absorbed = from_prev + from_next;
+                self.stats.update(pool, |g| {
+                    g.inactive_split.decrease(merged_blocks);
+                    g.inactive_split_bytes.decrease(absorbed);
+                });
+            }
         }
         match freed_now {
             FreedNow::Yes => self.stats.update(pool, |g| g.release(original_size, requested)),
