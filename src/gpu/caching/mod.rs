@@ -295,8 +295,13 @@ impl StreamEvents {
     /// the free sets skip both).
     #[inline(always)]
     fn is_pending(&self, block: u32) -> bool {
-        (!self.event_count.is_empty() && self.event_count.contains_key(&block))
-            || (!self.deferred_until_no_capture.is_empty() && self.deferred_until_no_capture.contains(&block))
+        // (Nearly always both are empty: one test for that.)
+        (self.event_count.len() | self.deferred_until_no_capture.len()) != 0 && self.is_pending_slow(block)
+    }
+
+    #[inline(never)]
+    fn is_pending_slow(&self, block: u32) -> bool {
+        self.event_count.contains_key(&block) || self.deferred_until_no_capture.contains(&block)
     }
 }
 
@@ -1165,7 +1170,8 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // captured (cudaEventQuery is illegal during capture; torch 2.15 asks the capture counter
         // and is_capture_context()).
         let stream = self.stream_id(raw_stream);
-        if !self.stream_is_capturing(stream) {
+        // (Nearly always no capture is underway and no event waits: one test for that.)
+        if (self.captures_underway.len() | self.events.deferred_until_no_capture.len() | self.events.completed.len()) != 0 && !self.stream_is_capturing(stream) {
             self.process_events();
         }
         // (The default conf's rounding skips the divisions table.)
