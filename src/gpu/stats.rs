@@ -353,4 +353,97 @@ mod tests {
         s.update(PoolKind::Large, |g| g.allocated_bytes.increase(5));
         assert_eq!((s.all.allocated_bytes.current, s.all.allocated_bytes.allocated, s.all.allocated_bytes.freed()), (30, 5, 15));
     }
+
+    /// One of the moves an allocator makes on the five allocation counters (pool, bytes).
+    #[derive(Debug, Clone, Copy)]
+    enum Move {
+        Allocate(bool, u64, u64),
+        /// Frees the i-th live allocation (mod the count), at once or with its events pending.
+        Release(usize, bool),
+        /// Ends the wait of the i-th pending free.
+        Deactivate(usize),
+        ResetPeak,
+        ResetAccumulated,
+    }
+
+    fn moves() -> impl proptest::strategy::Strategy<Value = Vec<Move>> {
+        use proptest::prelude::*;
+        let size = prop_oneof![512u64..4096, 1u64 << 20..1 << 30];
+        proptest::collection::vec(
+            prop_oneof![
+                6 => (any::<bool>(), size, 0u64..512).prop_map(|(small, size, slack)| Move::Allocate(small, size, size.saturating_sub(slack).max(1))),
+                5 => (any::<usize>(), proptest::bool::weighted(0.8)).prop_map(|(i, now)| Move::Release(i, now)),
+                2 => any::<usize>().prop_map(Move::Deactivate),
+                1 => Just(Move::ResetPeak),
+                1 => Just(Move::ResetAccumulated),
+            ],
+            1..400,
+        )
+    }
+
+    proptest::proptest! {
+        /// The rooms never let a peak fall behind: every counter of allocate/release/deallocate/
+        /// deactivate equals one kept with a compare at every increase (c10's Stat::increase).
+        #[test]
+        fn allocation_counters_match_counters_that_compare_every_increase(moves in moves()) {
+            let kind = |small: bool| if small { PoolKind::Small } else { PoolKind::Large };
+            let mut fast = DeviceStats::new(-1);
+            let mut plain = DeviceStats::new(-1);
+            let mut live: Vec<(bool, u64, u64)> = Vec::new();
+            let mut pending: Vec<(bool, u64, u64)> = Vec::new();
+            for m in moves {
+                match m {
+                    Move::Allocate(small, size, requested) => {
+                        fast.update(kind(small), |g| g.allocate(size, requested));
+                        plain.update(kind(small), |g| {
+                            g.allocation.increase(1);
+                            g.active.increase(1);
+                            g.allocated_bytes.increase(size);
+                            g.active_bytes.increase(size);
+                            g.requested_bytes.increase(requested);
+                        });
+                        live.push((small, size, requested));
+                    }
+                    Move::Release(i, now) if !live.is_empty() => {
+                        let (small, size, requested) = live.swap_remove(i % live.len());
+                        plain.update(kind(small), |g| {
+                            g.allocation.decrease(1);
+                            g.allocated_bytes.decrease(size);
+                        });
+                        if now {
+                            fast.update(kind(small), |g| g.release(size, requested));
+                            plain.update(kind(small), |g| {
+                                g.active.decrease(1);
+                                g.active_bytes.decrease(size);
+                                g.requested_bytes.decrease(requested);
+                            });
+                        } else {
+                            fast.update(kind(small), |g| g.deallocate(size));
+                            pending.push((small, size, requested));
+                        }
+                    }
+                    Move::Deactivate(i) if !pending.is_empty() => {
+                        let (small, size, requested) = pending.swap_remove(i % pending.len());
+                        fast.update(kind(small), |g| g.deactivate(size, requested));
+                        plain.update(kind(small), |g| {
+                            g.active.decrease(1);
+                            g.active_bytes.decrease(size);
+                            g.requested_bytes.decrease(requested);
+                        });
+                    }
+                    Move::ResetPeak => {
+                        fast.reset_peak();
+                        plain.reset_peak();
+                    }
+                    Move::ResetAccumulated => {
+                        fast.reset_accumulated();
+                        plain.reset_accumulated();
+                    }
+                    Move::Release(..) | Move::Deactivate(_) => {}
+                }
+                proptest::prop_assert_eq!(fast.to_torch_map(), plain.to_torch_map());
+                proptest::prop_assert!(fast.rooms_hold());
+            }
+        }
+    }
 }

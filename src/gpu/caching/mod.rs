@@ -1171,7 +1171,8 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // and is_capture_context()).
         let stream = self.stream_id(raw_stream);
         // (Nearly always no capture is underway and no event waits: one test for that.)
-        if (self.captures_underway.len() | self.events.deferred_until_no_capture.len() | self.events.completed.len()) != 0 && !self.stream_is_capturing(stream) {
+        if (self.captures_underway.len() | self.events.deferred_until_no_capture.len() | self.events.completed.len()) != 0 && !self.stream_is_capturing(stream)
+        {
             self.process_events();
         }
         // (The default conf's rounding skips the divisions table.)
