@@ -232,6 +232,10 @@ pub struct CachingAllocator<D: Device> {
     gc_enabled: bool,
     /// No roundup_power2_divisions above 1: every size rounds to a multiple of 512 bytes.
     plain_rounding: bool,
+    /// should_split's rule for a large-pool block: (the least remainder, the request size it
+    /// applies below): a remainder over 1 MiB below max_split_size, or with expandable segments
+    /// any remainder of 512 bytes.
+    large_split_rule: (u64, u64),
     /// Raw stream handles → dense ids in order of first use (the default stream 0 first).
     streams: FxHashMap<u64, u32>,
     raw_streams: Vec<u64>,
@@ -324,6 +328,7 @@ impl<D: Device> CachingAllocator<D> {
         let allowed = cfg.allowed_bytes(device.capacity());
         let gc_enabled = cfg.gc_enabled();
         let plain_rounding = cfg.roundup_power2_divisions.iter().all(|&d| d <= 1);
+        let large_split_rule = if cfg.expandable_segments { (MIN_BLOCK_SIZE_BYTES, u64::MAX) } else { (SMALL_SIZE_BYTES + 1, cfg.max_split_size) };
         let stats = DeviceStats::new(if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 });
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);
@@ -341,6 +346,7 @@ impl<D: Device> CachingAllocator<D> {
             allowed,
             gc_enabled,
             plain_rounding,
+            large_split_rule,
             streams,
             raw_streams: vec![0],
             expandable_segments: Vec::new(),
@@ -364,6 +370,7 @@ impl<D: Device> CachingAllocator<D> {
             allowed: self.allowed,
             gc_enabled: self.gc_enabled,
             plain_rounding: self.plain_rounding,
+            large_split_rule: self.large_split_rule,
             streams: self.streams.clone(),
             raw_streams: self.raw_streams.clone(),
             expandable_segments: self.expandable_segments.clone(),
@@ -510,11 +517,9 @@ impl<D: Device> CachingAllocator<D> {
         }
         let size = self.block(candidate).size;
         // Do not return an oversize block for a small request; an oversize request takes a
-        // cached block only if it wastes less than max_non_split_rounding_size.
-        if rounded < m && size >= m {
-            return None;
-        }
-        if rounded >= m && size >= rounded.saturating_add(self.cfg.max_non_split_rounding_size) {
+        // cached block only if it wastes less than max_non_split_rounding_size. (Both concern
+        // an oversize block: the candidate is at least the request, so one test skips them.)
+        if size >= m && (rounded < m || size >= rounded.saturating_add(self.cfg.max_non_split_rounding_size)) {
             return None;
         }
         self.remove_free(candidate);
@@ -884,11 +889,10 @@ impl<D: Device> CachingAllocator<D> {
     fn should_split(&self, i: u32, rounded: u64) -> bool {
         let b = self.block(i);
         let remaining = b.size - rounded;
-        // (Both rules evaluated and selected: which pool a block is in is data.)
-        let any_remainder = (b.pool.kind() == PoolKind::Small) | self.cfg.expandable_segments;
-        let small_rule = remaining >= MIN_BLOCK_SIZE_BYTES;
-        let large_rule = (rounded < self.cfg.max_split_size) & (remaining > SMALL_SIZE_BYTES);
-        (any_remainder & small_rule) | (!any_remainder & large_rule)
+        // (The pool's rule selected, not branched on: which pool a block is in is data.)
+        let small = b.pool.kind() == PoolKind::Small;
+        let (least_remainder, split_below) = if small { (MIN_BLOCK_SIZE_BYTES, u64::MAX) } else { self.large_split_rule };
+        (remaining >= least_remainder) & (rounded < split_below)
     }
 
     /// alloc_found_block: split off the low part if worth it; update the stats.
