@@ -66,15 +66,14 @@ const WORDS: usize = BINS / 64;
 const SHORT_BIN: usize = 64;
 const _: () = assert!(WORDS <= 64, "one summary word covers the bitmap");
 
-/// Monotonic in size: a ≤ b implies class(a) ≤ class(b).
+/// Monotonic in size: a ≤ b implies class(a) ≤ class(b). From 2^SUB_BITS up, each power of
+/// two opens 2^SUB_BITS classes: the top SUB_BITS + 1 bits of the size (a leading 1, then the
+/// sub-class), offset by the octave; smaller sizes (no block is under 512 bytes) share a class.
 #[inline]
 fn class_of(size: u64) -> usize {
-    let l = size.max(1).ilog2();
-    if l < SUB_BITS {
-        (l << SUB_BITS) as usize
-    } else {
-        ((l << SUB_BITS) as u64 + ((size >> (l - SUB_BITS)) & ((1 << SUB_BITS) - 1))) as usize
-    }
+    let size = size.max(1 << SUB_BITS);
+    let octave = size.ilog2() - SUB_BITS;
+    ((size >> octave) + ((octave as u64) << SUB_BITS)) as usize
 }
 
 /// A bin entry: the stream is the bin's, so an entry holds (size, address) and the block.
@@ -170,8 +169,8 @@ impl Occupancy {
 }
 
 // Unchecked indexing on the hot paths (bounds checks were 4 % of a replay's instructions) rests
-// on three facts: a class is below BINS (`class_of` of u64::MAX is BINS − 1, and `first_from`
-// stops at WORDS), a stream's bins and occupancy exist once `insert` has seen it (`first_from`
+// on three facts: a class is below BINS (`class_of(u64::MAX)`, the largest, is
+// (65 − SUB_BITS) · 2^SUB_BITS − 1 < BINS, and `first_from` stops at WORDS), a stream's bins and occupancy exist once `insert` has seen it (`first_from`
 // checks, and `remove` takes keys `insert` answered), and a short bin's slot index is below its
 // length (the caller keeps slots current).
 
@@ -403,18 +402,19 @@ mod tests {
 
     #[test]
     fn classes_are_monotonic() {
-        // Every size up to 2^17, then each power of two and its neighbours up to 2^60: the class
-        // never decreases, and a power of two opens a class of its own.
+        // Every size up to 2^17, then each power of two and its neighbours up to u64::MAX: the class
+        // never decreases, and a power of two from 2^SUB_BITS up opens a class of its own.
         let mut sizes: Vec<u64> = (1..(1 << 17)).collect();
-        for l in 17..60 {
+        for l in 17..64 {
             sizes.extend([(1u64 << l) - 1, 1 << l, (1 << l) + 1, (1 << l) + (1 << (l - 1))]);
         }
+        sizes.push(u64::MAX);
         let mut last = 0;
         for &s in &sizes {
             let c = class_of(s);
             assert!(c >= last, "class_of({s}) = {c} < {last}");
             assert!(c < BINS, "class_of({s}) = {c} is past the last bin");
-            if s.is_power_of_two() && s > 1 {
+            if s.is_power_of_two() && s > 1 << SUB_BITS {
                 assert!(c > class_of(s - 1), "{s} shares a class with {}", s - 1);
             }
             last = c;
