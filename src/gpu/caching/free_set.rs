@@ -99,18 +99,21 @@ impl Entry {
 fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<&Entry> {
     const NONE: usize = usize::MAX;
     let from = order_key(size, ptr);
-    let (mut best_size, mut best_ptr, mut best) = (u64::MAX, u64::MAX, NONE);
+    // The least key not below `from` is the one whose distance above it, `key − from`, is least:
+    // a key below `from` wraps to a distance above every key's, so one compare per entry does.
+    let (mut best_lo, mut best_hi, mut best) = (u64::MAX, u64::MAX, NONE);
     for (i, e) in bin.iter().enumerate() {
-        let k = order_key(e.size, e.ptr);
-        // Keys are distinct, so `<=` only differs from `<` at the largest key, where it lets
-        // the first fitting entry replace the empty answer.
-        let wins = (k >= from) & (k <= order_key(best_size, best_ptr));
+        let d = order_key(e.size, e.ptr).wrapping_sub(from);
+        // (Distances are distinct: `<=` differs from `<` only at the largest, where it lets a
+        // key at that distance replace the empty answer.)
+        let wins = d <= order_key(best_hi, best_lo);
         // (Word-sized selects: a u128 one compiles to a branch.)
-        best_size = select_unpredictable(wins, e.size, best_size);
-        best_ptr = select_unpredictable(wins, e.ptr, best_ptr);
+        best_lo = select_unpredictable(wins, d as u64, best_lo);
+        best_hi = select_unpredictable(wins, (d >> 64) as u64, best_hi);
         best = select_unpredictable(wins, i, best);
     }
-    bin.get(best)
+    // (With every key below `from`, the least distance is a wrapped one.)
+    bin.get(best).filter(|e| order_key(e.size, e.ptr) >= from)
 }
 
 /// Non-empty bins of one stream: a bit per bin, and a summary bit per non-zero word.
@@ -398,6 +401,14 @@ mod tests {
         assert_eq!(set.first_at_least(10_000, 1 << 51).map(|e| e.1), Some(3));
         assert_eq!(set.first_at_least(10_000, (1 << 52) + 1), None);
         assert_eq!(set.max_size(), 1 << 52);
+        // The largest key is found from the smallest bound (its distance above it is the
+        // largest there is), and a bound above every key finds none.
+        set.insert(FreeKey::new(7, u64::MAX, u64::MAX), 4);
+        assert_eq!(set.first_at_least(7, 0).map(|e| e.1), Some(4));
+        set.insert(FreeKey::new(7, 1 << 20, 0), 5);
+        assert_eq!(set.first_at_least(7, 0).map(|e| e.1), Some(5));
+        assert_eq!(set.next_after(FreeKey::new(7, 1 << 20, 0)).map(|e| e.1), Some(4));
+        assert_eq!(set.next_after(FreeKey::new(7, u64::MAX, u64::MAX)), None);
     }
 
     #[test]
