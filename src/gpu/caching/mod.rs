@@ -891,7 +891,9 @@ impl<D: Device> CachingAllocator<D> {
         let remaining = b.size - rounded;
         // (The pool's rule selected, not branched on: which pool a block is in is data.)
         let small = b.pool.kind() == PoolKind::Small;
-        let (least_remainder, split_below) = if small { (MIN_BLOCK_SIZE_BYTES, u64::MAX) } else { self.large_split_rule };
+        let (large_least_remainder, large_split_below) = self.large_split_rule;
+        let least_remainder = std::hint::select_unpredictable(small, MIN_BLOCK_SIZE_BYTES, large_least_remainder);
+        let split_below = std::hint::select_unpredictable(small, u64::MAX, large_split_below);
         (remaining >= least_remainder) & (rounded < split_below)
     }
 
