@@ -65,94 +65,68 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     let mut at = At::default();
     obs.start(alloc);
     for ev in events {
-        match ev? {
-            Event::Alloc { id, bytes, stream } => {
-                out.allocs += 1;
-                // Requests reach 1 EiB (units::MAX_REQUEST_BYTES): the sum may pass u64.
-                out.bytes_requested = out.bytes_requested.saturating_add(bytes);
-                if bytes == 0 {
-                    // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp):
-                    // malloc only `if (size != 0)`; the null pointer touches no stat.
-                    if handles.contains(id) || !null.insert(id) {
-                        return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
-                    }
-                } else if !null.is_empty() && null.contains(&id) {
+        let ev = ev?;
+        // Allocations and frees are nearly every event: tested first, each by a branch of its
+        // own (a jump table over every kind of event mispredicted at most alloc/free turns).
+        if let Event::Alloc { id, bytes, stream } = ev {
+            out.allocs += 1;
+            // Requests reach 1 EiB (units::MAX_REQUEST_BYTES): the sum may pass u64.
+            out.bytes_requested = out.bytes_requested.saturating_add(bytes);
+            if bytes == 0 {
+                // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp):
+                // malloc only `if (size != 0)`; the null pointer touches no stat.
+                if handles.contains(id) || !null.insert(id) {
                     return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
-                } else {
-                    let answer = alloc.malloc(bytes, stream);
-                    obs.called(alloc, Call::Malloc { bytes, stream, handle: answer.as_ref().ok().copied() });
-                    match answer {
-                        Ok(h) => {
-                            if !handles.insert(id, Live { handle: h, bytes }) {
-                                return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
-                            }
-                            at.live += bytes;
-                            out.peak_live_bytes = out.peak_live_bytes.max(at.live);
-                            obs.placed(alloc, id, h);
-                            obs.allocated(alloc, alloc.stats(), at, bytes);
+                }
+            } else if !null.is_empty() && null.contains(&id) {
+                return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+            } else {
+                let answer = alloc.malloc(bytes, stream);
+                obs.called(alloc, Call::Malloc { bytes, stream, handle: answer.as_ref().ok().copied() });
+                match answer {
+                    Ok(h) => {
+                        if !handles.insert(id, Live { handle: h, bytes }) {
+                            return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
                         }
-                        Err(AllocError::OutOfMemory(info)) => {
-                            out.ooms += 1;
-                            obs.out_of_memory(alloc, at, bytes, &info);
-                            if on_oom == OnOom::Stop {
-                                out.events = at.index + 1;
-                                break;
-                            }
-                            failed.insert(id);
+                        at.live += bytes;
+                        out.peak_live_bytes = out.peak_live_bytes.max(at.live);
+                        obs.placed(alloc, id, h);
+                        obs.allocated(alloc, alloc.stats(), at, bytes);
+                    }
+                    Err(AllocError::OutOfMemory(info)) => {
+                        out.ooms += 1;
+                        obs.out_of_memory(alloc, at, bytes, &info);
+                        if on_oom == OnOom::Stop {
+                            out.events = at.index + 1;
+                            break;
                         }
-                        Err(AllocError::Device(e)) => {
-                            anyhow::bail!("device error at event {}: {e}", at.index)
+                        failed.insert(id);
+                    }
+                    Err(AllocError::Device(e)) => {
+                        anyhow::bail!("device error at event {}: {e}", at.index)
+                    }
+                }
+            }
+        } else if let Event::Free { id } = ev {
+            out.frees += 1;
+            // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
+            // (The sets are empty in almost every trace: skip the hash then.)
+            if null.is_empty() || !null.remove(&id) {
+                match handles.remove(id) {
+                    Some(Live { handle: h, bytes }) => {
+                        alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                        obs.called(alloc, Call::Free(h));
+                        at.live -= bytes;
+                    }
+                    None => {
+                        if failed.is_empty() || !failed.remove(&id) {
+                            return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
                         }
                     }
                 }
             }
-            Event::Free { id } => {
-                out.frees += 1;
-                // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
-                // (The sets are empty in almost every trace: skip the hash then.)
-                if null.is_empty() || !null.remove(&id) {
-                    match handles.remove(id) {
-                        Some(Live { handle: h, bytes }) => {
-                            alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
-                            obs.called(alloc, Call::Free(h));
-                            at.live -= bytes;
-                        }
-                        None => {
-                            if failed.is_empty() || !failed.remove(&id) {
-                                return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
-                            }
-                        }
-                    }
-                }
-            }
-            Event::EmptyCache => {
-                alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
-                obs.called(alloc, Call::EmptyCache);
-            }
-            Event::RecordStream { id, stream } => match handles.get(id) {
-                Some(Live { handle, .. }) => {
-                    alloc.record_stream(handle, stream);
-                    obs.called(alloc, Call::RecordStream { handle, stream });
-                }
-                // A null pointer or an allocation that failed (--on-oom continue): nothing to use.
-                None if null.contains(&id) || failed.contains(&id) => {}
-                None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
-            },
-            Event::Sync { stream } => {
-                alloc.sync(stream);
-                obs.called(alloc, Call::Sync(stream));
-            }
-            Event::Pool(op) => {
-                pool_call(alloc, op, at.index)?;
-                obs.called(alloc, Call::Pool(op));
-            }
-            Event::Step { n } => {
-                // (Readers say so at the line or field; this guards every other source.)
-                crate::event::check_step_order((out.steps > 0).then_some(at.step), n).map_err(|m| InputError::new(format!("event {}", at.index), m))?;
-                obs.step(alloc, at, n);
-                out.steps += 1;
-                at.step = n;
-            }
+        } else {
+            other_event(ev, alloc, obs, &handles, &null, &failed, &mut at, &mut out)?;
         }
         at.index += 1;
         obs.after_event(alloc, at);
@@ -169,6 +143,55 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     out.live_bytes_end = at.live;
     out.elapsed_s = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The events other than allocations and frees, out of the replay loop: there the kind of event
+/// is then one test, not a jump table whose target mispredicts at most alloc/free turns.
+#[inline(never)]
+#[allow(clippy::too_many_arguments)]
+fn other_event<A: GpuAllocator + ?Sized, O: Observer<A>>(
+    ev: Event,
+    alloc: &mut A,
+    obs: &mut O,
+    handles: &crate::ids::IdMap<Live>,
+    null: &FxHashSet<u64>,
+    failed: &FxHashSet<u64>,
+    at: &mut At,
+    out: &mut ReplayOutcome,
+) -> anyhow::Result<()> {
+    match ev {
+        Event::EmptyCache => {
+            alloc.empty_cache().map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+            obs.called(alloc, Call::EmptyCache);
+        }
+        Event::RecordStream { id, stream } => match handles.get(id) {
+            Some(Live { handle, .. }) => {
+                alloc.record_stream(handle, stream);
+                obs.called(alloc, Call::RecordStream { handle, stream });
+            }
+            // A null pointer or an allocation that failed (--on-oom continue): nothing to use.
+            None if null.contains(&id) || failed.contains(&id) => {}
+            None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
+        },
+        Event::Sync { stream } => {
+            alloc.sync(stream);
+            obs.called(alloc, Call::Sync(stream));
+        }
+        Event::Pool(op) => {
+            pool_call(alloc, op, at.index)?;
+            obs.called(alloc, Call::Pool(op));
+        }
+        Event::Step { n } => {
+            // (Readers say so at the line or field; this guards every other source.)
+            crate::event::check_step_order((out.steps > 0).then_some(at.step), n).map_err(|m| InputError::new(format!("event {}", at.index), m))?;
+            obs.step(alloc, *at, n);
+            out.steps += 1;
+            at.step = n;
+        }
+        // (The replay loop's own.)
+        Event::Alloc { .. } | Event::Free { .. } => {}
+    }
+    Ok(())
 }
 
 /// A live allocation of the trace: the allocator's handle and the bytes asked for (more than 0:
