@@ -127,12 +127,6 @@ impl Occupancy {
     const EMPTY: Occupancy = Occupancy { summary: 0, words: [0; WORDS] };
 
     #[inline(always)]
-    fn set(&mut self, c: usize) {
-        unsafe { *self.words.get_unchecked_mut(c / 64) |= 1 << (c % 64) };
-        self.summary |= 1 << (c / 64);
-    }
-
-    #[inline(always)]
     fn has(&self, c: usize) -> bool {
         self.words[c / 64] & (1 << (c % 64)) != 0
     }
@@ -153,15 +147,16 @@ impl Occupancy {
             return None;
         }
         let bits = unsafe { *self.words.get_unchecked(w) } & (!0u64 << (from % 64));
-        if bits != 0 {
-            return Some(w * 64 + bits.trailing_zeros() as usize);
-        }
+        // In this word, else in the first later occupied one (a select, not a branch: where the
+        // next occupied bin lies is data). With none later, `trailing_zeros` is 64.
+        let in_word = bits != 0;
         let later = self.summary & ((!1u64) << w);
-        if later == 0 {
+        let w = select_unpredictable(in_word, w, later.trailing_zeros() as usize);
+        if w >= WORDS {
             return None;
         }
-        let w = later.trailing_zeros() as usize;
-        Some(w * 64 + unsafe { *self.words.get_unchecked(w) }.trailing_zeros() as usize)
+        let bits = select_unpredictable(in_word, bits, unsafe { *self.words.get_unchecked(w) });
+        Some(w * 64 + bits.trailing_zeros() as usize)
     }
 
     /// The last non-empty bin.
@@ -210,16 +205,20 @@ impl FreeSet {
         }
         let c = class_of(k.size());
         let len = unsafe { self.bins.get_unchecked(s * BINS + c) }.len();
-        // One rarely taken branch: whether the bin is empty is data, so `&&` on it mispredicts.
-        let maybe_long = (len >= SHORT_BIN) | ((len == 0) & !self.long_bins.is_empty());
-        if maybe_long && (len != 0 || self.is_long(s, c)) {
+        // A long bin is a full vector or an occupied empty one; the occupancy word is read once,
+        // for that and to mark the bin. One rarely taken branch: whether the bin is empty is
+        // data, and branches on it mispredicted at every other insert.
+        let occupancy = unsafe { self.occupied.get_unchecked_mut(s) };
+        let (word, bit) = (unsafe { occupancy.words.get_unchecked_mut(c / 64) }, 1u64 << (c % 64));
+        if (len >= SHORT_BIN) | ((len == 0) & (*word & bit != 0)) {
             self.insert_long(s * BINS + c, k, block);
             return slot_of(c, LONG_INDEX);
         }
+        *word |= bit;
+        occupancy.summary |= 1 << (c / 64);
         let bin = unsafe { self.bins.get_unchecked_mut(s * BINS + c) };
         debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
         bin.push(Entry { size: k.size(), ptr: k.ptr(), block });
-        unsafe { self.occupied.get_unchecked_mut(s) }.set(c);
         self.len += 1;
         slot_of(c, len as u32)
     }
