@@ -273,22 +273,14 @@ impl FreeSet {
 
     /// The least entry of bin `c` of stream `s` not below (size, ptr): (size, address, block).
     #[inline(always)]
+    /// (Bin `c` is occupied: its vector has entries, or it is a long bin.)
     fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
         let bin = unsafe { self.bins.get_unchecked(s * BINS + c) };
-        if !bin.is_empty() {
-            return least_from(bin, size, ptr).map(|e| (e.size, e.ptr, e.block));
+        debug_assert!(unsafe { self.occupied.get_unchecked(s) }.has(c), "bin {c} is not occupied");
+        if bin.is_empty() {
+            return self.least_in_long(s * BINS + c, size, ptr);
         }
-        if !self.is_long(s, c) {
-            return None;
-        }
-        self.least_in_long(s * BINS + c, size, ptr)
-    }
-
-    /// Whether bin `c` of stream `s`, whose vector is empty, is a long one.
-    #[inline(always)]
-    fn is_long(&self, s: usize, c: usize) -> bool {
-        // (Almost no set has a long bin: that test alone decides.)
-        !self.long_bins.is_empty() && unsafe { self.occupied.get_unchecked(s) }.has(c)
+        least_from(bin, size, ptr).map(|e| (e.size, e.ptr, e.block))
     }
 
     #[cold]
@@ -303,12 +295,16 @@ impl FreeSet {
         if s >= self.streams() {
             return None;
         }
-        let c = class_of(size);
+        // The first occupied bin from the bound's class: the bound's own, or (most requests) a
+        // later one, every entry of which is above the bound. Either way its least entry not
+        // below the bound answers, unless the bound's own bin holds only smaller entries: then
+        // the next occupied bin's does. (No branch on whether the bound's bin is empty: data.)
+        let occupancy = unsafe { self.occupied.get_unchecked(s) };
+        let c = occupancy.first_from(class_of(size))?;
         let (size, ptr, block) = match self.least_in(s, c, size, ptr) {
             Some(e) => e,
-            // Every entry of a later class is above (size, ptr), so the same bound finds its
-            // least (a constant bound would let the scan's selects fold into a branch).
-            None => self.least_in(s, unsafe { self.occupied.get_unchecked(s) }.first_from(c + 1)?, size, ptr)?,
+            // (The same bound: a constant one would let the scan's selects fold into a branch.)
+            None => self.least_in(s, occupancy.first_from(c + 1)?, size, ptr)?,
         };
         Some((FreeKey::new(stream, size, ptr), block))
     }
