@@ -97,12 +97,13 @@ impl Entry {
 /// which entry wins is data, and a branch on it mispredicts about every other scan.
 #[inline(always)]
 fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<&Entry> {
+    debug_assert!(!bin.is_empty(), "only occupied bins are scanned");
     const NONE: usize = usize::MAX;
     let from = order_key(size, ptr);
     // The least key not below `from` is the one whose distance above it, `key − from`, is least:
     // a key below `from` wraps to a distance above every key's, so one compare per entry does.
     let (mut best_lo, mut best_hi, mut best) = (u64::MAX, u64::MAX, NONE);
-    for (i, e) in bin.iter().enumerate() {
+    let mut consider = |i: usize, e: &Entry| {
         let d = order_key(e.size, e.ptr).wrapping_sub(from);
         // (Distances are distinct: `<=` differs from `<` only at the largest, where it lets a
         // key at that distance replace the empty answer.)
@@ -111,6 +112,18 @@ fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<&Entry> {
         best_lo = select_unpredictable(wins, d as u64, best_lo);
         best_hi = select_unpredictable(wins, (d >> 64) as u64, best_hi);
         best = select_unpredictable(wins, i, best);
+    };
+    if bin.len() <= 2 {
+        // Most bins hold a block or two: two steps, the last entry standing in for a missing
+        // second (a repeat cannot change the least), so the scan's end is no branch that
+        // mispredicts with every change of a bin's length.
+        let last = bin.len() - 1;
+        consider(0, unsafe { bin.get_unchecked(0) });
+        consider(last, unsafe { bin.get_unchecked(last) });
+    } else {
+        for (i, e) in bin.iter().enumerate() {
+            consider(i, e);
+        }
     }
     // (With every key below `from`, the least distance is a wrapped one.)
     bin.get(best).filter(|e| order_key(e.size, e.ptr) >= from)
