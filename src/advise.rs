@@ -199,7 +199,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
         if !self.keep && at.index.is_multiple_of(CHECK_EVERY_EVENTS) {
             let s = alloc.stats();
             let time_ns = self.model.alloc_time_ns(alloc.device_time_ns().unwrap_or(0), s);
-            self.stop = self.board.beaten(s.all.reserved_bytes.peak as u64, time_ns);
+            self.stop = self.board.beaten(s.all().reserved_bytes.peak as u64, time_ns);
         }
     }
 
@@ -344,7 +344,7 @@ fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board:
         equivalent_to: None,
         conflicts: Vec::new(),
     };
-    Ok((candidate, st.all.reserved_bytes.peak as u64))
+    Ok((candidate, st.all().reserved_bytes.peak as u64))
 }
 
 /// The balanced objective's limit: the defaults' modelled time × [`BALANCED_TIME_TOLERANCE`], or
@@ -606,7 +606,7 @@ mod tests {
             let out = crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
             let mut m = a.stats().to_torch_map();
             m.remove("max_split_size");
-            (m, a.device_time_ns(), out.oom.is_some(), a.stats().all.reserved_bytes.peak as u64)
+            (m, a.device_time_ns(), out.oom.is_some(), a.stats().all().reserved_bytes.peak as u64)
         };
         // max_split_size_mb:64 caches an unsplittable block per logits size: about 55 GiB reserved
         // at its peak (`allocbench replay workloads/model-switch.toml --conf max_split_size_mb:64`),

@@ -108,10 +108,10 @@ pub fn run_one(
         oom: outcome.oom.clone(),
         summary: GpuSummary {
             peak_reserved: outcome.peak_reserved,
-            peak_allocated: stats.all.allocated_bytes.peak as u64,
+            peak_allocated: stats.all().allocated_bytes.peak as u64,
             allocated_at_peak_reserved: outcome.allocated_at_peak_reserved,
             fragmentation_at_peak: outcome.fragmentation_at_peak(),
-            utilization: if outcome.peak_reserved > 0 { stats.all.allocated_bytes.peak as f64 / outcome.peak_reserved as f64 } else { 0.0 },
+            utilization: if outcome.peak_reserved > 0 { stats.all().allocated_bytes.peak as f64 / outcome.peak_reserved as f64 } else { 0.0 },
             overhead: outcome.overhead(),
             largest_free_block_end: alloc.largest_free_block(),
             device_mallocs: stats.num_device_alloc,

@@ -182,7 +182,7 @@ fn run(conf: &str, capacity: u64, ops: &[Op]) -> Result<CachingAllocator<SimDevi
         a.free(h).unwrap();
     }
     a.empty_cache().unwrap();
-    prop_assert_eq!(a.stats().all.reserved_bytes.current, 0);
+    prop_assert_eq!(a.stats().all().reserved_bytes.current, 0);
     prop_assert_eq!(a.device().used(), 0);
     Ok(a)
 }
@@ -201,7 +201,7 @@ proptest! {
         // second segment, and so more unmaps, without any failure). Both runs agree up to the
         // small device's first failure, so when the big run never reserved more than the small
         // device holds, there was none, and every stat must be the same.
-        let fits = big.stats().all.reserved_bytes.peak as u64 <= small_capacity;
+        let fits = big.stats().all().reserved_bytes.peak as u64 <= small_capacity;
         if fits && !CONFS[conf].contains("per_process_memory_fraction") && !CONFS[conf].contains("expandable_segments") {
             prop_assert_eq!(small.stats().to_torch_map(), big.stats().to_torch_map());
         }

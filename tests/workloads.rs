@@ -331,7 +331,7 @@ fn ddp_and_prefetch_streams_defer_frees_as_pytorch_does() {
         let mut a = allocbench::gpu::caching::CachingAllocator::new(Default::default(), allocbench::gpu::device::SimDevice::new(200 << 30));
         allocbench::gpu::replay::replay(&mut a, evs.iter().copied().map(Ok), &Default::default()).unwrap();
         use allocbench::gpu::GpuAllocator;
-        (a.stats().all.active_bytes.peak, a.stats().all.allocated_bytes.peak)
+        (a.stats().all().active_bytes.peak, a.stats().all().allocated_bytes.peak)
     };
     let (active, allocated) = replay(&events);
     assert!(active > allocated, "pending frees hold active bytes: {active} vs {allocated}");

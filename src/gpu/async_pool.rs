@@ -30,7 +30,7 @@ impl AsyncPoolAllocator {
     /// Reserved memory as the pool reports it (the backend:cudaMallocAsync stats).
     fn sync_reserved(&mut self) {
         let reserved = self.pool.reserved() as i64;
-        let cur = self.stats.all.reserved_bytes.current;
+        let cur = self.stats.all().reserved_bytes.current;
         if reserved > cur {
             self.stats.update(PoolKind::Large, |g| g.reserved_bytes.increase((reserved - cur) as u64));
         } else if reserved < cur {
@@ -49,8 +49,8 @@ impl GpuAllocator for AsyncPoolAllocator {
             Ok(ptr) => ptr,
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                let reserved = self.stats.all.reserved_bytes.current as u64;
-                let allocated = self.stats.all.allocated_bytes.current as u64;
+                let reserved = self.stats.all().reserved_bytes.current as u64;
+                let allocated = self.stats.all().allocated_bytes.current as u64;
                 return Err(AllocError::OutOfMemory(OomInfo::unrounded(
                     bytes,
                     self.device.free_memory(),

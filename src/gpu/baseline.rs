@@ -16,25 +16,15 @@ use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
 /// Stats for an allocation that is also its own segment.
 /// `device_call` is false for the ideal bound, which makes none.
 fn count_alloc(stats: &mut DeviceStats, pool: PoolKind, bytes: u64, requested: u64, device_call: bool) {
-    if device_call {
-        stats.update(pool, |g| g.segment.increase(1));
-        stats.num_device_alloc += 1;
-    }
-    stats.update(pool, |g| {
-        g.reserved_bytes.increase(bytes);
-        g.allocate(bytes, requested);
-    });
+    stats.num_device_alloc += device_call as i64;
+    stats.change_segments(pool, device_call as i64, bytes as i64);
+    stats.allocate(pool, bytes, requested);
 }
 
 fn count_free(stats: &mut DeviceStats, pool: PoolKind, bytes: u64, requested: u64, device_call: bool) {
-    if device_call {
-        stats.update(pool, |g| g.segment.decrease(1));
-        stats.num_device_free += 1;
-    }
-    stats.update(pool, |g| {
-        g.reserved_bytes.decrease(bytes);
-        g.release(bytes, requested);
-    });
+    stats.num_device_free += device_call as i64;
+    stats.change_segments(pool, -(device_call as i64), -(bytes as i64));
+    stats.release(pool, bytes, requested);
 }
 
 struct Live {
@@ -73,7 +63,7 @@ impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
             }
             Err(DeviceError::OutOfMemory) => {
                 self.stats.num_ooms += 1;
-                let reserved = self.stats.all.reserved_bytes.current as u64;
+                let reserved = self.stats.all().reserved_bytes.current as u64;
                 Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.device.free_memory(), 0, reserved, reserved)))
             }
             Err(e) => Err(AllocError::Device(e)),
@@ -148,7 +138,7 @@ impl GpuAllocator for IdealAllocator {
     }
 
     fn malloc(&mut self, bytes: u64, _stream: u64) -> Result<Handle, AllocError> {
-        let reserved = self.stats.all.reserved_bytes.current as u64;
+        let reserved = self.stats.all().reserved_bytes.current as u64;
         if reserved + bytes > self.capacity {
             self.stats.num_ooms += 1;
             return Err(AllocError::OutOfMemory(OomInfo::unrounded(bytes, self.capacity - reserved, 0, reserved, reserved)));

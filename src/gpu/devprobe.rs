@@ -148,7 +148,7 @@ impl LatencyModel {
     ///
     /// [`WithLatency`]: crate::gpu::device::latency::WithLatency
     pub fn alloc_time_ns(&self, device_calls_ns: u64, stats: &crate::gpu::stats::DeviceStats) -> u64 {
-        let ops = (stats.all.allocation.allocated + stats.all.allocation.freed()) as u64;
+        let ops = (stats.all().allocation.allocated + stats.all().allocation.freed()) as u64;
         device_calls_ns + syncs(stats) * self.sync_ns + ops * self.cached_op_ns
     }
 

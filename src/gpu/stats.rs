@@ -59,9 +59,10 @@ impl Stat {
     /// net change of inactive_split).
     #[inline]
     pub fn apply_net(&mut self, net: i64) {
-        // Selects, not a branch on the sign (hot in free_block, and data-dependent).
+        // No branch on the sign (hot, and data-dependent): `current` never stands above the
+        // peak, so after a decrease the max leaves the peak as it was.
         self.current += net;
-        self.peak = if net > 0 { self.peak.max(self.current) } else { self.peak };
+        self.peak = self.peak.max(self.current);
         self.allocated += net.max(0);
     }
 
@@ -214,14 +215,34 @@ impl StatGroup {
     }
 }
 
-/// The allocator's statistics, as `DeviceStats` in c10: `all` and the pools' counter groups,
-/// then the counters that have no pool.
+/// `all`'s own state: its peaks, and lower bounds of how far its counters stand below them.
+/// Its currents and accumulated counts are the pools' sums (c10 updates `all` with the pool at
+/// every change, `for_each_selected_stat_type`), so they are not kept: a pooled update writes
+/// one group, and `all`'s peaks move only when a room runs out (writing `all` beside the pool
+/// at every allocation and free was a twentieth of a replay).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct AllPeaks {
+    /// In [`StatGroup::named`] order.
+    peaks: [i64; 9],
+    /// ≤ the headroom of allocation and of active.
+    count_room: i64,
+    /// ≤ the headroom of allocated_bytes, active_bytes and requested_bytes.
+    bytes_room: i64,
+    /// ≤ the headroom of segment, of reserved_bytes, of inactive_split, of inactive_split_bytes.
+    segment_room: i64,
+    reserved_room: i64,
+    split_room: i64,
+    split_bytes_room: i64,
+}
+
+/// The allocator's statistics, as `DeviceStats` in c10: the pools' counter groups, `all`
+/// ([`DeviceStats::all`], their sums with peaks of its own), then the counters that have no pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceStats {
-    pub all: StatGroup,
     /// By [`PoolKind`]: indexed, not matched, as which pool an update goes to is data (a branch
     /// on it mispredicted on about every other update of a replay).
     pools: [StatGroup; 2],
+    all: AllPeaks,
     pub oversize_allocations: Stat,
     pub oversize_segments: Stat,
     pub num_alloc_retries: i64,
@@ -245,22 +266,137 @@ impl DeviceStats {
         &self.pools[pool as usize]
     }
 
-    /// Applies `f` to the counters of `pool` and to `all`: every pooled update counts in both
-    /// (c10's `for_each_selected_stat_type`).
-    #[inline(always)]
+    /// The `all` counters: the pools' sums, with `all`'s own peaks.
+    #[inline]
+    pub fn all(&self) -> StatGroup {
+        let [small, large] = &self.pools;
+        let sum = |a: &Stat, b: &Stat, peak: i64| Stat {
+            current: a.current + b.current,
+            peak,
+            allocated: a.allocated + b.allocated,
+            current_at_reset: a.current_at_reset + b.current_at_reset,
+        };
+        let p = &self.all.peaks;
+        StatGroup {
+            allocation: sum(&small.allocation, &large.allocation, p[0]),
+            segment: sum(&small.segment, &large.segment, p[1]),
+            active: sum(&small.active, &large.active, p[2]),
+            inactive_split: sum(&small.inactive_split, &large.inactive_split, p[3]),
+            allocated_bytes: sum(&small.allocated_bytes, &large.allocated_bytes, p[4]),
+            reserved_bytes: sum(&small.reserved_bytes, &large.reserved_bytes, p[5]),
+            active_bytes: sum(&small.active_bytes, &large.active_bytes, p[6]),
+            inactive_split_bytes: sum(&small.inactive_split_bytes, &large.inactive_split_bytes, p[7]),
+            requested_bytes: sum(&small.requested_bytes, &large.requested_bytes, p[8]),
+            count_room: 0,
+            bytes_room: 0,
+        }
+    }
+
+    /// `all`'s current values, in [`StatGroup::named`] order.
+    fn all_currents(&self) -> [i64; 9] {
+        let [small, large] = &self.pools;
+        let (s, l) = (small.named(), large.named());
+        std::array::from_fn(|k| s[k].1.current + l[k].1.current)
+    }
+
+    /// Raises `all`'s peaks that its currents passed and measures its rooms exactly: after any
+    /// update whose increases the rooms did not cover.
+    #[cold]
+    #[inline(never)]
+    fn settle_all_peaks(&mut self) {
+        let current = self.all_currents();
+        let all = &mut self.all;
+        for (peak, current) in all.peaks.iter_mut().zip(current) {
+            *peak = (*peak).max(current);
+        }
+        let headroom = |k: usize| all.peaks[k] - current[k];
+        all.count_room = headroom(0).min(headroom(2));
+        all.bytes_room = headroom(4).min(headroom(6)).min(headroom(8));
+        (all.segment_room, all.reserved_room) = (headroom(1), headroom(5));
+        (all.split_room, all.split_bytes_room) = (headroom(3), headroom(7));
+    }
+
+    /// Applies `f` to the counters of `pool`, and `all` follows (c10's
+    /// `for_each_selected_stat_type`), its peaks settled at once: for updates the methods below
+    /// do not name.
     pub fn update(&mut self, pool: PoolKind, f: impl Fn(&mut StatGroup)) {
         f(&mut self.pools[pool as usize]);
-        f(&mut self.all);
+        self.settle_all_peaks();
     }
 
-    /// Whether every group's rooms bound its headrooms ([`StatGroup::rooms_hold`]).
+    /// [`StatGroup::allocate`] in `pool`, and in `all`.
+    #[inline(always)]
+    pub fn allocate(&mut self, pool: PoolKind, size: u64, requested: u64) {
+        self.pools[pool as usize].allocate(size, requested);
+        self.all.count_room -= 1;
+        self.all.bytes_room -= size as i64;
+        if (self.all.count_room | self.all.bytes_room) < 0 {
+            self.settle_all_peaks();
+        }
+    }
+
+    /// [`StatGroup::release`] in `pool`, and in `all`, with the room it gives back.
+    #[inline(always)]
+    pub fn release(&mut self, pool: PoolKind, size: u64, requested: u64) {
+        self.pools[pool as usize].release(size, requested);
+        self.all.count_room += 1;
+        self.all.bytes_room += requested as i64;
+    }
+
+    /// [`StatGroup::deallocate`] in `pool`, and in `all` (decreases: no room to settle).
+    #[inline(always)]
+    pub fn deallocate(&mut self, pool: PoolKind, size: u64) {
+        self.pools[pool as usize].deallocate(size);
+    }
+
+    /// [`StatGroup::deactivate`] in `pool`, and in `all`.
+    #[inline(always)]
+    pub fn deactivate(&mut self, pool: PoolKind, size: u64, requested: u64) {
+        self.pools[pool as usize].deactivate(size, requested);
+    }
+
+    /// inactive_split and inactive_split_bytes change by `blocks` and `bytes` (either sign, as
+    /// [`Stat::apply_net`]) in `pool`, and in `all`.
+    #[inline(always)]
+    pub fn change_inactive_split(&mut self, pool: PoolKind, blocks: i64, bytes: i64) {
+        let g = &mut self.pools[pool as usize];
+        g.inactive_split.apply_net(blocks);
+        g.inactive_split_bytes.apply_net(bytes);
+        // An increase takes its amount from the room, a decrease gives it back.
+        self.all.split_room -= blocks;
+        self.all.split_bytes_room -= bytes;
+        if (self.all.split_room | self.all.split_bytes_room) < 0 {
+            self.settle_all_peaks();
+        }
+    }
+
+    /// segment and reserved_bytes change by `segments` and `bytes` (either sign) in `pool`, and
+    /// in `all`: a segment made or freed, or pages of an expandable one mapped or unmapped.
+    #[inline]
+    pub fn change_segments(&mut self, pool: PoolKind, segments: i64, bytes: i64) {
+        let g = &mut self.pools[pool as usize];
+        g.segment.apply_net(segments);
+        g.reserved_bytes.apply_net(bytes);
+        self.all.segment_room -= segments;
+        self.all.reserved_room -= bytes;
+        if (self.all.segment_room | self.all.reserved_room) < 0 {
+            self.settle_all_peaks();
+        }
+    }
+
+    /// Whether every group's rooms bound its headrooms ([`StatGroup::rooms_hold`]) and `all`'s
+    /// peaks stand at or above its currents.
     pub fn rooms_hold(&self) -> bool {
-        [&self.all, &self.pools[0], &self.pools[1]].iter().all(|g| g.rooms_hold())
-    }
-
-    fn groups_mut(&mut self) -> [&mut StatGroup; 3] {
-        let [small, large] = &mut self.pools;
-        [&mut self.all, small, large]
+        let (current, all) = (self.all_currents(), &self.all);
+        let headroom = |k: usize| all.peaks[k] - current[k];
+        (0..9).all(|k| headroom(k) >= 0)
+            && all.count_room <= headroom(0).min(headroom(2))
+            && all.bytes_room <= headroom(4).min(headroom(6)).min(headroom(8))
+            && all.segment_room <= headroom(1)
+            && all.reserved_room <= headroom(5)
+            && all.split_room <= headroom(3)
+            && all.split_bytes_room <= headroom(7)
+            && self.pools.iter().all(|g| g.rooms_hold())
     }
 
     /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (123 keys, as torch ≥ 2.13's).
@@ -272,8 +408,8 @@ impl DeviceStats {
             out.insert(format!("{prefix}.allocated"), s.allocated);
             out.insert(format!("{prefix}.freed"), s.freed());
         };
-        for (group, stat_type) in [(&self.all, "all"), (self.pool(PoolKind::Small), PoolKind::Small.key()), (self.pool(PoolKind::Large), PoolKind::Large.key())]
-        {
+        let all = self.all();
+        for (group, stat_type) in [(&all, "all"), (self.pool(PoolKind::Small), PoolKind::Small.key()), (self.pool(PoolKind::Large), PoolKind::Large.key())] {
             for (name, s) in group.named() {
                 put_stat(&format!("{name}.{stat_type}"), s);
             }
@@ -294,19 +430,21 @@ impl DeviceStats {
 
     /// `torch.cuda.reset_peak_memory_stats()`.
     pub fn reset_peak(&mut self) {
-        for group in self.groups_mut() {
+        for group in &mut self.pools {
             for s in group.each_mut() {
                 s.reset_peak();
             }
             (group.count_room, group.bytes_room) = (0, 0);
         }
+        // (Rooms of 0 bound headrooms of 0.)
+        self.all = AllPeaks { peaks: self.all_currents(), ..AllPeaks::default() };
         self.oversize_allocations.reset_peak();
         self.oversize_segments.reset_peak();
     }
 
     /// `torch.cuda.reset_accumulated_memory_stats()`.
     pub fn reset_accumulated(&mut self) {
-        for group in self.groups_mut() {
+        for group in &mut self.pools {
             for s in group.each_mut() {
                 s.reset_accumulated();
             }
@@ -341,17 +479,17 @@ mod tests {
         let mut s = DeviceStats::default();
         s.update(PoolKind::Large, |g| g.allocated_bytes.increase(100));
         s.update(PoolKind::Large, |g| g.allocated_bytes.decrease(60));
-        assert_eq!(s.all.allocated_bytes, Stat::new(40, 100, 100, 60));
-        assert_eq!(s.all.allocated_bytes.freed(), 60);
+        assert_eq!(s.all().allocated_bytes, Stat::new(40, 100, 100, 60));
+        assert_eq!(s.all().allocated_bytes.freed(), 60);
         assert_eq!(s.pool(PoolKind::Small).allocated_bytes, Stat::default());
         s.reset_peak();
         assert_eq!(s.pool(PoolKind::Large).allocated_bytes.peak, 40);
         s.reset_accumulated();
-        assert_eq!(s.all.allocated_bytes, Stat::new(40, 40, 0, 0));
-        assert_eq!(s.all.allocated_bytes.freed(), 0);
+        assert_eq!(s.all().allocated_bytes, Stat::new(40, 40, 0, 0));
+        assert_eq!(s.all().allocated_bytes.freed(), 0);
         s.update(PoolKind::Large, |g| g.allocated_bytes.decrease(15));
         s.update(PoolKind::Large, |g| g.allocated_bytes.increase(5));
-        assert_eq!((s.all.allocated_bytes.current, s.all.allocated_bytes.allocated, s.all.allocated_bytes.freed()), (30, 5, 15));
+        assert_eq!((s.all().allocated_bytes.current, s.all().allocated_bytes.allocated, s.all().allocated_bytes.freed()), (30, 5, 15));
     }
 
     /// One of the moves an allocator makes on the five allocation counters (pool, bytes).
@@ -362,6 +500,10 @@ mod tests {
         Release(usize, bool),
         /// Ends the wait of the i-th pending free.
         Deactivate(usize),
+        /// inactive_split and inactive_split_bytes move by (blocks, bytes), never below zero.
+        Split(bool, i64, i64),
+        /// segment and reserved_bytes move by (segments, bytes), never below zero.
+        Segments(bool, i64, i64),
         ResetPeak,
         ResetAccumulated,
     }
@@ -374,6 +516,8 @@ mod tests {
                 6 => (any::<bool>(), size, 0u64..512).prop_map(|(small, size, slack)| Move::Allocate(small, size, size.saturating_sub(slack).max(1))),
                 5 => (any::<usize>(), proptest::bool::weighted(0.8)).prop_map(|(i, now)| Move::Release(i, now)),
                 2 => any::<usize>().prop_map(Move::Deactivate),
+                3 => (any::<bool>(), -2i64..3, -(1i64 << 24)..1 << 24).prop_map(|(small, n, b)| Move::Split(small, n, b)),
+                2 => (any::<bool>(), -1i64..2, -(1i64 << 30)..1 << 30).prop_map(|(small, n, b)| Move::Segments(small, n, b)),
                 1 => Just(Move::ResetPeak),
                 1 => Just(Move::ResetAccumulated),
             ],
@@ -381,21 +525,31 @@ mod tests {
         )
     }
 
+    /// `f` on `pool` of `stats` and on `all`, as c10 applies an update to both.
+    fn eager(stats: &mut DeviceStats, all: &mut StatGroup, pool: PoolKind, f: impl Fn(&mut StatGroup)) {
+        stats.update(pool, &f);
+        f(all);
+    }
+
     proptest::proptest! {
         /// The rooms never let a peak fall behind: every counter of allocate/release/deallocate/
-        /// deactivate equals one kept with a compare at every increase (c10's Stat::increase).
+        /// deactivate, of the inactive-split and segment changes, and `all`'s (the pools' sums
+        /// with peaks of its own) equals one kept with a compare at every increase (c10's
+        /// Stat::increase).
         #[test]
         fn allocation_counters_match_counters_that_compare_every_increase(moves in moves()) {
             let kind = |small: bool| if small { PoolKind::Small } else { PoolKind::Large };
             let mut fast = DeviceStats::new(-1);
             let mut plain = DeviceStats::new(-1);
+            // `all` kept as c10 keeps it: updated beside the pool, a compare at every increase.
+            let mut plain_all = StatGroup::default();
             let mut live: Vec<(bool, u64, u64)> = Vec::new();
             let mut pending: Vec<(bool, u64, u64)> = Vec::new();
             for m in moves {
                 match m {
                     Move::Allocate(small, size, requested) => {
-                        fast.update(kind(small), |g| g.allocate(size, requested));
-                        plain.update(kind(small), |g| {
+                        fast.allocate(kind(small), size, requested);
+                        eager(&mut plain, &mut plain_all, kind(small), |g| {
                             g.allocation.increase(1);
                             g.active.increase(1);
                             g.allocated_bytes.increase(size);
@@ -406,42 +560,65 @@ mod tests {
                     }
                     Move::Release(i, now) if !live.is_empty() => {
                         let (small, size, requested) = live.swap_remove(i % live.len());
-                        plain.update(kind(small), |g| {
+                        eager(&mut plain, &mut plain_all, kind(small), |g| {
                             g.allocation.decrease(1);
                             g.allocated_bytes.decrease(size);
                         });
                         if now {
-                            fast.update(kind(small), |g| g.release(size, requested));
-                            plain.update(kind(small), |g| {
+                            fast.release(kind(small), size, requested);
+                            eager(&mut plain, &mut plain_all, kind(small), |g| {
                                 g.active.decrease(1);
                                 g.active_bytes.decrease(size);
                                 g.requested_bytes.decrease(requested);
                             });
                         } else {
-                            fast.update(kind(small), |g| g.deallocate(size));
+                            fast.deallocate(kind(small), size);
                             pending.push((small, size, requested));
                         }
                     }
                     Move::Deactivate(i) if !pending.is_empty() => {
                         let (small, size, requested) = pending.swap_remove(i % pending.len());
-                        fast.update(kind(small), |g| g.deactivate(size, requested));
-                        plain.update(kind(small), |g| {
+                        fast.deactivate(kind(small), size, requested);
+                        eager(&mut plain, &mut plain_all, kind(small), |g| {
                             g.active.decrease(1);
                             g.active_bytes.decrease(size);
                             g.requested_bytes.decrease(requested);
                         });
                     }
+                    Move::Split(small, blocks, bytes) => {
+                        // (Kept at or above zero, as an allocator keeps them.)
+                        let g = plain.pool(kind(small));
+                        let (blocks, bytes) = (blocks.max(-g.inactive_split.current), bytes.max(-g.inactive_split_bytes.current));
+                        fast.change_inactive_split(kind(small), blocks, bytes);
+                        eager(&mut plain, &mut plain_all, kind(small), |g| {
+                            g.inactive_split.apply_net(blocks);
+                            g.inactive_split_bytes.apply_net(bytes);
+                        });
+                    }
+                    Move::Segments(small, segments, bytes) => {
+                        let g = plain.pool(kind(small));
+                        let (segments, bytes) = (segments.max(-g.segment.current), bytes.max(-g.reserved_bytes.current));
+                        fast.change_segments(kind(small), segments, bytes);
+                        eager(&mut plain, &mut plain_all, kind(small), |g| {
+                            g.segment.apply_net(segments);
+                            g.reserved_bytes.apply_net(bytes);
+                        });
+                    }
                     Move::ResetPeak => {
                         fast.reset_peak();
                         plain.reset_peak();
+                        plain_all.each_mut().into_iter().for_each(|s| s.reset_peak());
                     }
                     Move::ResetAccumulated => {
                         fast.reset_accumulated();
                         plain.reset_accumulated();
+                        plain_all.each_mut().into_iter().for_each(|s| s.reset_accumulated());
                     }
                     Move::Release(..) | Move::Deactivate(_) => {}
                 }
                 proptest::prop_assert_eq!(fast.to_torch_map(), plain.to_torch_map());
+                let (fast_all, plain_all) = (fast.all(), plain_all);
+                proptest::prop_assert_eq!(fast_all.named().map(|(k, s)| (k, *s)), plain_all.named().map(|(k, s)| (k, *s)));
                 proptest::prop_assert!(fast.rooms_hold());
             }
         }

@@ -153,7 +153,7 @@ impl<D: Device> CachingAllocator<D> {
         let next = self.blocks[i as usize].next;
         self.try_merge(i, next);
         self.insert_free(i);
-        self.stats.update(pool.kind(), |g| g.reserved_bytes.increase(mapped_size));
+        self.stats.change_segments(pool.kind(), 0, mapped_size as i64);
         self.stats.num_device_alloc += 1;
         Ok(true)
     }
@@ -213,7 +213,7 @@ impl<D: Device> CachingAllocator<D> {
         self.try_merge(i, next);
         let key = (stream, self.blocks[i as usize].ptr);
         self.pools[pool.index()].unmapped.insert(key, i);
-        self.stats.update(pool.kind(), |g| g.reserved_bytes.decrease(un_size));
+        self.stats.change_segments(pool.kind(), 0, -(un_size as i64));
         self.stats.num_device_free += 1;
         Ok(())
     }

@@ -532,7 +532,7 @@ impl<D: Device> CachingAllocator<D> {
             self.stats.num_alloc_retries += 1;
         }
         if let Some(allowed) = self.allowed {
-            if self.stats.all.reserved_bytes.current as u64 + alloc_size > allowed {
+            if self.stats.all().reserved_bytes.current as u64 + alloc_size > allowed {
                 return Ok(None);
             }
         }
@@ -559,10 +559,7 @@ impl<D: Device> CachingAllocator<D> {
             gc_count_base: 0,
             slot: NIL,
         });
-        self.stats.update(pool.kind(), |g| {
-            g.segment.increase(1);
-            g.reserved_bytes.increase(alloc_size);
-        });
+        self.stats.change_segments(pool.kind(), 1, alloc_size as i64);
         if alloc_size >= self.cfg.max_split_size {
             self.stats.oversize_segments.increase(1);
         }
@@ -579,10 +576,7 @@ impl<D: Device> CachingAllocator<D> {
         debug_assert!(!b.is_split() && !b.allocated && !b.expandable());
         self.device.free(b.ptr, b.size)?;
         self.remove_free(i);
-        self.stats.update(b.pool.kind(), |g| {
-            g.segment.decrease(1);
-            g.reserved_bytes.decrease(b.size);
-        });
+        self.stats.change_segments(b.pool.kind(), -1, -(b.size as i64));
         if b.size >= self.cfg.max_split_size {
             self.stats.oversize_segments.decrease(1);
         }
@@ -631,7 +625,7 @@ impl<D: Device> CachingAllocator<D> {
     fn garbage_collect_cached_blocks(&mut self) -> Result<(), DeviceError> {
         let allowed = self.allowed.unwrap_or(u64::MAX);
         let threshold = (self.cfg.garbage_collection_threshold * allowed as f64) as u64;
-        let reserved = self.stats.all.reserved_bytes.current as u64;
+        let reserved = self.stats.all().reserved_bytes.current as u64;
         if reserved <= threshold {
             return Ok(());
         }
@@ -916,27 +910,20 @@ impl<D: Device> CachingAllocator<D> {
             let rem_size = rem.size;
             self.insert_free(found);
             if !expandable {
-                if already_split {
-                    self.stats.update(pool, |g| g.inactive_split_bytes.decrease(rounded));
-                } else {
-                    self.stats.update(pool, |g| {
-                        g.inactive_split_bytes.increase(rem_size);
-                        g.inactive_split.increase(1);
-                    });
-                }
+                // Split before, the piece leaves the inactive bytes; whole before, the remainder
+                // is a new inactive split block. (Selected: whether it was split is data.)
+                let bytes = std::hint::select_unpredictable(already_split, -(rounded as i64), rem_size as i64);
+                self.stats.change_inactive_split(pool, !already_split as i64, bytes);
             }
         } else if already_split && !expandable {
             let size = self.block(found).size;
-            self.stats.update(pool, |g| {
-                g.inactive_split_bytes.decrease(size);
-                g.inactive_split.decrease(1);
-            });
+            self.stats.change_inactive_split(pool, -1, -(size as i64));
         }
         let b = self.block_mut(block);
         b.allocated = true;
         b.requested = requested;
         let size = b.size;
-        self.stats.update(pool, |g| g.allocate(size, requested));
+        self.stats.allocate(pool, size, requested);
         if size >= self.cfg.max_split_size {
             self.stats.oversize_allocations.increase(1);
         }
@@ -958,23 +945,15 @@ impl<D: Device> CachingAllocator<D> {
             // free_block's net changes of inactive_split: −1 and −size per neighbour absorbed,
             // +1 and +size if the block is still split. Still split, the block brings its own
             // bytes (the merged size less what it absorbed): a gain; whole again, a loss.
-            if self.block(i).is_split() {
-                let net_blocks = 1 - merged_blocks as i64;
-                self.stats.update(pool, |g| {
-                    g.inactive_split.apply_net(net_blocks);
-                    g.inactive_split_bytes.increase(original_size);
-                });
-            } else {
-                let absorbed = from_prev + from_next;
-                self.stats.update(pool, |g| {
-                    g.inactive_split.decrease(merged_blocks);
-                    g.inactive_split_bytes.decrease(absorbed);
-                });
-            }
+            // (Selected, not branched on: whether the block is whole again is data.)
+            let still_split = self.block(i).is_split();
+            let absorbed = (from_prev + from_next) as i64;
+            let bytes = std::hint::select_unpredictable(still_split, original_size as i64, -absorbed);
+            self.stats.change_inactive_split(pool, still_split as i64 - merged_blocks as i64, bytes);
         }
         match freed_now {
-            FreedNow::Yes => self.stats.update(pool, |g| g.release(original_size, requested)),
-            FreedNow::Earlier => self.stats.update(pool, |g| g.deactivate(original_size, requested)),
+            FreedNow::Yes => self.stats.release(pool, original_size, requested),
+            FreedNow::Earlier => self.stats.deactivate(pool, original_size, requested),
         }
     }
 
@@ -1007,8 +986,8 @@ impl<D: Device> CachingAllocator<D> {
 
     /// `pool`: the BlockPool the request searched; only its pair's free blocks could serve it.
     fn oom_info(&self, requested: u64, rounded: u64, alloc_size: u64, pool: PoolId) -> OomInfo {
-        let reserved = self.stats.all.reserved_bytes.current as u64;
-        let allocated = self.stats.all.allocated_bytes.current as u64;
+        let reserved = self.stats.all().reserved_bytes.current as u64;
+        let allocated = self.stats.all().allocated_bytes.current as u64;
         let device_free_uncapped = self.device.free_memory();
         let mut device_free = device_free_uncapped;
         if let Some(allowed) = self.allowed {
@@ -1129,25 +1108,25 @@ impl<D: Device> CachingAllocator<D> {
         self.check_private_pools()?;
         let s = &self.stats;
         let checks = [
-            ("allocated_bytes", s.all.allocated_bytes.current, allocated as i64),
-            ("reserved_bytes", s.all.reserved_bytes.current, reserved as i64),
-            ("inactive_split_bytes", s.all.inactive_split_bytes.current, inactive_split_bytes as i64),
-            ("inactive_split", s.all.inactive_split.current, inactive_split),
-            ("segment", s.all.segment.current, segments),
-            ("active_bytes", s.all.active_bytes.current, active as i64),
+            ("allocated_bytes", s.all().allocated_bytes.current, allocated as i64),
+            ("reserved_bytes", s.all().reserved_bytes.current, reserved as i64),
+            ("inactive_split_bytes", s.all().inactive_split_bytes.current, inactive_split_bytes as i64),
+            ("inactive_split", s.all().inactive_split.current, inactive_split),
+            ("segment", s.all().segment.current, segments),
+            ("active_bytes", s.all().active_bytes.current, active as i64),
         ];
         for (name, stat, recount) in checks {
             if stat != recount {
                 return Err(format!("{name}.all.current is {stat} but the blocks add up to {recount}"));
             }
         }
-        if s.all.allocated_bytes.current > s.all.reserved_bytes.current {
+        if s.all().allocated_bytes.current > s.all().reserved_bytes.current {
             return Err("allocated > reserved".into());
         }
         if !s.rooms_hold() {
             return Err("a stat group's peak room exceeds a counter's headroom".into());
         }
-        if s.all.reserved_bytes.current as u64 > self.device.capacity() {
+        if s.all().reserved_bytes.current as u64 > self.device.capacity() {
             return Err("reserved > capacity".into());
         }
         Ok(())
@@ -1212,7 +1191,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                 Ok(())
             };
         }
-        self.stats.update(pool, |g| g.deallocate(size));
+        self.stats.deallocate(pool, size);
         if self.capture_underway() {
             // cudaEventQuery is forbidden during capture: the events wait until none is underway.
             self.events.deferred_until_no_capture.push(handle);

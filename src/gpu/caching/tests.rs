@@ -19,12 +19,12 @@ fn state(a: &CachingAllocator<SimDevice>) -> (i64, i64, i64, i64, i64, i64) {
     let s = a.stats();
     a.check_invariants().unwrap();
     (
-        s.all.allocated_bytes.current,
-        s.all.reserved_bytes.current,
-        s.all.segment.current,
+        s.all().allocated_bytes.current,
+        s.all().reserved_bytes.current,
+        s.all().segment.current,
         s.num_device_alloc,
-        s.all.inactive_split.current,
-        s.all.inactive_split_bytes.current,
+        s.all().inactive_split.current,
+        s.all().inactive_split_bytes.current,
     )
 }
 
@@ -64,7 +64,7 @@ fn tv_a_small_pool_split_and_merge() {
     assert_eq!(state(&a), (1024, 2 * MIB as i64, 1, 1, 1, 2_096_128));
     let h_b = a.malloc(1000, 0).unwrap();
     assert_eq!(state(&a), (2048, 2 * MIB as i64, 1, 1, 1, 2_095_104));
-    assert_eq!(a.stats().all.requested_bytes.current, 2000);
+    assert_eq!(a.stats().all().requested_bytes.current, 2000);
     a.free(h_a).unwrap();
     assert_eq!(state(&a), (1024, 2 * MIB as i64, 1, 1, 2, 2_096_128));
     let h_c = a.malloc(512, 0).unwrap();
@@ -77,8 +77,8 @@ fn tv_a_small_pool_split_and_merge() {
     assert_eq!(state(&a), (0, 0, 0, 1, 0, 0));
     let s = a.stats();
     assert_eq!((s.num_device_free, s.num_sync_all_streams), (1, 1));
-    assert_eq!(s.all.allocated_bytes.peak, 2048);
-    assert_eq!(s.all.reserved_bytes.peak, 2 * MIB as i64);
+    assert_eq!(s.all().allocated_bytes.peak, 2048);
+    assert_eq!(s.all().reserved_bytes.peak, 2 * MIB as i64);
     assert_eq!(s.pool(PoolKind::Small).allocated_bytes.peak, 2048);
     assert_eq!(s.pool(PoolKind::Large).allocated_bytes.peak, 0);
 }
@@ -131,7 +131,7 @@ fn tv_d_segment_rounding_for_large_requests() {
         a.malloc(req, 0).unwrap();
         let (al, rs, _, _, _, isb) = state(&a);
         assert_eq!((al, rs, isb), (allocated, seg, split), "request {req}");
-        assert_eq!(a.stats().all.requested_bytes.current, req as i64);
+        assert_eq!(a.stats().all().requested_bytes.current, req as i64);
     }
 }
 
@@ -140,7 +140,7 @@ fn tv_g_power2_divisions_segments() {
     let mut a = alloc("roundup_power2_divisions:[>:2]", 80 * GIB);
     a.malloc(514 * MIB, 0).unwrap();
     assert_eq!(state(&a).1, 805_306_368);
-    assert_eq!(a.stats().all.requested_bytes.current, 514 * MIB as i64);
+    assert_eq!(a.stats().all().requested_bytes.current, 514 * MIB as i64);
     let mut b = alloc("roundup_power2_divisions:[>:1]", 80 * GIB);
     b.malloc(514 * MIB, 0).unwrap();
     assert_eq!(state(&b).1, 538_968_064);
@@ -330,7 +330,7 @@ fn garbage_collection_needs_a_fraction_and_frees_old_segments() {
         // A different size misses the cache and triggers GC when reserved > threshold × allowed.
         a.malloc(300 * MIB, 0).unwrap();
         a.check_invariants().unwrap();
-        (a.stats().all.reserved_bytes.current, a.stats().num_device_free)
+        (a.stats().all().reserved_bytes.current, a.stats().num_device_free)
     };
     let (reserved_off, frees_off) = run("garbage_collection_threshold:0.5");
     assert_eq!((reserved_off, frees_off), (900 * MIB as i64, 0));
@@ -379,10 +379,10 @@ fn expandable_unmaps_partial_pages_only() {
     a.check_invariants().unwrap();
     // Pages 0..1 (30 MiB at offset 0 spans page 0 fully and half of page 1) : page 0 is unmapped,
     // the partial page 1 stays with y.
-    assert_eq!(a.stats().all.reserved_bytes.current, 20 * MIB as i64);
+    assert_eq!(a.stats().all().reserved_bytes.current, 20 * MIB as i64);
     a.free(y).unwrap();
     a.empty_cache().unwrap();
-    assert_eq!(a.stats().all.reserved_bytes.current, 0);
+    assert_eq!(a.stats().all().reserved_bytes.current, 0);
     assert_eq!(a.device().used(), 0);
 }
 
@@ -406,7 +406,7 @@ fn any_number_of_streams() {
     let mut a = default_alloc();
     let n = 10_000u64;
     let hs: Vec<_> = (1..=n).map(|s| a.malloc(512, s * 16).unwrap()).collect();
-    assert_eq!(a.stats().all.segment.current, n as i64);
+    assert_eq!(a.stats().all().segment.current, n as i64);
     for h in hs {
         a.free(h).unwrap();
     }
@@ -414,7 +414,7 @@ fn any_number_of_streams() {
     // Each stream's cached block serves only that stream.
     a.malloc(512, n * 16).unwrap();
     a.malloc(512, (n + 1) * 16).unwrap();
-    assert_eq!(a.stats().all.segment.current, n as i64 + 1);
+    assert_eq!(a.stats().all().segment.current, n as i64 + 1);
     a.check_invariants().unwrap();
 }
 
@@ -444,8 +444,8 @@ fn zero_bytes_is_a_null_pointer() {
     let out = crate::gpu::replay::replay(&mut a, evs.iter().copied().map(Ok), &Default::default()).unwrap();
     assert_eq!((out.allocs, out.frees, out.ooms), (3, 3, 0));
     let s = a.stats();
-    assert_eq!((s.all.allocation.allocated, s.all.allocation.freed(), s.num_device_alloc), (1, 1, 1));
-    assert_eq!(s.all.requested_bytes.allocated, 512);
+    assert_eq!((s.all().allocation.allocated, s.all().allocation.freed(), s.num_device_alloc), (1, 1, 1));
+    assert_eq!(s.all().requested_bytes.allocated, 512);
     // A 0-byte id is live until freed: allocating it again is still an error.
     let again = [Event::Alloc { id: 5, bytes: 0, stream: 0 }, Event::Alloc { id: 5, bytes: 512, stream: 0 }];
     let err = crate::gpu::replay::replay(&mut default_alloc(), again.iter().copied().map(Ok), &Default::default()).unwrap_err();
@@ -501,7 +501,7 @@ fn record_stream_defers_the_free_until_the_stream_syncs() {
     a.free(h).unwrap();
     // free: allocated_bytes drops at once, active_bytes only when the event completes.
     assert_eq!(state(&a), (0, 20 * MIB as i64, 1, 1, 0, 0));
-    assert_eq!(a.stats().all.active_bytes.current, 20 * MIB as i64);
+    assert_eq!(a.stats().all().active_bytes.current, 20 * MIB as i64);
     assert_eq!(a.segments()[0].blocks[0].state, BlockState::ActivePendingFree);
     // The same request cannot reuse it: a second segment.
     let h2 = a.malloc(20 * MIB, 0).unwrap();
@@ -512,13 +512,13 @@ fn record_stream_defers_the_free_until_the_stream_syncs() {
     assert_eq!(state(&a).3, 3);
     // Stream 7 completes; the block lands at the next malloc (process_events), which reuses it.
     a.sync(Some(7));
-    assert_eq!(a.stats().all.active_bytes.current, 60 * MIB as i64, "lands only at the next malloc");
+    assert_eq!(a.stats().all().active_bytes.current, 60 * MIB as i64, "lands only at the next malloc");
     let h4 = a.malloc(20 * MIB, 0).unwrap();
     assert_eq!(state(&a), (60 * MIB as i64, 60 * MIB as i64, 3, 3, 0, 0));
     for h in [h2, h3, h4] {
         a.free(h).unwrap();
     }
-    assert_eq!(a.stats().all.active_bytes.current, 0);
+    assert_eq!(a.stats().all().active_bytes.current, 0);
 }
 
 #[test]
@@ -527,7 +527,7 @@ fn record_stream_on_the_allocation_stream_is_no_use() {
     let h = a.malloc(20 * MIB, 5).unwrap();
     a.record_stream(h, 5);
     a.free(h).unwrap();
-    assert_eq!(a.stats().all.active_bytes.current, 0);
+    assert_eq!(a.stats().all().active_bytes.current, 0);
     a.malloc(20 * MIB, 5).unwrap();
     assert_eq!(state(&a).3, 1, "reused at once");
 }
@@ -591,7 +591,7 @@ fn empty_cache_and_the_oom_path_synchronize_pending_frees() {
     a.free(h).unwrap();
     a.empty_cache().unwrap();
     assert_eq!(state(&a), (0, 0, 0, 1, 0, 0));
-    assert_eq!(a.stats().all.active_bytes.current, 0);
+    assert_eq!(a.stats().all().active_bytes.current, 0);
 
     let mut b = alloc("", 40 * MIB);
     let h = b.malloc(30 * MIB, 0).unwrap();
@@ -731,7 +731,7 @@ fn frees_used_by_other_streams_during_a_capture_wait_for_its_end() {
     // not captured (its process_events inserts no deferred event during a capture).
     a.sync(Some(9));
     let other = a.malloc(20 * MIB, 3).unwrap();
-    assert_eq!(a.stats().all.active_bytes.current, 60 * MIB as i64);
+    assert_eq!(a.stats().all().active_bytes.current, 60 * MIB as i64);
     a.free(other).unwrap();
     assert_eq!(a.segments().iter().filter(|s| s.blocks[0].state == BlockState::ActivePendingFree).count(), 2);
     a.end_allocate_to_pool(1).unwrap();
@@ -739,7 +739,7 @@ fn frees_used_by_other_streams_during_a_capture_wait_for_its_end() {
     // `before` waits for stream 5, whose work is queued after the insertion.
     let h = a.malloc(20 * MIB, 0).unwrap();
     assert_eq!(state(&a).3, 3, "`during` landed and was reused");
-    assert_eq!(a.stats().all.active_bytes.current, 40 * MIB as i64);
+    assert_eq!(a.stats().all().active_bytes.current, 40 * MIB as i64);
     a.sync(Some(5));
     a.malloc(20 * MIB, 0).unwrap();
     assert_eq!(state(&a), (40 * MIB as i64, 60 * MIB as i64, 3, 3, 0, 0));

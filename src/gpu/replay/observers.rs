@@ -11,7 +11,7 @@ use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 /// Allocated and reserved bytes.
 #[inline]
 fn allocated_reserved(s: &DeviceStats) -> (u64, u64) {
-    (s.all.allocated_bytes.current as u64, s.all.reserved_bytes.current as u64)
+    (s.all().allocated_bytes.current as u64, s.all().reserved_bytes.current as u64)
 }
 
 /// Peak reserved, and the allocated bytes at it: the fullest moment of the peak plateau (the most
@@ -378,7 +378,7 @@ impl Timeline {
 
     fn sample<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, event: u64, step: u64, live: u64) {
         let s = alloc.stats();
-        let (allocated, reserved) = (s.all.allocated_bytes.current as u64, s.all.reserved_bytes.current as u64);
+        let (allocated, reserved) = (s.all().allocated_bytes.current as u64, s.all().reserved_bytes.current as u64);
         let time_ns = self.time_model.as_ref().map_or(0, |m| m.alloc_time_ns(alloc.device_time_ns().unwrap_or(0), s));
         let interval_time_ns = time_ns.saturating_sub(self.time_ns_at_last);
         self.time_ns_at_last = time_ns;
@@ -387,7 +387,7 @@ impl Timeline {
             step,
             allocated,
             reserved,
-            active: s.all.active_bytes.current as u64,
+            active: s.all().active_bytes.current as u64,
             live,
             allocated_max: self.interval.0.max(allocated),
             reserved_max: self.interval.1.max(reserved),
