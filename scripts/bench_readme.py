@@ -27,12 +27,20 @@ ADVISE_GROUP = "advise"
 
 def load(folder):
     """(mean ns per iteration, elements per iteration) of one criterion benchmark folder."""
+    mean, elements = load_interval(folder)
+    return mean[0], elements
+
+
+def load_interval(folder):
+    """((mean, lower, upper) ns per iteration: the mean and its 95% confidence bounds, elements
+    per iteration) of one criterion benchmark folder."""
     est = os.path.join(folder, "new", "estimates.json")
     if not os.path.exists(est):
         sys.exit(f"bench_readme.py: no criterion results in {folder} (run `cargo bench --bench gpu_policy` first)")
-    mean_ns = json.load(open(est))["mean"]["point_estimate"]
+    mean = json.load(open(est))["mean"]
+    interval = mean["confidence_interval"]
     meta = json.load(open(os.path.join(folder, "new", "benchmark.json")))
-    return mean_ns, (meta.get("throughput") or {}).get("Elements")
+    return (mean["point_estimate"], interval["lower_bound"], interval["upper_bound"]), (meta.get("throughput") or {}).get("Elements")
 
 
 def bench_dir(root, group, bench):
@@ -47,14 +55,17 @@ def main():
         "|---|---|---|",
     ]
     for group, bench, what, _unit, target in ROWS:
-        mean_ns, elements = load(bench_dir(root, group, bench))
+        (mean_ns, lower_ns, upper_ns), elements = load_interval(bench_dir(root, group, bench))
         rate = elements / (mean_ns / 1e9)
         goal = "-"
         if target:
             op, value, unit = target
             met = rate >= value
             goal = f"{op} {value / 1e6:.0f} M {unit} ({'met' if met else f'missed: {rate / value:.0%} of it'})"
-        lines.append(f"| {what} | {rate / 1e6:.1f} M events/s ({mean_ns / 1e6:.0f} ms for {elements:,} events) | {goal} |")
+        lines.append(
+            f"| {what} | {rate / 1e6:.1f} M events/s ({mean_ns / 1e6:.0f} ms for {elements:,} events; "
+            f"95% interval {lower_ns / 1e6:.0f}–{upper_ns / 1e6:.0f} ms) | {goal} |"
+        )
     adv = os.path.join(root, "target", "criterion", ADVISE_GROUP)
     benches = sorted(b for b in os.listdir(adv) if b != "report" and b.startswith("captured")) if os.path.isdir(adv) else []
     if not benches:
