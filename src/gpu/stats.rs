@@ -531,6 +531,15 @@ mod tests {
         f(all);
     }
 
+    /// c10's Stat::increase or Stat::decrease by |net|.
+    fn move_by(stat: &mut Stat, net: i64) {
+        if net >= 0 {
+            stat.increase(net as u64);
+        } else {
+            stat.decrease(net.unsigned_abs());
+        }
+    }
+
     proptest::proptest! {
         /// The rooms never let a peak fall behind: every counter of allocate/release/deallocate/
         /// deactivate, of the inactive-split and segment changes, and `all`'s (the pools' sums
@@ -591,8 +600,8 @@ mod tests {
                         let (blocks, bytes) = (blocks.max(-g.inactive_split.current), bytes.max(-g.inactive_split_bytes.current));
                         fast.change_inactive_split(kind(small), blocks, bytes);
                         eager(&mut plain, &mut plain_all, kind(small), |g| {
-                            g.inactive_split.apply_net(blocks);
-                            g.inactive_split_bytes.apply_net(bytes);
+                            move_by(&mut g.inactive_split, blocks);
+                            move_by(&mut g.inactive_split_bytes, bytes);
                         });
                     }
                     Move::Segments(small, segments, bytes) => {
@@ -600,8 +609,8 @@ mod tests {
                         let (segments, bytes) = (segments.max(-g.segment.current), bytes.max(-g.reserved_bytes.current));
                         fast.change_segments(kind(small), segments, bytes);
                         eager(&mut plain, &mut plain_all, kind(small), |g| {
-                            g.segment.apply_net(segments);
-                            g.reserved_bytes.apply_net(bytes);
+                            move_by(&mut g.segment, segments);
+                            move_by(&mut g.reserved_bytes, bytes);
                         });
                     }
                     Move::ResetPeak => {
