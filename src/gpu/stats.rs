@@ -224,15 +224,61 @@ impl StatGroup {
 struct AllPeaks {
     /// In [`StatGroup::named`] order.
     peaks: [i64; 9],
-    /// ≤ the headroom of allocation and of active.
-    count_room: i64,
-    /// ≤ the headroom of allocated_bytes, active_bytes and requested_bytes.
-    bytes_room: i64,
-    /// ≤ the headroom of segment, of reserved_bytes, of inactive_split, of inactive_split_bytes.
-    segment_room: i64,
-    reserved_room: i64,
-    split_room: i64,
-    split_bytes_room: i64,
+    rooms: AllRooms,
+}
+
+// Counters by their place in [`StatGroup::named`].
+const ALLOCATION: usize = 0;
+const SEGMENT: usize = 1;
+const ACTIVE: usize = 2;
+const INACTIVE_SPLIT: usize = 3;
+const ALLOCATED_BYTES: usize = 4;
+const RESERVED_BYTES: usize = 5;
+const ACTIVE_BYTES: usize = 6;
+const INACTIVE_SPLIT_BYTES: usize = 7;
+const REQUESTED_BYTES: usize = 8;
+
+/// Lower bounds of how far `all`'s counters stand below their peaks: one room for counters that
+/// move together (an allocation's), one per counter otherwise.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct AllRooms {
+    /// allocation and active.
+    count: i64,
+    /// allocated_bytes, active_bytes and requested_bytes.
+    bytes: i64,
+    /// segment and reserved_bytes.
+    segments: [i64; 2],
+    /// inactive_split and inactive_split_bytes.
+    splits: [i64; 2],
+}
+
+impl AllRooms {
+    /// The rooms that are exactly the headrooms they bound (`headroom(k)` of counter k).
+    fn exact(headroom: impl Fn(usize) -> i64) -> AllRooms {
+        AllRooms {
+            count: headroom(ALLOCATION).min(headroom(ACTIVE)),
+            bytes: headroom(ALLOCATED_BYTES).min(headroom(ACTIVE_BYTES)).min(headroom(REQUESTED_BYTES)),
+            segments: [headroom(SEGMENT), headroom(RESERVED_BYTES)],
+            splits: [headroom(INACTIVE_SPLIT), headroom(INACTIVE_SPLIT_BYTES)],
+        }
+    }
+
+    /// Whether every room is at most its bound in `exact`.
+    fn within(&self, exact: &AllRooms) -> bool {
+        self.count <= exact.count && self.bytes <= exact.bytes && (0..2).all(|i| self.segments[i] <= exact.segments[i] && self.splits[i] <= exact.splits[i])
+    }
+}
+
+/// Two counters of a pool move by `nets` (either sign, as [`Stat::apply_net`]), and `all`'s rooms
+/// for them: an increase takes its amount from the room, a decrease gives it back. Answers
+/// whether a room ran out.
+#[inline(always)]
+fn move_pair(stats: [&mut Stat; 2], rooms: &mut [i64; 2], nets: [i64; 2]) -> bool {
+    for ((stat, room), net) in stats.into_iter().zip(rooms.iter_mut()).zip(nets) {
+        stat.apply_net(net);
+        *room -= net;
+    }
+    (rooms[0] | rooms[1]) < 0
 }
 
 /// The allocator's statistics, as `DeviceStats` in c10: the pools' counter groups, `all`
@@ -269,27 +315,18 @@ impl DeviceStats {
     /// The `all` counters: the pools' sums, with `all`'s own peaks.
     #[inline]
     pub fn all(&self) -> StatGroup {
-        let [small, large] = &self.pools;
-        let sum = |a: &Stat, b: &Stat, peak: i64| Stat {
-            current: a.current + b.current,
-            peak,
-            allocated: a.allocated + b.allocated,
-            current_at_reset: a.current_at_reset + b.current_at_reset,
-        };
-        let p = &self.all.peaks;
-        StatGroup {
-            allocation: sum(&small.allocation, &large.allocation, p[0]),
-            segment: sum(&small.segment, &large.segment, p[1]),
-            active: sum(&small.active, &large.active, p[2]),
-            inactive_split: sum(&small.inactive_split, &large.inactive_split, p[3]),
-            allocated_bytes: sum(&small.allocated_bytes, &large.allocated_bytes, p[4]),
-            reserved_bytes: sum(&small.reserved_bytes, &large.reserved_bytes, p[5]),
-            active_bytes: sum(&small.active_bytes, &large.active_bytes, p[6]),
-            inactive_split_bytes: sum(&small.inactive_split_bytes, &large.inactive_split_bytes, p[7]),
-            requested_bytes: sum(&small.requested_bytes, &large.requested_bytes, p[8]),
-            count_room: 0,
-            bytes_room: 0,
+        let (small, large) = (self.pools[0].named(), self.pools[1].named());
+        let mut all = StatGroup::default();
+        for (k, stat) in all.each_mut().into_iter().enumerate() {
+            let (a, b) = (small[k].1, large[k].1);
+            *stat = Stat {
+                current: a.current + b.current,
+                peak: self.all.peaks[k],
+                allocated: a.allocated + b.allocated,
+                current_at_reset: a.current_at_reset + b.current_at_reset,
+            };
         }
+        all
     }
 
     /// `all`'s current values, in [`StatGroup::named`] order.
@@ -309,11 +346,7 @@ impl DeviceStats {
         for (peak, current) in all.peaks.iter_mut().zip(current) {
             *peak = (*peak).max(current);
         }
-        let headroom = |k: usize| all.peaks[k] - current[k];
-        all.count_room = headroom(0).min(headroom(2));
-        all.bytes_room = headroom(4).min(headroom(6)).min(headroom(8));
-        (all.segment_room, all.reserved_room) = (headroom(1), headroom(5));
-        (all.split_room, all.split_bytes_room) = (headroom(3), headroom(7));
+        all.rooms = AllRooms::exact(|k| all.peaks[k] - current[k]);
     }
 
     /// Applies `f` to the counters of `pool`, and `all` follows (c10's
@@ -328,9 +361,10 @@ impl DeviceStats {
     #[inline(always)]
     pub fn allocate(&mut self, pool: PoolKind, size: u64, requested: u64) {
         self.pools[pool as usize].allocate(size, requested);
-        self.all.count_room -= 1;
-        self.all.bytes_room -= size as i64;
-        if (self.all.count_room | self.all.bytes_room) < 0 {
+        let rooms = &mut self.all.rooms;
+        rooms.count -= 1;
+        rooms.bytes -= size as i64;
+        if (rooms.count | rooms.bytes) < 0 {
             self.settle_all_peaks();
         }
     }
@@ -339,8 +373,8 @@ impl DeviceStats {
     #[inline(always)]
     pub fn release(&mut self, pool: PoolKind, size: u64, requested: u64) {
         self.pools[pool as usize].release(size, requested);
-        self.all.count_room += 1;
-        self.all.bytes_room += requested as i64;
+        self.all.rooms.count += 1;
+        self.all.rooms.bytes += requested as i64;
     }
 
     /// [`StatGroup::deallocate`] in `pool`, and in `all` (decreases: no room to settle).
@@ -360,12 +394,7 @@ impl DeviceStats {
     #[inline(always)]
     pub fn change_inactive_split(&mut self, pool: PoolKind, blocks: i64, bytes: i64) {
         let g = &mut self.pools[pool as usize];
-        g.inactive_split.apply_net(blocks);
-        g.inactive_split_bytes.apply_net(bytes);
-        // An increase takes its amount from the room, a decrease gives it back.
-        self.all.split_room -= blocks;
-        self.all.split_bytes_room -= bytes;
-        if (self.all.split_room | self.all.split_bytes_room) < 0 {
+        if move_pair([&mut g.inactive_split, &mut g.inactive_split_bytes], &mut self.all.rooms.splits, [blocks, bytes]) {
             self.settle_all_peaks();
         }
     }
@@ -375,11 +404,7 @@ impl DeviceStats {
     #[inline]
     pub fn change_segments(&mut self, pool: PoolKind, segments: i64, bytes: i64) {
         let g = &mut self.pools[pool as usize];
-        g.segment.apply_net(segments);
-        g.reserved_bytes.apply_net(bytes);
-        self.all.segment_room -= segments;
-        self.all.reserved_room -= bytes;
-        if (self.all.segment_room | self.all.reserved_room) < 0 {
+        if move_pair([&mut g.segment, &mut g.reserved_bytes], &mut self.all.rooms.segments, [segments, bytes]) {
             self.settle_all_peaks();
         }
     }
@@ -389,14 +414,7 @@ impl DeviceStats {
     pub fn rooms_hold(&self) -> bool {
         let (current, all) = (self.all_currents(), &self.all);
         let headroom = |k: usize| all.peaks[k] - current[k];
-        (0..9).all(|k| headroom(k) >= 0)
-            && all.count_room <= headroom(0).min(headroom(2))
-            && all.bytes_room <= headroom(4).min(headroom(6)).min(headroom(8))
-            && all.segment_room <= headroom(1)
-            && all.reserved_room <= headroom(5)
-            && all.split_room <= headroom(3)
-            && all.split_bytes_room <= headroom(7)
-            && self.pools.iter().all(|g| g.rooms_hold())
+        (0..9).all(|k| headroom(k) >= 0) && all.rooms.within(&AllRooms::exact(headroom)) && self.pools.iter().all(|g| g.rooms_hold())
     }
 
     /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (123 keys, as torch ≥ 2.13's).
