@@ -91,42 +91,76 @@ impl Entry {
     }
 }
 
-/// The least entry of `bin` not below (size, ptr). Bins are unsorted (insert is a push, remove
-/// a swap with the last entry) and short, so the order is found by a scan where it is asked.
-/// (size, address) compares as one u128 and the running minimum is a select, not a branch:
-/// which entry wins is data, and a branch on it mispredicts about every other scan.
+/// The running least distance of a scan ([`least_from`]) and the index of its entry.
+#[derive(Clone, Copy)]
+struct Least {
+    lo: u64,
+    hi: u64,
+    index: usize,
+}
+
+impl Least {
+    /// No entry yet: the largest distance there is.
+    const NONE: Least = Least { lo: u64::MAX, hi: u64::MAX, index: usize::MAX };
+
+    /// Entry `index` at distance `d` replaces the least if it is not farther. (Distances of
+    /// distinct keys are distinct: `<=` differs from `<` only at the largest, where it lets a key
+    /// at that distance replace the empty answer.)
+    #[inline(always)]
+    fn consider(&mut self, index: usize, d: u128) {
+        let wins = d <= order_key(self.hi, self.lo);
+        // (Word-sized selects: a u128 one compiles to a branch.)
+        self.lo = select_unpredictable(wins, d as u64, self.lo);
+        self.hi = select_unpredictable(wins, (d >> 64) as u64, self.hi);
+        self.index = select_unpredictable(wins, index, self.index);
+    }
+}
+
+/// The least entry of `bin` not below (size, ptr), and its index. Bins are unsorted (insert is
+/// a push, remove a swap with the last entry) and short, so the order is found by a scan where
+/// it is asked. (size, address) compares as one u128 and the running minimum is a select, not a
+/// branch: which entry wins is data, and a branch on it mispredicts about every other scan.
 #[inline(always)]
-fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<&Entry> {
+fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<(usize, &Entry)> {
     debug_assert!(!bin.is_empty(), "only occupied bins are scanned");
-    const NONE: usize = usize::MAX;
     let from = order_key(size, ptr);
     // The least key not below `from` is the one whose distance above it, `key − from`, is least:
     // a key below `from` wraps to a distance above every key's, so one compare per entry does.
-    let (mut best_lo, mut best_hi, mut best) = (u64::MAX, u64::MAX, NONE);
-    let mut consider = |i: usize, e: &Entry| {
-        let d = order_key(e.size, e.ptr).wrapping_sub(from);
-        // (Distances are distinct: `<=` differs from `<` only at the largest, where it lets a
-        // key at that distance replace the empty answer.)
-        let wins = d <= order_key(best_hi, best_lo);
-        // (Word-sized selects: a u128 one compiles to a branch.)
-        best_lo = select_unpredictable(wins, d as u64, best_lo);
-        best_hi = select_unpredictable(wins, (d >> 64) as u64, best_hi);
-        best = select_unpredictable(wins, i, best);
-    };
+    let distance = |e: &Entry| order_key(e.size, e.ptr).wrapping_sub(from);
+    let mut least = Least::NONE;
     if bin.len() <= 2 {
         // Most bins hold a block or two: two steps, the last entry standing in for a missing
         // second (a repeat cannot change the least), so the scan's end is no branch that
         // mispredicts with every change of a bin's length.
         let last = bin.len() - 1;
-        consider(0, unsafe { bin.get_unchecked(0) });
-        consider(last, unsafe { bin.get_unchecked(last) });
+        least.consider(0, distance(unsafe { bin.get_unchecked(0) }));
+        least.consider(last, distance(unsafe { bin.get_unchecked(last) }));
     } else {
-        for (i, e) in bin.iter().enumerate() {
-            consider(i, e);
+        // Two running minima, of the even and the odd entries, merged at the end: each select
+        // waits for the one before it in its chain, and two chains take half as long.
+        let mut odd = Least::NONE;
+        let pairs = bin.chunks_exact(2);
+        let rest = pairs.remainder();
+        for (j, pair) in pairs.enumerate() {
+            least.consider(2 * j, distance(&pair[0]));
+            odd.consider(2 * j + 1, distance(&pair[1]));
         }
+        if let [e] = rest {
+            least.consider(bin.len() - 1, distance(e));
+        }
+        least.consider(odd.index, order_key(odd.hi, odd.lo));
     }
     // (With every key below `from`, the least distance is a wrapped one.)
-    bin.get(best).filter(|e| order_key(e.size, e.ptr) >= from)
+    let best = least.index;
+    bin.get(best).filter(|e| order_key(e.size, e.ptr) >= from).map(|e| (best, e))
+}
+
+/// An entry a query found: its key, its block, and its slot (what `insert` answered for it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Found {
+    pub key: FreeKey,
+    pub block: u32,
+    pub slot: u32,
 }
 
 /// Non-empty bins of one stream: a bit per bin, and a summary bit per non-zero word.
@@ -284,16 +318,17 @@ impl FreeSet {
         block
     }
 
-    /// The least entry of bin `c` of stream `s` not below (size, ptr): (size, address, block).
+    /// The least entry of bin `c` of stream `s` not below (size, ptr): (size, address, block,
+    /// slot).
     #[inline(always)]
     /// (Bin `c` is occupied: its vector has entries, or it is a long bin.)
-    fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32)> {
+    fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32, u32)> {
         let bin = unsafe { self.bins.get_unchecked(s * BINS + c) };
         debug_assert!(unsafe { self.occupied.get_unchecked(s) }.has(c), "bin {c} is not occupied");
         if bin.is_empty() {
-            return self.least_in_long(s * BINS + c, size, ptr);
+            return self.least_in_long(s * BINS + c, size, ptr).map(|(size, ptr, block)| (size, ptr, block, slot_of(c, LONG_INDEX)));
         }
-        least_from(bin, size, ptr).map(|e| (e.size, e.ptr, e.block))
+        least_from(bin, size, ptr).map(|(i, e)| (e.size, e.ptr, e.block, slot_of(c, i as u32)))
     }
 
     #[cold]
@@ -303,7 +338,7 @@ impl FreeSet {
 
     /// The first entry of `stream` not below (size, ptr), in set order.
     #[inline(always)]
-    fn first_from(&self, stream: u32, size: u64, ptr: u64) -> Option<(FreeKey, u32)> {
+    fn first_from(&self, stream: u32, size: u64, ptr: u64) -> Option<Found> {
         let s = stream as usize;
         if s >= self.streams() {
             return None;
@@ -314,18 +349,24 @@ impl FreeSet {
         // the next occupied bin's does. (No branch on whether the bound's bin is empty: data.)
         let occupancy = unsafe { self.occupied.get_unchecked(s) };
         let c = occupancy.first_from(class_of(size))?;
-        let (size, ptr, block) = match self.least_in(s, c, size, ptr) {
+        let (size, ptr, block, slot) = match self.least_in(s, c, size, ptr) {
             Some(e) => e,
             // (The same bound: a constant one would let the scan's selects fold into a branch.)
             None => self.least_in(s, occupancy.first_from(c + 1)?, size, ptr)?,
         };
-        Some((FreeKey::new(stream, size, ptr), block))
+        Some(Found { key: FreeKey::new(stream, size, ptr), block, slot })
     }
 
-    /// lower_bound(stream, size, 0) restricted to `stream`: the smallest block ≥ size, lowest address first.
+    /// lower_bound(stream, size, 0) restricted to `stream`: the smallest block ≥ size, lowest
+    /// address first, with its slot (the caller can remove it without reading the block).
     #[inline(always)]
-    pub fn first_at_least(&self, stream: u32, size: u64) -> Option<(FreeKey, u32)> {
+    pub fn first_fit(&self, stream: u32, size: u64) -> Option<Found> {
         self.first_from(stream, size, 0)
+    }
+
+    /// [`FreeSet::first_fit`]'s key and block.
+    pub fn first_at_least(&self, stream: u32, size: u64) -> Option<(FreeKey, u32)> {
+        self.first_fit(stream, size).map(|f| (f.key, f.block))
     }
 
     /// The entry after `k` in set order, on the same stream.
@@ -334,6 +375,7 @@ impl FreeSet {
             Some(ptr) => self.first_from(k.stream(), k.size(), ptr),
             None => self.first_from(k.stream(), k.size().checked_add(1)?, 0),
         }
+        .map(|f| (f.key, f.block))
     }
 
     /// The entries of `stream` in set order, with the stream's id.
@@ -468,6 +510,17 @@ mod tests {
             let want = map.range(FreeKey::new(s, size * 512, 0)..).next().filter(|(k, _)| k.stream() == s).map(|(k, v)| (*k, *v));
             let got = set.first_at_least(s, size * 512);
             prop_assert_eq!(got, want);
+            // The slot a search answers is the block's (in a long bin, where a slot's index
+            // means nothing, its bin): what lets the allocator remove it without reading the block.
+            if let Some(found) = set.first_fit(s, size * 512) {
+                let kept = slots[&found.block];
+                prop_assert!(
+                    found.slot == kept || (found.slot >> 8 == kept >> 8 && found.slot & 0xFF == LONG_INDEX),
+                    "slot {:#x}, kept {:#x}",
+                    found.slot,
+                    kept
+                );
+            }
             if let Some((k, _)) = got {
                 let want_next = map.range(k..).nth(1).filter(|(n, _)| n.stream() == s).map(|(k, v)| (*k, *v));
                 prop_assert_eq!(set.next_after(k), want_next);

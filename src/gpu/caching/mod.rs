@@ -495,35 +495,52 @@ impl<D: Device> CachingAllocator<D> {
         if self.gc_enabled() {
             self.pool(pool).get_free_blocks_call_count += 1;
         }
-        let m = self.cfg.max_split_size;
-        let mut candidate = self.pool_ref(pool).blocks.first_at_least(stream, rounded)?.1;
-        if self.block(candidate).expandable() {
-            // Prefer a fitting block whose expandable size (size + unmapped tail) is smaller:
-            // a non-tail free block beats growing the tail.
-            let expandable_size = |s: &Self, i: u32| {
-                let b = s.block(i);
-                b.size + if b.next != NIL && !s.blocks[b.next as usize].mapped { s.blocks[b.next as usize].size } else { 0 }
-            };
-            let mut at = key(self.block(candidate));
-            while self.block(candidate).expandable() {
-                match self.pools[pool.index()].blocks.next_after(at) {
-                    Some((k, next)) if expandable_size(self, next) < expandable_size(self, candidate) => {
-                        candidate = next;
-                        at = k;
-                    }
-                    _ => break,
+        let found = self.pool_ref(pool).blocks.first_fit(stream, rounded)?;
+        // (Without expandable segments no block is one, and the block is not read here: the
+        // entry has its size and slot, so the block's load overlaps the removal.)
+        if !self.expandable_segments.is_empty() && self.block(found.block).expandable() {
+            return self.get_free_expandable_block(pool, rounded, found.block);
+        }
+        if !self.may_take_cached(found.key.size(), rounded) {
+            return None;
+        }
+        let moved = self.pool(pool).blocks.remove(found.key, found.slot);
+        self.block_mut(moved).slot = found.slot;
+        Some(found.block)
+    }
+
+    /// get_free_block from an expandable `candidate`: prefer a fitting block whose expandable
+    /// size (size + unmapped tail) is smaller, as a non-tail free block beats growing the tail.
+    #[inline(never)]
+    fn get_free_expandable_block(&mut self, pool: PoolId, rounded: u64, mut candidate: u32) -> Option<u32> {
+        let expandable_size = |s: &Self, i: u32| {
+            let b = s.block(i);
+            b.size + if b.next != NIL && !s.blocks[b.next as usize].mapped { s.blocks[b.next as usize].size } else { 0 }
+        };
+        let mut at = key(self.block(candidate));
+        while self.block(candidate).expandable() {
+            match self.pools[pool.index()].blocks.next_after(at) {
+                Some((k, next)) if expandable_size(self, next) < expandable_size(self, candidate) => {
+                    candidate = next;
+                    at = k;
                 }
+                _ => break,
             }
         }
-        let size = self.block(candidate).size;
-        // Do not return an oversize block for a small request; an oversize request takes a
-        // cached block only if it wastes less than max_non_split_rounding_size. (Both concern
-        // an oversize block: the candidate is at least the request, so one test skips them.)
-        if size >= m && (rounded < m || size >= rounded.saturating_add(self.cfg.max_non_split_rounding_size)) {
+        if !self.may_take_cached(self.block(candidate).size, rounded) {
             return None;
         }
         self.remove_free(candidate);
         Some(candidate)
+    }
+
+    /// get_free_block's oversize rules for a cached block of `size` ≥ `rounded`: not for a small
+    /// request, and for an oversize request only if it wastes less than
+    /// max_non_split_rounding_size. (Both concern an oversize block: one test skips them.)
+    #[inline(always)]
+    fn may_take_cached(&self, size: u64, rounded: u64) -> bool {
+        let m = self.cfg.max_split_size;
+        !(size >= m && (rounded < m || size >= rounded.saturating_add(self.cfg.max_non_split_rounding_size)))
     }
 
     /// alloc_block: a new segment (or mapped expandable range) for the request.
