@@ -17,6 +17,13 @@ const PAGE_LEN: usize = 1 << PAGE_BITS;
 /// A value an [`IdMap`] holds, with the one value it never holds, which marks an empty slot.
 pub trait Slot: Copy + PartialEq {
     const EMPTY: Self;
+
+    /// Whether this is [`Slot::EMPTY`] (a type whose values differ from it in one field tests
+    /// that field alone).
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        *self == Self::EMPTY
+    }
 }
 
 /// The value of a set: a live id's slot holds `true`.
@@ -38,7 +45,7 @@ impl<V: Slot> Page<V> {
     #[inline(always)]
     fn get(&self, s: usize) -> Option<V> {
         let v = self.slots[s];
-        (v != V::EMPTY).then_some(v)
+        (!v.is_empty()).then_some(v)
     }
 }
 
@@ -49,7 +56,6 @@ pub struct IdMap<V: Slot> {
     /// pages in order, so one is emptied about as often as one is made.
     spare: Option<Page<V>>,
     sparse: FxHashMap<u64, V>,
-    len: usize,
 }
 
 /// The set of live ids.
@@ -57,7 +63,7 @@ pub type IdSet = IdMap<bool>;
 
 impl<V: Slot> Default for IdMap<V> {
     fn default() -> Self {
-        IdMap { pages: Vec::new(), spare: None, sparse: FxHashMap::default(), len: 0 }
+        IdMap { pages: Vec::new(), spare: None, sparse: FxHashMap::default() }
     }
 }
 
@@ -67,12 +73,14 @@ impl<V: Slot> IdMap<V> {
         (id >> 32 == 0).then_some(((id >> PAGE_BITS) as usize, (id as usize) & (PAGE_LEN - 1)))
     }
 
+    /// (Counted when asked, from the pages: a count kept beside them was a write at every
+    /// insert and remove, and a replay never asks.)
     pub fn len(&self) -> usize {
-        self.len
+        self.pages.iter().flatten().map(|p| p.live as usize).sum::<usize>() + self.sparse.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.sparse.is_empty() && self.pages.iter().flatten().all(|p| p.live == 0)
     }
 
     #[inline]
@@ -92,7 +100,7 @@ impl<V: Slot> IdMap<V> {
     /// already there.
     #[inline(always)]
     pub fn insert(&mut self, id: u64, v: V) -> bool {
-        debug_assert!(v != V::EMPTY, "the empty slot's value is not a value");
+        debug_assert!(!v.is_empty(), "the empty slot's value is not a value");
         let Some((p, s)) = Self::split(id) else {
             return self.insert_sparse(id, v);
         };
@@ -100,12 +108,11 @@ impl<V: Slot> IdMap<V> {
             Some(Some(page)) => page,
             _ => self.new_page(p),
         };
-        if page.slots[s] != V::EMPTY {
+        if !page.slots[s].is_empty() {
             return false;
         }
         page.slots[s] = v;
         page.live += 1;
-        self.len += 1;
         true
     }
 
@@ -115,7 +122,6 @@ impl<V: Slot> IdMap<V> {
             std::collections::hash_map::Entry::Occupied(_) => false,
             std::collections::hash_map::Entry::Vacant(e) => {
                 e.insert(v);
-                self.len += 1;
                 true
             }
         }
@@ -143,15 +149,12 @@ impl<V: Slot> IdMap<V> {
         if page.live == 0 {
             self.drop_page(p);
         }
-        self.len -= 1;
         Some(v)
     }
 
     #[cold]
     fn remove_sparse(&mut self, id: u64) -> Option<V> {
-        let v = self.sparse.remove(&id)?;
-        self.len -= 1;
-        Some(v)
+        self.sparse.remove(&id)
     }
 
     /// Page `p` holds no live id: kept as the spare for the next new page.

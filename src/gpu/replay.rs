@@ -145,9 +145,9 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     Ok(out)
 }
 
-/// The events other than allocations and frees, out of the replay loop: there the kind of event
-/// is then one test, not a jump table whose target mispredicts at most alloc/free turns.
-#[inline(never)]
+/// The events other than allocations and frees (which the loop tests first). Inline: called out
+/// of line, it made the loop copy every event to the stack to pass it.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn other_event<A: GpuAllocator + ?Sized, O: Observer<A>>(
     ev: Event,
@@ -204,6 +204,12 @@ struct Live {
 
 impl crate::ids::Slot for Live {
     const EMPTY: Self = Live { handle: super::NULL_HANDLE, bytes: 0 };
+
+    /// A live allocation has bytes.
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.bytes == 0
+    }
 }
 
 /// The allocator call of a private-pool row at event `index`: a call PyTorch would refuse is an
