@@ -76,17 +76,17 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 // NativeCachingAllocator::allocate (c10/cuda/CUDACachingAllocator.cpp):
                 // malloc only `if (size != 0)`; the null pointer touches no stat.
                 if handles.contains(id) || !null.insert(id) {
-                    return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+                    return Err(bad_id(at, "alloc", id, "is still live"));
                 }
             } else if !null.is_empty() && null.contains(&id) {
-                return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+                return Err(bad_id(at, "alloc", id, "is still live"));
             } else {
                 let answer = alloc.malloc(bytes, stream);
                 obs.called(alloc, Call::Malloc { bytes, stream, handle: answer.as_ref().ok().copied() });
                 match answer {
                     Ok(h) => {
                         if !handles.insert(id, Live { handle: h, bytes }) {
-                            return Err(InputError::new(format!("event {}", at.index), format!("alloc of id {id}, which is still live")).into());
+                            return Err(bad_id(at, "alloc", id, "is still live"));
                         }
                         at.live += bytes;
                         out.peak_live_bytes = out.peak_live_bytes.max(at.live);
@@ -120,7 +120,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                     }
                     None => {
                         if failed.is_empty() || !failed.remove(&id) {
-                            return Err(InputError::new(format!("event {}", at.index), format!("free of id {id}, which is not live")).into());
+                            return Err(bad_id(at, "free", id, "is not live"));
                         }
                     }
                 }
@@ -171,7 +171,7 @@ fn other_event<A: GpuAllocator + ?Sized, O: Observer<A>>(
             }
             // A null pointer or an allocation that failed (--on-oom continue): nothing to use.
             None if null.contains(&id) || failed.contains(&id) => {}
-            None => return Err(InputError::new(format!("event {}", at.index), format!("record_stream of id {id}, which is not live")).into()),
+            None => return Err(bad_id(*at, "record_stream", id, "is not live")),
         },
         Event::Sync { stream } => {
             alloc.sync(stream);
@@ -192,6 +192,13 @@ fn other_event<A: GpuAllocator + ?Sized, O: Observer<A>>(
         Event::Alloc { .. } | Event::Free { .. } => {}
     }
     Ok(())
+}
+
+/// The input error of an event at `at` whose id is in the wrong state: "alloc of id 7, which is
+/// still live".
+#[cold]
+fn bad_id(at: At, what: &str, id: u64, state: &str) -> anyhow::Error {
+    InputError::new(format!("event {}", at.index), format!("{what} of id {id}, which {state}")).into()
 }
 
 /// A live allocation of the trace: the allocator's handle and the bytes asked for (more than 0:
@@ -325,6 +332,24 @@ pub fn replay_with_hook<A: GpuAllocator + ?Sized>(
 mod tests {
     use super::*;
     use crate::gpu::baseline::IdealAllocator;
+
+    /// An id in the wrong state is an input error naming the event, for sized and 0-byte
+    /// allocations alike.
+    #[test]
+    fn ids_in_the_wrong_state_are_errors_naming_the_event() {
+        let alloc = |id, bytes| Event::Alloc { id, bytes, stream: 0 };
+        let cases: [(Vec<Event>, &str); 5] = [
+            (vec![alloc(1, 512), alloc(1, 512)], "event 1: alloc of id 1, which is still live"),
+            (vec![alloc(1, 0), alloc(1, 0)], "event 1: alloc of id 1, which is still live"),
+            (vec![alloc(1, 0), alloc(1, 512)], "event 1: alloc of id 1, which is still live"),
+            (vec![alloc(1, 512), Event::Free { id: 2 }], "event 1: free of id 2, which is not live"),
+            (vec![Event::RecordStream { id: 9, stream: 1 }], "event 0: record_stream of id 9, which is not live"),
+        ];
+        for (events, want) in cases {
+            let err = replay(&mut IdealAllocator::new(1 << 30), events.into_iter().map(Ok), &ReplayOptions::default()).unwrap_err();
+            assert_eq!(err.to_string(), want);
+        }
+    }
 
     /// Events that did not come through a reader (a library caller's) are checked here too.
     #[test]
