@@ -558,6 +558,28 @@ mod tests {
         }
     }
 
+    /// A change of a counter pair (`pair` picks it) by `nets`, kept at or above zero as an
+    /// allocator keeps them: `change` on `fast`, c10's increase/decrease on `plain` and `all`.
+    fn move_pairs(
+        fast: &mut DeviceStats,
+        plain: &mut DeviceStats,
+        plain_all: &mut StatGroup,
+        pool: PoolKind,
+        nets: [i64; 2],
+        pair: fn(&mut StatGroup) -> [&mut Stat; 2],
+        change: fn(&mut DeviceStats, PoolKind, i64, i64),
+    ) {
+        let mut group = *plain.pool(pool);
+        let [a, b] = pair(&mut group);
+        let nets = [nets[0].max(-a.current), nets[1].max(-b.current)];
+        change(fast, pool, nets[0], nets[1]);
+        eager(plain, plain_all, pool, |g| {
+            for (stat, net) in pair(g).into_iter().zip(nets) {
+                move_by(stat, net);
+            }
+        });
+    }
+
     proptest::proptest! {
         /// The rooms never let a peak fall behind: every counter of allocate/release/deallocate/
         /// deactivate, of the inactive-split and segment changes, and `all`'s (the pools' sums
@@ -613,23 +635,16 @@ mod tests {
                         });
                     }
                     Move::Split(small, blocks, bytes) => {
-                        // (Kept at or above zero, as an allocator keeps them.)
-                        let g = plain.pool(kind(small));
-                        let (blocks, bytes) = (blocks.max(-g.inactive_split.current), bytes.max(-g.inactive_split_bytes.current));
-                        fast.change_inactive_split(kind(small), blocks, bytes);
-                        eager(&mut plain, &mut plain_all, kind(small), |g| {
-                            move_by(&mut g.inactive_split, blocks);
-                            move_by(&mut g.inactive_split_bytes, bytes);
-                        });
+                        fn pair(g: &mut StatGroup) -> [&mut Stat; 2] {
+                            [&mut g.inactive_split, &mut g.inactive_split_bytes]
+                        }
+                        move_pairs(&mut fast, &mut plain, &mut plain_all, kind(small), [blocks, bytes], pair, DeviceStats::change_inactive_split);
                     }
                     Move::Segments(small, segments, bytes) => {
-                        let g = plain.pool(kind(small));
-                        let (segments, bytes) = (segments.max(-g.segment.current), bytes.max(-g.reserved_bytes.current));
-                        fast.change_segments(kind(small), segments, bytes);
-                        eager(&mut plain, &mut plain_all, kind(small), |g| {
-                            move_by(&mut g.segment, segments);
-                            move_by(&mut g.reserved_bytes, bytes);
-                        });
+                        fn pair(g: &mut StatGroup) -> [&mut Stat; 2] {
+                            [&mut g.segment, &mut g.reserved_bytes]
+                        }
+                        move_pairs(&mut fast, &mut plain, &mut plain_all, kind(small), [segments, bytes], pair, DeviceStats::change_segments);
                     }
                     Move::ResetPeak => {
                         fast.reset_peak();
