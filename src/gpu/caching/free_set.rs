@@ -215,19 +215,29 @@ impl Occupancy {
 
 // Unchecked indexing on the hot paths (bounds checks were 4 % of a replay's instructions) rests
 // on three facts: a class is below BINS (`class_of(u64::MAX)`, the largest, is
-// (65 − SUB_BITS) · 2^SUB_BITS − 1 < BINS, and `first_from` stops at WORDS), a stream's bins and occupancy exist once `insert` has seen it (`first_from`
-// checks, and `remove` takes keys `insert` answered), and a short bin's slot index is below its
-// length (the caller keeps slots current).
+// (65 − SUB_BITS) · 2^SUB_BITS − 1 < BINS, and `first_from` stops at WORDS), a stream's bins and
+// occupancy exist once `insert` has seen it (`first_from` checks, and `remove` takes keys `insert`
+// answered), and a short bin with entries has its array, with its slot indices below its length
+// (the caller keeps slots current).
+
+/// A short bin's entries: room for [`SHORT_BIN`], the first `lens[bin]` in use. Fixed, so an
+/// insert is a store at a known place (no capacity to test, no vector header to read).
+type Entries = Box<[Entry; SHORT_BIN]>;
+
+/// The `lens` value of a long bin (its entries are in `long_bins`); above every short length.
+const LONG: u8 = u8::MAX;
+const _: () = assert!(SHORT_BIN < LONG as usize, "a short bin's length is below LONG");
 
 /// Free blocks of one pool: key → block index. The bins of stream `s` are
-/// `bins[s * BINS..(s + 1) * BINS]`, one flat table, with the non-empty ones marked per stream.
-/// `insert` answers the entry's slot in its bin, which the caller keeps with the block, so a
-/// remove needs no search. A bin that grows past [`SHORT_BIN`] moves into `long_bins`, ordered by
-/// (size, address); its vector stays empty (an occupied bin with no entries is a long one) until
-/// the tree empties.
+/// `s * BINS..(s + 1) * BINS` of `lens` (their lengths, one byte each) and `bins` (their entry
+/// arrays, made at a bin's first insert), with the non-empty ones marked per stream. `insert`
+/// answers the entry's slot in its bin, which the caller keeps with the block, so a remove needs
+/// no search. A bin that grows past [`SHORT_BIN`] moves into `long_bins`, ordered by (size,
+/// address), and its length reads [`LONG`] until the tree empties.
 #[derive(Default, Clone)]
 pub struct FreeSet {
-    bins: Vec<Vec<Entry>>,
+    bins: Vec<Option<Entries>>,
+    lens: Vec<u8>,
     long_bins: FxHashMap<usize, BTreeMap<(u64, u64), u32>>,
     occupied: Vec<Occupancy>,
     len: usize,
@@ -242,39 +252,67 @@ impl FreeSet {
         self.occupied.len()
     }
 
+    /// The used entries of short bin `bin` (of `len` ≥ 1 entries).
+    #[inline(always)]
+    fn entries(&self, bin: usize, len: u8) -> &[Entry] {
+        debug_assert!(len >= 1 && len as usize <= SHORT_BIN, "bin {bin} of length {len} is not a short bin with entries");
+        // SAFETY: a short bin with entries has its array (made at its first insert, never
+        // dropped), and `bin` is below `bins.len()` (see above).
+        unsafe { &self.bins.get_unchecked(bin).as_ref().unwrap_unchecked()[..len as usize] }
+    }
+
     /// Adds `block` under `k` (a key is in the set at most once); returns its slot.
     #[inline(always)]
     pub fn insert(&mut self, k: FreeKey, block: u32) -> u32 {
         let s = k.stream() as usize;
         if self.streams() <= s {
-            self.occupied.resize(s + 1, Occupancy::EMPTY);
-            self.bins.resize_with((s + 1) * BINS, Vec::new);
+            self.add_streams(s + 1);
         }
         let c = class_of(k.size());
-        let len = unsafe { self.bins.get_unchecked(s * BINS + c) }.len();
-        // A long bin is a full vector or an occupied empty one; the occupancy word is read once,
-        // for that and to mark the bin. One rarely taken branch: whether the bin is empty is
-        // data, and branches on it mispredicted at every other insert.
-        let occupancy = unsafe { self.occupied.get_unchecked_mut(s) };
-        let (word, bit) = (unsafe { occupancy.words.get_unchecked_mut(c / 64) }, 1u64 << (c % 64));
-        if (len >= SHORT_BIN) | ((len == 0) & (*word & bit != 0)) {
-            self.insert_long(s * BINS + c, k, block);
+        let bin = s * BINS + c;
+        let len = unsafe { *self.lens.get_unchecked(bin) };
+        // A full short bin (SHORT_BIN) or a long one (LONG): one test.
+        if len as usize >= SHORT_BIN {
+            self.insert_long(bin, k, block);
             return slot_of(c, LONG_INDEX);
         }
-        *word |= bit;
+        let occupancy = unsafe { self.occupied.get_unchecked_mut(s) };
+        *unsafe { occupancy.words.get_unchecked_mut(c / 64) } |= 1 << (c % 64);
         occupancy.summary |= 1 << (c / 64);
-        let bin = unsafe { self.bins.get_unchecked_mut(s * BINS + c) };
-        debug_assert!(bin.iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
-        bin.push(Entry { size: k.size(), ptr: k.ptr(), block });
+        let entries = match unsafe { self.bins.get_unchecked_mut(bin) } {
+            Some(entries) => entries,
+            None => self.new_bin(bin),
+        };
+        debug_assert!(entries[..len as usize].iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
+        unsafe { *entries.get_unchecked_mut(len as usize) = Entry { size: k.size(), ptr: k.ptr(), block } };
+        unsafe { *self.lens.get_unchecked_mut(bin) = len + 1 };
         self.len += 1;
         slot_of(c, len as u32)
     }
 
-    /// Insert into a long bin, making it one when its vector is full.
+    /// Bins (empty) for streams up to `streams`.
+    #[cold]
+    fn add_streams(&mut self, streams: usize) {
+        self.occupied.resize(streams, Occupancy::EMPTY);
+        self.bins.resize_with(streams * BINS, || None);
+        self.lens.resize(streams * BINS, 0);
+    }
+
+    /// The entry array of `bin`, at its first insert.
+    #[cold]
+    fn new_bin(&mut self, bin: usize) -> &mut Entries {
+        self.bins[bin].insert(Box::new([Entry { size: 0, ptr: 0, block: 0 }; SHORT_BIN]))
+    }
+
+    /// Insert into a long bin, making it one when its short bin is full.
     #[cold]
     fn insert_long(&mut self, bin: usize, k: FreeKey, block: u32) {
+        let len = std::mem::replace(&mut self.lens[bin], LONG);
         let tree = self.long_bins.entry(bin).or_default();
-        tree.extend(std::mem::take(&mut self.bins[bin]).into_iter().map(|e| ((e.size, e.ptr), e.block)));
+        if len != LONG {
+            let entries = self.bins[bin].as_ref().expect("a full short bin has its entries");
+            tree.extend(entries[..len as usize].iter().map(|e| ((e.size, e.ptr), e.block)));
+        }
         tree.insert((k.size(), k.ptr()), block);
         self.len += 1;
     }
@@ -288,21 +326,23 @@ impl FreeSet {
         // (The module is the caching allocator's own: it removes only entries `insert` made.)
         debug_assert!(s < self.streams(), "stream {s} was never inserted");
         debug_assert_eq!(c, class_of(k.size()), "slot {slot:#x} is not in the class of {k:?}");
-        let bin = unsafe { self.bins.get_unchecked_mut(s * BINS + c) };
+        let bin = s * BINS + c;
+        let len = unsafe { *self.lens.get_unchecked(bin) };
+        if len == LONG {
+            return self.remove_long(s, c, k);
+        }
         debug_assert!(
-            bin.is_empty() || bin.get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()),
+            self.entries(bin, len).get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()),
             "no free entry {k:?} at slot {slot:#x}"
         );
-        let Some(&last) = bin.last() else {
-            return self.remove_long(s, c, k);
-        };
         // The last entry fills the hole unconditionally (a self-copy when the hole is the last):
         // whether it was is data, not worth a branch.
-        unsafe { *bin.get_unchecked_mut(index as usize) = last };
-        unsafe { bin.set_len(bin.len() - 1) };
+        let entries = unsafe { self.bins.get_unchecked_mut(bin).as_mut().unwrap_unchecked() };
+        let last = unsafe { *entries.get_unchecked(len as usize - 1) };
+        unsafe { *entries.get_unchecked_mut(index as usize) = last };
+        unsafe { *self.lens.get_unchecked_mut(bin) = len - 1 };
         self.len -= 1;
-        let empty = bin.is_empty();
-        unsafe { self.occupied.get_unchecked_mut(s) }.clear_if(c, empty);
+        unsafe { self.occupied.get_unchecked_mut(s) }.clear_if(c, len == 1);
         last.block
     }
 
@@ -312,6 +352,7 @@ impl FreeSet {
         let block = tree.remove(&(k.size(), k.ptr())).expect("a free entry is in its bin");
         if tree.is_empty() {
             self.long_bins.remove(&(s * BINS + c));
+            self.lens[s * BINS + c] = 0;
             self.occupied[s].clear_if(c, true);
         }
         self.len -= 1;
@@ -321,14 +362,15 @@ impl FreeSet {
     /// The least entry of bin `c` of stream `s` not below (size, ptr): (size, address, block,
     /// slot).
     #[inline(always)]
-    /// (Bin `c` is occupied: its vector has entries, or it is a long bin.)
+    /// (Bin `c` is occupied: a short bin with entries, or a long bin.)
     fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32, u32)> {
-        let bin = unsafe { self.bins.get_unchecked(s * BINS + c) };
         debug_assert!(unsafe { self.occupied.get_unchecked(s) }.has(c), "bin {c} is not occupied");
-        if bin.is_empty() {
-            return self.least_in_long(s * BINS + c, size, ptr).map(|(size, ptr, block)| (size, ptr, block, slot_of(c, LONG_INDEX)));
+        let bin = s * BINS + c;
+        let len = unsafe { *self.lens.get_unchecked(bin) };
+        if len == LONG {
+            return self.least_in_long(bin, size, ptr).map(|(size, ptr, block)| (size, ptr, block, slot_of(c, LONG_INDEX)));
         }
-        least_from(bin, size, ptr).map(|(i, e)| (e.size, e.ptr, e.block, slot_of(c, i as u32)))
+        least_from(self.entries(bin, len), size, ptr).map(|(i, e)| (e.size, e.ptr, e.block, slot_of(c, i as u32)))
     }
 
     #[cold]
@@ -386,12 +428,14 @@ impl FreeSet {
         let occupancy = &self.occupied[stream];
         let occupied_classes = std::iter::successors(occupancy.first_from(0), |&c| occupancy.first_from(c + 1));
         for c in occupied_classes {
-            let bin = &self.bins[stream * BINS + c];
-            let from = out.len();
-            out.extend(bin.iter().map(|e| (e.key(stream as u32), e.block)));
-            out[from..].sort_unstable_by_key(|e| e.0);
-            if let Some(tree) = self.long_bins.get(&(stream * BINS + c)) {
-                out.extend(tree.iter().map(|(&(size, ptr), &block)| (FreeKey::new(stream as u32, size, ptr), block)));
+            let bin = stream * BINS + c;
+            match self.lens[bin] {
+                LONG => out.extend(self.long_bins[&bin].iter().map(|(&(size, ptr), &block)| (FreeKey::new(stream as u32, size, ptr), block))),
+                len => {
+                    let from = out.len();
+                    out.extend(self.entries(bin, len).iter().map(|e| (e.key(stream as u32), e.block)));
+                    out[from..].sort_unstable_by_key(|e| e.0);
+                }
             }
         }
         out
@@ -418,10 +462,10 @@ impl FreeSet {
     pub fn max_size(&self) -> u64 {
         (0..self.streams())
             .filter_map(|s| {
-                let top = self.occupied[s].last()?;
-                match self.long_bins.get(&(s * BINS + top)) {
-                    Some(tree) => tree.keys().next_back().map(|k| k.0),
-                    None => self.bins[s * BINS + top].iter().map(|e| e.size).max(),
+                let bin = s * BINS + self.occupied[s].last()?;
+                match self.lens[bin] {
+                    LONG => self.long_bins[&bin].keys().next_back().map(|k| k.0),
+                    len => self.entries(bin, len).iter().map(|e| e.size).max(),
                 }
             })
             .max()
