@@ -203,6 +203,15 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
         }
     }
 
+    #[inline]
+    fn after_event_due(&self, events: u64) -> u64 {
+        if self.keep {
+            u64::MAX
+        } else {
+            (events / CHECK_EVERY_EVENTS + 1).saturating_mul(CHECK_EVERY_EVENTS)
+        }
+    }
+
     fn checkpoint(&mut self, _events: u64) -> bool {
         self.stop || crate::interrupt::interrupted()
     }

@@ -64,6 +64,9 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     let mut null: FxHashSet<u64> = FxHashSet::default();
     let mut at = At::default();
     obs.start(alloc);
+    // The event count after which the loop next looks: an observer's after_event is due, or a
+    // checkpoint.
+    let mut wake = obs.after_event_due(0).min(next_checkpoint(0));
     for ev in events {
         let ev = ev?;
         // Allocations and frees are nearly every event: tested first, each by a branch of its
@@ -127,12 +130,20 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
             }
         } else {
             other_event(ev, alloc, obs, &handles, &null, &failed, &mut at, &mut out)?;
+            // (After these events observers hear `after_event`: their dues may have moved.)
+            wake = 0;
         }
         at.index += 1;
-        obs.after_event(alloc, at);
-        if at.index.is_multiple_of(CHECK_EVERY_EVENTS) && obs.checkpoint(at.index) {
-            out.interrupted = true;
-            break;
+        // One test per event for the observers' after_event and the checkpoints: most events
+        // need neither. (after_event also comes at checkpoints: a call before it is due is
+        // allowed, and rare.)
+        if at.index >= wake {
+            obs.after_event(alloc, at);
+            if at.index.is_multiple_of(CHECK_EVERY_EVENTS) && obs.checkpoint(at.index) {
+                out.interrupted = true;
+                break;
+            }
+            wake = obs.after_event_due(at.index).min(next_checkpoint(at.index));
         }
     }
     if out.events == 0 {
@@ -143,6 +154,12 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     out.live_bytes_end = at.live;
     out.elapsed_s = start.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// The first checkpoint's event count above `events`.
+#[inline(always)]
+fn next_checkpoint(events: u64) -> u64 {
+    (events / CHECK_EVERY_EVENTS + 1).saturating_mul(CHECK_EVERY_EVENTS)
 }
 
 /// The events other than allocations and frees (which the loop tests first). Inline: called out
@@ -349,6 +366,48 @@ mod tests {
             let err = replay(&mut IdealAllocator::new(1 << 30), events.into_iter().map(Ok), &ReplayOptions::default()).unwrap_err();
             assert_eq!(err.to_string(), want);
         }
+    }
+
+    /// Records the event counts at which it hears after_event and checkpoint; due every `every`.
+    struct Schedule {
+        every: u64,
+        after: Vec<u64>,
+        checkpoints: Vec<u64>,
+    }
+
+    impl<A: GpuAllocator + ?Sized> Observer<A> for Schedule {
+        fn after_event(&mut self, _alloc: &A, at: At) {
+            self.after.push(at.index);
+        }
+        fn after_event_due(&self, events: u64) -> u64 {
+            (events / self.every + 1) * self.every
+        }
+        fn checkpoint(&mut self, events: u64) -> bool {
+            self.checkpoints.push(events);
+            false
+        }
+    }
+
+    /// The loop calls after_event when it is due and after each event other than an
+    /// allocation or a free (where an observer's due may move), and nowhere else but at
+    /// checkpoints; an observer that asks for none hears none.
+    #[test]
+    fn after_event_comes_when_due_after_other_events_and_at_checkpoints() {
+        let n = CHECK_EVERY_EVENTS + 10;
+        let mut events: Vec<Event> = (0..n / 2).flat_map(|id| [Event::Alloc { id, bytes: 512, stream: 0 }, Event::Free { id }]).collect();
+        // (Id 2 is never freed: its free is the step.)
+        events[5] = Event::Step { n: 1 };
+        let replayed = |every| {
+            let mut seen = Schedule { every, after: Vec::new(), checkpoints: Vec::new() };
+            replay_observed(&mut IdealAllocator::new(1 << 30), events.iter().copied().map(Ok), OnOom::Stop, &mut seen).unwrap();
+            seen
+        };
+        let seen = replayed(4);
+        // (The checkpoint's count is a multiple of 4: one call there.)
+        assert_eq!(seen.after, (1..=n).filter(|&i| i % 4 == 0 || i == 6).collect::<Vec<_>>());
+        assert_eq!(seen.checkpoints, [CHECK_EVERY_EVENTS]);
+        // Due never: only the step's event and the checkpoint.
+        assert_eq!(replayed(u64::MAX).after, [6, CHECK_EVERY_EVENTS]);
     }
 
     /// Events that did not come through a reader (a library caller's) are checked here too.

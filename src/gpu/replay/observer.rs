@@ -74,8 +74,17 @@ pub trait Observer<A: GpuAllocator + ?Sized> {
     fn out_of_memory(&mut self, _alloc: &A, _at: At, _bytes: u64, _info: &OomInfo) {}
     /// At a `step` marker, before it takes effect (the state after all earlier events).
     fn step(&mut self, _alloc: &A, _at: At, _n: u64) {}
-    /// After each event; `at.index` already counts it.
+    /// After an event (`at.index` already counts it): at least after each event whose count
+    /// reaches [`Observer::after_event_due`], and after each event other than an allocation or a
+    /// free.
     fn after_event(&mut self, _alloc: &A, _at: At) {}
+    /// The first event count above `events` after which this observer wants
+    /// [`Observer::after_event`] (`u64::MAX`: none). The loop asks after `start` and after each
+    /// `after_event`; an observer that overrides `after_event` says here when it is due (skipping
+    /// the call at every other event is most of what a replay's loop saves from it).
+    fn after_event_due(&self, _events: u64) -> u64 {
+        u64::MAX
+    }
     /// Every `CHECK_EVERY_EVENTS` events (replay.rs): `true` stops the replay (it is then `interrupted`).
     fn checkpoint(&mut self, _events: u64) -> bool {
         false
@@ -114,6 +123,10 @@ impl<A: GpuAllocator + ?Sized, O: Observer<A> + ?Sized> Observer<A> for &mut O {
     #[inline]
     fn after_event(&mut self, alloc: &A, at: At) {
         (**self).after_event(alloc, at)
+    }
+    #[inline]
+    fn after_event_due(&self, events: u64) -> u64 {
+        (**self).after_event_due(events)
     }
     #[inline]
     fn checkpoint(&mut self, events: u64) -> bool {
@@ -155,6 +168,10 @@ macro_rules! tuple_observer {
             #[inline]
             fn after_event(&mut self, alloc: &A, at: At) {
                 $(self.$i.after_event(alloc, at);)+
+            }
+            #[inline]
+            fn after_event_due(&self, events: u64) -> u64 {
+                u64::MAX $(.min(self.$i.after_event_due(events)))+
             }
             #[inline]
             fn checkpoint(&mut self, events: u64) -> bool {

@@ -90,8 +90,8 @@ struct Window {
 
 /// The current window, and the window of the latest peak moment, cut right after it.
 struct Forks {
-    /// Events left before the next fork, of the window's `len`.
-    left: u64,
+    /// The event count at which the next fork is due: the window's start plus its `len`.
+    due: u64,
     len: u64,
     started: std::time::Instant,
     current: Window,
@@ -199,10 +199,10 @@ impl SegmentsAtPeak {
 impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     fn start(&mut self, alloc: &A) {
         if self.fork_every > 0 {
-            let (left, started) = (self.fork_every, std::time::Instant::now());
+            let (len, started) = (self.fork_every, std::time::Instant::now());
             self.forks = alloc.fork().map(|fork| Forks {
-                left,
-                len: left,
+                due: len,
+                len,
                 started,
                 current: Window { alloc: fork, calls: Vec::new(), by_address: self.by_address.clone().unwrap_or_default(), placed: Vec::new() },
                 peak_in_window: None,
@@ -247,10 +247,9 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
     }
 
     #[inline]
-    fn after_event(&mut self, alloc: &A, _at: At) {
+    fn after_event(&mut self, alloc: &A, at: At) {
         if let Some(forks) = &mut self.forks {
-            forks.left -= 1;
-            if forks.left == 0 {
+            if at.index >= forks.due {
                 let (replayed, replayed_events) = (forks.started.elapsed(), forks.len);
                 let forking = std::time::Instant::now();
                 // (An allocator that forked at the start forks again.)
@@ -263,9 +262,14 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for SegmentsAtPeak {
                     let events = WINDOW_PER_FORK_TIME as u128 * forking.elapsed().as_nanos() / ns_per_event;
                     forks.len = forks.len.max(u64::try_from(events).unwrap_or(u64::MAX));
                 }
-                forks.left = forks.len;
+                forks.due = at.index.saturating_add(forks.len);
             }
         }
+    }
+
+    #[inline]
+    fn after_event_due(&self, _events: u64) -> u64 {
+        self.forks.as_ref().map_or(u64::MAX, |f| f.due)
     }
 
     fn step(&mut self, alloc: &A, at: At, _n: u64) {
@@ -327,6 +331,9 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for BlockOwners {
     }
     fn after_event(&mut self, alloc: &A, at: At) {
         self.at_peak.after_event(alloc, at)
+    }
+    fn after_event_due(&self, events: u64) -> u64 {
+        Observer::<A>::after_event_due(&self.at_peak, events)
     }
     fn step(&mut self, alloc: &A, at: At, n: u64) {
         self.at_peak.step(alloc, at, n)
@@ -452,6 +459,16 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
                 self.sample(alloc, at.index, at.step, at.live);
             }
             self.thin_if_full();
+        }
+    }
+
+    /// The next multiple of the event stride. (Step points, the other points, are made at
+    /// events after which after_event comes anyway, and thins.)
+    #[inline]
+    fn after_event_due(&self, events: u64) -> u64 {
+        match self.stride_events {
+            0 => u64::MAX,
+            stride => (events / stride + 1).saturating_mul(stride),
         }
     }
 
