@@ -17,7 +17,7 @@ use crate::gpu::build::{build, pytorch_on_sim, DeviceSpec};
 use crate::gpu::caching::{allocation_size, round_size};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::devprobe::{syncs, LatencyModel};
-use crate::gpu::replay::{replay_observed, At, Observer, Peak, ReplayOptions, StopWhen, CHECK_EVERY_EVENTS};
+use crate::gpu::replay::{next_multiple_above, replay_observed, At, Observer, Peak, ReplayOptions, StopWhen, CHECK_EVERY_EVENTS};
 use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, OomInfo};
 use crate::gpu_run::run_one;
@@ -208,7 +208,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Pruner<'_> {
         if self.keep {
             u64::MAX
         } else {
-            (events / CHECK_EVERY_EVENTS + 1).saturating_mul(CHECK_EVERY_EVENTS)
+            next_multiple_above(events, CHECK_EVERY_EVENTS)
         }
     }
 

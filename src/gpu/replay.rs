@@ -66,7 +66,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     obs.start(alloc);
     // The event count after which the loop next looks: an observer's after_event is due, or a
     // checkpoint.
-    let mut wake = obs.after_event_due(0).min(next_checkpoint(0));
+    let mut wake = obs.after_event_due(0).min(next_multiple_above(0, CHECK_EVERY_EVENTS));
     for ev in events {
         let ev = ev?;
         // Allocations and frees are nearly every event: tested first, each by a branch of its
@@ -143,7 +143,7 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
                 out.interrupted = true;
                 break;
             }
-            wake = obs.after_event_due(at.index).min(next_checkpoint(at.index));
+            wake = obs.after_event_due(at.index).min(next_multiple_above(at.index, CHECK_EVERY_EVENTS));
         }
     }
     if out.events == 0 {
@@ -156,10 +156,10 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
     Ok(out)
 }
 
-/// The first checkpoint's event count above `events`.
+/// The first multiple of `every` above `events` (an observer's next due count, a checkpoint's).
 #[inline(always)]
-fn next_checkpoint(events: u64) -> u64 {
-    (events / CHECK_EVERY_EVENTS + 1).saturating_mul(CHECK_EVERY_EVENTS)
+pub fn next_multiple_above(events: u64, every: u64) -> u64 {
+    (events / every + 1).saturating_mul(every)
 }
 
 /// The events other than allocations and frees (which the loop tests first). Inline: called out
@@ -380,7 +380,7 @@ mod tests {
             self.after.push(at.index);
         }
         fn after_event_due(&self, events: u64) -> u64 {
-            (events / self.every + 1) * self.every
+            next_multiple_above(events, self.every)
         }
         fn checkpoint(&mut self, events: u64) -> bool {
             self.checkpoints.push(events);

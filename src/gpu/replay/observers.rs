@@ -468,7 +468,7 @@ impl<A: GpuAllocator + ?Sized> Observer<A> for Timeline {
     fn after_event_due(&self, events: u64) -> u64 {
         match self.stride_events {
             0 => u64::MAX,
-            stride => (events / stride + 1).saturating_mul(stride),
+            stride => super::next_multiple_above(events, stride),
         }
     }
 
