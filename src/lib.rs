@@ -38,6 +38,7 @@ pub mod error;
 pub mod event;
 pub mod gpu;
 pub mod gpu_run;
+pub mod hint;
 pub mod ids;
 pub mod input;
 pub mod interrupt;

@@ -419,6 +419,16 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
+    /// Starts loading the slot the next [`Self::new_block`] fills (the last dead one), so that a
+    /// split's write of its new piece, after the search, finds the line in cache (it missed the
+    /// cache at about 4 splits in 10: the slot died at an earlier free).
+    #[inline(always)]
+    fn prefetch_next_new_block(&self) {
+        if let Some(&i) = self.dead.last() {
+            crate::hint::prefetch(self.blocks.as_ptr().wrapping_add(i as usize));
+        }
+    }
+
     /// The block at `i`, an index the allocator stored itself (a link, a free-set entry, a
     /// block it found): unchecked on the hot paths.
     #[inline(always)]
@@ -1180,6 +1190,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
         // (The default conf's rounding skips the divisions table.)
         let rounded = if self.plain_rounding { bytes.max(1).div_ceil(MIN_BLOCK_SIZE_BYTES) * MIN_BLOCK_SIZE_BYTES } else { round_size(&self.cfg, bytes) };
         let pool = self.get_pool(rounded, stream);
+        self.prefetch_next_new_block();
         match self.get_free_block(stream, rounded, pool) {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
             None => self.malloc_missed(stream, bytes, rounded, pool),
