@@ -168,6 +168,11 @@ pub trait GpuAllocator {
     fn segments(&self) -> Vec<SegmentSnapshot> {
         Vec::new()
     }
+    /// [`GpuAllocator::segments`] into `out`, whose buffers a policy may reuse (a replay takes
+    /// the map again and again while the peak moves).
+    fn segments_into(&self, out: &mut Vec<SegmentSnapshot>) {
+        *out = self.segments();
+    }
     /// The device address of a live allocation's block (policies that keep blocks), so a view
     /// can tell which allocation each block of a segment map holds.
     fn block_address(&self, _handle: Handle) -> Option<u64> {

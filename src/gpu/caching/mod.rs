@@ -1381,6 +1381,15 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
     }
 
     fn segments(&self) -> Vec<SegmentSnapshot> {
+        let mut out = Vec::new();
+        self.segments_into(&mut out);
+        out
+    }
+
+    /// Refills `out` in place: each segment's block list keeps its buffer, so a replay that
+    /// takes the map again and again (the peak keeps moving) does not allocate and free a vector
+    /// per segment each time.
+    fn segments_into(&self, out: &mut Vec<SegmentSnapshot>) {
         let mut heads: Vec<u32> = (0..self.blocks.len() as u32)
             .filter(|&i| {
                 let b = &self.blocks[i as usize];
@@ -1388,24 +1397,37 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
             })
             .collect();
         heads.sort_by_key(|&i| self.blocks[i as usize].ptr);
-        let mut out = Vec::new();
+        let mut filled = 0;
         for h in heads {
             let head = &self.blocks[h as usize];
             // Expandable segments show one entry per contiguous mapped range.
+            let mut in_range = false;
             let mut cur = h;
-            let mut seg: Option<SegmentSnapshot> = None;
             loop {
                 let b = &self.blocks[cur as usize];
                 if b.mapped {
-                    let s = seg.get_or_insert_with(|| SegmentSnapshot {
-                        address: b.ptr,
-                        total_size: 0,
-                        stream: self.raw_streams[head.stream as usize],
-                        segment_type: segment_type(head.pool.kind()),
-                        is_expandable: head.expandable(),
-                        blocks: Vec::new(),
-                        private_pool: head.pool.is_private().then(|| self.private_pool_of(head.pool)),
-                    });
+                    if !in_range {
+                        let segment = SegmentSnapshot {
+                            address: b.ptr,
+                            total_size: 0,
+                            stream: self.raw_streams[head.stream as usize],
+                            segment_type: segment_type(head.pool.kind()),
+                            is_expandable: head.expandable(),
+                            blocks: Vec::new(),
+                            private_pool: head.pool.is_private().then(|| self.private_pool_of(head.pool)),
+                        };
+                        match out.get_mut(filled) {
+                            Some(reused) => {
+                                let blocks = std::mem::take(&mut reused.blocks);
+                                *reused = SegmentSnapshot { blocks, ..segment };
+                                reused.blocks.clear();
+                            }
+                            None => out.push(segment),
+                        }
+                        filled += 1;
+                        in_range = true;
+                    }
+                    let s = &mut out[filled - 1];
                     s.total_size += b.size;
                     s.blocks.push(BlockSnapshot {
                         size: b.size,
@@ -1418,19 +1440,16 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                             BlockState::Inactive
                         },
                     });
-                } else if let Some(s) = seg.take() {
-                    out.push(s);
+                } else {
+                    in_range = false;
                 }
                 if b.next == NIL {
                     break;
                 }
                 cur = b.next;
             }
-            if let Some(s) = seg.take() {
-                out.push(s);
-            }
         }
-        out
+        out.truncate(filled);
     }
 
     fn largest_free_block(&self) -> u64 {

@@ -862,3 +862,34 @@ fn a_stream_joined_to_a_capture_allocates_in_its_pool() {
     a.free(joined).unwrap();
     a.free(after).unwrap();
 }
+
+proptest::proptest! {
+    /// A map taken into the buffers of an earlier one (longer or shorter, with other block
+    /// lists) equals a map taken afresh: ordinary and expandable segments, several streams,
+    /// pieces released by empty_cache.
+    #[test]
+    fn a_map_taken_into_old_buffers_equals_a_fresh_one(
+        expandable in proptest::bool::ANY,
+        ops in proptest::collection::vec((0u8..8, 1u64..(40 * MIB), 0u64..3), 1..120),
+    ) {
+        let mut a = alloc(if expandable { "expandable_segments:True" } else { "" }, 80 * GIB);
+        let mut live = Vec::new();
+        let mut taken = Vec::new();
+        for (op, bytes, stream) in ops {
+            match op {
+                0..=3 => live.push(a.malloc(bytes, stream).unwrap()),
+                4..=5 if !live.is_empty() => {
+                    let h = live.swap_remove(bytes as usize % live.len());
+                    a.free(h).unwrap();
+                }
+                6 => a.empty_cache().unwrap(),
+                _ => {
+                    a.segments_into(&mut taken);
+                    proptest::prop_assert_eq!(&taken, &a.segments());
+                }
+            }
+        }
+        a.segments_into(&mut taken);
+        proptest::prop_assert_eq!(&taken, &a.segments());
+    }
+}

@@ -187,7 +187,7 @@ impl SegmentsAtPeak {
     }
 
     fn take<A: GpuAllocator + ?Sized>(&mut self, alloc: &A, index: u64) {
-        self.segments = alloc.segments();
+        alloc.segments_into(&mut self.segments);
         if let Some(by_address) = &self.by_address {
             self.owners = owners_of(&self.segments, by_address);
         }
