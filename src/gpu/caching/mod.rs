@@ -318,6 +318,22 @@ enum FreedNow {
     Earlier,
 }
 
+/// The blocks' base address, taken once by a path that makes no block (so `blocks` does not
+/// move while it is held): a block's load is then one load, not a reload of the vector's
+/// address first (the compiler cannot tell that the stores of a free set or a block leave it).
+#[derive(Clone, Copy)]
+struct Slab(*mut Block);
+
+impl Slab {
+    /// Block `i`, an index the allocator stored itself (see [`CachingAllocator::block`]).
+    #[inline(always)]
+    fn at<'a>(self, i: u32) -> &'a mut Block {
+        // SAFETY: a Slab lives within one call that makes no block (the vector does not move),
+        // and every index the allocator stores is a slot of it.
+        unsafe { &mut *self.0.add(i as usize) }
+    }
+}
+
 #[inline]
 fn key(b: &Block) -> FreeKey {
     FreeKey::new(b.stream, b.size, b.ptr)
@@ -473,23 +489,37 @@ impl<D: Device> CachingAllocator<D> {
     /// insert_into_blocks: also stamps the block with the pool's GC lookup count.
     #[inline(always)]
     fn insert_free(&mut self, i: u32) {
-        let b = self.block(i);
+        let slab = Slab(self.blocks.as_mut_ptr());
+        self.insert_free_in(slab, i)
+    }
+
+    /// [`Self::insert_free`] with the blocks' address in hand.
+    #[inline(always)]
+    fn insert_free_in(&mut self, slab: Slab, i: u32) {
+        let b = slab.at(i);
         let (k, p) = (key(b), b.pool);
         let slot = self.pool(p).blocks.insert(k, i);
-        self.block_mut(i).slot = slot;
+        slab.at(i).slot = slot;
         // (Without GC the lookup count stays 0, and so does every stamp.)
         if self.gc_enabled() {
             let count = self.pool_ref(p).get_free_blocks_call_count;
-            self.block_mut(i).gc_count_base = count;
+            slab.at(i).gc_count_base = count;
         }
     }
 
     #[inline(always)]
     fn remove_free(&mut self, i: u32) {
-        let b = self.block(i);
+        let slab = Slab(self.blocks.as_mut_ptr());
+        self.remove_free_in(slab, i)
+    }
+
+    /// [`Self::remove_free`] with the blocks' address in hand.
+    #[inline(always)]
+    fn remove_free_in(&mut self, slab: Slab, i: u32) {
+        let b = slab.at(i);
         let (k, p, slot) = (key(b), b.pool, b.slot);
         let moved = self.pool(p).blocks.remove(k, slot);
-        self.block_mut(moved).slot = slot;
+        slab.at(moved).slot = slot;
     }
 
     /// The rule lives in [`AllocatorConfig::gc_enabled`] (a threshold, and a memory fraction
@@ -878,27 +908,34 @@ impl<D: Device> CachingAllocator<D> {
     /// try_merge_blocks: absorb a free neighbour with the same mapped state; returns its size.
     #[inline(always)]
     fn try_merge(&mut self, dst: u32, src: u32) -> u64 {
+        let slab = Slab(self.blocks.as_mut_ptr());
+        self.try_merge_in(slab, dst, src)
+    }
+
+    /// [`Self::try_merge`] with the blocks' address in hand.
+    #[inline(always)]
+    fn try_merge_in(&mut self, slab: Slab, dst: u32, src: u32) -> u64 {
         // (No neighbour is the sentinel: allocated.)
-        let s = self.block(src);
+        let s = slab.at(src);
         // try_merge_blocks: not a block awaiting its events (event_count > 0).
-        if s.allocated || s.mapped != self.block(dst).mapped || self.events.is_pending(src) {
+        if s.allocated || s.mapped != slab.at(dst).mapped || self.events.is_pending(src) {
             return 0;
         }
         let (s_ptr, s_size, s_prev, s_next, s_stream, s_pool, s_mapped) = (s.ptr, s.size, s.prev, s.next, s.stream, s.pool, s.mapped);
         if s_mapped {
-            self.remove_free(src);
+            self.remove_free_in(slab, src);
         } else {
             self.pool(s_pool).unmapped.remove(&(s_stream, s_ptr));
         }
-        let d = self.block_mut(dst);
+        let d = slab.at(dst);
         d.size += s_size;
         if d.prev == src {
             d.ptr = s_ptr;
             d.prev = s_prev;
-            self.block_mut(s_prev).next = dst;
+            slab.at(s_prev).next = dst;
         } else {
             d.next = s_next;
-            self.block_mut(s_next).prev = dst;
+            slab.at(s_next).prev = dst;
         }
         self.kill(src);
         s_size
@@ -921,21 +958,23 @@ impl<D: Device> CachingAllocator<D> {
     /// alloc_found_block: split off the low part if worth it; update the stats.
     #[inline(always)]
     fn alloc_found_block(&mut self, found: u32, requested: u64, rounded: u64) -> u32 {
-        let already_split = self.block(found).is_split();
-        let expandable = self.block(found).expandable();
-        let pool = self.block(found).pool.kind();
+        let mut slab = Slab(self.blocks.as_mut_ptr());
+        let f = slab.at(found);
+        let (already_split, expandable, pool) = (f.is_split(), f.expandable(), f.pool.kind());
         let mut block = found;
         if self.should_split(found, rounded) {
-            let r = self.block(found);
+            let r = slab.at(found);
             let (prev, piece) = (r.prev, Block { size: rounded, next: found, allocated: false, requested: 0, ..*r });
             block = self.new_block(piece);
-            self.block_mut(prev).next = block;
-            let rem = self.block_mut(found);
+            // (The piece may have grown the vector.)
+            slab = Slab(self.blocks.as_mut_ptr());
+            slab.at(prev).next = block;
+            let rem = slab.at(found);
             rem.prev = block;
             rem.ptr += rounded;
             rem.size -= rounded;
             let rem_size = rem.size;
-            self.insert_free(found);
+            self.insert_free_in(slab, found);
             if !expandable {
                 // Split before, the piece leaves the inactive bytes; whole before, the remainder
                 // is a new inactive split block. (Selected: whether it was split is data.)
@@ -943,10 +982,10 @@ impl<D: Device> CachingAllocator<D> {
                 self.stats.change_inactive_split(pool, !already_split as i64, bytes);
             }
         } else if already_split && !expandable {
-            let size = self.block(found).size;
+            let size = slab.at(found).size;
             self.stats.change_inactive_split(pool, -1, -(size as i64));
         }
-        let b = self.block_mut(block);
+        let b = slab.at(block);
         b.allocated = true;
         b.requested = requested;
         let size = b.size;
@@ -960,20 +999,21 @@ impl<D: Device> CachingAllocator<D> {
     /// free_block: merge with prev then next, return to the pool, update inactive_split.
     #[inline(always)]
     fn free_block(&mut self, i: u32, freed_now: FreedNow) {
+        let slab = Slab(self.blocks.as_mut_ptr());
         let (original_size, requested, pool, prev, next, expandable) = {
-            let b = self.block(i);
+            let b = slab.at(i);
             (b.size, b.requested, b.pool.kind(), b.prev, b.next, b.expandable())
         };
         // (Counted without branches: whether a neighbour merged is data.)
-        let (from_prev, from_next) = (self.try_merge(i, prev), self.try_merge(i, next));
+        let (from_prev, from_next) = (self.try_merge_in(slab, i, prev), self.try_merge_in(slab, i, next));
         let merged_blocks = (from_prev > 0) as u64 + (from_next > 0) as u64;
-        self.insert_free(i);
+        self.insert_free_in(slab, i);
         if !expandable {
             // free_block's net changes of inactive_split: −1 and −size per neighbour absorbed,
             // +1 and +size if the block is still split. Still split, the block brings its own
             // bytes (the merged size less what it absorbed): a gain; whole again, a loss.
             // (Selected, not branched on: whether the block is whole again is data.)
-            let still_split = self.block(i).is_split();
+            let still_split = slab.at(i).is_split();
             let absorbed = (from_prev + from_next) as i64;
             let bytes = std::hint::select_unpredictable(still_split, original_size as i64, -absorbed);
             self.stats.change_inactive_split(pool, still_split as i64 - merged_blocks as i64, bytes);
