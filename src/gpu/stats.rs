@@ -117,6 +117,10 @@ pub struct StatGroup {
     count_room: i64,
     /// ≤ the headroom of allocated_bytes, active_bytes and requested_bytes.
     bytes_room: i64,
+    /// ≤ the headrooms of inactive_split and inactive_split_bytes; the two pools' rooms also sum
+    /// to at most `all`'s headrooms, so one room per pool keeps both peaks (the counters move at
+    /// nearly every allocation and free: a compare per peak there was a twentieth of a replay).
+    split_room: [i64; 2],
 }
 
 impl StatGroup {
@@ -183,6 +187,13 @@ impl StatGroup {
     pub fn rooms_hold(&self) -> bool {
         self.count_room <= self.allocation.headroom().min(self.active.headroom())
             && self.bytes_room <= self.allocated_bytes.headroom().min(self.active_bytes.headroom()).min(self.requested_bytes.headroom())
+            && self.split_room[0] <= self.inactive_split.headroom()
+            && self.split_room[1] <= self.inactive_split_bytes.headroom()
+    }
+
+    /// The inactive-split counters, in `split_room` order.
+    fn splits(&mut self) -> [&mut Stat; 2] {
+        [&mut self.inactive_split, &mut self.inactive_split_bytes]
     }
 
     /// The counters with their `memory_stats()` names.
@@ -246,10 +257,8 @@ struct AllRooms {
     count: i64,
     /// allocated_bytes, active_bytes and requested_bytes.
     bytes: i64,
-    /// segment and reserved_bytes.
+    /// segment and reserved_bytes. (inactive_split's are the pools' `split_room`s.)
     segments: [i64; 2],
-    /// inactive_split and inactive_split_bytes.
-    splits: [i64; 2],
 }
 
 impl AllRooms {
@@ -259,13 +268,12 @@ impl AllRooms {
             count: headroom(ALLOCATION).min(headroom(ACTIVE)),
             bytes: headroom(ALLOCATED_BYTES).min(headroom(ACTIVE_BYTES)).min(headroom(REQUESTED_BYTES)),
             segments: [headroom(SEGMENT), headroom(RESERVED_BYTES)],
-            splits: [headroom(INACTIVE_SPLIT), headroom(INACTIVE_SPLIT_BYTES)],
         }
     }
 
     /// Whether every room is at most its bound in `exact`.
     fn within(&self, exact: &AllRooms) -> bool {
-        self.count <= exact.count && self.bytes <= exact.bytes && (0..2).all(|i| self.segments[i] <= exact.segments[i] && self.splits[i] <= exact.splits[i])
+        self.count <= exact.count && self.bytes <= exact.bytes && (0..2).all(|i| self.segments[i] <= exact.segments[i])
     }
 }
 
@@ -347,6 +355,39 @@ impl DeviceStats {
             *peak = (*peak).max(current);
         }
         all.rooms = AllRooms::exact(|k| all.peaks[k] - current[k]);
+        self.measure_split_rooms(&current);
+    }
+
+    /// An inactive-split room ran out: raise the pools' and `all`'s inactive-split peaks that
+    /// their currents passed, and measure the rooms again.
+    #[cold]
+    #[inline(never)]
+    fn settle_split_peaks(&mut self) {
+        for group in &mut self.pools {
+            for s in group.splits() {
+                s.peak = s.peak.max(s.current);
+            }
+        }
+        let current = self.all_currents();
+        for k in [INACTIVE_SPLIT, INACTIVE_SPLIT_BYTES] {
+            self.all.peaks[k] = self.all.peaks[k].max(current[k]);
+        }
+        self.measure_split_rooms(&current);
+    }
+
+    /// The pools' inactive-split rooms, each at most its pool's headroom, the two summing to at
+    /// most `all`'s (`current`: `all`'s currents; every peak stands at or above its current).
+    fn measure_split_rooms(&mut self, current: &[i64; 9]) {
+        for (j, k) in [INACTIVE_SPLIT, INACTIVE_SPLIT_BYTES].into_iter().enumerate() {
+            let all_headroom = self.all.peaks[k] - current[k];
+            let [small, large] = &mut self.pools;
+            let (small_headroom, large_headroom) = (small.splits()[j].headroom(), large.splits()[j].headroom());
+            let large_room = large_headroom.min(all_headroom / 2);
+            let small_room = small_headroom.min(all_headroom - large_room);
+            // (What the small pool leaves of its half goes to the large.)
+            large.split_room[j] = large_headroom.min(all_headroom - small_room);
+            small.split_room[j] = small_room;
+        }
     }
 
     /// Applies `f` to the counters of `pool`, and `all` follows (c10's
@@ -389,13 +430,21 @@ impl DeviceStats {
         self.pools[pool as usize].deactivate(size, requested);
     }
 
-    /// inactive_split and inactive_split_bytes change by `blocks` and `bytes` (either sign, as
-    /// [`Stat::apply_net`]) in `pool`, and in `all`.
+    /// inactive_split and inactive_split_bytes change by `nets` (blocks, bytes; either sign, as
+    /// [`Stat::apply_net`]) in `pool`, and in `all`; `rises` are the nets' positive parts
+    /// (max(net, 0), what `allocated` counts), which the callers know without a compare. The
+    /// peaks move only when the pool's room runs out ([`StatGroup::split_room`]).
     #[inline(always)]
-    pub fn change_inactive_split(&mut self, pool: PoolKind, blocks: i64, bytes: i64) {
+    pub fn change_inactive_split(&mut self, pool: PoolKind, nets: [i64; 2], rises: [i64; 2]) {
+        debug_assert_eq!(rises, nets.map(|n| n.max(0)), "rises are the nets' positive parts");
         let g = &mut self.pools[pool as usize];
-        if move_pair([&mut g.inactive_split, &mut g.inactive_split_bytes], &mut self.all.rooms.splits, [blocks, bytes]) {
-            self.settle_all_peaks();
+        for (j, stat) in [&mut g.inactive_split, &mut g.inactive_split_bytes].into_iter().enumerate() {
+            stat.current += nets[j];
+            stat.allocated += rises[j];
+            g.split_room[j] -= nets[j];
+        }
+        if (g.split_room[0] | g.split_room[1]) < 0 {
+            self.settle_split_peaks();
         }
     }
 
@@ -414,7 +463,9 @@ impl DeviceStats {
     pub fn rooms_hold(&self) -> bool {
         let (current, all) = (self.all_currents(), &self.all);
         let headroom = |k: usize| all.peaks[k] - current[k];
-        (0..9).all(|k| headroom(k) >= 0) && all.rooms.within(&AllRooms::exact(headroom)) && self.pools.iter().all(|g| g.rooms_hold())
+        let [small, large] = &self.pools;
+        let splits_hold = [INACTIVE_SPLIT, INACTIVE_SPLIT_BYTES].into_iter().enumerate().all(|(j, k)| small.split_room[j] + large.split_room[j] <= headroom(k));
+        (0..9).all(|k| headroom(k) >= 0) && all.rooms.within(&AllRooms::exact(headroom)) && splits_hold && self.pools.iter().all(|g| g.rooms_hold())
     }
 
     /// The flat, key-sorted dict `torch.cuda.memory_stats()` returns (123 keys, as torch ≥ 2.13's).
@@ -452,7 +503,7 @@ impl DeviceStats {
             for s in group.each_mut() {
                 s.reset_peak();
             }
-            (group.count_room, group.bytes_room) = (0, 0);
+            (group.count_room, group.bytes_room, group.split_room) = (0, 0, [0, 0]);
         }
         // (Rooms of 0 bound headrooms of 0.)
         self.all = AllPeaks { peaks: self.all_currents(), ..AllPeaks::default() };
@@ -638,7 +689,10 @@ mod tests {
                         fn pair(g: &mut StatGroup) -> [&mut Stat; 2] {
                             [&mut g.inactive_split, &mut g.inactive_split_bytes]
                         }
-                        move_pairs(&mut fast, &mut plain, &mut plain_all, kind(small), [blocks, bytes], pair, DeviceStats::change_inactive_split);
+                        fn change(stats: &mut DeviceStats, pool: PoolKind, blocks: i64, bytes: i64) {
+                            stats.change_inactive_split(pool, [blocks, bytes], [blocks.max(0), bytes.max(0)]);
+                        }
+                        move_pairs(&mut fast, &mut plain, &mut plain_all, kind(small), [blocks, bytes], pair, change);
                     }
                     Move::Segments(small, segments, bytes) => {
                         fn pair(g: &mut StatGroup) -> [&mut Stat; 2] {

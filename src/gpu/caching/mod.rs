@@ -979,11 +979,13 @@ impl<D: Device> CachingAllocator<D> {
                 // Split before, the piece leaves the inactive bytes; whole before, the remainder
                 // is a new inactive split block. (Selected: whether it was split is data.)
                 let bytes = std::hint::select_unpredictable(already_split, -(rounded as i64), rem_size as i64);
-                self.stats.change_inactive_split(pool, !already_split as i64, bytes);
+                let bytes_rise = std::hint::select_unpredictable(already_split, 0, rem_size as i64);
+                let blocks = !already_split as i64;
+                self.stats.change_inactive_split(pool, [blocks, bytes], [blocks, bytes_rise]);
             }
         } else if already_split && !expandable {
             let size = slab.at(found).size;
-            self.stats.change_inactive_split(pool, -1, -(size as i64));
+            self.stats.change_inactive_split(pool, [-1, -(size as i64)], [0, 0]);
         }
         let b = slab.at(block);
         b.allocated = true;
@@ -1016,7 +1018,10 @@ impl<D: Device> CachingAllocator<D> {
             let still_split = slab.at(i).is_split();
             let absorbed = (from_prev + from_next) as i64;
             let bytes = std::hint::select_unpredictable(still_split, original_size as i64, -absorbed);
-            self.stats.change_inactive_split(pool, still_split as i64 - merged_blocks as i64, bytes);
+            let bytes_rise = std::hint::select_unpredictable(still_split, original_size as i64, 0);
+            // (The count rises only when the block is still split and absorbed nothing.)
+            let blocks_rise = (still_split & (merged_blocks == 0)) as i64;
+            self.stats.change_inactive_split(pool, [still_split as i64 - merged_blocks as i64, bytes], [blocks_rise, bytes_rise]);
         }
         match freed_now {
             FreedNow::Yes => self.stats.release(pool, original_size, requested),
