@@ -24,6 +24,12 @@ pub trait Slot: Copy + PartialEq {
     fn is_empty(&self) -> bool {
         *self == Self::EMPTY
     }
+
+    /// Makes this slot empty (a type that tests one field may write that field alone).
+    #[inline(always)]
+    fn clear(&mut self) {
+        *self = Self::EMPTY;
+    }
 }
 
 /// The value of a set: a live id's slot holds `true`.
@@ -139,17 +145,31 @@ impl<V: Slot> IdMap<V> {
 
     #[inline(always)]
     pub fn remove(&mut self, id: u64) -> Option<V> {
+        let v = self.take(id);
+        (!v.is_empty()).then_some(v)
+    }
+
+    /// [`IdMap::remove`], answering [`Slot::EMPTY`] for an id that is not there (no option to
+    /// build and take apart on the path of every free).
+    #[inline(always)]
+    pub fn take(&mut self, id: u64) -> V {
         let Some((p, s)) = Self::split(id) else {
-            return self.remove_sparse(id);
+            return self.remove_sparse(id).unwrap_or(V::EMPTY);
         };
-        let page = self.pages.get_mut(p)?.as_mut()?;
-        let v = page.get(s)?;
-        page.slots[s] = V::EMPTY;
+        let Some(Some(page)) = self.pages.get_mut(p) else {
+            return V::EMPTY;
+        };
+        let slot = &mut page.slots[s];
+        let v = *slot;
+        if v.is_empty() {
+            return V::EMPTY;
+        }
+        slot.clear();
         page.live -= 1;
         if page.live == 0 {
             self.drop_page(p);
         }
-        Some(v)
+        v
     }
 
     #[cold]

@@ -115,17 +115,14 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
             // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
             // (The sets are empty in almost every trace: skip the hash then.)
             if null.is_empty() || !null.remove(&id) {
-                match handles.remove(id) {
-                    Some(Live { handle: h, bytes }) => {
-                        alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
-                        obs.called(alloc, Call::Free(h));
-                        at.live -= bytes;
-                    }
-                    None => {
-                        if failed.is_empty() || !failed.remove(&id) {
-                            return Err(bad_id(at, "free", id, "is not live"));
-                        }
-                    }
+                let Live { handle: h, bytes } = handles.take(id);
+                if bytes != 0 {
+                    alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                    obs.called(alloc, Call::Free(h));
+                    at.live -= bytes;
+                } else if failed.is_empty() || !failed.remove(&id) {
+                    // (Not live: the empty slot, whose bytes are 0.)
+                    return Err(bad_id(at, "free", id, "is not live"));
                 }
             }
         } else {
@@ -233,6 +230,11 @@ impl crate::ids::Slot for Live {
     #[inline(always)]
     fn is_empty(&self) -> bool {
         self.bytes == 0
+    }
+
+    #[inline(always)]
+    fn clear(&mut self) {
+        self.bytes = 0;
     }
 }
 
@@ -355,8 +357,10 @@ mod tests {
     #[test]
     fn ids_in_the_wrong_state_are_errors_naming_the_event() {
         let alloc = |id, bytes| Event::Alloc { id, bytes, stream: 0 };
-        let cases: [(Vec<Event>, &str); 5] = [
+        let cases: [(Vec<Event>, &str); 6] = [
             (vec![alloc(1, 512), alloc(1, 512)], "event 1: alloc of id 1, which is still live"),
+            // A second free finds the slot the first emptied (its page kept by id 2).
+            (vec![alloc(1, 512), alloc(2, 512), Event::Free { id: 1 }, Event::Free { id: 1 }], "event 3: free of id 1, which is not live"),
             (vec![alloc(1, 0), alloc(1, 0)], "event 1: alloc of id 1, which is still live"),
             (vec![alloc(1, 0), alloc(1, 512)], "event 1: alloc of id 1, which is still live"),
             (vec![alloc(1, 512), Event::Free { id: 2 }], "event 1: free of id 2, which is not live"),
