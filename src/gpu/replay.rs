@@ -18,6 +18,7 @@ use super::stats::DeviceStats;
 use super::{AllocError, GpuAllocator};
 use crate::error::InputError;
 use crate::event::{Event, PoolOp};
+use crate::ids::Slot;
 pub use crate::results::OnOom;
 use crate::results::{OomRecord, SegmentSnapshot, TimelinePoint};
 pub use observer::{At, Call, Coarse, Observer};
@@ -115,13 +116,12 @@ pub fn replay_observed<A: GpuAllocator + ?Sized, O: Observer<A>>(
             // Freeing a null pointer does nothing (the allocator's free returns at `!ptr`).
             // (The sets are empty in almost every trace: skip the hash then.)
             if null.is_empty() || !null.remove(&id) {
-                let Live { handle: h, bytes } = handles.take(id);
-                if bytes != 0 {
-                    alloc.free(h).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
-                    obs.called(alloc, Call::Free(h));
-                    at.live -= bytes;
+                let live = handles.take(id);
+                if !live.is_empty() {
+                    alloc.free(live.handle).map_err(|e| anyhow::anyhow!("device error at event {}: {e}", at.index))?;
+                    obs.called(alloc, Call::Free(live.handle));
+                    at.live -= live.bytes;
                 } else if failed.is_empty() || !failed.remove(&id) {
-                    // (Not live: the empty slot, whose bytes are 0.)
                     return Err(bad_id(at, "free", id, "is not live"));
                 }
             }
@@ -223,7 +223,7 @@ struct Live {
     bytes: u64,
 }
 
-impl crate::ids::Slot for Live {
+impl Slot for Live {
     const EMPTY: Self = Live { handle: super::NULL_HANDLE, bytes: 0 };
 
     /// A live allocation has bytes.

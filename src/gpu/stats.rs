@@ -686,13 +686,10 @@ mod tests {
                         });
                     }
                     Move::Split(small, blocks, bytes) => {
-                        fn pair(g: &mut StatGroup) -> [&mut Stat; 2] {
-                            [&mut g.inactive_split, &mut g.inactive_split_bytes]
-                        }
                         fn change(stats: &mut DeviceStats, pool: PoolKind, blocks: i64, bytes: i64) {
                             stats.change_inactive_split(pool, [blocks, bytes], [blocks.max(0), bytes.max(0)]);
                         }
-                        move_pairs(&mut fast, &mut plain, &mut plain_all, kind(small), [blocks, bytes], pair, change);
+                        move_pairs(&mut fast, &mut plain, &mut plain_all, kind(small), [blocks, bytes], StatGroup::splits, change);
                     }
                     Move::Segments(small, segments, bytes) => {
                         fn pair(g: &mut StatGroup) -> [&mut Stat; 2] {
