@@ -4,7 +4,8 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 
 use allocbench::cpu::allocators::CpuAllocator;
-use allocbench::cpu::driver::{drive, DriverOptions, RunProgress};
+use allocbench::cpu::driver::{drive, DriverOptions};
+use allocbench::cpu::rss::RunProgress;
 use allocbench::input::Source;
 use allocbench::workload::Workload;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};

@@ -11,7 +11,7 @@ use allocbench::gpu::config::AllocatorConfig;
 use allocbench::gpu::device::{SimDevice, H100_CAPACITY_BYTES};
 use allocbench::gpu::replay::{replay, ReplayOptions, StopWhen};
 use allocbench::input::Source;
-use allocbench::results::{Objective, ResultRecord};
+use allocbench::results::{GpuPolicy, Objective, ResultRecord};
 use allocbench::workload::Workload;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
@@ -60,7 +60,7 @@ fn captured_replay(c: &mut Criterion) {
     group.bench_function("replay_cli_end_to_end", |b| {
         b.iter(|| {
             let source = Source::open(Some(&csv)).unwrap();
-            let mut built = build("pytorch", &cfg, &DeviceSpec::sim(H100_CAPACITY_BYTES)).unwrap();
+            let mut built = build(GpuPolicy::Pytorch, &cfg, &DeviceSpec::sim(H100_CAPACITY_BYTES)).unwrap();
             // As `replay --json` does (the segment map at exactly the peak included).
             let r = allocbench::gpu_run::run_hashing_alongside(&mut built, &cfg, &source, &ReplayOptions::default(), &mut StopWhen(|| false)).unwrap();
             serde_json::to_vec_pretty(&ResultRecord::GpuReplay(Box::new(r))).unwrap()

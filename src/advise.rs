@@ -21,7 +21,7 @@ use crate::gpu::replay::{next_multiple_above, replay_observed, At, Observer, Pea
 use crate::gpu::stats::DeviceStats;
 use crate::gpu::{GpuAllocator, OomInfo};
 use crate::gpu_run::run_one;
-use crate::results::{AdviseResult, Candidate, GpuRunResult, Objective, OnOom, WorkloadInfo, SCHEMA_VERSION};
+use crate::results::{AdviseResult, Candidate, GpuPolicy, GpuRunResult, Objective, OnOom, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
 /// The balanced objective accepts a modelled allocator time up to this factor of the reference
@@ -436,7 +436,7 @@ pub fn full_runs(
     for conf in ["", best.conf.as_str()] {
         let cfg = AllocatorConfig::parse(conf)?;
         let spec = DeviceSpec { latency: Some(o.model.clone()), addresses: o.addresses.clone(), ..DeviceSpec::sim(o.capacity) };
-        let mut built = build("pytorch", &cfg, &spec)?;
+        let mut built = build(GpuPolicy::Pytorch, &cfg, &spec)?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
         let run = run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?;
         each(run)?;

@@ -12,7 +12,7 @@ use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::{ReplayOptions, StopWhen};
 use crate::input::Source;
-use crate::results::{DiagnoseResult, GpuRunResult, OnOom, OomCause, OomRecord, PinningClass, SegmentWaste, SCHEMA_VERSION};
+use crate::results::{DiagnoseResult, GpuPolicy, GpuRunResult, OnOom, OomCause, OomRecord, PinningClass, SegmentWaste, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
 /// Materialises a source's events (diagnosis replays them many times).
@@ -117,7 +117,7 @@ fn min_capacity_until(
 /// `summary` is rendered from the data by [`summary`].
 pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
     let events = load_events(source)?;
-    let mut built = build("pytorch", conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
+    let mut built = build(GpuPolicy::Pytorch, conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     let run = crate::gpu_run::run_one(
         &mut built,

@@ -2,7 +2,7 @@
 //! and their text ([`describe`], [`comparison_table`]). Policies come from `gpu::build`.
 
 use crate::event::{Event, EventStream};
-use crate::gpu::build::{build, pytorch_on_sim, unknown_allocator, Built, DeviceSpec, GPU_ALLOCATORS};
+use crate::gpu::build::{build, pytorch_on_sim, Built, DeviceSpec};
 use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::address_replay::AddressReplay;
@@ -11,43 +11,38 @@ use crate::gpu::devprobe::LatencyModel;
 use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, StopWhen};
 use crate::gpu::GpuAllocator;
 use crate::input::Source;
-use crate::results::{Backend, GpuRunResult, GpuSummary, MachineInfo, WorkDone, WorkloadInfo, SCHEMA_VERSION};
+use crate::results::{Backend, GpuPolicy, GpuRunResult, GpuSummary, MachineInfo, WorkDone, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
 /// One replay of a comparison: a registered allocator and the conf it runs with.
 pub struct Planned {
-    pub allocator: String,
+    pub allocator: GpuPolicy,
     pub conf: AllocatorConfig,
 }
 
 impl Planned {
     /// The progress label: the allocator, and the conf for pytorch.
     pub fn label(&self) -> String {
-        format!("{} {}", self.allocator, if self.allocator == "pytorch" { self.conf.to_string() } else { String::new() })
+        self.allocator.label(&self.conf.to_string())
     }
 }
 
 /// The replays of `allocbench run`: every conf for pytorch, the first conf for the others
-/// (whose policy ignores it). Unknown allocators are refused before anything runs.
-pub fn plan(allocators: &[String], confs: &[AllocatorConfig]) -> Result<Vec<Planned>, crate::error::InputError> {
-    for name in allocators {
-        if !GPU_ALLOCATORS.iter().any(|(n, _)| n == name) {
-            return Err(unknown_allocator(name));
-        }
-    }
+/// (whose policy ignores it).
+pub fn plan(policies: &[GpuPolicy], confs: &[AllocatorConfig]) -> Vec<Planned> {
     let mut out = Vec::new();
-    for name in allocators {
-        let confs_for = if name == "pytorch" { confs } else { &confs[..1] };
-        out.extend(confs_for.iter().map(|conf| Planned { allocator: name.clone(), conf: conf.clone() }));
+    for &policy in policies {
+        let confs_for = if policy.takes_conf() { confs } else { &confs[..1] };
+        out.extend(confs_for.iter().map(|conf| Planned { allocator: policy, conf: conf.clone() }));
     }
-    Ok(out)
+    out
 }
 
 /// Builds `allocator` on `device` (with the addresses `source` recorded) and replays `source`.
 pub fn run_source(
     source: &Source,
     info: &WorkloadInfo,
-    allocator: &str,
+    allocator: GpuPolicy,
     conf: &AllocatorConfig,
     device: &DeviceSpec,
     opts: &ReplayOptions,
@@ -62,7 +57,13 @@ pub fn run_source(
 /// block ([`BlockOwners`]), from a replay of their own on a fresh allocator (deterministic: the
 /// record's replay passed through the same states): what the memory view needs to name
 /// allocation sites.
-pub fn segment_owners(allocator: &str, conf: &AllocatorConfig, device: &DeviceSpec, events: EventStream<'_>, on_oom: OnOom) -> anyhow::Result<BlockOwners> {
+pub fn segment_owners(
+    allocator: GpuPolicy,
+    conf: &AllocatorConfig,
+    device: &DeviceSpec,
+    events: EventStream<'_>,
+    on_oom: OnOom,
+) -> anyhow::Result<BlockOwners> {
     let mut built = build(allocator, conf, device)?;
     let mut owners = BlockOwners::default();
     replay_observed(built.alloc.as_mut(), events, on_oom, &mut owners)?;
@@ -84,10 +85,10 @@ pub fn run_one(
     let opts = &ReplayOptions { time_model: built.time_model.clone(), exact_peak_map: true, ..opts.clone() };
     let outcome = replay_watched(alloc, events, opts, watch)?;
     let stats = alloc.stats();
-    let conf_str = if alloc.name() == "pytorch" { conf.source.clone() } else { String::new() };
+    let conf_str = if alloc.policy().takes_conf() { conf.source.clone() } else { String::new() };
     Ok(GpuRunResult {
         schema_version: SCHEMA_VERSION,
-        allocator: alloc.name(),
+        allocator: alloc.policy(),
         conf: conf_str,
         backend: built.backend,
         device: alloc.device_description(),
@@ -174,7 +175,7 @@ pub fn describe(r: &GpuRunResult) -> String {
     s += &format!(
         "allocator   {}{}  on {}\n",
         r.allocator,
-        if r.allocator == "pytorch" { format!(" [{}]", if r.conf.is_empty() { "default conf" } else { &r.conf }) } else { String::new() },
+        if r.allocator.takes_conf() { format!(" [{}]", r.allocator.conf_or(&r.conf, "default conf")) } else { String::new() },
         r.device
     );
     s += &format!("peak live   {}   (what the workload holds at once)\n", format_bytes(w.peak_live_bytes));
@@ -208,7 +209,7 @@ pub fn describe(r: &GpuRunResult) -> String {
         }
         None => {
             // Under per_process_memory_fraction the allocator's limit is the cap, not the device.
-            let cap = if r.allocator == "pytorch" { AllocatorConfig::parse(&r.conf).ok().and_then(|c| c.allowed_bytes(r.capacity)) } else { None };
+            let cap = if r.allocator.takes_conf() { AllocatorConfig::parse(&r.conf).ok().and_then(|c| c.allowed_bytes(r.capacity)) } else { None };
             match cap {
                 Some(cap) if sm.peak_reserved > cap => {
                     s += &format!(
@@ -250,7 +251,7 @@ pub fn comparison_table(rows: &[GpuRunResult]) -> String {
         "allocator", "conf", "peak rsvd", "peak alloc", "rsvd/live", "frag%", "dev mallocs", "retries", "OOM (step)"
     );
     for r in rows {
-        let conf = if r.allocator == "pytorch" && r.conf.is_empty() { "(default)".to_string() } else { r.conf.clone() };
+        let conf = r.allocator.conf_or(&r.conf, "(default)").to_string();
         let conf = if conf.chars().count() > 48 { format!("{}…", conf.chars().take(47).collect::<String>()) } else { conf };
         let oom = match &r.oom {
             Some(o) => format!("{} ({})", o.cause, o.step),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::InputError;
 use crate::event::{infallible, EventStream};
+use crate::files::{sha256_file, sha256_hex};
 use crate::results::WorkloadInfo;
 use crate::trace::{read_trace, Sites};
 use crate::workload::Workload;
@@ -361,72 +362,4 @@ fn trace_name(path: &Path) -> String {
     let lower = file.to_ascii_lowercase();
     let cut = [".csv.gz", ".gz", ".csv"].iter().find(|ext| lower.ends_with(*ext)).map_or(0, |ext| ext.len());
     file[..file.len() - cut].to_string()
-}
-
-/// sha256 of a file's bytes, read in 1 MiB pieces (what `WorkloadInfo::sha256` holds for every input file).
-/// Reads `path` whole, gunzipped when it is gzip (by its magic bytes, whatever the name), refusing
-/// one over `limit` bytes (read or decompressed) without reading past it: a file of gigabytes, a
-/// sparse file of NUL bytes or /dev/zero is named, not loaded. `what` is what the file should be
-/// ("a workload definition").
-pub fn read_bytes_at_most(path: &Path, limit: u64, what: &str) -> Result<Vec<u8>, InputError> {
-    let name = path.display().to_string();
-    let too_large = || InputError::new(&name, format!("larger than {}: not {what}", crate::units::format_bytes(limit)));
-    let mut data = Vec::new();
-    let file = std::fs::File::open(path).map_err(|e| InputError::new(&name, format!("cannot read {what}: {e}")))?;
-    file.take(limit + 1).read_to_end(&mut data).map_err(|e| InputError::new(&name, format!("cannot read {what}: {e}")))?;
-    if data.len() as u64 > limit {
-        return Err(too_large());
-    }
-    if !data.starts_with(&[0x1f, 0x8b]) {
-        return Ok(data);
-    }
-    let mut out = Vec::new();
-    flate2::read::MultiGzDecoder::new(&data[..])
-        .take(limit + 1)
-        .read_to_end(&mut out)
-        .map_err(|e| InputError::new(&name, format!("a gzip file that does not decode: {e}")))?;
-    if out.len() as u64 > limit {
-        return Err(too_large());
-    }
-    Ok(out)
-}
-
-/// [`read_bytes_at_most`], as UTF-8 text.
-pub fn read_text_at_most(path: &Path, limit: u64, what: &str) -> Result<String, InputError> {
-    let name = path.display().to_string();
-    let bytes = read_bytes_at_most(path, limit, what)?;
-    String::from_utf8(bytes).map_err(|e| {
-        let line = 1 + e.as_bytes()[..e.utf8_error().valid_up_to()].iter().filter(|&&b| b == b'\n').count();
-        InputError::new(format!("{name}:{line}"), "not valid UTF-8 text")
-    })
-}
-
-/// Whether two paths name one file: the same path, or (for files that exist) the same inode,
-/// whatever links or spellings lead there.
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::path::absolute(a).ok() == std::path::absolute(b).ok()
-        || std::fs::metadata(a).ok().zip(std::fs::metadata(b).ok()).is_some_and(|(x, y)| x.dev() == y.dev() && x.ino() == y.ino())
-}
-
-pub fn sha256_file(path: &Path) -> anyhow::Result<String> {
-    let mut hasher = <sha2::Sha256 as sha2::Digest>::new();
-    let mut f = std::fs::File::open(path).map_err(|e| InputError::new(path.display().to_string(), e.to_string()))?;
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf).map_err(|e| InputError::new(path.display().to_string(), e.to_string()))?;
-        if n == 0 {
-            break;
-        }
-        sha2::Digest::update(&mut hasher, &buf[..n]);
-    }
-    Ok(hex(&sha2::Digest::finalize(hasher)))
-}
-
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&<sha2::Sha256 as sha2::Digest>::digest(bytes))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -7,14 +7,19 @@
 //! (GPU policy over a device, or a CPU malloc) → results (versioned JSON) → reports.
 //!
 //! ## The map (layers; each imports only those below it)
-//! 1. [`event`], [`ids`], [`units`], [`error`], [`interrupt`]: events, id maps, sizes, input errors, the stop flag.
-//! 2. [`results`]: the schema, every serialised type; imports nothing above layer 1.
+//! The one map of the code: `tests/layers.rs` reads it and fails on an import of a higher layer
+//! or on files that import each other in a circle.
+//! 1. [`event`], [`ids`], [`units`], [`error`], [`interrupt`], [`files`], [`confidence`], [`hint`]:
+//!    events, id maps, sizes, input errors, the stop flag, bounded file reads and hashes, 95 %
+//!    intervals, the prefetch hint.
+//! 2. [`results`]: the schema, every serialised type, and the names parsed into it
+//!    ([`results::GpuPolicy`]).
 //! 3. [`trace`], [`workload`], [`input`]: where events come from.
 //! 4. [`gpu`]: policies over the [`gpu::device::Device`] seam (adaptors wrap it, `cuda.rs` alone
 //!    calls the driver), built in one place ([`gpu::build`]) and replayed by a small loop that
 //!    observers measure ([`gpu::replay`]). [`cpu`]: real mallocs, a per-worker driver with a clock.
-//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`sweep`], [`report`]: runs and analyses that return data;
-//!    text is rendered separately.
+//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`sweep`], [`report`], [`capture`]: runs and analyses
+//!    that return data (text is rendered separately), and the capture of a PyTorch script.
 //! 6. [`cli`]: one module per command; progress bars and Ctrl-C live there.
 //!
 //! ## Glossary (one meaning per word)
@@ -36,6 +41,7 @@ pub mod cpu;
 pub mod diagnose;
 pub mod error;
 pub mod event;
+pub mod files;
 pub mod gpu;
 pub mod gpu_run;
 pub mod hint;

@@ -13,12 +13,13 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::InputError;
 use crate::event::Event;
+use crate::files::{sha256_file, sha256_hex};
 use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::{OnOom, ReplayOptions, StopWhen};
 use crate::gpu_run::run_one;
-use crate::input::{sha256_file, sha256_hex, Source};
-use crate::results::{versioned_lines, Candidate, PlanRow, RowStatus, SweepRow, WorkloadInfo, SCHEMA_VERSION};
+use crate::input::Source;
+use crate::results::{versioned_lines, Candidate, GpuPolicy, PlanRow, RowStatus, SweepRow, WorkloadInfo, SCHEMA_VERSION};
 
 /// The copy of the plan that `sweep run` keeps in its output folder: it ties the shards to their
 /// plan, and `sweep merge` reads it.
@@ -115,7 +116,7 @@ pub struct Plan {
 impl Plan {
     pub fn read(path: &Path) -> anyhow::Result<Plan> {
         let name = path.display().to_string();
-        let text = crate::input::read_text_at_most(path, crate::results::MAX_RESULTS_BYTES, "a sweep plan")?;
+        let text = crate::files::read_text_at_most(path, crate::results::MAX_RESULTS_BYTES, "a sweep plan")?;
         let mut rows = Vec::new();
         for (loc, row) in versioned_lines::<PlanRow>(&name, &text, "sweep plan", "make the plan again with this allocbench")? {
             if row.index != rows.len() as u64 {
@@ -130,8 +131,7 @@ impl Plan {
             // An allocator or conf no row could replay is the plan's error, found before any
             // replay (as a failed row it would pass for a run that went wrong on its node).
             let bad = |m: String| InputError::new(&loc, format!("plan row {}: {m}", row.index));
-            sweep_allocator(&row.allocator).map_err(bad)?;
-            if row.allocator == "pytorch" {
+            if sweep_allocator(&row.allocator).map_err(bad)?.takes_conf() {
                 AllocatorConfig::parse(&row.conf).map_err(|e| bad(format!("conf '{}': {}", row.conf, e.message)))?;
             } else if !row.conf.is_empty() {
                 return Err(bad(format!("conf '{}' for allocator '{}', which takes none", row.conf, row.allocator)).into());
@@ -158,14 +158,12 @@ impl Plan {
 
 /// Whether a sweep can replay `allocator`: a registered policy that runs on the simulated device
 /// (the one check of `sweep plan`'s `--allocators` and of a plan's rows).
-fn sweep_allocator(allocator: &str) -> Result<(), String> {
-    if allocator == "async" {
-        return Err(format!("allocator '{allocator}' runs only on a real GPU; a sweep replays on the simulated device"));
+fn sweep_allocator(allocator: &str) -> Result<GpuPolicy, String> {
+    match GpuPolicy::parse(allocator) {
+        Ok(GpuPolicy::Async) => Err(format!("allocator '{allocator}' runs only on a real GPU; a sweep replays on the simulated device")),
+        Ok(policy) => Ok(policy),
+        Err(e) => Err(e.message),
     }
-    if !crate::gpu::build::GPU_ALLOCATORS.iter().any(|(n, _)| *n == allocator) {
-        return Err(crate::gpu::build::unknown_allocator(allocator).message);
-    }
-    Ok(())
 }
 
 /// What `sweep plan` is asked for.
@@ -198,11 +196,9 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
     if let Some((i, a)) = req.allocators.iter().enumerate().find(|&(i, a)| req.allocators[..i].contains(a)) {
         return Err(InputError::new("--allocators", format!("'{a}' (entry {}) given twice", i + 1)).into());
     }
-    if let Some(why) = req.allocators.iter().find_map(|a| sweep_allocator(a).err()) {
-        return Err(InputError::new("--allocators", why).into());
-    }
+    let policies = req.allocators.iter().map(|a| sweep_allocator(a)).collect::<Result<Vec<_>, _>>().map_err(|why| InputError::new("--allocators", why))?;
     let parsed: Vec<AllocatorConfig> = req.confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
-    let planned = crate::gpu_run::plan(req.allocators, &parsed)?;
+    let planned = crate::gpu_run::plan(&policies, &parsed);
     let mut seen = HashSet::new();
     let mut inputs = Vec::new();
     for path in req.inputs {
@@ -231,8 +227,8 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
                         index: rows.len() as u64,
                         input: input.clone(),
                         sha256: sha256.clone(),
-                        allocator: p.allocator.clone(),
-                        conf: if p.allocator == "pytorch" { p.conf.source.clone() } else { String::new() },
+                        allocator: p.allocator.name().to_string(),
+                        conf: if p.allocator.takes_conf() { p.conf.source.clone() } else { String::new() },
                         capacity,
                         snapshot_device,
                     });
@@ -406,7 +402,8 @@ fn replay_row(row: &PlanRow, loaded: Result<Arc<Loaded>, String>, plan_id: &str)
     let outcome = loaded.and_then(|l| {
         let cfg = AllocatorConfig::parse(&row.conf).map_err(|e| e.to_string())?;
         let spec = DeviceSpec { addresses: l.addresses.clone(), ..DeviceSpec::sim(row.capacity) };
-        let mut built = build(&row.allocator, &cfg, &spec).map_err(|e| format!("{e:#}"))?;
+        let policy = sweep_allocator(&row.allocator)?;
+        let mut built = build(policy, &cfg, &spec).map_err(|e| format!("{e:#}"))?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
         run_one(&mut built, &cfg, Box::new(l.events.iter().copied().map(Ok)), l.info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))
             .map_err(|e| format!("{e:#}"))
@@ -618,7 +615,7 @@ pub fn advice(rows: &[SweepRow]) -> Vec<Advice> {
     type Key = (String, String, Option<usize>, u64);
     let mut groups: Vec<(Key, Advice)> = Vec::new();
     for r in rows {
-        let Some(result) = r.result.as_ref().filter(|g| g.allocator == "pytorch") else { continue };
+        let Some(result) = r.result.as_ref().filter(|g| g.allocator == GpuPolicy::Pytorch) else { continue };
         let key = (r.row.input.clone(), r.row.sha256.clone(), r.row.snapshot_device, r.row.capacity);
         let mut candidate = Candidate::from_run(result);
         candidate.conflicts = crate::gpu::config::AllocatorConfig::parse(&result.conf).map(|c| c.conflicts()).unwrap_or_default();

@@ -319,7 +319,7 @@ proptest! {
         let spec = DeviceSpec::sim(if small_device { 300 << 20 } else { 80 << 30 });
         let conf = AllocatorConfig::parse(CONFS[conf]).unwrap();
         let replayed = |mut observer: SegmentsAtPeak| {
-            replay_observed(build("pytorch", &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut observer).unwrap();
+            replay_observed(build(allocbench::results::GpuPolicy::Pytorch, &conf, &spec).unwrap().alloc.as_mut(), events.iter().copied().map(Ok), OnOom::Continue, &mut observer).unwrap();
             observer
         };
         // Without forks, a map with owners is taken at every move of the peak.

@@ -10,7 +10,7 @@ use super::output::{self, Jsonl};
 use super::progress;
 use crate::error::InputError;
 use crate::gpu::devprobe::LatencyModel;
-use crate::results::{read_results, Objective, ResultRecord, SweepRow};
+use crate::results::{read_results, GpuPolicy, Objective, ResultRecord, SweepRow};
 
 #[derive(Args, Debug)]
 pub struct AdviseArgs {
@@ -142,7 +142,7 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
         let pick = result.recommended.as_ref().map(|c| c.conf.as_str()).unwrap_or("");
         for conf in if pick.is_empty() { vec![""] } else { vec!["", pick] } {
             let row = rows.iter().filter_map(|s| s.result.as_ref()).find(|r| {
-                r.allocator == "pytorch"
+                r.allocator == GpuPolicy::Pytorch
                     && r.conf == conf
                     && r.capacity == g.capacity
                     && r.workload.sha256 == g.workload.sha256

@@ -318,7 +318,7 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     let probe = std::env::current_exe()?;
     for al in &allocs {
         if let Some(lib) = &al.library {
-            exec::check_serves_malloc(&probe, lib)?;
+            crate::cpu::preload::check_serves_malloc(&probe, lib)?;
         }
     }
     // With `--json -` stdout carries the records only: the program's output and the run lines

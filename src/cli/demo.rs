@@ -7,7 +7,7 @@ use clap::Args;
 use super::args::DeviceArgs;
 use crate::gpu::replay::OnOom;
 use crate::input::Source;
-use crate::results::Backend;
+use crate::results::{Backend, GpuPolicy};
 
 #[derive(Args, Debug)]
 pub struct DemoArgs {
@@ -34,7 +34,7 @@ pub fn main(a: &DemoArgs) -> anyhow::Result<()> {
         sim_latency: None,
         address_order: Default::default(),
     };
-    super::run::compare(&source, &["pytorch".into(), "nocache".into(), "ideal".into()], &confs, &dev, Some(&a.jsonl))?;
+    super::run::compare(&source, &[GpuPolicy::Pytorch, GpuPolicy::Nocache, GpuPolicy::Ideal], &confs, &dev, Some(&a.jsonl))?;
     println!(
         "\nNext: `allocbench capture -o trace.csv -- train.py` then `allocbench diagnose trace.csv` for your own job, \
          `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest."

@@ -105,7 +105,7 @@ fn end_with_a_whole_line(path: &Path) -> anyhow::Result<()> {
 /// one of `inputs` (the same file, by any name): creating it would empty the input before it is
 /// read, or replace it with results. (An output found unwritable after a long run loses the run.)
 pub fn check_outputs(outputs: &[Option<&Path>], inputs: &[Option<&Path>]) -> anyhow::Result<()> {
-    use crate::input::same_file;
+    use crate::files::same_file;
     let named: Vec<&&Path> = outputs.iter().flatten().filter(|o| o.as_os_str() != "-").collect();
     // Two outputs of one run in one file would overwrite or interleave each other.
     for (i, a) in named.iter().enumerate() {

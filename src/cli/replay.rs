@@ -12,9 +12,8 @@ use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::OnOom;
 use crate::gpu_run;
 use crate::input::Source;
-use crate::report::gpu_label;
 use crate::report::memory_view::{self, BlockSites, ViewRun};
-use crate::results::{Backend, GpuRunResult, ResultRecord};
+use crate::results::{Backend, GpuPolicy, GpuRunResult, ResultRecord};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
@@ -43,11 +42,11 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     output::check_outputs(&[a.json.as_deref().map(Path::new), a.html.as_deref()], &[Some(&a.input)])?;
     // Only PyTorch's caching allocator reads the conf: another one would be replayed as if the
     // setting had been tried.
-    let known = crate::gpu::build::GPU_ALLOCATORS.iter().any(|(n, _)| *n == a.allocator);
-    if known && a.allocator != "pytorch" && a.conf.as_deref().is_some_and(|c| !c.trim().is_empty()) {
+    let policy = GpuPolicy::parse(&a.allocator)?;
+    if !policy.takes_conf() && a.conf.as_deref().is_some_and(|c| !c.trim().is_empty()) {
         return Err(InputError::new(
             "--conf",
-            format!("sets PyTorch's caching allocator, which --allocator {} is not: drop --conf, or use --allocator pytorch", a.allocator),
+            format!("sets PyTorch's caching allocator, which --allocator {policy} is not: drop --conf, or use --allocator pytorch"),
         )
         .into());
     }
@@ -58,12 +57,12 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     if spec.backend == crate::results::Backend::Sim {
         spec.capacity = super::args::capacity_for(spec.capacity, &source)?;
     }
-    let mut built = build(&a.allocator, &conf, &spec)?;
-    let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {}", a.allocator));
+    let mut built = build(policy, &conf, &spec)?;
+    let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {policy}"));
     let mut result = gpu_run::run_hashing_alongside(&mut built, &conf, &source, &a.device.replay_options(), &mut progress::watch(&pb))?;
     progress::finish(pb);
     let sites = match &a.html {
-        Some(_) => exact_segments_and_sites(&source, &a.allocator, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
+        Some(_) => exact_segments_and_sites(&source, policy, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
         None => None,
     };
     let json = a.json.as_deref();
@@ -81,7 +80,7 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
     if let Some(out) = &a.html {
         let (sites, names) = sites.unzip();
         let page = memory_view::page(
-            &format!("{}: memory view ({})", result.workload.name, gpu_label(&result)),
+            &format!("{}: memory view ({})", result.workload.name, result.label()),
             &[ViewRun { run: &result, sites }],
             &names.unwrap_or_default(),
         );
@@ -103,7 +102,7 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
 /// captures, the allocation site of each block (`sites[segment][block]`) and the site names.
 fn exact_segments_and_sites(
     source: &Source,
-    allocator: &str,
+    allocator: GpuPolicy,
     conf: &AllocatorConfig,
     spec: &DeviceSpec,
     result: &mut GpuRunResult,

@@ -10,7 +10,7 @@ use super::{output::Jsonl, progress};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu_run;
 use crate::input::Source;
-use crate::results::{GpuRunResult, OnOom, ResultRecord};
+use crate::results::{GpuPolicy, GpuRunResult, OnOom, ResultRecord};
 use crate::units::count;
 
 #[derive(Args, Debug)]
@@ -33,19 +33,21 @@ pub struct RunArgs {
 pub fn main(a: &RunArgs) -> anyhow::Result<()> {
     super::output::check_outputs(&[a.jsonl.as_deref()], &[a.input.as_deref()])?;
     let source = Source::open(a.input.as_deref())?;
-    compare(&source, &a.allocators, &a.confs, &a.device, a.jsonl.as_deref())
+    let policies = a.allocators.iter().map(|name| GpuPolicy::parse(name)).collect::<Result<Vec<_>, _>>()?;
+    compare(&source, &policies, &a.confs, &a.device, a.jsonl.as_deref())
 }
 
 /// Replays `source` under each allocator (and each conf for pytorch), writing each result as it
 /// finishes, then prints the comparison table.
-pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &DeviceArgs, jsonl: Option<&Path>) -> anyhow::Result<()> {
+pub fn compare(source: &Source, policies: &[GpuPolicy], confs: &[String], dev: &DeviceArgs, jsonl: Option<&Path>) -> anyhow::Result<()> {
     let device = dev.spec()?;
-    if !confs.is_empty() && !allocators.iter().any(|a| a == "pytorch") {
-        eprintln!("warning: --conf applies to the pytorch allocator only, which is not among --allocators {}", allocators.join(","));
+    if !confs.is_empty() && !policies.iter().any(|p| p.takes_conf()) {
+        let names: Vec<&str> = policies.iter().map(|p| p.name()).collect();
+        eprintln!("warning: --conf applies to the pytorch allocator only, which is not among --allocators {}", names.join(","));
     }
     let confs: Vec<AllocatorConfig> =
         if confs.is_empty() { vec![AllocatorConfig::from_env()?] } else { confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()? };
-    let plan = gpu_run::plan(allocators, &confs)?;
+    let plan = gpu_run::plan(policies, &confs);
     let opts = dev.replay_options();
     let mut out = Jsonl::append(jsonl)?;
     // Hashing a large trace takes a pass over it: once, for every row.
@@ -53,7 +55,7 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
     let mut rows = Vec::new();
     for p in &plan {
         let pb = progress::events(dev.quiet, &p.label());
-        let r = gpu_run::run_source(source, &info, &p.allocator, &p.conf, &device, &opts, &mut progress::watch(&pb))?;
+        let r = gpu_run::run_source(source, &info, p.allocator, &p.conf, &device, &opts, &mut progress::watch(&pb))?;
         progress::finish(pb);
         out.write(&ResultRecord::GpuReplay(Box::new(r.clone())))?;
         let interrupted = r.summary.interrupted;
@@ -73,7 +75,7 @@ pub fn compare(source: &Source, allocators: &[String], confs: &[String], dev: &D
         info.name,
         info.kind,
         if all_stopped { format!("{} replayed before every run stopped", count(events, "event")) } else { count(events, "event") },
-        rows.iter().find(|r| r.allocator != "ideal").or(rows.first()).map(|r| r.device.clone()).unwrap_or_default()
+        rows.iter().find(|r| r.allocator != GpuPolicy::Ideal).or(rows.first()).map(|r| r.device.clone()).unwrap_or_default()
     );
     print!("{}", gpu_run::comparison_table(&rows));
     if let Some(p) = jsonl {

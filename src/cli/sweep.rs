@@ -9,7 +9,7 @@ use super::args::parse_capacity;
 use super::output::{self, Jsonl};
 use super::progress;
 use crate::error::InputError;
-use crate::results::{ResultRecord, RowStatus};
+use crate::results::{GpuPolicy, ResultRecord, RowStatus};
 use crate::sweep::{Plan, PlanRequest, Shard};
 use crate::units::format_bytes;
 
@@ -100,7 +100,7 @@ fn read_confs(arg: Option<&str>) -> anyhow::Result<Vec<String>> {
     if arg == "advise" {
         return Ok(crate::advise::search_space());
     }
-    let text = crate::input::read_text_at_most(std::path::Path::new(arg), 16 << 20, "a confs file (one PYTORCH_CUDA_ALLOC_CONF string per line, or 'advise')")?;
+    let text = crate::files::read_text_at_most(std::path::Path::new(arg), 16 << 20, "a confs file (one PYTORCH_CUDA_ALLOC_CONF string per line, or 'advise')")?;
     let mut confs: Vec<String> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -234,6 +234,6 @@ fn merge(a: &MergeArgs) -> anyhow::Result<()> {
 }
 
 fn describe_row(r: &crate::results::PlanRow) -> String {
-    let conf = if r.allocator == "pytorch" && r.conf.is_empty() { "defaults" } else { &r.conf };
+    let conf = GpuPolicy::parse(&r.allocator).map_or(r.conf.as_str(), |p| p.conf_or(&r.conf, "defaults"));
     format!("{}, {} {}, {}", Path::new(&r.input).display(), r.allocator, conf, format_bytes(r.capacity))
 }

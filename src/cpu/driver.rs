@@ -10,7 +10,7 @@
 //! `cross_thread`, worker i hands every block it frees to worker i+1, which frees it (the larson
 //! pattern: where allocators differ most).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -18,6 +18,7 @@ use hdrhistogram::Histogram;
 use rustc_hash::FxHashMap;
 
 use super::allocators::CpuAllocator;
+use super::rss::RunProgress;
 use crate::error::InputError;
 use crate::event::Event;
 use crate::input::Source;
@@ -481,14 +482,6 @@ impl<'a, C: Clock> Worker<'a, C> {
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
-}
-
-/// What a run publishes while it goes, for the RSS sampler: worker 0's iteration and the live
-/// bytes of all workers (updated at every step and after every chunk of ops).
-#[derive(Debug, Default)]
-pub struct RunProgress {
-    pub iteration: AtomicU64,
-    pub live_bytes: AtomicI64,
 }
 
 /// Runs the workload on `opts.threads` workers, timing sampled ops with the TSC; `progress` is

@@ -56,29 +56,6 @@ pub fn resolve_allocators(spec: &str) -> Result<(Vec<ExecAllocator>, Vec<String>
     Ok((out, notes))
 }
 
-/// Checks that a library loads under LD_PRELOAD and serves malloc: `probe` (this binary's
-/// `malloc-info`) is run with it preloaded and must name it as malloc's library.
-pub fn check_serves_malloc(probe: &Path, library: &Path) -> Result<(), InputError> {
-    let loc = library.display().to_string();
-    let out = std::process::Command::new(probe)
-        .arg("malloc-info")
-        .env("LD_PRELOAD", library)
-        .output()
-        .map_err(|e| InputError::new(&loc, format!("cannot run {} to check it: {e}", probe.display())))?;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    // ld.so ignores a preload it cannot load and says so on stderr.
-    if let Some(line) = stderr.lines().find(|l| l.contains("cannot be preloaded") || l.contains("ld.so")) {
-        return Err(InputError::new(&loc, format!("fails to load under LD_PRELOAD: {}", line.trim())));
-    }
-    let live: crate::results::LiveMalloc = serde_json::from_slice(&out.stdout)
-        .map_err(|_| InputError::new(&loc, format!("fails to load under LD_PRELOAD: {}", stderr.lines().next().unwrap_or("the probe crashed"))))?;
-    let serves = std::fs::canonicalize(&live.library).map(|p| p == library).unwrap_or(false);
-    if !serves {
-        return Err(InputError::new(&loc, format!("is not an allocator: with it preloaded, malloc still comes from {}", live.library)));
-    }
-    Ok(())
-}
-
 /// How to run.
 #[derive(Debug, Clone)]
 pub struct ExecOptions {

@@ -5,10 +5,33 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_void, CStr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::InputError;
 use crate::results::LiveMalloc;
+
+/// Checks that a library loads under LD_PRELOAD and serves malloc: `probe` (this binary's
+/// `malloc-info`) is run with it preloaded and must name it as malloc's library.
+pub fn check_serves_malloc(probe: &Path, library: &Path) -> Result<(), InputError> {
+    let loc = library.display().to_string();
+    let out = std::process::Command::new(probe)
+        .arg("malloc-info")
+        .env("LD_PRELOAD", library)
+        .output()
+        .map_err(|e| InputError::new(&loc, format!("cannot run {} to check it: {e}", probe.display())))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // ld.so ignores a preload it cannot load and says so on stderr.
+    if let Some(line) = stderr.lines().find(|l| l.contains("cannot be preloaded") || l.contains("ld.so")) {
+        return Err(InputError::new(&loc, format!("fails to load under LD_PRELOAD: {}", line.trim())));
+    }
+    let live: LiveMalloc = serde_json::from_slice(&out.stdout)
+        .map_err(|_| InputError::new(&loc, format!("fails to load under LD_PRELOAD: {}", stderr.lines().next().unwrap_or("the probe crashed"))))?;
+    let serves = std::fs::canonicalize(&live.library).map(|p| p == library).unwrap_or(false);
+    if !serves {
+        return Err(InputError::new(&loc, format!("is not an allocator: with it preloaded, malloc still comes from {}", live.library)));
+    }
+    Ok(())
+}
 
 pub fn classify(library: &str) -> String {
     let file = library.rsplit('/').next().unwrap_or(library);
@@ -86,7 +109,7 @@ pub fn rerun_preloaded(spec: &str) -> anyhow::Result<Option<i32>> {
     let exe = std::env::current_exe()?;
     // A library that does not load or does not serve malloc is refused before anything runs.
     let canonical = std::fs::canonicalize(&lib).map_err(|e| InputError::new(spec, format!("cannot preload it: {e}")))?;
-    super::exec::check_serves_malloc(&exe, &canonical)?;
+    check_serves_malloc(&exe, &canonical)?;
     let child = std::process::Command::new(exe).args(std::env::args_os().skip(1)).env("LD_PRELOAD", &lib).env(PRELOAD_CHILD_ENV, "1").spawn()?;
     // The child stops as on Ctrl-C and still writes what it measured.
     let status = crate::interrupt::wait_passing_on(child, libc::SIGINT, std::time::Duration::ZERO)?;

@@ -1,12 +1,19 @@
 //! Process RSS from /proc (the `psutil` crate cannot be used: see README), sampled on a
 //! background thread into a timeline.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::driver::RunProgress;
 use crate::results::RssSample;
+
+/// What a run publishes while it goes, for the RSS sampler: worker 0's iteration and the live
+/// bytes of all workers (updated at every step and after every chunk of ops).
+#[derive(Debug, Default)]
+pub struct RunProgress {
+    pub iteration: AtomicU64,
+    pub live_bytes: AtomicI64,
+}
 
 fn page_size() -> u64 {
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

@@ -8,6 +8,7 @@ use super::cuda::{CudaDevice, CudaPool};
 use super::device::{Device, DeviceError, DeviceResult};
 use super::stats::{DeviceStats, PoolKind};
 use super::{AllocError, GpuAllocator, Handle, OomInfo};
+use crate::results::GpuPolicy;
 
 /// `cuMemAllocFromPoolAsync` / `cuMemFreeAsync` on a pool whose release threshold keeps
 /// everything cached.
@@ -40,8 +41,8 @@ impl AsyncPoolAllocator {
 }
 
 impl GpuAllocator for AsyncPoolAllocator {
-    fn name(&self) -> String {
-        "async".into()
+    fn policy(&self) -> GpuPolicy {
+        GpuPolicy::Async
     }
 
     fn malloc(&mut self, bytes: u64, stream: u64) -> Result<Handle, AllocError> {

@@ -11,7 +11,7 @@ use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
 use super::{AllocError, GpuAllocator, Handle, OomInfo};
 use crate::gpu::caching::pool_for;
-use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
+use crate::results::{BlockSnapshot, BlockState, GpuPolicy, SegmentSnapshot};
 
 /// Stats for an allocation that is also its own segment.
 /// `device_call` is false for the ideal bound, which makes none.
@@ -48,8 +48,8 @@ impl<D: Device> NoCacheAllocator<D> {
 }
 
 impl<D: Device> GpuAllocator for NoCacheAllocator<D> {
-    fn name(&self) -> String {
-        "nocache".into()
+    fn policy(&self) -> GpuPolicy {
+        GpuPolicy::Nocache
     }
 
     fn malloc(&mut self, bytes: u64, stream: u64) -> Result<Handle, AllocError> {
@@ -133,8 +133,8 @@ impl IdealAllocator {
 }
 
 impl GpuAllocator for IdealAllocator {
-    fn name(&self) -> String {
-        "ideal".into()
+    fn policy(&self) -> GpuPolicy {
+        GpuPolicy::Ideal
     }
 
     fn malloc(&mut self, bytes: u64, _stream: u64) -> Result<Handle, AllocError> {

@@ -6,6 +6,7 @@
 //! analyses' many replays (`advise`, the capacity search) a statically dispatched policy, and the
 //! fidelity check composes its adaptors itself to read the address-replay misses.
 
+use super::async_pool::AsyncPoolAllocator;
 use super::baseline::{IdealAllocator, NoCacheAllocator};
 use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
@@ -15,15 +16,7 @@ use super::device::{AddressOrder, Device, SimDevice, H100_CAPACITY_BYTES};
 use super::devprobe::LatencyModel;
 use super::GpuAllocator;
 use crate::error::InputError;
-use crate::results::Backend;
-
-/// Registered GPU policies: name → what it is.
-pub const GPU_ALLOCATORS: &[(&str, &str)] = &[
-    ("pytorch", "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)"),
-    ("nocache", "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor"),
-    ("ideal", "reserves exactly the live bytes: the physical lower bound"),
-    ("async", "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)"),
-];
+use crate::results::{Backend, GpuPolicy};
 
 /// The device a policy runs on.
 #[derive(Debug, Clone)]
@@ -59,31 +52,14 @@ pub struct Built {
     pub reports_device_time: bool,
 }
 
-pub fn unknown_allocator(name: &str) -> InputError {
-    let names: Vec<&str> = GPU_ALLOCATORS.iter().map(|(n, _)| *n).collect();
-    InputError::new("--allocator", format!("unknown GPU allocator '{name}' (known: {})", names.join(", ")))
-}
-
-/// Builds the registered policy `allocator` (with `conf` for pytorch) on the device `spec` names.
-pub fn build(allocator: &str, conf: &AllocatorConfig, spec: &DeviceSpec) -> Result<Built, InputError> {
-    use super::async_pool::AsyncPoolAllocator;
+/// Builds `policy` (with `conf` for pytorch) on the device `spec` names.
+pub fn build(policy: GpuPolicy, conf: &AllocatorConfig, spec: &DeviceSpec) -> Result<Built, InputError> {
     use super::cuda::CudaDevice;
-    if !GPU_ALLOCATORS.iter().any(|(n, _)| *n == allocator) {
-        return Err(unknown_allocator(allocator));
-    }
     match spec.backend {
         Backend::Sim => {
-            if allocator == "async" {
-                return Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"));
-            }
             let capacity = spec.capacity.unwrap_or(H100_CAPACITY_BYTES);
             let model = spec.latency.clone().unwrap_or_else(LatencyModel::h100);
-            let device = sim_device(capacity, spec, &model);
-            let alloc: Box<dyn GpuAllocator> = match allocator {
-                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
-                "nocache" => Box::new(NoCacheAllocator::new(device)),
-                _ => Box::new(IdealAllocator::new(capacity)),
-            };
+            let alloc = on_device(policy, conf, sim_device(capacity, spec, &model), capacity)?;
             Ok(Built { alloc, backend: Backend::Sim, capacity, time_model: Some(model), reports_device_time: spec.latency.is_some() })
         }
         Backend::Cuda => {
@@ -92,14 +68,36 @@ pub fn build(allocator: &str, conf: &AllocatorConfig, spec: &DeviceSpec) -> Resu
             }
             let device = CudaDevice::open(0)?;
             let capacity = device.capacity();
-            let alloc: Box<dyn GpuAllocator> = match allocator {
-                "pytorch" => Box::new(CachingAllocator::new(conf.clone(), device)),
-                "nocache" => Box::new(NoCacheAllocator::new(device)),
-                "async" => Box::new(AsyncPoolAllocator::new(device).map_err(|e| InputError::new("--device cuda", e.to_string()))?),
-                _ => Box::new(IdealAllocator::new(capacity)),
-            };
+            let alloc = on_device(policy, conf, device, capacity)?;
             Ok(Built { alloc, backend: Backend::Cuda, capacity, time_model: None, reports_device_time: true })
         }
+    }
+}
+
+/// The registry of constructors: `policy` over `device`, whatever the device is.
+fn on_device<D: PolicyDevice>(policy: GpuPolicy, conf: &AllocatorConfig, device: D, capacity: u64) -> Result<Box<dyn GpuAllocator>, InputError> {
+    Ok(match policy {
+        GpuPolicy::Pytorch => Box::new(CachingAllocator::new(conf.clone(), device)),
+        GpuPolicy::Nocache => Box::new(NoCacheAllocator::new(device)),
+        GpuPolicy::Ideal => Box::new(IdealAllocator::new(capacity)),
+        GpuPolicy::Async => device.async_pool()?,
+    })
+}
+
+/// A device a policy can be built on. Only a real GPU has CUDA's own pool.
+trait PolicyDevice: Device + 'static {
+    fn async_pool(self) -> Result<Box<dyn GpuAllocator>, InputError>;
+}
+
+impl PolicyDevice for Box<dyn Device> {
+    fn async_pool(self) -> Result<Box<dyn GpuAllocator>, InputError> {
+        Err(InputError::new("--allocator", "the async pool is CUDA's own allocator: it needs --device cuda"))
+    }
+}
+
+impl PolicyDevice for super::cuda::CudaDevice {
+    fn async_pool(self) -> Result<Box<dyn GpuAllocator>, InputError> {
+        Ok(Box::new(AsyncPoolAllocator::new(self).map_err(|e| InputError::new("--device cuda", e.to_string()))?))
     }
 }
 

@@ -24,7 +24,7 @@ pub const TARGET_KEYS: [&str; 4] = ["reserved_bytes.all.peak", "segment.all.allo
 pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
     let name = path.display().to_string();
     // One memory_stats() per step: a few MiB for a long trace.
-    let text = crate::input::read_text_at_most(path, 256 << 20, "a torch_replay.py output")?;
+    let text = crate::files::read_text_at_most(path, 256 << 20, "a torch_replay.py output")?;
     let t: TorchReplay = serde_json::from_str(&text).map_err(|e| InputError::new(&name, format!("not a torch_replay.py output: {e}")))?;
     if t.format != "allocbench-torch-replay-v1" {
         return Err(InputError::new(&name, format!("unknown format '{}' (expected allocbench-torch-replay-v1)", t.format)));

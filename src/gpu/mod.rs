@@ -132,7 +132,7 @@ pub const NULL_HANDLE: Handle = u32::MAX;
 
 /// A GPU allocation policy under test.
 pub trait GpuAllocator {
-    fn name(&self) -> String;
+    fn policy(&self) -> crate::results::GpuPolicy;
     fn malloc(&mut self, bytes: u64, stream: u64) -> Result<Handle, AllocError>;
     fn free(&mut self, handle: Handle) -> Result<(), DeviceError>;
     /// `torch.cuda.empty_cache()`.

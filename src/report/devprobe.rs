@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::charts::{self, Line};
 use super::{write_chart, Section};
-use crate::results::{DevprobeResult, ResultRecord, SizeLatency};
+use crate::results::{DevprobeResult, GpuPolicy, ResultRecord, SizeLatency};
 use crate::units::format_bytes;
 
 fn us(ns: u64) -> String {
@@ -63,9 +63,9 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
             dashed: false,
         };
         let lines = vec![
-            line("cuMemAlloc (cudaMalloc) p50", "nocache", &p.malloc),
-            line("cuMemFree (cudaFree) p50", "pytorch", &p.free),
-            line("cuMemAllocAsync + cuMemFreeAsync, warm pool, p50", "async", &p.async_pool_alloc_free),
+            line("cuMemAlloc (cudaMalloc) p50", GpuPolicy::Nocache.name(), &p.malloc),
+            line("cuMemFree (cudaFree) p50", GpuPolicy::Pytorch.name(), &p.free),
+            line("cuMemAllocAsync + cuMemFreeAsync, warm pool, p50", GpuPolicy::Async.name(), &p.async_pool_alloc_free),
         ];
         let file = if probes.len() == 1 { "devprobe.svg".to_string() } else { format!("devprobe-{i}.svg") };
         let title = format!("Device allocation latency by size: {}", p.device);

@@ -11,22 +11,13 @@ use super::spread::{fold, Spread};
 use super::style::{self, slug};
 use super::{memory_view, percent_change, write_chart, Chart, Section};
 use crate::input::Source;
-use crate::results::{Backend, GpuRunResult, ResultRecord, SegmentSnapshot, TimelinePoint};
+use crate::results::{Backend, GpuPolicy, GpuRunResult, ResultRecord, SegmentSnapshot, TimelinePoint};
 use crate::units::format_bytes;
-
-/// The label of a GPU run: allocator, plus the conf for the pytorch policy.
-pub fn gpu_label(r: &GpuRunResult) -> String {
-    if r.allocator == "pytorch" && !r.conf.is_empty() {
-        format!("pytorch {}", r.conf)
-    } else {
-        r.allocator.clone()
-    }
-}
 
 /// A short form of a GPU run's label for axes: the conf's keys abbreviated.
 pub fn gpu_short_label(r: &GpuRunResult) -> String {
-    if r.allocator != "pytorch" {
-        return r.allocator.clone();
+    if !r.allocator.takes_conf() {
+        return r.allocator.to_string();
     }
     if r.conf.is_empty() {
         return "pytorch default".into();
@@ -73,9 +64,9 @@ pub fn gpu_short_label(r: &GpuRunResult) -> String {
 
 /// The label of a config in findings: the conf string, or what the allocator is.
 fn config_name(r: &GpuRunResult) -> String {
-    match (r.allocator.as_str(), r.conf.is_empty()) {
-        ("pytorch", true) => "PyTorch's defaults".into(),
-        ("pytorch", false) => format!("`{}`", r.conf),
+    match (r.allocator, r.conf.is_empty()) {
+        (GpuPolicy::Pytorch, true) => "PyTorch's defaults".into(),
+        (GpuPolicy::Pytorch, false) => format!("`{}`", r.conf),
         (other, _) => format!("`{other}`"),
     }
 }
@@ -108,7 +99,7 @@ impl<'a> GpuRow<'a> {
     }
     /// PyTorch's default config: the baseline of the relative columns.
     fn is_default(&self) -> bool {
-        self.first().allocator == "pytorch" && self.first().conf.is_empty()
+        self.first().allocator == GpuPolicy::Pytorch && self.first().conf.is_empty()
     }
 }
 
@@ -152,7 +143,7 @@ pub fn runs_by_case<'a>(runs: &[&'a GpuRunResult]) -> Vec<Case<'a>> {
 pub fn rows_by_workload<'a>(runs: &[&'a GpuRunResult]) -> Vec<(String, Vec<GpuRow<'a>>)> {
     runs_by_case(runs)
         .into_iter()
-        .map(|case| (case.label, fold(case.runs, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect()))
+        .map(|case| (case.label, fold(case.runs, |r| (r.allocator, r.conf.clone())).into_iter().map(|(_, reps)| GpuRow::new(reps)).collect()))
         .collect()
 }
 
@@ -170,11 +161,11 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
     let fits = |r: &&GpuRow| r.ooms() == 0;
     let ideal = rows
         .iter()
-        .find(|r| r.first().allocator == "ideal")
+        .find(|r| r.first().allocator == GpuPolicy::Ideal)
         .map(|r| format!("; the ideal bound (peak live bytes) is {}", format_bytes(r.peak_reserved.mean as u64)));
     // A run that stopped at an OOM has no full peak to compare: the OOM sentence below says it.
     if let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) {
-        let tried: Vec<&GpuRow> = rows.iter().filter(|r| r.first().allocator == "pytorch" && !r.is_default()).filter(fits).collect();
+        let tried: Vec<&GpuRow> = rows.iter().filter(|r| r.first().allocator == GpuPolicy::Pytorch && !r.is_default()).filter(fits).collect();
         // Among configs that reserve the same least, the one with the fewest device mallocs is
         // named, and the others beside it: a tie is no ranking.
         let best = tried
@@ -215,7 +206,7 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
     if !rows.iter().any(|r| r.is_default()) {
         // The ideal policy is the bound, not a choice.
         if let Some(low) =
-            rows.iter().filter(fits).filter(|r| r.first().allocator != "ideal").min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean))
+            rows.iter().filter(fits).filter(|r| r.first().allocator != GpuPolicy::Ideal).min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean))
         {
             out.push(format!(
                 "{workload}: no run with PyTorch's defaults to compare against; {} reserves least, {} at {} device mallocs.",
@@ -299,7 +290,7 @@ fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
             let _ = writeln!(
                 s,
                 "| `{}` | {} | {} | {vs_reserved} | {} | {} | {} | {vs_mallocs} | {} | {oom} |",
-                gpu_label(r),
+                r.label(),
                 row.runs.len(),
                 bytes_spread(&row.peak_reserved),
                 row.overhead.show(|v| format!("{v:.3}")),
@@ -344,14 +335,14 @@ fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> 
     for Case { label: workload, slug: ws, runs: group } in runs_by_case(runs) {
         // One run per config in the line and segment charts: repetitions replay the same
         // deterministic policy on the simulated device.
-        let group: Vec<&GpuRunResult> = fold(group, |r| (r.allocator.clone(), r.conf.clone())).into_iter().map(|(_, reps)| reps[0]).collect();
+        let group: Vec<&GpuRunResult> = fold(group, |r| (r.allocator, r.conf.clone())).into_iter().map(|(_, reps)| reps[0]).collect();
         // Memory over time: reserved per config, and what is allocated.
         let use_steps = group[0].work.steps >= 10;
         let x = |p: &TimelinePoint| if use_steps { p.step as f64 } else { p.event as f64 };
         let mut lines = Vec::new();
         let mut markers = Vec::new();
         for r in &group {
-            let label = gpu_label(r);
+            let label = r.label();
             lines.push(Line {
                 label: format!("reserved: {label}"),
                 color_key: label.clone(),
@@ -366,7 +357,7 @@ fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> 
         // Allocated bytes are the same for every policy until one stops at an OOM: take the run
         // that went furthest.
         if let Some(first) =
-            group.iter().find(|r| r.allocator == "ideal").or_else(|| group.iter().max_by_key(|r| (r.work.events, std::cmp::Reverse(r.oom.is_some()))))
+            group.iter().find(|r| r.allocator == GpuPolicy::Ideal).or_else(|| group.iter().max_by_key(|r| (r.work.events, std::cmp::Reverse(r.oom.is_some()))))
         {
             lines.push(Line {
                 label: "allocated (live tensors)".into(),
@@ -395,8 +386,8 @@ fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> 
         charts.push(write_chart(out, format!("gpu-device-calls-{ws}.svg"), title, svg)?);
 
         // Segment map at peak (or at the OOM) for each caching-allocator config.
-        for r in group.iter().filter(|r| r.allocator == "pytorch" && !r.segments_at_peak.is_empty()) {
-            let label = gpu_label(r);
+        for r in group.iter().filter(|r| r.allocator == GpuPolicy::Pytorch && !r.segments_at_peak.is_empty()) {
+            let label = r.label();
             const ROWS: usize = 40;
             let (at, source) = if r.segments_at_oom.is_empty() { ("peak", &r.segments_at_peak) } else { ("the OOM", &r.segments_at_oom) };
             let mut segs: Vec<&SegmentSnapshot> = source.iter().collect();
@@ -426,7 +417,7 @@ fn charts_for(out: &Path, runs: &[&GpuRunResult]) -> anyhow::Result<Vec<Chart>> 
             category: w,
             bars: rows
                 .iter()
-                .map(|row| (gpu_short_label(row.first()), gpu_label(row.first()), row.overhead.mean, row.overhead.ci95.map(|_| row.overhead.bounds())))
+                .map(|row| (gpu_short_label(row.first()), row.first().label(), row.overhead.mean, row.overhead.ci95.map(|_| row.overhead.bounds())))
                 .collect(),
         })
         .collect();

@@ -14,7 +14,6 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use super::gpu::gpu_label;
 use super::html;
 use super::spread::fold;
 use crate::gpu::build::DeviceSpec;
@@ -76,7 +75,7 @@ fn run_json(v: &ViewRun) -> Value {
         })
         .collect();
     json!({
-        "label": gpu_label(r),
+        "label": r.label(),
         "capacity": r.capacity,
         "x_label": if use_steps { "step" } else { "event" },
         "timeline": timeline,
@@ -115,7 +114,7 @@ pub fn write_for_runs(out: &Path, workload: &str, file_slug: &str, runs: &[&GpuR
         None => None,
     };
     let mut view = Vec::new();
-    for (_, reps) in fold(runs.iter().copied(), |r| (r.allocator.clone(), r.conf.clone())) {
+    for (_, reps) in fold(runs.iter().copied(), |r| (r.allocator, r.conf.clone())) {
         let run = reps[0];
         let block_sites = match (input, &sites) {
             (Some(source), Some(sites)) => sites_of_run(run, source, sites)?,
@@ -142,7 +141,7 @@ pub fn sites_of_run(run: &GpuRunResult, source: &Source, sites: &Sites) -> anyho
         return Ok(None);
     };
     let spec = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(run.capacity) };
-    let owners = crate::gpu_run::segment_owners(&run.allocator, &conf, &spec, source.events()?, run.on_oom)?;
+    let owners = crate::gpu_run::segment_owners(run.allocator, &conf, &spec, source.events()?, run.on_oom)?;
     let (at, shown) = shown_segments(run);
     let (segments, ids) = if at == "OOM" { (owners.at_oom, owners.oom_owners) } else { (owners.at_peak.segments, owners.at_peak.owners) };
     Ok((segments == shown).then(|| block_sites(&ids, sites)))

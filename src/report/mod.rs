@@ -27,7 +27,7 @@ use crate::error::InputError;
 use crate::results::{read_results, MachineInfo, ResultRecord, WorkloadInfo};
 use crate::units::format_bytes;
 
-pub use gpu::{gpu_label, gpu_short_label};
+pub use gpu::gpu_short_label;
 
 /// A chart written into the report: its file, its title, and its SVG markup (inlined in the HTML).
 pub struct Chart {
@@ -67,7 +67,7 @@ pub fn load(paths: &[PathBuf]) -> anyhow::Result<Vec<ResultRecord>> {
     let mut all = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         // A file named twice (a glob and its own name) would count its runs twice.
-        if let Some(first) = paths[..i].iter().find(|q| crate::input::same_file(q, p)) {
+        if let Some(first) = paths[..i].iter().find(|q| crate::files::same_file(q, p)) {
             eprintln!("note: {} is the same file as {}: read once", p.display(), first.display());
             continue;
         }

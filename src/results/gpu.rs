@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::common::{MachineInfo, WorkDone, WorkloadInfo};
+use crate::error::InputError;
 use crate::units::format_bytes;
 
 names!(Backend { Sim => "sim", Cuda => "cuda" });
@@ -20,6 +21,81 @@ pub enum OnOom {
     Stop,
     /// Record the OOM, skip the allocation (and its free) and go on.
     Continue,
+}
+
+/// A registered GPU policy (`--allocator`, `"allocator"`): names are parsed once, into this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GpuPolicy {
+    /// PyTorch's CUDA caching allocator policy.
+    Pytorch,
+    /// `PYTORCH_NO_CUDA_MEMORY_CACHING`: a device malloc/free per tensor.
+    Nocache,
+    /// Reserves exactly the live bytes: the physical lower bound.
+    Ideal,
+    /// CUDA's stream-ordered pool (`cuMemAllocAsync`), on a real GPU only.
+    Async,
+}
+
+impl GpuPolicy {
+    /// Every policy, in the order `--help` and error messages list them.
+    pub const ALL: [GpuPolicy; 4] = [GpuPolicy::Pytorch, GpuPolicy::Nocache, GpuPolicy::Ideal, GpuPolicy::Async];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuPolicy::Pytorch => "pytorch",
+            GpuPolicy::Nocache => "nocache",
+            GpuPolicy::Ideal => "ideal",
+            GpuPolicy::Async => "async",
+        }
+    }
+
+    /// What it is, for `--help` and listings.
+    pub fn about(self) -> &'static str {
+        match self {
+            GpuPolicy::Pytorch => "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)",
+            GpuPolicy::Nocache => "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor",
+            GpuPolicy::Ideal => "reserves exactly the live bytes: the physical lower bound",
+            GpuPolicy::Async => "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)",
+        }
+    }
+
+    /// Whether a PYTORCH_CUDA_ALLOC_CONF string means anything to it (the others ignore one).
+    pub fn takes_conf(self) -> bool {
+        self == GpuPolicy::Pytorch
+    }
+
+    /// The policy called `name`, or an error listing the known ones.
+    pub fn parse(name: &str) -> Result<GpuPolicy, InputError> {
+        GpuPolicy::ALL.into_iter().find(|p| p.name() == name).ok_or_else(|| {
+            let names: Vec<&str> = GpuPolicy::ALL.iter().map(|p| p.name()).collect();
+            InputError::new("--allocator", format!("unknown GPU allocator '{name}' (known: {})", names.join(", ")))
+        })
+    }
+
+    /// The conf a run of this policy shows: `conf`, or `default` for PyTorch's defaults ("").
+    pub fn conf_or<'a>(self, conf: &'a str, default: &'a str) -> &'a str {
+        if self.takes_conf() && conf.is_empty() {
+            default
+        } else {
+            conf
+        }
+    }
+
+    /// A run's label: the policy, and its conf when it has one (`pytorch expandable_segments:True`).
+    pub fn label(self, conf: &str) -> String {
+        if self.takes_conf() && !conf.is_empty() {
+            format!("{} {conf}", self.name())
+        } else {
+            self.name().to_string()
+        }
+    }
+}
+
+impl std::fmt::Display for GpuPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
 }
 
 /// Where the policy's device memory comes from (`--device`, `"backend"`).
@@ -222,7 +298,7 @@ pub struct GpuSummary {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuRunResult {
     pub schema_version: u32,
-    pub allocator: String,
+    pub allocator: GpuPolicy,
     /// The PYTORCH_CUDA_ALLOC_CONF string ("" = defaults).
     pub conf: String,
     pub backend: Backend,
@@ -243,4 +319,11 @@ pub struct GpuRunResult {
     pub segments_at_oom: Vec<SegmentSnapshot>,
     /// (smallest size of the log2 bucket, allocations in it).
     pub size_histogram: Vec<(u64, u64)>,
+}
+
+impl GpuRunResult {
+    /// The run's label: its policy, and its conf when it has one.
+    pub fn label(&self) -> String {
+        self.allocator.label(&self.conf)
+    }
 }

@@ -52,7 +52,9 @@ pub use cpu::{CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, Retaine
 pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
-pub use gpu::{Backend, BlockSnapshot, BlockState, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint};
+pub use gpu::{
+    Backend, BlockSnapshot, BlockState, GpuPolicy, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint,
+};
 pub use sweep::{PlanRow, RowStatus, SweepRow};
 
 /// Bumped whenever a field changes meaning or is removed; readers refuse other versions.
@@ -117,7 +119,7 @@ pub fn read_results_at_most(path: &Path, limit: u64) -> anyhow::Result<Vec<Resul
     let name = path.display().to_string();
     // `.gz`: the results a published report keeps beside it, compressed. (A fleet's merged sweep
     // is a few hundred MiB; a file past the bound is no results file to load whole.)
-    let text = crate::input::read_text_at_most(path, limit, "a results file")?;
+    let text = crate::files::read_text_at_most(path, limit, "a results file")?;
     const FIX: &str = "re-run the benchmark with this version";
     let trimmed = text.trim_start();
     if trimmed.is_empty() {

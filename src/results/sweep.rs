@@ -15,6 +15,7 @@ pub struct PlanRow {
     pub input: String,
     /// sha256 of the input file's bytes when the plan was made.
     pub sha256: String,
+    /// A [`super::GpuPolicy`]'s name, checked when the plan is read (`Plan::read`).
     pub allocator: String,
     /// The PYTORCH_CUDA_ALLOC_CONF string ("" = defaults; always "" for nocache and ideal).
     pub conf: String,

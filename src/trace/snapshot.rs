@@ -120,7 +120,7 @@ pub fn import_snapshot(path: &Path) -> Result<ImportedTrace, InputError> {
 
 /// [`import_snapshot`], of device `device`'s history (`None`: the first device that has one).
 pub fn import_snapshot_of_device(path: &Path, device: Option<usize>) -> Result<ImportedTrace, InputError> {
-    let data = crate::input::read_bytes_at_most(path, MAX_SNAPSHOT_BYTES, "a snapshot")?;
+    let data = crate::files::read_bytes_at_most(path, MAX_SNAPSHOT_BYTES, "a snapshot")?;
     if data.starts_with(b"PK\x03\x04") {
         return Err(err(path, "a zip archive (what torch.save writes), not a snapshot: write it with torch.cuda.memory._dump_snapshot(path), or pickle.dump(torch.cuda.memory._snapshot(), f)"));
     }
@@ -708,7 +708,7 @@ pub fn from_snapshot_value_of_device(root: &Value, chosen: Option<usize>) -> Res
 /// plain or gzip-compressed. A failed allocation (`allocate failure`, whose pointer RMM prints
 /// as `(nil)` or `0x0`) is skipped and counted.
 pub fn import_rmm_log(path: &Path) -> Result<ImportedTrace, InputError> {
-    let text = crate::input::read_bytes_at_most(path, MAX_SNAPSHOT_BYTES, "an RMM log")?;
+    let text = crate::files::read_bytes_at_most(path, MAX_SNAPSHOT_BYTES, "an RMM log")?;
     let text = String::from_utf8(text).map_err(|_| err(path, "not valid UTF-8 text"))?;
     let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     // RMM buffers its log (auto_flush is off by default): a process that died leaves a cut row.

@@ -482,5 +482,5 @@ impl Validator<'_> {
 pub fn read_source(path: &Path) -> Result<String, InputError> {
     // A workload is a page of TOML: a file of gigabytes (a sparse file of NUL bytes) is not
     // read whole to find out.
-    crate::input::read_text_at_most(path, 16 << 20, "a workload definition (a trace goes in a .csv)")
+    crate::files::read_text_at_most(path, 16 << 20, "a workload definition (a trace goes in a .csv)")
 }

@@ -28,7 +28,7 @@ use super::config::AllocatorConfig;
 use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
 use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo, NULL_HANDLE};
-use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot};
+use crate::results::{BlockSnapshot, BlockState, GpuPolicy, SegmentSnapshot};
 use crate::units::MIB;
 use free_set::{FreeKey, FreeSet};
 
@@ -1209,8 +1209,8 @@ impl<D: Device> CachingAllocator<D> {
 }
 
 impl<D: Device> GpuAllocator for CachingAllocator<D> {
-    fn name(&self) -> String {
-        "pytorch".into()
+    fn policy(&self) -> GpuPolicy {
+        GpuPolicy::Pytorch
     }
 
     fn fork(&self) -> Option<Box<dyn GpuAllocator>> {
