@@ -332,7 +332,9 @@ impl Slab {
     #[inline(always)]
     fn at<'a>(self, i: u32) -> &'a mut Block {
         // SAFETY: a Slab lives within one call that makes no block (the vector does not move),
-        // and every index the allocator stores is a slot of it.
+        // and every index the allocator stores is a slot of it. The callers use each block
+        // reference before they take another of the same block, and while they hold one they
+        // reach `blocks` through no other path.
         unsafe { &mut *self.0.add(i as usize) }
     }
 }
