@@ -229,7 +229,8 @@ impl Occupancy {
 // per stream of `occupied` (`add_streams` grows all three together; nothing shrinks them). The
 // caller's part holds as the caching allocator (the only caller) files a block once and removes
 // only blocks it filed, under the key and slot last answered for them (a block leaves the set
-// before its size or address changes).
+// before its size or address changes), and refuses to free a block that is not allocated (a
+// second free would file a block twice, and a slot could then outlive its entry).
 
 /// A short bin's entries: room for [`SHORT_BIN`], the first `lens[bin]` in use. Fixed, so an
 /// insert is a store at a known place (no capacity to test, no vector header to read).

@@ -1254,7 +1254,11 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
             return Ok(());
         }
         let b = &mut self.blocks[handle as usize];
-        debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
+        // A real check, not a debug one: a second free of a handle would file its block in a
+        // free set twice, and the free sets' unchecked indexing relies on their slots being
+        // current (free_set.rs, Note [unchecked indexing]).
+        assert!(b.allocated, "free of a block that is not allocated");
+        debug_assert!(b.size > 0, "free of a dead block");
         b.allocated = false;
         let (size, pool) = (b.size, b.pool.kind());
         if size >= self.cfg.max_split_size {
