@@ -21,15 +21,20 @@ fn run_mix(alloc: &(dyn GlobalAlloc + Sync), ops: &[(usize, usize)]) {
     let mut live: Vec<(*mut u8, Layout)> = Vec::with_capacity(512);
     for &(size, victim) in ops {
         let layout = Layout::from_size_align(size, 16).unwrap();
+        // SAFETY: every size of the mixes is non-zero.
         let p = unsafe { alloc.alloc(layout) };
+        assert!(!p.is_null(), "out of memory for {size} bytes");
+        // SAFETY: `p` is a fresh block of `size` ≥ 1 bytes: its first byte is ours to write.
         unsafe { p.write_volatile(1) };
         live.push((p, layout));
         if live.len() > 256 {
             let (q, l) = live.swap_remove(victim % live.len());
+            // SAFETY: `q` came from `alloc` with layout `l` and leaves `live`, so it is freed once.
             unsafe { alloc.dealloc(q, l) };
         }
     }
     for (q, l) in live {
+        // SAFETY: as above: each block still in `live` is freed once, with its layout.
         unsafe { alloc.dealloc(q, l) };
     }
 }

@@ -258,6 +258,7 @@ fn sigterm_stops_an_analysis_while_it_reads_its_input() {
             .spawn()
             .unwrap();
         std::thread::sleep(std::time::Duration::from_millis(1500));
+        // SAFETY: kill(2) takes two integers and touches no memory of ours; the pid is our child, not yet waited for.
         assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
         let started = std::time::Instant::now();
         let out = child.wait_with_output().unwrap();
@@ -412,6 +413,7 @@ fn an_interrupted_replay_keeps_its_results_and_exits_130() {
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) takes two integers and touches no memory of ours; the pid is our child, not yet waited for.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let out = child.wait_with_output().unwrap();
     assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));

@@ -170,6 +170,7 @@ fn interrupted_run_still_writes_its_results() {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(1500));
+        // SAFETY: kill(2) takes two integers and touches no memory of ours; the pid is our child, not yet waited for.
         unsafe { libc::kill(child.id() as i32, signal) };
         let status = child.wait().unwrap();
         assert_eq!(status.code(), Some(130), "signal {signal}, {allocators}: {status:?}");
@@ -438,6 +439,7 @@ fn exec_interrupted_keeps_finished_runs() {
     std::fs::write(dir.path().join("STOP"), "").unwrap();
     std::thread::sleep(Duration::from_millis(800));
     let t = std::time::Instant::now();
+    // SAFETY: kill(2) takes two integers and touches no memory of ours; the pid is our child, not yet waited for.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let status = child.wait().unwrap();
     assert!(t.elapsed() < Duration::from_secs(5), "the program was stopped");
@@ -628,6 +630,8 @@ fn compare_script_keeps_finished_runs_on_ctrl_c() {
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: kill(2) takes two integers and touches no memory of ours; the negative pid is the process group our child leads (`process_group(0)`),
+    // not yet waited for.
     unsafe { libc::kill(-(child.id() as i32), libc::SIGINT) };
     let output = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&output.stderr);

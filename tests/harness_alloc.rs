@@ -9,6 +9,8 @@ use allocbench::cpu::harness_alloc::{in_arena, isolate};
 fn isolated_allocations_never_reach_malloc() {
     isolate();
     let in_use = || {
+        // SAFETY: mallinfo2 takes nothing and returns a struct by value; glibc locks each arena
+        // while it sums it, so tests running alongside may allocate meanwhile.
         let mi = unsafe { libc::mallinfo2() };
         (mi.uordblks + mi.hblkhd) as i64
     };

@@ -301,6 +301,7 @@ fn a_torn_or_killed_shard_resumes_without_duplicates() {
     while std::fs::read_to_string(&file3).map(|t| t.lines().count()).unwrap_or(0) < 3 && start.elapsed().as_secs() < 60 {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
+    // SAFETY: kill(2) takes two integers and touches no memory of ours; the pid is our child, not yet waited for.
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
     let done = child.wait_with_output().unwrap();
     let written = std::fs::read_to_string(&file3).unwrap();
@@ -424,6 +425,8 @@ fn bad_shards_plans_and_folders_exit_2() {
 
     // A second run of a shard while the first still writes it (a requeued task).
     let held = std::fs::OpenOptions::new().append(true).open(&shard0).unwrap();
+    // SAFETY: flock(2) on the descriptor of `held`, a file this test owns and keeps open; no memory
+    // is involved.
     assert_eq!(unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX | libc::LOCK_NB) }, 0);
     assert!(one_line(fails(run(&plan, &out).args(["--shard", "0/2"]), 2)).contains("another `sweep run` of this shard"));
     drop(held);

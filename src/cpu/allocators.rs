@@ -18,18 +18,6 @@ pub const CPU_ALLOCATORS: &[(&str, &str)] = &[
 ];
 
 static JEMALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-static NULL: NullAlloc = NullAlloc;
-
-/// Hands out one dangling, aligned pointer and frees nothing: replaying through it measures the
-/// harness alone (run without page touching: nothing may be written through it).
-struct NullAlloc;
-
-unsafe impl GlobalAlloc for NullAlloc {
-    unsafe fn alloc(&self, _layout: Layout) -> *mut u8 {
-        std::ptr::without_provenance_mut(ALIGN)
-    }
-    unsafe fn dealloc(&self, _ptr: *mut u8, _layout: Layout) {}
-}
 static MIMALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Which implementation: a closed set, so the replay loop calls it without a vtable.
@@ -63,22 +51,33 @@ impl CpuAllocator {
         Ok(CpuAllocator { name, kind })
     }
 
-    /// The no-op allocator for measuring the harness's own per-operation cost. Only valid with
-    /// page touching off.
+    /// The no-op allocator for measuring the harness's own per-operation cost: it hands out one
+    /// dangling, aligned pointer and frees nothing, so only a run with page touching off may
+    /// use it (the driver refuses one with it on).
     pub fn null_for_overhead_measurement() -> Self {
         CpuAllocator { name: "null", kind: Kind::Null }
     }
 
+    /// A block of `bytes` (16-byte aligned), or null when the allocator has no memory. The null
+    /// allocator's block is a dangling pointer: nothing may be read or written through it.
+    ///
     /// # Safety
-    /// `bytes` > 0; the result must be freed with [`CpuAllocator::free`] with the same size.
+    /// `bytes` > 0 and at most `isize::MAX - 15`; the result must be freed with
+    /// [`CpuAllocator::free`] with the same size.
     #[inline]
     pub unsafe fn malloc(&self, bytes: usize) -> *mut u8 {
-        let layout = Layout::from_size_align_unchecked(bytes, ALIGN);
+        // SAFETY: ALIGN is a power of two, and the caller keeps `bytes` rounded up to it within
+        // isize::MAX.
+        let layout = unsafe { Layout::from_size_align_unchecked(bytes, ALIGN) };
         match self.kind {
-            Kind::System => System.alloc(layout),
-            Kind::Jemalloc => JEMALLOC.alloc(layout),
-            Kind::Mimalloc => MIMALLOC.alloc(layout),
-            Kind::Null => NULL.alloc(layout),
+            // SAFETY: `layout` has a non-zero size (the caller's `bytes` > 0).
+            Kind::System => unsafe { System.alloc(layout) },
+            // SAFETY: as for System.
+            Kind::Jemalloc => unsafe { JEMALLOC.alloc(layout) },
+            // SAFETY: as for System.
+            Kind::Mimalloc => unsafe { MIMALLOC.alloc(layout) },
+            // Not an allocation: an aligned address that the caller never dereferences.
+            Kind::Null => std::ptr::without_provenance_mut(ALIGN),
         }
     }
 
@@ -86,13 +85,23 @@ impl CpuAllocator {
     /// `ptr` came from `malloc(bytes)` of this allocator and is freed once.
     #[inline]
     pub unsafe fn free(&self, ptr: *mut u8, bytes: usize) {
-        let layout = Layout::from_size_align_unchecked(bytes, ALIGN);
+        // SAFETY: the layout `malloc(bytes)` made, valid there.
+        let layout = unsafe { Layout::from_size_align_unchecked(bytes, ALIGN) };
         match self.kind {
-            Kind::System => System.dealloc(ptr, layout),
-            Kind::Jemalloc => JEMALLOC.dealloc(ptr, layout),
-            Kind::Mimalloc => MIMALLOC.dealloc(ptr, layout),
-            Kind::Null => NULL.dealloc(ptr, layout),
+            // SAFETY: the caller's `ptr` is a live block that this allocator's `malloc` got from
+            // System with `layout`, freed once.
+            Kind::System => unsafe { System.dealloc(ptr, layout) },
+            // SAFETY: as for System, from jemalloc.
+            Kind::Jemalloc => unsafe { JEMALLOC.dealloc(ptr, layout) },
+            // SAFETY: as for System, from mimalloc.
+            Kind::Mimalloc => unsafe { MIMALLOC.dealloc(ptr, layout) },
+            Kind::Null => {}
         }
+    }
+
+    /// Whether this is the no-op allocator, whose blocks may not be touched.
+    pub(crate) fn is_null(&self) -> bool {
+        self.kind == Kind::Null
     }
 
     /// Allocator-native statistics (bytes), where the allocator has them.
@@ -110,11 +119,16 @@ impl CpuAllocator {
     pub fn trim(&self, live_malloc: &str) -> Option<&'static str> {
         match self.name {
             "mimalloc" => {
+                // SAFETY: mi_collect takes a flag and no pointers; mimalloc is thread-safe and
+                // frees only what no live block uses.
                 unsafe { libmimalloc_sys::mi_collect(true) };
                 Some("mi_collect(true)")
             }
             "jemalloc" => {
                 // arena.<MALLCTL_ARENAS_ALL = 4096>.purge takes no value: newp NULL, newlen 0.
+                // SAFETY: the name is a NUL-terminated literal; oldp/oldlenp/newp null with newlen
+                // 0 is how mallctl is asked to act without reading or writing a value; mallctl is
+                // thread-safe and the purge frees only unused pages.
                 let rc =
                     unsafe { tikv_jemalloc_sys::mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0) };
                 (rc == 0).then_some("arena.<ALL>.purge")
@@ -148,6 +162,8 @@ fn jemalloc_stats() -> BTreeMap<String, u64> {
 
 fn mimalloc_stats() -> BTreeMap<String, u64> {
     let mut v = [0usize; 8];
+    // SAFETY: mi_process_info writes one size_t through each of its eight pointers, here eight
+    // distinct, live usize of `v`; it only reads process-wide counters.
     unsafe {
         let [a, b, c, d, e, f, g, h] = &mut v;
         libmimalloc_sys::mi_process_info(a, b, c, d, e, f, g, h);

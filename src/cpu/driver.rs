@@ -98,6 +98,8 @@ impl Clock for Tsc {
 #[inline(always)]
 fn ticks_start() -> u64 {
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: lfence (SSE2, in the x86-64 baseline) and rdtsc take no memory operands: they only
+    // order instructions and read the time-stamp counter.
     unsafe {
         use core::arch::x86_64::{_mm_lfence, _rdtsc};
         _mm_lfence();
@@ -113,6 +115,8 @@ fn ticks_start() -> u64 {
 #[inline(always)]
 fn ticks_end() -> u64 {
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtscp writes the processor id through `&mut aux`, a live local u32, and reads the
+    // time-stamp counter; lfence only orders instructions (see `ticks_start`).
     unsafe {
         use core::arch::x86_64::{__rdtscp, _mm_lfence};
         let mut aux = 0u32;
@@ -127,6 +131,7 @@ fn ticks_end() -> u64 {
 #[inline]
 fn ticks() -> u64 {
     #[cfg(target_arch = "x86_64")]
+    // SAFETY: rdtsc reads the time-stamp counter and nothing else (see `ticks_start`).
     unsafe {
         core::arch::x86_64::_rdtsc()
     }
@@ -161,14 +166,19 @@ pub fn scaled(bytes: u64, scale: f64) -> usize {
 }
 
 /// Touches every page of a fresh block so it counts in RSS.
+///
+/// # Safety
+/// `p` is valid for writes of `len` > 0 bytes (a live block of at least `len` bytes).
 #[inline]
 unsafe fn touch(p: *mut u8, len: usize) {
     let mut off = 0;
     while off < len {
-        std::ptr::write_volatile(p.add(off), 1);
+        // SAFETY: `off` < `len`, so `p + off` is inside the caller's block.
+        unsafe { std::ptr::write_volatile(p.add(off), 1) };
         off += 4096;
     }
-    std::ptr::write_volatile(p.add(len - 1), 1);
+    // SAFETY: `len` > 0, so `len - 1` is the block's last byte.
+    unsafe { std::ptr::write_volatile(p.add(len - 1), 1) };
 }
 
 /// Latency is timed on one op in this many on average: the gap to the next timed op is drawn
@@ -333,10 +343,16 @@ impl<'a, C: Clock> Worker<'a, C> {
     fn malloc(&mut self, bytes: usize) -> anyhow::Result<*mut u8> {
         let p = if self.sampled() {
             let t0 = self.clock.start();
+            // SAFETY: `bytes` > 0 (the compiler drops 0-byte allocations and `scaled` never gives
+            // 0) and at most 1 EiB, far below isize::MAX (every event source refuses requests of
+            // 1 EiB or more, units::MAX_REQUEST_BYTES, and a scale ≤ 1 does not grow them). The
+            // block is freed once, with this size: its slot holds (address, bytes) until a free
+            // takes it.
             let p = unsafe { self.alloc.malloc(bytes) };
             let _ = self.alloc_ns.record(self.clock.elapsed_ns(t0));
             p
         } else {
+            // SAFETY: as above.
             unsafe { self.alloc.malloc(bytes) }
         };
         if p.is_null() {
@@ -345,6 +361,8 @@ impl<'a, C: Clock> Worker<'a, C> {
         self.allocs += 1;
         self.bytes_allocated += bytes as u64;
         if self.touch {
+            // SAFETY: `p` is a fresh, non-null block of `bytes` > 0 bytes, and a real one: a
+            // run with the null allocator never touches (`drive_with` refuses it).
             unsafe { touch(p, bytes) };
         }
         Ok(p)
@@ -354,9 +372,13 @@ impl<'a, C: Clock> Worker<'a, C> {
     fn free_here(&mut self, p: usize, bytes: usize) {
         if self.sampled() {
             let t0 = self.clock.start();
+            // SAFETY: (p, bytes) is a block and its size that `malloc` of this run's allocator
+            // answered (every worker holds a copy of the same one); it left its slot by
+            // `mem::take`, or the hand-over channel by a receive, so it is freed exactly once.
             unsafe { self.alloc.free(p as *mut u8, bytes) };
             let _ = self.free_ns.record(self.clock.elapsed_ns(t0));
         } else {
+            // SAFETY: as above.
             unsafe { self.alloc.free(p as *mut u8, bytes) };
         }
         self.frees += 1;
@@ -541,6 +563,9 @@ pub fn drive_with<C: Clock, R>(
     }
     if !(opts.scale > 0.0 && opts.scale <= 1.0) {
         return Err(InputError::new("--scale", "must be in (0, 1]").into());
+    }
+    if opts.touch && alloc.is_null() {
+        anyhow::bail!("the null allocator hands out no memory: it runs only with page touching off");
     }
     let start = Instant::now();
     let run = Run { source, opts, progress, deadline: opts.duration.map(|d| start + d), passes: AtomicU64::new(0), interrupted: AtomicBool::new(false) };

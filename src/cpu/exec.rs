@@ -235,7 +235,8 @@ pub fn find_program(program: &str) -> Result<std::path::PathBuf, String> {
     // whose they are, or of a noexec mount).
     let may_execute = |p: &std::path::Path| {
         let Ok(c) = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())) else { return false };
-        // SAFETY: a valid NUL-terminated path; faccessat reads it and nothing else.
+        // SAFETY: `c` is a NUL-terminated path this closure owns and keeps alive across the call;
+        // faccessat only reads it, and AT_FDCWD needs no descriptor of ours.
         unsafe { libc::faccessat(libc::AT_FDCWD, c.as_ptr(), libc::X_OK, libc::AT_EACCESS) == 0 }
     };
     if program.contains('/') {
@@ -318,8 +319,11 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
     };
     // wait4 reaps the child and gives its rusage (and that of its waited-for descendants).
     let mut status = 0;
+    // SAFETY: rusage is a plain C struct of integers and timevals: all zeros is a valid value.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
     let waited = loop {
+        // SAFETY: `status` and `usage` are live locals of the types wait4(2) writes; `pid` is the
+        // child spawned above, which nothing else waits for (std's Child is dropped unwaited).
         let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
         if rc == pid || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             break rc == pid;
@@ -401,12 +405,16 @@ fn sample_tree(pid: i32, start: Instant, interval: Duration, preloaded: Option<&
             obs.interrupted = true;
             match stopped_at {
                 None => {
+                    // SAFETY: kill(2) takes two integers and touches no memory of ours, so it is
+                    // sound whatever `pid` names; it is the program, reaped only by `run_once`'s wait4,
+                    // which sets `done` (ending this loop) right after.
                     unsafe { libc::kill(pid, libc::SIGTERM) };
                     stopped_at = Some(now);
                 }
-                Some(t) if now.duration_since(t) > Duration::from_secs(2) => unsafe {
-                    libc::kill(pid, libc::SIGKILL);
-                },
+                Some(t) if now.duration_since(t) > Duration::from_secs(2) => {
+                    // SAFETY: as for the SIGTERM above.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
                 _ => {}
             }
         }
@@ -442,6 +450,8 @@ mod tests {
         let tree = process_tree(pid);
         for p in &tree[..] {
             if *p != pid {
+                // SAFETY: kill(2) takes two integers and touches no memory of ours; `p` is one of
+                // the shell's sleeps, alive for 5 s yet.
                 unsafe { libc::kill(*p, libc::SIGKILL) };
             }
         }

@@ -44,6 +44,10 @@ pub fn classify(library: &str) -> String {
 }
 
 pub fn live_malloc() -> LiveMalloc {
+    // SAFETY: dlsym and dladdr are thread-safe and get a NUL-terminated literal and a live,
+    // zero-initialised Dl_info (all pointers: zero is a valid value) to fill. dli_fname, when
+    // set, is the dynamic linker's NUL-terminated name of a loaded object, read at once; the
+    // library that serves malloc is never unloaded.
     let library = unsafe {
         let sym = libc::dlsym(libc::RTLD_DEFAULT, c"malloc".as_ptr());
         let mut info: libc::Dl_info = std::mem::zeroed();
@@ -92,8 +96,10 @@ pub fn resolve_preload(spec: &str) -> Result<PathBuf, InputError> {
 type MallctlFn = unsafe extern "C" fn(*const libc::c_char, *mut c_void, *mut usize, *mut c_void, usize) -> libc::c_int;
 type TcPropertyFn = unsafe extern "C" fn(*const libc::c_char, *mut usize) -> libc::c_int;
 
-unsafe fn symbol(name: &CStr) -> *mut c_void {
-    libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr())
+/// The address of the global symbol `name`, null when no loaded object defines it.
+fn symbol(name: &CStr) -> *mut c_void {
+    // SAFETY: dlsym is thread-safe and only reads `name`, NUL-terminated by CStr.
+    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
 }
 
 /// Set in the child of [`rerun_preloaded`], so it runs instead of re-launching again.
@@ -120,19 +126,26 @@ pub fn rerun_preloaded(spec: &str) -> anyhow::Result<Option<i32>> {
 /// `mallctl`, tcmalloc's `MallocExtension_GetNumericProperty`, mimalloc's `mi_process_info`).
 pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
     let mut m = BTreeMap::new();
-    unsafe {
-        match live {
-            "glibc" => {
-                let mi = libc::mallinfo2();
-                m.insert("glibc.mallinfo2.arena".into(), mi.arena as u64);
-                m.insert("glibc.mallinfo2.hblkhd".into(), mi.hblkhd as u64);
-                m.insert("glibc.mallinfo2.uordblks".into(), mi.uordblks as u64);
-                m.insert("glibc.mallinfo2.fordblks".into(), mi.fordblks as u64);
-                m.insert("glibc.mallinfo2.keepcost".into(), mi.keepcost as u64);
-            }
-            "jemalloc" => {
-                let f = symbol(c"mallctl");
-                if !f.is_null() {
+    match live {
+        "glibc" => {
+            // SAFETY: mallinfo2 takes nothing and returns a struct by value; glibc locks each
+            // arena while it sums it, so other threads may allocate meanwhile.
+            let mi = unsafe { libc::mallinfo2() };
+            m.insert("glibc.mallinfo2.arena".into(), mi.arena as u64);
+            m.insert("glibc.mallinfo2.hblkhd".into(), mi.hblkhd as u64);
+            m.insert("glibc.mallinfo2.uordblks".into(), mi.uordblks as u64);
+            m.insert("glibc.mallinfo2.fordblks".into(), mi.fordblks as u64);
+            m.insert("glibc.mallinfo2.keepcost".into(), mi.keepcost as u64);
+        }
+        "jemalloc" => {
+            let f = symbol(c"mallctl");
+            if !f.is_null() {
+                // SAFETY: a global `mallctl` is jemalloc's public API (the compiled-in jemalloc's
+                // is prefixed), whose prototype MallctlFn copies from jemalloc.h. Each call gets a
+                // NUL-terminated name and, as that name's type asks, a live u64 to write (epoch)
+                // or a live usize and its length to read into (stats.*: size_t); mallctl is
+                // thread-safe.
+                unsafe {
                     let mallctl: MallctlFn = std::mem::transmute(f);
                     let mut epoch: u64 = 1;
                     let mut len = std::mem::size_of::<u64>();
@@ -147,9 +160,14 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
                     }
                 }
             }
-            "tcmalloc" => {
-                let f = symbol(c"MallocExtension_GetNumericProperty");
-                if !f.is_null() {
+        }
+        "tcmalloc" => {
+            let f = symbol(c"MallocExtension_GetNumericProperty");
+            if !f.is_null() {
+                // SAFETY: the symbol is gperftools' C entry point, whose prototype TcPropertyFn
+                // copies (malloc_extension_c.h); each call gets a NUL-terminated name and a live
+                // size_t to write, and the call is thread-safe.
+                unsafe {
                     let get: TcPropertyFn = std::mem::transmute(f);
                     for key in ["generic.current_allocated_bytes", "generic.heap_size", "tcmalloc.pageheap_free_bytes", "tcmalloc.pageheap_unmapped_bytes"] {
                         let mut v: usize = 0;
@@ -160,21 +178,26 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
                     }
                 }
             }
-            "mimalloc" => {
-                let f = symbol(c"mi_process_info");
-                if !f.is_null() {
-                    type InfoFn = unsafe extern "C" fn(*mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize);
+        }
+        "mimalloc" => {
+            let f = symbol(c"mi_process_info");
+            if !f.is_null() {
+                type InfoFn = unsafe extern "C" fn(*mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize, *mut usize);
+                let mut v = [0usize; 8];
+                // SAFETY: the symbol is mimalloc's mi_process_info, whose prototype InfoFn copies
+                // (mimalloc.h: eight size_t*); it writes one size_t through each, here eight
+                // distinct, live usize of `v`.
+                unsafe {
                     let info: InfoFn = std::mem::transmute(f);
-                    let mut v = [0usize; 8];
                     let [a, b, c, d, e, f2, g, h] = &mut v;
                     info(a, b, c, d, e, f2, g, h);
-                    m.insert("mimalloc.current_commit".into(), v[5] as u64);
-                    m.insert("mimalloc.peak_commit".into(), v[6] as u64);
-                    m.insert("mimalloc.page_faults".into(), v[7] as u64);
                 }
+                m.insert("mimalloc.current_commit".into(), v[5] as u64);
+                m.insert("mimalloc.peak_commit".into(), v[6] as u64);
+                m.insert("mimalloc.page_faults".into(), v[7] as u64);
             }
-            _ => {}
         }
+        _ => {}
     }
     m
 }
@@ -184,42 +207,55 @@ pub fn native_stats_of_live_malloc(live: &str) -> BTreeMap<String, u64> {
 /// (4096 = MALLCTL_ARENAS_ALL), tcmalloc `MallocExtension_ReleaseFreeMemory()`, mimalloc
 /// `mi_collect(true)`. Returns what was called, or None when the allocator has no such call.
 pub fn trim_live_malloc(live: &str) -> Option<&'static str> {
-    unsafe {
-        match live {
-            "glibc" => {
-                libc::malloc_trim(0);
-                Some("malloc_trim(0)")
+    match live {
+        "glibc" => {
+            // SAFETY: malloc_trim takes an integer; glibc locks each arena while it trims it, and
+            // gives back only free pages.
+            unsafe { libc::malloc_trim(0) };
+            Some("malloc_trim(0)")
+        }
+        "jemalloc" => {
+            let f = symbol(c"mallctl");
+            if f.is_null() {
+                return None;
             }
-            "jemalloc" => {
-                let f = symbol(c"mallctl");
-                if f.is_null() {
-                    return None;
-                }
+            // The purge takes no value: newp NULL, newlen 0.
+            // SAFETY: a global `mallctl` is jemalloc's, with the prototype MallctlFn copies (see
+            // `native_stats_of_live_malloc`); a NUL-terminated name and null old/new pointers with
+            // newlen 0 ask it to act and read or write nothing. The purge frees only unused pages.
+            let rc = unsafe {
                 let mallctl: MallctlFn = std::mem::transmute(f);
-                // The purge takes no value: newp NULL, newlen 0.
-                let rc = mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0);
-                (rc == 0).then_some("mallctl(arena.<ALL>.purge)")
+                mallctl(c"arena.4096.purge".as_ptr(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), 0)
+            };
+            (rc == 0).then_some("mallctl(arena.<ALL>.purge)")
+        }
+        "tcmalloc" => {
+            let f = symbol(c"MallocExtension_ReleaseFreeMemory");
+            if f.is_null() {
+                return None;
             }
-            "tcmalloc" => {
-                let f = symbol(c"MallocExtension_ReleaseFreeMemory");
-                if f.is_null() {
-                    return None;
-                }
+            // SAFETY: gperftools' `void MallocExtension_ReleaseFreeMemory(void)`
+            // (malloc_extension_c.h), thread-safe; it gives back only free pages.
+            unsafe {
                 let release: unsafe extern "C" fn() = std::mem::transmute(f);
                 release();
-                Some("MallocExtension_ReleaseFreeMemory()")
             }
-            "mimalloc" => {
-                let f = symbol(c"mi_collect");
-                if f.is_null() {
-                    return None;
-                }
+            Some("MallocExtension_ReleaseFreeMemory()")
+        }
+        "mimalloc" => {
+            let f = symbol(c"mi_collect");
+            if f.is_null() {
+                return None;
+            }
+            // SAFETY: mimalloc's `void mi_collect(bool force)` (mimalloc.h; C's bool is Rust's),
+            // thread-safe; it frees only what no live block uses.
+            unsafe {
                 let collect: unsafe extern "C" fn(bool) = std::mem::transmute(f);
                 collect(true);
-                Some("mi_collect(true)")
             }
-            _ => None,
+            Some("mi_collect(true)")
         }
+        _ => None,
     }
 }
 

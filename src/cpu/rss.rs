@@ -16,6 +16,7 @@ pub struct RunProgress {
 }
 
 fn page_size() -> u64 {
+    // SAFETY: sysconf takes an integer, touches no memory of ours and is thread-safe.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
         p as u64

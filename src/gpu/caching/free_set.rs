@@ -133,7 +133,10 @@ fn least_from(bin: &[Entry], size: u64, ptr: u64) -> Option<(usize, &Entry)> {
         // second (a repeat cannot change the least), so the scan's end is no branch that
         // mispredicts with every change of a bin's length.
         let last = bin.len() - 1;
+        // SAFETY: `bin` is not empty (only occupied bins are scanned: `least_in` passes a short
+        // bin's `entries`, which have `len` ≥ 1), so 0 and `last` = len − 1 are in it.
         least.consider(0, distance(unsafe { bin.get_unchecked(0) }));
+        // SAFETY: as above.
         least.consider(last, distance(unsafe { bin.get_unchecked(last) }));
     } else {
         // Two running minima, of the even and the odd entries, merged at the end: each select
@@ -181,6 +184,8 @@ impl Occupancy {
     /// Clears bin `c`'s bit when `empty`; branch-free, as whether a bin empties is data.
     #[inline(always)]
     fn clear_if(&mut self, c: usize, empty: bool) {
+        // SAFETY: `c` is a class, below BINS = 64 · WORDS (see Note [unchecked indexing]; the
+        // callers pass one from a slot `insert` made), so `c / 64` < WORDS.
         let word = unsafe { self.words.get_unchecked_mut(c / 64) };
         *word &= !((empty as u64) << (c % 64));
         self.summary &= !(((*word == 0) as u64) << (c / 64));
@@ -193,6 +198,7 @@ impl Occupancy {
         if w >= WORDS {
             return None;
         }
+        // SAFETY: `w` < WORDS, tested just above.
         let bits = unsafe { *self.words.get_unchecked(w) } & (!0u64 << (from % 64));
         // In this word, else in the first later occupied one (a select, not a branch: where the
         // next occupied bin lies is data). With none later, `trailing_zeros` is 64.
@@ -202,6 +208,7 @@ impl Occupancy {
         if w >= WORDS {
             return None;
         }
+        // SAFETY: `w` < WORDS, tested just above.
         let bits = select_unpredictable(in_word, bits, unsafe { *self.words.get_unchecked(w) });
         Some(w * 64 + bits.trailing_zeros() as usize)
     }
@@ -213,12 +220,17 @@ impl Occupancy {
     }
 }
 
-// Unchecked indexing on the hot paths (bounds checks were 4 % of a replay's instructions) rests
-// on three facts: a class is below BINS (`class_of(u64::MAX)`, the largest, is
-// (65 − SUB_BITS) · 2^SUB_BITS − 1 < BINS, and `first_from` stops at WORDS), a stream's bins and
-// occupancy exist once `insert` has seen it (`first_from` checks, and `remove` takes keys `insert`
-// answered), and a short bin with entries has its array, with its slot indices below its length
-// (the caller keeps slots current).
+// Note [unchecked indexing]: unchecked indexing on the hot paths (bounds checks were 4 % of a
+// replay's instructions) rests on three facts: a class is below BINS (`class_of(u64::MAX)`, the
+// largest, is (65 − SUB_BITS) · 2^SUB_BITS − 1 < BINS, and `first_from` stops at WORDS), a
+// stream's bins and occupancy exist once `insert` has seen it (`first_from` checks, and `remove`
+// takes keys `insert` answered), and a short bin with entries has its array, with its slot
+// indices below its length (the caller keeps slots current). `bins` and `lens` hold BINS entries
+// per stream of `occupied` (`add_streams` grows all three together; nothing shrinks them). The
+// caller's part holds as the caching allocator (the only caller) files a block once and removes
+// only blocks it filed, under the key and slot last answered for them (a block leaves the set
+// before its size or address changes), and refuses to free a block that is not allocated (a
+// second free would file a block twice, and a slot could then outlive its entry).
 
 /// A short bin's entries: room for [`SHORT_BIN`], the first `lens[bin]` in use. Fixed, so an
 /// insert is a store at a known place (no capacity to test, no vector header to read).
@@ -257,7 +269,7 @@ impl FreeSet {
     fn entries(&self, bin: usize, len: u8) -> &[Entry] {
         debug_assert!(len >= 1 && len as usize <= SHORT_BIN, "bin {bin} of length {len} is not a short bin with entries");
         // SAFETY: a short bin with entries has its array (made at its first insert, never
-        // dropped), and `bin` is below `bins.len()` (see above).
+        // dropped), and `bin` is below `bins.len()` (see Note [unchecked indexing]).
         unsafe { &self.bins.get_unchecked(bin).as_ref().unwrap_unchecked()[..len as usize] }
     }
 
@@ -270,21 +282,28 @@ impl FreeSet {
         }
         let c = class_of(k.size());
         let bin = s * BINS + c;
+        // SAFETY: the stream's bins exist now (`add_streams` above), so `lens` holds
+        // (s + 1) · BINS > s · BINS + c = `bin` entries (`c` < BINS: `class_of`'s largest is 975).
         let len = unsafe { *self.lens.get_unchecked(bin) };
         // A full short bin (SHORT_BIN) or a long one (LONG): one test.
         if len as usize >= SHORT_BIN {
             self.insert_long(bin, k, block);
             return slot_of(c, LONG_INDEX);
         }
+        // SAFETY: `occupied` has a stream past `s` (`add_streams` above).
         let occupancy = unsafe { self.occupied.get_unchecked_mut(s) };
+        // SAFETY: `c` < BINS, so `c / 64` < WORDS.
         *unsafe { occupancy.words.get_unchecked_mut(c / 64) } |= 1 << (c % 64);
         occupancy.summary |= 1 << (c / 64);
+        // SAFETY: `bins` is as long as `lens`, which has `bin` (see above).
         let entries = match unsafe { self.bins.get_unchecked_mut(bin) } {
             Some(entries) => entries,
             None => self.new_bin(bin),
         };
         debug_assert!(entries[..len as usize].iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
+        // SAFETY: `len` < SHORT_BIN (a longer bin took the branch above), the array's length.
         unsafe { *entries.get_unchecked_mut(len as usize) = Entry { size: k.size(), ptr: k.ptr(), block } };
+        // SAFETY: `bin` is in `lens` (see above).
         unsafe { *self.lens.get_unchecked_mut(bin) = len + 1 };
         self.len += 1;
         slot_of(c, len as u32)
@@ -327,6 +346,8 @@ impl FreeSet {
         debug_assert!(s < self.streams(), "stream {s} was never inserted");
         debug_assert_eq!(c, class_of(k.size()), "slot {slot:#x} is not in the class of {k:?}");
         let bin = s * BINS + c;
+        // SAFETY: `k` was inserted, so stream `s` has its bins, and `c` comes from the slot
+        // `insert` answered, below BINS: `bin` is in `lens` (see Note [unchecked indexing]).
         let len = unsafe { *self.lens.get_unchecked(bin) };
         if len == LONG {
             return self.remove_long(s, c, k);
@@ -337,11 +358,17 @@ impl FreeSet {
         );
         // The last entry fills the hole unconditionally (a self-copy when the hole is the last):
         // whether it was is data, not worth a branch.
+        // SAFETY: the entry at `slot` is in this short bin, so the bin has entries (1 ≤ `len` ≤
+        // SHORT_BIN) and therefore its array; `bin` is in `bins` as in `lens`.
         let entries = unsafe { self.bins.get_unchecked_mut(bin).as_mut().unwrap_unchecked() };
+        // SAFETY: 1 ≤ `len` ≤ SHORT_BIN, the array's length.
         let last = unsafe { *entries.get_unchecked(len as usize - 1) };
+        // SAFETY: the caller's slot is current: `index` < `len` ≤ SHORT_BIN.
         unsafe { *entries.get_unchecked_mut(index as usize) = last };
+        // SAFETY: `bin` is in `lens` (see above).
         unsafe { *self.lens.get_unchecked_mut(bin) = len - 1 };
         self.len -= 1;
+        // SAFETY: stream `s` has its occupancy, as it has its bins.
         unsafe { self.occupied.get_unchecked_mut(s) }.clear_if(c, len == 1);
         last.block
     }
@@ -364,8 +391,11 @@ impl FreeSet {
     #[inline(always)]
     /// (Bin `c` is occupied: a short bin with entries, or a long bin.)
     fn least_in(&self, s: usize, c: usize, size: u64, ptr: u64) -> Option<(u64, u64, u32, u32)> {
+        // SAFETY: `s` < `streams()`, which `first_from`, the only caller, tested.
         debug_assert!(unsafe { self.occupied.get_unchecked(s) }.has(c), "bin {c} is not occupied");
         let bin = s * BINS + c;
+        // SAFETY: stream `s` has its bins, and `c` < BINS (`Occupancy::first_from` answers a bit
+        // of its WORDS words): `bin` is in `lens`.
         let len = unsafe { *self.lens.get_unchecked(bin) };
         if len == LONG {
             return self.least_in_long(bin, size, ptr).map(|(size, ptr, block)| (size, ptr, block, slot_of(c, LONG_INDEX)));
@@ -389,6 +419,7 @@ impl FreeSet {
         // later one, every entry of which is above the bound. Either way its least entry not
         // below the bound answers, unless the bound's own bin holds only smaller entries: then
         // the next occupied bin's does. (No branch on whether the bound's bin is empty: data.)
+        // SAFETY: `s` < `streams()`, `occupied`'s length, tested above.
         let occupancy = unsafe { self.occupied.get_unchecked(s) };
         let c = occupancy.first_from(class_of(size))?;
         let (size, ptr, block, slot) = match self.least_in(s, c, size, ptr) {

@@ -332,7 +332,9 @@ impl Slab {
     #[inline(always)]
     fn at<'a>(self, i: u32) -> &'a mut Block {
         // SAFETY: a Slab lives within one call that makes no block (the vector does not move),
-        // and every index the allocator stores is a slot of it.
+        // and every index the allocator stores is a slot of it. The callers use each block
+        // reference before they take another of the same block, and while they hold one they
+        // reach `blocks` through no other path.
         unsafe { &mut *self.0.add(i as usize) }
     }
 }
@@ -1252,7 +1254,11 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
             return Ok(());
         }
         let b = &mut self.blocks[handle as usize];
-        debug_assert!(b.allocated && b.size > 0, "free of a block that is not allocated");
+        // A real check, not a debug one: a second free of a handle would file its block in a
+        // free set twice, and the free sets' unchecked indexing relies on their slots being
+        // current (free_set.rs, Note [unchecked indexing]).
+        assert!(b.allocated, "free of a block that is not allocated");
+        debug_assert!(b.size > 0, "free of a dead block");
         b.allocated = false;
         let (size, pool) = (b.size, b.pool.kind());
         if size >= self.cfg.max_split_size {

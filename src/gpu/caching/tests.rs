@@ -893,3 +893,14 @@ proptest::proptest! {
         proptest::prop_assert_eq!(&taken, &a.segments());
     }
 }
+
+/// A second free of a handle panics in release builds too: it would file the block in a free set
+/// twice, and the free sets index unchecked by the slots they answered.
+#[test]
+#[should_panic(expected = "free of a block that is not allocated")]
+fn a_second_free_of_a_handle_panics() {
+    let mut a = default_alloc();
+    let h = a.malloc(4096, 0).unwrap();
+    a.free(h).unwrap();
+    let _ = a.free(h);
+}
