@@ -9,9 +9,12 @@ fn fixture() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/results-small.jsonl"))
 }
 
+/// Renders the fixture's report into `dir`, every page of which must reach no network.
 fn render(dir: &Path) -> Vec<String> {
     let records = report::load(&[fixture()]).unwrap();
-    report::render(&records, dir, "fixture report").unwrap().into_iter().map(|c| c.file).collect()
+    let files = report::render(&records, dir, "fixture report").unwrap().into_iter().map(|c| c.file).collect();
+    assert_no_network(dir);
+    files
 }
 
 #[test]
@@ -239,7 +242,7 @@ fn charts_are_inline_and_memory_views_are_written() {
     for view in ["memory-model-switch.html", "memory-pinned.html"] {
         assert!(html.contains(&format!("href=\"{view}\"")), "index links {view}");
         let page = std::fs::read_to_string(dir.path().join(view)).unwrap();
-        assert!(!page.contains("http://") || page.matches("http://").all(|_| page.contains("xmlns=\"http://www.w3.org/2000/svg\"")), "no network");
+        assert_eq!(remote_references(&page), Vec::<String>::new(), "{view}: no network");
         let data = &page[page.find("id=\"data\">").unwrap() + 10..];
         let data: serde_json::Value = serde_json::from_str(&data[..data.find("</script>").unwrap()]).unwrap();
         let runs = data["runs"].as_array().unwrap();
@@ -248,6 +251,232 @@ fn charts_are_inline_and_memory_views_are_written() {
             // The fixture's record predates `segments_at_oom`: the peak's map, the OOM marked.
             assert_eq!((runs[0]["at"].as_str(), runs[0]["oom"]["cause"].as_str()), (Some("peak"), Some("fragmentation")));
             assert_eq!(runs[0]["oom"]["x"], 8, "the OOM's event (a run of 2 steps is drawn over events)");
+        }
+    }
+}
+
+/// Namespace names: identifiers that are never fetched (`createElementNS`'s first argument).
+const NAMESPACES: [&str; 6] = [
+    "http://www.w3.org/2000/svg",
+    "http://www.w3.org/1999/xlink",
+    "http://www.w3.org/1999/xhtml",
+    "http://www.w3.org/1998/Math/MathML",
+    "http://www.w3.org/XML/1998/namespace",
+    "http://www.w3.org/2000/xmlns/",
+];
+
+/// The remote URLs in `code` (an attribute's value, a script or a style sheet): every
+/// `scheme://` but `file://` (`http`, `https`, `ws`, … in any case) except a namespace name
+/// standing alone as a string literal, and every protocol-relative `//host` that starts a value,
+/// a string literal or a `url(...)` (so `fetch('//cdn…')`, `import "//…"`, `url(//…)`,
+/// `@import '//…'`, and in a value a `srcset` candidate; a `// comment` in a script starts none
+/// of them). Each is returned with up to 40 bytes of what precedes it on its line.
+fn remote_urls_in(code: &str, whole_value: bool) -> Vec<String> {
+    let lower = code.to_ascii_lowercase();
+    let b = lower.as_bytes();
+    let mut found = Vec::new();
+    let mut i = 0;
+    while let Some(at) = lower[i..].find("//").map(|k| k + i) {
+        i = at + 2;
+        let scheme = (at > 0 && b[at - 1] == b':').then(|| {
+            let from = lower[..at - 1].rfind(|c: char| !(c.is_ascii_alphanumeric() || "+.-".contains(c))).map_or(0, |k| k + 1);
+            &lower[from..at - 1]
+        });
+        let scheme = scheme.filter(|s| s.starts_with(|c: char| c.is_ascii_alphabetic()));
+        let start = at - scheme.map_or(0, |s| s.len() + 1);
+        let end = lower[start..].find(|c: char| c.is_whitespace() || "\"'`)<>;,".contains(c)).map_or(lower.len(), |k| k + start);
+        let before = lower[..start].trim_end_matches([' ', '\t']);
+        let remote = match scheme {
+            Some("file") => false,
+            // A namespace name alone in quotes: `var NS = "http://www.w3.org/2000/svg";`.
+            Some(_) => !(NAMESPACES.contains(&&code[start..end]) && start > 0 && b"\"'`".contains(&b[start - 1]) && b.get(end) == Some(&b[start - 1])),
+            None => {
+                let opens: &[u8] = if whole_value { b"\"'`(," } else { b"\"'`(" };
+                b.get(at + 2).is_some_and(|c| c.is_ascii_alphanumeric())
+                    && ((whole_value && before.is_empty()) || before.as_bytes().last().is_some_and(|c| opens.contains(c)) || before.ends_with("@import"))
+            }
+        };
+        if remote {
+            let mut from = code[..start].rfind('\n').map_or(0, |k| k + 1).max(start.saturating_sub(40));
+            while !code.is_char_boundary(from) {
+                from += 1;
+            }
+            found.push(code[from..end].trim().to_string());
+        }
+    }
+    found
+}
+
+/// Every reference in a rendered page (HTML, SVG, or Markdown) that would make a browser reach
+/// the network: a remote URL ([`remote_urls_in`]) in any attribute's value (`src`, `href`,
+/// `xlink:href`, `srcset`, `style`'s `url(...)`, an `on…` handler), in a `<script>` (`fetch`,
+/// `import`, `new Worker`, …) or a `<style>` (`url(...)`, `@import`), or a Markdown link or
+/// image. Namespace declarations (`xmlns`, `xmlns:*`) are identifiers, not fetches, and are
+/// skipped; so are a `<script type="application/json">`'s data (never run), comments and the
+/// text of the page (words a reader sees, not a reference).
+fn remote_references(page: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let lower = page.to_ascii_lowercase();
+    // Markdown links and images: `[text](URL)`, `![alt](URL)`.
+    for (at, _) in page.match_indices("](") {
+        found.extend(remote_urls_in(&page[at + 2..at + 2 + page[at + 2..].find([')', '\n']).unwrap_or(page.len() - at - 2)], true));
+    }
+    let mut i = 0;
+    while let Some(lt) = page[i..].find('<').map(|k| k + i) {
+        let rest = &page[lt..];
+        if rest.starts_with("<!--") {
+            i = lt + rest.find("-->").map_or(rest.len(), |k| k + 3);
+            continue;
+        }
+        if rest.starts_with("<![CDATA[") {
+            // Outside a script or style: text.
+            i = lt + rest.find("]]>").map_or(rest.len(), |k| k + 3);
+            continue;
+        }
+        let name_len = rest[1..].find(|c: char| !(c.is_ascii_alphanumeric() || c == ':' || c == '-')).map_or(rest.len() - 1, |k| k);
+        if name_len == 0 || !rest.as_bytes()[1].is_ascii_alphabetic() {
+            // `</tag>`, `<!DOCTYPE …>`, `<?xml …?>` (the declarations' identifiers are checked as
+            // attribute values would be) or a `<` in text.
+            if rest.starts_with("<!") || rest.starts_with("<?") {
+                let end = rest.find('>').map_or(rest.len(), |k| k + 1);
+                found.extend(remote_urls_in(&rest[..end], false));
+                i = lt + end;
+            } else {
+                i = lt + 1;
+            }
+            continue;
+        }
+        let tag = lower[lt + 1..lt + 1 + name_len].to_string();
+        // The attributes, to the tag's `>` (not one inside a quoted value).
+        let mut j = lt + 1 + name_len;
+        let bytes = page.as_bytes();
+        let mut attributes = Vec::new();
+        loop {
+            while j < page.len() && (bytes[j].is_ascii_whitespace() || bytes[j] == b'/') {
+                j += 1;
+            }
+            if j >= page.len() || bytes[j] == b'>' {
+                j += 1;
+                break;
+            }
+            let name_end = page[j..].find(|c: char| c.is_whitespace() || c == '=' || c == '>' || c == '/').map_or(page.len(), |k| k + j);
+            let name = lower[j..name_end].to_string();
+            j = name_end;
+            while j < page.len() && bytes[j].is_ascii_whitespace() {
+                j += 1;
+            }
+            let mut value = "";
+            if j < page.len() && bytes[j] == b'=' {
+                j += 1;
+                while j < page.len() && bytes[j].is_ascii_whitespace() {
+                    j += 1;
+                }
+                if j < page.len() && (bytes[j] == b'"' || bytes[j] == b'\'') {
+                    let close = page[j + 1..].find(bytes[j] as char).map_or(page.len(), |k| k + j + 1);
+                    value = &page[j + 1..close];
+                    j = close + 1;
+                } else {
+                    let end = page[j..].find(|c: char| c.is_whitespace() || c == '>').map_or(page.len(), |k| k + j);
+                    value = &page[j..end];
+                    j = end;
+                }
+            }
+            if name.is_empty() {
+                j += 1;
+                continue;
+            }
+            attributes.push((name, value));
+        }
+        for (name, value) in &attributes {
+            if name != "xmlns" && !name.starts_with("xmlns:") {
+                found.extend(remote_urls_in(value, true).into_iter().map(|u| format!("<{tag} {name}=…{u}")));
+            }
+        }
+        if tag == "script" || tag == "style" {
+            let close = lower[j.min(page.len())..].find(&format!("</{tag}")).map_or(page.len(), |k| k + j);
+            let data = tag == "script" && attributes.iter().any(|(n, v)| n == "type" && v.trim().eq_ignore_ascii_case("application/json"));
+            if !data {
+                found.extend(remote_urls_in(&page[j.min(close)..close], false).into_iter().map(|u| format!("<{tag}>…{u}")));
+            }
+            j = close;
+        }
+        i = j.min(page.len());
+    }
+    found
+}
+
+/// Every rendered page in `dir`: HTML, SVG and Markdown.
+fn assert_no_network(dir: &Path) {
+    let mut checked = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "html" || e == "svg" || e == "md") {
+            let page = std::fs::read_to_string(&path).unwrap();
+            assert_eq!(remote_references(&page), Vec::<String>::new(), "{} reaches the network", path.display());
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no page in {}", dir.display());
+}
+
+/// The no-network check finds what a page would fetch (a remote script, image, style sheet, a
+/// script's fetch or import, protocol-relative ones too) and lets namespace names be: on small
+/// pages, and on copies of rendered pages with a remote script or image put in.
+#[test]
+fn the_no_network_check_catches_remote_references() {
+    let clean = r##"<!DOCTYPE html>
+<html><head><style>body{background:url(data:image/png;base64,AAAA)}</style>
+<script>
+//<![CDATA[
+var NS = "http://www.w3.org/2000/svg"; // a namespace name, never fetched
+var x = 1 < 2 ? "a" : "b";
+//]]>
+</script>
+<script type="application/json" id="data">{"command": ["curl", "https://example.com/data"]}</script></head>
+<body><p>Runs of <code>curl https://example.com</code> (the program's own words).</p>
+<a href="memory-x.html">view</a> <img src="chart.svg" alt="a chart" />
+<svg xmlns="http://www.w3.org/2000/svg" xmlns:xlink="http://www.w3.org/1999/xlink"><use xlink:href="#dot"/></svg>
+<!-- http://example.com in a comment is not fetched -->
+</body></html>"##;
+    assert_eq!(remote_references(clean), Vec::<String>::new());
+    let injected = [
+        r#"<script src="https://cdn.example.com/x.js"></script>"#,
+        r#"<img src="http://example.com/a.png">"#,
+        r#"<IMG SRC=HTTP://example.com/a.png>"#,
+        r#"<img srcset="a.png 1x, //cdn.example.com/a2.png 2x">"#,
+        r#"<link rel="stylesheet" href="//cdn.example.com/s.css" />"#,
+        r#"<a href='https://example.com/'>out</a>"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg"><image xlink:href="https://example.com/i.png"/></svg>"#,
+        r#"<svg xmlns="http://www.w3.org/2000/svg"><image href="http://www.w3.org/2000/svg"/></svg>"#,
+        r#"<div style="background: url( //example.com/b.png )"></div>"#,
+        r#"<iframe src="https://example.com"></iframe>"#,
+        r#"<object data="ftp://example.com/o.swf"></object>"#,
+        r#"<style>@import "https://example.com/s.css";</style>"#,
+        r#"<style>@import '//example.com/s.css';</style>"#,
+        r#"<style>p{background:url('http://example.com/p.png')}</style>"#,
+        r#"<script>fetch("https://example.com/api").then(r => r.json());</script>"#,
+        r#"<script>import("//cdn.example.com/m.js");</script>"#,
+        r#"<script>new WebSocket("wss://example.com/live");</script>"#,
+        r#"<script type="module">import x from 'https://esm.example.com/x';</script>"#,
+        r#"<script>var u = `https://example.com/${id}`; new Image().src = u;</script>"#,
+        r#"<script>var NS = "http://www.w3.org/2000/svg/evil.js";</script>"#,
+        r#"<button onclick="fetch('//example.com/x')">go</button>"#,
+        "![chart](https://example.com/c.png)",
+    ];
+    for bad in injected {
+        let page = clean.replace("</body>", &format!("{bad}\n</body>"));
+        assert_eq!(remote_references(&page).len(), 1, "{bad}: {:?}", remote_references(&page));
+    }
+    // The real pages: clean as rendered, caught with a remote script or image put in.
+    let dir = tempfile::tempdir().unwrap();
+    render(dir.path());
+    for page in ["index.html", "memory-model-switch.html", "gpu-memory-model-switch.svg"] {
+        let text = std::fs::read_to_string(dir.path().join(page)).unwrap();
+        assert_eq!(remote_references(&text), Vec::<String>::new(), "{page}");
+        let end = text.rfind("</").unwrap();
+        for bad in [r#"<script src="https://cdn.example.com/x.js"></script>"#, r#"<img src="http://example.com/a.png"/>"#] {
+            let copy = format!("{}{bad}{}", &text[..end], &text[end..]);
+            assert_eq!(remote_references(&copy).len(), 1, "{page} with {bad}");
         }
     }
 }
@@ -351,6 +580,7 @@ fn cpu_exec_and_drain_runs_render_with_spread_and_verdicts() {
     let out = dir.path().join("report");
     let records: Vec<_> = [&exec, &inproc].iter().flat_map(|p| allocbench::results::read_results(p).unwrap()).collect();
     report::render(&records, &out, "t").unwrap();
+    assert_no_network(&out);
     for f in ["cpu-exec-rss-serving-loop-py.svg", "cpu-exec-time-peak-serving-loop-py.svg"] {
         let svg = std::fs::read_to_string(out.join(f)).unwrap();
         roxmltree::Document::parse(&svg).unwrap();
@@ -476,6 +706,7 @@ fn report_of_run(trace: &Path, dir: &Path) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out_dir = dir.join("report");
     report::render(&report::load(&[records]).unwrap(), &out_dir, "sites").unwrap();
+    assert_no_network(&out_dir);
     view_data(&out_dir.join("memory-sites.html"))
 }
 

@@ -351,14 +351,14 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
         result.exit_code = -1;
         result.error = Some(format!("wait4 failed: {}", std::io::Error::last_os_error()));
     }
-    let sampled_peak = obs.rss.iter().map(|&(_, b)| b).max().unwrap_or(0);
     let max_rss = usage.ru_maxrss.max(0) as u64 * 1024;
-    result.peak_rss_bytes = if max_rss > own_peak || sampled_peak == 0 { sampled_peak.max(max_rss) } else { sampled_peak };
     let (served_by, library) = obs.mapped.proof(alloc.library.as_deref(), &alloc.name);
     result.served_by = served_by;
     result.served_by_library = library;
-    result.max_processes = obs.max_processes;
-    result.rss = obs.rss;
+    let caught = !obs.rss.is_empty();
+    (result.rss, result.peak_rss_bytes) = rss_timeline(obs.rss, result.wall_s, max_rss, own_peak);
+    // The point at exit is one process's figure (ru_maxrss is the largest process's).
+    result.max_processes = if caught || result.rss.is_empty() { obs.max_processes } else { 1 };
     // Ctrl-C (or `timeout -s INT`) reaches the program's whole process group: it may die of
     // the SIGINT before the sampler sees the flag. Either way the run was stopped, not finished.
     let died_of_sigint = waited && libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGINT;
@@ -367,6 +367,26 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
         result.error = Some("stopped by Ctrl-C".into());
     }
     result
+}
+
+/// The run's RSS timeline and `peak_rss_bytes`, from the sampler's `samples` and `wait4`'s
+/// `max_rss` (ru_maxrss in bytes: the largest process's peak). The peak is the sampled one, or
+/// `max_rss` when higher and above `own_peak` (a child's ru_maxrss starts from this process's
+/// high-water mark, so a figure at or below it may be ours), or when no sample caught the program.
+///
+/// A program that exits before the sampler reads its RSS once (within one interval, or before
+/// the sampler's first look under load) still gets a timeline: one point at `exit_s` (when wait4
+/// returned: the latest the program is known to have lived) of `max_rss`, the most it held by
+/// then (a high-water mark, not its RSS at exit, and possibly this process's own figure: the only
+/// one there is), so the timeline's maximum is `peak_rss_bytes`. Only a run with no figure at
+/// all (wait4 failed) has none.
+fn rss_timeline(mut samples: Vec<(f64, u64)>, exit_s: f64, max_rss: u64, own_peak: u64) -> (Vec<(f64, u64)>, u64) {
+    let sampled_peak = samples.iter().map(|&(_, b)| b).max().unwrap_or(0);
+    let peak = if max_rss > own_peak || sampled_peak == 0 { sampled_peak.max(max_rss) } else { sampled_peak };
+    if samples.is_empty() && peak > 0 {
+        samples.push((exit_s, peak));
+    }
+    (samples, peak)
 }
 
 /// The sampler: the tree's RSS every `interval`, the mappings until they prove the allocator
@@ -496,17 +516,42 @@ mod tests {
     }
 
     /// The RSS timeline holds the program alone: no 0 sample of its exited tree (between its
-    /// exit and the sampler's stop), which a chart drew as a drop to nothing.
+    /// exit and the sampler's stop), which a chart drew as a drop to nothing, and nothing after
+    /// its exit; and every run has one, whether or not the sampler caught the program (`true`
+    /// exits before most first looks; a loaded machine once left a 10 ms `sleep` unsampled).
     #[test]
     fn the_rss_timeline_holds_no_sample_of_the_exited_program() {
         let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let glibc = ExecAllocator { name: "glibc".into(), library: None };
-        let opts = ExecOptions { sample_interval: Duration::from_millis(1), program_stdout_to_stderr: false };
-        for rep in 0..40 {
-            let r = run_once(&v(&["sh", "-c", "sleep 0.01"]), &glibc, rep, &opts);
-            assert_eq!(r.exit_code, 0);
-            assert!(!r.rss.is_empty() && r.rss.iter().all(|&(_, b)| b > 0), "run {rep}: {:?}", r.rss);
+        for (command, interval_ms) in [(&["true"][..], 1), (&["true"][..], 10_000), (&["sh", "-c", "sleep 0.01"][..], 1)] {
+            let opts = ExecOptions { sample_interval: Duration::from_millis(interval_ms), program_stdout_to_stderr: false };
+            for rep in 0..10 {
+                let r = run_once(&v(command), &glibc, rep, &opts);
+                let what = format!("{command:?} every {interval_ms} ms, run {rep}: {:?}", r.rss);
+                assert_eq!(r.exit_code, 0, "{what}");
+                assert!(!r.rss.is_empty() && r.rss.iter().all(|&(t, b)| b > 0 && (0.0..=r.wall_s).contains(&t)), "{what}");
+                assert!(r.rss.windows(2).all(|w| w[0].0 <= w[1].0), "{what}");
+                assert!(r.max_processes >= 1, "{what}");
+                let timeline_peak = r.rss.iter().map(|&(_, b)| b).max().unwrap();
+                assert!(timeline_peak <= r.peak_rss_bytes, "{what}: peak {}", r.peak_rss_bytes);
+            }
         }
+    }
+
+    /// What the timeline of a run is when the sampler caught the program, and when it did not.
+    #[test]
+    fn a_program_no_sample_caught_gets_one_point_at_its_exit() {
+        const MIB: u64 = 1 << 20;
+        // Not caught: one point at the exit, of ru_maxrss, which is the peak (even at or below
+        // this process's own peak: the only figure there is).
+        assert_eq!(rss_timeline(vec![], 0.004, 3 * MIB, 100 * MIB), (vec![(0.004, 3 * MIB)], 3 * MIB));
+        assert_eq!(rss_timeline(vec![], 0.004, 300 * MIB, 100 * MIB), (vec![(0.004, 300 * MIB)], 300 * MIB));
+        // Caught: the samples as they are; ru_maxrss raises the peak only above our own.
+        let samples = vec![(0.001, 5 * MIB), (0.002, 8 * MIB)];
+        assert_eq!(rss_timeline(samples.clone(), 0.003, 9 * MIB, 100 * MIB), (samples.clone(), 8 * MIB));
+        assert_eq!(rss_timeline(samples.clone(), 0.003, 200 * MIB, 100 * MIB), (samples, 200 * MIB));
+        // No figure at all (wait4 failed): nothing to draw.
+        assert_eq!(rss_timeline(vec![], 0.003, 0, 100 * MIB), (vec![], 0));
     }
 
     #[test]

@@ -179,7 +179,8 @@ pub struct CpuExecResult {
     pub peak_rss_bytes: u64,
     /// The most processes the tree had at one sample.
     pub max_processes: u32,
-    /// RSS of the process tree over time: `[t_s, bytes]`, every `--sample-ms`.
+    /// RSS of the process tree over time: `[t_s, bytes]`, every `--sample-ms`; a program that
+    /// exited before any sample has one point at its exit, of its `ru_maxrss` (the peak).
     pub rss: Vec<(f64, u64)>,
     pub machine: MachineInfo,
     /// Stopped by Ctrl-C before it finished.
