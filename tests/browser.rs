@@ -7,6 +7,8 @@
 //! Skipped (with a message) where Chromium is not installed, unless
 //! `ALLOCBENCH_REQUIRE_CHROMIUM=1` (CI sets it); `ALLOCBENCH_CHROMIUM` names another binary.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -27,11 +29,8 @@ fn chromium() -> Option<PathBuf> {
 fn browser() -> Option<PathBuf> {
     match chromium() {
         Some(b) => Some(b),
-        None if std::env::var("ALLOCBENCH_REQUIRE_CHROMIUM").as_deref() == Ok("1") => {
-            panic!("chromium is required (ALLOCBENCH_REQUIRE_CHROMIUM=1) but not installed: apt-get install chromium")
-        }
         None => {
-            eprintln!("skipped: chromium is not installed (apt-get install chromium; ALLOCBENCH_REQUIRE_CHROMIUM=1 makes this a failure)");
+            common::skip("browser", "chromium is not installed (apt-get install chromium)", "ALLOCBENCH_REQUIRE_CHROMIUM");
             None
         }
     }

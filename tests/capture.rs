@@ -6,6 +6,8 @@
 //! with .cuda(), AMP, AdamW, clipping and accumulation captures unedited on fake CUDA; storage
 //! semantics (views, in-place, resize, zero bytes, empty_cache); bad input.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::OnceLock;
@@ -30,17 +32,15 @@ fn python() -> String {
     allocbench::capture::python_for(None)
 }
 
-/// False (and the test returns early) when the Python has no torch, unless CI requires it.
+/// False (and the test returns early, counted as skipped) when the Python has no torch, unless
+/// CI requires it.
 fn have_torch() -> bool {
     static HAVE: OnceLock<bool> = OnceLock::new();
-    *HAVE.get_or_init(|| {
-        let ok = std::process::Command::new(python()).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false);
-        if !ok {
-            assert!(std::env::var_os("ALLOCBENCH_REQUIRE_TORCH").is_none(), "ALLOCBENCH_REQUIRE_TORCH is set but {} cannot import torch", python());
-            eprintln!("skipping capture tests: {} has no torch (set ALLOCBENCH_PYTHON)", python());
-        }
-        ok
-    })
+    let ok = *HAVE.get_or_init(|| std::process::Command::new(python()).args(["-c", "import torch"]).output().map(|o| o.status.success()).unwrap_or(false));
+    if !ok {
+        common::skip("capture", &format!("{} cannot import torch (set ALLOCBENCH_PYTHON to a Python with torch)", python()), "ALLOCBENCH_REQUIRE_TORCH");
+    }
+    ok
 }
 
 fn stderr(out: &Output) -> String {
@@ -1187,7 +1187,7 @@ fn a_transformers_model_captures_from_its_config_alone() {
     }
     let has_transformers = std::process::Command::new(python()).args(["-c", "import transformers"]).output().map(|o| o.status.success()).unwrap_or(false);
     if !has_transformers {
-        assert!(std::env::var_os("ALLOCBENCH_REQUIRE_TORCH").is_none(), "CI installs transformers beside torch");
+        common::skip("transformers capture", &format!("{} cannot import transformers (pip install transformers)", python()), "ALLOCBENCH_REQUIRE_TORCH");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -1,5 +1,7 @@
 //! The CPU driver under each in-process allocator, and the LD_PRELOAD allocators' detection.
 
+mod common;
+
 use std::time::Duration;
 
 use allocbench::cpu::allocators::{CpuAllocator, CPU_ALLOCATORS};
@@ -83,11 +85,9 @@ fn bin() -> Command {
 /// library is missing, unless ALLOCBENCH_REQUIRE_PRELOAD is set (CI sets it).
 #[test]
 fn preload_detection_names_the_live_allocator() {
-    let require = std::env::var_os("ALLOCBENCH_REQUIRE_PRELOAD").is_some();
     for (name, path, package) in allocbench::cpu::preload::PRELOAD_LIBRARIES {
         if !std::path::Path::new(path).exists() {
-            assert!(!require, "{path} is missing: install {package} (ALLOCBENCH_REQUIRE_PRELOAD is set)");
-            println!("skipped: {name} preload test, {path} not installed (apt-get install {package})");
+            common::skip(&format!("{name} preload"), &format!("{path} is not installed (apt-get install {package})"), "ALLOCBENCH_REQUIRE_PRELOAD");
             continue;
         }
         let out = bin().env("LD_PRELOAD", path).arg("malloc-info").output().unwrap();
@@ -231,8 +231,7 @@ fn the_trim_runs_on_the_threads_that_allocated() {
     let _serial = RSS_LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let Some((_, path, package)) = allocbench::cpu::preload::PRELOAD_LIBRARIES.iter().find(|(n, _, _)| *n == "mimalloc") else { panic!("mimalloc is listed") };
     if !std::path::Path::new(path).exists() {
-        assert!(!preload_required(), "{path} is missing: install {package} (ALLOCBENCH_REQUIRE_PRELOAD is set)");
-        println!("skipped: {path} not installed (apt-get install {package})");
+        common::skip("mimalloc preload", &format!("{path} is not installed (apt-get install {package})"), "ALLOCBENCH_REQUIRE_PRELOAD");
         return;
     }
     let w = format!("{}/workloads/python-objects.toml", env!("CARGO_MANIFEST_DIR"));
@@ -270,10 +269,6 @@ fn python_script(name: &str) -> String {
     format!("{}/workloads/python/{name}", env!("CARGO_MANIFEST_DIR"))
 }
 
-fn preload_required() -> bool {
-    std::env::var_os("ALLOCBENCH_REQUIRE_PRELOAD").is_some()
-}
-
 /// Every shipped Python program runs under all four allocators with proof of which malloc served
 /// it and an RSS timeline; repetitions interleave.
 #[test]
@@ -281,8 +276,11 @@ fn exec_runs_the_python_workloads_under_every_allocator() {
     let missing: Vec<&str> =
         allocbench::cpu::preload::PRELOAD_LIBRARIES.iter().filter(|(_, p, _)| !std::path::Path::new(p).exists()).map(|(n, _, _)| *n).collect();
     if !missing.is_empty() {
-        assert!(!preload_required(), "{missing:?} missing (ALLOCBENCH_REQUIRE_PRELOAD is set)");
-        println!("skipped: {missing:?} not installed");
+        common::skip(
+            "exec under every allocator",
+            &format!("{missing:?} not installed (apt-get install libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0)"),
+            "ALLOCBENCH_REQUIRE_PRELOAD",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -582,7 +580,7 @@ fn exec_says_a_static_program_cannot_be_preloaded() {
     let ldconfig = "/sbin/ldconfig";
     let linked = std::process::Command::new("file").arg("-L").arg(ldconfig).output().map(|o| String::from_utf8_lossy(&o.stdout).contains("static"));
     if !matches!(linked, Ok(true)) {
-        println!("skipped: {ldconfig} is not a static binary here");
+        common::skip("static program", &format!("{ldconfig} is not a static binary here (or `file` is missing)"), "ALLOCBENCH_REQUIRE_STATIC_PROGRAM");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

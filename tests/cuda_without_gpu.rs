@@ -1,6 +1,8 @@
 //! The CUDA backend on machines without a GPU: a clear one-line error and exit 2, never a panic,
 //! with no driver at all and with stand-in drivers (tests/mock/*.c, compiled here).
 
+mod common;
+
 use assert_cmd::Command;
 use std::path::Path;
 
@@ -36,7 +38,7 @@ fn run(args: &[&str], ld_path: Option<&Path>) -> (Option<i32>, String) {
 #[test]
 fn no_gpu_is_a_clear_error() {
     if Path::new("/dev/nvidia0").exists() {
-        println!("skipped: a GPU is present, so the no-GPU path cannot be tested here");
+        common::skip("no-GPU path", "a GPU is present, so the no-GPU path cannot be tested here", "ALLOCBENCH_REQUIRE_NO_GPU");
         return;
     }
     let w = workload();
@@ -54,7 +56,7 @@ fn no_gpu_is_a_clear_error() {
 #[test]
 fn stand_in_drivers_are_clear_errors_too() {
     if Path::new("/dev/nvidia0").exists() {
-        println!("skipped: a GPU is present");
+        common::skip("no-GPU path", "a GPU is present, so the no-GPU path cannot be tested here", "ALLOCBENCH_REQUIRE_NO_GPU");
         return;
     }
     let w = workload();
@@ -63,8 +65,7 @@ fn stand_in_drivers_are_clear_errors_too() {
     {
         let dir = tempfile::tempdir().unwrap();
         if build_mock(mock, dir.path()).is_none() {
-            assert!(std::env::var_os("ALLOCBENCH_REQUIRE_PRELOAD").is_none(), "no C compiler to build the mock libcuda");
-            println!("skipped: mock libcuda test, no C compiler (cc)");
+            common::skip("mock libcuda", "no C compiler (cc) to build the mock libcuda (apt-get install gcc)", "ALLOCBENCH_REQUIRE_PRELOAD");
             return;
         }
         let (code, err) = run(&["replay", &w, "--device", "cuda"], Some(dir.path()));

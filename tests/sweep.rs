@@ -3,6 +3,8 @@
 //! exits 2, and a 4-task job array on a real one-node Slurm (skipped where slurm-wlm is not
 //! installed, unless ALLOCBENCH_REQUIRE_SLURM is set, as CI does).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
@@ -547,8 +549,7 @@ fn a_four_task_slurm_array_merges_to_the_unsharded_run() {
     let have = |tool: &str| std::process::Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success());
     let present = ["sbatch", "squeue", "slurmctld", "slurmd", "munged"].iter().all(|t| have(t) || Path::new("/usr/sbin").join(t).exists());
     if !present {
-        assert!(std::env::var_os("ALLOCBENCH_REQUIRE_SLURM").is_none(), "ALLOCBENCH_REQUIRE_SLURM is set but slurm-wlm/munge are not installed");
-        eprintln!("skipped: no Slurm here (apt-get install slurm-wlm munge)");
+        common::skip("slurm", "slurm-wlm and munge are not installed (apt-get install slurm-wlm munge)", "ALLOCBENCH_REQUIRE_SLURM");
         return;
     }
     let dir = tempfile::tempdir().unwrap();
