@@ -1,7 +1,8 @@
 //! Numbers in the README and docs/ are produced, not typed: the README's demo table is what
-//! `allocbench demo` prints (rewritten by `scripts/readme_demo.py`), its findings are the
-//! published report's (copied by `scripts/readme_findings.py`), and docs/capture.md's blind-spot
-//! table is what `scripts/blind_spots.py` prints. The README stays short.
+//! `allocbench demo` prints (rewritten by `scripts/readme_demo.py`), its quick-start output what
+//! `allocbench diagnose` prints (`scripts/readme_quickstart.py`), its findings are the published
+//! report's (copied by `scripts/readme_findings.py`), and docs/capture.md's blind-spot table is
+//! what `scripts/blind_spots.py` prints. The README stays short.
 
 use std::path::PathBuf;
 
@@ -50,6 +51,34 @@ fn readme_findings_are_the_published_reports() {
 }
 
 #[test]
+fn readme_quickstart_output_is_what_diagnose_prints() {
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .current_dir(root())
+        .args(["diagnose", "workloads/captured/gpt3-xl-1.3b.csv.gz", "--capacity", "73GiB"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let printed = printed.trim_matches('\n');
+    assert!(printed.lines().count() >= 5, "diagnose says what happened, why, and the smallest device: {printed}");
+    let readme = read("README.md");
+    let quick = block(&readme, "<!-- quickstart:begin", "<!-- quickstart:end -->", "README");
+    assert!(
+        quick.contains(&format!("```\n{printed}\n```")),
+        "README's quick-start output is stale: run `python3 scripts/readme_quickstart.py`\n--- diagnose prints ---\n{printed}"
+    );
+    // The capture shown is the one scripts/capture_workloads.sh makes of the shipped trace.
+    let script = read("scripts/capture_workloads.sh");
+    let args = script.lines().find_map(|l| l.trim().strip_prefix("gpt3-xl-1.3b) args=(")).expect("capture_workloads.sh captures gpt3-xl-1.3b");
+    let args = args.strip_suffix(") ;;").expect("one line of arguments");
+    assert!(
+        quick.contains(&format!("-- scripts/models/train.py {args}\n")),
+        "README's capture command is not scripts/capture_workloads.sh's: run `python3 scripts/readme_quickstart.py`"
+    );
+}
+
+#[test]
 fn capture_blind_spot_table_is_what_the_script_prints() {
     let out = match std::process::Command::new("python3").arg(root().join("scripts/blind_spots.py")).output() {
         Ok(out) => out,
@@ -72,6 +101,7 @@ fn capture_blind_spot_table_is_what_the_script_prints() {
 fn generated_blocks_are_where_their_scripts_write_them() {
     let blocks = [
         ("README.md", "scripts/readme_demo.py", "<!-- demo:begin (scripts/readme_demo.py) -->"),
+        ("README.md", "scripts/readme_quickstart.py", "<!-- quickstart:begin (scripts/readme_quickstart.py) -->"),
         ("README.md", "scripts/readme_findings.py", "<!-- findings:begin (scripts/readme_findings.py) -->"),
         ("docs/benchmarks.md", "scripts/bench_readme.py", "<!-- bench:begin (scripts/bench_readme.py) -->"),
         ("docs/sweeps.md", "scripts/sweep_example.sh", "<!-- sweep:begin (scripts/sweep_example.sh) -->"),
