@@ -7,14 +7,15 @@
 //! (GPU policy over a device, or a CPU malloc) → results (versioned JSON) → reports.
 //!
 //! ## The map (layers; each imports only those below it)
-//! 1. [`event`], [`ids`], [`units`], [`error`], [`interrupt`]: events, id maps, sizes, input errors, the stop flag.
+//! 1. [`event`], [`ids`], [`units`], [`confidence`], [`error`], [`interrupt`], [`hint`]: events, id maps, sizes,
+//!    95 % intervals over repetitions, input errors, the stop flag, cache hints.
 //! 2. [`results`]: the schema, every serialised type; imports nothing above layer 1.
 //! 3. [`trace`], [`workload`], [`input`]: where events come from.
 //! 4. [`gpu`]: policies over the [`gpu::device::Device`] seam (adaptors wrap it, `cuda.rs` alone
 //!    calls the driver), built in one place ([`gpu::build`]) and replayed by a small loop that
 //!    observers measure ([`gpu::replay`]). [`cpu`]: real mallocs, a per-worker driver with a clock.
 //! 5. [`gpu_run`], [`diagnose`], [`advise`], [`sweep`], [`report`]: runs and analyses that return data;
-//!    text is rendered separately.
+//!    text is rendered separately. [`capture`] runs a script under the embedded capture module.
 //! 6. [`cli`]: one module per command; progress bars and Ctrl-C live there.
 //!
 //! ## Glossary (one meaning per word)
