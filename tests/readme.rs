@@ -2,9 +2,11 @@
 //! `allocbench demo` prints (rewritten by `scripts/readme_demo.py`), its quick-start output what
 //! `allocbench diagnose` prints (`scripts/readme_quickstart.py`), its findings are the published
 //! report's (copied by `scripts/readme_findings.py`), and docs/capture.md's blind-spot table is
-//! what `scripts/blind_spots.py` prints. The README stays short.
+//! what `scripts/blind_spots.py` prints. Every relative link of the README, CONTRIBUTING.md and
+//! docs/ resolves, and the README stays short.
 
-use std::path::PathBuf;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
 
@@ -125,4 +127,106 @@ fn generated_blocks_are_where_their_scripts_write_them() {
 fn readme_stays_short() {
     let lines = read("README.md").lines().count();
     assert!(lines <= 200, "README.md has {lines} lines: at most 200; move the detail into docs/");
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped but `-` and `_`, spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a markdown file's headings (outside code fences), numbered as GitHub numbers
+/// repeated ones.
+fn anchors(text: &str) -> HashSet<String> {
+    let mut out = HashSet::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced {
+            continue;
+        }
+        let hashes = line.chars().take_while(|&c| c == '#').count();
+        if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
+            let base = slug(&line[hashes..]);
+            let mut anchor = base.clone();
+            let mut n = 0;
+            while out.contains(&anchor) {
+                n += 1;
+                anchor = format!("{base}-{n}");
+            }
+            out.insert(anchor);
+        }
+    }
+    out
+}
+
+/// The targets of the inline links and images of a markdown file, outside code fences and spans.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced {
+            continue;
+        }
+        let mut in_code = false;
+        let chars: Vec<char> = line.chars().collect();
+        let mut i = 0;
+        while i < chars.len() {
+            if chars[i] == '`' {
+                in_code = !in_code;
+            } else if !in_code && chars[i] == ']' && chars.get(i + 1) == Some(&'(') {
+                let rest: String = chars[i + 2..].iter().collect();
+                if let Some(end) = rest.find(')') {
+                    out.push(rest[..end].to_string());
+                }
+            }
+            i += 1;
+        }
+    }
+    out
+}
+
+#[test]
+fn relative_links_resolve() {
+    let mut files: Vec<PathBuf> = ["README.md", "CONTRIBUTING.md"].iter().map(|f| root().join(f)).collect();
+    let mut docs: Vec<PathBuf> =
+        std::fs::read_dir(root().join("docs")).unwrap().map(|e| e.unwrap().path()).filter(|p| p.extension().is_some_and(|e| e == "md")).collect();
+    docs.sort();
+    files.extend(docs);
+    let mut broken = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+        for link in links(&text) {
+            if link.contains("://") || link.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = link.split_once('#').map_or((link.as_str(), None), |(p, a)| (p, Some(a)));
+            let target: PathBuf = if path.is_empty() { file.clone() } else { file.parent().unwrap().join(path) };
+            if !target.exists() {
+                broken.push(format!("{}: {link} (no such file)", file.display()));
+                continue;
+            }
+            if let Some(anchor) = anchor {
+                let is_md = target.extension().is_some_and(|e| e == "md");
+                if !is_md || !anchors(&std::fs::read_to_string(&target).unwrap()).contains(anchor) {
+                    broken.push(format!("{}: {link} (no such heading)", file.display()));
+                }
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken relative links:\n{}", broken.join("\n"));
+    assert!(files.iter().any(|f| f.ends_with(Path::new("docs/README.md"))), "docs/ has its index");
 }
