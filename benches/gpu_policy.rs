@@ -1,7 +1,7 @@
 //! Replay throughput of the GPU policies on SimDevice (targets, issue 15: ≥ 20 M events/s on one
 //! core for the default policy on the captured 1.3B trace; `allocbench replay` of that CSV end to
 //! end ≥ 10 M events/s; ≥ 1,000 advise configurations in under a minute on 2 threads). The
-//! README's "Benchmarks" block is written from these results by `scripts/bench_readme.py`.
+//! The block of `docs/benchmarks.md` is written from these results by `scripts/bench_readme.py`.
 
 use allocbench::event::Event;
 use allocbench::gpu::baseline::IdealAllocator;

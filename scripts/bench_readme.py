@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""Rewrites the benchmark block of README.md from criterion's results (numbers are never typed).
+"""Rewrites the benchmark block of docs/benchmarks.md from criterion's results (numbers are never typed).
 
     cargo bench --bench gpu_policy -- 'captured_1.3b|shredded|advise'
     python3 scripts/bench_readme.py
 
 Reads target/criterion/<group>/<bench>/new/estimates.json (the mean, ns per iteration) and
 benchmark.json (the throughput: events or configurations per iteration) for the issue-15 targets,
-and writes a table between the README's bench markers. A missing benchmark is an error.
+and writes a table between the bench markers of docs/benchmarks.md. A missing benchmark is an error.
 """
 import json
 import os
@@ -87,10 +87,10 @@ def main():
         f"the default policy takes {policy / ideal:.1f}× the time of the bookkeeping-only replay under the same load."
     )
     block = "\n".join(lines)
-    path = os.path.join(root, "README.md")
+    path = os.path.join(root, "docs", "benchmarks.md")
     text = open(path).read()
     if BEGIN not in text or END not in text:
-        sys.exit("bench_readme.py: README.md has no bench markers")
+        sys.exit("bench_readme.py: docs/benchmarks.md has no bench markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
     open(path, "w").write(f"{head}{BEGIN}\n{block}\n{END}{tail}")

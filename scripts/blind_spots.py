@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""What a capture cannot see, sized on the shipped workloads: prints the README's blind-spot table.
+"""What a capture cannot see, sized on the shipped workloads: prints the blind-spot table of
+docs/capture.md, and with --write rewrites it there (numbers are never typed; tests/readme.rs
+fails when the two differ).
 
-    python3 scripts/blind_spots.py
+    python3 scripts/blind_spots.py [--write]
 
 Modelled in the capture: cuBLAS workspaces and FlashAttention-2 backward scratch (the capture
 allocates them as PyTorch would). Named only: the rest, with the formula used for its size.
@@ -12,6 +14,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from allocbench_capture import flash_backward_scratch  # noqa: E402
 
+BEGIN, END = "<!-- blind-spots:begin (scripts/blind_spots.py) -->", "<!-- blind-spots:end -->"
 MIB = 1 << 20
 # (workload, batch, max sequence, layers, d_model, heads, attention) of the shipped training workloads.
 WORKLOADS = [
@@ -24,9 +27,9 @@ def mib(n):
     return f"{n / MIB:,.1f} MiB"
 
 
-def main():
-    print("| blind spot | in the capture | gpt3-xl-1.3b | llama2-7b-80g | size |")
-    print("|---|---|---|---|---|")
+def table():
+    """The table's lines."""
+    lines = ["| blind spot | in the capture | gpt3-xl-1.3b | llama2-7b-80g | size |", "|---|---|---|---|---|"]
     cols = []
     for _, b, s, layers, d, h, attention in WORKLOADS:
         tokens = b * s
@@ -49,14 +52,28 @@ def main():
     ]
     for name, how, key, formula in rows:
         vals = [mib(c[key]) if c[key] else "—" for c in cols]
-        print(f"| {name} | {how} | {vals[0]} | {vals[1]} | {formula} |")
-    print("| cuDNN attention (first in SDPA's order in recent torch on sm90/sm100 with cuDNN > 9.15) | named | — | — | the capture runs flash, memory-efficient or math as with `TORCH_CUDNN_SDPA_DEPRIORITIZED=1`; cuDNN's kernel keeps output and log-sum-exp alike but takes a per-call workspace its heuristics size, transient |")
-    print("| cuDNN convolution workspace | named | — | — | per convolution, chosen by the algorithm (with `cudnn.benchmark` the search tries workspaces up to the free memory), transient |")
-    print("| cuFFT workspace | named | — | — | per `torch.fft` call on CUDA, sized by its cuFFT plan, through the caching allocator; complex-to-real transforms also copy their input; transient |")
-    print("| padding removal (`nn.TransformerEncoder` in inference with a `src_key_padding_mask`) | named (said at capture) | — | — | a GPU's fast path packs the unpadded tokens into a nested tensor sized by the mask's values; the capture keeps the padded layout, an upper bound by the padding share |")
-    print("| sparse gradients (`Embedding(sparse=True)`, `torch.sparse_coo`) | named (said at capture) | — | — | indices and values sized by the data (nnz·(D·itemsize + 8)); not recorded |")
-    print("| NCCL buffers | named | — | — | outside the caching allocator (cudaMalloc by NCCL; `NCCL_BUFFSIZE` 4 MiB per channel per peer) |")
-    print("| CUDA context | named | — | — | outside the caching allocator: lower `--capacity` by what `nvidia-smi` shows for an idle process |")
+        lines.append(f"| {name} | {how} | {vals[0]} | {vals[1]} | {formula} |")
+    lines.append("| cuDNN attention (first in SDPA's order in recent torch on sm90/sm100 with cuDNN > 9.15) | named | — | — | the capture runs flash, memory-efficient or math as with `TORCH_CUDNN_SDPA_DEPRIORITIZED=1`; cuDNN's kernel keeps output and log-sum-exp alike but takes a per-call workspace its heuristics size, transient |")
+    lines.append("| cuDNN convolution workspace | named | — | — | per convolution, chosen by the algorithm (with `cudnn.benchmark` the search tries workspaces up to the free memory), transient |")
+    lines.append("| cuFFT workspace | named | — | — | per `torch.fft` call on CUDA, sized by its cuFFT plan, through the caching allocator; complex-to-real transforms also copy their input; transient |")
+    lines.append("| padding removal (`nn.TransformerEncoder` in inference with a `src_key_padding_mask`) | named (said at capture) | — | — | a GPU's fast path packs the unpadded tokens into a nested tensor sized by the mask's values; the capture keeps the padded layout, an upper bound by the padding share |")
+    lines.append("| sparse gradients (`Embedding(sparse=True)`, `torch.sparse_coo`) | named (said at capture) | — | — | indices and values sized by the data (nnz·(D·itemsize + 8)); not recorded |")
+    lines.append("| NCCL buffers | named | — | — | outside the caching allocator (cudaMalloc by NCCL; `NCCL_BUFFSIZE` 4 MiB per channel per peer) |")
+    lines.append("| CUDA context | named | — | — | outside the caching allocator: lower `--capacity` by what `nvidia-smi` shows for an idle process |")
+    return lines
+
+
+def main():
+    lines = table()
+    if "--write" in sys.argv[1:]:
+        path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "capture.md")
+        text = open(path).read()
+        if BEGIN not in text or END not in text:
+            sys.exit(f"blind_spots.py: docs/capture.md has no {BEGIN} ... {END} block")
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        open(path, "w").write(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + tail)
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
 # (no GPU needed; a Python with torch: --python, $ALLOCBENCH_PYTHON or python3).
 # About 10 minutes for GPT-3 XL, 6 for Llama-2-7B, 1 for the serving loop and 2 for model switching on one core.
 #   scripts/capture_workloads.sh [gpt3-xl-1.3b|llama2-7b-80g|serving-llama7b|model-switch ...]
-# Each alloc carries its allocation site ('#site'/'#at' comment lines, see README "Allocation
-# sites of a capture"). Adding them changed no row: re-captured with sites, the Llama-2-7B and
+# Each alloc carries its allocation site ('#site'/'#at' comment lines, see docs/capture.md
+# "Allocation sites of a capture"). Adding them changed no row: re-captured with sites, the Llama-2-7B and
 # serving traces are the earlier ones row for row once the site lines are stripped
 #   diff <(zcat OLD.csv.gz | grep -v '^#') <(zcat NEW.csv.gz | grep -v '^#')
 # train.py's captures can order the frees within a burst (frees with no alloc between them)

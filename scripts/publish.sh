@@ -12,7 +12,8 @@
 #         serving workloads in process and on the real Python programs in workloads/python/;
 #      c. diagnose-gpt3-73g/data/: allocbench diagnose and advise on the 1.3B workload on a
 #         73 GiB card (diagnose.jsonl.gz, advise.jsonl.gz, advise.txt);
-#      d. README.md's demo block (scripts/readme_demo.py).
+#      d. README.md's demo block (scripts/readme_demo.py) and quick-start block
+#         (scripts/readme_quickstart.py: diagnose on the shipped GPT-3 XL capture).
 #   2. render: allocbench report re-renders comparison/, diagnose-gpt3-73g/ and gpu-h100/ (whose
 #      data/ holds the --device cuda runs and devprobe of scripts/gpu_checks.sh on an H100) from
 #      their data/, keeping data/ and gpu-h100/GPU-CHECKS.md.
@@ -90,8 +91,9 @@ if [ "$measure" = 1 ]; then
   "$bin" advise workloads/gpt3-xl-1.3b.toml --capacity 73GiB --quiet --jsonl "$work/advise.jsonl" > "$diag_data/advise.txt"
   gzip -n -9 < "$work/advise.jsonl" > "$diag_data/advise.jsonl.gz"
 
-  # README's demo block, from a demo run.
+  # README's demo block, from a demo run, and its quick-start block, from a diagnose run.
   python3 scripts/readme_demo.py "$bin" > /dev/null
+  python3 scripts/readme_quickstart.py "$bin" > /dev/null
 fi
 
 # Removes everything in a report folder but its data/ and the files named after it.
@@ -126,4 +128,4 @@ mapfile -t files < <(data_files reports/gpu-h100)
 
 # README.md's findings block: the comparison's findings, as rendered.
 python3 scripts/readme_findings.py
-echo "published reports/comparison/, reports/diagnose-gpt3-73g/ and reports/gpu-h100/ from their data/$([ "$measure" = 1 ] && echo ', README demo block')"
+echo "published reports/comparison/, reports/diagnose-gpt3-73g/ and reports/gpu-h100/ from their data/$([ "$measure" = 1 ] && echo ', README demo and quick-start blocks')"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Rewrites the sweep example block of README.md from a real sweep (numbers are never typed): the
+# Rewrites the sweep example block of docs/sweeps.md from a real sweep (numbers are never typed): the
 # short shipped inputs (the 4-step captured GPT-3 XL and Llama-2-7B traces, a real PyTorch
 # snapshot, the model-switching workload and the textbook scenarios) × advise's whole conf space
 # (plus nocache and ideal) × 40, 80 and 141 GiB, timed as one shard and as four shards run at
@@ -99,7 +99,7 @@ text = (
     f"the two merges are equal row for row. `allocbench advise RESULTS.jsonl --top 1` on the merge:\n\n"
     + "\n".join(table)
 )
-readme = os.path.join(os.getcwd(), "README.md")
+readme = os.path.join(os.getcwd(), "docs", "sweeps.md")
 src = open(readme).read()
 begin, end = "<!-- sweep:begin (scripts/sweep_example.sh) -->", "<!-- sweep:end -->"
 a, b = src.index(begin) + len(begin), src.index(end)

@@ -2,7 +2,7 @@
 //! workloads' event streams, measuring throughput, latency percentiles, RSS over time and its
 //! drift, and memory retained after everything is freed.
 //!
-//! Definitions (also in the README):
+//! Definitions (also in docs/cpu.md):
 //! - **ops/s**: (mallocs + frees) ÷ wall time of the run (event generation, the replay loop and
 //!   page touching included); **replay ops/s**: per thread, ÷ the time in the replay of compiled
 //!   ops (allocator calls, page touching and a loop of a few ns per op; `--no-touch` leaves the

@@ -1,4 +1,4 @@
-//! Process RSS from /proc (the `psutil` crate cannot be used: see README), sampled on a
+//! Process RSS from /proc (the `psutil` crate cannot be used: see docs/cpu.md), sampled on a
 //! background thread into a timeline.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
