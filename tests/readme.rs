@@ -143,18 +143,23 @@ fn slug(heading: &str) -> String {
         .collect()
 }
 
+/// A markdown file's lines outside code fences (a fence's own lines left out too).
+fn unfenced_lines(text: &str) -> impl Iterator<Item = &str> {
+    let mut fenced = false;
+    text.lines().filter(move |line| {
+        if line.starts_with("```") {
+            fenced = !fenced;
+            return false;
+        }
+        !fenced
+    })
+}
+
 /// The anchors of a markdown file's headings (outside code fences), numbered as GitHub numbers
 /// repeated ones.
 fn anchors(text: &str) -> HashSet<String> {
     let mut out = HashSet::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.starts_with("```") {
-            fenced = !fenced;
-        }
-        if fenced {
-            continue;
-        }
+    for line in unfenced_lines(text) {
         let hashes = line.chars().take_while(|&c| c == '#').count();
         if (1..=6).contains(&hashes) && line[hashes..].starts_with(' ') {
             let base = slug(&line[hashes..]);
@@ -173,14 +178,7 @@ fn anchors(text: &str) -> HashSet<String> {
 /// The targets of the inline links and images of a markdown file, outside code fences and spans.
 fn links(text: &str) -> Vec<String> {
     let mut out = Vec::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.starts_with("```") {
-            fenced = !fenced;
-        }
-        if fenced {
-            continue;
-        }
+    for line in unfenced_lines(text) {
         let mut in_code = false;
         let chars: Vec<char> = line.chars().collect();
         let mut i = 0;
