@@ -1,5 +1,5 @@
-//! `allocbench capture`: runs an unmodified PyTorch script under `scripts/allocbench_capture.py`
-//! (embedded in this binary, so only a Python with torch is needed) and writes its allocation
+//! `allocbench capture`: runs an unmodified PyTorch script under the `scripts/allocbench_capture/`
+//! package (embedded in this binary, so only a Python with torch is needed) and writes its allocation
 //! trace. The Python side records storages; this side finds the interpreter, passes the script's
 //! exit code through, and reports the outcome the capture wrote to a status file.
 
@@ -13,8 +13,49 @@ use serde::Deserialize;
 
 use crate::error::InputError;
 
-/// The capture module, as shipped in `scripts/`.
-pub const CAPTURE_PY: &str = include_str!("../scripts/allocbench_capture.py");
+/// The capture package, as shipped in `scripts/allocbench_capture/`: each file's path inside the
+/// package and its text (tests/capture.rs checks that every `.py` file there is listed).
+pub const CAPTURE_PACKAGE: &[(&str, &str)] = &[
+    ("__init__.py", include_str!("../scripts/allocbench_capture/__init__.py")),
+    ("__main__.py", include_str!("../scripts/allocbench_capture/__main__.py")),
+    ("autograd.py", include_str!("../scripts/allocbench_capture/autograd.py")),
+    ("capture.py", include_str!("../scripts/allocbench_capture/capture.py")),
+    ("card.py", include_str!("../scripts/allocbench_capture/card.py")),
+    ("cli.py", include_str!("../scripts/allocbench_capture/cli.py")),
+    ("errors.py", include_str!("../scripts/allocbench_capture/errors.py")),
+    ("fake_cuda/__init__.py", include_str!("../scripts/allocbench_capture/fake_cuda/__init__.py")),
+    ("fake_cuda/constructors.py", include_str!("../scripts/allocbench_capture/fake_cuda/constructors.py")),
+    ("fake_cuda/device.py", include_str!("../scripts/allocbench_capture/fake_cuda/device.py")),
+    ("fake_cuda/generators.py", include_str!("../scripts/allocbench_capture/fake_cuda/generators.py")),
+    ("fake_cuda/graphs.py", include_str!("../scripts/allocbench_capture/fake_cuda/graphs.py")),
+    ("fake_cuda/modules.py", include_str!("../scripts/allocbench_capture/fake_cuda/modules.py")),
+    ("fake_cuda/processes.py", include_str!("../scripts/allocbench_capture/fake_cuda/processes.py")),
+    ("fake_cuda/save_load.py", include_str!("../scripts/allocbench_capture/fake_cuda/save_load.py")),
+    ("fake_cuda/streams.py", include_str!("../scripts/allocbench_capture/fake_cuda/streams.py")),
+    ("fake_cuda/tensors.py", include_str!("../scripts/allocbench_capture/fake_cuda/tensors.py")),
+    ("fake_tensors.py", include_str!("../scripts/allocbench_capture/fake_tensors.py")),
+    ("known_values.py", include_str!("../scripts/allocbench_capture/known_values.py")),
+    ("messages.py", include_str!("../scripts/allocbench_capture/messages.py")),
+    ("ops/__init__.py", include_str!("../scripts/allocbench_capture/ops/__init__.py")),
+    ("ops/blas.py", include_str!("../scripts/allocbench_capture/ops/blas.py")),
+    ("ops/composites.py", include_str!("../scripts/allocbench_capture/ops/composites.py")),
+    ("ops/convolution.py", include_str!("../scripts/allocbench_capture/ops/convolution.py")),
+    ("ops/ctc.py", include_str!("../scripts/allocbench_capture/ops/ctc.py")),
+    ("ops/dtype_names.py", include_str!("../scripts/allocbench_capture/ops/dtype_names.py")),
+    ("ops/losses.py", include_str!("../scripts/allocbench_capture/ops/losses.py")),
+    ("ops/meta_kernels.py", include_str!("../scripts/allocbench_capture/ops/meta_kernels.py")),
+    ("ops/pinned.py", include_str!("../scripts/allocbench_capture/ops/pinned.py")),
+    ("ops/registry.py", include_str!("../scripts/allocbench_capture/ops/registry.py")),
+    ("ops/sampling.py", include_str!("../scripts/allocbench_capture/ops/sampling.py")),
+    ("ops/sdpa.py", include_str!("../scripts/allocbench_capture/ops/sdpa.py")),
+    ("patches.py", include_str!("../scripts/allocbench_capture/patches.py")),
+    ("recorder.py", include_str!("../scripts/allocbench_capture/recorder.py")),
+    ("shim.py", include_str!("../scripts/allocbench_capture/shim.py")),
+    ("sites.py", include_str!("../scripts/allocbench_capture/sites.py")),
+    ("state.py", include_str!("../scripts/allocbench_capture/state.py")),
+    ("threads.py", include_str!("../scripts/allocbench_capture/threads.py")),
+    ("trace.py", include_str!("../scripts/allocbench_capture/trace.py")),
+];
 
 /// Exit code for a capture that could not start (no torch, no compiler, a bad flag).
 pub const EXIT_SETUP_ERROR: i32 = 2;
@@ -93,13 +134,23 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
         fs::create_dir_all(parent).map_err(|e| InputError::new(parent.display().to_string(), format!("cannot create the output folder: {e}")))?;
     }
     let work = tempfile::Builder::new().prefix("allocbench-capture-").tempdir()?;
-    let module = work.path().join("allocbench_capture.py");
-    fs::write(&module, CAPTURE_PY)?;
+    let package = work.path().join("allocbench_capture");
+    for (path, text) in CAPTURE_PACKAGE {
+        let file = package.join(path);
+        if let Some(folder) = file.parent() {
+            fs::create_dir_all(folder)?;
+        }
+        fs::write(&file, text)?;
+    }
     let status = work.path().join("status.json");
     let python = python_for(opts.python.as_deref());
 
     let mut cmd = Command::new(&python);
-    cmd.arg(&module).arg("-o").arg(&opts.output).arg("--status").arg(&status);
+    // The package's __main__.py run by its path, not `python -m allocbench_capture`: `-m` would look
+    // for the package in the working directory first (a copy there would run instead of this
+    // one); __main__.py puts the temporary folder first on sys.path, as the script's own folder
+    // would be, and starts the package's main.
+    cmd.arg(package.join("__main__.py")).arg("-o").arg(&opts.output).arg("--status").arg(&status);
     cmd.arg("--device").arg(&opts.device);
     if let Some(mib) = opts.cublas_workspace_mib {
         cmd.arg("--cublas-workspace-mib").arg(mib.to_string());
@@ -120,7 +171,8 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
         cmd.arg("--device-memory").arg(bytes.to_string());
     }
     cmd.arg("--").arg(&opts.script).args(&opts.args);
-    // The script's own `import allocbench_capture` (for step() markers) finds the embedded copy.
+    // The script's own `import allocbench_capture` (for step() markers) finds the embedded copy,
+    // the package the capture runs in (with the capture in progress).
     let path = std::env::var_os("PYTHONPATH")
         .map(|p| std::env::join_paths(std::iter::once(work.path().to_path_buf()).chain(std::env::split_paths(&p))))
         .transpose()?;

@@ -123,6 +123,39 @@ fn steps(evs: &[Event]) -> Vec<u64> {
     evs.iter().filter_map(|e| if let Event::Step { n } = e { Some(*n) } else { None }).collect()
 }
 
+/// How the capture package's own files show in a path (a traceback's frames).
+const CAPTURE_FILES: &str = "allocbench_capture/";
+
+/// Every `.py` file of the capture package is embedded in the binary (src/capture.rs's
+/// CAPTURE_PACKAGE) as it is on disk, and nothing else is listed: a module left out would be
+/// missing where `allocbench capture` runs the package, though the package works from scripts/.
+#[test]
+fn the_binary_embeds_every_file_of_the_capture_package() {
+    let package = root().join("scripts/allocbench_capture");
+    let mut on_disk = Vec::new();
+    let mut folders = vec![package.clone()];
+    while let Some(folder) = folders.pop() {
+        for entry in std::fs::read_dir(&folder).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                folders.push(path);
+            } else if path.extension().is_some_and(|e| e == "py") {
+                let relative = path.strip_prefix(&package).unwrap().iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>().join("/");
+                on_disk.push((relative, std::fs::read_to_string(&path).unwrap()));
+            }
+        }
+    }
+    on_disk.sort();
+    let mut embedded: Vec<(String, String)> = allocbench::capture::CAPTURE_PACKAGE.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect();
+    embedded.sort();
+    let names = |files: &[(String, String)]| files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&embedded), names(&on_disk), "src/capture.rs's CAPTURE_PACKAGE must list every .py file of scripts/allocbench_capture/");
+    for ((path, text), (_, disk)) in embedded.iter().zip(&on_disk) {
+        assert!(text == disk, "{path}: the embedded text is not the file's");
+    }
+    assert!(on_disk.iter().any(|(p, _)| p == "__main__.py") && on_disk.iter().any(|(p, _)| p == "__init__.py"));
+}
+
 const TINY_TRAIN: [&str; 10] = ["--steps", "3", "--seq-len", "16..48", "--batch", "2", "--device", "cpu", "--amp", "none"];
 
 #[test]
@@ -400,7 +433,7 @@ fn a_script_that_raises_passes_its_traceback_and_status_through() {
     // (`<frozen runpy>`) nor the capture's that ran it.
     let frames: Vec<&str> = err.lines().filter(|l| l.trim_start().starts_with("File \"")).collect();
     assert!(frames.first().is_some_and(|f| f.contains("raises.py\", line 9, in <module>")), "{err}");
-    assert!(!err.contains("<frozen") && !err.contains("allocbench_capture.py"), "{err}");
+    assert!(!err.contains("<frozen") && !err.contains(CAPTURE_FILES), "{err}");
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(text.trim_end().ends_with("# capture incomplete: ValueError"), "{text}");
     assert_eq!(steps(&events(&trace)), vec![1, 2], "the trace so far is kept and readable");
@@ -1071,7 +1104,7 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
     assert!(out.status.success(), "{err}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "main continues\n");
     assert!(err.contains(&format!("fake_limits.py\", line {}, in work", line("thread_raises"))) && err.contains("ValueError: boom in thread"), "{err}");
-    assert!(err.contains("threading.py") && !err.contains("allocbench_capture.py"), "{err}");
+    assert!(err.contains("threading.py") && !err.contains(CAPTURE_FILES), "{err}");
     let (out, _) = capture(dir.path(), "d.csv", &[], &[&script, "distributions"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(String::from_utf8_lossy(&out.stdout), "sampled (1000,)\n");

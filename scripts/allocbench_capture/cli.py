@@ -1,0 +1,159 @@
+"""``python -m allocbench_capture``: runs a script under a capture and writes its outcome (the
+``--status`` JSON ``allocbench capture`` reads, and the message for the user)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import signal
+import sys
+import threading
+import traceback
+
+from .capture import capture
+from .errors import EXIT_SCRIPT_ERROR, EXIT_SETUP_ERROR, SetupError
+from .messages import (
+    _driver_message,
+    _fake_data_message,
+    _from_the_script,
+    _is_driver_error,
+    _is_fake_data_error,
+    _torchscript_error,
+    _where,
+)
+
+def _write_status(path, **status):
+    if not path:
+        return
+    with open(path, "w") as f:
+        json.dump(status, f)
+
+
+def main(argv=None):
+    # (The description: the first paragraph of the package's docstring.)
+    parser = argparse.ArgumentParser(prog="python -m allocbench_capture", description=sys.modules[__package__].__doc__.split("\n\n")[0])
+    parser.add_argument("-o", "--output", required=True, help="the trace to write (v1 CSV)")
+    parser.add_argument("--steps", type=int, help="stop after this many steps")
+    parser.add_argument("--real", action="store_true", help="record real tensors (needs a GPU for cuda)")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device whose storages are recorded")
+    parser.add_argument("--cublas-workspace-mib", type=int, help="the modelled cuBLAS workspace (default: CUBLAS_WORKSPACE_CONFIG's, 32 MiB when unset; 0: none)")
+    parser.add_argument("--scalar-value", type=float, help="answer .item() (and .numpy()) of fake tensors with this value")
+    parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
+    parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes (default: an H100 80 GB's)")
+    parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        argv = argv[:cut] + argv[cut + 1:]
+    opts = parser.parse_args(argv)
+    status = dict(trace=opts.output, script=opts.script)
+
+    def say(message):
+        # Under allocbench capture (--status) the caller prints the outcome.
+        if not opts.status:
+            print(f"allocbench capture: {message}", file=sys.stderr)
+
+    def fail_setup(message):
+        say(message)
+        _write_status(opts.status, state="setup_error", exit_code=EXIT_SETUP_ERROR, message=message, **status)
+        return EXIT_SETUP_ERROR
+
+    if opts.steps is not None and opts.steps < 1:
+        return fail_setup("--steps must be at least 1")
+    if os.path.isdir(opts.script):
+        return fail_setup(f"{opts.script}: is a directory, not a script")
+    if not os.path.isfile(opts.script):
+        return fail_setup(f"{opts.script}: no such script")
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        return fail_setup(
+            f"no torch in {sys.executable} ({e}): install it there (pip install torch), or name a Python that has it "
+            "with --python or ALLOCBENCH_PYTHON"
+        )
+
+    def terminated(signum, frame):
+        # `timeout`, `kill` or a scheduler's time limit: stop as Ctrl-C does, keeping the rows.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminated)
+    script = os.path.abspath(opts.script)
+    sys.argv = [opts.script, *opts.args]
+    sys.path.insert(0, os.path.dirname(script))
+    exit_code, state, message = 0, "complete", ""
+    recorder = None
+
+    def write_status(state, exit_code, message):
+        sink = recorder.sink if recorder is not None else None
+        _write_status(
+            opts.status, state=state, exit_code=exit_code, message=message,
+            outcome=getattr(recorder, "outcome", ""), steps=getattr(recorder, "step_no", 0),
+            allocs=sink.allocs if sink else 0, frees=sink.frees if sink else 0,
+            peak_live_bytes=sink.peak_live_bytes if sink else 0, live_bytes_at_end=sink.live_bytes if sink else 0,
+            ooms=sink.memory_stats.num_ooms if sink else 0, device_memory=sink.capacity if sink else None,
+            fake=not opts.real, **status,
+        )
+
+    def hard_exit_status(code):
+        # The script called os._exit(code): the process ends there, as the script asked.
+        exit_code = code & 0xFF  # (as the shell sees it)
+        write_status("complete" if exit_code == 0 else "script_error", exit_code,
+                     f"the script exited with status {exit_code} (os._exit)" if exit_code else "")
+
+    try:
+        with capture(
+            opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
+            cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
+            comments=[f"script: {' '.join([opts.script, *opts.args])}"],
+            sites=not opts.no_sites, site_root=os.path.dirname(script), device_memory=opts.device_memory,
+        ) as recorder:
+            recorder.on_hard_exit = hard_exit_status
+            runpy.run_path(script, run_name="__main__")
+    except SetupError as e:
+        return fail_setup(str(e))
+    except SystemExit as e:
+        code = e.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        state = "complete" if exit_code == 0 else "script_error"
+        message = f"the script exited with status {exit_code}" if exit_code else ""
+    except KeyboardInterrupt:
+        exit_code, state, message = 130, "interrupted", "interrupted"
+    except BaseException as e:  # noqa: BLE001 - the script's own error passes through
+        lost = _torchscript_error(e, recorder)
+        if lost is not None and (_is_fake_data_error(lost) or (not opts.real and _is_driver_error(lost))):
+            e = lost
+        if _is_fake_data_error(e):
+            message = _fake_data_message(e, script)
+            say(message)
+            state = "fake_data"
+        elif not opts.real and _is_driver_error(e):
+            message = _driver_message(e, script)
+            say(message)
+            state = "fake_data"
+        else:
+            traceback.print_exception(type(e), e, _from_the_script(e.__traceback__))
+            if lost is not None:
+                # The error TorchScript emptied, as a GPU run would have printed it.
+                print(f"{type(lost).__name__}: {lost}", file=sys.stderr)
+                e = lost
+            where, _ = _where(e, script)
+            message = f"the script raised {type(e).__name__} at {where}: {str(e).splitlines()[0] if str(e) else ''}".rstrip(": ")
+            state = "script_error"
+        exit_code = EXIT_SCRIPT_ERROR
+    write_status(state, exit_code, message)
+    # A script's thread can outlive a capture that stopped the script (--steps, an error): a
+    # producer blocked on a full queue would keep the interpreter from exiting, and the trace and
+    # status are written. Leave without waiting for such threads, as no step of theirs is recorded.
+    stopped = state != "complete" or "(--steps)" in getattr(recorder, "outcome", "")
+    main_thread = threading.main_thread()
+    if stopped and any(t.is_alive() and not t.daemon and t is not main_thread for t in threading.enumerate()):
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(exit_code)
+    return exit_code
+
