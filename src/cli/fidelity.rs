@@ -11,8 +11,21 @@ pub struct FidelityArgs {
     /// The trace (.csv) that torch_replay.py replayed.
     pub trace: PathBuf,
     /// torch_replay.py's JSON output.
+    #[arg(long, required_unless_present = "oracle", conflicts_with = "oracle")]
+    pub torch_json: Option<PathBuf>,
+    /// Compare with PyTorch's own allocator run here on a fake CUDA runtime (`allocbench
+    /// oracle`), every memory_stats() key and the segment map at the end.
     #[arg(long)]
-    pub torch_json: PathBuf,
+    pub oracle: bool,
+    /// With --oracle: the Python whose torch is used (default: $ALLOCBENCH_PYTHON, else python3).
+    #[arg(long, requires = "oracle")]
+    pub python: Option<String>,
+    /// With --oracle: a torch/lib folder holding libc10_cuda.so.
+    #[arg(long, requires = "oracle")]
+    pub libc10: Option<PathBuf>,
+    /// With --oracle: the card's memory (default: an H100 80 GB's).
+    #[arg(long, requires = "oracle", value_parser = super::args::parse_capacity)]
+    pub capacity: Option<u64>,
     /// Override the conf (default: the one PyTorch ran with).
     #[arg(long)]
     pub conf: Option<String>,
@@ -27,8 +40,9 @@ pub struct FidelityArgs {
 
 pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
     use crate::gpu::fidelity;
-    output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace), Some(&a.torch_json)])?;
-    let torch = fidelity::load_torch(&a.torch_json)?;
+    output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace), a.torch_json.as_deref()])?;
+    let Some(torch_json) = &a.torch_json else { return against_oracle(a) };
+    let torch = fidelity::load_torch(torch_json)?;
     let r = fidelity::check(&a.trace, &torch, a.conf.as_deref(), a.address_order)?;
     // With the JSON on standard output, the summary goes to standard error.
     let mut text = String::new();
@@ -58,6 +72,51 @@ pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
     }
     if !r.target_identical {
         anyhow::bail!("the simulator disagrees with PyTorch on a target key");
+    }
+    Ok(())
+}
+
+/// `fidelity --oracle`: the simulator against PyTorch's allocator run here, key by key.
+fn against_oracle(a: &FidelityArgs) -> anyhow::Result<()> {
+    use crate::error::InputError;
+    if a.address_order.is_some_and(|o| o != crate::gpu::device::AddressOrder::Lowest) {
+        return Err(InputError::new("--address-order", "the oracle's fake runtime places segments lowest-first only").into());
+    }
+    let opts = crate::gpu::oracle::OracleOptions {
+        python: a.python.clone(),
+        libc10: a.libc10.clone(),
+        conf: a.conf.clone().unwrap_or_default(),
+        capacity: a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES),
+    };
+    let r = crate::gpu::oracle::compare(&a.trace, &opts)?;
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    writeln!(
+        text,
+        "fidelity of {} against PyTorch {}'s own allocator (oracle, {}) [conf: {}]: {} keys compared, {} differ; segment map at the end: {} ({} vs {} segments)",
+        a.trace.display(),
+        r.oracle.torch_version,
+        r.oracle.device,
+        if opts.conf.is_empty() { "default" } else { &opts.conf },
+        r.keys_compared,
+        r.mismatches.len(),
+        if r.segments_equal { "identical" } else { "DIFFERENT" },
+        r.sim_segments.len(),
+        r.oracle.segments.len()
+    )?;
+    for m in &r.mismatches {
+        writeln!(text, "  {:<40} sim {:>16}  torch {:>16}", m.key, m.sim, m.torch)?;
+    }
+    if a.json.as_deref() == Some("-") {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+    if let Some(path) = &a.json {
+        output::write_json(path, &r)?;
+    }
+    if !r.identical() {
+        anyhow::bail!("the simulator disagrees with PyTorch's allocator");
     }
     Ok(())
 }
