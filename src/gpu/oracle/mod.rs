@@ -393,10 +393,22 @@ pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<
         }
     }
     sim_segments.sort_by_key(|s| s.address);
-    let mut theirs = oracle.segments.clone();
-    theirs.sort_by_key(|s| s.address);
-    let segments_equal = sim_segments == theirs;
+    let segments_equal = comparable(&sim_segments) == comparable(&oracle.segments);
     Ok(OracleComparison { oracle, sim_stats, keys_compared, mismatches, segments_equal, sim_segments })
+}
+
+/// Segments sorted by address, with a free block's `requested_size` cleared: PyTorch keeps
+/// the stale size of the block's last request there (the simulator another one), which no
+/// statistic reads.
+fn comparable(segments: &[SegmentSnapshot]) -> Vec<SegmentSnapshot> {
+    let mut out = segments.to_vec();
+    out.sort_by_key(|s| s.address);
+    for b in out.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+        if b.state == BlockState::Inactive {
+            b.requested_size = 0;
+        }
+    }
+    out
 }
 
 /// Whether a torch and g++ are here for the oracle (tests skip without them): `Err` says why not.
