@@ -116,3 +116,42 @@ fn expandable_segments_are_refused_clearly() {
     let e = oracle::run(std::iter::empty(), &opts).unwrap_err().to_string();
     assert!(e.contains("expandable_segments:True is not supported by the oracle"), "{e}");
 }
+
+/// A 3-stream trace with `record_stream`, `sync` and `empty_cache` (a fixed pseudo-random
+/// sequence). Where the two sides end apart on it, `first_parting` names an event whose prefix
+/// differs while the prefix before it agrees; where they agree, it names none.
+#[test]
+fn bisect_names_an_event_where_the_two_part() {
+    let Some(opts) = options("", 80 << 30) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = 7u64;
+    let mut next = |n: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let (mut rows, mut live, mut id) = (Vec::new(), Vec::new(), 0u64);
+    for _ in 0..1500 {
+        match next(100) {
+            x if x < 50 || live.is_empty() => {
+                id += 1;
+                let bytes = [1 + next(1 << 20), (1 << 20) + next(63 << 20), 512 + next(3584)][next(3) as usize];
+                rows.push(format!("alloc,{id},{bytes},{}", next(3)));
+                live.push(id);
+            }
+            x if x < 85 => rows.push(format!("free,{},,", live.swap_remove(next(live.len() as u64) as usize))),
+            x if x < 92 => rows.push(format!("record_stream,{},,{}", live[next(live.len() as u64) as usize], next(3))),
+            x if x < 98 => rows.push(if next(10) < 7 { format!("sync,,,{}", next(3)) } else { "sync,,,".into() }),
+            _ => rows.push("empty_cache,,,".into()),
+        }
+    }
+    let trace = write_trace(dir.path(), "streams.csv", &rows);
+    let whole = oracle::compare(&trace, &opts).unwrap();
+    let parting = oracle::first_parting(&trace, &opts, &whole).unwrap();
+    assert_eq!(parting.is_some(), !whole.identical());
+    if let Some(p) = parting {
+        eprintln!("the two part at event {} ({})", p.event, p.what);
+        let prefix = |n: u64| write_trace(dir.path(), &format!("p{n}.csv"), &rows[..n as usize]);
+        assert!(!oracle::compare(&prefix(p.event + 1), &opts).unwrap().identical(), "{p:?}");
+        assert!(oracle::compare(&prefix(p.event), &opts).unwrap().identical(), "{p:?}");
+    }
+}

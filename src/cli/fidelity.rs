@@ -23,6 +23,10 @@ pub struct FidelityArgs {
     /// With --oracle: a torch/lib folder holding libc10_cuda.so.
     #[arg(long, requires = "oracle")]
     pub libc10: Option<PathBuf>,
+    /// With --oracle, where the two differ: bisect the trace's prefixes for the first event
+    /// after which they part (about log2(events) more runs of each side).
+    #[arg(long, requires = "oracle")]
+    pub bisect: bool,
     /// With --oracle: the card's memory (default: an H100 80 GB's).
     #[arg(long, requires = "oracle", value_parser = super::args::parse_capacity)]
     pub capacity: Option<u64>,
@@ -112,8 +116,21 @@ fn against_oracle(a: &FidelityArgs) -> anyhow::Result<()> {
     } else {
         print!("{text}");
     }
+    let parting = if a.bisect { crate::gpu::oracle::first_parting(&a.trace, &opts, &r)? } else { None };
+    if let Some(p) = &parting {
+        let keys: Vec<&str> = p.mismatches.iter().map(|m| m.key.as_str()).collect();
+        let segments = if p.segments_equal { "" } else { "the segment map" };
+        let sep = if keys.is_empty() || segments.is_empty() { "" } else { " and " };
+        let verb = if keys.is_empty() { "differs" } else { "differ" };
+        let line = format!("they part at event {} ({}): {}{sep}{segments} {verb} after it\n", p.event, p.what, keys.join(", "));
+        if a.json.as_deref() == Some("-") {
+            eprint!("{line}");
+        } else {
+            print!("{line}");
+        }
+    }
     if let Some(path) = &a.json {
-        output::write_json(path, &r)?;
+        output::write_json(path, &serde_json::json!({ "comparison": r, "parting": parting }))?;
     }
     if !r.identical() {
         anyhow::bail!("the simulator disagrees with PyTorch's allocator");

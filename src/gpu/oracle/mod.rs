@@ -372,14 +372,19 @@ impl OracleComparison {
 /// Runs `trace` through the simulator (its default address order) and the real allocator with
 /// the same conf and capacity, and compares them.
 pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<OracleComparison> {
+    compare_prefix(trace, opts, usize::MAX)
+}
+
+/// [`compare`] on the first `events` events of `trace`.
+fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) -> anyhow::Result<OracleComparison> {
     use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions};
     use super::GpuAllocator as _;
     let conf = super::config::AllocatorConfig::parse(&opts.conf)?;
     let source = crate::input::Source::open(Some(trace))?;
-    let oracle = run(source.events()?, opts)?;
+    let oracle = run(source.events()?.take(events), opts)?;
     let mut alloc = super::caching::CachingAllocator::new(conf, super::device::SimDevice::new(opts.capacity));
     let ropts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-    replay_watched(&mut alloc, source.events()?, &ropts, &mut AtStep(|_, _, _: &super::stats::DeviceStats| {}))?;
+    replay_watched(&mut alloc, source.events()?.take(events), &ropts, &mut AtStep(|_, _, _: &super::stats::DeviceStats| {}))?;
     let sim_stats = alloc.stats().to_torch_map();
     let mut sim_segments = alloc.segments();
     let mut mismatches = Vec::new();
@@ -395,6 +400,54 @@ pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<
     sim_segments.sort_by_key(|s| s.address);
     let segments_equal = comparable(&sim_segments) == comparable(&oracle.segments);
     Ok(OracleComparison { oracle, sim_stats, keys_compared, mismatches, segments_equal, sim_segments })
+}
+
+/// Where the simulator and the real allocator first part on a trace they end apart on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Parting {
+    /// 0-based index of the event (every event counts: steps and syncs too): the trace's first
+    /// `event` events leave both sides equal, one more does not.
+    pub event: u64,
+    /// The event, as the trace names it.
+    pub what: String,
+    /// The keys that differ just after it (the segment map may differ alone).
+    pub mismatches: Vec<crate::results::Mismatch>,
+    pub segments_equal: bool,
+}
+
+/// Bisects the prefixes of `trace` (whose whole run, `whole`, differs) for the shortest that
+/// differs: about log2(events) runs of each side. The torch is found once.
+pub fn first_parting(trace: &std::path::Path, opts: &OracleOptions, whole: &OracleComparison) -> anyhow::Result<Option<Parting>> {
+    if whole.identical() {
+        return Ok(None);
+    }
+    let mut opts = opts.clone();
+    if opts.libc10.is_none() {
+        opts.libc10 = Some(PathBuf::from(&whole.oracle.torch_lib));
+    }
+    // Agreeing prefixes: `lo` events; differing: `hi` (the whole run's events at most).
+    let (mut lo, mut hi) = (0usize, whole.oracle.events as usize);
+    let mut at_hi: Option<OracleComparison> = None;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let c = compare_prefix(trace, &opts, mid)?;
+        if c.identical() {
+            lo = mid;
+        } else {
+            hi = mid;
+            at_hi = Some(c);
+        }
+    }
+    let c = match at_hi {
+        Some(c) => c,
+        None => compare_prefix(trace, &opts, hi)?,
+    };
+    let source = crate::input::Source::open(Some(trace))?;
+    let what = match source.events()?.nth(hi - 1).transpose()? {
+        Some(e) => format!("{} {e:?}", e.op_name()),
+        None => "?".into(),
+    };
+    Ok(Some(Parting { event: hi as u64 - 1, what, mismatches: c.mismatches, segments_equal: c.segments_equal }))
 }
 
 /// Segments sorted by address, with a free block's `requested_size` cleared: PyTorch keeps
