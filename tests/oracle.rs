@@ -25,7 +25,7 @@ fn torch_lib() -> &'static Result<PathBuf, String> {
 /// Options for the oracle, or `None` after recording the skip.
 fn options(conf: &str, capacity: u64) -> Option<OracleOptions> {
     match torch_lib() {
-        Ok(lib) => Some(OracleOptions { python: None, libc10: Some(lib.clone()), conf: conf.into(), capacity }),
+        Ok(lib) => Some(OracleOptions { libc10: Some(lib.clone()), conf: conf.into(), capacity, ..Default::default() }),
         Err(why) => {
             common::skip(
                 "oracle",
@@ -69,6 +69,21 @@ fn the_documented_example_reserves_256_then_128_mib() {
         assert!(c.identical(), "{name}: {:?}", c.mismatches);
         assert_eq!(c.keys_compared, 123);
     }
+}
+
+/// With `--address-order driver` the fake runtime places segments as the simulator's driver
+/// order does (top-down for those over 2 MiB): the documented example's segment maps are equal,
+/// addresses included, and lie at the top of the space.
+#[test]
+fn the_driver_address_order_places_segments_as_the_simulator_does() {
+    let Some(mut opts) = options("", 80 << 30) else { return };
+    opts.address_order = allocbench::gpu::device::AddressOrder::Driver;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "driver.csv", &[alloc_free(1, 8, 16 * MIB), alloc_free(100, 4, 32 * MIB)].concat());
+    let c = oracle::compare(&trace, &opts).unwrap();
+    assert!(c.identical(), "{:?}", c.mismatches);
+    assert_eq!(c.oracle.stats["reserved_bytes.all.peak"], (256 * MIB) as i64);
+    assert!(c.oracle.segments.iter().all(|s| s.address > 0xfe00_0000_0000), "{:?}", c.oracle.segments.iter().map(|s| s.address).collect::<Vec<_>>());
 }
 
 /// Every shipped captured trace: the real allocator and the simulator agree on every

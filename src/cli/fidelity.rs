@@ -82,15 +82,12 @@ pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
 
 /// `fidelity --oracle`: the simulator against PyTorch's allocator run here, key by key.
 fn against_oracle(a: &FidelityArgs) -> anyhow::Result<()> {
-    use crate::error::InputError;
-    if a.address_order.is_some_and(|o| o != crate::gpu::device::AddressOrder::Lowest) {
-        return Err(InputError::new("--address-order", "the oracle's fake runtime places segments lowest-first only").into());
-    }
     let opts = crate::gpu::oracle::OracleOptions {
         python: a.python.clone(),
         libc10: a.libc10.clone(),
         conf: a.conf.clone().unwrap_or_default(),
         capacity: a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES),
+        address_order: a.address_order.unwrap_or_default(),
     };
     let r = crate::gpu::oracle::compare(&a.trace, &opts)?;
     use std::fmt::Write as _;

@@ -22,6 +22,9 @@ pub struct OracleArgs {
     /// The fake card's memory (default: an H100 80 GB's).
     #[arg(long, value_parser = super::args::parse_capacity, default_value = "81559MiB")]
     pub capacity: u64,
+    /// Where the fake runtime places segments, as the simulator's `--address-order` does.
+    #[arg(long, value_enum, default_value = "lowest")]
+    pub address_order: crate::gpu::device::AddressOrder,
     /// Write the result as JSON ('-' = standard output).
     #[arg(long)]
     pub json: Option<String>,
@@ -29,7 +32,13 @@ pub struct OracleArgs {
 
 impl OracleArgs {
     pub fn options(&self) -> crate::gpu::oracle::OracleOptions {
-        crate::gpu::oracle::OracleOptions { python: self.python.clone(), libc10: self.libc10.clone(), conf: self.conf.clone(), capacity: self.capacity }
+        crate::gpu::oracle::OracleOptions {
+            python: self.python.clone(),
+            libc10: self.libc10.clone(),
+            conf: self.conf.clone(),
+            capacity: self.capacity,
+            address_order: self.address_order,
+        }
     }
 }
 

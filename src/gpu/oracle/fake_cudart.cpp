@@ -3,6 +3,8 @@
 // Memory is never touched: cudaMalloc hands out addresses placed as the simulator's
 // SimDevice places them (AddressOrder::Lowest: the lowest free 2 MiB-aligned range of a
 // large virtual space, freed ranges coalesced and reused), and accounts capacity on bytes.
+// With ALLOCBENCH_FAKE_ADDRESS_ORDER=driver, allocations over 2 MiB are placed as
+// AddressOrder::Driver places them (top-down next fit below a cursor, wrapping once).
 // The card is a parameter: ALLOCBENCH_FAKE_CAPACITY (bytes), ALLOCBENCH_FAKE_NAME.
 // Streams are pointer-like handles; an event completes once its stream is synchronized after
 // the record, at a device synchronize, or at cudaEventSynchronize.
@@ -28,6 +30,9 @@ struct Card {
   std::map<uintptr_t, uint64_t> stream_synced;  // records completed on a stream
   std::mutex mu;
   const char* name = "allocbench fake GPU";
+  bool driver_order = false;
+  uint64_t cursor = 0;  // AddressOrder::Driver: large allocations go below it
+  uint64_t va_end = 0;
 
   Card() {
     if (const char* c = std::getenv("ALLOCBENCH_FAKE_CAPACITY")) capacity = std::strtoull(c, nullptr, 10);
@@ -39,6 +44,32 @@ struct Card {
     uint64_t span = p >= (1ull << 50) ? (1ull << 60) : p * 1024;
     if (span < (1ull << 46)) span = 1ull << 46;
     free_ranges[kVaBase] = span;
+    va_end = cursor = kVaBase + span;
+    if (const char* o = std::getenv("ALLOCBENCH_FAKE_ADDRESS_ORDER")) driver_order = std::strcmp(o, "driver") == 0;
+  }
+
+  // AddressOrder::Driver for an allocation over 2 MiB: the highest fitting range below the
+  // cursor, placed at its top; when none is left below, wrap to the top of the space.
+  bool take_downward(uint64_t len, uint64_t* out) {
+    for (int pass = 0; pass < 2; pass++) {
+      auto it = free_ranges.lower_bound(cursor);
+      while (it != free_ranges.begin()) {
+        --it;
+        uint64_t start = it->first, have = it->second;
+        uint64_t top = start + have < cursor ? start + have : cursor;
+        if (top - start >= len) {
+          uint64_t addr = top - len;
+          free_ranges.erase(it);
+          if (addr > start) free_ranges[start] = addr - start;
+          if (start + have > addr + len) free_ranges[addr + len] = start + have - addr - len;
+          cursor = addr;
+          *out = addr;
+          return true;
+        }
+      }
+      cursor = va_end;
+    }
+    return false;
   }
 };
 
@@ -73,6 +104,17 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     return cudaErrorMemoryAllocation;
   }
   uint64_t len = rounded(size);
+  if (c.driver_order && size > kAlign) {
+    uint64_t addr = 0;
+    if (!c.take_downward(len, &addr)) {
+      last_error = cudaErrorMemoryAllocation;
+      return cudaErrorMemoryAllocation;
+    }
+    c.used += size;
+    c.live[addr] = size;
+    *ptr = reinterpret_cast<void*>(addr);
+    return cudaSuccess;
+  }
   for (auto it = c.free_ranges.begin(); it != c.free_ranges.end(); ++it) {
     if (it->second >= len) {
       uint64_t start = it->first, have = it->second;

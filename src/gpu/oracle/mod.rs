@@ -35,6 +35,8 @@ pub struct OracleOptions {
     pub conf: String,
     /// The fake card's memory in bytes.
     pub capacity: u64,
+    /// Where the fake runtime (and the simulator compared with it) places segments.
+    pub address_order: super::device::AddressOrder,
 }
 
 /// A torch found on this machine: its libraries, headers and version.
@@ -282,6 +284,7 @@ pub fn run(events: impl Iterator<Item = anyhow::Result<Event>>, opts: &OracleOpt
         .env("PYTORCH_CUDA_ALLOC_CONF", &opts.conf)
         .env_remove("PYTORCH_ALLOC_CONF")
         .env("ALLOCBENCH_FAKE_CAPACITY", opts.capacity.to_string())
+        .env("ALLOCBENCH_FAKE_ADDRESS_ORDER", if opts.address_order == super::device::AddressOrder::Driver { "driver" } else { "lowest" })
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -382,7 +385,7 @@ fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) 
     let conf = super::config::AllocatorConfig::parse(&opts.conf)?;
     let source = crate::input::Source::open(Some(trace))?;
     let oracle = run(source.events()?.take(events), opts)?;
-    let mut alloc = super::caching::CachingAllocator::new(conf, super::device::SimDevice::new(opts.capacity));
+    let mut alloc = super::caching::CachingAllocator::new(conf, super::device::SimDevice::new(opts.capacity).with_address_order(opts.address_order));
     let ropts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     replay_watched(&mut alloc, source.events()?.take(events), &ropts, &mut AtStep(|_, _, _: &super::stats::DeviceStats| {}))?;
     let sim_stats = alloc.stats().to_torch_map();
