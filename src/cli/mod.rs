@@ -12,6 +12,7 @@
 //! | [`report`] | `allocbench report` |
 //! | [`devprobe`] | `allocbench devprobe` |
 //! | [`fidelity`] | `allocbench fidelity` |
+//! | [`oracle`] | `allocbench oracle` |
 //! | [`diagnose`] | `allocbench diagnose` |
 //! | [`advise`] | `allocbench advise` |
 //! | [`capture`] | `allocbench capture` |
@@ -25,6 +26,7 @@ pub mod demo;
 pub mod devprobe;
 pub mod diagnose;
 pub mod fidelity;
+pub mod oracle;
 pub mod output;
 pub mod progress;
 pub mod replay;
@@ -77,6 +79,8 @@ pub enum Command {
     Devprobe(devprobe::DevprobeArgs),
     /// Compare the simulator's memory_stats() with PyTorch's on the same trace (from scripts/torch_replay.py).
     Fidelity(fidelity::FidelityArgs),
+    /// Run a trace through PyTorch's own caching allocator (libc10_cuda of a local torch) on a fake CUDA runtime: no GPU needed.
+    Oracle(oracle::OracleArgs),
     /// Explain an OOM (or the headroom): fragmentation or exhaustion, what pins free memory, the smallest device that fits.
     Diagnose(diagnose::DiagnoseArgs),
     /// Search PYTORCH_CUDA_ALLOC_CONF settings for the one that minimises peak reserved memory without an OOM.
@@ -144,6 +148,7 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Report(a) => report::main(&a),
         Command::Devprobe(a) => devprobe::main(&a),
         Command::Fidelity(a) => fidelity::main(&a),
+        Command::Oracle(a) => oracle::main(&a),
         Command::Diagnose(a) => diagnose::main(&a),
         Command::Advise(a) => advise::main(&a),
         Command::Capture(a) => return capture::main(a),

@@ -18,6 +18,7 @@ pub mod cuda;
 pub mod device;
 pub mod devprobe;
 pub mod fidelity;
+pub mod oracle;
 pub mod replay;
 pub mod stats;
 

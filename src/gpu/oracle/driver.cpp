@@ -1,0 +1,235 @@
+// allocbench's oracle driver: runs PyTorch's own CUDA caching allocator (libc10_cuda, on the
+// fake CUDA runtime preloaded beside it) over an event list read from standard input, and
+// writes memory_stats(), the segment map at the end and the OOM (the allocator's own text) as
+// JSON on standard output. PYTORCH_CUDA_ALLOC_CONF is read by the allocator itself.
+//
+// Input, one event a line (written by src/gpu/oracle/mod.rs):
+//   a ID BYTES STREAM   alloc          f ID          free
+//   r ID STREAM         record_stream  s STREAM|-    sync (a stream, or the device)
+//   e                   empty_cache    t N           step
+//   b POOL STREAM|-     pool_begin     j POOL STREAM pool_join
+//   n POOL              pool_end       l POOL        pool_release
+//   p POOL              empty_cache of a pool
+#include <c10/core/Allocator.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/PeerToPeerAccess.h>
+#include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace c10::cuda::_internal {
+void setHasPrimaryContext(bool (*func)(c10::DeviceIndex));
+}
+
+namespace alloc = c10::cuda::CUDACachingAllocator;
+
+namespace {
+
+bool has_primary_context(c10::DeviceIndex) { return true; }
+
+cudaStream_t handle_of(uint64_t stream) {
+  // Stream 0 is the default (null) stream; the others look like pointers, as c10 wants them.
+  return stream == 0 ? nullptr : reinterpret_cast<cudaStream_t>(0x5f0000000000ull + stream * 0x100);
+}
+
+c10::cuda::CUDAStream stream_of(uint64_t stream) {
+  return stream == 0 ? c10::cuda::getDefaultCUDAStream(0) : c10::cuda::getStreamFromExternal(handle_of(stream), 0);
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out + "\"";
+}
+
+void put_stat(std::string& out, const std::string& name, const c10::CachingAllocator::Stat& s) {
+  out += "\"" + name + ".current\":" + std::to_string(s.current) + ",";
+  out += "\"" + name + ".peak\":" + std::to_string(s.peak) + ",";
+  out += "\"" + name + ".allocated\":" + std::to_string(s.allocated) + ",";
+  out += "\"" + name + ".freed\":" + std::to_string(s.freed) + ",";
+}
+
+std::string stats_json() {
+  auto st = alloc::getDeviceStats(0);
+  std::string out = "{";
+  const char* types[3] = {"all", "small_pool", "large_pool"};
+  struct Named {
+    const char* name;
+    const c10::CachingAllocator::StatArray* arr;
+  } named[] = {{"allocation", &st.allocation},         {"segment", &st.segment},
+               {"active", &st.active},                 {"inactive_split", &st.inactive_split},
+               {"allocated_bytes", &st.allocated_bytes}, {"reserved_bytes", &st.reserved_bytes},
+               {"active_bytes", &st.active_bytes},     {"inactive_split_bytes", &st.inactive_split_bytes},
+               {"requested_bytes", &st.requested_bytes}};
+  for (auto& n : named)
+    for (int t = 0; t < 3; t++) put_stat(out, std::string(n.name) + "." + types[t], (*n.arr)[t]);
+  put_stat(out, "oversize_allocations", st.oversize_allocations);
+  put_stat(out, "oversize_segments", st.oversize_segments);
+  out += "\"num_alloc_retries\":" + std::to_string(st.num_alloc_retries) + ",";
+  out += "\"num_ooms\":" + std::to_string(st.num_ooms) + ",";
+  out += "\"max_split_size\":" + std::to_string(st.max_split_size) + ",";
+  out += "\"num_sync_all_streams\":" + std::to_string(st.num_sync_all_streams) + ",";
+  out += "\"num_device_alloc\":" + std::to_string(st.num_device_alloc) + ",";
+  out += "\"num_device_free\":" + std::to_string(st.num_device_free) + ",";
+  out += "\"num_oom_rejections\":" + std::to_string(st.num_oom_rejections) + "}";
+  return out;
+}
+
+std::string segments_json() {
+  auto snap = alloc::snapshot({0, 0}, false);
+  std::string out = "[";
+  bool first = true;
+  for (auto& seg : snap.segments) {
+    if (!first) out += ",";
+    first = false;
+    out += "{\"address\":" + std::to_string(seg.address) + ",\"total_size\":" + std::to_string(seg.total_size) +
+           ",\"allocated_size\":" + std::to_string(seg.allocated_size) + ",\"active_size\":" + std::to_string(seg.active_size) +
+           ",\"requested_size\":" + std::to_string(seg.requested_size) +
+           ",\"stream\":" + std::to_string(reinterpret_cast<uintptr_t>(seg.stream)) + ",\"is_large\":" + (seg.is_large ? "true" : "false") +
+           ",\"pool\":[" + std::to_string(seg.owner_private_pool_id.first) + "," + std::to_string(seg.owner_private_pool_id.second) +
+           "],\"blocks\":[";
+    bool bfirst = true;
+    for (auto& b : seg.blocks) {
+      if (!bfirst) out += ",";
+      bfirst = false;
+      out += "{\"size\":" + std::to_string(b.size) + ",\"requested_size\":" + std::to_string(b.requested_size) +
+             ",\"allocated\":" + (b.allocated ? "true" : "false") + ",\"active\":" + (b.active ? "true" : "false") + "}";
+    }
+    out += "]}";
+  }
+  return out + "]";
+}
+
+// A pool as the trace names it: graph captures (a stream) get {pool, 0}, MemPools (every
+// stream) {0, pool}, as PyTorch numbers them.
+struct Pool {
+  c10::MempoolId_t id;
+  std::shared_ptr<std::set<cudaStream_t>> streams;  // null: every stream
+};
+
+}  // namespace
+
+int main() {
+  std::ios::sync_with_stdio(false);
+  c10::cuda::_internal::setHasPrimaryContext(has_primary_context);
+  alloc::init(1);
+  c10::cuda::detail::init_p2p_access_cache(1);
+  auto* a = alloc::get();
+
+  std::unordered_map<uint64_t, c10::DataPtr> live;
+  std::unordered_map<uint64_t, Pool> pools;
+  uint64_t events = 0;
+  std::string oom;
+  bool stopped = false;
+  std::string op;
+  uint64_t x = 0, y = 0, z = 0;
+  std::string sy;
+  while (!stopped && (std::cin >> op)) {
+    events++;
+    try {
+      switch (op[0]) {
+        case 'a': {
+          std::cin >> x >> y >> z;
+          c10::cuda::setCurrentCUDAStream(stream_of(z));
+          live[x] = a->allocate(y);
+          break;
+        }
+        case 'f':
+          std::cin >> x;
+          live.erase(x);
+          break;
+        case 'r':
+          std::cin >> x >> y;
+          if (auto it = live.find(x); it != live.end() && it->second.get() != nullptr) alloc::recordStream(it->second, stream_of(y));
+          break;
+        case 's':
+          std::cin >> sy;
+          if (sy == "-") {
+            cudaDeviceSynchronize();
+          } else {
+            cudaStreamSynchronize(handle_of(std::stoull(sy)));
+          }
+          break;
+        case 'e':
+          alloc::emptyCache();
+          break;
+        case 't':
+          std::cin >> x;
+          break;
+        case 'b': {
+          std::cin >> x >> sy;
+          Pool p;
+          if (sy == "-") {
+            p.id = {0, static_cast<c10::CaptureId_t>(x)};
+          } else {
+            p.id = {static_cast<c10::CaptureId_t>(x), 0};
+            p.streams = std::make_shared<std::set<cudaStream_t>>();
+            p.streams->insert(handle_of(std::stoull(sy)));
+          }
+          pools[x] = p;
+          auto streams = p.streams;
+          a->beginAllocateToPool(0, p.id, [streams](cudaStream_t s) { return !streams || streams->count(s) > 0; });
+          break;
+        }
+        case 'j':
+          std::cin >> x >> y;
+          if (auto it = pools.find(x); it != pools.end() && it->second.streams) it->second.streams->insert(handle_of(y));
+          break;
+        case 'n':
+          std::cin >> x;
+          a->endAllocateToPool(0, pools.at(x).id);
+          break;
+        case 'l':
+          std::cin >> x;
+          a->releasePool(0, pools.at(x).id);
+          break;
+        case 'p':
+          std::cin >> x;
+          alloc::emptyCache(pools.at(x).id);
+          break;
+        default:
+          std::cerr << "oracle driver: unknown event '" << op << "' at event " << events << "\n";
+          return 2;
+      }
+    } catch (const c10::OutOfMemoryError& e) {
+      oom = "{\"event\":" + std::to_string(events) + ",\"bytes\":" + std::to_string(y) + ",\"stream\":" + std::to_string(z) +
+            ",\"message\":" + json_string(e.what_without_backtrace()) + "}";
+      stopped = true;
+    } catch (const c10::Error& e) {
+      std::cerr << "oracle driver: PyTorch's allocator refused event " << events << " ('" << op << "'): " << e.what_without_backtrace()
+                << "\n";
+      return 3;
+    }
+  }
+  std::string out = "{\"format\":\"allocbench-oracle-v1\",\"events\":" + std::to_string(events) + ",\"stats\":" + stats_json() +
+                    ",\"oom\":" + (oom.empty() ? std::string("null") : oom) + ",\"segments\":" + segments_json() + "}\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
+  std::fflush(stdout);
+  // Live allocations are dropped without tearing the allocator down (its destructor order with
+  // the fake runtime does not matter here).
+  std::_Exit(0);
+}

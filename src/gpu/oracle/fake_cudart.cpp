@@ -1,0 +1,342 @@
+// allocbench's fake CUDA runtime (libcudart.so.13): the calls libc10_cuda makes, answered
+// without a GPU so that PyTorch's own caching allocator runs on a CPU-only machine.
+// Memory is never touched: cudaMalloc hands out addresses placed as the simulator's
+// SimDevice places them (AddressOrder::Lowest: the lowest free 2 MiB-aligned range of a
+// large virtual space, freed ranges coalesced and reused), and accounts capacity on bytes.
+// With ALLOCBENCH_FAKE_ADDRESS_ORDER=driver, allocations over 2 MiB are placed as
+// AddressOrder::Driver places them (top-down next fit below a cursor, wrapping once).
+// The card is a parameter: ALLOCBENCH_FAKE_CAPACITY (bytes), ALLOCBENCH_FAKE_NAME.
+// Streams are pointer-like handles; an event completes once its stream is synchronized after
+// the record, at a device synchronize, or at cudaEventSynchronize.
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+
+namespace {
+
+constexpr uint64_t kAlign = 2ull << 20;
+constexpr uint64_t kVaBase = 0x7f0000000000ull;
+
+struct Card {
+  uint64_t capacity = 81559ull << 20;
+  uint64_t used = 0;
+  std::map<uint64_t, uint64_t> free_ranges;  // start -> length
+  std::map<uint64_t, uint64_t> live;         // address -> bytes asked
+  std::map<uintptr_t, uint64_t> stream_seq;     // records made on a stream
+  std::map<uintptr_t, uint64_t> stream_synced;  // records completed on a stream
+  std::mutex mu;
+  const char* name = "allocbench fake GPU";
+  bool driver_order = false;
+  uint64_t cursor = 0;  // AddressOrder::Driver: large allocations go below it
+  uint64_t va_end = 0;
+
+  Card() {
+    if (const char* c = std::getenv("ALLOCBENCH_FAKE_CAPACITY")) capacity = std::strtoull(c, nullptr, 10);
+    if (const char* n = std::getenv("ALLOCBENCH_FAKE_NAME")) name = n;
+    // The simulator's span: 64 TiB, or 1024 times the next power of two of the capacity, at
+    // most 2^60 bytes.
+    uint64_t p = 1;
+    while (p < capacity && p < (1ull << 63)) p <<= 1;
+    uint64_t span = p >= (1ull << 50) ? (1ull << 60) : p * 1024;
+    if (span < (1ull << 46)) span = 1ull << 46;
+    free_ranges[kVaBase] = span;
+    va_end = cursor = kVaBase + span;
+    if (const char* o = std::getenv("ALLOCBENCH_FAKE_ADDRESS_ORDER")) driver_order = std::strcmp(o, "driver") == 0;
+  }
+
+  // AddressOrder::Driver for an allocation over 2 MiB: the highest fitting range below the
+  // cursor, placed at its top; when none is left below, wrap to the top of the space.
+  bool take_downward(uint64_t len, uint64_t* out) {
+    for (int pass = 0; pass < 2; pass++) {
+      auto it = free_ranges.lower_bound(cursor);
+      while (it != free_ranges.begin()) {
+        --it;
+        uint64_t start = it->first, have = it->second;
+        uint64_t top = start + have < cursor ? start + have : cursor;
+        if (top - start >= len) {
+          uint64_t addr = top - len;
+          free_ranges.erase(it);
+          if (addr > start) free_ranges[start] = addr - start;
+          if (start + have > addr + len) free_ranges[addr + len] = start + have - addr - len;
+          cursor = addr;
+          *out = addr;
+          return true;
+        }
+      }
+      cursor = va_end;
+    }
+    return false;
+  }
+};
+
+Card& card() {
+  static Card c;
+  return c;
+}
+
+struct FakeEvent {
+  uintptr_t stream = 0;
+  uint64_t seq = 0;
+  bool done = true;
+};
+
+thread_local cudaError_t last_error = cudaSuccess;
+uintptr_t next_stream = 0x5e0000001000ull;
+
+uint64_t rounded(uint64_t bytes) {
+  uint64_t len = (bytes + kAlign - 1) / kAlign * kAlign;
+  return len == 0 ? kAlign : len;
+}
+
+}  // namespace
+
+extern "C" {
+
+cudaError_t cudaMalloc(void** ptr, size_t size) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  if (size > c.capacity - c.used) {
+    last_error = cudaErrorMemoryAllocation;
+    return cudaErrorMemoryAllocation;
+  }
+  uint64_t len = rounded(size);
+  if (c.driver_order && size > kAlign) {
+    uint64_t addr = 0;
+    if (!c.take_downward(len, &addr)) {
+      last_error = cudaErrorMemoryAllocation;
+      return cudaErrorMemoryAllocation;
+    }
+    c.used += size;
+    c.live[addr] = size;
+    *ptr = reinterpret_cast<void*>(addr);
+    return cudaSuccess;
+  }
+  for (auto it = c.free_ranges.begin(); it != c.free_ranges.end(); ++it) {
+    if (it->second >= len) {
+      uint64_t start = it->first, have = it->second;
+      c.free_ranges.erase(it);
+      if (have > len) c.free_ranges[start + len] = have - len;
+      c.used += size;
+      c.live[start] = size;
+      *ptr = reinterpret_cast<void*>(start);
+      return cudaSuccess;
+    }
+  }
+  last_error = cudaErrorMemoryAllocation;
+  return cudaErrorMemoryAllocation;
+}
+
+cudaError_t cudaFree(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  auto it = c.live.find(reinterpret_cast<uint64_t>(ptr));
+  if (it == c.live.end()) return cudaErrorInvalidValue;
+  uint64_t start = it->first, len = rounded(it->second);
+  c.used -= it->second;
+  c.live.erase(it);
+  auto next = c.free_ranges.find(start + len);
+  if (next != c.free_ranges.end()) {
+    len += next->second;
+    c.free_ranges.erase(next);
+  }
+  auto prev = c.free_ranges.lower_bound(start);
+  if (prev != c.free_ranges.begin()) {
+    --prev;
+    if (prev->first + prev->second == start) {
+      start = prev->first;
+      len += prev->second;
+      c.free_ranges.erase(prev);
+    }
+  }
+  c.free_ranges[start] = len;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  *free = c.capacity - c.used;
+  *total = c.capacity;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = 13020;
+  return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+  std::memset(p, 0, sizeof(*p));
+  Card& c = card();
+  std::strncpy(p->name, c.name, sizeof(p->name) - 1);
+  p->totalGlobalMem = c.capacity;
+  p->major = 9;
+  p->minor = 0;
+  p->multiProcessorCount = 132;
+  p->maxThreadsPerMultiProcessor = 2048;
+  p->maxThreadsPerBlock = 1024;
+  p->warpSize = 32;
+  p->sharedMemPerBlock = 49152;
+  p->regsPerBlock = 65536;
+  p->l2CacheSize = 50 << 20;
+  p->unifiedAddressing = 1;
+  p->managedMemory = 1;
+  p->concurrentManagedAccess = 1;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* can, int, int) {
+  *can = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int, unsigned int) { return cudaSuccess; }
+cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  if (least) *least = 0;
+  if (greatest) *greatest = -5;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  for (auto& [s, seq] : c.stream_seq) c.stream_synced[s] = seq;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned int, int) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  *s = reinterpret_cast<cudaStream_t>(next_stream);
+  next_stream += 0x100;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  auto k = reinterpret_cast<uintptr_t>(s);
+  c.stream_synced[k] = c.stream_seq[k];
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  auto k = reinterpret_cast<uintptr_t>(s);
+  return c.stream_synced[k] >= c.stream_seq[k] ? cudaSuccess : cudaErrorNotReady;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* st) {
+  *st = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t, cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* graph,
+                                     const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges, size_t* n) {
+  if (st) *st = cudaStreamCaptureStatusNone;
+  if (id) *id = 0;
+  if (graph) *graph = nullptr;
+  if (deps) *deps = nullptr;
+  if (edges) *edges = nullptr;
+  if (n) *n = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode*) { return cudaSuccess; }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned int) {
+  *e = reinterpret_cast<cudaEvent_t>(new FakeEvent());
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete reinterpret_cast<FakeEvent*>(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  ev->stream = reinterpret_cast<uintptr_t>(s);
+  ev->seq = ++c.stream_seq[ev->stream];
+  ev->done = false;
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  if (!ev->done && c.stream_synced[ev->stream] >= ev->seq) ev->done = true;
+  return ev->done ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  reinterpret_cast<FakeEvent*>(e)->done = true;
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0;
+  return cudaSuccess;
+}
+
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    default: return "cudaErrorFake";
+  }
+}
+const char* cudaGetErrorString(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNotReady: return "device not ready";
+    default: return "unsupported call on allocbench's fake CUDA runtime";
+  }
+}
+cudaError_t cudaGetLastError(void) {
+  cudaError_t e = last_error;
+  last_error = cudaSuccess;
+  return e;
+}
+
+// Calls the caching allocator's default path does not make: refused.
+cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** fn, unsigned int, unsigned long long,
+                                             cudaDriverEntryPointQueryResult* st) {
+  if (fn) *fn = nullptr;
+  if (st) *st = cudaDriverEntryPointSymbolNotFound;
+  return cudaErrorNotSupported;
+}
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t*, int) { return cudaErrorNotSupported; }
+cudaError_t cudaDeviceGetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return cudaErrorNotSupported; }
+cudaError_t cudaDeviceSetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return cudaErrorNotSupported; }
+cudaError_t cudaFreeAsync(void*, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) { return cudaErrorNotSupported; }
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaErrorNotSupported; }
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaErrorNotSupported; }
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) { return cudaErrorNotSupported; }
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return cudaErrorNotSupported; }
+cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind) { return cudaSuccess; }
+cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) { return cudaSuccess; }
+
+}  // extern "C"

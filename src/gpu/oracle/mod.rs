@@ -1,0 +1,498 @@
+//! The oracle: PyTorch's own CUDA caching allocator (`libc10_cuda.so` of a given torch) run over
+//! a trace on a fake CUDA runtime, on any machine with `g++` and a torch wheel (no GPU).
+//!
+//! Two native helpers, built at first use against that torch and cached (see [`build`]):
+//! `fake_cudart.cpp` (a `libcudart.so.13` that hands out addresses as [`SimDevice`] with
+//! [`AddressOrder::Lowest`] places them, so placement is never a difference) and `driver.cpp`
+//! (reads events on standard input, drives `c10::cuda::CUDACachingAllocator`, writes JSON).
+//!
+//! [`SimDevice`]: super::device::SimDevice
+//! [`AddressOrder::Lowest`]: super::device::AddressOrder::Lowest
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::InputError;
+use crate::event::{Event, PoolOp};
+use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot, SegmentType};
+
+const FAKE_CUDART_CPP: &str = include_str!("fake_cudart.cpp");
+const FAKE_CUDART_MAP: &str = include_str!("fake_cudart.map");
+const DRIVER_CPP: &str = include_str!("driver.cpp");
+
+/// Where the real allocator comes from, and how it is set up.
+#[derive(Debug, Clone, Default)]
+pub struct OracleOptions {
+    /// The interpreter whose torch is used (`None`: `$ALLOCBENCH_PYTHON`, else `python3`).
+    pub python: Option<String>,
+    /// A torch/lib folder (holding `libc10_cuda.so`), instead of asking Python.
+    pub libc10: Option<PathBuf>,
+    /// `PYTORCH_CUDA_ALLOC_CONF` for the real allocator.
+    pub conf: String,
+    /// The fake card's memory in bytes.
+    pub capacity: u64,
+    /// Where the fake runtime (and the simulator compared with it) places segments.
+    pub address_order: super::device::AddressOrder,
+}
+
+/// A torch found on this machine: its libraries, headers and version.
+#[derive(Debug, Clone)]
+pub struct Torch {
+    pub lib: PathBuf,
+    pub include: PathBuf,
+    /// A folder holding `cuda_runtime_api.h`.
+    pub cuda_include: PathBuf,
+    pub version: String,
+}
+
+/// The real allocator's answer, in the shape `replay --json` writes where it can.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OracleResult {
+    pub format: String,
+    pub torch_version: String,
+    pub torch_lib: String,
+    pub conf: String,
+    pub device: String,
+    pub capacity: u64,
+    /// Events the real allocator was given (up to and including an OOM's).
+    pub events: u64,
+    /// Keyed exactly like `torch.cuda.memory_stats()`.
+    pub stats: BTreeMap<String, i64>,
+    pub oom: Option<OracleOom>,
+    /// The segment map at the end (at the OOM, when one stopped the run).
+    pub segments: Vec<SegmentSnapshot>,
+}
+
+/// The first OOM: where, and PyTorch's own error text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OracleOom {
+    /// 0-based index of the event in the converted list (steps and syncs count).
+    pub event: u64,
+    pub bytes: u64,
+    pub stream: u64,
+    pub message: String,
+}
+
+#[derive(Deserialize)]
+struct DriverOutput {
+    format: String,
+    events: u64,
+    stats: BTreeMap<String, i64>,
+    oom: Option<DriverOom>,
+    segments: Vec<DriverSegment>,
+}
+
+#[derive(Deserialize)]
+struct DriverOom {
+    event: u64,
+    bytes: u64,
+    stream: u64,
+    message: String,
+}
+
+#[derive(Deserialize)]
+struct DriverSegment {
+    address: u64,
+    total_size: u64,
+    stream: u64,
+    is_large: bool,
+    pool: (u64, u64),
+    blocks: Vec<DriverBlock>,
+}
+
+#[derive(Deserialize)]
+struct DriverBlock {
+    size: u64,
+    requested_size: u64,
+    allocated: bool,
+    active: bool,
+}
+
+/// The stream handles the driver makes: 0 is the null stream, stream `n` is `BASE + n * 0x100`.
+const STREAM_HANDLE_BASE: u64 = 0x5f00_0000_0000;
+
+fn stream_number(handle: u64) -> u64 {
+    if handle == 0 {
+        0
+    } else {
+        (handle - STREAM_HANDLE_BASE) / 0x100
+    }
+}
+
+/// Finds the torch to use: `--libc10 DIR`, else the one the interpreter imports.
+pub fn find_torch(opts: &OracleOptions) -> Result<Torch, InputError> {
+    let (lib, version) = match &opts.libc10 {
+        Some(dir) => {
+            let version = std::fs::read_to_string(dir.join("../version.py"))
+                .ok()
+                .and_then(|t| t.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"', ' ']).to_string())))
+                .unwrap_or_else(|| "unknown".into());
+            (dir.clone(), version)
+        }
+        None => {
+            let python = opts.python.clone().or_else(|| std::env::var("ALLOCBENCH_PYTHON").ok().filter(|p| !p.is_empty())).unwrap_or_else(|| "python3".into());
+            let out = Command::new(&python)
+                .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib')); print(torch.__version__)"])
+                .stderr(Stdio::null())
+                .output()
+                .map_err(|e| {
+                    InputError::new(
+                        "--python",
+                        format!("cannot run '{python}': {e}; name a Python with torch (--python, ALLOCBENCH_PYTHON) or a torch/lib folder (--libc10)"),
+                    )
+                })?;
+            if !out.status.success() {
+                return Err(InputError::new(
+                    "--python",
+                    format!("'{python}' cannot import torch; name a Python with torch (--python, ALLOCBENCH_PYTHON) or a torch/lib folder (--libc10)"),
+                ));
+            }
+            let text = String::from_utf8_lossy(&out.stdout);
+            let mut lines = text.lines();
+            let lib = PathBuf::from(lines.next().unwrap_or_default());
+            (lib, lines.next().unwrap_or("unknown").trim().to_string())
+        }
+    };
+    let name = lib.display().to_string();
+    let c10_cuda = lib.join("libc10_cuda.so");
+    let bytes = std::fs::read(&c10_cuda).map_err(|e| InputError::new(&name, format!("no libc10_cuda.so there ({e}): a CUDA build of torch is needed")))?;
+    if !contains(&bytes, b"libcudart.so.13") {
+        return Err(InputError::new(
+            &name,
+            "its libc10_cuda.so does not link libcudart.so.13: the oracle's fake runtime covers CUDA 13 builds of torch only (torch 2.15)",
+        ));
+    }
+    let torch_dir = lib.parent().unwrap_or(&lib).to_path_buf();
+    let include = torch_dir.join("include");
+    if !include.join("c10/cuda/CUDACachingAllocator.h").is_file() {
+        return Err(InputError::new(&name, format!("no C++ headers at {} (c10/cuda/CUDACachingAllocator.h)", include.display())));
+    }
+    let site = torch_dir.parent().unwrap_or(&torch_dir).to_path_buf();
+    let cuda_include = [site.join("triton/backends/nvidia/include"), site.join("nvidia/cu13/include"), PathBuf::from("/usr/local/cuda/include")]
+        .into_iter()
+        .find(|d| d.join("cuda_runtime_api.h").is_file() && d.join("crt/host_defines.h").is_file())
+        .ok_or_else(|| InputError::new(&name, "no CUDA headers (cuda_runtime_api.h) beside this torch: install the triton wheel torch depends on"))?;
+    Ok(Torch { lib, include, cuda_include, version })
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// FNV-1a, 64 bits: a stable name for a build's inputs.
+fn fnv(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter().chain([0xffu8].iter()) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+fn cache_root() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        home.join(".cache")
+    });
+    base.join("allocbench").join("oracle")
+}
+
+/// The built helpers: `(fake libcudart.so.13, driver)`, compiled once per sources and torch.
+pub fn build(torch: &Torch) -> Result<(PathBuf, PathBuf), InputError> {
+    let lib = torch.lib.display().to_string();
+    let key = fnv(&[FAKE_CUDART_CPP.as_bytes(), FAKE_CUDART_MAP.as_bytes(), DRIVER_CPP.as_bytes(), lib.as_bytes(), torch.version.as_bytes()]);
+    let dir = cache_root().join(format!("{}-{key:016x}", torch.version.replace(['/', ' '], "_")));
+    let fake = dir.join("libcudart.so.13");
+    let driver = dir.join("oracle-driver");
+    if fake.is_file() && driver.is_file() {
+        return Ok((fake, driver));
+    }
+    let err = |m: String| InputError::new("oracle", m);
+    std::fs::create_dir_all(&dir).map_err(|e| err(format!("cannot create the cache folder {}: {e}", dir.display())))?;
+    let work = tempfile::Builder::new().prefix("build-").tempdir_in(&dir).map_err(|e| err(format!("cannot write in {}: {e}", dir.display())))?;
+    for (name, text) in [("fake_cudart.cpp", FAKE_CUDART_CPP), ("fake_cudart.map", FAKE_CUDART_MAP), ("driver.cpp", DRIVER_CPP)] {
+        std::fs::write(work.path().join(name), text).map_err(|e| err(format!("cannot write {name}: {e}")))?;
+    }
+    let w = |n: &str| work.path().join(n);
+    let cuda_inc = format!("-I{}", torch.cuda_include.display());
+    let gxx = |args: Vec<std::ffi::OsString>, what: &str| -> Result<(), InputError> {
+        let out = Command::new("g++").args(&args).output().map_err(|e| {
+            if e.kind() == std::io::ErrorKind::NotFound {
+                err("g++ not found: the oracle builds its fake CUDA runtime and driver with g++ (install g++)".into())
+            } else {
+                err(format!("cannot run g++: {e}"))
+            }
+        })?;
+        if !out.status.success() {
+            let text = String::from_utf8_lossy(&out.stderr);
+            let first = text.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_string();
+            return Err(err(format!("g++ could not build the oracle's {what} against {lib}: {first}")));
+        }
+        Ok(())
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    let mut args = vec![os("-std=c++20"), os("-O2"), os("-shared"), os("-fPIC"), os(&cuda_inc), os("-Wl,-soname,libcudart.so.13")];
+    args.push(format!("-Wl,--version-script={}", w("fake_cudart.map").display()).into());
+    args.extend([w("fake_cudart.cpp").into_os_string(), os("-o"), w("libcudart.so.13").into_os_string()]);
+    gxx(args, "fake CUDA runtime")?;
+    let mut args = vec![os("-std=c++20"), os("-O1"), format!("-I{}", torch.include.display()).into(), os(&cuda_inc)];
+    args.extend([w("driver.cpp").into_os_string(), os("-o"), w("oracle-driver").into_os_string()]);
+    args.extend([format!("-L{}", torch.lib.display()).into(), os("-lc10_cuda"), os("-lc10"), format!("-Wl,-rpath,{}", torch.lib.display()).into()]);
+    args.extend([format!("-L{}", work.path().display()).into(), os("-l:libcudart.so.13")]);
+    gxx(args, "driver")?;
+    // The library first: a driver present means both are.
+    std::fs::rename(w("libcudart.so.13"), &fake).map_err(|e| err(format!("cannot keep the build: {e}")))?;
+    std::fs::rename(w("oracle-driver"), &driver).map_err(|e| err(format!("cannot keep the build: {e}")))?;
+    Ok((fake, driver))
+}
+
+/// The driver's input line for one event, `None` for one it does not take.
+fn line(e: &Event) -> String {
+    let opt = |s: &Option<u64>| s.map_or_else(|| "-".to_string(), |s| s.to_string());
+    match e {
+        Event::Alloc { id, bytes, stream } => format!("a {id} {bytes} {stream}\n"),
+        Event::Free { id } => format!("f {id}\n"),
+        Event::RecordStream { id, stream } => format!("r {id} {stream}\n"),
+        Event::Sync { stream } => format!("s {}\n", opt(stream)),
+        Event::EmptyCache => "e\n".into(),
+        Event::Step { n } => format!("t {n}\n"),
+        Event::Pool(PoolOp::Begin { pool, stream }) => format!("b {pool} {}\n", opt(stream)),
+        Event::Pool(PoolOp::Join { pool, stream }) => format!("j {pool} {stream}\n"),
+        Event::Pool(PoolOp::End { pool }) => format!("n {pool}\n"),
+        Event::Pool(PoolOp::Release { pool }) => format!("l {pool}\n"),
+        Event::Pool(PoolOp::EmptyCache { pool }) => format!("p {pool}\n"),
+    }
+}
+
+/// Runs `events` through the real allocator of `opts`' torch.
+pub fn run(events: impl Iterator<Item = anyhow::Result<Event>>, opts: &OracleOptions) -> anyhow::Result<OracleResult> {
+    let conf = super::config::AllocatorConfig::parse(&opts.conf)?;
+    if conf.expandable_segments {
+        return Err(InputError::new("--conf", "expandable_segments:True is not supported by the oracle yet (its fake runtime has no VMM driver calls)").into());
+    }
+    crate::units::check_capacity(opts.capacity).map_err(|m| InputError::new("--capacity", m))?;
+    let torch = find_torch(opts)?;
+    let (fake, driver) = build(&torch)?;
+    let mut child = Command::new(&driver)
+        .env("LD_PRELOAD", &fake)
+        .env("PYTORCH_CUDA_ALLOC_CONF", &opts.conf)
+        .env_remove("PYTORCH_ALLOC_CONF")
+        .env("ALLOCBENCH_FAKE_CAPACITY", opts.capacity.to_string())
+        .env("ALLOCBENCH_FAKE_ADDRESS_ORDER", if opts.address_order == super::device::AddressOrder::Driver { "driver" } else { "lowest" })
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| InputError::new("oracle", format!("cannot start {}: {e}", driver.display())))?;
+    let stdin = child.stdin.take().expect("piped");
+    // The driver's output is read on a thread of its own while the events go in here; the
+    // driver stops reading at an OOM (a broken pipe then ends the writing, which is no error).
+    let reader = std::thread::spawn(move || child.wait_with_output());
+    let mut input = BufWriter::with_capacity(1 << 16, stdin);
+    for e in events {
+        if input.write_all(line(&e?).as_bytes()).is_err() {
+            break;
+        }
+    }
+    let _ = input.flush();
+    drop(input);
+    let out = reader.join().map_err(|_| anyhow::anyhow!("the oracle's output reader panicked"))??;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stderr);
+        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        anyhow::bail!("the oracle driver failed ({}): {last}", out.status);
+    }
+    let d: DriverOutput = serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("the oracle driver wrote no valid JSON: {e}"))?;
+    anyhow::ensure!(d.format == "allocbench-oracle-v1", "the oracle driver wrote format '{}'", d.format);
+    Ok(OracleResult {
+        format: d.format,
+        torch_version: torch.version.clone(),
+        torch_lib: torch.lib.display().to_string(),
+        conf: opts.conf.clone(),
+        device: format!("fake CUDA runtime, {} capacity", crate::units::format_bytes(opts.capacity)),
+        capacity: opts.capacity,
+        events: d.events,
+        stats: d.stats,
+        oom: d.oom.map(|o| OracleOom { event: o.event.saturating_sub(1), bytes: o.bytes, stream: o.stream, message: o.message }),
+        segments: d.segments.into_iter().map(segment).collect(),
+    })
+}
+
+fn segment(s: DriverSegment) -> SegmentSnapshot {
+    let private_pool = match s.pool {
+        (0, 0) => None,
+        (0, p) | (p, _) => Some(p),
+    };
+    SegmentSnapshot {
+        address: s.address,
+        total_size: s.total_size,
+        stream: stream_number(s.stream),
+        segment_type: if s.is_large { SegmentType::Large } else { SegmentType::Small },
+        is_expandable: false,
+        blocks: s
+            .blocks
+            .into_iter()
+            .map(|b| BlockSnapshot {
+                size: b.size,
+                requested_size: b.requested_size,
+                state: match (b.allocated, b.active) {
+                    (true, _) => BlockState::ActiveAllocated,
+                    (false, true) => BlockState::ActivePendingFree,
+                    (false, false) => BlockState::Inactive,
+                },
+            })
+            .collect(),
+        private_pool,
+    }
+}
+
+/// The simulator against the real allocator on one trace: every `memory_stats()` key at the
+/// end, and the segment map at the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct OracleComparison {
+    pub oracle: OracleResult,
+    pub sim_stats: BTreeMap<String, i64>,
+    /// Keys both sides have.
+    pub keys_compared: usize,
+    pub mismatches: Vec<crate::results::Mismatch>,
+    /// The two segment maps at the end (addresses, sizes, blocks) are the same.
+    pub segments_equal: bool,
+    pub sim_segments: Vec<SegmentSnapshot>,
+}
+
+impl OracleComparison {
+    pub fn identical(&self) -> bool {
+        self.mismatches.is_empty() && self.segments_equal
+    }
+}
+
+/// Runs `trace` through the simulator (its default address order) and the real allocator with
+/// the same conf and capacity, and compares them.
+pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<OracleComparison> {
+    compare_prefix(trace, opts, usize::MAX)
+}
+
+/// [`compare`] on the first `events` events of `trace`.
+fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) -> anyhow::Result<OracleComparison> {
+    use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions};
+    use super::GpuAllocator as _;
+    let conf = super::config::AllocatorConfig::parse(&opts.conf)?;
+    let source = crate::input::Source::open(Some(trace))?;
+    let oracle = run(source.events()?.take(events), opts)?;
+    let mut alloc = super::caching::CachingAllocator::new(conf, super::device::SimDevice::new(opts.capacity).with_address_order(opts.address_order));
+    let ropts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
+    replay_watched(&mut alloc, source.events()?.take(events), &ropts, &mut AtStep(|_, _, _: &super::stats::DeviceStats| {}))?;
+    let sim_stats = alloc.stats().to_torch_map();
+    let mut sim_segments = alloc.segments();
+    let mut mismatches = Vec::new();
+    let mut keys_compared = 0;
+    for (k, &t) in &oracle.stats {
+        if let Some(&s) = sim_stats.get(k) {
+            keys_compared += 1;
+            if s != t {
+                mismatches.push(crate::results::Mismatch { at: "final".into(), key: k.clone(), sim: s, torch: t });
+            }
+        }
+    }
+    sim_segments.sort_by_key(|s| s.address);
+    let segments_equal = comparable(&sim_segments) == comparable(&oracle.segments);
+    Ok(OracleComparison { oracle, sim_stats, keys_compared, mismatches, segments_equal, sim_segments })
+}
+
+/// Where the simulator and the real allocator first part on a trace they end apart on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Parting {
+    /// 0-based index of the event (every event counts: steps and syncs too): the trace's first
+    /// `event` events leave both sides equal, one more does not.
+    pub event: u64,
+    /// The event, as the trace names it.
+    pub what: String,
+    /// The keys that differ just after it (the segment map may differ alone).
+    pub mismatches: Vec<crate::results::Mismatch>,
+    pub segments_equal: bool,
+}
+
+/// Bisects the prefixes of `trace` (whose whole run, `whole`, differs) for the shortest that
+/// differs: about log2(events) runs of each side. The torch is found once.
+pub fn first_parting(trace: &std::path::Path, opts: &OracleOptions, whole: &OracleComparison) -> anyhow::Result<Option<Parting>> {
+    if whole.identical() {
+        return Ok(None);
+    }
+    let mut opts = opts.clone();
+    if opts.libc10.is_none() {
+        opts.libc10 = Some(PathBuf::from(&whole.oracle.torch_lib));
+    }
+    // Agreeing prefixes: `lo` events; differing: `hi` (the whole run's events at most).
+    let (mut lo, mut hi) = (0usize, whole.oracle.events as usize);
+    let mut at_hi: Option<OracleComparison> = None;
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        let c = compare_prefix(trace, &opts, mid)?;
+        if c.identical() {
+            lo = mid;
+        } else {
+            hi = mid;
+            at_hi = Some(c);
+        }
+    }
+    let c = match at_hi {
+        Some(c) => c,
+        None => compare_prefix(trace, &opts, hi)?,
+    };
+    let source = crate::input::Source::open(Some(trace))?;
+    let what = match source.events()?.nth(hi - 1).transpose()? {
+        Some(e) => format!("{} {e:?}", e.op_name()),
+        None => "?".into(),
+    };
+    Ok(Some(Parting { event: hi as u64 - 1, what, mismatches: c.mismatches, segments_equal: c.segments_equal }))
+}
+
+/// Segments sorted by address, with a free block's `requested_size` cleared: PyTorch keeps
+/// the stale size of the block's last request there (the simulator another one), which no
+/// statistic reads.
+fn comparable(segments: &[SegmentSnapshot]) -> Vec<SegmentSnapshot> {
+    let mut out = segments.to_vec();
+    out.sort_by_key(|s| s.address);
+    for b in out.iter_mut().flat_map(|s| s.blocks.iter_mut()) {
+        if b.state == BlockState::Inactive {
+            b.requested_size = 0;
+        }
+    }
+    out
+}
+
+/// Whether a torch and g++ are here for the oracle (tests skip without them): `Err` says why not.
+pub fn available(opts: &OracleOptions) -> Result<(), String> {
+    let torch = find_torch(opts).map_err(|e| e.to_string())?;
+    build(&torch).map(|_| ()).map_err(|e| e.to_string())
+}
+
+/// The folder the helpers are cached in (for messages).
+pub fn cache_dir() -> PathBuf {
+    cache_root()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn event_lines_name_every_event() {
+        assert_eq!(line(&Event::Alloc { id: 3, bytes: 512, stream: 1 }), "a 3 512 1\n");
+        assert_eq!(line(&Event::Sync { stream: None }), "s -\n");
+        assert_eq!(line(&Event::Pool(PoolOp::Begin { pool: 2, stream: Some(4) })), "b 2 4\n");
+        assert_eq!(stream_number(0), 0);
+        assert_eq!(stream_number(STREAM_HANDLE_BASE + 3 * 0x100), 3);
+    }
+
+    #[test]
+    fn the_build_key_changes_with_its_inputs() {
+        assert_ne!(fnv(&[b"a", b"bc"]), fnv(&[b"ab", b"c"]));
+    }
+}

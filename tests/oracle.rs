@@ -1,0 +1,172 @@
+//! The oracle: PyTorch's own caching allocator (libc10_cuda of the torch of $ALLOCBENCH_PYTHON,
+//! else python3) on allocbench's fake CUDA runtime, against the simulator. Skipped visibly where
+//! no torch (a CUDA 13 build with its headers) or no g++ is here.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use allocbench::gpu::oracle::{self, OracleOptions};
+
+const MIB: u64 = 1 << 20;
+
+/// The torch/lib folder to use, found once (asking Python costs a second), or why there is none.
+fn torch_lib() -> &'static Result<PathBuf, String> {
+    static LIB: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let opts = OracleOptions { capacity: 80 << 30, ..Default::default() };
+        let torch = oracle::find_torch(&opts).map_err(|e| e.to_string())?;
+        oracle::build(&torch).map_err(|e| e.to_string())?;
+        Ok(torch.lib)
+    })
+}
+
+/// Options for the oracle, or `None` after recording the skip.
+fn options(conf: &str, capacity: u64) -> Option<OracleOptions> {
+    match torch_lib() {
+        Ok(lib) => Some(OracleOptions { libc10: Some(lib.clone()), conf: conf.into(), capacity, ..Default::default() }),
+        Err(why) => {
+            common::skip(
+                "oracle",
+                &format!("no oracle here: {why} (set ALLOCBENCH_PYTHON to a Python with a CUDA 13 torch, install g++)"),
+                "ALLOCBENCH_REQUIRE_TORCH",
+            );
+            None
+        }
+    }
+}
+
+fn write_trace(dir: &Path, name: &str, rows: &[String]) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("op,id,bytes,stream\n{}\n", rows.join("\n"))).unwrap();
+    path
+}
+
+/// `n` allocations of `bytes` (ids from `first`), then their frees.
+fn alloc_free(first: u64, n: u64, bytes: u64) -> Vec<String> {
+    let mut rows: Vec<String> = (first..first + n).map(|i| format!("alloc,{i},{bytes},0")).collect();
+    rows.extend((first..first + n).map(|i| format!("free,{i},,")));
+    rows
+}
+
+/// PyTorch's documented example (docs/notes/cuda: expandable segments): 8 × 16 MiB freed, then
+/// 4 × 32 MiB reserves 256 MiB (the freed 16 MiB segments cannot serve 32 MiB); the reverse
+/// order reserves 128 MiB (the 16 MiB blocks are split from the cached 32 MiB segments). The real
+/// allocator says so, and the simulator equals it on every key and segment.
+#[test]
+fn the_documented_example_reserves_256_then_128_mib() {
+    let Some(opts) = options("", 80 << 30) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    for (name, rows, reserved) in [
+        ("small-first.csv", [alloc_free(1, 8, 16 * MIB), alloc_free(100, 4, 32 * MIB)].concat(), 256 * MIB),
+        ("large-first.csv", [alloc_free(1, 4, 32 * MIB), alloc_free(100, 8, 16 * MIB)].concat(), 128 * MIB),
+    ] {
+        let trace = write_trace(dir.path(), name, &rows);
+        let c = oracle::compare(&trace, &opts).unwrap();
+        assert_eq!(c.oracle.stats["reserved_bytes.all.peak"], reserved as i64, "{name}");
+        assert_eq!(c.oracle.stats["num_alloc_retries"], 0, "{name}");
+        assert!(c.identical(), "{name}: {:?}", c.mismatches);
+        assert_eq!(c.keys_compared, 123);
+    }
+}
+
+/// With `--address-order driver` the fake runtime places segments as the simulator's driver
+/// order does (top-down for those over 2 MiB): the documented example's segment maps are equal,
+/// addresses included, and lie at the top of the space.
+#[test]
+fn the_driver_address_order_places_segments_as_the_simulator_does() {
+    let Some(mut opts) = options("", 80 << 30) else { return };
+    opts.address_order = allocbench::gpu::device::AddressOrder::Driver;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "driver.csv", &[alloc_free(1, 8, 16 * MIB), alloc_free(100, 4, 32 * MIB)].concat());
+    let c = oracle::compare(&trace, &opts).unwrap();
+    assert!(c.identical(), "{:?}", c.mismatches);
+    assert_eq!(c.oracle.stats["reserved_bytes.all.peak"], (256 * MIB) as i64);
+    assert!(c.oracle.segments.iter().all(|s| s.address > 0xfe00_0000_0000), "{:?}", c.oracle.segments.iter().map(|s| s.address).collect::<Vec<_>>());
+}
+
+/// Every shipped captured trace: the real allocator and the simulator agree on every
+/// memory_stats() key and on the segment map at the end.
+#[test]
+fn shipped_captures_agree_on_every_key_and_segment() {
+    let Some(opts) = options("", 80 << 30) else { return };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let mut traces: Vec<PathBuf> = std::fs::read_dir(&root).unwrap().map(|e| e.unwrap().path()).filter(|p| p.to_string_lossy().ends_with(".csv.gz")).collect();
+    traces.sort();
+    assert!(traces.len() >= 8, "{traces:?}");
+    for trace in &traces {
+        let c = oracle::compare(trace, &opts).unwrap();
+        assert!(c.identical(), "{}: {:?}, segments equal: {}", trace.display(), c.mismatches, c.segments_equal);
+        assert!(c.oracle.oom.is_none());
+    }
+}
+
+/// With a conf (a split limit and rounding divisions) and on a small card where the trace runs
+/// out: the same keys, the OOM at the same event, and PyTorch's own message.
+#[test]
+fn a_conf_and_an_oom_agree() {
+    let Some(opts) = options("max_split_size_mb:64,roundup_power2_divisions:4", 600 * MIB) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut rows = Vec::new();
+    for i in 0..40u64 {
+        rows.push(format!("alloc,{i},{},{}", (i % 7 + 1) * 13 * MIB + i * 4097, i % 2));
+        if i % 3 == 2 {
+            rows.push(format!("free,{},,", i - 1));
+        }
+    }
+    let trace = write_trace(dir.path(), "oom.csv", &rows);
+    let c = oracle::compare(&trace, &opts).unwrap();
+    let oom = c.oracle.oom.as_ref().expect("the trace runs out of a 600 MiB card");
+    assert!(oom.message.starts_with("CUDA out of memory. Tried to allocate"), "{}", oom.message);
+    assert_eq!(c.oracle.stats["num_ooms"], 1);
+    assert!(c.identical(), "{:?}", c.mismatches);
+}
+
+/// The oracle refuses what its fake runtime cannot do, in one line.
+#[test]
+fn expandable_segments_are_refused_clearly() {
+    let Some(mut opts) = options("", 80 << 30) else { return };
+    opts.conf = "expandable_segments:True".into();
+    let e = oracle::run(std::iter::empty(), &opts).unwrap_err().to_string();
+    assert!(e.contains("expandable_segments:True is not supported by the oracle"), "{e}");
+}
+
+/// A 3-stream trace with `record_stream`, `sync` and `empty_cache` (a fixed pseudo-random
+/// sequence). Where the two sides end apart on it, `first_parting` names an event whose prefix
+/// differs while the prefix before it agrees; where they agree, it names none.
+#[test]
+fn bisect_names_an_event_where_the_two_part() {
+    let Some(opts) = options("", 80 << 30) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = 7u64;
+    let mut next = |n: u64| {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (state >> 33) % n
+    };
+    let (mut rows, mut live, mut id) = (Vec::new(), Vec::new(), 0u64);
+    for _ in 0..1500 {
+        match next(100) {
+            x if x < 50 || live.is_empty() => {
+                id += 1;
+                let bytes = [1 + next(1 << 20), (1 << 20) + next(63 << 20), 512 + next(3584)][next(3) as usize];
+                rows.push(format!("alloc,{id},{bytes},{}", next(3)));
+                live.push(id);
+            }
+            x if x < 85 => rows.push(format!("free,{},,", live.swap_remove(next(live.len() as u64) as usize))),
+            x if x < 92 => rows.push(format!("record_stream,{},,{}", live[next(live.len() as u64) as usize], next(3))),
+            x if x < 98 => rows.push(if next(10) < 7 { format!("sync,,,{}", next(3)) } else { "sync,,,".into() }),
+            _ => rows.push("empty_cache,,,".into()),
+        }
+    }
+    let trace = write_trace(dir.path(), "streams.csv", &rows);
+    let whole = oracle::compare(&trace, &opts).unwrap();
+    let parting = oracle::first_parting(&trace, &opts, &whole).unwrap();
+    assert_eq!(parting.is_some(), !whole.identical());
+    if let Some(p) = parting {
+        eprintln!("the two part at event {} ({})", p.event, p.what);
+        let prefix = |n: u64| write_trace(dir.path(), &format!("p{n}.csv"), &rows[..n as usize]);
+        assert!(!oracle::compare(&prefix(p.event + 1), &opts).unwrap().identical(), "{p:?}");
+        assert!(oracle::compare(&prefix(p.event), &opts).unwrap().identical(), "{p:?}");
+    }
+}
