@@ -211,11 +211,7 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         }
     }
     if records.len() > 1 {
-        if a.json.as_deref() == Some("-") {
-            eprint!("{}", drift_summary(&records));
-        } else {
-            print!("{}", drift_summary(&records));
-        }
+        output::say(a.json.as_deref(), &drift_summary(&records));
     }
     // (Nothing finished: an existing --json file is left as it was.)
     if let Some(path) = a.json.as_ref().filter(|_| !records.is_empty()) {

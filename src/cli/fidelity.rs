@@ -66,11 +66,7 @@ pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
         writeln!(text, "  {:<10} {:<40} sim {:>16}  torch {:>16}", m.at, m.key, m.sim, m.torch)?;
     }
     writeln!(text, "target keys ({}) at the end: {}", fidelity::TARGET_KEYS.join(", "), if r.target_identical { "identical" } else { "DIFFERENT" })?;
-    if a.json.as_deref() == Some("-") {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
-    }
+    output::say(a.json.as_deref(), &text);
     if let Some(path) = &a.json {
         output::write_json(path, &r)?;
     }
@@ -108,11 +104,7 @@ fn against_oracle(a: &FidelityArgs) -> anyhow::Result<()> {
     for m in &r.mismatches {
         writeln!(text, "  {:<40} sim {:>16}  torch {:>16}", m.key, m.sim, m.torch)?;
     }
-    if a.json.as_deref() == Some("-") {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
-    }
+    output::say(a.json.as_deref(), &text);
     let parting = if a.bisect { crate::gpu::oracle::first_parting(&a.trace, &opts, &r)? } else { None };
     if let Some(p) = &parting {
         let keys: Vec<&str> = p.mismatches.iter().map(|m| m.key.as_str()).collect();
@@ -120,11 +112,7 @@ fn against_oracle(a: &FidelityArgs) -> anyhow::Result<()> {
         let sep = if keys.is_empty() || segments.is_empty() { "" } else { " and " };
         let verb = if keys.is_empty() { "differs" } else { "differ" };
         let line = format!("they part at event {} ({}): {}{sep}{segments} {verb} after it\n", p.event, p.what, keys.join(", "));
-        if a.json.as_deref() == Some("-") {
-            eprint!("{line}");
-        } else {
-            print!("{line}");
-        }
+        output::say(a.json.as_deref(), &line);
     }
     if let Some(path) = &a.json {
         output::write_json(path, &serde_json::json!({ "comparison": r, "parting": parting }))?;

@@ -65,11 +65,7 @@ pub fn main(a: &OracleArgs) -> anyhow::Result<()> {
     if let Some(o) = &r.oom {
         text += &format!("OOM at event {} ({} on stream {}): {}\n", o.event, format_bytes(o.bytes), o.stream, o.message);
     }
-    if a.json.as_deref() == Some("-") {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
-    }
+    output::say(a.json.as_deref(), &text);
     if let Some(path) = &a.json {
         output::write_json(path, &r)?;
     }

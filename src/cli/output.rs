@@ -155,6 +155,16 @@ fn check_writable(path: &Path) -> anyhow::Result<()> {
     }
 }
 
+/// Prints a command's text: on standard output, or on standard error when its `--json` document
+/// goes to standard output (`-`), so that stdout holds only the JSON.
+pub fn say(json: Option<&str>, text: &str) {
+    if json == Some("-") {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+}
+
 /// Writes one pretty-printed JSON document to `path` (`-` = standard output).
 pub fn write_json<T: Serialize + ?Sized>(path: &str, value: &T) -> anyhow::Result<()> {
     write_json_pretty(open(path)?.as_mut(), value)
