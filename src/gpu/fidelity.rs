@@ -37,7 +37,9 @@ pub fn load_torch(path: &Path) -> Result<TorchReplay, InputError> {
     Ok(TorchReplay { path: name, ..t })
 }
 
-fn compare(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>, out: &mut Vec<Mismatch>) -> usize {
+/// Compares `sim` with `torch` on every key both have, appending the differences at `at`; returns
+/// how many keys were compared.
+pub(crate) fn compare_stats(at: &str, sim: &BTreeMap<String, i64>, torch: &BTreeMap<String, i64>, out: &mut Vec<Mismatch>) -> usize {
     let mut n = 0;
     for (k, &t) in torch {
         // Keys our model does not have (or a newer torch added) are not compared.
@@ -89,11 +91,11 @@ pub fn check(trace: &Path, torch: &TorchReplay, conf_override: Option<&str>, add
     let mut compared = 0;
     for (i, ts) in torch.steps.iter().enumerate() {
         if let Some((n, sim)) = snapshots.get(i) {
-            keys = keys.max(compare(&format!("step {n}"), sim, &ts.stats, &mut mismatches));
+            keys = keys.max(compare_stats(&format!("step {n}"), sim, &ts.stats, &mut mismatches));
             compared += 1;
         }
     }
-    keys = keys.max(compare("final", &final_sim, &torch.r#final, &mut mismatches));
+    keys = keys.max(compare_stats("final", &final_sim, &torch.r#final, &mut mismatches));
     compared += 1;
     // Identical means compared and equal: load_torch saw each target key in PyTorch's final stats.
     let target_identical = TARGET_KEYS.iter().all(|k| final_sim.contains_key(*k) && !mismatches.iter().any(|m| m.at == "final" && m.key == *k));

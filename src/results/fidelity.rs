@@ -1,9 +1,12 @@
-//! The fidelity check's two documents: what `scripts/torch_replay.py` writes (PyTorch's real
-//! `memory_stats()` on a trace) and what `allocbench fidelity --json` writes.
+//! The fidelity check's documents: what `scripts/torch_replay.py` writes (PyTorch's real
+//! `memory_stats()` on a trace), what `allocbench fidelity --json` writes, and the oracle's
+//! answers (`allocbench oracle`, `fidelity --oracle`).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use super::gpu::SegmentSnapshot;
 
 /// What `scripts/torch_replay.py` writes.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -72,4 +75,65 @@ pub struct FidelityReport {
     /// cudaMalloc addresses replayed from PyTorch's history, and mallocs that could not follow them.
     pub addresses_replayed: usize,
     pub address_misses: u64,
+}
+
+/// The real allocator's answer, in the shape `replay --json` writes where it can.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OracleResult {
+    pub format: String,
+    pub torch_version: String,
+    pub torch_lib: String,
+    pub conf: String,
+    pub device: String,
+    pub capacity: u64,
+    /// Events the real allocator was given (up to and including an OOM's).
+    pub events: u64,
+    /// Keyed exactly like `torch.cuda.memory_stats()`.
+    pub stats: BTreeMap<String, i64>,
+    pub oom: Option<OracleOom>,
+    /// The segment map at the end (at the OOM, when one stopped the run).
+    pub segments: Vec<SegmentSnapshot>,
+}
+
+/// The first OOM: where, and PyTorch's own error text.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OracleOom {
+    /// 0-based index of the event in the converted list (steps and syncs count).
+    pub event: u64,
+    pub bytes: u64,
+    pub stream: u64,
+    pub message: String,
+}
+
+/// The simulator against the real allocator on one trace: every `memory_stats()` key at the
+/// end, and the segment map at the end.
+#[derive(Debug, Clone, Serialize)]
+pub struct OracleComparison {
+    pub oracle: OracleResult,
+    pub sim_stats: BTreeMap<String, i64>,
+    /// Keys both sides have.
+    pub keys_compared: usize,
+    pub mismatches: Vec<Mismatch>,
+    /// The two segment maps at the end (addresses, sizes, blocks) are the same.
+    pub segments_equal: bool,
+    pub sim_segments: Vec<SegmentSnapshot>,
+}
+
+impl OracleComparison {
+    pub fn identical(&self) -> bool {
+        self.mismatches.is_empty() && self.segments_equal
+    }
+}
+
+/// Where the simulator and the real allocator first part on a trace they end apart on.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Parting {
+    /// 0-based index of the event (every event counts: steps and syncs too): the trace's first
+    /// `event` events leave both sides equal, one more does not.
+    pub event: u64,
+    /// The event, as the trace names it.
+    pub what: String,
+    /// The keys that differ just after it (the segment map may differ alone).
+    pub mismatches: Vec<Mismatch>,
+    pub segments_equal: bool,
 }

@@ -51,7 +51,7 @@ pub use common::{MachineInfo, WorkDone, WorkloadInfo};
 pub use cpu::{CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};
-pub use fidelity::{FidelityReport, Mismatch, TorchOom, TorchReplay, TorchStep};
+pub use fidelity::{FidelityReport, Mismatch, OracleComparison, OracleOom, OracleResult, Parting, TorchOom, TorchReplay, TorchStep};
 pub use gpu::{
     Backend, BlockSnapshot, BlockState, GpuPolicy, GpuRunResult, GpuSummary, OnOom, OomCause, OomRecord, SegmentSnapshot, SegmentType, TimelinePoint,
 };

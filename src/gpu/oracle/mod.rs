@@ -14,11 +14,11 @@ use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use crate::error::InputError;
 use crate::event::{Event, PoolOp};
-use crate::results::{BlockSnapshot, BlockState, SegmentSnapshot, SegmentType};
+use crate::results::{BlockSnapshot, BlockState, OracleComparison, OracleOom, OracleResult, Parting, SegmentSnapshot, SegmentType};
 
 const FAKE_CUDART_CPP: &str = include_str!("fake_cudart.cpp");
 const FAKE_CUDART_MAP: &str = include_str!("fake_cudart.map");
@@ -47,34 +47,6 @@ pub struct Torch {
     /// A folder holding `cuda_runtime_api.h`.
     pub cuda_include: PathBuf,
     pub version: String,
-}
-
-/// The real allocator's answer, in the shape `replay --json` writes where it can.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OracleResult {
-    pub format: String,
-    pub torch_version: String,
-    pub torch_lib: String,
-    pub conf: String,
-    pub device: String,
-    pub capacity: u64,
-    /// Events the real allocator was given (up to and including an OOM's).
-    pub events: u64,
-    /// Keyed exactly like `torch.cuda.memory_stats()`.
-    pub stats: BTreeMap<String, i64>,
-    pub oom: Option<OracleOom>,
-    /// The segment map at the end (at the OOM, when one stopped the run).
-    pub segments: Vec<SegmentSnapshot>,
-}
-
-/// The first OOM: where, and PyTorch's own error text.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct OracleOom {
-    /// 0-based index of the event in the converted list (steps and syncs count).
-    pub event: u64,
-    pub bytes: u64,
-    pub stream: u64,
-    pub message: String,
 }
 
 #[derive(Deserialize)]
@@ -352,26 +324,6 @@ fn segment(s: DriverSegment) -> SegmentSnapshot {
     }
 }
 
-/// The simulator against the real allocator on one trace: every `memory_stats()` key at the
-/// end, and the segment map at the end.
-#[derive(Debug, Clone, Serialize)]
-pub struct OracleComparison {
-    pub oracle: OracleResult,
-    pub sim_stats: BTreeMap<String, i64>,
-    /// Keys both sides have.
-    pub keys_compared: usize,
-    pub mismatches: Vec<crate::results::Mismatch>,
-    /// The two segment maps at the end (addresses, sizes, blocks) are the same.
-    pub segments_equal: bool,
-    pub sim_segments: Vec<SegmentSnapshot>,
-}
-
-impl OracleComparison {
-    pub fn identical(&self) -> bool {
-        self.mismatches.is_empty() && self.segments_equal
-    }
-}
-
 /// Runs `trace` through the simulator (its default address order) and the real allocator with
 /// the same conf and capacity, and compares them.
 pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<OracleComparison> {
@@ -391,31 +343,10 @@ fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) 
     let sim_stats = alloc.stats().to_torch_map();
     let mut sim_segments = alloc.segments();
     let mut mismatches = Vec::new();
-    let mut keys_compared = 0;
-    for (k, &t) in &oracle.stats {
-        if let Some(&s) = sim_stats.get(k) {
-            keys_compared += 1;
-            if s != t {
-                mismatches.push(crate::results::Mismatch { at: "final".into(), key: k.clone(), sim: s, torch: t });
-            }
-        }
-    }
+    let keys_compared = super::fidelity::compare_stats("final", &sim_stats, &oracle.stats, &mut mismatches);
     sim_segments.sort_by_key(|s| s.address);
     let segments_equal = comparable(&sim_segments) == comparable(&oracle.segments);
     Ok(OracleComparison { oracle, sim_stats, keys_compared, mismatches, segments_equal, sim_segments })
-}
-
-/// Where the simulator and the real allocator first part on a trace they end apart on.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Parting {
-    /// 0-based index of the event (every event counts: steps and syncs too): the trace's first
-    /// `event` events leave both sides equal, one more does not.
-    pub event: u64,
-    /// The event, as the trace names it.
-    pub what: String,
-    /// The keys that differ just after it (the segment map may differ alone).
-    pub mismatches: Vec<crate::results::Mismatch>,
-    pub segments_equal: bool,
 }
 
 /// Bisects the prefixes of `trace` (whose whole run, `whole`, differs) for the shortest that
