@@ -50,16 +50,6 @@ impl GpuPolicy {
         }
     }
 
-    /// What it is, for `--help` and listings.
-    pub fn about(self) -> &'static str {
-        match self {
-            GpuPolicy::Pytorch => "PyTorch's CUDA caching allocator policy (honours --conf / PYTORCH_CUDA_ALLOC_CONF)",
-            GpuPolicy::Nocache => "PYTORCH_NO_CUDA_MEMORY_CACHING: a device malloc/free per tensor",
-            GpuPolicy::Ideal => "reserves exactly the live bytes: the physical lower bound",
-            GpuPolicy::Async => "CUDA's stream-ordered pool, cuMemAllocAsync/cuMemFreeAsync (--device cuda only)",
-        }
-    }
-
     /// Whether a PYTORCH_CUDA_ALLOC_CONF string means anything to it (the others ignore one).
     pub fn takes_conf(self) -> bool {
         self == GpuPolicy::Pytorch
