@@ -17,6 +17,7 @@ use crate::files::{sha256_file, sha256_hex};
 use crate::gpu::build::{build, DeviceSpec};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::{OnOom, ReplayOptions, StopWhen};
+use crate::gpu::torch_version::TorchVersion;
 use crate::gpu_run::run_one;
 use crate::input::Source;
 use crate::results::{versioned_lines, Candidate, GpuPolicy, PlanRow, RowStatus, SweepRow, WorkloadInfo, SCHEMA_VERSION};
@@ -231,6 +232,7 @@ pub fn make_plan(req: &PlanRequest) -> anyhow::Result<Vec<PlanRow>> {
                         conf: if p.allocator.takes_conf() { p.conf.source.clone() } else { String::new() },
                         capacity,
                         snapshot_device,
+                        torch_version: TorchVersion::chosen().map(|v| v.to_string()),
                     });
                 }
             }
@@ -400,7 +402,11 @@ fn load(path: &Path, snapshot_device: Option<usize>) -> anyhow::Result<Loaded> {
 /// Replays one plan row; `None` when Ctrl-C cut the replay short (nothing is recorded then).
 fn replay_row(row: &PlanRow, loaded: Result<Arc<Loaded>, String>, plan_id: &str) -> Option<SweepRow> {
     let outcome = loaded.and_then(|l| {
-        let cfg = AllocatorConfig::parse(&row.conf).map_err(|e| e.to_string())?;
+        let torch = match &row.torch_version {
+            Some(v) => TorchVersion::parse(v).map_err(|e| e.to_string())?,
+            None => TorchVersion::selected(),
+        };
+        let cfg = AllocatorConfig::parse_for(&row.conf, torch).map_err(|e| e.to_string())?;
         let spec = DeviceSpec { addresses: l.addresses.clone(), ..DeviceSpec::sim(row.capacity) };
         let policy = sweep_allocator(&row.allocator)?;
         let mut built = build(policy, &cfg, &spec).map_err(|e| format!("{e:#}"))?;

@@ -1,6 +1,7 @@
 //! The oracle: PyTorch's own caching allocator (libc10_cuda of the torch of $ALLOCBENCH_PYTHON,
-//! else python3) on allocbench's fake CUDA runtime, against the simulator. Skipped visibly where
-//! no torch (a CUDA 13 build with its headers) or no g++ is here.
+//! else python3, and of the fuzzed releases, fetched from the package index) on allocbench's
+//! fake CUDA runtime, against the simulator. Skipped visibly where no torch (a CUDA build with
+//! its headers) can be had or no g++ is here.
 
 mod common;
 
@@ -29,7 +30,7 @@ fn options(conf: &str, capacity: u64) -> Option<OracleOptions> {
         Err(why) => {
             common::skip(
                 "oracle",
-                &format!("no oracle here: {why} (set ALLOCBENCH_PYTHON to a Python with a CUDA 13 torch, install g++)"),
+                &format!("no oracle here: {why} (set ALLOCBENCH_PYTHON to a Python with a CUDA torch, install g++)"),
                 "ALLOCBENCH_REQUIRE_TORCH",
             );
             None
@@ -169,4 +170,98 @@ fn bisect_names_an_event_where_the_two_part() {
         assert!(!oracle::compare(&prefix(p.event + 1), &opts).unwrap().identical(), "{p:?}");
         assert!(oracle::compare(&prefix(p.event), &opts).unwrap().identical(), "{p:?}");
     }
+}
+
+/// The verified releases the differential fuzz runs against: the oldest, the last before and the
+/// first of each versioned rule's change (2.10, 2.12, 2.13), and the newest.
+const FUZZED_RELEASES: &[&str] = &["2.9.0", "2.11.0", "2.12.0", "2.15.0"];
+
+/// Options for the oracle of torch `release` (its c10 libraries fetched once from the package
+/// index and cached), or `None` after recording the skip.
+fn release_options(release: &str) -> Option<OracleOptions> {
+    let opts = OracleOptions { torch_version: Some(release.into()), capacity: 80 << 30, ..Default::default() };
+    match oracle::find_torch(&opts).and_then(|t| oracle::build(&t).map(|_| t)) {
+        Ok(torch) => Some(OracleOptions { libc10: Some(torch.lib), torch_version: None, ..opts }),
+        Err(why) => {
+            common::skip(
+                "oracle-releases",
+                &format!("torch {release}'s c10 libraries are not here and could not be fetched: {why} (needs the package index and g++)"),
+                "ALLOCBENCH_REQUIRE_TORCH",
+            );
+            None
+        }
+    }
+}
+
+/// The differential fuzz: 2,000 random traces per release (streams, record_stream and syncs,
+/// graph captures and MemPools, empty_cache, every knob the release has, 1-8 GiB cards that run
+/// out) agree with PyTorch's own allocator on every key and segment, OOMs included.
+#[test]
+fn the_differential_fuzz_agrees_with_every_fuzzed_release() {
+    for release in FUZZED_RELEASES {
+        let Some(opts) = release_options(release) else { return };
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let r = oracle::fuzz::run(&opts, 0, 2000, workers, None, &|| {}).unwrap();
+        assert_eq!(r.cases, 2000);
+        assert!(r.ooms > 100 && r.ooms < 2000, "{release}: {} OOMs: the cases should reach the card's end, and not all at once", r.ooms);
+        assert!(r.differences.is_empty(), "torch {release}: {} of 2000 cases differ, first: {:?}", r.differences.len(), r.differences.first());
+    }
+}
+
+/// Every shipped trace (the captures under workloads/captured/ and the test fixtures) agrees with
+/// each fuzzed release's allocator on every key and segment.
+#[test]
+fn shipped_traces_agree_with_every_fuzzed_release() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut traces: Vec<PathBuf> = ["workloads/captured", "tests/fixtures"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.to_string_lossy().ends_with(".csv.gz"))
+        .collect();
+    traces.sort();
+    for release in FUZZED_RELEASES {
+        let Some(opts) = release_options(release) else { return };
+        for trace in &traces {
+            let c = oracle::compare(trace, &opts).unwrap();
+            assert!(c.identical(), "torch {release}, {}: {:?}, segments equal: {}", trace.display(), c.mismatches, c.segments_equal);
+        }
+    }
+}
+
+/// The test vector of the free-block order, release by release: two equal cached segments, the
+/// newer one at the lower address (cudaMalloc'd into a freed range). 2.11 splits the lower one,
+/// 2.12 and later the older one; the simulator, following each release, agrees.
+#[test]
+fn equal_size_ties_follow_each_releases_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = 100 * MIB;
+    let rows: Vec<String> = [
+        format!("alloc,1,{m},0"),
+        format!("alloc,2,{m},0"),
+        "free,1,,".into(),
+        "empty_cache,,,".into(),
+        format!("alloc,3,{m},0"),
+        "free,2,,".into(),
+        "free,3,,".into(),
+        format!("alloc,4,{},0", m / 2),
+    ]
+    .into();
+    let trace = write_trace(dir.path(), "tie.csv", &rows);
+    for (release, split_by_address) in [("2.11.0", [2, 1]), ("2.12.0", [1, 2]), ("2.15.0", [1, 2])] {
+        let Some(opts) = release_options(release) else { return };
+        let c = oracle::compare(&trace, &opts).unwrap();
+        let mut segs: Vec<(u64, usize)> = c.oracle.segments.iter().map(|s| (s.address, s.blocks.len())).collect();
+        segs.sort();
+        assert_eq!(segs.iter().map(|s| s.1).collect::<Vec<_>>(), split_by_address, "torch {release}");
+        assert!(c.identical(), "torch {release}: {:?}", c.mismatches);
+    }
+}
+
+/// A key an older release does not have is refused as that release refuses it, before any run.
+#[test]
+fn a_key_an_older_release_lacks_is_refused_in_its_words() {
+    let Some(mut opts) = release_options("2.9.0") else { return };
+    opts.conf = "large_segment_size_mb:40".into();
+    let e = oracle::run(std::iter::empty(), &opts).unwrap_err().to_string();
+    assert!(e.contains("Unrecognized CachingAllocator option: large_segment_size_mb"), "{e}");
 }

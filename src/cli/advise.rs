@@ -14,6 +14,8 @@ use crate::results::{read_results, GpuPolicy, Objective, ResultRecord, SweepRow}
 
 #[derive(Args, Debug)]
 pub struct AdviseArgs {
+    #[command(flatten)]
+    pub torch: super::args::TorchVersionArg,
     /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml); or a merged
     /// sweep (`sweep merge`'s .jsonl): the best conf per input and capacity from its rows.
     pub input: PathBuf,

@@ -11,6 +11,25 @@ use crate::input::Source;
 use crate::results::Backend;
 use crate::units::parse_bytes;
 
+/// Which PyTorch release's caching allocator the simulator follows (`--torch-version V`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct TorchVersionArg {
+    /// The PyTorch release whose caching allocator to follow, 2.9 to 2.15 (default: the newest,
+    /// 2.15): its conf keys and its allocator's rules where releases differ (docs/oracle.md).
+    #[arg(long, value_name = "V")]
+    pub torch_version: Option<String>,
+}
+
+impl TorchVersionArg {
+    /// Selects the release for every allocator config of this process.
+    pub fn select(&self) -> Result<(), crate::error::InputError> {
+        if let Some(v) = &self.torch_version {
+            crate::gpu::torch_version::TorchVersion::parse(v)?.select();
+        }
+        Ok(())
+    }
+}
+
 /// Which GPU's history a PyTorch snapshot of several gives (`--snapshot-device N`).
 #[derive(Args, Debug, Clone, Default)]
 pub struct SnapshotDeviceArg {

@@ -11,6 +11,8 @@ use crate::results::ResultRecord;
 
 #[derive(Args, Debug)]
 pub struct DiagnoseArgs {
+    #[command(flatten)]
+    pub torch: super::args::TorchVersionArg,
     /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
     pub input: PathBuf,
     #[command(flatten)]

@@ -138,7 +138,20 @@ pub fn one_line_usage_error(rendered: &str) -> String {
 pub fn main_with(cli: Cli) -> i32 {
     // Ctrl-C stops a run, which still writes what it measured (once; later calls are no-ops).
     let _ = ctrlc::set_handler(crate::interrupt::request);
-    let result = match cli.command.unwrap_or(Command::Demo(demo::DemoArgs { jsonl: PathBuf::from("results/demo.jsonl") })) {
+    let command = cli.command.unwrap_or(Command::Demo(demo::DemoArgs { jsonl: PathBuf::from("results/demo.jsonl") }));
+    let torch = match &command {
+        Command::Replay(a) => Some(&a.torch),
+        Command::Run(a) => Some(&a.torch),
+        Command::Diagnose(a) => Some(&a.torch),
+        Command::Advise(a) => Some(&a.torch),
+        Command::Sweep(sweep::SweepArgs { command: sweep::SweepCommand::Plan(a) }) => Some(&a.torch),
+        _ => None,
+    };
+    if let Some(Err(e)) = torch.map(|t| t.select()) {
+        eprintln!("error: {e}");
+        return 2;
+    }
+    let result = match command {
         Command::Demo(a) => demo::main(&a),
         Command::Trace(a) => trace::main(&a),
         Command::Replay(a) => replay::main(&a),

@@ -14,8 +14,12 @@ pub struct OracleArgs {
     #[arg(long)]
     pub python: Option<String>,
     /// A torch/lib folder holding libc10_cuda.so (instead of asking Python).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "torch_version")]
     pub libc10: Option<PathBuf>,
+    /// A torch release (e.g. 2.11.0) whose allocator to run: its c10 libraries and headers are
+    /// fetched from the package index once and cached (instead of asking Python).
+    #[arg(long)]
+    pub torch_version: Option<String>,
     /// PYTORCH_CUDA_ALLOC_CONF for the real allocator.
     #[arg(long, default_value = "")]
     pub conf: String,
@@ -35,6 +39,7 @@ impl OracleArgs {
         crate::gpu::oracle::OracleOptions {
             python: self.python.clone(),
             libc10: self.libc10.clone(),
+            torch_version: self.torch_version.clone(),
             conf: self.conf.clone(),
             capacity: self.capacity,
             address_order: self.address_order,

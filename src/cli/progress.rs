@@ -34,6 +34,15 @@ pub fn rows(quiet: bool) -> Option<ProgressBar> {
     })
 }
 
+/// A bar over `n` fuzz cases, or nothing when `quiet`.
+pub fn cases(quiet: bool, n: u64) -> Option<ProgressBar> {
+    (!quiet).then(|| {
+        let pb = ProgressBar::new(n);
+        pb.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} cases ({per_sec}, eta {eta})").expect("valid template"));
+        pb
+    })
+}
+
 /// Clears a finished bar.
 pub fn finish(pb: Option<ProgressBar>) {
     if let Some(pb) = pb {

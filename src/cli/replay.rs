@@ -17,6 +17,8 @@ use crate::results::{Backend, GpuPolicy, GpuRunResult, ResultRecord};
 
 #[derive(Args, Debug)]
 pub struct ReplayArgs {
+    #[command(flatten)]
+    pub torch: super::args::TorchVersionArg,
     /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
     pub input: PathBuf,
     #[command(flatten)]

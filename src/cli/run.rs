@@ -15,6 +15,8 @@ use crate::units::count;
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
+    #[command(flatten)]
+    pub torch: super::args::TorchVersionArg,
     /// A trace (.csv, .csv.gz) or workload (.toml); default: the embedded captured 1.3B training trace.
     pub input: Option<PathBuf>,
     /// Comma-separated GPU allocators.

@@ -31,6 +31,8 @@ pub enum SweepCommand {
 
 #[derive(Args, Debug)]
 pub struct PlanArgs {
+    #[command(flatten)]
+    pub torch: super::args::TorchVersionArg,
     /// Traces (.csv, .csv.gz), RMM logs, PyTorch snapshots (.pickle or .json) or workloads (.toml).
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use super::torch_version::TorchVersion;
 use crate::error::InputError;
 use crate::units::MIB;
 
@@ -29,6 +30,8 @@ pub struct AllocatorConfig {
     pub large_segment_size: u64,
     /// The string this was parsed from, for results.
     pub source: String,
+    /// The PyTorch release whose rules apply (its knobs, and its allocator's versioned rules).
+    pub torch: TorchVersion,
 }
 
 impl Default for AllocatorConfig {
@@ -42,6 +45,7 @@ impl Default for AllocatorConfig {
             per_process_memory_fraction: 1.0,
             large_segment_size: LARGE_BUFFER_BYTES,
             source: String::new(),
+            torch: TorchVersion::selected(),
         }
     }
 }
@@ -87,9 +91,25 @@ impl AllocatorConfig {
     /// (ConfigTokenizer::checkToken's result is never checked: `max_split_size_mb,64` is accepted);
     /// numbers are read as std::stoull / std::stod read them (a valid prefix: `512MB` is 512); a
     /// stray `,` stands where a key should and is refused.
+    /// Parsed for the release `--torch-version` selected ([`TorchVersion::selected`]).
     pub fn parse(text: &str) -> Result<Self, InputError> {
-        let mut cfg = AllocatorConfig { source: text.trim().to_string(), ..Default::default() };
+        Self::parse_for(text, TorchVersion::selected())
+    }
+
+    /// [`Self::parse`] as torch `torch` parses it: a key that release does not have is refused
+    /// as its parser refuses it.
+    pub fn parse_for(text: &str, torch: TorchVersion) -> Result<Self, InputError> {
+        let mut cfg = AllocatorConfig { source: text.trim().to_string(), torch, ..Default::default() };
         let t = Tokens(tokenize(text));
+        for (j, tok) in t.0.iter().enumerate() {
+            // Keys stand at every fourth token (key, ':', value, ','), lists aside: a key of a
+            // later release is looked for wherever it stands, as the parse below would reach it.
+            if let Some(since) = TorchVersion::conf_key_since(tok) {
+                if torch < since && t.0.get(j + 1).is_some_and(|n| n == ":") {
+                    return Err(conf_error(format!("Unrecognized CachingAllocator option: {tok} (torch {torch} has no such key; it came in {since})")));
+                }
+            }
+        }
         // parseArgs reads large_segment_size_mb first, wherever it stands, because the two `_mb`
         // limits below are checked against it; then max_non_split_rounding_size defaults to it.
         for (j, tok) in t.0.iter().enumerate() {
@@ -118,6 +138,9 @@ impl AllocatorConfig {
                     let min_mb = cfg.large_segment_size / MIB;
                     if mb < min_mb {
                         return Err(conf_error(format!("CachingAllocator option {key} too small, must be >= {min_mb}")));
+                    }
+                    if mb == min_mb && !torch.mb_minimum_is_allowed() {
+                        return Err(conf_error(format!("CachingAllocator option {key} too small, must be > {min_mb}")));
                     }
                     let bytes = mb.min(u64::MAX / MIB) * MIB;
                     if key == "max_split_size_mb" {
@@ -148,7 +171,7 @@ impl AllocatorConfig {
                     cfg.expandable_segments = t.boolean(i, i + 2)?;
                     i + 2
                 }
-                "roundup_power2_divisions" => parse_roundup(&t, i, &mut cfg.roundup_power2_divisions)?,
+                "roundup_power2_divisions" => parse_roundup(&t, i, &mut cfg.roundup_power2_divisions, torch)?,
                 "backend" => match t.value(i, i + 2)? {
                     "native" => i + 2,
                     "cudaMallocAsync" => {
@@ -429,11 +452,13 @@ fn tokenize(text: &str) -> Vec<String> {
 /// first explicit key of a list also fills every bucket below it (the `first_value` flag clears
 /// only on an explicit key, so a `>` before it does not stop that); later keys set only their
 /// own bucket; gaps keep what they had; `>` fills from the last explicit bucket + 1 (1 when none
-/// came yet) to the end; `[]` sets nothing; a `,` before the `]` is allowed. A single number must
+/// came yet) to the end (torch 2.9: from the last explicit bucket itself, 0 when none came:
+/// [`TorchVersion::roundup_tail_skips_last_key`]); `[]` sets nothing; a `,` before the `]` is allowed. A single number must
 /// be a power of 2 (0 is refused there, unlike in a list). The table is not reset here: parseArgs
 /// resets it once per parse, so a repeated key writes over the first one's table. Returns the
 /// index of the value's last token.
-fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]) -> Result<usize, InputError> {
+fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS], torch: TorchVersion) -> Result<usize, InputError> {
+    let tail_from = torch.roundup_tail_skips_last_key() as usize;
     let i = key_at + 2;
     if t.value(key_at, i)? != "[" {
         let v = t.size_t(key_at, i)?;
@@ -451,7 +476,7 @@ fn parse_roundup(t: &Tokens, key_at: usize, table: &mut [u64; ROUNDUP_INTERVALS]
             return Err(conf_error(format!("For roundups, the divisions has to be power of 2 or 0 to disable roundup, got {val}")));
         }
         if key == ">" {
-            for slot in table.iter_mut().skip(last_index + 1) {
+            for slot in table.iter_mut().skip(last_index + tail_from) {
                 *slot = val;
             }
         } else {

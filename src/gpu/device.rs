@@ -390,14 +390,23 @@ mod tests {
         assert!(d.malloc(quarter, 0).is_err(), "the space is full");
     }
 
-    /// Address order decides best-fit ties (BlockComparatorSize compares the address last): with
-    /// two equal free segments, the lowest order reuses the older one, the driver order the newer.
+    /// Before torch 2.12 address order decides best-fit ties (BlockComparatorSize compares the
+    /// address last): with two equal free segments, the lowest order reuses the older one, the
+    /// driver order the newer. From 2.12 the older segment wins in either order.
     #[test]
-    fn address_order_breaks_best_fit_ties() {
+    fn address_order_breaks_best_fit_ties_before_torch_2_12() {
         use crate::gpu::caching::CachingAllocator;
+        use crate::gpu::config::AllocatorConfig;
+        use crate::gpu::torch_version::TorchVersion;
         use crate::gpu::GpuAllocator;
-        for (order, newer) in [(AddressOrder::Lowest, false), (AddressOrder::Driver, true)] {
-            let mut a = CachingAllocator::new(Default::default(), SimDevice::new(80 << 30).with_address_order(order));
+        for (torch, order, newer) in [
+            ("2.11", AddressOrder::Lowest, false),
+            ("2.11", AddressOrder::Driver, true),
+            ("2.12", AddressOrder::Lowest, false),
+            ("2.12", AddressOrder::Driver, false),
+        ] {
+            let cfg = AllocatorConfig::parse_for("", TorchVersion::parse(torch).unwrap()).unwrap();
+            let mut a = CachingAllocator::new(cfg, SimDevice::new(80 << 30).with_address_order(order));
             let old = a.malloc(20 * MIB, 0).unwrap();
             let new = a.malloc(20 * MIB, 0).unwrap();
             let (old_addr, new_addr) =
@@ -406,7 +415,7 @@ mod tests {
             a.free(new).unwrap();
             a.malloc(20 * MIB, 0).unwrap();
             let taken = a.segments().iter().find(|s| s.allocated() > 0).unwrap().address;
-            assert_eq!(taken, if newer { new_addr } else { old_addr }, "{order:?}");
+            assert_eq!(taken, if newer { new_addr } else { old_addr }, "torch {torch}, {order:?}");
         }
     }
 

@@ -21,6 +21,7 @@ pub mod fidelity;
 pub mod oracle;
 pub mod replay;
 pub mod stats;
+pub mod torch_version;
 
 use crate::results::{OomCause, SegmentSnapshot, SegmentType};
 use crate::units::format_bytes;

@@ -24,6 +24,10 @@ pub struct PlanRow {
     /// holds one history, or is no snapshot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot_device: Option<usize>,
+    /// The PyTorch release whose allocator rules the replay follows (`--torch-version`; absent:
+    /// the newest verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub torch_version: Option<String>,
 }
 
 /// Whether a plan row's replay ran (`"status"`).

@@ -50,6 +50,9 @@ impl<D: Device> CachingAllocator<D> {
                 self.expandable_segments.len() - 1
             }
         } as u32;
+        // (torch 2.12+ numbers an expandable segment's blocks by the segment, as it does an
+        // ordinary segment's: not yet checked against the oracle, which has no VMM calls.)
+        let tie_units = self.segment_tie_units(base, va);
         let i = self.new_block(Block {
             ptr: base,
             size: va,
@@ -62,6 +65,7 @@ impl<D: Device> CachingAllocator<D> {
             mapped: false,
             segment: seg_index,
             gc_count_base: 0,
+            tie_units,
             slot: NIL,
         });
         self.pools[pool.index()].unmapped.insert((stream, base), i);
@@ -129,6 +133,7 @@ impl<D: Device> CachingAllocator<D> {
         self.blocks[i as usize].mapped = true;
         if mapped_size < block_size {
             let old_next = self.blocks[i as usize].next;
+            let tie_units = self.split_tie_units(self.blocks[i as usize].tie_units);
             let rest = self.new_block(Block {
                 ptr: ptr + mapped_size,
                 size: block_size - mapped_size,
@@ -141,6 +146,7 @@ impl<D: Device> CachingAllocator<D> {
                 mapped: false,
                 segment: seg_index as u32,
                 gc_count_base: 0,
+                tie_units,
                 slot: NIL,
             });
             self.blocks[old_next as usize].prev = rest;
@@ -188,7 +194,8 @@ impl<D: Device> CachingAllocator<D> {
         let before = un_ptr - ptr;
         if before > 0 {
             let prev = self.blocks[i as usize].prev;
-            let bi = self.new_block(Block { ptr, size: before, prev, next: i, ..template });
+            let tie_units = self.split_tie_units(template.tie_units);
+            let bi = self.new_block(Block { ptr, size: before, prev, next: i, tie_units, ..template });
             self.blocks[prev as usize].next = bi;
             self.blocks[i as usize].prev = bi;
             self.insert_free(bi);
@@ -196,7 +203,8 @@ impl<D: Device> CachingAllocator<D> {
         let after = size - before - un_size;
         if after > 0 {
             let next = self.blocks[i as usize].next;
-            let ai = self.new_block(Block { ptr: un_ptr + un_size, size: after, prev: i, next, ..template });
+            let tie_units = self.split_tie_units(template.tie_units);
+            let ai = self.new_block(Block { ptr: un_ptr + un_size, size: after, prev: i, next, tie_units, ..template });
             self.blocks[next as usize].prev = ai;
             self.blocks[i as usize].next = ai;
             self.insert_free(ai);

@@ -1,5 +1,7 @@
-//! The free-block set of a pool, ordered by (stream, size, address) exactly as PyTorch's
-//! `std::set<Block*, BlockComparatorSize>`, but built for speed: per stream, blocks sit in
+//! The free-block set of a pool, ordered by (stream, size, tie) exactly as PyTorch's
+//! `std::set<Block*, BlockComparatorSize>`, but built for speed (the tie is the address, or
+//! from torch 2.12 the segment's creation number and the address packed in 64 bits: the
+//! caller's `key`): per stream, blocks sit in
 //! size-class bins (16 classes per power of two; class order follows size order), unsorted, with
 //! a bitmap of the non-empty bins. Insert is a push, remove a swap with the bin's last entry
 //! (the caller keeps each block's slot). Best fit is the least fitting entry of the first bin
@@ -12,9 +14,9 @@ use std::hint::select_unpredictable;
 
 use rustc_hash::FxHashMap;
 
-/// The order (stream, size, address): the stream first, then size and address packed into one
-/// u128 (size in the high 64 bits, address in the low 64), so neither the number of streams nor
-/// a size is limited by the packing (BlockComparatorSize has no such limits either).
+/// The order (stream, size, tie): the stream first, then size and tie packed into one u128
+/// (size in the high 64 bits, the tie in the low 64), so neither the number of streams nor a
+/// size is limited by the packing (BlockComparatorSize has no such limits either).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct FreeKey {
     stream: u32,
@@ -29,8 +31,8 @@ fn order_key(size: u64, ptr: u64) -> u128 {
 
 impl FreeKey {
     #[inline]
-    pub fn new(stream: u32, size: u64, ptr: u64) -> Self {
-        FreeKey { stream, size_ptr: order_key(size, ptr) }
+    pub fn new(stream: u32, size: u64, tie: u64) -> Self {
+        FreeKey { stream, size_ptr: order_key(size, tie) }
     }
     #[inline]
     pub fn stream(self) -> u32 {
@@ -40,8 +42,9 @@ impl FreeKey {
     pub fn size(self) -> u64 {
         (self.size_ptr >> 64) as u64
     }
+    /// What orders equal sizes: the address, or what the caller packs ([`FreeKey`]).
     #[inline]
-    pub fn ptr(self) -> u64 {
+    pub fn tie(self) -> u64 {
         self.size_ptr as u64
     }
 }
@@ -300,9 +303,9 @@ impl FreeSet {
             Some(entries) => entries,
             None => self.new_bin(bin),
         };
-        debug_assert!(entries[..len as usize].iter().all(|e| e.size != k.size() || e.ptr != k.ptr()), "duplicate free key");
+        debug_assert!(entries[..len as usize].iter().all(|e| e.size != k.size() || e.ptr != k.tie()), "duplicate free key");
         // SAFETY: `len` < SHORT_BIN (a longer bin took the branch above), the array's length.
-        unsafe { *entries.get_unchecked_mut(len as usize) = Entry { size: k.size(), ptr: k.ptr(), block } };
+        unsafe { *entries.get_unchecked_mut(len as usize) = Entry { size: k.size(), ptr: k.tie(), block } };
         // SAFETY: `bin` is in `lens` (see above).
         unsafe { *self.lens.get_unchecked_mut(bin) = len + 1 };
         self.len += 1;
@@ -332,7 +335,7 @@ impl FreeSet {
             let entries = self.bins[bin].as_ref().expect("a full short bin has its entries");
             tree.extend(entries[..len as usize].iter().map(|e| ((e.size, e.ptr), e.block)));
         }
-        tree.insert((k.size(), k.ptr()), block);
+        tree.insert((k.size(), k.tie()), block);
         self.len += 1;
     }
 
@@ -353,7 +356,7 @@ impl FreeSet {
             return self.remove_long(s, c, k);
         }
         debug_assert!(
-            self.entries(bin, len).get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.ptr()),
+            self.entries(bin, len).get(index as usize).is_some_and(|e| e.size == k.size() && e.ptr == k.tie()),
             "no free entry {k:?} at slot {slot:#x}"
         );
         // The last entry fills the hole unconditionally (a self-copy when the hole is the last):
@@ -376,7 +379,7 @@ impl FreeSet {
     #[cold]
     fn remove_long(&mut self, s: usize, c: usize, k: FreeKey) -> u32 {
         let tree = self.long_bins.get_mut(&(s * BINS + c)).expect("a free entry is in its bin");
-        let block = tree.remove(&(k.size(), k.ptr())).expect("a free entry is in its bin");
+        let block = tree.remove(&(k.size(), k.tie())).expect("a free entry is in its bin");
         if tree.is_empty() {
             self.long_bins.remove(&(s * BINS + c));
             self.lens[s * BINS + c] = 0;
@@ -444,7 +447,7 @@ impl FreeSet {
 
     /// The entry after `k` in set order, on the same stream.
     pub fn next_after(&self, k: FreeKey) -> Option<(FreeKey, u32)> {
-        match k.ptr().checked_add(1) {
+        match k.tie().checked_add(1) {
             Some(ptr) => self.first_from(k.stream(), k.size(), ptr),
             None => self.first_from(k.stream(), k.size().checked_add(1)?, 0),
         }
@@ -517,7 +520,7 @@ mod tests {
         // their values and their order.
         for (s, size, ptr) in [(1u32 << 13, 1u64 << 60, 7u64), (u32::MAX - 1, u64::MAX, u64::MAX), (9000, 3 << 51, 0)] {
             let k = FreeKey::new(s, size, ptr);
-            assert_eq!((k.stream(), k.size(), k.ptr()), (s, size, ptr));
+            assert_eq!((k.stream(), k.size(), k.tie()), (s, size, ptr));
         }
         assert!(FreeKey::new(8192, 512, 0) > FreeKey::new(8191, u64::MAX, u64::MAX));
         assert!(FreeKey::new(1, 1 << 52, 0) > FreeKey::new(1, 1 << 51, u64::MAX));

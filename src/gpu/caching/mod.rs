@@ -28,6 +28,7 @@ use super::config::AllocatorConfig;
 use super::device::{Device, DeviceError};
 use super::stats::{DeviceStats, PoolKind};
 use super::{segment_type, AllocError, GpuAllocator, Handle, OomInfo, NULL_HANDLE};
+use crate::gpu::torch_version::FreeBlockOrder;
 use crate::results::{BlockSnapshot, BlockState, GpuPolicy, SegmentSnapshot};
 use crate::units::MIB;
 use free_set::{FreeKey, FreeSet};
@@ -162,7 +163,12 @@ struct Block {
     segment: u32,
     /// The block's place in its free-set bin while it is there.
     slot: u32,
-    gc_count_base: i64,
+    /// The large pool's lookup count when the block was last freed, modulo 2^32 (ages are
+    /// differences, exact below 2^32 lookups).
+    gc_count_base: u32,
+    /// Its segment's place in the free sets' equal-size order ([`key`]), inherited by every
+    /// block split from it: 0 where address alone orders them.
+    tie_units: u32,
 }
 
 impl Block {
@@ -190,6 +196,7 @@ impl Block {
         segment: NOT_EXPANDABLE,
         slot: 0,
         gc_count_base: 0,
+        tie_units: 0,
     };
 }
 
@@ -253,6 +260,12 @@ pub struct CachingAllocator<D: Device> {
     captures_underway: Vec<CaptureUnderway>,
     /// BlockPool pairs of erased private pools, for the next pool to reuse.
     spare_pairs: Vec<u32>,
+    /// How equal-size free blocks are ordered ([`key`]), and the next segment's (or block's)
+    /// `tie_units` there.
+    order: FreeBlockOrder,
+    next_tie_units: u32,
+    /// [`TorchVersion::captures_are_counted`](crate::gpu::torch_version::TorchVersion::captures_are_counted).
+    captures_counted: bool,
 }
 
 /// PrivatePool: a CUDA graph's (or a MemPool's) own BlockPool pair. `use_count` counts the
@@ -339,10 +352,30 @@ impl Slab {
     }
 }
 
-#[inline]
-fn key(b: &Block) -> FreeKey {
-    FreeKey::new(b.stream, b.size, b.ptr)
+/// A free block's place in its pool's set: (stream, size, tie), the tie as `order` has it
+/// ([`TorchVersion::free_block_order`]). Before torch 2.12 the tie is the address. In 2.12 it
+/// is the block's own creation number (unique: the address never decides). From 2.13 it is (the
+/// segment's creation number, address), packed in 64 bits: each new segment is given the next
+/// `tie_units` range of 2 MiB units past the last one's (its size in units, plus two for an
+/// unaligned base), so `(ptr >> 21) + tie_units` orders segments by creation and blocks of a
+/// segment by address, and the address's low 21 bits order within a unit.
+///
+/// [`TorchVersion::free_block_order`]: crate::gpu::torch_version::TorchVersion::free_block_order
+#[inline(always)]
+fn key(b: &Block, order: FreeBlockOrder) -> FreeKey {
+    let tie = match order {
+        FreeBlockOrder::Address => b.ptr,
+        FreeBlockOrder::BlockAge => b.tie_units as u64,
+        FreeBlockOrder::SegmentAge => {
+            let units = ((b.ptr >> TIE_UNIT_BITS) as u32).wrapping_add(b.tie_units);
+            (units as u64) << TIE_UNIT_BITS | (b.ptr & ((1 << TIE_UNIT_BITS) - 1))
+        }
+    };
+    FreeKey::new(b.stream, b.size, tie)
 }
+
+/// 2 MiB: the unit of [`key`]'s segment order (every segment is a whole number of them).
+const TIE_UNIT_BITS: u32 = 21;
 
 impl<D: Device> CachingAllocator<D> {
     pub fn new(cfg: AllocatorConfig, device: D) -> Self {
@@ -351,6 +384,8 @@ impl<D: Device> CachingAllocator<D> {
         let plain_rounding = cfg.roundup_power2_divisions.iter().all(|&d| d <= 1);
         let large_split_rule = if cfg.expandable_segments { (MIN_BLOCK_SIZE_BYTES, u64::MAX) } else { (SMALL_SIZE_BYTES + 1, cfg.max_split_size) };
         let stats = DeviceStats::new(if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 });
+        let order = cfg.torch.free_block_order();
+        let captures_counted = cfg.torch.captures_are_counted();
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);
         CachingAllocator {
@@ -363,6 +398,9 @@ impl<D: Device> CachingAllocator<D> {
             pair_owner: Vec::new(),
             captures_underway: Vec::new(),
             spare_pairs: Vec::new(),
+            order,
+            next_tie_units: 1,
+            captures_counted,
             stats,
             allowed,
             gc_enabled,
@@ -400,6 +438,9 @@ impl<D: Device> CachingAllocator<D> {
             pair_owner: self.pair_owner.clone(),
             captures_underway: self.captures_underway.clone(),
             spare_pairs: self.spare_pairs.clone(),
+            order: self.order,
+            next_tie_units: self.next_tie_units,
+            captures_counted: self.captures_counted,
         })
     }
 
@@ -502,13 +543,13 @@ impl<D: Device> CachingAllocator<D> {
     #[inline(always)]
     fn insert_free_in(&mut self, slab: Slab, i: u32) {
         let b = slab.at(i);
-        let (k, p) = (key(b), b.pool);
+        let (k, p) = (key(b, self.order), b.pool);
         let slot = self.pool(p).blocks.insert(k, i);
         slab.at(i).slot = slot;
         // (Without GC the lookup count stays 0, and so does every stamp.)
         if self.gc_enabled() {
             let count = self.pool_ref(p).get_free_blocks_call_count;
-            slab.at(i).gc_count_base = count;
+            slab.at(i).gc_count_base = count as u32;
         }
     }
 
@@ -522,7 +563,7 @@ impl<D: Device> CachingAllocator<D> {
     #[inline(always)]
     fn remove_free_in(&mut self, slab: Slab, i: u32) {
         let b = slab.at(i);
-        let (k, p, slot) = (key(b), b.pool, b.slot);
+        let (k, p, slot) = (key(b, self.order), b.pool, b.slot);
         let moved = self.pool(p).blocks.remove(k, slot);
         slab.at(moved).slot = slot;
     }
@@ -562,7 +603,7 @@ impl<D: Device> CachingAllocator<D> {
             let b = s.block(i);
             b.size + if b.next != NIL && !s.blocks[b.next as usize].mapped { s.blocks[b.next as usize].size } else { 0 }
         };
-        let mut at = key(self.block(candidate));
+        let mut at = key(self.block(candidate), self.order);
         while self.block(candidate).expandable() {
             match self.pools[pool.index()].blocks.next_after(at) {
                 Some((k, next)) if expandable_size(self, next) < expandable_size(self, candidate) => {
@@ -607,6 +648,7 @@ impl<D: Device> CachingAllocator<D> {
             Err(DeviceError::OutOfMemory) => return Ok(None),
             Err(e) => return Err(e),
         };
+        let tie_units = self.segment_tie_units(ptr, alloc_size);
         let i = self.new_block(Block {
             ptr,
             size: alloc_size,
@@ -619,6 +661,7 @@ impl<D: Device> CachingAllocator<D> {
             mapped: true,
             segment: NOT_EXPANDABLE,
             gc_count_base: 0,
+            tie_units,
             slot: NIL,
         });
         self.stats.change_segments(pool.kind(), 1, alloc_size as i64);
@@ -630,6 +673,37 @@ impl<D: Device> CachingAllocator<D> {
             self.owner_private_pool(pool).cuda_malloc_count += 1;
         }
         Ok(Some(i))
+    }
+
+    /// A new segment's `tie_units` ([`key`]). (Past 2^32 units, some 8 PiB of segments created
+    /// in one run, or 2^32 blocks in 2.12, later ones share the last place and tie by address.)
+    pub(super) fn segment_tie_units(&mut self, ptr: u64, size: u64) -> u32 {
+        match self.order {
+            FreeBlockOrder::Address => 0,
+            FreeBlockOrder::BlockAge => self.block_tie_units(),
+            FreeBlockOrder::SegmentAge => {
+                let first = self.next_tie_units;
+                let units = (size >> TIE_UNIT_BITS).saturating_add(2).min(u32::MAX as u64) as u32;
+                self.next_tie_units = first.saturating_add(units);
+                first.wrapping_sub((ptr >> TIE_UNIT_BITS) as u32)
+            }
+        }
+    }
+
+    /// The `tie_units` of a block split from `parent` ([`key`]): torch 2.12 numbers every new
+    /// Block, later releases number segments.
+    #[inline(always)]
+    pub(super) fn split_tie_units(&mut self, parent_tie_units: u32) -> u32 {
+        match self.order {
+            FreeBlockOrder::BlockAge => self.block_tie_units(),
+            _ => parent_tie_units,
+        }
+    }
+
+    fn block_tie_units(&mut self) -> u32 {
+        let n = self.next_tie_units;
+        self.next_tie_units = n.saturating_add(1);
+        n
     }
 
     /// release_block: cudaFree a whole free segment.
@@ -693,7 +767,7 @@ impl<D: Device> CachingAllocator<D> {
         }
         let target = reserved - threshold;
         let count = self.pools[PoolId::LARGE.index()].get_free_blocks_call_count;
-        let age = |b: &Block| count - b.gc_count_base;
+        let age = |b: &Block| (count as u32).wrapping_sub(b.gc_count_base) as i64;
         let freeable = |b: &Block| !b.is_split() && !b.expandable();
         let mut total_age: i64 = 0;
         let mut freeable_count: i64 = 0;
@@ -839,17 +913,23 @@ impl<D: Device> CachingAllocator<D> {
         }
     }
 
-    /// Whether a CUDA graph capture is underway (torch 2.15's capture counter, markCaptureBegin):
-    /// a pool begun on a stream. A MemPool's stream-less routing is no capture.
+    /// Whether a CUDA graph capture is underway: from torch 2.13 the capture counter
+    /// (markCaptureBegin), so a pool begun on a stream, and a MemPool's stream-less routing is no
+    /// capture; before 2.13 `!captures_underway.empty()`, MemPools included
+    /// ([`TorchVersion::captures_are_counted`]).
+    ///
+    /// [`TorchVersion::captures_are_counted`]: crate::gpu::torch_version::TorchVersion::captures_are_counted
     #[inline(always)]
     fn capture_underway(&self) -> bool {
-        !self.captures_underway.is_empty() && self.captures_underway.iter().any(|c| c.stream.is_some())
+        !self.captures_underway.is_empty() && (!self.captures_counted || self.captures_underway.iter().any(|c| c.stream.is_some()))
     }
 
-    /// Whether `stream` is being captured (is_capture_context: the current stream captures).
+    /// Whether `stream` is being captured: from torch 2.13 is_capture_context (the current
+    /// stream captures); before, any pool being allocated to counts, as in
+    /// [`Self::capture_underway`].
     #[inline(always)]
     fn stream_is_capturing(&self, stream: u32) -> bool {
-        !self.captures_underway.is_empty() && self.captures_underway.iter().any(|c| c.stream == Some(stream))
+        !self.captures_underway.is_empty() && (!self.captures_counted || self.captures_underway.iter().any(|c| c.stream == Some(stream)))
     }
 
     /// get_pool: a capture's private pool for allocations on its stream, else the allocator's.
@@ -969,7 +1049,8 @@ impl<D: Device> CachingAllocator<D> {
         let mut block = found;
         if self.should_split(found, rounded) {
             let r = slab.at(found);
-            let (prev, piece) = (r.prev, Block { size: rounded, next: found, allocated: false, requested: 0, ..*r });
+            let (prev, mut piece) = (r.prev, Block { size: rounded, next: found, allocated: false, requested: 0, ..*r });
+            piece.tie_units = self.split_tie_units(piece.tie_units);
             block = self.new_block(piece);
             // (The piece may have grown the vector.)
             slab = Slab(self.blocks.as_mut_ptr());
@@ -1157,10 +1238,10 @@ impl<D: Device> CachingAllocator<D> {
                 return Err("free set length disagrees with its entries".into());
             }
             for (k, i) in pool.blocks.iter() {
-                let (s, size, ptr) = (k.stream(), k.size(), k.ptr());
+                let (s, size, tie) = (k.stream(), k.size(), k.tie());
                 let b = &self.blocks[i as usize];
-                if b.size != size || b.ptr != ptr || b.stream != s || b.allocated || !b.mapped || b.pool.index() != p {
-                    return Err(format!("free set entry ({s}, {size}, {ptr:#x}) disagrees with its block"));
+                if key(b, self.order) != k || b.allocated || !b.mapped || b.pool.index() != p {
+                    return Err(format!("free set entry ({s}, {size}, {tie:#x}) disagrees with its block"));
                 }
                 free_in_sets += 1;
             }

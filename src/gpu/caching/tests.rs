@@ -904,3 +904,30 @@ fn a_second_free_of_a_handle_panics() {
     a.free(h).unwrap();
     let _ = a.free(h);
 }
+
+/// From torch 2.12 equal-size free blocks are ordered by their segment's creation number
+/// before their address (`Block::registration_counter`): a segment cudaMalloc'd into a freed
+/// lower range loses a tie to an older one above it. Before 2.12 the lower one wins. (The
+/// oracle gives the same answers on these events: tests/oracle.rs.)
+#[test]
+fn equal_size_ties_go_to_the_older_segment_from_torch_2_12() {
+    use crate::gpu::torch_version::TorchVersion;
+    for (torch, blocks_by_address) in [("2.11", [2, 1]), ("2.12", [1, 2]), ("2.15", [1, 2])] {
+        let cfg = AllocatorConfig::parse_for("", TorchVersion::parse(torch).unwrap()).unwrap();
+        let mut a = CachingAllocator::new(cfg, SimDevice::new(80 << 30));
+        let x = a.malloc(100 * MIB, 0).unwrap();
+        let y = a.malloc(100 * MIB, 0).unwrap();
+        a.free(x).unwrap();
+        a.empty_cache().unwrap();
+        let w = a.malloc(100 * MIB, 0).unwrap(); // a new segment in x's freed, lower range
+        a.free(y).unwrap();
+        a.free(w).unwrap();
+        a.malloc(50 * MIB, 0).unwrap();
+        let mut segs: Vec<_> = a.segments().iter().map(|s| (s.address, s.blocks.len())).collect();
+        segs.sort();
+        assert_eq!(segs.iter().map(|s| s.1).collect::<Vec<_>>(), blocks_by_address, "torch {torch}: {segs:x?}");
+    }
+}
+
+/// Blocks stay one cache line each with the tie's field (the hot paths touch one per block).
+const _: () = assert!(std::mem::size_of::<super::Block>() == 64);

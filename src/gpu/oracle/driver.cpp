@@ -2,6 +2,8 @@
 // fake CUDA runtime preloaded beside it) over an event list read from standard input, and
 // writes memory_stats(), the segment map at the end and the OOM (the allocator's own text) as
 // JSON on standard output. PYTORCH_CUDA_ALLOC_CONF is read by the allocator itself.
+// One source for every torch version verified: where their C++ APIs differ, C++20 `requires`
+// picks the call the headers have, and a statistic a version lacks is left out.
 //
 // Input, one event a line (written by src/gpu/oracle/mod.rs):
 //   a ID BYTES STREAM   alloc          f ID          free
@@ -13,7 +15,10 @@
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/PeerToPeerAccess.h>
+#if __has_include(<c10/cuda/PeerToPeerAccess.h>)
+#include <c10/cuda/PeerToPeerAccess.h>  // torch >= 2.14: the allocator asks its cache
+#define ALLOCBENCH_HAS_P2P_CACHE 1
+#endif
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
@@ -31,6 +36,9 @@ void setHasPrimaryContext(bool (*func)(c10::DeviceIndex));
 }
 
 namespace alloc = c10::cuda::CUDACachingAllocator;
+
+// In the fake runtime (not a CUDA call): marks a stream as capturing into a capture (0: not).
+extern "C" void allocbench_fake_set_capture(cudaStream_t s, unsigned long long id);
 
 namespace {
 
@@ -66,6 +74,38 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
+// Templates, so that the branch a version's headers lack is never instantiated.
+template <class Pool>
+alloc::SnapshotInfo take_snapshot(Pool pool) {
+  // torch 2.15 added an argument (whether to include trace entries); older ones take the pool only.
+  if constexpr (requires { alloc::snapshot(pool, false); }) {
+    return alloc::snapshot(pool, false);
+  } else {
+    return alloc::snapshot(pool);
+  }
+}
+
+// A graph capture as CUDAGraph::capture_begin/capture_end make it: the capture stream (and the
+// streams that join it) capture, and from torch 2.13 the allocator is told (markCaptureBegin/
+// End, which decide whether empty_cache may free the default pools meanwhile).
+template <class Allocator>
+void mark_capture(Allocator* a, bool begin) {
+  if constexpr (requires { a->markCaptureBegin(c10::DeviceIndex{0}); }) {
+    if (begin) {
+      a->markCaptureBegin(0);
+    } else {
+      a->markCaptureEnd(0);
+    }
+  }
+}
+
+template <class Stats>
+void put_newer_counts(std::string& out, const Stats& st) {
+  if constexpr (requires { st.num_oom_rejections; }) {  // torch >= 2.12 (throw_on_cudamalloc_oom)
+    out += ",\"num_oom_rejections\":" + std::to_string(st.num_oom_rejections);
+  }
+}
+
 void put_stat(std::string& out, const std::string& name, const c10::CachingAllocator::Stat& s) {
   out += "\"" + name + ".current\":" + std::to_string(s.current) + ",";
   out += "\"" + name + ".peak\":" + std::to_string(s.peak) + ",";
@@ -94,13 +134,13 @@ std::string stats_json() {
   out += "\"max_split_size\":" + std::to_string(st.max_split_size) + ",";
   out += "\"num_sync_all_streams\":" + std::to_string(st.num_sync_all_streams) + ",";
   out += "\"num_device_alloc\":" + std::to_string(st.num_device_alloc) + ",";
-  out += "\"num_device_free\":" + std::to_string(st.num_device_free) + ",";
-  out += "\"num_oom_rejections\":" + std::to_string(st.num_oom_rejections) + "}";
-  return out;
+  out += "\"num_device_free\":" + std::to_string(st.num_device_free);
+  put_newer_counts(out, st);
+  return out + "}";
 }
 
 std::string segments_json() {
-  auto snap = alloc::snapshot({0, 0}, false);
+  auto snap = take_snapshot(c10::MempoolId_t{0, 0});
   std::string out = "[";
   bool first = true;
   for (auto& seg : snap.segments) {
@@ -129,6 +169,7 @@ std::string segments_json() {
 struct Pool {
   c10::MempoolId_t id;
   std::shared_ptr<std::set<cudaStream_t>> streams;  // null: every stream
+  bool capturing = false;                            // a graph capture, until its end
 };
 
 }  // namespace
@@ -136,8 +177,16 @@ struct Pool {
 int main() {
   std::ios::sync_with_stdio(false);
   c10::cuda::_internal::setHasPrimaryContext(has_primary_context);
-  alloc::init(1);
+  try {
+    alloc::init(1);  // reads PYTORCH_CUDA_ALLOC_CONF
+  } catch (const c10::Error& e) {
+    std::string msg = e.what_without_backtrace();
+    std::cerr << "oracle driver: PyTorch refused the conf: " << msg.substr(0, msg.find('\n')) << "\n";
+    return 4;
+  }
+#ifdef ALLOCBENCH_HAS_P2P_CACHE
   c10::cuda::detail::init_p2p_access_cache(1);
+#endif
   auto* a = alloc::get();
 
   std::unordered_map<uint64_t, c10::DataPtr> live;
@@ -174,9 +223,19 @@ int main() {
             cudaStreamSynchronize(handle_of(std::stoull(sy)));
           }
           break;
-        case 'e':
+        case 'e': {
+          // The trace does not say which stream called it: during a graph capture, the
+          // capture's (torch 2.13+ frees the default pools unless the calling stream captures;
+          // the simulator takes any capture underway as the caller's).
+          for (auto& [id, p] : pools) {
+            if (p.streams && p.capturing && !p.streams->empty()) {
+              c10::cuda::setCurrentCUDAStream(c10::cuda::getStreamFromExternal(*p.streams->begin(), 0));
+              break;
+            }
+          }
           alloc::emptyCache();
           break;
+        }
         case 't':
           std::cin >> x;
           break;
@@ -189,6 +248,9 @@ int main() {
             p.id = {static_cast<c10::CaptureId_t>(x), 0};
             p.streams = std::make_shared<std::set<cudaStream_t>>();
             p.streams->insert(handle_of(std::stoull(sy)));
+            allocbench_fake_set_capture(handle_of(std::stoull(sy)), x);
+            mark_capture(a, true);
+            p.capturing = true;
           }
           pools[x] = p;
           auto streams = p.streams;
@@ -197,11 +259,19 @@ int main() {
         }
         case 'j':
           std::cin >> x >> y;
-          if (auto it = pools.find(x); it != pools.end() && it->second.streams) it->second.streams->insert(handle_of(y));
+          if (auto it = pools.find(x); it != pools.end() && it->second.streams) {
+            it->second.streams->insert(handle_of(y));
+            allocbench_fake_set_capture(handle_of(y), x);
+          }
           break;
         case 'n':
           std::cin >> x;
           a->endAllocateToPool(0, pools.at(x).id);
+          if (auto& p = pools.at(x); p.capturing) {
+            for (auto s : *p.streams) allocbench_fake_set_capture(s, 0);
+            mark_capture(a, false);
+            p.capturing = false;
+          }
           break;
         case 'l':
           std::cin >> x;

@@ -1,4 +1,4 @@
-// allocbench's fake CUDA runtime (libcudart.so.13): the calls libc10_cuda makes, answered
+// allocbench's fake CUDA runtime (libcudart.so.12 or .13, after the headers it is built with): the calls libc10_cuda makes, answered
 // without a GPU so that PyTorch's own caching allocator runs on a CPU-only machine.
 // Memory is never touched: cudaMalloc hands out addresses placed as the simulator's
 // SimDevice places them (AddressOrder::Lowest: the lowest free 2 MiB-aligned range of a
@@ -175,7 +175,7 @@ cudaError_t cudaGetDevice(int* d) {
 }
 cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
 cudaError_t cudaDriverGetVersion(int* v) {
-  *v = 13020;
+  *v = CUDART_VERSION;
   return cudaSuccess;
 }
 
@@ -242,18 +242,50 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
 
-cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus* st) {
-  *st = cudaStreamCaptureStatusNone;
+// Streams under a graph capture, as the driver says (allocbench_fake_set_capture): the
+// allocator asks, as it would a real runtime, whether a stream is capturing and in which capture.
+std::map<uintptr_t, unsigned long long>& captures() {
+  static std::map<uintptr_t, unsigned long long> m;
+  return m;
+}
+
+cudaStreamCaptureStatus capture_of(cudaStream_t s, unsigned long long* id) {
+  auto& m = captures();
+  auto it = m.find(reinterpret_cast<uintptr_t>(s));
+  if (id) *id = it == m.end() ? 0 : it->second;
+  return it == m.end() ? cudaStreamCaptureStatusNone : cudaStreamCaptureStatusActive;
+}
+
+// Not a CUDA call: the oracle driver marks `stream` as capturing into capture `id` (0: not).
+__attribute__((visibility("default"))) void allocbench_fake_set_capture(cudaStream_t s, unsigned long long id) {
+  if (id == 0) {
+    captures().erase(reinterpret_cast<uintptr_t>(s));
+  } else {
+    captures()[reinterpret_cast<uintptr_t>(s)] = id;
+  }
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* st) {
+  *st = capture_of(s, nullptr);
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamGetCaptureInfo(cudaStream_t, cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* graph,
+#if CUDART_VERSION >= 13000
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* graph,
                                      const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges, size_t* n) {
-  if (st) *st = cudaStreamCaptureStatusNone;
-  if (id) *id = 0;
-  if (graph) *graph = nullptr;
-  if (deps) *deps = nullptr;
   if (edges) *edges = nullptr;
+#else
+// CUDA 12 names it cudaStreamGetCaptureInfo_v2 (the header's macro renames this definition).
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* graph,
+                                     const cudaGraphNode_t** deps, size_t* n) {
+#endif
+  unsigned long long capture = 0;
+  cudaStreamCaptureStatus status = capture_of(s, &capture);
+  if (st) *st = status;
+  if (id) *id = capture;
+  // A capture's graph: a distinct non-null handle per capture (never dereferenced).
+  if (graph) *graph = capture ? reinterpret_cast<cudaGraph_t>(0x6a0000000000ull + capture * 0x100) : nullptr;
+  if (deps) *deps = nullptr;
   if (n) *n = 0;
   return cudaSuccess;
 }
@@ -331,7 +363,20 @@ cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { ret
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaErrorNotSupported; }
 cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) { return cudaErrorNotSupported; }
 cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaErrorNotSupported; }
+#if CUDART_VERSION >= 13000
 cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*) { return cudaErrorNotSupported; }
+#else
+// The CUDA 12 calls of the same paths (torch 2.9-2.10 builds link libcudart.so.12).
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, size_t*) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t, cudaGraphNodeType*) { return cudaErrorNotSupported; }
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, size_t, unsigned int) { return cudaErrorNotSupported; }
+cudaError_t cudaGetDriverEntryPoint(const char*, void** fn, unsigned long long, cudaDriverEntryPointQueryResult* st) {
+  if (fn) *fn = nullptr;
+  if (st) *st = cudaDriverEntryPointSymbolNotFound;
+  return cudaErrorNotSupported;
+}
+#endif
 cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
 cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return cudaErrorNotSupported; }

@@ -2,12 +2,14 @@
 //! a trace on a fake CUDA runtime, on any machine with `g++` and a torch wheel (no GPU).
 //!
 //! Two native helpers, built at first use against that torch and cached (see [`build`]):
-//! `fake_cudart.cpp` (a `libcudart.so.13` that hands out addresses as [`SimDevice`] with
+//! `fake_cudart.cpp` (a `libcudart.so.12` or `.13`, as the torch links, that hands out addresses as [`SimDevice`] with
 //! [`AddressOrder::Lowest`] places them, so placement is never a difference) and `driver.cpp`
 //! (reads events on standard input, drives `c10::cuda::CUDACachingAllocator`, writes JSON).
 //!
 //! [`SimDevice`]: super::device::SimDevice
 //! [`AddressOrder::Lowest`]: super::device::AddressOrder::Lowest
+
+pub mod fuzz;
 
 use std::collections::BTreeMap;
 use std::io::{BufWriter, Write};
@@ -16,13 +18,14 @@ use std::process::{Command, Stdio};
 
 use serde::Deserialize;
 
+use super::torch_version::TorchVersion;
 use crate::error::InputError;
 use crate::event::{Event, PoolOp};
 use crate::results::{BlockSnapshot, BlockState, OracleComparison, OracleOom, OracleResult, Parting, SegmentSnapshot, SegmentType};
 
 const FAKE_CUDART_CPP: &str = include_str!("fake_cudart.cpp");
-const FAKE_CUDART_MAP: &str = include_str!("fake_cudart.map");
 const DRIVER_CPP: &str = include_str!("driver.cpp");
+const FETCH_TORCH_PY: &str = include_str!("fetch_torch.py");
 
 /// Where the real allocator comes from, and how it is set up.
 #[derive(Debug, Clone, Default)]
@@ -31,6 +34,9 @@ pub struct OracleOptions {
     pub python: Option<String>,
     /// A torch/lib folder (holding `libc10_cuda.so`), instead of asking Python.
     pub libc10: Option<PathBuf>,
+    /// A torch release to fetch (its c10 libraries and headers only) and cache, instead of
+    /// asking Python.
+    pub torch_version: Option<String>,
     /// `PYTORCH_CUDA_ALLOC_CONF` for the real allocator.
     pub conf: String,
     /// The fake card's memory in bytes.
@@ -47,6 +53,8 @@ pub struct Torch {
     /// A folder holding `cuda_runtime_api.h`.
     pub cuda_include: PathBuf,
     pub version: String,
+    /// The CUDA runtime its `libc10_cuda.so` links (`libcudart.so.12`, `libcudart.so.13`).
+    pub cudart: &'static str,
 }
 
 #[derive(Deserialize)]
@@ -95,60 +103,111 @@ fn stream_number(handle: u64) -> u64 {
     }
 }
 
-/// Finds the torch to use: `--libc10 DIR`, else the one the interpreter imports.
+/// Finds the torch to use: `--libc10 DIR`, else `--torch-version V` (fetched once), else the
+/// one the interpreter imports, else the newest verified release (fetched once).
 pub fn find_torch(opts: &OracleOptions) -> Result<Torch, InputError> {
-    let (lib, version) = match &opts.libc10 {
-        Some(dir) => {
-            let version = std::fs::read_to_string(dir.join("../version.py"))
-                .ok()
-                .and_then(|t| t.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"', ' ']).to_string())))
-                .unwrap_or_else(|| "unknown".into());
-            (dir.clone(), version)
-        }
-        None => {
-            let python = opts.python.clone().or_else(|| std::env::var("ALLOCBENCH_PYTHON").ok().filter(|p| !p.is_empty())).unwrap_or_else(|| "python3".into());
-            let out = Command::new(&python)
-                .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib')); print(torch.__version__)"])
-                .stderr(Stdio::null())
-                .output()
-                .map_err(|e| {
-                    InputError::new(
-                        "--python",
-                        format!("cannot run '{python}': {e}; name a Python with torch (--python, ALLOCBENCH_PYTHON) or a torch/lib folder (--libc10)"),
-                    )
-                })?;
-            if !out.status.success() {
-                return Err(InputError::new(
-                    "--python",
-                    format!("'{python}' cannot import torch; name a Python with torch (--python, ALLOCBENCH_PYTHON) or a torch/lib folder (--libc10)"),
-                ));
+    let python = || opts.python.clone().or_else(|| std::env::var("ALLOCBENCH_PYTHON").ok().filter(|p| !p.is_empty())).unwrap_or_else(|| "python3".into());
+    let lib = match (&opts.libc10, &opts.torch_version) {
+        (Some(dir), _) => dir.clone(),
+        (None, Some(version)) => fetch_torch(version, &python())?,
+        (None, None) => match python_torch_lib(&python()) {
+            Some(lib) if lib.join("libc10_cuda.so").is_file() => lib,
+            found => {
+                let newest = TorchVersion::NEWEST.release();
+                let why = if found.is_some() { "has no CUDA build of torch" } else { "cannot import torch" };
+                eprintln!("oracle: '{}' {why}; using torch {newest} (its c10 libraries, fetched once into {})", python(), cache_root().display());
+                fetch_torch(newest, &python())?
             }
-            let text = String::from_utf8_lossy(&out.stdout);
-            let mut lines = text.lines();
-            let lib = PathBuf::from(lines.next().unwrap_or_default());
-            (lib, lines.next().unwrap_or("unknown").trim().to_string())
-        }
+        },
     };
+    let version = std::fs::read_to_string(lib.join("../version.py"))
+        .ok()
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("__version__ = ").map(|v| v.trim_matches(['\'', '"', ' ']).to_string())))
+        .unwrap_or_else(|| "unknown".into());
     let name = lib.display().to_string();
     let c10_cuda = lib.join("libc10_cuda.so");
     let bytes = std::fs::read(&c10_cuda).map_err(|e| InputError::new(&name, format!("no libc10_cuda.so there ({e}): a CUDA build of torch is needed")))?;
-    if !contains(&bytes, b"libcudart.so.13") {
-        return Err(InputError::new(
+    let cudart = ["libcudart.so.13", "libcudart.so.12"].into_iter().find(|soname| contains(&bytes, soname.as_bytes())).ok_or_else(|| {
+        InputError::new(
             &name,
-            "its libc10_cuda.so does not link libcudart.so.13: the oracle's fake runtime covers CUDA 13 builds of torch only (torch 2.15)",
-        ));
-    }
+            "its libc10_cuda.so links neither libcudart.so.12 nor libcudart.so.13: the oracle's fake runtime covers CUDA 12 and 13 builds of torch",
+        )
+    })?;
     let torch_dir = lib.parent().unwrap_or(&lib).to_path_buf();
     let include = torch_dir.join("include");
     if !include.join("c10/cuda/CUDACachingAllocator.h").is_file() {
         return Err(InputError::new(&name, format!("no C++ headers at {} (c10/cuda/CUDACachingAllocator.h)", include.display())));
     }
+    // CUDA headers of the runtime's major: beside the torch when they are, else fetched once.
+    let major = &cudart["libcudart.so.".len()..];
     let site = torch_dir.parent().unwrap_or(&torch_dir).to_path_buf();
-    let cuda_include = [site.join("triton/backends/nvidia/include"), site.join("nvidia/cu13/include"), PathBuf::from("/usr/local/cuda/include")]
+    let local = [site.join("triton/backends/nvidia/include"), site.join(format!("nvidia/cu{major}/include")), PathBuf::from("/usr/local/cuda/include")]
         .into_iter()
-        .find(|d| d.join("cuda_runtime_api.h").is_file() && d.join("crt/host_defines.h").is_file())
-        .ok_or_else(|| InputError::new(&name, "no CUDA headers (cuda_runtime_api.h) beside this torch: install the triton wheel torch depends on"))?;
-    Ok(Torch { lib, include, cuda_include, version })
+        .find(|d| d.join("crt/host_defines.h").is_file() && cuda_headers_major(d).as_deref() == Some(major));
+    let cuda_include = match local {
+        Some(dir) => dir,
+        None => fetch(&python(), "cuda-headers", major, &cache_root().join(format!("cuda-{major}-headers")), "--torch-version")?.join("include"),
+    };
+    Ok(Torch { lib, include, cuda_include, version, cudart })
+}
+
+/// The torch/lib folder of the torch `python` imports, if it imports one.
+fn python_torch_lib(python: &str) -> Option<PathBuf> {
+    let out = Command::new(python)
+        .args(["-c", "import os, torch; print(os.path.join(os.path.dirname(torch.__file__), 'lib'))"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().next().map(PathBuf::from)
+}
+
+/// torch `version`'s c10 libraries and headers, fetched from the package index by range
+/// requests into the cache on first use (`fetch_torch.py`).
+fn fetch_torch(version: &str, python: &str) -> Result<PathBuf, InputError> {
+    if version.is_empty() || !version.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '+' | '-' | '_')) {
+        return Err(InputError::new("--torch-version", format!("'{version}' is not a torch version (say e.g. 2.11.0)")));
+    }
+    // `2.12` names the release 2.12.0.
+    let version = if version.split('.').count() == 2 { format!("{version}.0") } else { version.to_string() };
+    Ok(fetch(python, "torch", &version, &cache_root().join(format!("torch-{version}")), "--torch-version")?.join("torch/lib"))
+}
+
+/// The major version of the CUDA runtime headers in `dir` (`CUDART_VERSION / 1000`).
+fn cuda_headers_major(dir: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("cuda_runtime_api.h")).ok()?;
+    let v: u32 = text.lines().find_map(|l| l.trim().strip_prefix("#define CUDART_VERSION"))?.trim().parse().ok()?;
+    Some((v / 1000).to_string())
+}
+
+/// `fetch_torch.py WHAT VERSION DEST` (nothing when DEST is there): DEST.
+fn fetch(python: &str, what: &str, version: &str, dest: &std::path::Path, flag: &str) -> Result<PathBuf, InputError> {
+    if dest.is_dir() {
+        return Ok(dest.to_path_buf());
+    }
+    let err = |m: String| InputError::new(flag, m);
+    std::fs::create_dir_all(cache_root()).map_err(|e| err(format!("cannot create {}: {e}", cache_root().display())))?;
+    // Named by its content and put in place whole: concurrent fetches never read a half-written one.
+    let script = cache_root().join(format!("fetch_torch-{:016x}.py", fnv(&[FETCH_TORCH_PY.as_bytes()])));
+    if !script.is_file() {
+        let tmp = tempfile::NamedTempFile::new_in(cache_root()).map_err(|e| err(format!("cannot write in {}: {e}", cache_root().display())))?;
+        std::fs::write(tmp.path(), FETCH_TORCH_PY).map_err(|e| err(format!("cannot write {}: {e}", tmp.path().display())))?;
+        tmp.persist(&script).map_err(|e| err(format!("cannot write {}: {e}", script.display())))?;
+    }
+    let out = Command::new(python)
+        .arg(&script)
+        .args([what, version])
+        .arg(dest)
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| err(format!("cannot run '{python}' to fetch {what} {version}: {e}")))?;
+    if !out.status.success() {
+        let text = String::from_utf8_lossy(&out.stderr);
+        let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        return Err(err(last.to_string()));
+    }
+    Ok(dest.to_path_buf())
 }
 
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
@@ -175,12 +234,12 @@ fn cache_root() -> PathBuf {
     base.join("allocbench").join("oracle")
 }
 
-/// The built helpers: `(fake libcudart.so.13, driver)`, compiled once per sources and torch.
+/// The built helpers: `(fake libcudart, driver)`, compiled once per sources and torch.
 pub fn build(torch: &Torch) -> Result<(PathBuf, PathBuf), InputError> {
     let lib = torch.lib.display().to_string();
-    let key = fnv(&[FAKE_CUDART_CPP.as_bytes(), FAKE_CUDART_MAP.as_bytes(), DRIVER_CPP.as_bytes(), lib.as_bytes(), torch.version.as_bytes()]);
+    let key = fnv(&[FAKE_CUDART_CPP.as_bytes(), DRIVER_CPP.as_bytes(), lib.as_bytes(), torch.version.as_bytes(), torch.cudart.as_bytes()]);
     let dir = cache_root().join(format!("{}-{key:016x}", torch.version.replace(['/', ' '], "_")));
-    let fake = dir.join("libcudart.so.13");
+    let fake = dir.join(torch.cudart);
     let driver = dir.join("oracle-driver");
     if fake.is_file() && driver.is_file() {
         return Ok((fake, driver));
@@ -188,7 +247,9 @@ pub fn build(torch: &Torch) -> Result<(PathBuf, PathBuf), InputError> {
     let err = |m: String| InputError::new("oracle", m);
     std::fs::create_dir_all(&dir).map_err(|e| err(format!("cannot create the cache folder {}: {e}", dir.display())))?;
     let work = tempfile::Builder::new().prefix("build-").tempdir_in(&dir).map_err(|e| err(format!("cannot write in {}: {e}", dir.display())))?;
-    for (name, text) in [("fake_cudart.cpp", FAKE_CUDART_CPP), ("fake_cudart.map", FAKE_CUDART_MAP), ("driver.cpp", DRIVER_CPP)] {
+    // The version script names the runtime's symbol version, which libc10_cuda asks for.
+    let map = format!("{} {{\n  global: cuda*; allocbench_fake_*;\n  local: *;\n}};\n", torch.cudart);
+    for (name, text) in [("fake_cudart.cpp", FAKE_CUDART_CPP), ("fake_cudart.map", map.as_str()), ("driver.cpp", DRIVER_CPP)] {
         std::fs::write(work.path().join(name), text).map_err(|e| err(format!("cannot write {name}: {e}")))?;
     }
     let w = |n: &str| work.path().join(n);
@@ -209,17 +270,17 @@ pub fn build(torch: &Torch) -> Result<(PathBuf, PathBuf), InputError> {
         Ok(())
     };
     let os = |s: &str| std::ffi::OsString::from(s);
-    let mut args = vec![os("-std=c++20"), os("-O2"), os("-shared"), os("-fPIC"), os(&cuda_inc), os("-Wl,-soname,libcudart.so.13")];
+    let mut args = vec![os("-std=c++20"), os("-O2"), os("-shared"), os("-fPIC"), os(&cuda_inc), format!("-Wl,-soname,{}", torch.cudart).into()];
     args.push(format!("-Wl,--version-script={}", w("fake_cudart.map").display()).into());
-    args.extend([w("fake_cudart.cpp").into_os_string(), os("-o"), w("libcudart.so.13").into_os_string()]);
+    args.extend([w("fake_cudart.cpp").into_os_string(), os("-o"), w(torch.cudart).into_os_string()]);
     gxx(args, "fake CUDA runtime")?;
     let mut args = vec![os("-std=c++20"), os("-O1"), format!("-I{}", torch.include.display()).into(), os(&cuda_inc)];
     args.extend([w("driver.cpp").into_os_string(), os("-o"), w("oracle-driver").into_os_string()]);
     args.extend([format!("-L{}", torch.lib.display()).into(), os("-lc10_cuda"), os("-lc10"), format!("-Wl,-rpath,{}", torch.lib.display()).into()]);
-    args.extend([format!("-L{}", work.path().display()).into(), os("-l:libcudart.so.13")]);
+    args.extend([format!("-L{}", work.path().display()).into(), format!("-l:{}", torch.cudart).into()]);
     gxx(args, "driver")?;
     // The library first: a driver present means both are.
-    std::fs::rename(w("libcudart.so.13"), &fake).map_err(|e| err(format!("cannot keep the build: {e}")))?;
+    std::fs::rename(w(torch.cudart), &fake).map_err(|e| err(format!("cannot keep the build: {e}")))?;
     std::fs::rename(w("oracle-driver"), &driver).map_err(|e| err(format!("cannot keep the build: {e}")))?;
     Ok((fake, driver))
 }
@@ -244,12 +305,13 @@ fn line(e: &Event) -> String {
 
 /// Runs `events` through the real allocator of `opts`' torch.
 pub fn run(events: impl Iterator<Item = anyhow::Result<Event>>, opts: &OracleOptions) -> anyhow::Result<OracleResult> {
-    let conf = super::config::AllocatorConfig::parse(&opts.conf)?;
+    crate::units::check_capacity(opts.capacity).map_err(|m| InputError::new("--capacity", m))?;
+    let torch = find_torch(opts)?;
+    // The conf as this torch parses it: a key it lacks is refused here, in its words.
+    let conf = super::config::AllocatorConfig::parse_for(&opts.conf, simulated_version(&torch.version))?;
     if conf.expandable_segments {
         return Err(InputError::new("--conf", "expandable_segments:True is not supported by the oracle yet (its fake runtime has no VMM driver calls)").into());
     }
-    crate::units::check_capacity(opts.capacity).map_err(|m| InputError::new("--capacity", m))?;
-    let torch = find_torch(opts)?;
     let (fake, driver) = build(&torch)?;
     let mut child = Command::new(&driver)
         .env("LD_PRELOAD", &fake)
@@ -334,9 +396,9 @@ pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<
 fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) -> anyhow::Result<OracleComparison> {
     use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions};
     use super::GpuAllocator as _;
-    let conf = super::config::AllocatorConfig::parse(&opts.conf)?;
     let source = crate::input::Source::open(Some(trace))?;
     let oracle = run(source.events()?.take(events), opts)?;
+    let conf = super::config::AllocatorConfig::parse_for(&opts.conf, simulated_version(&oracle.torch_version))?;
     let mut alloc = super::caching::CachingAllocator::new(conf, super::device::SimDevice::new(opts.capacity).with_address_order(opts.address_order));
     let ropts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     replay_watched(&mut alloc, source.events()?.take(events), &ropts, &mut AtStep(|_, _, _: &super::stats::DeviceStats| {}))?;
@@ -396,6 +458,20 @@ fn comparable(segments: &[SegmentSnapshot]) -> Vec<SegmentSnapshot> {
         }
     }
     out
+}
+
+/// The release whose rules the simulator follows beside a torch of `version`: that one when it
+/// is verified, else the nearest verified (said on standard error).
+pub fn simulated_version(version: &str) -> TorchVersion {
+    match TorchVersion::parse(version) {
+        Ok(v) => v,
+        Err(_) => {
+            let older = version.split('.').nth(1).and_then(|m| m.parse::<u32>().ok()).is_some_and(|m| m < TorchVersion::OLDEST.minor);
+            let nearest = if older { TorchVersion::OLDEST } else { TorchVersion::NEWEST };
+            eprintln!("oracle: torch {version} is not a verified release; the simulator follows torch {nearest}'s rules beside it");
+            nearest
+        }
+    }
 }
 
 /// Whether a torch and g++ are here for the oracle (tests skip without them): `Err` says why not.
