@@ -275,6 +275,11 @@ fn cause_sentence(o: &OomRecord) -> String {
             "Cause: private pools. {cached} were free in the allocator's segments and {device}, together enough for the request, but {} of them sit in pools it cannot use (a CUDA graph's or a MemPool's, or the allocator's own for a capture's request); those are given back only after the pool's graphs are reset or deleted and the cache is emptied.",
             format_bytes(o.other_pools_free)
         ),
+        OomCause::Rejected => format!(
+            "Cause: refused up front. throw_on_cudamalloc_oom rejected the {} segment because the device had {} free, without giving back the {cached} free in the allocator's cache and retrying (as it would without the setting).",
+            format_bytes(o.alloc_size),
+            format_bytes(o.device_free_uncapped.max(o.device_free))
+        ),
         OomCause::Capacity => format!(
             "Cause: real exhaustion. {} allocated plus the {} request exceed what the device can give ({} reserved, {} free on the device): the workload holds more than this device has.",
             format_bytes(o.allocated),

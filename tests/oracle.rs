@@ -124,13 +124,19 @@ fn a_conf_and_an_oom_agree() {
     assert!(c.identical(), "{:?}", c.mismatches);
 }
 
-/// The oracle refuses what its fake runtime cannot do, in one line.
+/// Expandable segments run on the fake driver's VMM calls (and fake NVML): PyTorch's documented
+/// example (8 × 16 MiB freed, then 4 × 32 MiB) grows one segment by 20 MiB pages to 140 MiB and
+/// serves the 32 MiB requests from it, on both sides.
 #[test]
-fn expandable_segments_are_refused_clearly() {
-    let Some(mut opts) = options("", 80 << 30) else { return };
-    opts.conf = "expandable_segments:True".into();
-    let e = oracle::run(std::iter::empty(), &opts).unwrap_err().to_string();
-    assert!(e.contains("expandable_segments:True is not supported by the oracle"), "{e}");
+fn expandable_segments_serve_the_documented_example_from_one_segment() {
+    let Some(opts) = options("expandable_segments:True", 80 << 30) else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "expandable.csv", &[alloc_free(1, 8, 16 * MIB), alloc_free(100, 4, 32 * MIB)].concat());
+    let c = oracle::compare(&trace, &opts).unwrap();
+    assert_eq!(c.oracle.stats["reserved_bytes.all.peak"], 140 * MIB as i64);
+    assert_eq!(c.oracle.segments.len(), 1);
+    assert!(c.oracle.segments[0].is_expandable);
+    assert!(c.identical(), "{:?}", c.mismatches);
 }
 
 /// A 3-stream trace with `record_stream`, `sync` and `empty_cache` (a fixed pseudo-random
@@ -194,8 +200,9 @@ fn release_options(release: &str) -> Option<OracleOptions> {
 }
 
 /// The differential fuzz: 2,000 random traces per release (streams, record_stream and syncs,
-/// graph captures and MemPools, empty_cache, every knob the release has, 1-8 GiB cards that run
-/// out) agree with PyTorch's own allocator on every key and segment, OOMs included.
+/// graph captures and MemPools, empty_cache, expandable segments, every knob the release has,
+/// 1-8 GiB cards that run out) agree with PyTorch's own allocator on every key and segment, OOMs
+/// included.
 #[test]
 fn the_differential_fuzz_agrees_with_every_fuzzed_release() {
     for release in FUZZED_RELEASES {
@@ -205,6 +212,10 @@ fn the_differential_fuzz_agrees_with_every_fuzzed_release() {
         assert_eq!(r.cases, 2000);
         assert!(r.ooms > 100 && r.ooms < 2000, "{release}: {} OOMs: the cases should reach the card's end, and not all at once", r.ooms);
         assert!(r.differences.is_empty(), "torch {release}: {} of 2000 cases differ, first: {:?}", r.differences.len(), r.differences.first());
+        use allocbench::gpu::torch_version::TorchVersion;
+        if TorchVersion::parse(release).unwrap() >= TorchVersion::parse("2.12").unwrap() {
+            assert!(r.rejections > 10, "torch {release}: {} cases end at a throw_on_cudamalloc_oom rejection", r.rejections);
+        }
     }
 }
 
@@ -264,4 +275,86 @@ fn a_key_an_older_release_lacks_is_refused_in_its_words() {
     opts.conf = "large_segment_size_mb:40".into();
     let e = oracle::run(std::iter::empty(), &opts).unwrap_err().to_string();
     assert!(e.contains("Unrecognized CachingAllocator option: large_segment_size_mb"), "{e}");
+}
+
+/// `throw_on_cudamalloc_oom:True` (torch 2.12+): with 5 GiB cached on an 8 GiB card, a 6 GiB
+/// request is refused before any device call (no cache flush, no retry), where without it the
+/// cache is flushed and the retry succeeds; both sides agree, and PyTorch says so in its words.
+#[test]
+fn throw_on_cudamalloc_oom_refuses_up_front_on_both_sides() {
+    const GIB: u64 = 1 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "throw.csv", &[format!("alloc,1,{},0", 5 * GIB), "free,1,,".into(), format!("alloc,2,{},0", 6 * GIB)]);
+    for (conf, rejections, retries) in [("", 0, 1), ("throw_on_cudamalloc_oom:True", 1, 0)] {
+        let Some(mut opts) = release_options("2.12.0") else { return };
+        (opts.conf, opts.capacity) = (conf.into(), 8 * GIB);
+        let c = oracle::compare(&trace, &opts).unwrap();
+        assert_eq!((c.oracle.stats["num_oom_rejections"], c.oracle.stats["num_alloc_retries"]), (rejections, retries), "{conf}");
+        assert_eq!(c.oracle.oom.is_some(), rejections == 1, "{conf}");
+        if let Some(oom) = &c.oracle.oom {
+            assert!(oom.message.starts_with("CUDA out of memory. Allocation was preemptively rejected"), "{}", oom.message);
+        }
+        assert!(c.identical(), "{conf}: {:?}", c.mismatches);
+    }
+}
+
+/// `expandable_segments_reserve` (torch 2.15) sizes each expandable segment's address
+/// reservation: 0.5 of an 8 GiB card puts the second segment 4 GiB above the first (9 GiB by
+/// default), and a request larger than the reserve is an OOM; both sides agree.
+#[test]
+fn expandable_segments_reserve_sizes_each_reservation() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = write_trace(dir.path(), "reserve.csv", &["alloc,1,4096,0".into(), format!("alloc,2,{},0", 30 * MIB)]);
+    for (reserve, gap) in [("", 9 << 30), ("0.5", 4 << 30), ("1G", 1 << 30), ("1GB", 9 << 30)] {
+        let Some(mut opts) = release_options("2.15.0") else { return };
+        let conf =
+            if reserve.is_empty() { "expandable_segments:True".to_string() } else { format!("expandable_segments:True,expandable_segments_reserve:{reserve}") };
+        (opts.conf, opts.capacity) = (conf.clone(), 8 << 30);
+        let c = oracle::compare(&trace, &opts).unwrap();
+        let mut addresses: Vec<u64> = c.oracle.segments.iter().map(|s| s.address).collect();
+        addresses.sort();
+        assert_eq!(addresses[1] - addresses[0], gap, "{conf}");
+        assert!(c.identical(), "{conf}: {:?}", c.mismatches);
+    }
+    let Some(mut opts) = release_options("2.15.0") else { return };
+    (opts.conf, opts.capacity) = ("expandable_segments:True,expandable_segments_reserve:0.01".into(), 8 << 30);
+    let big = write_trace(dir.path(), "big.csv", &[format!("alloc,1,{},0", 200 * MIB)]);
+    let c = oracle::compare(&big, &opts).unwrap();
+    assert!(c.oracle.oom.as_ref().is_some_and(|o| o.message.contains("exceeds the expandable-segment reserve")), "{:?}", c.oracle.oom);
+    assert!(c.identical(), "{:?}", c.mismatches);
+}
+
+/// The first event where the two part is found event by event, not bisected: following 2.15's
+/// rules against 2.11's allocator on the tie vector, they part at the 50 MiB request (event 7),
+/// which 2.15 places in the older segment and 2.11 in the lower one. The peak (after the second
+/// 100 MiB allocation, event 1) and the map there agree.
+#[test]
+fn the_first_parting_is_found_event_by_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = 100 * MIB;
+    let rows: Vec<String> = [
+        format!("alloc,1,{m},0"),
+        format!("alloc,2,{m},0"),
+        "free,1,,".into(),
+        "empty_cache,,,".into(),
+        format!("alloc,3,{m},0"),
+        "free,2,,".into(),
+        "free,3,,".into(),
+        format!("alloc,4,{},0", m / 2),
+    ]
+    .into();
+    let trace = write_trace(dir.path(), "tie.csv", &rows);
+    let Some(mut opts) = release_options("2.11.0") else { return };
+    let same = oracle::compare(&trace, &opts).unwrap();
+    assert!(same.identical() && same.first_parting.is_none());
+    assert_eq!(same.oracle.peak_event, Some(1));
+    assert_eq!((same.oracle.segments_at_peak.len(), same.sim_segments_at_peak.len()), (2, 2));
+    opts.simulate = Some(allocbench::gpu::torch_version::TorchVersion::parse("2.15").unwrap());
+    let apart = oracle::compare(&trace, &opts).unwrap();
+    assert_eq!(apart.first_parting, Some(7));
+    assert!(apart.mismatches.is_empty(), "no memory_stats() key differs: {:?}", apart.mismatches);
+    assert_eq!(apart.parting_state.iter().map(|m| m.key.as_str()).collect::<Vec<_>>(), ["address of the allocation"]);
+    let p = oracle::first_parting(&trace, &opts, &apart).unwrap().unwrap();
+    assert_eq!(p.event, 7);
+    assert!(!p.segments_equal);
 }

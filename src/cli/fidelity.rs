@@ -43,6 +43,10 @@ pub struct FidelityArgs {
     /// after which they part (about log2(events) more runs of each side).
     #[arg(long, requires = "oracle")]
     pub bisect: bool,
+    /// With --oracle: follow this release's rules in the simulator instead of the oracle's
+    /// (where do 2.15's rules part from 2.11's allocator on my trace?).
+    #[arg(long, requires = "oracle", value_name = "V")]
+    pub simulate_version: Option<String>,
     /// With --oracle: the card's memory (default: an H100 80 GB's).
     #[arg(long, requires = "oracle", value_parser = super::args::parse_capacity)]
     pub capacity: Option<u64>,
@@ -98,13 +102,14 @@ pub fn main(a: &FidelityArgs) -> anyhow::Result<()> {
 
 /// `fidelity --oracle`: the simulator against PyTorch's allocator run here, key by key.
 fn against_oracle(a: &FidelityArgs, trace: &std::path::Path) -> anyhow::Result<()> {
-    let opts = oracle_options(a);
+    let mut opts = oracle_options(a);
+    opts.simulate = a.simulate_version.as_deref().map(crate::gpu::torch_version::TorchVersion::parse).transpose()?;
     let r = crate::gpu::oracle::compare(trace, &opts)?;
     use std::fmt::Write as _;
     let mut text = String::new();
     writeln!(
         text,
-        "fidelity of {} against PyTorch {}'s own allocator (oracle, {}) [conf: {}]: {} keys compared, {} differ; segment map at the end: {} ({} vs {} segments)",
+        "fidelity of {} against PyTorch {}'s own allocator (oracle, {}) [conf: {}]: {} keys compared, {} differ; segment maps at the peak and the end: {} ({} vs {} segments at the end); state after every event: {}",
         trace.display(),
         r.oracle.torch_version,
         r.oracle.device,
@@ -113,10 +118,15 @@ fn against_oracle(a: &FidelityArgs, trace: &std::path::Path) -> anyhow::Result<(
         r.mismatches.len(),
         if r.segments_equal { "identical" } else { "DIFFERENT" },
         r.sim_segments.len(),
-        r.oracle.segments.len()
+        r.oracle.segments.len(),
+        if r.first_parting.is_none() { "identical" } else { "DIFFERENT" }
     )?;
     for m in &r.mismatches {
         writeln!(text, "  {:<40} sim {:>16}  torch {:>16}", m.key, m.sim, m.torch)?;
+    }
+    if let Some(k) = r.first_parting {
+        let what: Vec<String> = r.parting_state.iter().map(|m| format!("{} (sim {:#x}, torch {:#x})", m.key, m.sim, m.torch)).collect();
+        writeln!(text, "first parting at event {k}: {}{}", what.join(", "), if a.bisect { "" } else { " (--bisect: every key and the maps there)" })?;
     }
     output::say(a.json.as_deref(), &text);
     let parting = if a.bisect { crate::gpu::oracle::first_parting(trace, &opts, &r)? } else { None };
@@ -145,6 +155,7 @@ fn oracle_options(a: &FidelityArgs) -> crate::gpu::oracle::OracleOptions {
         conf: a.conf.clone().unwrap_or_default(),
         capacity: a.capacity.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES),
         address_order: a.address_order.unwrap_or_default(),
+        simulate: None,
     }
 }
 
@@ -168,13 +179,14 @@ fn fuzz(a: &FidelityArgs, cases: u64) -> anyhow::Result<()> {
     let r = crate::gpu::oracle::fuzz::run(&opts, a.seed, cases, workers, a.keep.as_deref(), &step)?;
     super::progress::finish(pb);
     let mut text = format!(
-        "differential fuzz against PyTorch {}'s own allocator: {} cases (seeds {}..{}), {} events, {} ending at an OOM on both sides; {} differ\n",
+        "differential fuzz against PyTorch {}'s own allocator: {} cases (seeds {}..{}), {} events, {} ending at an OOM on both sides ({} refused up front); {} differ\n",
         r.torch_version,
         r.cases,
         a.seed,
         a.seed + r.cases,
         r.events,
         r.ooms,
+        r.rejections,
         r.differences.len()
     );
     for d in r.differences.iter().take(20) {

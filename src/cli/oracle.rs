@@ -43,6 +43,7 @@ impl OracleArgs {
             conf: self.conf.clone(),
             capacity: self.capacity,
             address_order: self.address_order,
+            simulate: None,
         }
     }
 }
@@ -50,8 +51,7 @@ impl OracleArgs {
 pub fn main(a: &OracleArgs) -> anyhow::Result<()> {
     use crate::units::format_bytes;
     output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace)])?;
-    let source = crate::input::Source::open(Some(&a.trace))?;
-    let r = crate::gpu::oracle::run(source.events()?, &a.options())?;
+    let (r, _) = crate::gpu::oracle::run_trace(&a.trace, &a.options(), usize::MAX)?;
     let stat = |k: &str| r.stats.get(k).copied().unwrap_or(0).max(0) as u64;
     let mut text = format!(
         "PyTorch {} caching allocator ({}) on {} [conf: {}]: {} events; peak allocated {}, peak reserved {}, {} cudaMalloc, {} retries, {} OOMs, {} segments at the end\n",
@@ -67,6 +67,9 @@ pub fn main(a: &OracleArgs) -> anyhow::Result<()> {
         stat("num_ooms"),
         r.segments.len()
     );
+    if let Some(p) = r.peak_event {
+        text += &format!("peak at event {p}: {} segments then (the map at the peak and at the end are in --json)\n", r.segments_at_peak.len());
+    }
     if let Some(o) = &r.oom {
         text += &format!("OOM at event {} ({} on stream {}): {}\n", o.event, format_bytes(o.bytes), o.stream, o.message);
     }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use super::torch_version::TorchVersion;
 use crate::error::InputError;
-use crate::units::MIB;
+use crate::units::{GIB, MIB};
 
 /// kLargeBuffer: the 20 MiB segment for 1–10 MiB requests and the minimum for the `_mb` knobs.
 pub const LARGE_BUFFER_BYTES: u64 = 20 * MIB;
@@ -28,6 +28,11 @@ pub struct AllocatorConfig {
     pub per_process_memory_fraction: f64,
     /// `large_segment_size_mb` in bytes (NEW only; default 20 MiB).
     pub large_segment_size: u64,
+    /// `throw_on_cudamalloc_oom` (torch 2.12+): refuse a segment larger than the device's free
+    /// memory before any device call, without flushing the cache and retrying.
+    pub throw_on_cudamalloc_oom: bool,
+    /// `expandable_segments_reserve` (torch 2.15): each expandable segment's address reserve.
+    pub expandable_segments_reserve: ExpandableReserve,
     /// The string this was parsed from, for results.
     pub source: String,
     /// The PyTorch release whose rules apply (its knobs, and its allocator's versioned rules).
@@ -44,6 +49,8 @@ impl Default for AllocatorConfig {
             expandable_segments: false,
             per_process_memory_fraction: 1.0,
             large_segment_size: LARGE_BUFFER_BYTES,
+            throw_on_cudamalloc_oom: false,
+            expandable_segments_reserve: ExpandableReserve::Default,
             source: String::new(),
             torch: TorchVersion::selected(),
         }
@@ -218,18 +225,12 @@ impl AllocatorConfig {
                 // which no trace carries: every stream here is untagged, so they change nothing.
                 "expandable_segments_reserve_by_class" => skip_reserve_classes(&t, i)?,
                 "throw_on_cudamalloc_oom" => {
-                    if t.boolean(i, i + 2)? {
-                        return Err(conf_error(
-                            "throw_on_cudamalloc_oom:True (torch 2.13+'s preemptive OOM rejection, pytorch#179473) is not modelled by this simulator: leave it out",
-                        ));
-                    }
+                    cfg.throw_on_cudamalloc_oom = t.boolean(i, i + 2)?;
                     i + 2
                 }
                 "expandable_segments_reserve" => {
-                    return Err(conf_error(
-                        "expandable_segments_reserve (torch 2.13+'s per-segment address reserve) is not modelled by this simulator, which reserves \
-                         9/8 of the device per expandable segment as PyTorch does by default: leave it out",
-                    ))
+                    cfg.expandable_segments_reserve = ExpandableReserve::parse(t.value(i, i + 2)?);
+                    i + 2
                 }
                 "," | ":" | "[" | "]" => {
                     return Err(conf_error(format!("Unrecognized key '{key}' in CachingAllocator config: a stray '{key}' where a key should be")))
@@ -521,6 +522,43 @@ fn walk_pairs(t: &Tokens, open: usize, what: &str, mut each: impl FnMut(&str, &s
     }
 }
 
+/// The address space each expandable segment reserves (`expandable_segments_reserve`, torch
+/// 2.15): by default 9/8 of the device's memory; a fraction of it (`0.5`), or GiB (`4G`). What
+/// torch 2.15 does with each, found with the oracle (the reservations' addresses show their
+/// sizes): a value it cannot read (`1GB`, `512M`, `True`), zero or less, or over the default is
+/// the default, without a word; the bytes are rounded up to whole pages of the segment.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpandableReserve {
+    Default,
+    Fraction(f64),
+    Bytes(u64),
+}
+
+impl ExpandableReserve {
+    fn parse(value: &str) -> Self {
+        let number = |s: &str| s.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0);
+        match value.strip_suffix('G') {
+            Some(gib) => number(gib).map_or(Self::Default, |g| Self::Bytes((g * GIB as f64) as u64)),
+            None => number(value).map_or(Self::Default, Self::Fraction),
+        }
+    }
+
+    /// The bytes an expandable segment of a `total`-byte device reserves, before rounding to pages.
+    pub fn bytes(self, total: u64) -> u64 {
+        let default = total + total / 8;
+        let asked = match self {
+            Self::Default => default,
+            Self::Fraction(f) => (f * total as f64) as u64,
+            Self::Bytes(b) => b,
+        };
+        if asked == 0 || asked > default {
+            default
+        } else {
+            asked
+        }
+    }
+}
+
 /// `expandable_segments_reserve_by_class:[CLASS:RESERVE,...]`, walked as
 /// parseExpandableSegmentsReserveByClass does (a reserve it cannot read is only warned about
 /// there). Returns the index of the closing ']'.
@@ -536,6 +574,18 @@ fn skip_reserve_classes(t: &Tokens, key_at: usize) -> Result<usize, InputError> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn expandable_reserve_reads_a_fraction_or_gib_and_defaults_the_rest() {
+        let total = 8 * GIB;
+        let bytes = |v: &str| ExpandableReserve::parse(v).bytes(total);
+        assert_eq!(bytes("0.5"), 4 * GIB);
+        assert_eq!(bytes("1G"), GIB);
+        assert_eq!(bytes("0.5G"), GIB / 2);
+        for default in ["0", "-1", "1GB", "512M", "True", "1.2", "20G"] {
+            assert_eq!(bytes(default), 9 * GIB, "{default}");
+        }
+    }
 
     #[test]
     fn parses_the_documented_example() {
@@ -748,8 +798,6 @@ mod tests {
             ("expandable_segments_reserve_by_class:[a:0.5,b]", "expected KEY:VALUE pairs"),
             ("expandable_segments:True,expandable_segments", "expected : after 'expandable_segments'"),
             ("large_segment_size_mb:", "expecting large_segment_size_mb value"),
-            ("throw_on_cudamalloc_oom:True", "not modelled"),
-            ("expandable_segments_reserve:0.5", "not modelled"),
         ] {
             let e = AllocatorConfig::parse(s).expect_err(s).to_string();
             assert!(e.contains(want), "{s}: {e}");

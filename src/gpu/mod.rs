@@ -67,6 +67,8 @@ pub struct OomInfo {
     pub other_pools_free: u64,
     pub reserved: u64,
     pub allocated: u64,
+    /// Refused up front by `throw_on_cudamalloc_oom` (no cache flush, no retry).
+    pub rejected: bool,
 }
 
 impl OomInfo {
@@ -85,6 +87,7 @@ impl OomInfo {
             other_pools_free: 0,
             reserved,
             allocated,
+            rejected: false,
         }
     }
 
@@ -94,8 +97,12 @@ impl OomInfo {
     /// covers the request but not the segment the allocator must create for it),
     /// `fragmentation` (cached free + device free cover it, yet no block fits), `private_pools`
     /// (they cover it only with the free bytes of pools the request cannot use), and otherwise
-    /// `fraction_limit` (only the cap kept the device's free memory from covering it).
+    /// `fraction_limit` (only the cap kept the device's free memory from covering it); before all,
+    /// `rejected` when `throw_on_cudamalloc_oom` refused it up front.
     pub fn cause(&self) -> OomCause {
+        if self.rejected {
+            return OomCause::Rejected;
+        }
         let need = self.allocated.saturating_add(self.rounded);
         if need > self.reserved.saturating_add(self.device_free_uncapped) {
             OomCause::Capacity

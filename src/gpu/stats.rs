@@ -304,6 +304,8 @@ pub struct DeviceStats {
     pub num_sync_all_streams: i64,
     pub num_device_alloc: i64,
     pub num_device_free: i64,
+    /// Requests refused up front by `throw_on_cudamalloc_oom` (`num_oom_rejections`).
+    pub num_oom_rejections: i64,
     /// `max_split_size` as captured at creation; SIZE_MAX shows as −1.
     pub max_split_size: i64,
 }
@@ -491,9 +493,8 @@ impl DeviceStats {
         out.insert("num_sync_all_streams".into(), self.num_sync_all_streams);
         out.insert("num_device_alloc".into(), self.num_device_alloc);
         out.insert("num_device_free".into(), self.num_device_free);
-        // Allocations refused up front under throw_on_cudamalloc_oom (torch 2.13, DeviceStats in
-        // c10/core/CachingDeviceAllocator.h): a mode the conf parser refuses, so never any.
-        out.insert("num_oom_rejections".into(), 0);
+        // Allocations refused up front under throw_on_cudamalloc_oom (torch 2.12+).
+        out.insert("num_oom_rejections".into(), self.num_oom_rejections);
         out
     }
 

@@ -93,6 +93,13 @@ pub struct OracleResult {
     pub oom: Option<OracleOom>,
     /// The segment map at the end (at the OOM, when one stopped the run).
     pub segments: Vec<SegmentSnapshot>,
+    /// The peak: the allocation after which reserved was highest (with the most allocated, of
+    /// equal ones; the first such), 0-based; absent when nothing was allocated.
+    #[serde(default)]
+    pub peak_event: Option<u64>,
+    /// The segment map right after `peak_event`.
+    #[serde(default)]
+    pub segments_at_peak: Vec<SegmentSnapshot>,
 }
 
 /// The first OOM: where, and PyTorch's own error text.
@@ -114,14 +121,26 @@ pub struct OracleComparison {
     /// Keys both sides have.
     pub keys_compared: usize,
     pub mismatches: Vec<Mismatch>,
-    /// The two segment maps at the end (addresses, sizes, blocks) are the same.
+    /// The two segment maps at the end, and at the peak (addresses, sizes, blocks), are the same.
     pub segments_equal: bool,
     pub sim_segments: Vec<SegmentSnapshot>,
+    /// The simulator's map at its peak (the same moment, when the two agree).
+    #[serde(default)]
+    pub sim_segments_at_peak: Vec<SegmentSnapshot>,
+    /// The first event after which the two differ in what was compared there (the address an
+    /// allocation got, allocated, reserved, active and inactive-split bytes, inactive-split
+    /// blocks, segments), 0-based; `None` when they agree after every event.
+    #[serde(default)]
+    pub first_parting: Option<u64>,
+    /// At `first_parting`: what was compared there, on each side, by name.
+    #[serde(default)]
+    pub parting_state: Vec<Mismatch>,
 }
 
 impl OracleComparison {
+    /// Every key at the end, the maps at the peak and the end, and the state after every event.
     pub fn identical(&self) -> bool {
-        self.mismatches.is_empty() && self.segments_equal
+        self.mismatches.is_empty() && self.segments_equal && self.first_parting.is_none()
     }
 }
 

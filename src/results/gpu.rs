@@ -9,7 +9,7 @@ use crate::error::InputError;
 use crate::units::format_bytes;
 
 names!(Backend { Sim => "sim", Cuda => "cuda" });
-names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit", PrivatePools => "private_pools" });
+names!(OomCause { Fragmentation => "fragmentation", Capacity => "capacity", SegmentSize => "segment_size", FractionLimit => "fraction_limit", PrivatePools => "private_pools", Rejected => "rejected" });
 names!(SegmentType { Small => "small", Large => "large" });
 names!(BlockState { ActiveAllocated => "active_allocated", Inactive => "inactive", ActivePendingFree => "active_pending_free" });
 
@@ -114,6 +114,9 @@ pub enum OomCause {
     /// The free bytes that would have covered it sit in pools the request cannot use: private
     /// pools (CUDA graphs, MemPools), or the allocator's own pools for a capture's request.
     PrivatePools,
+    /// `throw_on_cudamalloc_oom`: the segment it needed exceeded the device's free memory, and
+    /// the allocator refused it before any device call, without flushing its cache and retrying.
+    Rejected,
 }
 
 /// The first OOM of a run (`"oom"` in the JSON results; a contract).

@@ -11,7 +11,7 @@ use super::PoolId;
 impl<D: Device> CachingAllocator<D> {
     /// find_expandable_block: the lowest-address run of free-or-unmapped blocks on this stream
     /// that covers `size` (starting at a free mapped block just before an unmapped one when there
-    /// is one), else a new segment.
+    /// is one), else a new segment, else (the request is larger than a segment's reserve) NIL.
     fn find_expandable_block(&mut self, stream: u32, pool: PoolId, size: u64) -> Result<u32, DeviceError> {
         // allocatable: not allocated, and no event outstanding (`event_count == 0`: a block
         // awaiting another stream's work is not free yet).
@@ -33,10 +33,17 @@ impl<D: Device> CachingAllocator<D> {
                 return Ok(c);
             }
         }
-        // A new segment: G × ceil(1.125 × totalGlobalMem / G) of address space, all unmapped.
+        // A new segment: G × ceil(1.125 × totalGlobalMem / G) of address space, all unmapped (or
+        // what expandable_segments_reserve asks, torch 2.15).
         let page_size = if pool.kind() == PoolKind::Small { SMALL_BUFFER_BYTES } else { self.cfg.large_segment_size };
         let total = self.device.capacity();
-        let pages = (total + total / 8).div_ceil(page_size);
+        let pages = self.cfg.expandable_segments_reserve.bytes(total).div_ceil(page_size);
+        // "This allocation exceeds the expandable-segment reserve ... a single allocation cannot
+        // span expandable segments" (torch 2.15, a reserve set smaller than the request): no
+        // segment, and the request takes the OOM path.
+        if pages * page_size < size {
+            return Ok(NIL);
+        }
         let base = self.device.reserve_address(pages * page_size)?;
         let seg = ExpandableSegment { base, page_size, mapped: vec![false; pages as usize] };
         let va = seg.va_size();
@@ -78,6 +85,9 @@ impl<D: Device> CachingAllocator<D> {
     /// try_allocate_expandable_block: map what the chosen run needs, merging as it goes.
     pub(super) fn try_allocate_expandable_block(&mut self, stream: u32, pool: PoolId, size: u64) -> Result<Option<u32>, DeviceError> {
         let mut candidate = self.find_expandable_block(stream, pool, size)?;
+        if candidate == NIL {
+            return Ok(None);
+        }
         if !self.blocks[candidate as usize].mapped {
             let n = self.blocks[candidate as usize].size.min(size);
             if !self.map_block(candidate, n)? {

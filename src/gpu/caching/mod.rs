@@ -266,6 +266,8 @@ pub struct CachingAllocator<D: Device> {
     next_tie_units: u32,
     /// [`TorchVersion::captures_are_counted`](crate::gpu::torch_version::TorchVersion::captures_are_counted).
     captures_counted: bool,
+    /// alloc_block refused the request under throw_on_cudamalloc_oom (read once by the caller).
+    rejected: bool,
 }
 
 /// PrivatePool: a CUDA graph's (or a MemPool's) own BlockPool pair. `use_count` counts the
@@ -401,6 +403,7 @@ impl<D: Device> CachingAllocator<D> {
             order,
             next_tie_units: 1,
             captures_counted,
+            rejected: false,
             stats,
             allowed,
             gc_enabled,
@@ -441,6 +444,7 @@ impl<D: Device> CachingAllocator<D> {
             order: self.order,
             next_tie_units: self.next_tie_units,
             captures_counted: self.captures_counted,
+            rejected: self.rejected,
         })
     }
 
@@ -638,6 +642,14 @@ impl<D: Device> CachingAllocator<D> {
             if self.stats.all().reserved_bytes.current as u64 + alloc_size > allowed {
                 return Ok(None);
             }
+        }
+        // throw_on_cudamalloc_oom (torch 2.12+, pytorch#179473): a segment larger than the
+        // device's free memory is refused before the device call; the caller throws at once.
+        // (Found with the oracle: the cap's own check comes first, and with one process on the
+        // card a request within the cap always fits in free memory.)
+        if self.cfg.throw_on_cudamalloc_oom && alloc_size > self.device.free_memory() {
+            self.rejected = true;
+            return Ok(None);
         }
         if self.cfg.expandable_segments {
             return self.try_allocate_expandable_block(stream, pool, rounded);
@@ -1125,6 +1137,12 @@ impl<D: Device> CachingAllocator<D> {
             self.garbage_collect_cached_blocks()?;
         }
         let mut found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
+        if std::mem::take(&mut self.rejected) {
+            self.stats.num_oom_rejections += 1;
+            let mut info = self.oom_info(bytes, rounded, alloc_size, pool);
+            info.rejected = true;
+            return Err(AllocError::OutOfMemory(info));
+        }
         if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
             found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
         }
@@ -1165,6 +1183,7 @@ impl<D: Device> CachingAllocator<D> {
             other_pools_free: self.pools.iter().enumerate().filter(|(i, _)| i / 2 != pair / 2).flat_map(|(_, p)| p.blocks.iter().map(|(k, _)| k.size())).sum(),
             reserved,
             allocated,
+            rejected: false,
         }
     }
 

@@ -931,3 +931,38 @@ fn equal_size_ties_go_to_the_older_segment_from_torch_2_12() {
 
 /// Blocks stay one cache line each with the tie's field (the hot paths touch one per block).
 const _: () = assert!(std::mem::size_of::<super::Block>() == 64);
+
+/// throw_on_cudamalloc_oom (torch 2.12+): with 5 GiB cached on an 8 GiB card, a 6 GiB segment
+/// is refused at once (the oracle's vector: no retry, the cache kept, a rejection counted);
+/// without it the cache is flushed and the retry succeeds.
+#[test]
+fn throw_on_cudamalloc_oom_refuses_without_flushing_the_cache() {
+    for (conf, refused) in [("", false), ("throw_on_cudamalloc_oom:True", true)] {
+        let mut a = alloc(conf, 8 * GIB);
+        let h = a.malloc(5 * GIB, 0).unwrap();
+        a.free(h).unwrap();
+        let r = a.malloc(6 * GIB, 0);
+        assert_eq!(r.is_err(), refused, "{conf}");
+        let s = a.stats();
+        assert_eq!((s.num_oom_rejections, s.num_alloc_retries, s.num_ooms), if refused { (1, 0, 0) } else { (0, 1, 0) }, "{conf}");
+        if let Err(AllocError::OutOfMemory(info)) = r {
+            assert_eq!(info.cause(), crate::results::OomCause::Rejected);
+            assert_eq!(s.all().reserved_bytes.current, 5 * GIB as i64);
+        }
+    }
+}
+
+/// expandable_segments_reserve (torch 2.15): a segment reserves that fraction of the device or
+/// GiB, rounded up to pages; a request larger than the reserve finds no segment (an OOM).
+#[test]
+fn expandable_segments_reserve_sets_the_reservation() {
+    let mut a = alloc("expandable_segments:True,expandable_segments_reserve:0.01", 8 * GIB);
+    assert!(a.malloc(200 * MIB, 0).is_err());
+    let mut a = alloc("expandable_segments:True,expandable_segments_reserve:0.01", 8 * GIB);
+    a.malloc(4096, 0).unwrap();
+    a.malloc(30 * MIB, 0).unwrap();
+    let mut addrs: Vec<u64> = a.segments().iter().map(|s| s.address).collect();
+    addrs.sort();
+    // 0.01 × 8 GiB = 81.92 MiB, rounded up to 2 MiB pages: 82 MiB.
+    assert_eq!(addrs[1] - addrs[0], 82 * MIB);
+}

@@ -2,6 +2,11 @@
 // fake CUDA runtime preloaded beside it) over an event list read from standard input, and
 // writes memory_stats(), the segment map at the end and the OOM (the allocator's own text) as
 // JSON on standard output. PYTORCH_CUDA_ALLOC_CONF is read by the allocator itself.
+// With ALLOCBENCH_ORACLE_TRACK=FILE, after every event it appends to FILE the state the
+// simulator is compared with event by event (7 little-endian u64: the address an alloc returned
+// or 0, then allocated, reserved, active, inactive_split bytes, inactive_split blocks and
+// segments, "all" pools): how `fidelity --oracle` finds the first event where the two part,
+// and the moment of the peak.
 // One source for every torch version verified: where their C++ APIs differ, C++20 `requires`
 // picks the call the headers have, and a statistic a version lacks is left out.
 //
@@ -24,6 +29,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <set>
@@ -150,6 +156,7 @@ std::string segments_json() {
            ",\"allocated_size\":" + std::to_string(seg.allocated_size) + ",\"active_size\":" + std::to_string(seg.active_size) +
            ",\"requested_size\":" + std::to_string(seg.requested_size) +
            ",\"stream\":" + std::to_string(reinterpret_cast<uintptr_t>(seg.stream)) + ",\"is_large\":" + (seg.is_large ? "true" : "false") +
+           ",\"is_expandable\":" + (seg.is_expandable ? "true" : "false") +
            ",\"pool\":[" + std::to_string(seg.owner_private_pool_id.first) + "," + std::to_string(seg.owner_private_pool_id.second) +
            "],\"blocks\":[";
     bool bfirst = true;
@@ -197,14 +204,18 @@ int main() {
   std::string op;
   uint64_t x = 0, y = 0, z = 0;
   std::string sy;
+  FILE* track = nullptr;
+  if (const char* t = std::getenv("ALLOCBENCH_ORACLE_TRACK")) track = std::fopen(t, "wb");
   while (!stopped && (std::cin >> op)) {
     events++;
+    uint64_t placed = 0;
     try {
       switch (op[0]) {
         case 'a': {
           std::cin >> x >> y >> z;
           c10::cuda::setCurrentCUDAStream(stream_of(z));
           live[x] = a->allocate(y);
+          placed = reinterpret_cast<uint64_t>(live[x].get());
           break;
         }
         case 'f':
@@ -294,7 +305,19 @@ int main() {
                 << "\n";
       return 3;
     }
+    if (track && !stopped) {
+      auto st = alloc::getDeviceStats(0);
+      uint64_t row[7] = {placed,
+                         static_cast<uint64_t>(st.allocated_bytes[0].current),
+                         static_cast<uint64_t>(st.reserved_bytes[0].current),
+                         static_cast<uint64_t>(st.active_bytes[0].current),
+                         static_cast<uint64_t>(st.inactive_split_bytes[0].current),
+                         static_cast<uint64_t>(st.inactive_split[0].current),
+                         static_cast<uint64_t>(st.segment[0].current)};
+      std::fwrite(row, sizeof row, 1, track);
+    }
   }
+  if (track) std::fclose(track);
   std::string out = "{\"format\":\"allocbench-oracle-v1\",\"events\":" + std::to_string(events) + ",\"stats\":" + stats_json() +
                     ",\"oom\":" + (oom.empty() ? std::string("null") : oom) + ",\"segments\":" + segments_json() + "}\n";
   std::fwrite(out.data(), 1, out.size(), stdout);

@@ -5,16 +5,20 @@
 // large virtual space, freed ranges coalesced and reused), and accounts capacity on bytes.
 // With ALLOCBENCH_FAKE_ADDRESS_ORDER=driver, allocations over 2 MiB are placed as
 // AddressOrder::Driver places them (top-down next fit below a cursor, wrapping once).
-// The card is a parameter: ALLOCBENCH_FAKE_CAPACITY (bytes), ALLOCBENCH_FAKE_NAME.
+// The card is a parameter: ALLOCBENCH_FAKE_CAPACITY (bytes), ALLOCBENCH_FAKE_NAME,
+// ALLOCBENCH_FAKE_COMPUTE_CAPABILITY ("9.0" by default).
 // Streams are pointer-like handles; an event completes once its stream is synchronized after
 // the record, at a device synchronize, or at cudaEventSynchronize.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string>
 
 namespace {
 
@@ -30,6 +34,7 @@ struct Card {
   std::map<uintptr_t, uint64_t> stream_synced;  // records completed on a stream
   std::mutex mu;
   const char* name = "allocbench fake GPU";
+  int cc_major = 9, cc_minor = 0;
   bool driver_order = false;
   uint64_t cursor = 0;  // AddressOrder::Driver: large allocations go below it
   uint64_t va_end = 0;
@@ -37,6 +42,7 @@ struct Card {
   Card() {
     if (const char* c = std::getenv("ALLOCBENCH_FAKE_CAPACITY")) capacity = std::strtoull(c, nullptr, 10);
     if (const char* n = std::getenv("ALLOCBENCH_FAKE_NAME")) name = n;
+    if (const char* cc = std::getenv("ALLOCBENCH_FAKE_COMPUTE_CAPABILITY")) std::sscanf(cc, "%d.%d", &cc_major, &cc_minor);
     // The simulator's span: 64 TiB, or 1024 times the next power of two of the capacity, at
     // most 2^60 bytes.
     uint64_t p = 1;
@@ -46,6 +52,39 @@ struct Card {
     free_ranges[kVaBase] = span;
     va_end = cursor = kVaBase + span;
     if (const char* o = std::getenv("ALLOCBENCH_FAKE_ADDRESS_ORDER")) driver_order = std::strcmp(o, "driver") == 0;
+  }
+
+  // The lowest free range that fits (AddressOrder::Lowest, and every VA reservation).
+  bool take_lowest(uint64_t len, uint64_t* out) {
+    for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
+      if (it->second >= len) {
+        uint64_t start = it->first, have = it->second;
+        free_ranges.erase(it);
+        if (have > len) free_ranges[start + len] = have - len;
+        *out = start;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // A range given back, coalesced with its free neighbours.
+  void give_back(uint64_t start, uint64_t len) {
+    auto next = free_ranges.find(start + len);
+    if (next != free_ranges.end()) {
+      len += next->second;
+      free_ranges.erase(next);
+    }
+    auto prev = free_ranges.lower_bound(start);
+    if (prev != free_ranges.begin()) {
+      --prev;
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        len += prev->second;
+        free_ranges.erase(prev);
+      }
+    }
+    free_ranges[start] = len;
   }
 
   // AddressOrder::Driver for an allocation over 2 MiB: the highest fitting range below the
@@ -115,16 +154,12 @@ cudaError_t cudaMalloc(void** ptr, size_t size) {
     *ptr = reinterpret_cast<void*>(addr);
     return cudaSuccess;
   }
-  for (auto it = c.free_ranges.begin(); it != c.free_ranges.end(); ++it) {
-    if (it->second >= len) {
-      uint64_t start = it->first, have = it->second;
-      c.free_ranges.erase(it);
-      if (have > len) c.free_ranges[start + len] = have - len;
-      c.used += size;
-      c.live[start] = size;
-      *ptr = reinterpret_cast<void*>(start);
-      return cudaSuccess;
-    }
+  uint64_t addr = 0;
+  if (c.take_lowest(len, &addr)) {
+    c.used += size;
+    c.live[addr] = size;
+    *ptr = reinterpret_cast<void*>(addr);
+    return cudaSuccess;
   }
   last_error = cudaErrorMemoryAllocation;
   return cudaErrorMemoryAllocation;
@@ -139,21 +174,7 @@ cudaError_t cudaFree(void* ptr) {
   uint64_t start = it->first, len = rounded(it->second);
   c.used -= it->second;
   c.live.erase(it);
-  auto next = c.free_ranges.find(start + len);
-  if (next != c.free_ranges.end()) {
-    len += next->second;
-    c.free_ranges.erase(next);
-  }
-  auto prev = c.free_ranges.lower_bound(start);
-  if (prev != c.free_ranges.begin()) {
-    --prev;
-    if (prev->first + prev->second == start) {
-      start = prev->first;
-      len += prev->second;
-      c.free_ranges.erase(prev);
-    }
-  }
-  c.free_ranges[start] = len;
+  c.give_back(start, len);
   return cudaSuccess;
 }
 
@@ -184,8 +205,8 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   Card& c = card();
   std::strncpy(p->name, c.name, sizeof(p->name) - 1);
   p->totalGlobalMem = c.capacity;
-  p->major = 9;
-  p->minor = 0;
+  p->major = c.cc_major;
+  p->minor = c.cc_minor;
   p->multiProcessorCount = 132;
   p->maxThreadsPerMultiProcessor = 2048;
   p->maxThreadsPerBlock = 1024;
@@ -347,12 +368,106 @@ cudaError_t cudaGetLastError(void) {
   return e;
 }
 
-// Calls the caching allocator's default path does not make: refused.
-cudaError_t cudaGetDriverEntryPointByVersion(const char*, void** fn, unsigned int, unsigned long long,
+// The driver calls c10's DriverAPI looks up (c10/cuda/driver_api.h), for expandable segments:
+// physical handles (cuMemCreate) take capacity as SimDevice::map_page does, a VA reservation is
+// placed as SimDevice::reserve_address places it (the lowest free range of the same space).
+struct Handle {
+  uint64_t bytes;
+};
+
+CUresult fake_cuDeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuDeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice) {
+  switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: *v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: *v = 1; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *v = 1; break;
+    default: *v = 0;
+  }
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemGetAllocationGranularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
+  *g = kAlign;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t, CUdeviceptr, unsigned long long) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  uint64_t addr = 0;
+  if (!c.take_lowest(rounded(size), &addr)) return CUDA_ERROR_OUT_OF_MEMORY;
+  *ptr = static_cast<CUdeviceptr>(addr);
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  c.give_back(static_cast<uint64_t>(ptr), rounded(size));
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp*, unsigned long long) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  if (size > c.capacity - c.used) return CUDA_ERROR_OUT_OF_MEMORY;
+  c.used += size;
+  *h = reinterpret_cast<CUmemGenericAllocationHandle>(new Handle{size});
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
+  Card& c = card();
+  std::lock_guard<std::mutex> g(c.mu);
+  auto* handle = reinterpret_cast<Handle*>(h);
+  c.used -= handle->bytes;
+  delete handle;
+  return CUDA_SUCCESS;
+}
+CUresult fake_cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) { return CUDA_SUCCESS; }
+CUresult fake_cuMemUnmap(CUdeviceptr, size_t) { return CUDA_SUCCESS; }
+CUresult fake_cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) { return CUDA_SUCCESS; }
+CUresult fake_cuGetErrorString(CUresult e, const char** s) {
+  *s = e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "unsupported call on allocbench's fake CUDA driver";
+  return CUDA_SUCCESS;
+}
+CUresult fake_unsupported() { return CUDA_ERROR_NOT_SUPPORTED; }
+
+void* driver_entry(const char* name) {
+  static const std::map<std::string, void*> entries = {
+      {"cuDeviceGet", reinterpret_cast<void*>(&fake_cuDeviceGet)},
+      {"cuDeviceGetAttribute", reinterpret_cast<void*>(&fake_cuDeviceGetAttribute)},
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&fake_cuMemGetAllocationGranularity)},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&fake_cuMemAddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&fake_cuMemAddressFree)},
+      {"cuMemCreate", reinterpret_cast<void*>(&fake_cuMemCreate)},
+      {"cuMemRelease", reinterpret_cast<void*>(&fake_cuMemRelease)},
+      {"cuMemMap", reinterpret_cast<void*>(&fake_cuMemMap)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&fake_cuMemUnmap)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&fake_cuMemSetAccess)},
+      {"cuGetErrorString", reinterpret_cast<void*>(&fake_cuGetErrorString)},
+      // Required by DriverAPI's constructor, never called by the allocator's paths run here.
+      {"cuMemGetAddressRange", reinterpret_cast<void*>(&fake_unsupported)},
+      {"cuMemExportToShareableHandle", reinterpret_cast<void*>(&fake_unsupported)},
+      {"cuMemImportFromShareableHandle", reinterpret_cast<void*>(&fake_unsupported)},
+      {"cuMemRetainAllocationHandle", reinterpret_cast<void*>(&fake_unsupported)},
+      {"cuMemGetAllocationPropertiesFromHandle", reinterpret_cast<void*>(&fake_unsupported)},
+      {"cuMemsetD32Async", reinterpret_cast<void*>(&fake_unsupported)},
+      {"cuStreamWriteValue32", reinterpret_cast<void*>(&fake_unsupported)},
+  };
+  auto it = entries.find(name);
+  return it == entries.end() ? nullptr : it->second;
+}
+
+cudaError_t entry_point(const char* name, void** fn, cudaDriverEntryPointQueryResult* st) {
+  void* f = name ? driver_entry(name) : nullptr;
+  if (fn) *fn = f;
+  if (st) *st = f ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  return f ? cudaSuccess : cudaErrorSymbolNotFound;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* name, void** fn, unsigned int, unsigned long long,
                                              cudaDriverEntryPointQueryResult* st) {
-  if (fn) *fn = nullptr;
-  if (st) *st = cudaDriverEntryPointSymbolNotFound;
-  return cudaErrorNotSupported;
+  return entry_point(name, fn, st);
 }
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t*, int) { return cudaErrorNotSupported; }
 cudaError_t cudaDeviceGetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return cudaErrorNotSupported; }
@@ -371,10 +486,8 @@ cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, size
 cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t) { return cudaErrorNotSupported; }
 cudaError_t cudaGraphNodeGetType(cudaGraphNode_t, cudaGraphNodeType*) { return cudaErrorNotSupported; }
 cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, size_t, unsigned int) { return cudaErrorNotSupported; }
-cudaError_t cudaGetDriverEntryPoint(const char*, void** fn, unsigned long long, cudaDriverEntryPointQueryResult* st) {
-  if (fn) *fn = nullptr;
-  if (st) *st = cudaDriverEntryPointSymbolNotFound;
-  return cudaErrorNotSupported;
+cudaError_t cudaGetDriverEntryPoint(const char* name, void** fn, unsigned long long, cudaDriverEntryPointQueryResult* st) {
+  return entry_point(name, fn, st);
 }
 #endif
 cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }

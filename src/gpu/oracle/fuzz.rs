@@ -27,7 +27,7 @@ pub struct FuzzCase {
     pub events: Vec<Event>,
 }
 
-/// A conf of up to three knobs `torch` has, valid as PyTorch parses them.
+/// A conf of the knobs `torch` has, each drawn on its own, valid as PyTorch parses them.
 fn random_conf(rng: &mut ChaCha8Rng, torch: TorchVersion) -> String {
     let has = |key: &str| TorchVersion::conf_key_since(key).is_none_or(|since| torch >= since);
     let mut knobs: Vec<String> = Vec::new();
@@ -52,6 +52,22 @@ fn random_conf(rng: &mut ChaCha8Rng, torch: TorchVersion) -> String {
         }
         _ => {}
     }
+    if rng.random_bool(0.25) {
+        knobs.push("expandable_segments:True".into());
+        if has("expandable_segments_reserve") && rng.random_bool(0.4) {
+            // A fraction, GiB, or what torch cannot read or takes as the default.
+            let reserve = match rng.random_range(0..4) {
+                0 => format!("{:.3}", rng.random_range(0.001..1.3)),
+                1 => format!("{}G", rng.random_range(1..12)),
+                2 => format!("{:.2}G", rng.random_range(0.01..2.0)),
+                _ => ["0", "1GB", "512M", "2"][rng.random_range(0..4)].to_string(),
+            };
+            knobs.push(format!("expandable_segments_reserve:{reserve}"));
+        }
+    }
+    if has("throw_on_cudamalloc_oom") && rng.random_bool(0.2) {
+        knobs.push("throw_on_cudamalloc_oom:True".into());
+    }
     if has("per_process_memory_fraction") && rng.random_bool(0.3) {
         knobs.push(format!("per_process_memory_fraction:{:.2}", rng.random_range(0.5..0.99)));
         if rng.random_bool(0.6) {
@@ -75,6 +91,7 @@ fn random_bytes(rng: &mut ChaCha8Rng, capacity: u64) -> u64 {
 pub fn case(seed: u64, torch: TorchVersion) -> FuzzCase {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let conf = random_conf(&mut rng, torch);
+    let expandable = conf.contains("expandable_segments:True");
     let capacity = rng.random_range(1..=8) * GIB;
     let n = rng.random_range(100..1500);
     let mut events = Vec::with_capacity(n);
@@ -133,7 +150,10 @@ pub fn case(seed: u64, torch: TorchVersion) -> FuzzCase {
             // stream captures, and a trace does not say which stream called (docs/oracle.md).
             90..92 if capturing.is_none() => events.push(Event::EmptyCache),
             92..93 => events.push(Event::Step { n: events.len() as u64 }),
-            93..100 => match capturing {
+            // Not with expandable segments: PyTorch counts a private pool's maps and unmaps, which
+            // need not pair up, and fails its own assert (cudaMalloc_count > 0) on such traces
+            // (docs/oracle.md).
+            93..100 if !expandable => match capturing {
                 None if !ended.is_empty() && rng.random_bool(0.4) => {
                     let pool = ended.swap_remove(rng.random_range(0..ended.len()));
                     events.push(Event::Pool(PoolOp::Release { pool }));
@@ -196,6 +216,8 @@ pub struct FuzzReport {
     pub events: u64,
     /// Cases that ended at an OOM on both sides (at the same event, or they would differ).
     pub ooms: u64,
+    /// Of those, the OOMs that `throw_on_cudamalloc_oom` refused up front.
+    pub rejections: u64,
     pub differences: Vec<FuzzDifference>,
 }
 
@@ -210,7 +232,7 @@ pub fn run(opts: &OracleOptions, first_seed: u64, cases: u64, workers: usize, ke
     let dir = tempfile::Builder::new().prefix("allocbench-fuzz-").tempdir()?;
     let next = std::sync::atomic::AtomicU64::new(first_seed);
     let end = first_seed + cases;
-    let results = std::sync::Mutex::new((0u64, 0u64, Vec::new(), 0u64));
+    let results = std::sync::Mutex::new((0u64, 0u64, Vec::new(), 0u64, 0u64));
     std::thread::scope(|scope| -> anyhow::Result<()> {
         let mut handles = Vec::new();
         for _ in 0..workers.max(1) {
@@ -229,6 +251,7 @@ pub fn run(opts: &OracleOptions, first_seed: u64, cases: u64, workers: usize, ke
                     r.0 += c.oracle.events;
                     r.1 += u64::from(c.oracle.oom.is_some());
                     r.3 += 1;
+                    r.4 += u64::from(c.oracle.stats.get("num_oom_rejections").is_some_and(|&n| n > 0));
                     if !c.identical() {
                         let trace = match keep {
                             Some(k) => {
@@ -253,9 +276,9 @@ pub fn run(opts: &OracleOptions, first_seed: u64, cases: u64, workers: usize, ke
         }
         Ok(())
     })?;
-    let (events, ooms, mut differences, done) = results.into_inner().expect("no worker panics holding it");
+    let (events, ooms, mut differences, done, rejections) = results.into_inner().expect("no worker panics holding it");
     differences.sort_by_key(|d: &FuzzDifference| d.seed);
-    Ok(FuzzReport { torch_version: torch.version, cases: done, events, ooms, differences })
+    Ok(FuzzReport { torch_version: torch.version, cases: done, events, ooms, rejections, differences })
 }
 
 #[cfg(test)]

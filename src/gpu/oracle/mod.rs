@@ -1,10 +1,13 @@
 //! The oracle: PyTorch's own CUDA caching allocator (`libc10_cuda.so` of a given torch) run over
 //! a trace on a fake CUDA runtime, on any machine with `g++` and a torch wheel (no GPU).
 //!
-//! Two native helpers, built at first use against that torch and cached (see [`build`]):
-//! `fake_cudart.cpp` (a `libcudart.so.12` or `.13`, as the torch links, that hands out addresses as [`SimDevice`] with
-//! [`AddressOrder::Lowest`] places them, so placement is never a difference) and `driver.cpp`
-//! (reads events on standard input, drives `c10::cuda::CUDACachingAllocator`, writes JSON).
+//! Three native helpers, built at first use against that torch and cached (see [`build`]):
+//! `fake_cudart.cpp` (a `libcudart.so.12` or `.13`, as the torch links, with the driver's VMM
+//! calls behind `cudaGetDriverEntryPoint*`, that places segments and reservations as
+//! [`SimDevice`] with [`AddressOrder::Lowest`] does, so placement is never a difference),
+//! `fake_nvml.cpp` (a `libnvidia-ml.so.1` that reports no fabric memory) and `driver.cpp` (reads
+//! events on standard input, drives `c10::cuda::CUDACachingAllocator`, writes JSON). A release
+//! not installed here is fetched by `fetch_torch.py`; [`fuzz`] is the differential fuzz.
 //!
 //! [`SimDevice`]: super::device::SimDevice
 //! [`AddressOrder::Lowest`]: super::device::AddressOrder::Lowest
@@ -24,6 +27,7 @@ use crate::event::{Event, PoolOp};
 use crate::results::{BlockSnapshot, BlockState, OracleComparison, OracleOom, OracleResult, Parting, SegmentSnapshot, SegmentType};
 
 const FAKE_CUDART_CPP: &str = include_str!("fake_cudart.cpp");
+const FAKE_NVML_CPP: &str = include_str!("fake_nvml.cpp");
 const DRIVER_CPP: &str = include_str!("driver.cpp");
 const FETCH_TORCH_PY: &str = include_str!("fetch_torch.py");
 
@@ -43,6 +47,8 @@ pub struct OracleOptions {
     pub capacity: u64,
     /// Where the fake runtime (and the simulator compared with it) places segments.
     pub address_order: super::device::AddressOrder,
+    /// The release whose rules the simulator follows in a comparison (default: the oracle's).
+    pub simulate: Option<TorchVersion>,
 }
 
 /// A torch found on this machine: its libraries, headers and version.
@@ -80,6 +86,8 @@ struct DriverSegment {
     total_size: u64,
     stream: u64,
     is_large: bool,
+    #[serde(default)]
+    is_expandable: bool,
     pool: (u64, u64),
     blocks: Vec<DriverBlock>,
 }
@@ -234,22 +242,28 @@ fn cache_root() -> PathBuf {
     base.join("allocbench").join("oracle")
 }
 
-/// The built helpers: `(fake libcudart, driver)`, compiled once per sources and torch.
-pub fn build(torch: &Torch) -> Result<(PathBuf, PathBuf), InputError> {
+/// The built helpers: what to preload (the fake libcudart and libnvidia-ml) and the driver,
+/// compiled once per sources and torch.
+pub fn build(torch: &Torch) -> Result<(String, PathBuf), InputError> {
     let lib = torch.lib.display().to_string();
-    let key = fnv(&[FAKE_CUDART_CPP.as_bytes(), DRIVER_CPP.as_bytes(), lib.as_bytes(), torch.version.as_bytes(), torch.cudart.as_bytes()]);
+    let key =
+        fnv(&[FAKE_CUDART_CPP.as_bytes(), FAKE_NVML_CPP.as_bytes(), DRIVER_CPP.as_bytes(), lib.as_bytes(), torch.version.as_bytes(), torch.cudart.as_bytes()]);
     let dir = cache_root().join(format!("{}-{key:016x}", torch.version.replace(['/', ' '], "_")));
     let fake = dir.join(torch.cudart);
+    let nvml = dir.join("libnvidia-ml.so.1");
     let driver = dir.join("oracle-driver");
-    if fake.is_file() && driver.is_file() {
-        return Ok((fake, driver));
+    // libc10_cuda dlopens libnvidia-ml.so.1 by that name: a preloaded one of that soname is it.
+    let preload = format!("{}:{}", fake.display(), nvml.display());
+    if fake.is_file() && nvml.is_file() && driver.is_file() {
+        return Ok((preload, driver));
     }
     let err = |m: String| InputError::new("oracle", m);
     std::fs::create_dir_all(&dir).map_err(|e| err(format!("cannot create the cache folder {}: {e}", dir.display())))?;
     let work = tempfile::Builder::new().prefix("build-").tempdir_in(&dir).map_err(|e| err(format!("cannot write in {}: {e}", dir.display())))?;
     // The version script names the runtime's symbol version, which libc10_cuda asks for.
     let map = format!("{} {{\n  global: cuda*; allocbench_fake_*;\n  local: *;\n}};\n", torch.cudart);
-    for (name, text) in [("fake_cudart.cpp", FAKE_CUDART_CPP), ("fake_cudart.map", map.as_str()), ("driver.cpp", DRIVER_CPP)] {
+    for (name, text) in [("fake_cudart.cpp", FAKE_CUDART_CPP), ("fake_cudart.map", map.as_str()), ("fake_nvml.cpp", FAKE_NVML_CPP), ("driver.cpp", DRIVER_CPP)]
+    {
         std::fs::write(work.path().join(name), text).map_err(|e| err(format!("cannot write {name}: {e}")))?;
     }
     let w = |n: &str| work.path().join(n);
@@ -274,15 +288,26 @@ pub fn build(torch: &Torch) -> Result<(PathBuf, PathBuf), InputError> {
     args.push(format!("-Wl,--version-script={}", w("fake_cudart.map").display()).into());
     args.extend([w("fake_cudart.cpp").into_os_string(), os("-o"), w(torch.cudart).into_os_string()]);
     gxx(args, "fake CUDA runtime")?;
+    let args = vec![
+        os("-O2"),
+        os("-shared"),
+        os("-fPIC"),
+        os("-Wl,-soname,libnvidia-ml.so.1"),
+        w("fake_nvml.cpp").into_os_string(),
+        os("-o"),
+        w("libnvidia-ml.so.1").into_os_string(),
+    ];
+    gxx(args, "fake NVML")?;
     let mut args = vec![os("-std=c++20"), os("-O1"), format!("-I{}", torch.include.display()).into(), os(&cuda_inc)];
     args.extend([w("driver.cpp").into_os_string(), os("-o"), w("oracle-driver").into_os_string()]);
     args.extend([format!("-L{}", torch.lib.display()).into(), os("-lc10_cuda"), os("-lc10"), format!("-Wl,-rpath,{}", torch.lib.display()).into()]);
     args.extend([format!("-L{}", work.path().display()).into(), format!("-l:{}", torch.cudart).into()]);
     gxx(args, "driver")?;
-    // The library first: a driver present means both are.
+    // The libraries first: a driver present means all three are.
     std::fs::rename(w(torch.cudart), &fake).map_err(|e| err(format!("cannot keep the build: {e}")))?;
+    std::fs::rename(w("libnvidia-ml.so.1"), &nvml).map_err(|e| err(format!("cannot keep the build: {e}")))?;
     std::fs::rename(w("oracle-driver"), &driver).map_err(|e| err(format!("cannot keep the build: {e}")))?;
-    Ok((fake, driver))
+    Ok((preload, driver))
 }
 
 /// The driver's input line for one event, `None` for one it does not take.
@@ -303,18 +328,71 @@ fn line(e: &Event) -> String {
     }
 }
 
-/// Runs `events` through the real allocator of `opts`' torch.
+/// Runs `events` through the real allocator of `opts`' torch (the map at the end only).
 pub fn run(events: impl Iterator<Item = anyhow::Result<Event>>, opts: &OracleOptions) -> anyhow::Result<OracleResult> {
-    crate::units::check_capacity(opts.capacity).map_err(|m| InputError::new("--capacity", m))?;
-    let torch = find_torch(opts)?;
-    // The conf as this torch parses it: a key it lacks is refused here, in its words.
-    let conf = super::config::AllocatorConfig::parse_for(&opts.conf, simulated_version(&torch.version))?;
-    if conf.expandable_segments {
-        return Err(InputError::new("--conf", "expandable_segments:True is not supported by the oracle yet (its fake runtime has no VMM driver calls)").into());
+    Ok(run_driver(events, opts, None)?.0)
+}
+
+/// The state after each event, as the driver writes it with ALLOCBENCH_ORACLE_TRACK: the
+/// address an allocation got (or 0), then allocated, reserved, active and inactive-split bytes,
+/// inactive-split blocks and segments.
+pub type EventState = [u64; 7];
+
+/// What each place of an [`EventState`] is.
+const STATE_NAMES: [&str; 7] = [
+    "address of the allocation",
+    "allocated_bytes.all.current",
+    "reserved_bytes.all.current",
+    "active_bytes.all.current",
+    "inactive_split_bytes.all.current",
+    "inactive_split.all.current",
+    "segment.all.current",
+];
+
+/// Runs the first `limit` events of `trace` through the real allocator, with its state after
+/// each event, and again up to its peak for the map there.
+pub fn run_trace(trace: &std::path::Path, opts: &OracleOptions, limit: usize) -> anyhow::Result<(OracleResult, Vec<EventState>)> {
+    let source = crate::input::Source::open(Some(trace))?;
+    let dir = tempfile::tempdir()?;
+    let track = dir.path().join("track.bin");
+    let (mut result, states) = run_driver(source.events()?.take(limit), opts, Some(&track))?;
+    let states = states.unwrap_or_default();
+    result.peak_event = peak_moment(&states);
+    if let Some(peak) = result.peak_event {
+        let opts = OracleOptions { libc10: Some(PathBuf::from(&result.torch_lib)), torch_version: None, ..opts.clone() };
+        result.segments_at_peak = run_driver(source.events()?.take(peak as usize + 1), &opts, None)?.0.segments;
     }
-    let (fake, driver) = build(&torch)?;
-    let mut child = Command::new(&driver)
-        .env("LD_PRELOAD", &fake)
+    Ok((result, states))
+}
+
+/// The peak moment as the simulator's `Peak` observer takes it: after an allocation, reserved
+/// above every earlier one, or equal to the highest with more allocated.
+fn peak_moment(states: &[EventState]) -> Option<u64> {
+    let (mut best, mut at) = ((0u64, 0u64), None);
+    for (i, s) in states.iter().enumerate() {
+        let (placed, allocated, reserved) = (s[0], s[1], s[2]);
+        if placed != 0 && (reserved > best.0 || (reserved == best.0 && allocated > best.1)) {
+            (best, at) = ((reserved, allocated), Some(i as u64));
+        }
+    }
+    at
+}
+
+fn run_driver(
+    events: impl Iterator<Item = anyhow::Result<Event>>,
+    opts: &OracleOptions,
+    track: Option<&std::path::Path>,
+) -> anyhow::Result<(OracleResult, Option<Vec<EventState>>)> {
+    crate::units::check_capacity(opts.capacity).map_err(|m| InputError::new("--capacity", m))?;
+    // The conf is the real allocator's to parse (and refuse, in its own words).
+    let torch = find_torch(opts)?;
+    let (preload, driver) = build(&torch)?;
+    let mut command = Command::new(&driver);
+    if let Some(track) = track {
+        command.env("ALLOCBENCH_ORACLE_TRACK", track);
+    }
+    let mut child = command
+        .env("LD_PRELOAD", &preload)
         .env("PYTORCH_CUDA_ALLOC_CONF", &opts.conf)
         .env_remove("PYTORCH_ALLOC_CONF")
         .env("ALLOCBENCH_FAKE_CAPACITY", opts.capacity.to_string())
@@ -340,11 +418,23 @@ pub fn run(events: impl Iterator<Item = anyhow::Result<Event>>, opts: &OracleOpt
     if !out.status.success() {
         let text = String::from_utf8_lossy(&out.stderr);
         let last = text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("no message");
+        if out.status.code() == Some(4) {
+            // PyTorch refused the conf: its message is the answer.
+            let why = last.strip_prefix("oracle driver: PyTorch refused the conf: ").unwrap_or(last);
+            return Err(InputError::new("--conf", format!("torch {} refuses it: {why}", torch.version)).into());
+        }
         anyhow::bail!("the oracle driver failed ({}): {last}", out.status);
     }
     let d: DriverOutput = serde_json::from_slice(&out.stdout).map_err(|e| anyhow::anyhow!("the oracle driver wrote no valid JSON: {e}"))?;
     anyhow::ensure!(d.format == "allocbench-oracle-v1", "the oracle driver wrote format '{}'", d.format);
-    Ok(OracleResult {
+    let states = match track {
+        Some(path) => {
+            let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("the oracle driver's state file {}: {e}", path.display()))?;
+            Some(bytes.chunks_exact(56).map(|row| std::array::from_fn(|k| u64::from_le_bytes(row[k * 8..k * 8 + 8].try_into().expect("8 bytes")))).collect())
+        }
+        None => None,
+    };
+    let result = OracleResult {
         format: d.format,
         torch_version: torch.version.clone(),
         torch_lib: torch.lib.display().to_string(),
@@ -355,7 +445,10 @@ pub fn run(events: impl Iterator<Item = anyhow::Result<Event>>, opts: &OracleOpt
         stats: d.stats,
         oom: d.oom.map(|o| OracleOom { event: o.event.saturating_sub(1), bytes: o.bytes, stream: o.stream, message: o.message }),
         segments: d.segments.into_iter().map(segment).collect(),
-    })
+        peak_event: None,
+        segments_at_peak: Vec::new(),
+    };
+    Ok((result, states))
 }
 
 fn segment(s: DriverSegment) -> SegmentSnapshot {
@@ -368,7 +461,7 @@ fn segment(s: DriverSegment) -> SegmentSnapshot {
         total_size: s.total_size,
         stream: stream_number(s.stream),
         segment_type: if s.is_large { SegmentType::Large } else { SegmentType::Small },
-        is_expandable: false,
+        is_expandable: s.is_expandable,
         blocks: s
             .blocks
             .into_iter()
@@ -392,27 +485,74 @@ pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<
     compare_prefix(trace, opts, usize::MAX)
 }
 
-/// [`compare`] on the first `events` events of `trace`.
+/// [`compare`] on the first `events` events of `trace`: the stats at the end, the maps at the
+/// end and at the peak, and the state after every event (for the first event where they part).
 fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) -> anyhow::Result<OracleComparison> {
-    use super::replay::{replay_watched, AtStep, OnOom, ReplayOptions};
+    use super::replay::{replay_observed, OnOom, SegmentsAtPeak};
     use super::GpuAllocator as _;
+    let (oracle, oracle_states) = run_trace(trace, opts, events)?;
+    let simulate = opts.simulate.unwrap_or_else(|| simulated_version(&oracle.torch_version));
+    let conf = super::config::AllocatorConfig::parse_for(&opts.conf, simulate)?;
     let source = crate::input::Source::open(Some(trace))?;
-    let oracle = run(source.events()?.take(events), opts)?;
-    let conf = super::config::AllocatorConfig::parse_for(&opts.conf, simulated_version(&oracle.torch_version))?;
     let mut alloc = super::caching::CachingAllocator::new(conf, super::device::SimDevice::new(opts.capacity).with_address_order(opts.address_order));
-    let ropts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
-    replay_watched(&mut alloc, source.events()?.take(events), &ropts, &mut AtStep(|_, _, _: &super::stats::DeviceStats| {}))?;
+    let (mut states, mut at_peak) = (StateTrack::default(), SegmentsAtPeak::exact());
+    replay_observed(&mut alloc, source.events()?.take(events), OnOom::Stop, &mut (&mut at_peak, &mut states))?;
     let sim_stats = alloc.stats().to_torch_map();
-    let mut sim_segments = alloc.segments();
     let mut mismatches = Vec::new();
     let keys_compared = super::fidelity::compare_stats("final", &sim_stats, &oracle.stats, &mut mismatches);
-    sim_segments.sort_by_key(|s| s.address);
-    let segments_equal = comparable(&sim_segments) == comparable(&oracle.segments);
-    Ok(OracleComparison { oracle, sim_stats, keys_compared, mismatches, segments_equal, sim_segments })
+    let sim_segments = alloc.segments();
+    let sim_segments_at_peak = if oracle.peak_event.is_some() { at_peak.segments } else { Vec::new() };
+    let segments_equal = comparable(&sim_segments) == comparable(&oracle.segments) && comparable(&sim_segments_at_peak) == comparable(&oracle.segments_at_peak);
+    let first_parting = states.states.iter().zip(&oracle_states).position(|(a, b)| a != b);
+    let parting_state = match first_parting {
+        Some(k) => (0..STATE_NAMES.len())
+            .filter(|&j| states.states[k][j] != oracle_states[k][j])
+            .map(|j| crate::results::Mismatch {
+                at: format!("event {k}"),
+                key: STATE_NAMES[j].into(),
+                sim: states.states[k][j] as i64,
+                torch: oracle_states[k][j] as i64,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let first_parting = first_parting.map(|k| k as u64);
+    Ok(OracleComparison { oracle, sim_stats, keys_compared, mismatches, segments_equal, sim_segments, sim_segments_at_peak, first_parting, parting_state })
 }
 
-/// Bisects the prefixes of `trace` (whose whole run, `whole`, differs) for the shortest that
-/// differs: about log2(events) runs of each side. The torch is found once.
+/// The simulator's [`EventState`] after each event, as the driver writes the real allocator's.
+#[derive(Default)]
+struct StateTrack {
+    states: Vec<EventState>,
+    placed: u64,
+}
+
+impl<A: super::GpuAllocator + ?Sized> super::replay::Observer<A> for StateTrack {
+    fn placed(&mut self, alloc: &A, _id: u64, handle: super::Handle) {
+        self.placed = alloc.block_address(handle).unwrap_or(0);
+    }
+    fn after_event(&mut self, alloc: &A, _at: super::replay::At) {
+        let all = alloc.stats().all();
+        let n = |v: i64| v.max(0) as u64;
+        self.states.push([
+            std::mem::take(&mut self.placed),
+            n(all.allocated_bytes.current),
+            n(all.reserved_bytes.current),
+            n(all.active_bytes.current),
+            n(all.inactive_split_bytes.current),
+            n(all.inactive_split.current),
+            n(all.segment.current),
+        ]);
+    }
+    fn after_event_due(&self, events: u64) -> u64 {
+        events + 1
+    }
+}
+
+/// The first event after which the two differ (`whole`, the run of all of `trace`, says where
+/// their per-event states first differ: one more run of each side up to it gives what differs
+/// there). Where every per-event state agrees yet the end differs, prefixes are bisected for the
+/// shortest that differs (about log2(events) runs of each side). The torch is found once.
 pub fn first_parting(trace: &std::path::Path, opts: &OracleOptions, whole: &OracleComparison) -> anyhow::Result<Option<Parting>> {
     if whole.identical() {
         return Ok(None);
@@ -420,6 +560,21 @@ pub fn first_parting(trace: &std::path::Path, opts: &OracleOptions, whole: &Orac
     let mut opts = opts.clone();
     if opts.libc10.is_none() {
         opts.libc10 = Some(PathBuf::from(&whole.oracle.torch_lib));
+    }
+    let what = |n: usize| -> anyhow::Result<String> {
+        let source = crate::input::Source::open(Some(trace))?;
+        let event = source.events()?.nth(n).transpose()?;
+        Ok(match event {
+            Some(e) => format!("{} {e:?}", e.op_name()),
+            None => "?".into(),
+        })
+    };
+    if let Some(k) = whole.first_parting {
+        // What differs right there, then every key and the maps after that event.
+        let c = compare_prefix(trace, &opts, k as usize + 1)?;
+        let mut mismatches = whole.parting_state.clone();
+        mismatches.extend(c.mismatches.into_iter().filter(|m| !whole.parting_state.iter().any(|p| p.key == m.key)));
+        return Ok(Some(Parting { event: k, what: what(k as usize)?, mismatches, segments_equal: c.segments_equal }));
     }
     // Agreeing prefixes: `lo` events; differing: `hi` (the whole run's events at most).
     let (mut lo, mut hi) = (0usize, whole.oracle.events as usize);
@@ -438,12 +593,7 @@ pub fn first_parting(trace: &std::path::Path, opts: &OracleOptions, whole: &Orac
         Some(c) => c,
         None => compare_prefix(trace, &opts, hi)?,
     };
-    let source = crate::input::Source::open(Some(trace))?;
-    let what = match source.events()?.nth(hi - 1).transpose()? {
-        Some(e) => format!("{} {e:?}", e.op_name()),
-        None => "?".into(),
-    };
-    Ok(Some(Parting { event: hi as u64 - 1, what, mismatches: c.mismatches, segments_equal: c.segments_equal }))
+    Ok(Some(Parting { event: hi as u64 - 1, what: what(hi - 1)?, mismatches: c.mismatches, segments_equal: c.segments_equal }))
 }
 
 /// Segments sorted by address, with a free block's `requested_size` cleared: PyTorch keeps
