@@ -46,6 +46,10 @@ pub enum PoolOp {
     /// emptyCache(mempool_id): only `pool`'s free segments are released, and only once it has no
     /// user left (a MemPool's destructor releases its use, then empties its pool).
     EmptyCache { pool: u64 },
+    /// setUseOnOOM (`torch.cuda.MemPool(use_on_oom=True)`): an allocation outside the pool that
+    /// finds no cached block and no device memory takes a free block of `pool` before the
+    /// allocator frees its cache and retries.
+    UseOnOom { pool: u64 },
 }
 
 impl Event {
@@ -62,6 +66,7 @@ impl Event {
             Event::Pool(PoolOp::Join { .. }) => "pool_join",
             Event::Pool(PoolOp::Release { .. }) => "pool_release",
             Event::Pool(PoolOp::EmptyCache { .. }) => "empty_cache",
+            Event::Pool(PoolOp::UseOnOom { .. }) => "pool_use_on_oom",
         }
     }
 }

@@ -2063,3 +2063,21 @@ fn periodic_windows_keep_their_extra_point_at_every_call() {
     let allocs: Vec<u64> = events(&trace).iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect();
     assert_eq!(allocs, [1028, 1024].repeat(4));
 }
+
+/// `torch.cuda.MemPool(use_on_oom=True)` writes `pool_use_on_oom` right after the pool is made,
+/// and the replay reads it (setUseOnOOM: docs/trace-format.md).
+#[test]
+fn a_mem_pool_used_on_oom_says_so_in_the_trace() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, trace) = capture(dir.path(), "oom-pool.csv", &[], &[&fixture("mempool_use_on_oom.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let evs = events(&trace);
+    use Event::Pool;
+    let at = evs.iter().position(|e| *e == Pool(PoolOp::UseOnOom { pool: 1 })).unwrap_or_else(|| panic!("{evs:?}"));
+    assert_eq!(&evs[at - 2..at], &[Pool(PoolOp::Begin { pool: 1, stream: None }), Pool(PoolOp::End { pool: 1 })]);
+    let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["replay", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
+}

@@ -358,3 +358,33 @@ fn the_first_parting_is_found_event_by_event() {
     assert_eq!(p.event, 7);
     assert!(!p.segments_equal);
 }
+
+/// pool_use_on_oom: a MemPool marked use_on_oom serves the default pools when the card is full,
+/// before the cache flush from 2.11 and after it on 2.10, and never a request routed to another
+/// MemPool; both sides agree on each release.
+#[test]
+fn use_on_oom_pools_agree_on_each_release() {
+    const GIB: u64 = 1 << 30;
+    let dir = tempfile::tempdir().unwrap();
+    let head = [
+        "pool_begin,1,,".to_string(),
+        format!("alloc,1,{},0", 3 * GIB),
+        "free,1,,".into(),
+        "pool_end,1,,".into(),
+        "pool_use_on_oom,1,,".into(),
+        format!("alloc,2,{},0", 5 * GIB),
+    ];
+    let default = write_trace(dir.path(), "default.csv", &[&head[..], &[format!("alloc,3,{},0", 2 * GIB)]].concat());
+    let routed = write_trace(dir.path(), "routed.csv", &[&head[..], &["pool_begin,2,,".into(), format!("alloc,3,{},0", 2 * GIB)]].concat());
+    for (release, retries) in [("2.10.0", 1), ("2.11.0", 0), ("2.15.0", 0)] {
+        let Some(mut opts) = release_options(release) else { return };
+        opts.capacity = 8 * GIB;
+        let c = oracle::compare(&default, &opts).unwrap();
+        assert!(c.oracle.oom.is_none(), "{release}");
+        assert_eq!(c.oracle.stats["num_alloc_retries"], retries, "{release}");
+        assert!(c.identical(), "{release}: {:?}", c.mismatches);
+        let c = oracle::compare(&routed, &opts).unwrap();
+        assert!(c.oracle.oom.is_some(), "{release}");
+        assert!(c.identical(), "{release}: {:?}", c.mismatches);
+    }
+}

@@ -132,6 +132,9 @@ class _TraceSink(_FakeCard):
     def empty_pool_cache(self, pool):
         self.file.write(f"empty_cache,{pool},,\n")
 
+    def pool_use_on_oom(self, pool):
+        self.file.write(f"pool_use_on_oom,{pool},,\n")
+
     def comment(self, text):
         self.file.write(f"# {text}\n")
 

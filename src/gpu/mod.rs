@@ -172,6 +172,10 @@ pub trait GpuAllocator {
     fn empty_pool_cache(&mut self, _pool: u64) -> Result<(), DeviceError> {
         Ok(())
     }
+    /// setUseOnOOM (see [`crate::event::PoolOp::UseOnOom`]).
+    fn use_pool_on_oom(&mut self, _pool: u64) -> Result<(), String> {
+        Ok(())
+    }
     fn stats(&self) -> &DeviceStats;
     /// Segments in address order with their blocks (none for policies that keep no segments).
     fn segments(&self) -> Vec<SegmentSnapshot> {

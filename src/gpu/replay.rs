@@ -248,6 +248,7 @@ fn pool_call<A: GpuAllocator + ?Sized>(alloc: &mut A, op: PoolOp, index: u64) ->
         PoolOp::End { pool } => alloc.end_allocate_to_pool(pool).map_err(refused),
         PoolOp::Release { pool } => alloc.release_pool(pool).map_err(refused),
         PoolOp::EmptyCache { pool } => alloc.empty_pool_cache(pool).map_err(|e| anyhow::anyhow!("device error at event {index}: {e}")),
+        PoolOp::UseOnOom { pool } => alloc.use_pool_on_oom(pool).map_err(refused),
     }
 }
 

@@ -92,6 +92,20 @@ impl TorchVersion {
         self >= v(10)
     }
 
+    /// torch 2.11: an allocation that finds no cached block and no device memory tries the
+    /// MemPools marked use_on_oom before freeing oversize blocks and flushing the cache; before
+    /// 2.11 only after the flush's retry failed (a retry and a device-wide sync counted first).
+    /// Found by the oracle.
+    pub fn use_on_oom_before_flush(self) -> bool {
+        self >= v(11)
+    }
+
+    /// torch 2.10: setUseOnOOM takes whether (2.9: it only sets), so a MemPool's destructor stops
+    /// the pool's use on OOM before releasing it.
+    pub fn use_on_oom_can_be_unset(self) -> bool {
+        self >= v(10)
+    }
+
     /// The release a `PYTORCH_CUDA_ALLOC_CONF` key first appeared in, for the keys that did not
     /// always exist (`None`: in every verified release). Read off each release's own parser:
     /// an older one refuses the key (`Unrecognized CachingAllocator option: KEY`).
@@ -174,6 +188,12 @@ mod tests {
         let e = AllocatorConfig::parse_for("max_non_split_rounding_mb:20", v(9)).unwrap_err().to_string();
         assert!(e.contains("too small, must be > 20"), "{e}");
         assert!(AllocatorConfig::parse_for("max_split_size_mb:20", v(10)).is_ok());
+    }
+
+    #[test]
+    fn use_on_oom_pools_come_before_the_flush_from_2_11() {
+        assert!(!v(10).use_on_oom_before_flush());
+        assert!(v(11).use_on_oom_before_flush());
     }
 
     #[test]

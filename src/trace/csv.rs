@@ -491,9 +491,17 @@ impl<R: BufRead> TraceReader<R> {
                 }
                 Event::Pool(PoolOp::Release { pool })
             }
+            "pool_use_on_oom" => {
+                let pool = self.number(id, "pool (id column)")?;
+                // setUseOnOOM needs the pool: made by a pool_begin, not yet released by every user.
+                if !self.pool_users.contains_key(&pool) {
+                    return Err(self.err(format!("pool_use_on_oom of pool {pool}, which no pool_begin made or every user has released")));
+                }
+                Event::Pool(PoolOp::UseOnOom { pool })
+            }
             other => {
                 return Err(self.err(format!(
-                    "unknown op '{}' (expected alloc, free, record_stream, sync, step, empty_cache, pool_begin, pool_join, pool_end or pool_release)",
+                    "unknown op '{}' (expected alloc, free, record_stream, sync, step, empty_cache, pool_begin, pool_join, pool_end, pool_release or pool_use_on_oom)",
                     clip(other)
                 )))
             }
@@ -649,6 +657,7 @@ impl<W: Write> TraceWriter<W> {
             Event::Pool(PoolOp::End { pool }) => writeln!(self.out, "pool_end,{pool},,"),
             Event::Pool(PoolOp::Join { pool, stream }) => writeln!(self.out, "pool_join,{pool},,{stream}"),
             Event::Pool(PoolOp::Release { pool }) => writeln!(self.out, "pool_release,{pool},,"),
+            Event::Pool(PoolOp::UseOnOom { pool }) => writeln!(self.out, "pool_use_on_oom,{pool},,"),
             Event::Pool(PoolOp::EmptyCache { pool }) => writeln!(self.out, "empty_cache,{pool},,"),
         }
     }
@@ -844,6 +853,11 @@ mod tests {
             ("pool_begin,1,,3\npool_join,1,,", "t.csv:3: missing stream"),
             ("pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_begin,1,,", "t.csv:5: pool_begin of pool 1, which every user has released"),
             ("pool_begin,1,,x", "t.csv:2:"),
+            ("pool_use_on_oom,1,,", "t.csv:2: pool_use_on_oom of pool 1, which no pool_begin made"),
+            (
+                "pool_begin,1,,\npool_end,1,,\npool_release,1,,\npool_use_on_oom,1,,",
+                "t.csv:5: pool_use_on_oom of pool 1, which no pool_begin made or every user has released",
+            ),
         ] {
             let res = parse(&format!("{head}{rows}\n"));
             let err = res.last().unwrap().as_ref().unwrap_err().to_string();
@@ -1025,6 +1039,7 @@ mod tests {
             Event::Pool(PoolOp::Join { pool: 3, stream: 10 }),
             Event::Pool(PoolOp::End { pool: 3 }),
             Event::Pool(PoolOp::Begin { pool: 3, stream: None }),
+            Event::Pool(PoolOp::UseOnOom { pool: 3 }),
             Event::Pool(PoolOp::End { pool: 3 }),
             Event::Pool(PoolOp::Release { pool: 3 }),
             Event::Pool(PoolOp::Release { pool: 3 }),

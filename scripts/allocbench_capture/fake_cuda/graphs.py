@@ -174,6 +174,9 @@ def _fake_cuda_graphs_and_raw_blocks(torch, patches, recorder, streams):
             if not recorder.closed:
                 recorder.sink.pool_begin(self._id[1], None)
                 recorder.sink.pool_end(self._id[1])
+                # setUseOnOOM: the allocator's own pools may take this pool's free blocks on OOM.
+                if use_on_oom:
+                    recorder.sink.pool_use_on_oom(self._id[1])
 
         @property
         def id(self):

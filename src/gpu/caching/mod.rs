@@ -268,6 +268,8 @@ pub struct CachingAllocator<D: Device> {
     captures_counted: bool,
     /// alloc_block refused the request under throw_on_cudamalloc_oom (read once by the caller).
     rejected: bool,
+    /// [`TorchVersion::use_on_oom_before_flush`](crate::gpu::torch_version::TorchVersion::use_on_oom_before_flush).
+    use_on_oom_first: bool,
 }
 
 /// PrivatePool: a CUDA graph's (or a MemPool's) own BlockPool pair. `use_count` counts the
@@ -280,6 +282,8 @@ struct PrivatePool {
     pair: u32,
     use_count: u64,
     cuda_malloc_count: u64,
+    /// setUseOnOOM: an allocation outside it may take its free blocks before the cache flush.
+    use_on_oom: bool,
 }
 
 /// An entry of captures_underway: allocations on `stream` (every stream when `None`) go to
@@ -388,6 +392,7 @@ impl<D: Device> CachingAllocator<D> {
         let stats = DeviceStats::new(if cfg.max_split_size == u64::MAX { -1 } else { cfg.max_split_size as i64 });
         let order = cfg.torch.free_block_order();
         let captures_counted = cfg.torch.captures_are_counted();
+        let use_on_oom_first = cfg.torch.use_on_oom_before_flush();
         let mut streams = FxHashMap::default();
         streams.insert(0, 0);
         CachingAllocator {
@@ -404,6 +409,7 @@ impl<D: Device> CachingAllocator<D> {
             next_tie_units: 1,
             captures_counted,
             rejected: false,
+            use_on_oom_first,
             stats,
             allowed,
             gc_enabled,
@@ -445,6 +451,7 @@ impl<D: Device> CachingAllocator<D> {
             next_tie_units: self.next_tie_units,
             captures_counted: self.captures_counted,
             rejected: self.rejected,
+            use_on_oom_first: self.use_on_oom_first,
         })
     }
 
@@ -1143,6 +1150,14 @@ impl<D: Device> CachingAllocator<D> {
             info.rejected = true;
             return Err(AllocError::OutOfMemory(info));
         }
+        // MemPools marked use_on_oom (setUseOnOOM), by id: from torch 2.11 a cached block of
+        // theirs comes right after a new segment, before the oversize blocks are freed and the
+        // cache is flushed; before 2.11, after the flush's retry (below).
+        if found.is_none() && self.use_on_oom_first {
+            if let Some(block) = self.use_on_oom_block(stream, rounded, pool) {
+                return Ok(self.alloc_found_block(block, bytes, rounded));
+            }
+        }
         if found.is_none() && self.release_available_cached_blocks(stream, rounded, pool)? {
             found = self.alloc_block(stream, rounded, alloc_size, pool, false)?;
         }
@@ -1151,6 +1166,9 @@ impl<D: Device> CachingAllocator<D> {
             self.release_cached_blocks(false)?;
             found = self.alloc_block(stream, rounded, alloc_size, pool, true)?;
         }
+        if found.is_none() && !self.use_on_oom_first {
+            found = self.use_on_oom_block(stream, rounded, pool);
+        }
         match found {
             Some(block) => Ok(self.alloc_found_block(block, bytes, rounded)),
             None => {
@@ -1158,6 +1176,17 @@ impl<D: Device> CachingAllocator<D> {
                 Err(AllocError::OutOfMemory(self.oom_info(bytes, rounded, alloc_size, pool)))
             }
         }
+    }
+
+    /// A free block of a MemPool marked use_on_oom (by pool id) that serves a request of the
+    /// allocator's own pools, as get_free_block finds one in that pool's small or large BlockPool.
+    fn use_on_oom_block(&mut self, stream: u32, rounded: u64, pool: PoolId) -> Option<u32> {
+        // Only for the allocator's own pools: a request routed to a private pool OOMs there.
+        if pool.is_private() || !self.private_pools.values().any(|p| p.use_on_oom) {
+            return None;
+        }
+        let pairs: Vec<u32> = self.private_pools.values().filter(|p| p.use_on_oom).map(|p| p.pair).collect();
+        pairs.into_iter().find_map(|pair| self.get_free_block(stream, rounded, PoolId::in_pair(pair, pool.kind())))
     }
 
     /// `pool`: the BlockPool the request searched; only its pair's free blocks could serve it.
@@ -1434,7 +1463,7 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                     (self.pools.len() - 2) as u32
                 });
                 self.pair_owner[pair as usize / 2 - 1] = Some(pool);
-                self.private_pools.insert(pool, PrivatePool { pair, use_count: 1, cuda_malloc_count: 0 });
+                self.private_pools.insert(pool, PrivatePool { pair, use_count: 1, cuda_malloc_count: 0, use_on_oom: false });
                 pair
             }
         };
@@ -1481,6 +1510,11 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
             }
             Some(p) if p.use_count > 0 => {
                 p.use_count -= 1;
+                // A MemPool's destructor stops its use on OOM before releasing it (torch 2.10+,
+                // where setUseOnOOM takes whether; 2.9 cannot unset it).
+                if self.cfg.torch.use_on_oom_can_be_unset() {
+                    p.use_on_oom = false;
+                }
                 Ok(())
             }
             Some(_) => Err(format!("pool_release of pool {pool}, which has no user left")),
@@ -1507,6 +1541,16 @@ impl<D: Device> GpuAllocator for CachingAllocator<D> {
                     self.events.completed.extend(q);
                 }
             }
+        }
+    }
+
+    fn use_pool_on_oom(&mut self, pool: u64) -> Result<(), String> {
+        match self.private_pools.get_mut(&pool) {
+            Some(p) => {
+                p.use_on_oom = true;
+                Ok(())
+            }
+            None => Err(format!("pool_use_on_oom of pool {pool}, which does not exist")),
         }
     }
 

@@ -966,3 +966,28 @@ fn expandable_segments_reserve_sets_the_reservation() {
     // 0.01 × 8 GiB = 81.92 MiB, rounded up to 2 MiB pages: 82 MiB.
     assert_eq!(addrs[1] - addrs[0], 82 * MIB);
 }
+
+/// pool_use_on_oom (setUseOnOOM): with 3 GiB cached in MemPool 1 and the card full, a 2 GiB
+/// request of the default pool takes the pool's block; from torch 2.11 before the cache flush
+/// (no retry), on 2.10 after it (one retry). A request routed to another MemPool does not.
+#[test]
+fn use_on_oom_pools_serve_the_default_pools_when_the_card_is_full() {
+    use crate::gpu::torch_version::TorchVersion;
+    for (torch, retries) in [("2.10", 1), ("2.15", 0)] {
+        let cfg = AllocatorConfig::parse_for("", TorchVersion::parse(torch).unwrap()).unwrap();
+        let mut a = CachingAllocator::new(cfg, SimDevice::new(8 * GIB));
+        a.begin_allocate_to_pool(1, None).unwrap();
+        let h = a.malloc(3 * GIB, 0).unwrap();
+        a.free(h).unwrap();
+        a.end_allocate_to_pool(1).unwrap();
+        a.use_pool_on_oom(1).unwrap();
+        a.malloc(5 * GIB, 0).unwrap();
+        a.malloc(2 * GIB, 0).unwrap();
+        assert_eq!((a.stats().num_alloc_retries, a.stats().num_ooms), (retries, 0), "torch {torch}");
+        let pooled = a.segments().into_iter().find(|s| s.private_pool == Some(1)).unwrap();
+        assert_eq!(pooled.allocated(), 2 * GIB, "torch {torch}");
+        // Routed to MemPool 2, a request finds nothing there and OOMs (pool 1 has 1 GiB left).
+        a.begin_allocate_to_pool(2, None).unwrap();
+        assert!(a.malloc(GIB / 2, 0).is_err(), "torch {torch}");
+    }
+}

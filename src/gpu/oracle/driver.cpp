@@ -17,6 +17,7 @@
 //   b POOL STREAM|-     pool_begin     j POOL STREAM pool_join
 //   n POOL              pool_end       l POOL        pool_release
 //   p POOL              empty_cache of a pool
+//   u POOL              pool_use_on_oom (MemPool(use_on_oom=True))
 #include <c10/core/Allocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
@@ -105,6 +106,17 @@ void mark_capture(Allocator* a, bool begin) {
   }
 }
 
+// setUseOnOOM: torch 2.10+ takes whether to (as MemPool(use_on_oom=...) says), 2.9 only sets it
+// (and cannot unset it, which MemPool's destructor does before releasing the pool on 2.10+).
+template <class Allocator>
+void use_on_oom(Allocator* a, c10::MempoolId_t pool, bool on) {
+  if constexpr (requires { a->setUseOnOOM(c10::DeviceIndex{0}, pool, true); }) {
+    a->setUseOnOOM(0, pool, on);
+  } else if (on) {
+    a->setUseOnOOM(0, pool);
+  }
+}
+
 template <class Stats>
 void put_newer_counts(std::string& out, const Stats& st) {
   if constexpr (requires { st.num_oom_rejections; }) {  // torch >= 2.12 (throw_on_cudamalloc_oom)
@@ -177,6 +189,7 @@ struct Pool {
   c10::MempoolId_t id;
   std::shared_ptr<std::set<cudaStream_t>> streams;  // null: every stream
   bool capturing = false;                            // a graph capture, until its end
+  bool use_on_oom = false;                           // pool_use_on_oom, until its first release
 };
 
 }  // namespace
@@ -286,11 +299,21 @@ int main() {
           break;
         case 'l':
           std::cin >> x;
+          // A MemPool's destructor: no longer used on OOM, then released.
+          if (auto& p = pools.at(x); p.use_on_oom) {
+            use_on_oom(a, p.id, false);
+            p.use_on_oom = false;
+          }
           a->releasePool(0, pools.at(x).id);
           break;
         case 'p':
           std::cin >> x;
           alloc::emptyCache(pools.at(x).id);
+          break;
+        case 'u':
+          std::cin >> x;
+          use_on_oom(a, pools.at(x).id, true);
+          pools.at(x).use_on_oom = true;
           break;
         default:
           std::cerr << "oracle driver: unknown event '" << op << "' at event " << events << "\n";

@@ -3,7 +3,7 @@
 //!
 //! A case is a pure function of its seed and the torch release (whose knobs the conf may use):
 //! streams with `record_stream` and syncs, private pools (graph captures on a side stream, with
-//! joins, and MemPools on every stream), `empty_cache`, every knob the release has (roundup
+//! joins, and MemPools on every stream, some marked use_on_oom), `empty_cache`, every knob the release has (roundup
 //! lists, `large_segment_size_mb`, a memory fraction with garbage collection), and requests
 //! from 512 bytes to a third of a small card, so that retries, OOMs and oversize blocks happen.
 
@@ -102,6 +102,7 @@ pub fn case(seed: u64, torch: TorchVersion) -> FuzzCase {
     // pools ended but not released (a release per begin).
     let mut capturing: Option<(u64, Option<u64>)> = None;
     let mut ended: Vec<u64> = Vec::new();
+    let mut on_oom_pool: Option<u64> = None;
     let streams = rng.random_range(1..=4u64);
     let mut live_bytes = 0u64;
     let mut used_elsewhere = std::collections::HashSet::new();
@@ -157,6 +158,9 @@ pub fn case(seed: u64, torch: TorchVersion) -> FuzzCase {
                 None if !ended.is_empty() && rng.random_bool(0.4) => {
                     let pool = ended.swap_remove(rng.random_range(0..ended.len()));
                     events.push(Event::Pool(PoolOp::Release { pool }));
+                    if on_oom_pool == Some(pool) {
+                        on_oom_pool = None;
+                    }
                     if rng.random_bool(0.5) {
                         events.push(Event::Pool(PoolOp::EmptyCache { pool }));
                     }
@@ -165,6 +169,13 @@ pub fn case(seed: u64, torch: TorchVersion) -> FuzzCase {
                     // A graph capture on a side stream, or a MemPool on every stream.
                     let stream = if streams > 1 && rng.random_bool(0.6) { Some(rng.random_range(1..streams)) } else { None };
                     events.push(Event::Pool(PoolOp::Begin { pool: next_pool, stream }));
+                    // One pool at a time used on OOM (with two, PyTorch tries them in its hash
+                    // container's order), and from 2.11 (2.9 and 2.10 fail an assertion
+                    // when a released one is searched): docs/oracle.md.
+                    if stream.is_none() && on_oom_pool.is_none() && torch.use_on_oom_before_flush() && rng.random_bool(0.5) {
+                        events.push(Event::Pool(PoolOp::UseOnOom { pool: next_pool }));
+                        on_oom_pool = Some(next_pool);
+                    }
                     capturing = Some((next_pool, stream));
                     next_pool += 1;
                 }
@@ -301,6 +312,7 @@ mod tests {
         assert!(has(&|e| matches!(e, Event::Pool(PoolOp::Join { .. }))));
         assert!(has(&|e| matches!(e, Event::Pool(PoolOp::Begin { stream: None, .. }))));
         assert!(has(&|e| matches!(e, Event::Pool(PoolOp::EmptyCache { .. }))));
+        assert!(has(&|e| matches!(e, Event::Pool(PoolOp::UseOnOom { .. }))));
         assert!(all.iter().any(|c| c.conf.contains("large_segment_size_mb")));
         assert!(all.iter().any(|c| c.conf.contains("garbage_collection_threshold")));
     }

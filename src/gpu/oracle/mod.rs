@@ -325,6 +325,7 @@ fn line(e: &Event) -> String {
         Event::Pool(PoolOp::End { pool }) => format!("n {pool}\n"),
         Event::Pool(PoolOp::Release { pool }) => format!("l {pool}\n"),
         Event::Pool(PoolOp::EmptyCache { pool }) => format!("p {pool}\n"),
+        Event::Pool(PoolOp::UseOnOom { pool }) => format!("u {pool}\n"),
     }
 }
 
