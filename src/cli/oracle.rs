@@ -51,7 +51,7 @@ impl OracleArgs {
 pub fn main(a: &OracleArgs) -> anyhow::Result<()> {
     use crate::units::format_bytes;
     output::check_outputs(&[a.json.as_deref().map(std::path::Path::new)], &[Some(&a.trace)])?;
-    let (r, _) = crate::gpu::oracle::run_trace(&a.trace, &a.options(), usize::MAX)?;
+    let (r, _) = crate::gpu::oracle::run_trace(&a.trace, &a.options(), usize::MAX, false)?;
     let stat = |k: &str| r.stats.get(k).copied().unwrap_or(0).max(0) as u64;
     let mut text = format!(
         "PyTorch {} caching allocator ({}) on {} [conf: {}]: {} events; peak allocated {}, peak reserved {}, {} cudaMalloc, {} retries, {} OOMs, {} segments at the end\n",

@@ -217,6 +217,8 @@ int main() {
   std::string op;
   uint64_t x = 0, y = 0, z = 0;
   std::string sy;
+  int64_t peak_reserved = 0, peak_allocated = 0;
+  uint64_t peak_event = 0;  // 1-based; 0: none
   FILE* track = nullptr;
   if (const char* t = std::getenv("ALLOCBENCH_ORACLE_TRACK")) track = std::fopen(t, "wb");
   while (!stopped && (std::cin >> op)) {
@@ -328,6 +330,17 @@ int main() {
                 << "\n";
       return 3;
     }
+    // The peak, as the simulator's Peak observer takes it: after an allocation, reserved above
+    // every earlier one, or equal to the highest with more allocated.
+    if (placed != 0 && !stopped) {
+      auto st = alloc::getDeviceStats(0);
+      int64_t reserved = st.reserved_bytes[0].current, allocated = st.allocated_bytes[0].current;
+      if (reserved > peak_reserved || (reserved == peak_reserved && allocated > peak_allocated)) {
+        peak_reserved = reserved;
+        peak_allocated = allocated;
+        peak_event = events;
+      }
+    }
     if (track && !stopped) {
       auto st = alloc::getDeviceStats(0);
       uint64_t row[7] = {placed,
@@ -342,6 +355,7 @@ int main() {
   }
   if (track) std::fclose(track);
   std::string out = "{\"format\":\"allocbench-oracle-v1\",\"events\":" + std::to_string(events) + ",\"stats\":" + stats_json() +
+                    ",\"peak_event\":" + (peak_event ? std::to_string(peak_event - 1) : std::string("null")) +
                     ",\"oom\":" + (oom.empty() ? std::string("null") : oom) + ",\"segments\":" + segments_json() + "}\n";
   std::fwrite(out.data(), 1, out.size(), stdout);
   std::fflush(stdout);

@@ -68,6 +68,8 @@ struct DriverOutput {
     format: String,
     events: u64,
     stats: BTreeMap<String, i64>,
+    #[serde(default)]
+    peak_event: Option<u64>,
     oom: Option<DriverOom>,
     segments: Vec<DriverSegment>,
 }
@@ -351,32 +353,19 @@ const STATE_NAMES: [&str; 7] = [
 ];
 
 /// Runs the first `limit` events of `trace` through the real allocator, with its state after
-/// each event, and again up to its peak for the map there.
-pub fn run_trace(trace: &std::path::Path, opts: &OracleOptions, limit: usize) -> anyhow::Result<(OracleResult, Vec<EventState>)> {
+/// each event when `states` (7 × 8 bytes an event, in a temporary file), and again up to its
+/// peak for the map there.
+pub fn run_trace(trace: &std::path::Path, opts: &OracleOptions, limit: usize, states: bool) -> anyhow::Result<(OracleResult, Vec<EventState>)> {
     let source = crate::input::Source::open(Some(trace))?;
     let dir = tempfile::tempdir()?;
     let track = dir.path().join("track.bin");
-    let (mut result, states) = run_driver(source.events()?.take(limit), opts, Some(&track))?;
+    let (mut result, states) = run_driver(source.events()?.take(limit), opts, states.then_some(track.as_path()))?;
     let states = states.unwrap_or_default();
-    result.peak_event = peak_moment(&states);
     if let Some(peak) = result.peak_event {
         let opts = OracleOptions { libc10: Some(PathBuf::from(&result.torch_lib)), torch_version: None, ..opts.clone() };
         result.segments_at_peak = run_driver(source.events()?.take(peak as usize + 1), &opts, None)?.0.segments;
     }
     Ok((result, states))
-}
-
-/// The peak moment as the simulator's `Peak` observer takes it: after an allocation, reserved
-/// above every earlier one, or equal to the highest with more allocated.
-fn peak_moment(states: &[EventState]) -> Option<u64> {
-    let (mut best, mut at) = ((0u64, 0u64), None);
-    for (i, s) in states.iter().enumerate() {
-        let (placed, allocated, reserved) = (s[0], s[1], s[2]);
-        if placed != 0 && (reserved > best.0 || (reserved == best.0 && allocated > best.1)) {
-            (best, at) = ((reserved, allocated), Some(i as u64));
-        }
-    }
-    at
 }
 
 fn run_driver(
@@ -446,7 +435,7 @@ fn run_driver(
         stats: d.stats,
         oom: d.oom.map(|o| OracleOom { event: o.event.saturating_sub(1), bytes: o.bytes, stream: o.stream, message: o.message }),
         segments: d.segments.into_iter().map(segment).collect(),
-        peak_event: None,
+        peak_event: d.peak_event,
         segments_at_peak: Vec::new(),
     };
     Ok((result, states))
@@ -491,7 +480,7 @@ pub fn compare(trace: &std::path::Path, opts: &OracleOptions) -> anyhow::Result<
 fn compare_prefix(trace: &std::path::Path, opts: &OracleOptions, events: usize) -> anyhow::Result<OracleComparison> {
     use super::replay::{replay_observed, OnOom, SegmentsAtPeak};
     use super::GpuAllocator as _;
-    let (oracle, oracle_states) = run_trace(trace, opts, events)?;
+    let (oracle, oracle_states) = run_trace(trace, opts, events, true)?;
     let simulate = opts.simulate.unwrap_or_else(|| simulated_version(&oracle.torch_version));
     let conf = super::config::AllocatorConfig::parse_for(&opts.conf, simulate)?;
     let source = crate::input::Source::open(Some(trace))?;
