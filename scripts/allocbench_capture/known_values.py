@@ -19,7 +19,7 @@ from .ops.registry import PASS, rule
 aten = torch.ops.aten
 fake_tensor_type = torch._subclasses.fake_tensor.FakeTensor
 
-KNOWN_VALUES_SAID = "answer reads of fake tensors where they can (Note [Known values]): isnan/isinf are all False, isfinite all True, isin finds nothing (a generation runs to its max length)"
+KNOWN_VALUES_SAID = "answer reads of fake tensors where they can (docs/capture.md, 'Values the capture knows'): isnan/isinf are all False, isfinite all True, isin finds nothing (a generation runs to its max length)"
 
 
 # Note [Known values]: fake tensors have no data, but some values are known and libraries
