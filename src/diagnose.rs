@@ -129,6 +129,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     )?;
     let w = waste(&run);
     let (top_sites, oom_site) = top_sites(source, run.oom.as_ref().map(|o| o.event))?;
+    let top_sites_live = live_sites(source, &events, conf, capacity, run.oom.is_some())?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
     let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
     let min_cap = min_capacity(&events, &source.address_script(), conf, full_peak_live)?;
@@ -152,6 +153,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         top_segments: w.top,
         pinning_size_classes: w.pinning,
         top_sites,
+        top_sites_live,
         oom_site,
         min_capacity: min_cap,
         conflicts: conf.conflicts(),
@@ -221,6 +223,29 @@ fn waste(run: &GpuRunResult) -> Waste {
 
 /// (site, bytes requested there).
 type SiteBytes = (String, u64);
+
+/// The bytes each allocation site held at the moment the diagnosis is of (the OOM, else the
+/// peak): the requests of the blocks allocated then, by the site of their trace id, largest first
+/// (8). What sums over the whole run (a training loop's activations, thousands of times) says
+/// little about what filled the card.
+fn live_sites(source: &Source, events: &[Event], conf: &AllocatorConfig, capacity: u64, at_oom: bool) -> anyhow::Result<Vec<SiteBytes>> {
+    let Some(sites) = source.sites()? else { return Ok(Vec::new()) };
+    let device = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) };
+    let owners = crate::gpu_run::segment_owners(GpuPolicy::Pytorch, conf, &device, Box::new(events.iter().copied().map(Ok)), OnOom::Stop)?;
+    let (segments, ids) = if at_oom { (&owners.at_oom, &owners.oom_owners) } else { (&owners.at_peak.segments, &owners.at_peak.owners) };
+    let mut by_site = vec![0u64; sites.names.len()];
+    for (segment, ids) in segments.iter().zip(ids) {
+        for (block, id) in segment.blocks.iter().zip(ids) {
+            if let Some(&site) = id.filter(|_| block.is_allocated()).and_then(|id| sites.of_id.get(&id)) {
+                by_site[site as usize] += block.requested_size;
+            }
+        }
+    }
+    let mut v: Vec<SiteBytes> = sites.names.iter().cloned().zip(by_site).filter(|(_, bytes)| *bytes > 0).collect();
+    v.sort_by_key(|x| std::cmp::Reverse(x.1));
+    v.truncate(8);
+    Ok(v)
+}
 
 /// Bytes requested per allocation site (snapshots with stacks, captures with sites), largest
 /// first (8); with an OOM at event `oom`, only the requests up to it (those after never ran), and
@@ -405,9 +430,9 @@ pub fn describe(d: &DiagnoseResult) -> String {
             );
         }
     }
-    if !d.top_sites.is_empty() {
-        s += if d.oom.is_some() { "\nallocation sites by bytes requested up to the OOM:\n" } else { "\nallocation sites by bytes requested:\n" };
-        for (site, bytes) in &d.top_sites {
+    if !d.top_sites_live.is_empty() {
+        s += if d.oom.is_some() { "\nallocation sites by bytes live at the OOM:\n" } else { "\nallocation sites by bytes live at the peak:\n" };
+        for (site, bytes) in &d.top_sites_live {
             s += &format!("  {:>10}  {site}\n", format_bytes(*bytes));
         }
     }

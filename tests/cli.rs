@@ -532,14 +532,14 @@ fn address_order_is_a_replay_flag_and_recorded() {
     assert_eq!(out.status.code(), Some(2));
 }
 
-/// A capture's `#site` lines reach `diagnose` (bytes per site) and a malformed one is one line
-/// naming the file and line, exit 2.
+/// A capture's `#site` lines reach `diagnose` (bytes live per site at the peak) and a malformed
+/// one is one line naming the file and line, exit 2.
 #[test]
 fn diagnose_ranks_a_captures_allocation_sites_and_bad_site_lines_exit_2() {
     let out = bin().args(["diagnose", "tests/fixtures/capture/sites.csv"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let text = String::from_utf8_lossy(&out.stdout);
-    let sites: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("allocation sites by bytes requested:")).skip(1).collect();
+    let sites: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("allocation sites by bytes live at the peak:")).skip(1).collect();
     // sites.py:17 holds the matmul (and the modelled 32 MiB cuBLAS workspace), the most bytes.
     assert!(sites.first().is_some_and(|l| l.trim_start().starts_with("32.0 MiB") && l.ends_with("sites.py:17 in <module>")), "{text}");
     assert!(sites.iter().any(|l| l.ends_with("sites_lib/blocks.py:6 in make")), "{text}");
@@ -801,8 +801,8 @@ fn cut_traces_are_flagged_and_trace_copies_keep_a_captures_notes() {
     }
 }
 
-/// At an OOM, diagnose names the failing request's site, and ranks the sites by what was
-/// requested up to the OOM only (the requests after it never ran).
+/// At an OOM, diagnose names the failing request's site, ranks the sites by what was requested up
+/// to the OOM only (the requests after it never ran), and by what each held at the OOM.
 #[test]
 fn diagnose_names_the_site_of_the_failing_request() {
     let dir = tempfile::tempdir().unwrap();
@@ -829,7 +829,10 @@ fn diagnose_names_the_site_of_the_failing_request() {
     let sum: u64 = ["pending_free_bytes", "pinned_free_bytes", "cached_free_segments_bytes"].iter().map(|k| d[k].as_u64().unwrap()).sum();
     assert_eq!(d["oom"]["allocated"].as_u64().unwrap() + sum, d["oom"]["reserved"].as_u64().unwrap(), "{d}");
     let text = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB"]).output().unwrap();
-    assert!(String::from_utf8_lossy(&text.stdout).contains("allocation sites by bytes requested up to the OOM:\n"));
+    // What each site held when the request failed: train.py:10's 30 MiB (model.py:62's request
+    // is the one that failed, so it holds nothing).
+    assert_eq!(d["top_sites_live"], serde_json::json!([["train.py:10 in <module>", 30 * mib]]));
+    assert!(String::from_utf8_lossy(&text.stdout).contains("allocation sites by bytes live at the OOM:\n"));
 }
 
 /// `replay --json`'s segment map is the one at the peak moment its summary describes: its blocks

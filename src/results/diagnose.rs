@@ -67,6 +67,9 @@ pub struct DiagnoseResult {
     pub pinning_size_classes: Vec<PinningClass>,
     /// (site, bytes requested) for imported snapshots with stacks, largest first.
     pub top_sites: Vec<(String, u64)>,
+    /// (site, bytes live) at the OOM, else at the peak: what each site held then, largest first.
+    #[serde(default)]
+    pub top_sites_live: Vec<(String, u64)>,
     /// The site of the request that failed (when the trace records sites).
     #[serde(default)]
     pub oom_site: Option<String>,
