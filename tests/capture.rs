@@ -2081,3 +2081,21 @@ fn a_mem_pool_used_on_oom_says_so_in_the_trace() {
     let replay = Command::new(env!("CARGO_BIN_EXE_allocbench")).args(["replay", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
     assert!(replay.status.success(), "{}", String::from_utf8_lossy(&replay.stderr));
 }
+
+/// `--device cpu` without `--real` makes every CPU tensor fake: a value read names that cause and
+/// the flag that records real CPU tensors (not the 1 MiB CPU-factory rule of a CUDA capture).
+#[test]
+fn a_value_read_on_a_fake_cpu_capture_names_real_cpu_as_the_fix() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (out, _) = capture(dir.path(), "cpu.csv", &["--device", "cpu"], &[&fixture("cpu_value_read.py")]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("with --device cpu and no --real every CPU tensor is fake"), "{err}");
+    assert!(err.contains("capture with --real --device cpu to record real CPU tensors"), "{err}");
+    assert!(!err.contains("made by a CPU factory"), "{err}");
+    let (out, _) = capture(dir.path(), "real.csv", &["--device", "cpu", "--real"], &[&fixture("cpu_value_read.py")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

@@ -128,7 +128,7 @@ def main(argv=None):
         if lost is not None and (_is_fake_data_error(lost) or (not opts.real and _is_driver_error(lost))):
             e = lost
         if _is_fake_data_error(e):
-            message = _fake_data_message(e, script)
+            message = _fake_data_message(e, script, fake_cpu=not opts.real and opts.device == "cpu")
             say(message)
             state = "fake_data"
         elif not opts.real and _is_driver_error(e):

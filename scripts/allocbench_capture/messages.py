@@ -165,7 +165,9 @@ def _value_read(exc):
     return "aten._local_scalar_dense (.item(), bool(), float(), .tolist() of a tensor)"
 
 
-def _fake_data_message(exc, script):
+def _fake_data_message(exc, script, fake_cpu=False):
+    """The one-line message for a read of fake data; ``fake_cpu``: a --device cpu capture without
+    --real, where every CPU tensor is fake."""
     where, text = _where(exc, script)
     code = f" `{text}`" if text else ""
     name = type(exc).__name__
@@ -187,7 +189,11 @@ def _fake_data_message(exc, script):
     else:
         op = getattr(exc, "func", None) or str(exc).split("\n")[0][:120]
         fix = "this op's output shape depends on tensor values; capture with --real on a GPU"
-    if getattr(exc, "on_cpu", False):
+    if fake_cpu:
+        # --device cpu without --real: every CPU tensor is fake, whatever its size or origin.
+        op += "; with --device cpu and no --real every CPU tensor is fake"
+        fix = "capture with --real --device cpu to record real CPU tensors, or " + fix
+    elif getattr(exc, "on_cpu", False):
         op += ("; the tensor is on the CPU but fake: a copy of a fake CUDA tensor, made by a CPU factory (torch.empty, "
                f"randn, zeros, ...) with over {_REAL_CPU_BYTES >> 20} MiB of floating-point output (those run on fake "
                "tensors too, so that a model built on the CPU need not fit this machine), or computed from such a tensor")
