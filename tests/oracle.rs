@@ -239,12 +239,9 @@ fn shipped_traces_agree_with_every_fuzzed_release() {
     }
 }
 
-/// The test vector of the free-block order, release by release: two equal cached segments, the
-/// newer one at the lower address (cudaMalloc'd into a freed range). 2.11 splits the lower one,
-/// 2.12 and later the older one; the simulator, following each release, agrees.
-#[test]
-fn equal_size_ties_follow_each_releases_rule() {
-    let dir = tempfile::tempdir().unwrap();
+/// Two 100 MiB segments, the first freed and given back, a third cudaMalloc'd into its range
+/// (newer, lower), both freed, then a 50 MiB request: which of the two equal segments it splits.
+fn tie_vector(dir: &Path) -> PathBuf {
     let m = 100 * MIB;
     let rows: Vec<String> = [
         format!("alloc,1,{m},0"),
@@ -257,7 +254,16 @@ fn equal_size_ties_follow_each_releases_rule() {
         format!("alloc,4,{},0", m / 2),
     ]
     .into();
-    let trace = write_trace(dir.path(), "tie.csv", &rows);
+    write_trace(dir, "tie.csv", &rows)
+}
+
+/// The test vector of the free-block order, release by release: two equal cached segments, the
+/// newer one at the lower address (cudaMalloc'd into a freed range). 2.11 splits the lower one,
+/// 2.12 and later the older one; the simulator, following each release, agrees.
+#[test]
+fn equal_size_ties_follow_each_releases_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = tie_vector(dir.path());
     for (release, split_by_address) in [("2.11.0", [2, 1]), ("2.12.0", [1, 2]), ("2.15.0", [1, 2])] {
         let Some(opts) = release_options(release) else { return };
         let c = oracle::compare(&trace, &opts).unwrap();
@@ -331,19 +337,7 @@ fn expandable_segments_reserve_sizes_each_reservation() {
 #[test]
 fn the_first_parting_is_found_event_by_event() {
     let dir = tempfile::tempdir().unwrap();
-    let m = 100 * MIB;
-    let rows: Vec<String> = [
-        format!("alloc,1,{m},0"),
-        format!("alloc,2,{m},0"),
-        "free,1,,".into(),
-        "empty_cache,,,".into(),
-        format!("alloc,3,{m},0"),
-        "free,2,,".into(),
-        "free,3,,".into(),
-        format!("alloc,4,{},0", m / 2),
-    ]
-    .into();
-    let trace = write_trace(dir.path(), "tie.csv", &rows);
+    let trace = tie_vector(dir.path());
     let Some(mut opts) = release_options("2.11.0") else { return };
     let same = oracle::compare(&trace, &opts).unwrap();
     assert!(same.identical() && same.first_parting.is_none());
