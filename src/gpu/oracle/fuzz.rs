@@ -238,8 +238,10 @@ pub fn run(opts: &OracleOptions, first_seed: u64, cases: u64, workers: usize, ke
     // Find (and fetch, and build) the torch once; every case names its folder.
     let torch = super::find_torch(opts)?;
     super::build(&torch)?;
-    let version = super::simulated_version(&torch.version);
-    let base = OracleOptions { libc10: Some(torch.lib.clone()), torch_version: None, ..opts.clone() };
+    // The release the cases are made for and the simulator follows: decided (and, for one not
+    // verified, said) once, not per case.
+    let version = opts.simulate.unwrap_or_else(|| super::simulated_version(&torch.version));
+    let base = OracleOptions { libc10: Some(torch.lib.clone()), torch_version: None, simulate: Some(version), ..opts.clone() };
     let dir = tempfile::Builder::new().prefix("allocbench-fuzz-").tempdir()?;
     let next = std::sync::atomic::AtomicU64::new(first_seed);
     let end = first_seed + cases;

@@ -547,10 +547,13 @@ pub fn first_parting(trace: &std::path::Path, opts: &OracleOptions, whole: &Orac
     if whole.identical() {
         return Ok(None);
     }
+    // The torch and the simulated release found once, for every run below.
     let mut opts = opts.clone();
     if opts.libc10.is_none() {
         opts.libc10 = Some(PathBuf::from(&whole.oracle.torch_lib));
     }
+    opts.torch_version = None;
+    opts.simulate = Some(opts.simulate.unwrap_or_else(|| simulated_version(&whole.oracle.torch_version)));
     let what = |n: usize| -> anyhow::Result<String> {
         let source = crate::input::Source::open(Some(trace))?;
         let event = source.events()?.nth(n).transpose()?;
