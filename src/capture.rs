@@ -49,6 +49,7 @@ pub const CAPTURE_PACKAGE: &[(&str, &str)] = &[
     ("ops/sampling.py", include_str!("../scripts/allocbench_capture/ops/sampling.py")),
     ("ops/sdpa.py", include_str!("../scripts/allocbench_capture/ops/sdpa.py")),
     ("patches.py", include_str!("../scripts/allocbench_capture/patches.py")),
+    ("progress.py", include_str!("../scripts/allocbench_capture/progress.py")),
     ("recorder.py", include_str!("../scripts/allocbench_capture/recorder.py")),
     ("shim.py", include_str!("../scripts/allocbench_capture/shim.py")),
     ("sites.py", include_str!("../scripts/allocbench_capture/sites.py")),
@@ -73,8 +74,12 @@ pub struct CaptureOptions {
     pub device: String,
     /// The modelled cuBLAS workspace in MiB; `None`: CUBLAS_WORKSPACE_CONFIG's, as PyTorch sizes it.
     pub cublas_workspace_mib: Option<u64>,
-    /// Answer `.item()` on fake tensors with this value instead of stopping.
+    /// The stand-in for reads of fake values (`None`: the capture's, 0).
     pub scalar_value: Option<f64>,
+    /// Stop at the first read of a fake value instead of answering it.
+    pub strict_values: bool,
+    /// Have the capture write its progress (what [`run_watched`]'s watcher is given).
+    pub progress: bool,
     /// Record each alloc's site (the innermost frame of the user's code) as `#site`/`#at` lines.
     pub sites: bool,
     /// The fake card's memory in bytes (`None`: the capture module's H100 80 GB).
@@ -104,9 +109,49 @@ pub struct CaptureOutcome {
     /// torch.cuda.OutOfMemoryErrors raised on the fake card (see `--device-memory`).
     #[serde(default)]
     pub ooms: u64,
-    /// The fake card's memory (none for real tensors).
+    /// The fake card's memory (none for real tensors, or an unbounded fake card).
     #[serde(default)]
     pub device_memory: Option<u64>,
+    /// Every row written (allocs, frees, steps, streams, pools).
+    #[serde(default)]
+    pub rows: u64,
+    /// Reads of fake values answered with the stand-in, per site, most first.
+    #[serde(default)]
+    pub values_made_up: Vec<MadeUpValue>,
+    /// The stand-in those reads got (`None` with --strict-values).
+    #[serde(default)]
+    pub stand_in: Option<f64>,
+    /// Seconds inside the capture's op dispatch (fake kernels and recording) ...
+    #[serde(default)]
+    pub dispatch_seconds: f64,
+    /// ... of the seconds from the capture's start to its end.
+    #[serde(default)]
+    pub capture_seconds: f64,
+}
+
+/// One site where the capture made a value up (`# value made up:` in the trace).
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+pub struct MadeUpValue {
+    /// FILE:LINE `code` of the read.
+    pub site: String,
+    /// `.item()`, `.numpy()`, `torch.equal`, `torch.allclose`.
+    pub read: String,
+    pub count: u64,
+}
+
+/// What a running capture says twice a second (its `--progress` file).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct CaptureProgress {
+    /// `first_step` (before the first optimizer step), `steps`, `no_grad` (evaluation,
+    /// inference), `closing`.
+    pub phase: String,
+    pub steps: u64,
+    pub rows: u64,
+    pub allocs: u64,
+    pub live_bytes: u64,
+    pub peak_live_bytes: u64,
+    pub dispatch_seconds: f64,
+    pub values_made_up: u64,
 }
 
 impl CaptureOutcome {
@@ -124,6 +169,12 @@ pub fn python_for(flag: Option<&str>) -> String {
 /// finds (no torch, say) come back as an outcome with state `setup_error`; problems found here
 /// (no interpreter, no script) are input errors.
 pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
+    run_watched(opts, &mut |_| {})
+}
+
+/// [`run`], giving `watch` the capture's progress about every 200 ms (`None` until the script's
+/// first op: Python, torch and the script's imports are starting) when `opts.progress` is set.
+pub fn run_watched(opts: &CaptureOptions, watch: &mut dyn FnMut(Option<&CaptureProgress>)) -> anyhow::Result<CaptureOutcome> {
     if opts.script.is_dir() {
         return Err(InputError::new(opts.script.display().to_string(), "is a directory, not a script").into());
     }
@@ -167,6 +218,13 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
     if let Some(v) = opts.scalar_value {
         cmd.arg("--scalar-value").arg(v.to_string());
     }
+    if opts.strict_values {
+        cmd.arg("--strict-values");
+    }
+    let progress = work.path().join("progress.json");
+    if opts.progress {
+        cmd.arg("--progress").arg(&progress);
+    }
     if let Some(bytes) = opts.device_memory {
         cmd.arg("--device-memory").arg(bytes.to_string());
     }
@@ -180,7 +238,20 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
     cmd.env("PYTHONUNBUFFERED", "1");
 
     // SIGTERM is the capture's own stop (the script's rows so far kept, marked interrupted).
-    let child_status = match cmd.spawn().and_then(|c| crate::interrupt::wait_passing_on(c, libc::SIGTERM, std::time::Duration::from_secs(2))) {
+    let mut last_read = std::time::Instant::now();
+    let mut seen: Option<CaptureProgress> = None;
+    let mut tick = || {
+        if opts.progress && last_read.elapsed() >= std::time::Duration::from_millis(200) {
+            last_read = std::time::Instant::now();
+            // (A file being replaced may be missing for a moment: the last state stands.)
+            if let Some(p) = fs::read(&progress).ok().and_then(|b| serde_json::from_slice::<CaptureProgress>(&b).ok()) {
+                seen = Some(p);
+            }
+            watch(seen.as_ref());
+        }
+    };
+    let waited = cmd.spawn().and_then(|c| crate::interrupt::wait_passing_on_ticking(c, libc::SIGTERM, std::time::Duration::from_secs(2), &mut tick));
+    let child_status = match waited {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             return Err(InputError::new(
@@ -214,6 +285,11 @@ pub fn run(opts: &CaptureOptions) -> anyhow::Result<CaptureOutcome> {
                 live_bytes_at_end: 0,
                 ooms: 0,
                 device_memory: None,
+                rows: 0,
+                values_made_up: Vec::new(),
+                stand_in: None,
+                dispatch_seconds: 0.0,
+                capture_seconds: 0.0,
             })
         }
     }
@@ -247,9 +323,14 @@ fn mark_incomplete(trace: &Path, why: &str) {
 
 /// One line for the terminal.
 pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
-    let gib = o.peak_live_bytes as f64 / (1u64 << 30) as f64;
     use crate::units::count;
-    let mut counts = format!("{}, {}, {}, peak live {gib:.2} GiB", count(o.allocs, "alloc"), count(o.frees, "free"), count(o.steps, "step"));
+    let mut counts = format!(
+        "{}, {}, {}, peak live {}",
+        count(o.allocs, "alloc"),
+        count(o.frees, "free"),
+        count(o.steps, "step"),
+        crate::units::format_bytes(o.peak_live_bytes)
+    );
     if o.ooms > 0 {
         // The script caught them (else it stopped on the first): its OOM handling took a path.
         counts += &format!(
@@ -258,14 +339,45 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
             o.device_memory.map(crate::units::format_bytes).unwrap_or_else(|| "memory".into())
         );
     }
-    if let Some(n) = opts.steps.filter(|_| o.steps == 0) {
+    if let Some(n) = opts.steps.filter(|_| o.steps == 0 && o.complete()) {
         // Steps are optimizer.step() calls (or allocbench_capture.step()): a loop with neither
-        // ran to its end.
+        // ran to its end. (A script stopped by an error says nothing of its steps.)
         counts += &format!("; --steps {n} stopped nothing: no optimizer.step() ran (mark an inference loop's steps with allocbench_capture.step())");
     }
-    if o.complete() {
+    let mut lines = vec![if o.complete() {
         format!("captured {counts} -> {}", opts.output.display())
     } else {
         format!("{}; the trace so far ({counts}) is kept in {}, marked incomplete", o.message, opts.output.display())
+    }];
+    if !o.complete() {
+        return lines.remove(0); // (a stop is said in one line)
     }
+    lines.extend(made_up_line(o));
+    if o.capture_seconds > 0.0 {
+        let own = (o.capture_seconds - o.dispatch_seconds).max(0.0);
+        lines.push(format!(
+            "time: {:.1} s, {:.1} s of it in the capture's op dispatch (fake kernels, recording) and {:.1} s in the script's own work (its Python, data loading, I/O)",
+            o.capture_seconds, o.dispatch_seconds, own
+        ));
+    }
+    lines.join("\n")
+}
+
+/// "3 values made up (...): train.py:225 `loss.item()` ×3, ..." or nothing.
+fn made_up_line(o: &CaptureOutcome) -> Option<String> {
+    let total: u64 = o.values_made_up.iter().map(|v| v.count).sum();
+    if total == 0 {
+        return None;
+    }
+    const SHOWN: usize = 3;
+    let mut sites: Vec<String> = o.values_made_up.iter().take(SHOWN).map(|v| format!("{} {} ×{}", v.site, v.read, v.count)).collect();
+    if o.values_made_up.len() > SHOWN {
+        sites.push(format!("and {} more (each in the trace)", crate::units::count((o.values_made_up.len() - SHOWN) as u64, "site")));
+    }
+    Some(format!(
+        "{} made up (answered {}; the script's control flow there followed the stand-in, not its data; --strict-values stops at the first): {}",
+        crate::units::count(total, "value"),
+        o.stand_in.unwrap_or(0.0),
+        sites.join(", ")
+    ))
 }

@@ -41,13 +41,24 @@ pub fn interrupted() -> bool {
 /// passed with the child still running. A SIGTERM sent to allocbench alone (`kill`, a scheduler's
 /// time limit) reaches no child; a Ctrl-C at a terminal reaches them all, and `grace` lets a child
 /// that stops on its own finish undisturbed.
-pub fn wait_passing_on(mut child: std::process::Child, signal: i32, grace: std::time::Duration) -> std::io::Result<std::process::ExitStatus> {
+pub fn wait_passing_on(child: std::process::Child, signal: i32, grace: std::time::Duration) -> std::io::Result<std::process::ExitStatus> {
+    wait_passing_on_ticking(child, signal, grace, &mut || {})
+}
+
+/// [`wait_passing_on`], calling `tick` about every 10 ms while the child runs (a progress line).
+pub fn wait_passing_on_ticking(
+    mut child: std::process::Child,
+    signal: i32,
+    grace: std::time::Duration,
+    tick: &mut dyn FnMut(),
+) -> std::io::Result<std::process::ExitStatus> {
     let mut since: Option<std::time::Instant> = None;
     let mut passed = false;
     loop {
         if let Some(status) = child.try_wait()? {
             return Ok(status);
         }
+        tick();
         if interrupted() && !passed {
             let at = *since.get_or_insert_with(std::time::Instant::now);
             if at.elapsed() >= grace {

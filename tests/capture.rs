@@ -479,7 +479,7 @@ fn a_value_read_in_a_dataloader_worker_stops_the_capture_in_one_line() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (out, trace) = capture(dir.path(), "w.csv", &[], &[&fixture("worker_read.py")]);
+    let (out, trace) = capture(dir.path(), "w.csv", &["--strict-values"], &[&fixture("worker_read.py")]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
@@ -512,7 +512,7 @@ fn torchscript_functions_run_unfused_and_a_read_inside_one_is_named() {
     let sizes = signed_sizes(&events(&trace));
     assert!(sizes.len() > 4 && sizes.iter().all(|&b| b.abs() == 16), "{sizes:?}");
 
-    let (out, trace) = capture(dir.path(), "r.csv", &[], &[&script, "read"]);
+    let (out, trace) = capture(dir.path(), "r.csv", &["--strict-values"], &[&script, "read"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let err = stderr(&out);
     let read = marked_line("jit_function.py", "scripted read");
@@ -520,7 +520,7 @@ fn torchscript_functions_run_unfused_and_a_read_inside_one_is_named() {
     let line = err.lines().find(|l| l.contains("needs real tensor data")).unwrap_or_else(|| panic!("{err}"));
     assert!(line.contains(&format!("jit_function.py:{read}: `norm = float(x.norm())")), "{line}");
     assert!(line.contains(&format!("(in the TorchScript function norm_of; called at tests/fixtures/capture/jit_function.py:{call} `norm_of(x)")), "{line}");
-    assert!(line.contains("--scalar-value"), "{line}");
+    assert!(line.contains("--strict-values"), "{line}");
     assert!(!err.contains("The following operation failed") && !err.contains("caught"), "{err}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete: RuntimeError"));
     let (out, _) = capture(dir.path(), "v.csv", &["--scalar-value", "2"], &[&script, "read"]);
@@ -572,7 +572,7 @@ fn torchscript_default_device_saves_caught_reads_and_blocked_threads() {
     }
     let dir = tempfile::tempdir().unwrap();
     let script = fixture("script_idioms.py");
-    let (out, trace) = capture(dir.path(), "s.csv", &["--steps", "1"], &[&script]);
+    let (out, trace) = capture(dir.path(), "s.csv", &["--steps", "1", "--strict-values"], &[&script]);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
     let line = marked_line("script_idioms.py", "caught read");
@@ -603,16 +603,38 @@ fn reading_a_fake_value_is_one_line_with_the_script_line_and_the_fix() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (out, trace) = capture(dir.path(), "i.csv", &[], &[&fixture("item.py")]);
+    let (out, trace) = capture(dir.path(), "i.csv", &["--strict-values", "--steps", "2"], &[&fixture("item.py")]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    assert!(err.contains("item.py:5") && err.contains("loss.item()") && err.contains("--scalar-value"), "{err}");
+    assert!(!err.contains("stopped nothing"), "a script stopped by an error says nothing of its steps: {err}");
+    assert!(err.contains("item.py:5") && err.contains("loss.item()") && err.contains("--strict-values"), "{err}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains("# capture incomplete"));
 
-    let (out, trace) = capture(dir.path(), "i2.csv", &["--scalar-value", "0"], &[&fixture("item.py")]);
+    let (out, trace) = capture(dir.path(), "i2.csv", &["--scalar-value", "0.5"], &[&fixture("item.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(signed_sizes(&events(&trace)).contains(&1024), "the script ran on after .item()");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "loss 0.5\n");
+    // By default a read gets the stand-in 0 and the capture goes on; the site and its count are in
+    // the summary and the trace.
+    let (out, trace) = capture(dir.path(), "i3.csv", &[], &[&fixture("item.py")]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "loss 0.0\n");
+    assert!(err.contains("1 value made up (answered 0;") && err.contains("item.py:5 `print(\"loss\", loss.item())` .item() ×1"), "{err}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("# value made up: .item() ×1 at item.py:5 `print(\"loss\", loss.item())` (answered 0)\n"), "{text}");
+    assert!(signed_sizes(&events(&trace)).contains(&1024));
+    // A read in a loop is one site with its count.
+    let looped = dir.path().join("looped.py");
+    std::fs::write(&looped, "import torch\nx = torch.randn(3, device='cuda')\nfor _ in range(4):\n    if x.sum() > 2:\n        pass\n").unwrap();
+    let (out, trace) = capture(dir.path(), "l.csv", &[], &[looped.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("# value made up:")).collect::<Vec<_>>(),
+        ["# value made up: .item() ×4 at looped.py:4 `if x.sum() > 2:` (answered 0)"]
+    );
 
     let (out, _) = capture(dir.path(), "n.csv", &[], &[&fixture("nonzero.py")]);
     assert_eq!(out.status.code(), Some(1));
@@ -642,11 +664,11 @@ fn known_values_answer_reads_without_scalar_value() {
     // reading it is the usual error, naming its line.
     let source = std::fs::read_to_string(&script).unwrap();
     for case in ["overwrite", "through_view", "alias", "data"] {
-        let (out, _) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
+        let (out, _) = capture(dir.path(), &format!("{case}.csv"), &["--strict-values"], &[&script, case]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{case}: {err}");
         let line = 1 + source.lines().position(|l| l.ends_with(&format!("# mark: {case}"))).unwrap();
-        assert!(err.contains(&format!("known_values.py:{line}:")) && err.contains("--scalar-value"), "{case}: {err}");
+        assert!(err.contains(&format!("known_values.py:{line}:")) && err.contains("--strict-values"), "{case}: {err}");
     }
 }
 
@@ -857,11 +879,19 @@ fn a_transformers_trainer_fine_tunes_on_fake_cuda() {
     // summed into it; zero_grad sets it to None).
     let embedding = 3000 * 128 * 4;
     assert_eq!(signed_sizes(&evs).iter().filter(|&&n| n == embedding).count(), 1 + 2 + 4 * 2);
-    // The loss logging reads a value inside the Trainer: without --scalar-value, the usual line.
-    let (out, _) = capture(dir.path(), "u.csv", &[], &[&script]);
+    // The loss logging reads values inside the Trainer: by default they are made up, counted by
+    // site in the summary and the trace; with --strict-values the first stops the capture.
+    let (out, trace) = capture(dir.path(), "u.csv", &[], &[&script]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("values made up (answered 0;") && err.contains("transformers/trainer.py:"), "{err}");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let made_up: Vec<&str> = text.lines().filter(|l| l.starts_with("# value made up: .item() ×")).collect();
+    assert!(!made_up.is_empty() && made_up.iter().all(|l| l.contains(" at transformers/trainer.py:")), "{made_up:?}");
+    let (out, _) = capture(dir.path(), "s.csv", &["--strict-values"], &[&script]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("(the read is in transformers/trainer.py") && err.contains("--scalar-value"), "{err}");
+    assert!(err.contains("(the read is in transformers/trainer.py") && err.contains("--strict-values"), "{err}");
 }
 
 #[test]
@@ -906,7 +936,7 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     assert_eq!(signed_sizes(&events(&trace)), vec![4000, large, -large, 40, -4000, -40]);
 
     // .numpy() of a fake tensor is the one-line fake-data error, not a RuntimeError about subclasses.
-    let (out, _) = capture(dir.path(), "n.csv", &[], &[&fixture("numpy_read.py")]);
+    let (out, _) = capture(dir.path(), "n.csv", &["--strict-values"], &[&fixture("numpy_read.py")]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
@@ -918,7 +948,7 @@ fn torch_cuda_memory_stats_snapshots_streams_and_settings_answer_on_fake_cuda() 
     // A large CPU tensor is fake too (Note [Real CPU, fake CUDA]): the error says why.
     let cpu_read = dir.path().join("cpu_read.py");
     std::fs::write(&cpu_read, "import torch\nX = torch.randn(1000, 600)\nprint(float(X.mean()))\n").unwrap();
-    let (out, _) = capture(dir.path(), "c.csv", &[], &[cpu_read.to_str().unwrap()]);
+    let (out, _) = capture(dir.path(), "c.csv", &["--strict-values"], &[cpu_read.to_str().unwrap()]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cpu_read.py:3") && err.contains("the tensor is on the CPU but fake") && err.contains("over 1 MiB"), "{err}");
@@ -1071,7 +1101,7 @@ fn what_fake_cuda_cannot_run_is_one_line_naming_where() {
         ("second_gpu", vec!["invalid device ordinal (cuda:1: the fake machine has one GPU", "capture one device's share on cuda:0"]),
         ("set_device", vec!["invalid device ordinal (cuda:1", "--real"]),
     ] {
-        let (out, trace) = capture(dir.path(), &format!("{case}.csv"), &[], &[&script, case]);
+        let (out, trace) = capture(dir.path(), &format!("{case}.csv"), &["--strict-values"], &[&script, case]);
         let err = stderr(&out);
         assert_eq!(out.status.code(), Some(1), "{case}: {err}");
         assert_eq!(err.trim_end().lines().count(), 1, "{case}: one line: {err}");
@@ -1571,6 +1601,36 @@ fn a_stream_forked_from_a_capture_allocates_in_its_pool() {
 /// Live tensors past the fake card's memory raise torch.cuda.OutOfMemoryError, so a script's
 /// OOM handling (a batch-size search) takes the path it would on that card; the trace marks each
 /// failed request and keeps only what was allocated.
+/// Without --device-memory the fake card raises no OOM (the replay decides on which card the run
+/// fits) yet answers as an H100 80 GB; the summary splits the time between the capture's op
+/// dispatch and the script's own work, and the two add up to the whole.
+#[test]
+fn the_default_fake_card_is_unbounded_and_the_summary_splits_the_time() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("huge.py");
+    std::fs::write(
+        &script,
+        "import torch, time\nxs = [torch.empty(40 << 30, dtype=torch.uint8, device='cuda') for _ in range(3)]\n\
+        print(torch.cuda.get_device_properties(0).total_memory, torch.cuda.mem_get_info()[0])\ntime.sleep(0.3)\n",
+    )
+    .unwrap();
+    let (out, trace) = capture(dir.path(), "h.csv", &[], &[script.to_str().unwrap()]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "85520809984 0\n", "an H100's total; nothing free past it");
+    let text = std::fs::read_to_string(&trace).unwrap();
+    assert!(text.contains("# fake card memory: unbounded"), "{text}");
+    assert_eq!(signed_sizes(&events(&trace)).iter().filter(|&&b| b == 40 << 30).count(), 3);
+    let time = err.lines().find(|l| l.starts_with("time: ")).unwrap_or_else(|| panic!("{err}"));
+    let numbers: Vec<f64> = time.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert_eq!(numbers.len(), 3, "{time}");
+    assert!((numbers[1] + numbers[2] - numbers[0]).abs() <= 0.11, "the parts add up to the whole: {time}");
+    assert!(numbers[2] >= 0.3, "the script's sleep is its own time: {time}");
+}
+
 #[test]
 fn the_fake_card_runs_out_of_memory_at_its_size() {
     if !have_torch() {
@@ -1838,11 +1898,11 @@ fn a_value_read_in_a_thread_stops_the_capture_with_its_line() {
     }
     let dir = tempfile::tempdir().unwrap();
     let script = fixture("thread_read.py");
-    let (out, trace) = capture(dir.path(), "t.csv", &[], &[&script]);
+    let (out, trace) = capture(dir.path(), "t.csv", &["--strict-values"], &[&script]);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert_eq!(err.trim_end().lines().count(), 1, "one line: {err}");
-    assert!(err.contains("thread_read.py:13: `results.put(x.sum().item())") && err.contains("--scalar-value"), "{err}");
+    assert!(err.contains("thread_read.py:13: `results.put(x.sum().item())") && err.contains("--strict-values"), "{err}");
     assert!(std::fs::read_to_string(&trace).unwrap().ends_with("# capture incomplete: FakeValueNeeded\n"));
 }
 
@@ -2033,7 +2093,7 @@ fn value_comparisons_read_known_values_or_the_scalar_value() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (out, _) = capture(dir.path(), "stop.csv", &["--no-sites"], &[&fixture("value_comparisons.py")]);
+    let (out, _) = capture(dir.path(), "stop.csv", &["--no-sites", "--strict-values"], &[&fixture("value_comparisons.py")]);
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("known True False"));
     let err = stderr(&out);
@@ -2090,7 +2150,7 @@ fn a_value_read_on_a_fake_cpu_capture_names_real_cpu_as_the_fix() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (out, _) = capture(dir.path(), "cpu.csv", &["--device", "cpu"], &[&fixture("cpu_value_read.py")]);
+    let (out, _) = capture(dir.path(), "cpu.csv", &["--device", "cpu", "--strict-values"], &[&fixture("cpu_value_read.py")]);
     assert!(!out.status.success());
     let err = stderr(&out);
     assert!(err.contains("with --device cpu and no --real every CPU tensor is fake"), "{err}");

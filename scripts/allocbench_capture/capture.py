@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import warnings
 
 from . import state
@@ -19,6 +20,7 @@ from .messages import _note_caught_value_reads
 from .ops.blas import _CublasWorkspaces, _patch_blas_workspace_sizes
 from .ops.meta_kernels import _missing_meta_kernels
 from .patches import _Patches
+from .progress import _Progress
 from .shim import _install_fake_cuda_guard
 from .sites import _Sites
 from .threads import _recorded_threads
@@ -26,15 +28,19 @@ from .trace import _TraceSink
 
 
 @contextlib.contextmanager
-def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=None, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None):
+def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=None, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None, strict_values=False, progress=None):
     """Records the allocation trace of the code inside the block into ``path`` (a v1 trace).
 
     ``fake``: None picks fake tensors when ``device`` is cuda and no GPU is present.
-    ``steps``: stop (raise StopCapture) after this many steps. ``scalar_value``: answer reads of
-    fake values (``.item()``) with this number instead of raising FakeValueNeeded. ``sites``: record
-    each alloc's site (``#site``/``#at`` lines), file names relative to ``site_root`` (default: the
-    working directory) when under it. ``device_memory``: the fake card's bytes (default an H100
-    80 GB's); live tensors past it raise torch.cuda.OutOfMemoryError.
+    ``steps``: stop (raise StopCapture) after this many steps. A read of a fake value (``.item()``,
+    ``bool()``, ``.numpy()``) the capture does not know is answered with a stand-in,
+    ``scalar_value`` (0 by default), and counted per site (the trace's ``# value made up:`` lines);
+    ``strict_values``: raise FakeValueNeeded instead. ``sites``: record each alloc's site
+    (``#site``/``#at`` lines), file names relative to ``site_root`` (default: the working
+    directory) when under it. ``device_memory``: the fake card's bytes; live tensors past it raise
+    torch.cuda.OutOfMemoryError. Unset, the card answers as an H100 80 GB and raises nothing: the
+    trace is the whole run, and a replay decides on which card it fits. ``progress``: a file the
+    capture's state is written to twice a second (JSON; ``allocbench capture`` draws it).
     """
     import torch
 
@@ -63,11 +69,16 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
         raise SetupError("--device-memory sizes the fake card: it has no effect with --real or --device cpu")
     if device_memory is not None and device_memory < 1:
         raise SetupError("--device-memory must be at least 1 byte")
-    device_memory = device_memory or FAKE_TOTAL_MEMORY
-    if on_fake_card:
+    if strict_values and scalar_value is not None:
+        raise SetupError("--strict-values stops at the first read of a fake value, --scalar-value answers it: choose one")
+    if not strict_values and scalar_value is None:
+        scalar_value = 0.0  # the stand-in (a valid index, a count, False: the usual loop goes on)
+    if on_fake_card and device_memory is not None:
         header.append(f"fake card memory: {device_memory} bytes (torch.cuda.OutOfMemoryError past it)")
+    elif on_fake_card:
+        header.append(f"fake card memory: unbounded (answers as {FAKE_TOTAL_MEMORY} bytes; no OutOfMemoryError: the replay decides)")
     sink = _TraceSink(path, header)
-    if on_fake_card:
+    if on_fake_card and device_memory is not None:
         sink.capacity, sink.oom_error = device_memory, torch.cuda.OutOfMemoryError
         # A fraction in the allocator's settings caps the card as set_per_process_memory_fraction does.
         conf = next((os.environ[name] for name in _ALLOC_CONF_VARS if name in os.environ), "")
@@ -76,7 +87,8 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
     site_table = _Sites(torch, site_root or os.getcwd()) if sites else None
     from .recorder import Recorder  # (it needs torch: imported once a capture starts)
 
-    recorder = Recorder(sink, device, fake, workspaces, scalar_value, site_table)
+    value_sites = site_table or _Sites(torch, site_root or os.getcwd())
+    recorder = Recorder(sink, device, fake, workspaces, scalar_value, site_table, value_sites, _Progress(progress) if progress else None)
     recorder.max_steps = steps
     patches = _Patches()
     outcome = "incomplete: stopped by an error"
@@ -102,6 +114,9 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
             raise SetupError(f"the capture could not start in torch {torch.__version__}: {type(e).__name__}: {e}") from e
         state.active = recorder
         _close_on_hard_exit(recorder, patches, sink)
+        recorder.started = time.monotonic()  # (the script's time from here: not the capture's set-up)
+        if recorder.progress is not None:
+            recorder.progress.tick(recorder, force=True)
         yield recorder
         recorder.raise_thread_error()
         outcome = f"complete: {recorder.step_no} steps"
@@ -145,8 +160,16 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
         with recorder.lock:
             _note_script_conf(sink, recorder.script_conf, conf_before)
             _note_caught_value_reads(recorder, sys.exc_info()[1])
+            _note_made_up_values(recorder)
             sink.close(outcome)
         recorder.outcome = outcome
+
+
+def _note_made_up_values(recorder):
+    """One trace line per site where a value was made up, with its count: the script's control
+    flow there followed the stand-in, not the data (a loss compared, a token sampled)."""
+    for row in recorder.made_up_summary():
+        recorder.sink.comment(f"value made up: {row['read']} ×{row['count']} at {row['site']} (answered {recorder.scalar_value:g})")
 
 
 def _close_on_hard_exit(recorder, patches, sink):
@@ -160,6 +183,7 @@ def _close_on_hard_exit(recorder, patches, sink):
             with recorder.lock:
                 recorder.closed = True
                 _note_caught_value_reads(recorder, None)
+                _note_made_up_values(recorder)
                 recorder.outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code} (os._exit)"
                 sink.close(recorder.outcome)
             if recorder.on_hard_exit is not None:

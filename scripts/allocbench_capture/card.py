@@ -149,6 +149,7 @@ class _FakeCard:
         self._at_site(None if site is None else (site, None))
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
         self.allocs += 1
+        self.rows += 1
 
 
 def _round_up(x, m):

@@ -9,6 +9,7 @@ import runpy
 import signal
 import sys
 import threading
+import time
 import traceback
 
 from .capture import capture
@@ -38,9 +39,11 @@ def main(argv=None):
     parser.add_argument("--real", action="store_true", help="record real tensors (needs a GPU for cuda)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="the device whose storages are recorded")
     parser.add_argument("--cublas-workspace-mib", type=int, help="the modelled cuBLAS workspace (default: CUBLAS_WORKSPACE_CONFIG's, 32 MiB when unset; 0: none)")
-    parser.add_argument("--scalar-value", type=float, help="answer .item() (and .numpy()) of fake tensors with this value")
+    parser.add_argument("--scalar-value", type=float, help="answer reads of fake values (.item(), .numpy()) with this value (default 0)")
+    parser.add_argument("--strict-values", action="store_true", help="stop at the first read of a fake value instead of answering it")
+    parser.add_argument("--progress", help="write the capture's progress here twice a second (JSON, for allocbench capture)")
     parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
-    parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes (default: an H100 80 GB's)")
+    parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes: OutOfMemoryError past it (default: unbounded, answering as an H100 80 GB)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -94,7 +97,12 @@ def main(argv=None):
             allocs=sink.allocs if sink else 0, frees=sink.frees if sink else 0,
             peak_live_bytes=sink.peak_live_bytes if sink else 0, live_bytes_at_end=sink.live_bytes if sink else 0,
             ooms=sink.memory_stats.num_ooms if sink else 0, device_memory=sink.capacity if sink else None,
-            fake=not opts.real, **status,
+            fake=not opts.real, rows=sink.rows if sink else 0,
+            values_made_up=recorder.made_up_summary() if recorder is not None else [],
+            stand_in=recorder.scalar_value if recorder is not None else None,
+            dispatch_seconds=round(recorder.dispatch_seconds, 3) if recorder is not None else 0.0,
+            capture_seconds=round(time.monotonic() - recorder.started, 3) if recorder is not None else 0.0,
+            **status,
         )
 
     def hard_exit_status(code):
@@ -107,6 +115,7 @@ def main(argv=None):
         with capture(
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
             cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
+            strict_values=opts.strict_values, progress=opts.progress,
             comments=[f"script: {' '.join([opts.script, *opts.args])}"],
             sites=not opts.no_sites, site_root=os.path.dirname(script), device_memory=opts.device_memory,
         ) as recorder:

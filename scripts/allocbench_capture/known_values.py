@@ -469,6 +469,7 @@ class KnownValues:
         except DataDependentOutputException as e:
             if self.scalar_value is None:
                 raise FakeValueNeeded("aten._local_scalar_dense", on_cpu=args[0].device.type == "cpu") from e
+        self.made_up_value(".item()")
         return self._as_dtype_of(args[0], self.scalar_value)
 
     def _compare_values(self, func, args, kwargs):
@@ -483,6 +484,7 @@ class KnownValues:
                 return func(*contents, *args[2:], **kwargs)
         if self.scalar_value is None:
             raise FakeValueNeeded(str(func), on_cpu=a.device.type == "cpu")
+        self.made_up_value("torch.equal" if func is aten.equal.default else "torch.allclose")
         if func is aten.equal.default:
             return tuple(a.shape) == tuple(b.shape)
         try:
@@ -505,7 +507,8 @@ class KnownValues:
 
 @rule("instead", "aten._local_scalar_dense.default")
 def _local_scalar_dense(recorder, func, args, kwargs):
-    """``.item()``, ``bool()``, ``.tolist()`` of a fake tensor: its known value, --scalar-value, or FakeValueNeeded."""
+    """``.item()``, ``bool()``, ``.tolist()`` of a fake tensor: its known value, else a stand-in
+    (--scalar-value's, 0 by default), or FakeValueNeeded with --strict-values."""
     if not recorder.fake:
         return PASS
     return recorder._scalar(func, args)

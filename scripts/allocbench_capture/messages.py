@@ -31,8 +31,8 @@ def _note_caught_value_reads(recorder, ending):
     what = f"{len(caught)} read{'s' if len(caught) > 1 else ''} of fake tensor values{at} {'were' if len(caught) > 1 else 'was'} caught"
     recorder.sink.comment(f"{what} and the run went on: the work that needed the values may be missing from this trace")
     print(f"allocbench capture: warning: {what} (an `except` in the script or a library) and the run went on, so the "
-          "work that needed the values may be missing from the trace; pass --scalar-value V to answer such reads, guard "
-          "them (`if not allocbench_capture.fake():`), or capture with --real on a GPU", file=sys.stderr)
+          "work that needed the values may be missing from the trace; drop --strict-values to answer such reads with a "
+          "stand-in, guard them (`if not allocbench_capture.fake():`), or capture with --real on a GPU", file=sys.stderr)
 
 
 def _user_line(tb):
@@ -176,16 +176,16 @@ def _fake_data_message(exc, script, fake_cpu=False):
     inside += _origin(exc, script)
     if isinstance(exc, FakeValueNeeded) and str(exc) == "Tensor.numpy()":
         op = "Tensor.numpy()"
-        fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value V to answer it with V "
-               "in every element, or capture with --real on a GPU")
+        fix = ("drop or guard the read (`if not allocbench_capture.fake():`), drop --strict-values to answer it with a "
+               "stand-in (--scalar-value V: V in every element), or capture with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded) and library:
         op = _value_read(exc)
-        fix = ("pass --scalar-value V to answer such reads with V (a library's read steers its control flow: V "
-               "decides which branch it takes), or capture with --real on a GPU")
+        fix = ("drop --strict-values to answer such reads with a stand-in, --scalar-value V (a library's read steers its "
+               "control flow: V decides which branch it takes), or capture with --real on a GPU")
     elif isinstance(exc, FakeValueNeeded):
         op = _value_read(exc)
-        fix = ("drop or guard the read (`if not allocbench_capture.fake():`), pass --scalar-value 0 to answer such "
-               "reads with 0, or capture with --real on a GPU")
+        fix = ("drop or guard the read (`if not allocbench_capture.fake():`), drop --strict-values to answer such "
+               "reads with a stand-in (0, or --scalar-value V), or capture with --real on a GPU")
     else:
         op = getattr(exc, "func", None) or str(exc).split("\n")[0][:120]
         fix = "this op's output shape depends on tensor values; capture with --real on a GPU"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import weakref
 
 import torch
@@ -33,10 +34,19 @@ implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
 class Recorder(KnownValues, TorchDispatchMode):
     """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
 
-    def __init__(self, sink, device_type, fake, blas_workspaces, scalar_value, sites=None):
+    def __init__(self, sink, device_type, fake, blas_workspaces, scalar_value, sites=None, value_sites=None, progress=None):
         super().__init__()
         self.sink = sink
         self.sites = sites
+        # Reads of values the capture made up: (site, read) -> count (said in the trace and summary).
+        self.value_sites = value_sites or sites
+        self.made_up = {}
+        self.quiet_values = 0  # >0: the capture's own stand-ins (not the script's reads)
+        # Time inside the capture's op dispatch (fake kernels, recording) vs the whole run.
+        self.started = time.monotonic()
+        self.dispatch_seconds = 0.0
+        self.dispatch_depth = 0
+        self.progress = progress  # _Progress, or None
         self.device_type = device_type
         self.fake = fake
         self.blas = blas_workspaces  # _CublasWorkspaces, or None when none are modelled
@@ -78,6 +88,19 @@ class Recorder(KnownValues, TorchDispatchMode):
         # signal that wakes it for that, when it is the main thread (see capture()).
         self.owner = threading.current_thread()
         self.wake_signal = None
+
+    def made_up_value(self, read):
+        """A read of a value the capture does not have, answered with the stand-in: counted per site."""
+        if self.quiet_values:
+            return
+        site = self.value_sites.here_line() if self.value_sites is not None else None
+        key = (site or "(no frame of the script's)", read)
+        self.made_up[key] = self.made_up.get(key, 0) + 1
+
+    def made_up_summary(self):
+        """[{site, read, count}] of the values made up, most first."""
+        rows = [dict(site=site, read=read, count=n) for (site, read), n in self.made_up.items()]
+        return sorted(rows, key=lambda r: -r["count"])
 
     def raise_thread_error(self):
         """On the capture's own thread: a recorded thread's stop (_recorded_threads), raised here."""
@@ -237,7 +260,17 @@ class Recorder(KnownValues, TorchDispatchMode):
             self.raise_thread_error()
         try:
             with self.lock:
-                return self._dispatch(func, types, args, kwargs)
+                if self.dispatch_depth:
+                    return self._dispatch(func, types, args, kwargs)
+                start = time.perf_counter()
+                self.dispatch_depth = 1
+                try:
+                    return self._dispatch(func, types, args, kwargs)
+                finally:
+                    self.dispatch_depth = 0
+                    self.dispatch_seconds += time.perf_counter() - start
+                    if self.progress is not None:
+                        self.progress.tick(self)
         except BaseException as e:
             # TorchScript's interpreter turns a Python error into a RuntimeError with an
             # empty message: what it was is kept for that message (_torchscript_error).

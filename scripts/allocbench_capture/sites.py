@@ -1,6 +1,7 @@
 """Allocation sites: the frame of the user's code each allocation is made at (``#site``/``#at``)."""
 from __future__ import annotations
 
+import linecache
 import os
 import sys
 import sysconfig
@@ -40,18 +41,45 @@ class _Sites:
             return _LIBRARY  # the standard library's backport: @deprecated wraps torch's own calls
         return _SITE
 
-    def _name(self, code, line):
+    def _file_line(self, code, line):
+        """FILE:LINE, the file relative to the script's folder or its library folder."""
         name = os.path.abspath(code.co_filename)
         if name.startswith(self.root):
             name = name[len(self.root):]
         else:
             under = next((lib for lib in self.libraries if name.startswith(lib)), None)
             name = name[len(under):] if under else code.co_filename
-        return f"{name}:{line} {getattr(code, 'co_qualname', code.co_name)}"
+        return f"{name}:{line}"
+
+    def _name(self, code, line):
+        return f"{self._file_line(code, line)} {getattr(code, 'co_qualname', code.co_name)}"
 
     def here_frame(self):
         """(site index, its '#site' text when new, else None) of the caller's allocation."""
-        frame = sys._getframe(1)
+        frame = self._site_frame(sys._getframe(1))
+        if frame is None:
+            return None
+        key = (frame.f_code, frame.f_lineno)
+        index = self.index.get(key)
+        if index is not None:
+            return index, None
+        index = self.index[key] = self.count
+        self.count += 1
+        return index, self._name(*key)
+
+    def here_line(self):
+        """"FILE:LINE `code`" of the caller's site (the frame here_frame names), or None."""
+        frame = self._site_frame(sys._getframe(1))
+        if frame is None:
+            return None
+        name = self._file_line(frame.f_code, frame.f_lineno)
+        code = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        if len(code) > 60:
+            code = code[:59] + "…"
+        return f"{name} `{code}`" if code else name
+
+    def _site_frame(self, frame):
+        """The innermost user frame from ``frame`` out (else the innermost library one), or None."""
         fallback = None
         kinds = self.kind
         while frame is not None:
@@ -64,15 +92,6 @@ class _Sites:
             if fallback is None and kind == _LIBRARY:
                 fallback = frame  # no user frame at all: the innermost one, as a snapshot's site
             frame = frame.f_back
-        frame = frame or fallback
-        if frame is None:
-            return None
-        key = (frame.f_code, frame.f_lineno)
-        index = self.index.get(key)
-        if index is not None:
-            return index, None
-        index = self.index[key] = self.count
-        self.count += 1
-        return index, self._name(*key)
+        return frame or fallback
 
 

@@ -25,6 +25,7 @@ class _TraceSink(_FakeCard):
         self.file.write(FORMAT_HEADER + "\n")
         self.file.flush()  # a readable trace even if the interpreter dies before the first step
         self.allocs = self.frees = self.steps = 0
+        self.rows = 0  # every row written (alloc, free, step, stream, pool...)
         self.live_bytes = self.peak_live_bytes = 0
         self.memory_stats = _MemoryStats()
         self.site = None  # the site the next alloc row is at (the last '#site' or '#at')
@@ -55,6 +56,7 @@ class _TraceSink(_FakeCard):
     def alloc(self, trace_id, nbytes, stream, site=None):
         self._at_site(site)
         self.file.write(f"alloc,{trace_id},{nbytes},{stream}\n")
+        self.rows += 1
         if stream:
             self.side_stream_of[trace_id] = stream
         self.allocs += 1
@@ -83,6 +85,7 @@ class _TraceSink(_FakeCard):
             self.deferred_frees.append((trace_id, nbytes))
             return
         self.file.write(f"free,{trace_id},,\n")
+        self.rows += 1
         if self.side_stream_of:
             self.side_stream_of.pop(trace_id, None)
         if self.used_by:
@@ -98,42 +101,53 @@ class _TraceSink(_FakeCard):
             return
         self.used_by.setdefault(trace_id, set()).add(stream)
         self.file.write(f"record_stream,{trace_id},,{stream}\n")
+        self.rows += 1
 
     def sync(self, stream):
         """The script knows ``stream``'s work done (None: every stream's). Written only when a freed
         block waits for that stream: the one thing a sync changes in a replay."""
         if stream is None and self.waiting:
             self.file.write("sync,,,\n")
+            self.rows += 1
             self.waiting.clear()
         elif stream in self.waiting:
             self.file.write(f"sync,,,{stream}\n")
+            self.rows += 1
             self.waiting.discard(stream)
 
     def step(self, n):
         self.file.write(f"step,{n},,\n")
+        self.rows += 1
         self.steps = n
         self.file.flush()
 
     def empty_cache(self):
         self.file.write("empty_cache,,,\n")
+        self.rows += 1
 
     def pool_begin(self, pool, stream):
         self.file.write(f"pool_begin,{pool},,{'' if stream is None else stream}\n")
+        self.rows += 1
 
     def pool_end(self, pool):
         self.file.write(f"pool_end,{pool},,\n")
+        self.rows += 1
 
     def pool_join(self, pool, stream):
         self.file.write(f"pool_join,{pool},,{stream}\n")
+        self.rows += 1
 
     def pool_release(self, pool):
         self.file.write(f"pool_release,{pool},,\n")
+        self.rows += 1
 
     def empty_pool_cache(self, pool):
         self.file.write(f"empty_cache,{pool},,\n")
+        self.rows += 1
 
     def pool_use_on_oom(self, pool):
         self.file.write(f"pool_use_on_oom,{pool},,\n")
+        self.rows += 1
 
     def comment(self, text):
         self.file.write(f"# {text}\n")

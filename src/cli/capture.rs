@@ -26,14 +26,24 @@ pub struct CaptureArgs {
     /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub device: String,
-    /// Answer `.item()` of a fake tensor with this value (and `.numpy()` with it in every element)
-    /// instead of stopping (for logging code).
-    #[arg(long)]
+    /// The stand-in a read of a fake value gets (`.item()`, `bool()`, `.tolist()`; `.numpy()` in
+    /// every element) [default: 0]. Each read is counted by site, in the trace and the summary.
+    #[arg(long, conflicts_with = "strict_values")]
     pub scalar_value: Option<f64>,
-    /// The fake card's memory (e.g. 24GiB; default an H100 80 GB's, 79.6 GiB): live tensors past
-    /// it raise torch.cuda.OutOfMemoryError, as on a real card, so a script's OOM handling runs.
+    /// Stop at the first read of a fake value, naming it, instead of answering it with a stand-in.
+    #[arg(long)]
+    pub strict_values: bool,
+    /// The fake card's memory (e.g. 24GiB): live tensors past it raise
+    /// torch.cuda.OutOfMemoryError, as on a real card, so a script's OOM handling runs. Default:
+    /// unbounded (the card answers as an H100 80 GB; the replay decides where the run fits).
     #[arg(long, value_parser = crate::cli::args::parse_capacity)]
     pub device_memory: Option<u64>,
+    /// Draw the progress line even when standard error is not a terminal.
+    #[arg(long, conflicts_with = "quiet")]
+    pub progress: bool,
+    /// No progress line.
+    #[arg(long)]
+    pub quiet: bool,
     /// Leave out the allocation sites (the trace's `#site`/`#at` lines; they cost little).
     #[arg(long)]
     pub no_sites: bool,
@@ -61,22 +71,42 @@ pub fn main(a: CaptureArgs) -> i32 {
         device: a.device,
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
+        strict_values: a.strict_values,
+        progress: if a.quiet { false } else { a.progress || std::io::IsTerminal::is_terminal(&std::io::stderr()) },
         sites: !a.no_sites,
         device_memory: a.device_memory,
         script,
         args: command.collect(),
     };
-    match crate::capture::run(&opts) {
+    // A terminal gets one line redrawn; a log (--progress) a plain line every 10 s.
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = (opts.progress && terminal).then(super::progress::capture);
+    let started = std::time::Instant::now();
+    let mut rate = super::progress::RowRate::default();
+    let mut logged = std::time::Duration::ZERO;
+    let ran = crate::capture::run_watched(&opts, &mut |p| {
+        let now = started.elapsed();
+        let message = super::progress::capture_message(p, now, &mut rate);
+        if let Some(bar) = &bar {
+            bar.set_message(message);
+            bar.tick();
+        } else if now >= logged + std::time::Duration::from_secs(10) {
+            logged = now;
+            eprintln!("allocbench capture: {} {message}", indicatif::HumanDuration(now));
+        }
+    });
+    super::progress::finish(bar);
+    match ran {
         Ok(outcome) if outcome.state == "setup_error" => {
             eprintln!("error: {}", outcome.message);
             crate::capture::EXIT_SETUP_ERROR
         }
         Ok(outcome) => {
-            let line = crate::capture::describe(&opts, &outcome);
+            let text = crate::capture::describe(&opts, &outcome);
             if outcome.complete() {
-                eprintln!("{line}");
+                eprintln!("{text}");
             } else {
-                eprintln!("error: {line}");
+                eprintln!("error: {text}");
             }
             outcome.exit_code
         }

@@ -74,7 +74,7 @@ def _eager_optimized_module(torch, model):
 def _fake_cuda_api(torch, patches, recorder):
     """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
     cuda = torch.cuda
-    total_memory = recorder.sink.capacity or FAKE_TOTAL_MEMORY
+    total_memory = recorder.sink.capacity or FAKE_TOTAL_MEMORY  # (unbounded: answers as an H100's)
     props = _FakeDeviceProperties(
         name=FAKE_DEVICE_NAME, total_memory=total_memory, major=9, minor=0,
         multi_processor_count=H100_SMS, is_integrated=False, is_multi_gpu_board=False,
@@ -139,7 +139,7 @@ def _fake_cuda_api(torch, patches, recorder):
         "reset_max_memory_allocated": lambda device=None: stats.reset_peak(),
         "reset_max_memory_cached": lambda device=None: stats.reset_peak(),
         "reset_accumulated_memory_stats": lambda device=None: stats.reset_accumulated(),
-        "mem_get_info": lambda device=None: (total_memory - stats.current(), total_memory),
+        "mem_get_info": lambda device=None: (max(0, total_memory - stats.current()), total_memory),
         "set_per_process_memory_fraction": set_per_process_memory_fraction,
         "get_per_process_memory_fraction": lambda device=None: fraction[0],
         # torch.cuda.device(i) swaps the current device through the driver; there is one device.
@@ -263,11 +263,14 @@ def _fake_cuda_api(torch, patches, recorder):
             return original_trunc_normal(tensor, *args, **kwargs)
         recorder.say_once("nn.init.trunc_normal_", "takes every sample as accepted on its first draw on fake CUDA (one pass of its rejection loop is recorded)",
                           "every sample accepted on its first draw")
+        # (The capture's own choice, not a value made up for the script: not counted as one.)
         saved, recorder.scalar_value = recorder.scalar_value, 0
+        recorder.quiet_values += 1
         try:
             return original_trunc_normal(tensor, *args, **kwargs)
         finally:
             recorder.scalar_value = saved
+            recorder.quiet_values -= 1
 
     if original_trunc_normal is not None:
         patches.set(init, "_no_grad_trunc_normal_", trunc_normal)
@@ -347,9 +350,9 @@ def _fake_cuda_api(torch, patches, recorder):
                 raise RuntimeError("Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead.")
             contents = recorder.known_contents(self)
             if contents is None and recorder.scalar_value is not None:
-                # --scalar-value answers a read of values (`loss.detach().cpu().numpy()`, logging)
-                # as it answers .item(): every element that value.
-                recorder.say_once("Tensor.numpy()", f"of unknown values answers {recorder.scalar_value:g} in every element (--scalar-value)")
+                # A read of values (`loss.detach().cpu().numpy()`, logging) is answered as .item()
+                # is: every element the stand-in.
+                recorder.made_up_value(".numpy()")
                 with torch.utils._python_dispatch._disable_current_modes():
                     contents = torch.full(tuple(self.shape), recorder.scalar_value, dtype=self.dtype, device="cpu")
             if contents is None:
