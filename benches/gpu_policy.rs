@@ -145,6 +145,8 @@ fn advise_search(c: &mut Criterion) {
         objective: Objective::Balanced,
         model: allocbench::gpu::devprobe::LatencyModel::h100(),
         addresses: Vec::new(),
+        outside: allocbench::gpu::card::Outside::NONE,
+        not_whole_run: None,
     };
     group.bench_function(format!("captured_1.3b/{}-configs/2-threads", confs.len()), |b| {
         b.iter(|| allocbench::advise::advise(&events, &info, &confs, &opts, None).unwrap())

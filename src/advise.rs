@@ -230,6 +230,10 @@ pub struct AdviseOptions {
     /// The cudaMalloc addresses the input recorded (a snapshot's), replayed by every
     /// configuration as `replay` does (empty: the device places them).
     pub addresses: Vec<(u64, u64)>,
+    /// Why the trace is not the whole run (`Source::capture_incomplete`), if it is not.
+    pub not_whole_run: Option<String>,
+    /// What the job holds on the card outside the allocator (withheld from every replay).
+    pub outside: crate::gpu::card::Outside,
 }
 
 /// Replays every configuration (once per behaviour) on `threads` threads and returns them all,
@@ -314,7 +318,22 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
         .collect();
     let budget_ns = time_budget_ns(&all);
     rank(&mut all, o.objective, budget_ns);
-    let recommended = all.iter().find(|c| c.conflicts.is_empty() && !c.pruned).cloned();
+    let recommended = recommend(&all);
+    // Nothing fits this card: how large a card the best one needs, and the smallest of the table.
+    let (fits_from, smallest_card) = match recommended.as_ref().filter(|c| c.oom && o.not_whole_run.is_none()) {
+        Some(best) => {
+            let cfg = AllocatorConfig::parse(&best.conf)?;
+            let peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
+            let withheld = o.outside.total();
+            let from = crate::diagnose::min_capacity(events, &o.addresses, &cfg, peak_live, withheld)?;
+            let card = match from {
+                Some(m) => crate::diagnose::smallest_card(events, &o.addresses, &cfg, m, withheld)?.map(|c| c.name.to_string()),
+                None => None,
+            };
+            (from, card)
+        }
+        None => (None, None),
+    };
     Ok(AdviseResult {
         schema_version: SCHEMA_VERSION,
         workload: info.clone(),
@@ -327,13 +346,31 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
         threads: o.threads.max(1),
         recommended,
         configs: all,
+        outside: o.outside,
+        fits_from,
+        smallest_card,
+        not_whole_run: o.not_whole_run.clone(),
     })
+}
+
+/// The pick among ranked candidates: the first that conflicts with nothing, ran to its end (or to
+/// an OOM) and that no other such candidate beats on every column (peak reserved, cudaMallocs,
+/// modelled time, retries, where the OOM came) and on one strictly.
+fn recommend(ranked: &[Candidate]) -> Option<Candidate> {
+    let eligible: Vec<&Candidate> = ranked.iter().filter(|c| c.conflicts.is_empty() && !c.pruned).collect();
+    let key = |c: &Candidate| (c.oom, c.oom_event.map(std::cmp::Reverse));
+    let dominates = |a: &Candidate, b: &Candidate| {
+        let columns = |c: &Candidate| [c.peak_reserved as f64, c.device_mallocs as f64, c.modelled_alloc_time_s, c.retries as f64];
+        let (x, y) = (columns(a), columns(b));
+        key(a) <= key(b) && x.iter().zip(&y).all(|(p, q)| p <= q) && (key(a) < key(b) || x.iter().zip(&y).any(|(p, q)| p < q))
+    };
+    eligible.iter().find(|c| !eligible.iter().any(|other| dominates(other, c))).map(|c| (*c).clone())
 }
 
 /// One configuration's replay on a priced simulated device, pruned by the board.
 /// Returns the candidate and `reserved_bytes.all.peak` (for [`same_as_base`]).
 fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board: &Board, keep: bool) -> anyhow::Result<(Candidate, u64)> {
-    let mut a = pytorch_on_sim(cfg, o.capacity, &o.model, &o.addresses);
+    let mut a = pytorch_on_sim(cfg, o.capacity, o.outside.total(), &o.model, &o.addresses);
     let mut w = Pruner { board, model: &o.model, keep, stop: false, peak: Peak::default(), oom: None };
     let out = replay_observed(&mut a, events.iter().copied().map(Ok), OnOom::Stop, &mut w)?;
     let st = a.stats();
@@ -377,10 +414,13 @@ fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
         // shorter replay, so they say nothing); among those that fail at the same event, the
         // fewest settings first.
         let class = |c: &Candidate| (c.oom, c.pruned, !c.conflicts.is_empty(), std::cmp::Reverse((c.oom_event, c.oom_step)));
+        // (Among configurations that fail at the same event, the objective's measure of the
+        // replay up to it, then the fewest cudaMallocs.)
+        let mallocs = |c: &Candidate| c.device_mallocs.max(0) as u64;
         let measure = |c: &Candidate| match objective {
-            _ if c.oom => (0, 0, 0),
-            Objective::Memory => (c.peak_reserved, ns(c), 0),
-            Objective::Time => (ns(c), c.peak_reserved, 0),
+            Objective::Memory => (c.peak_reserved, ns(c), mallocs(c)),
+            Objective::Time => (ns(c), c.peak_reserved, mallocs(c)),
+            Objective::Balanced if c.oom => (c.peak_reserved, ns(c), mallocs(c)),
             Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c)),
         };
         (class(a), measure(a), setting_count(&a.conf), a.conf.len(), &a.conf).cmp(&(class(b), measure(b), setting_count(&b.conf), b.conf.len(), &b.conf))
@@ -407,7 +447,7 @@ fn setting_count(conf: &str) -> usize {
 pub fn from_candidates(info: &WorkloadInfo, capacity: u64, objective: Objective, latency_table: &str, mut all: Vec<Candidate>) -> AdviseResult {
     let budget_ns = time_budget_ns(&all);
     rank(&mut all, objective, budget_ns);
-    let recommended = all.iter().find(|c| c.conflicts.is_empty() && !c.pruned).cloned();
+    let recommended = recommend(&all);
     AdviseResult {
         schema_version: SCHEMA_VERSION,
         workload: info.clone(),
@@ -420,6 +460,10 @@ pub fn from_candidates(info: &WorkloadInfo, capacity: u64, objective: Objective,
         threads: 1,
         recommended,
         configs: all,
+        outside: crate::gpu::card::Outside::NONE, // (a sweep's rows replay the allocator alone)
+        fits_from: None,
+        smallest_card: None,
+        not_whole_run: None,
     }
 }
 
@@ -435,7 +479,7 @@ pub fn full_runs(
 ) -> anyhow::Result<()> {
     for conf in ["", best.conf.as_str()] {
         let cfg = AllocatorConfig::parse(conf)?;
-        let spec = DeviceSpec { latency: Some(o.model.clone()), addresses: o.addresses.clone(), ..DeviceSpec::sim(o.capacity) };
+        let spec = DeviceSpec { latency: Some(o.model.clone()), addresses: o.addresses.clone(), withheld: o.outside.total(), ..DeviceSpec::sim(o.capacity) };
         let mut built = build(GpuPolicy::Pytorch, &cfg, &spec)?;
         let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
         let run = run_one(&mut built, &cfg, Box::new(events.iter().copied().map(Ok)), info.clone(), &opts, &mut StopWhen(crate::interrupt::interrupted))?;
@@ -451,14 +495,39 @@ pub fn full_runs(
 /// conflicts, and the line to `export`.
 pub fn describe(r: &AdviseResult, top: usize) -> String {
     let pruned = r.configs.iter().filter(|c| c.pruned).count();
-    let mut s = format!(
-        "{} ({}): {} configurations ({} distinct replays, {} stopped early) on a {} device in {:.1} s ({}); time priced with {}\n",
+    let mut s = String::new();
+    // What matters most first: a trace that is not the whole run, or a card nothing fits.
+    if let Some(why) = &r.not_whole_run {
+        s += &format!(
+            "This trace is not the whole run (the capture ended: {why}): the ranking covers what ran, and no card is named as fitting. Capture again without --device-memory (unbounded by default), or find the largest batch that fits with `allocbench fit`.\n\n"
+        );
+    } else if let Some(best) = r.recommended.as_ref().filter(|b| b.oom) {
+        let name = if best.conf.is_empty() { "PyTorch's defaults".to_string() } else { format!("`{}`", best.conf) };
+        s += &format!("Nothing fits on {}: every configuration runs out of memory{}.", crate::gpu::card::in_sentence(r.capacity), outside_note(r));
+        match r.fits_from {
+            Some(m) => {
+                s += &format!(" With {name}, which gets furthest, it needs a device of {} or more", format_bytes(m));
+                s += &match r.smallest_card.as_deref().and_then(|n| crate::gpu::card::find(n).ok()) {
+                    Some(c) => format!("; the smallest card in the table: {}.", crate::gpu::card::describe_capacity(c.total_memory)),
+                    None => "; no card in the table is that large.".to_string(),
+                };
+            }
+            None => s += " No device up to 1 PiB runs it.",
+        }
+        s += &format!(
+            " To fit this card, find the largest batch size or sequence length that does: `allocbench fit --param NAME=LO..HI {} -- SCRIPT.py ARGS...` with {{NAME}} in the script's arguments.\n\n",
+            crate::gpu::card::flag_for(r.capacity)
+        );
+    }
+    s += &format!(
+        "{} ({}): {} configurations ({} distinct replays, {} stopped early) on {}{} in {:.1} s ({}); time priced with {}\n",
         r.workload.name,
         r.workload.kind,
         r.configs.len(),
         r.replays,
         pruned,
-        format_bytes(r.capacity),
+        crate::gpu::card::in_sentence(r.capacity),
+        outside_note(r),
         r.elapsed_s,
         crate::units::count(r.threads as u64, "thread"),
         r.latency_table
@@ -539,6 +608,14 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
     s
 }
 
+/// " (426 MiB of it outside the allocator: CUDA context 426 MiB)", or nothing.
+fn outside_note(r: &AdviseResult) -> String {
+    if r.outside.total() == 0 {
+        return String::new();
+    }
+    format!(" ({} of it outside the allocator: {})", format_bytes(r.outside.total()), r.outside.describe())
+}
+
 /// What an older torch does not read in `conf`. The keys are read as torch 2.15's
 /// AllocatorConfig does; `per_process_memory_fraction` came into the variable with pytorch PR
 /// #161035 (2025), and a torch from before refuses the whole variable at its first allocation.
@@ -585,7 +662,7 @@ mod tests {
         assert!(rep.iter().all(|&r| rep[r] == r), "a representative stands for itself");
         let model = LatencyModel::h100();
         let stats = |i: usize| {
-            let mut a = pytorch_on_sim(&parsed[i], 24 << 30, &model, &[]);
+            let mut a = pytorch_on_sim(&parsed[i], 24 << 30, 0, &model, &[]);
             crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
             let mut m = a.stats().to_torch_map();
             m.remove("max_split_size");
@@ -611,7 +688,7 @@ mod tests {
         let model = LatencyModel::h100();
         let run = |conf: &str, capacity: u64| {
             let cfg = AllocatorConfig::parse(conf).unwrap();
-            let mut a = pytorch_on_sim(&cfg, capacity, &model, &[]);
+            let mut a = pytorch_on_sim(&cfg, capacity, 0, &model, &[]);
             let out = crate::gpu::replay::replay(&mut a, events.iter().copied().map(Ok), &ReplayOptions::default()).unwrap();
             let mut m = a.stats().to_torch_map();
             m.remove("max_split_size");
@@ -659,7 +736,15 @@ mod tests {
         .map(String::from)
         .to_vec();
         for objective in [Objective::Balanced, Objective::Memory, Objective::Time] {
-            let o = AdviseOptions { capacity: 100 << 20, threads: 1, objective, model: LatencyModel::h100(), addresses: Vec::new() };
+            let o = AdviseOptions {
+                capacity: 100 << 20,
+                threads: 1,
+                objective,
+                model: LatencyModel::h100(),
+                addresses: Vec::new(),
+                outside: crate::gpu::card::Outside::NONE,
+                not_whole_run: None,
+            };
             let r = advise(&events, &info, &confs, &o, None).unwrap();
             let at = |conf: &str| r.configs.iter().find(|c| c.conf == conf).unwrap().oom_event;
             // 100 MiB hold two 40 MiB blocks; the fraction's 50 MiB hold one.
@@ -672,6 +757,76 @@ mod tests {
             assert_eq!((conflicting.len(), conflicting.iter().filter(|c| c.equivalent_to.is_some()).count()), (2, 1));
             assert!(text.contains("2 configurations conflict and are never recommended"), "{text}");
         }
+    }
+
+    fn candidate(conf: &str, peak: u64, mallocs: i64, time_s: f64, oom_event: Option<u64>) -> Candidate {
+        Candidate {
+            conf: conf.into(),
+            peak_reserved: peak,
+            overhead: 1.0,
+            device_mallocs: mallocs,
+            device_frees: 0,
+            syncs: 0,
+            modelled_alloc_time_s: time_s,
+            retries: 1,
+            oom: oom_event.is_some(),
+            oom_step: oom_event.map(|_| 9),
+            oom_event,
+            pruned: false,
+            equivalent_to: None,
+            conflicts: Vec::new(),
+        }
+    }
+
+    /// When every configuration OOMs at the same event, the one recommended is not beaten on
+    /// every column by another (the GPT-3 XL case at 60 GiB: max_split_size_mb:32 at 60.0 GiB,
+    /// 1,749 cudaMallocs, 0.37 s, against expandable_segments:True at 59.1 GiB, 386, 0.19 s).
+    #[test]
+    fn the_recommendation_is_never_beaten_on_every_column() {
+        for objective in [Objective::Balanced, Objective::Memory, Objective::Time] {
+            let mut all = vec![
+                candidate("max_split_size_mb:32", 60 << 30, 1749, 0.37, Some(41895)),
+                candidate("expandable_segments:True", 59 << 30, 386, 0.19, Some(41895)),
+                candidate("", 61 << 30, 450, 0.10, Some(41857)),
+            ];
+            let budget = time_budget_ns(&all);
+            rank(&mut all, objective, budget);
+            let best = recommend(&all).unwrap();
+            assert_eq!(best.conf, "expandable_segments:True", "{objective}");
+            let text = describe(
+                &AdviseResult {
+                    schema_version: SCHEMA_VERSION,
+                    workload: WorkloadInfo {
+                        name: "t".into(),
+                        kind: "trace".into(),
+                        origin: "t.csv".into(),
+                        sha256: String::new(),
+                        seed: None,
+                        description: String::new(),
+                    },
+                    capacity: 60 << 30,
+                    objective,
+                    latency_table: "t".into(),
+                    time_budget_s: None,
+                    replays: 3,
+                    elapsed_s: 0.0,
+                    threads: 1,
+                    recommended: Some(best),
+                    configs: all,
+                    outside: crate::gpu::card::Outside::default(),
+                    fits_from: Some(72 << 30),
+                    smallest_card: Some("A100-80GB-PCIe".into()),
+                    not_whole_run: None,
+                },
+                5,
+            );
+            assert!(text.starts_with("Nothing fits on a 60.0 GiB device: every configuration runs out of memory (426 MiB of it outside the allocator: CUDA context 426 MiB). With `expandable_segments:True`, which gets furthest, it needs a device of 72.0 GiB or more; the smallest card in the table: A100-80GB-PCIe (79.1 GiB). To fit this card"), "{text}");
+            assert!(text.contains("allocbench fit --param NAME=LO..HI --capacity 61440MiB"), "{text}");
+        }
+        // A candidate that gets further is not beaten by one that fails sooner with less.
+        let mut all = vec![candidate("a", 50 << 30, 10, 0.1, Some(5)), candidate("b", 60 << 30, 20, 0.2, Some(9))];
+        rank(&mut all, Objective::Memory, None);
+        assert_eq!(recommend(&all).unwrap().conf, "b");
     }
 
     #[test]

@@ -82,8 +82,12 @@ pub struct CaptureOptions {
     pub progress: bool,
     /// Record each alloc's site (the innermost frame of the user's code) as `#site`/`#at` lines.
     pub sites: bool,
-    /// The fake card's memory in bytes (`None`: the capture module's H100 80 GB).
+    /// The fake card's memory in bytes (`None`: unbounded).
     pub device_memory: Option<u64>,
+    /// What the unbounded fake card reports as its memory (`None`: an H100 80 GB's).
+    pub card_memory: Option<u64>,
+    /// Where the script's own output goes (`None`: this process's standard output and error).
+    pub script_output: Option<PathBuf>,
     pub script: PathBuf,
     pub args: Vec<OsString>,
 }
@@ -227,6 +231,13 @@ pub fn run_watched(opts: &CaptureOptions, watch: &mut dyn FnMut(Option<&CaptureP
     }
     if let Some(bytes) = opts.device_memory {
         cmd.arg("--device-memory").arg(bytes.to_string());
+    }
+    if let Some(bytes) = opts.card_memory {
+        cmd.arg("--card-memory").arg(bytes.to_string());
+    }
+    if let Some(log) = &opts.script_output {
+        let file = fs::File::create(log).map_err(|e| InputError::new(log.display().to_string(), format!("cannot write the script's output there: {e}")))?;
+        cmd.stdout(file.try_clone()?).stderr(file);
     }
     cmd.arg("--").arg(&opts.script).args(&opts.args);
     // The script's own `import allocbench_capture` (for step() markers) finds the embedded copy,

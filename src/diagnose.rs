@@ -9,6 +9,7 @@
 use crate::error::InputError;
 use crate::event::Event;
 use crate::gpu::build::{build, DeviceSpec};
+use crate::gpu::card::{describe_capacity, Outside};
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::replay::{ReplayOptions, StopWhen};
 use crate::input::Source;
@@ -47,9 +48,32 @@ fn load_at_most(source: &Source, most: usize) -> anyhow::Result<Vec<Event>> {
 /// of a large model has millions; a bound keeps a runaway workload from taking the machine.
 pub const MAX_LOADED_EVENTS: usize = 1 << 27;
 
-/// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM.
-pub fn min_capacity(events: &[Event], addresses: &[(u64, u64)], conf: &AllocatorConfig, peak_live: u64) -> anyhow::Result<Option<u64>> {
-    min_capacity_until(events, addresses, conf, peak_live, crate::interrupt::interrupted)
+/// Bisection on capacity: the smallest device (2 MiB steps) where the replay has no OOM, with
+/// `withheld` bytes of it held outside the allocator.
+pub fn min_capacity(events: &[Event], addresses: &[(u64, u64)], conf: &AllocatorConfig, peak_live: u64, withheld: u64) -> anyhow::Result<Option<u64>> {
+    min_capacity_until(events, addresses, conf, peak_live, withheld, crate::interrupt::interrupted)
+}
+
+/// Whether the replay of `events` on a `capacity` card, `withheld` of it outside the allocator,
+/// ends without an OOM.
+pub fn fits(events: &[Event], addresses: &[(u64, u64)], conf: &AllocatorConfig, capacity: u64, withheld: u64) -> anyhow::Result<bool> {
+    Ok(crate::gpu_run::replay_sim(events, addresses, conf, capacity, withheld, OnOom::Stop)?.0.oom.is_none())
+}
+
+/// The smallest card of the table, from `at_least` bytes up, the workload runs on without an OOM.
+pub fn smallest_card(
+    events: &[Event],
+    addresses: &[(u64, u64)],
+    conf: &AllocatorConfig,
+    at_least: u64,
+    withheld: u64,
+) -> anyhow::Result<Option<&'static crate::gpu::card::Card>> {
+    for card in crate::gpu::card::by_size().into_iter().filter(|c| c.total_memory >= at_least && c.total_memory > withheld) {
+        if fits(events, addresses, conf, card.total_memory, withheld)? {
+            return Ok(Some(card));
+        }
+    }
+    Ok(None)
 }
 
 /// [`min_capacity`], stopped (an [`crate::interrupt::Interrupted`] error) once `stop()` says so.
@@ -58,6 +82,7 @@ fn min_capacity_until(
     addresses: &[(u64, u64)],
     conf: &AllocatorConfig,
     peak_live: u64,
+    withheld: u64,
     stop: impl Fn() -> bool,
 ) -> anyhow::Result<Option<u64>> {
     const STEP: u64 = 2 << 20;
@@ -71,12 +96,13 @@ fn min_capacity_until(
         if stop() {
             return Err(crate::interrupt::Interrupted("while searching for the smallest device that fits: nothing written".into()).into());
         }
-        Ok(crate::gpu_run::replay_sim(events, addresses, conf, c, OnOom::Stop)?.0.oom.is_none())
+        fits(events, addresses, conf, c, withheld)
     };
-    if peak_live == 0 && fits(0)? {
-        return Ok(Some(0)); // nothing reaches the device
+    if peak_live == 0 && fits(withheld)? {
+        return Ok(Some(withheld)); // nothing reaches the allocator
     }
-    let mut lo = (peak_live / STEP).max(1); // in steps; below the live bytes nothing fits
+    // In steps; below the live bytes (and what is held outside) nothing fits.
+    let mut lo = (peak_live.saturating_add(withheld) / STEP).max(1);
     let mut hi = lo * 2;
     while !fits(hi * STEP)? {
         hi *= 2;
@@ -98,7 +124,7 @@ fn min_capacity_until(
     let mut top = hi * STEP;
     if conf.allowed_bytes(top).is_some() {
         // Neither the step below (or, at the first step, the live peak less a byte) fits.
-        let mut bottom = ((hi - 1) * STEP).max(peak_live.saturating_sub(1));
+        let mut bottom = ((hi - 1) * STEP).max((peak_live + withheld).saturating_sub(1));
         while top - bottom > 1 {
             let mid = bottom + (top - bottom) / 2;
             if fits(mid)? {
@@ -111,13 +137,16 @@ fn min_capacity_until(
     Ok(Some(top))
 }
 
-/// Replays `source` on a `capacity` device and explains the first OOM (or the headroom): the
-/// segment breakdown at that moment, the allocation sites, and the smallest device that fits
-/// ([`min_capacity`]). Returns the diagnosis and the replay behind it; the prose in its
+/// Replays `source` on a `capacity` card, `outside` of it held outside the allocator, and
+/// explains the first OOM (or the headroom): the segment breakdown at that moment, the
+/// allocation sites, and the smallest device and card that fit ([`min_capacity`]), when the
+/// trace is the whole run. Returns the diagnosis and the replay behind it; the prose in its
 /// `summary` is rendered from the data by [`summary`].
-pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
+pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64, outside: Outside) -> anyhow::Result<(DiagnoseResult, GpuRunResult)> {
     let events = load_events(source)?;
-    let mut built = build(GpuPolicy::Pytorch, conf, &DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) })?;
+    let withheld = outside.total();
+    let device = DeviceSpec { addresses: source.address_script(), withheld, ..DeviceSpec::sim(capacity) };
+    let mut built = build(GpuPolicy::Pytorch, conf, &device)?;
     let opts = ReplayOptions { on_oom: OnOom::Stop, ..Default::default() };
     let run = crate::gpu_run::run_one(
         &mut built,
@@ -129,17 +158,31 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
     )?;
     let w = waste(&run);
     let (top_sites, oom_site) = top_sites(source, run.oom.as_ref().map(|o| o.event))?;
-    let top_sites_live = live_sites(source, &events, conf, capacity, run.oom.is_some())?;
+    let top_sites_live = live_sites(source, &events, &device, conf, run.oom.is_some())?;
     // The replay stops at an OOM: the whole workload's peak live bytes come from the events.
     let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
-    let min_cap = min_capacity(&events, &source.address_script(), conf, full_peak_live)?;
+    // A trace cut short (its capture stopped at an error or its fake card's OOM) is not the
+    // whole run: what fits it says nothing of what fits the job.
+    let steps = events.iter().filter(|e| matches!(e, Event::Step { .. })).count() as u64;
+    let not_whole_run = source.capture_incomplete().map(|why| format!("{why}, after {}", crate::units::count(steps, "complete step")));
+    let (min_cap, smallest) = if not_whole_run.is_some() {
+        (None, None)
+    } else {
+        let min_cap = min_capacity(&events, &source.address_script(), conf, full_peak_live, withheld)?;
+        let smallest = match min_cap {
+            Some(m) => smallest_card(&events, &source.address_script(), conf, m, withheld)?.map(|c| c.name.to_string()),
+            None => None,
+        };
+        (min_cap, smallest)
+    };
+    let device_free = capacity.saturating_sub(withheld).saturating_sub(run.summary.peak_reserved);
     let mut result = DiagnoseResult {
         schema_version: SCHEMA_VERSION,
         workload: run.workload.clone(),
         capacity,
         conf: conf.source.clone(),
         oom: run.oom.clone(),
-        headroom: run.oom.is_none().then(|| conf.allowed_bytes(capacity).unwrap_or(capacity).saturating_sub(run.summary.peak_reserved)),
+        headroom: run.oom.is_none().then(|| conf.allowed_bytes(capacity).map_or(device_free, |a| a.saturating_sub(run.summary.peak_reserved).min(device_free))),
         allowed: conf.allowed_bytes(capacity),
         peak_reserved: run.summary.peak_reserved,
         allocated_at_peak: run.summary.allocated_at_peak_reserved,
@@ -156,6 +199,10 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64) -> anyho
         top_sites_live,
         oom_site,
         min_capacity: min_cap,
+        outside,
+        device_total: run.summary.peak_reserved + withheld,
+        not_whole_run,
+        smallest_card: smallest,
         conflicts: conf.conflicts(),
         summary: Vec::new(),
     };
@@ -228,10 +275,9 @@ type SiteBytes = (String, u64);
 /// peak): the requests of the blocks allocated then, by the site of their trace id, largest first
 /// (8). What sums over the whole run (a training loop's activations, thousands of times) says
 /// little about what filled the card.
-fn live_sites(source: &Source, events: &[Event], conf: &AllocatorConfig, capacity: u64, at_oom: bool) -> anyhow::Result<Vec<SiteBytes>> {
+fn live_sites(source: &Source, events: &[Event], device: &DeviceSpec, conf: &AllocatorConfig, at_oom: bool) -> anyhow::Result<Vec<SiteBytes>> {
     let Some(sites) = source.sites()? else { return Ok(Vec::new()) };
-    let device = DeviceSpec { addresses: source.address_script(), ..DeviceSpec::sim(capacity) };
-    let owners = crate::gpu_run::segment_owners(GpuPolicy::Pytorch, conf, &device, Box::new(events.iter().copied().map(Ok)), OnOom::Stop)?;
+    let owners = crate::gpu_run::segment_owners(GpuPolicy::Pytorch, conf, device, Box::new(events.iter().copied().map(Ok)), OnOom::Stop)?;
     let (segments, ids) = if at_oom { (&owners.at_oom, &owners.oom_owners) } else { (&owners.at_peak.segments, &owners.at_peak.owners) };
     let mut by_site = vec![0u64; sites.names.len()];
     for (segment, ids) in segments.iter().zip(ids) {
@@ -321,16 +367,20 @@ fn cause_sentence(o: &OomRecord) -> String {
 pub fn summary(d: &DiagnoseResult) -> Vec<String> {
     let capacity = d.capacity;
     let mut summary = Vec::new();
+    let card = crate::gpu::card::in_sentence(capacity);
+    let outside = d.outside.total();
+    // "H100-80GB (79.2 GiB; CUDA context 426 MiB of it outside the allocator)"
+    let card_outside =
+        if outside > 0 { format!("{card}, {} of it outside the allocator ({})", format_bytes(outside), d.outside.describe()) } else { card.clone() };
     match &d.oom {
         Some(o) => {
             summary.push(format!(
-                "OOM at step {} (event {}): a request of {} (rounded {}, a {} device allocation) could not be served on a {} device.",
+                "OOM at step {} (event {}): a request of {} (rounded {}, a {} device allocation) could not be served on {card_outside}.",
                 o.step,
                 o.event,
                 format_bytes(o.requested),
                 format_bytes(o.rounded),
                 format_bytes(o.alloc_size),
-                format_bytes(capacity)
             ));
             summary.push(cause_sentence(o));
             if let Some(site) = &d.oom_site {
@@ -338,16 +388,23 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
             }
         }
         None if d.allowed.is_some_and(|cap| d.peak_reserved > cap) => summary.push(format!(
-            "No OOM on a {} device (per_process_memory_fraction caps the allocator at {}): peak reserved {} is {} over the cap ({}).",
-            format_bytes(capacity),
+            "No OOM on {card} (per_process_memory_fraction caps the allocator at {}): peak reserved {} is {} over the cap ({}).",
             format_bytes(d.allowed.unwrap_or(0)),
             format_bytes(d.peak_reserved),
             format_bytes(d.peak_reserved - d.allowed.unwrap_or(0)),
             crate::results::gpu::OVER_CAP_WHY
         )),
+        None if outside > 0 => summary.push(format!(
+            "No OOM on {card}{}: the device total at the peak is {} (the allocator's {} reserved + {} outside it: what nvidia-smi would show), leaving {} of headroom{}.",
+            d.allowed.map(|a| format!(" (per_process_memory_fraction caps the allocator at {})", format_bytes(a))).unwrap_or_default(),
+            format_bytes(d.device_total),
+            format_bytes(d.peak_reserved),
+            d.outside.describe(),
+            format_bytes(d.headroom.unwrap_or(0)),
+            if d.allowed.is_some() { " under the cap" } else { "" }
+        )),
         None => summary.push(format!(
-            "No OOM on a {} device{}: peak reserved {} leaves {} of headroom{}.",
-            format_bytes(capacity),
+            "No OOM on {card}{}: peak reserved {} leaves {} of headroom{}.",
             d.allowed.map(|a| format!(" (per_process_memory_fraction caps the allocator at {})", format_bytes(a))).unwrap_or_default(),
             format_bytes(d.peak_reserved),
             format_bytes(d.headroom.unwrap_or(0)),
@@ -385,13 +442,23 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
             format_bytes(c.pinned_free_bytes)
         ));
     }
-    match d.min_capacity {
-        Some(m) => summary.push(format!(
-            "It runs without an OOM on a device of {} or more with this configuration (the whole workload peaks at {} live: the ideal allocator's need).",
-            format_bytes(m),
+    match (&d.not_whole_run, d.min_capacity) {
+        (Some(why), _) => summary.push(format!(
+            "This trace is not the whole run (the capture ended: {why}), so no card is named as fitting: what ran peaked at {} live. To see the whole run, capture again without --device-memory (the fake card is unbounded by default); for the largest batch that fits a card, `allocbench fit`.",
             format_bytes(d.peak_live_bytes)
         )),
-        None => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
+        (None, Some(m)) => summary.push(format!(
+            "It runs without an OOM on a device of {} or more with this configuration ({}the whole workload peaks at {} live: the ideal allocator's need){}.",
+            crate::units::format_bytes_apart(m, capacity),
+            if outside > 0 { format!("{} outside the allocator included; ", format_bytes(outside)) } else { String::new() },
+            format_bytes(d.peak_live_bytes),
+            d.smallest_card
+                .as_deref()
+                .and_then(|name| crate::gpu::card::find(name).ok())
+                .map(|c| format!("; the smallest card in the table: {}", describe_capacity(c.total_memory)))
+                .unwrap_or_default()
+        )),
+        (None, None) => summary.push("No device up to 1 PiB runs it without an OOM.".into()),
     }
     summary.extend(d.conflicts.iter().map(|c| format!("Conflict in the conf: {c}.")));
     summary
@@ -464,7 +531,7 @@ mod tests {
             replays.set(replays.get() + 1);
             replays.get() > 3
         };
-        let err = min_capacity_until(&events, &[], &AllocatorConfig::default(), 5 << 30, stop_after_three).unwrap_err();
+        let err = min_capacity_until(&events, &[], &AllocatorConfig::default(), 5 << 30, 0, stop_after_three).unwrap_err();
         assert!(err.downcast_ref::<crate::interrupt::Interrupted>().is_some(), "{err}");
         assert_eq!(replays.get(), 4, "stopped at the first poll that said so");
     }
@@ -475,11 +542,29 @@ mod tests {
     fn the_smallest_card_is_exact_under_a_memory_fraction() {
         let events = [Event::Alloc { id: 1, bytes: 5 << 30, stream: 0 }, Event::Free { id: 1 }];
         let plain = AllocatorConfig::default();
-        assert_eq!(min_capacity(&events, &[], &plain, 5 << 30).unwrap(), Some(5 << 30));
+        assert_eq!(min_capacity(&events, &[], &plain, 5 << 30, 0).unwrap(), Some(5 << 30));
         let capped = AllocatorConfig::parse("per_process_memory_fraction:0.75").unwrap();
-        let min = min_capacity(&events, &[], &capped, 5 << 30).unwrap().unwrap();
+        let min = min_capacity(&events, &[], &capped, 5 << 30, 0).unwrap().unwrap();
         assert_eq!(min, 7_158_278_827);
-        let fits = |c: u64| crate::gpu_run::replay_sim(&events, &[], &capped, c, OnOom::Stop).unwrap().0.oom.is_none();
+        let fits = |c: u64| crate::gpu_run::replay_sim(&events, &[], &capped, c, 0, OnOom::Stop).unwrap().0.oom.is_none();
         assert!(fits(min) && !fits(min - 1));
+    }
+
+    /// What lives outside the allocator takes its bytes off the card: 426 MiB more card, exactly,
+    /// without a fraction; under one the cap still counts from the whole card, so the card need
+    /// only leave the allocator its 5 GiB: max(⌈5 GiB / 0.75⌉, 5 GiB + 426 MiB).
+    #[test]
+    fn the_smallest_card_counts_what_lives_outside_the_allocator() {
+        let events = [Event::Alloc { id: 1, bytes: 5 << 30, stream: 0 }, Event::Free { id: 1 }];
+        let outside = 426 << 20;
+        assert_eq!(min_capacity(&events, &[], &AllocatorConfig::default(), 5 << 30, outside).unwrap(), Some((5 << 30) + outside));
+        let capped = AllocatorConfig::parse("per_process_memory_fraction:0.75").unwrap();
+        assert_eq!(min_capacity(&events, &[], &capped, 5 << 30, outside).unwrap(), Some(7_158_278_827));
+        let small = AllocatorConfig::parse("per_process_memory_fraction:0.95").unwrap();
+        let min = min_capacity(&events, &[], &small, 5 << 30, outside).unwrap().unwrap();
+        assert!(fits(&events, &[], &small, min, outside).unwrap() && !fits(&events, &[], &small, min - 1, outside).unwrap());
+        assert_eq!(min, (5 << 30) + outside, "the device, not the cap (5,651,272,758 B), decides here");
+        // The smallest card of the table for 5 GiB and the context: the T4 (14,930 MiB).
+        assert_eq!(smallest_card(&events, &[], &AllocatorConfig::default(), (5 << 30) + outside, outside).unwrap().unwrap().name, "T4");
     }
 }

@@ -7,6 +7,7 @@ use crate::gpu::caching::CachingAllocator;
 use crate::gpu::config::AllocatorConfig;
 use crate::gpu::device::address_replay::AddressReplay;
 use crate::gpu::device::latency::WithLatency;
+use crate::gpu::device::withheld::Withheld;
 use crate::gpu::devprobe::LatencyModel;
 use crate::gpu::replay::{replay_observed, replay_watched, BlockOwners, Observer, OnOom, ReplayOptions, ReplayOutcome, StopWhen};
 use crate::gpu::GpuAllocator;
@@ -280,9 +281,10 @@ pub fn replay_sim(
     addresses: &[(u64, u64)],
     conf: &AllocatorConfig,
     capacity: u64,
+    withheld: u64,
     on_oom: OnOom,
-) -> anyhow::Result<(ReplayOutcome, CachingAllocator<WithLatency<AddressReplay>>)> {
-    let mut a = pytorch_on_sim(conf, capacity, &LatencyModel::h100(), addresses);
+) -> anyhow::Result<(ReplayOutcome, CachingAllocator<WithLatency<Withheld<AddressReplay>>>)> {
+    let mut a = pytorch_on_sim(conf, capacity, withheld, &LatencyModel::h100(), addresses);
     let out =
         replay_watched(&mut a, events.iter().copied().map(Ok), &ReplayOptions { on_oom, ..Default::default() }, &mut StopWhen(crate::interrupt::interrupted))?;
     Ok((out, a))

@@ -174,6 +174,13 @@ impl Source {
         }
     }
 
+    /// Why a capture's trace is not its whole run (it ended at an error, an OOM of its fake card,
+    /// an interrupt, or was cut), or `None` for a complete capture or any other input.
+    pub fn capture_incomplete(&self) -> Option<String> {
+        let Source::Trace(p) = self else { return None };
+        capture_incomplete(&capture_tail(p)?)
+    }
+
     /// What a reader should be told about the input before its numbers (on standard error): what
     /// an import left out, a capture that did not finish, settings the captured script made, a
     /// last row without its line end.
@@ -187,6 +194,16 @@ impl Source {
                         out.push(format!(
                             "warning: {} is an incomplete capture ({why}): its numbers cover only what ran before the script stopped",
                             p.display()
+                        ));
+                    }
+                    let made_up: Vec<&str> = tail.lines().filter_map(|l| l.strip_prefix("# value made up: ")).collect();
+                    if let Some(first) = made_up.first() {
+                        let count: u64 = made_up.iter().filter_map(|l| l.split_once(" ×").and_then(|(_, n)| n.split(' ').next()?.parse::<u64>().ok())).sum();
+                        out.push(format!(
+                            "note: {}: the capture made up {} at {} (first: {first}); the script's control flow there followed the stand-in, not data (docs/capture.md, 'Values')",
+                            p.display(),
+                            crate::units::count(count, "value"),
+                            crate::units::count(made_up.len() as u64, "site")
                         ));
                     }
                     if let Some(conf) = capture_script_conf(&tail) {

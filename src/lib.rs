@@ -18,8 +18,9 @@
 //! 4. [`gpu`]: policies over the [`gpu::device::Device`] seam (adaptors wrap it, `cuda.rs` alone
 //!    calls the driver), built in one place ([`gpu::build`]) and replayed by a small loop that
 //!    observers measure ([`gpu::replay`]). [`cpu`]: real mallocs, a per-worker driver with a clock.
-//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`sweep`], [`report`], [`capture`]: runs and analyses
-//!    that return data (text is rendered separately), and the capture of a PyTorch script.
+//! 5. [`gpu_run`], [`diagnose`], [`advise`], [`sweep`], [`report`], [`capture`], [`fit`]: runs and
+//!    analyses that return data (text is rendered separately), the capture of a PyTorch script,
+//!    and the search for the largest batch that fits.
 //! 6. [`cli`]: one module per command; progress bars and Ctrl-C live there.
 //!
 //! ## Glossary (one meaning per word)
@@ -42,6 +43,7 @@ pub mod diagnose;
 pub mod error;
 pub mod event;
 pub mod files;
+pub mod fit;
 pub mod gpu;
 pub mod gpu_run;
 pub mod hint;

@@ -111,6 +111,15 @@ pub fn format_bytes(bytes: u64) -> String {
     format_bytes_signed(bytes as i128)
 }
 
+/// `bytes` as [`format_bytes`] writes it, in whole MiB when that would read the same as `other`
+/// ("14.6 GiB" for both 15,655,239,680 and 15,699,279,872 bytes: "14,972 MiB" then).
+pub fn format_bytes_apart(bytes: u64, other: u64) -> String {
+    if bytes != other && format_bytes(bytes) == format_bytes(other) {
+        return format!("{} MiB", indicatif::HumanCount(bytes.div_ceil(MIB)));
+    }
+    format_bytes(bytes)
+}
+
 pub fn format_bytes_signed(bytes: i128) -> String {
     let neg = bytes < 0;
     let b = bytes.unsigned_abs() as f64;

@@ -1620,10 +1620,17 @@ fn the_default_fake_card_is_unbounded_and_the_summary_splits_the_time() {
     let (out, trace) = capture(dir.path(), "h.csv", &[], &[script.to_str().unwrap()]);
     let err = stderr(&out);
     assert!(out.status.success(), "{err}");
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "85520809984 0\n", "an H100's total; nothing free past it");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "85017493504 0\n", "an H100's total; nothing free past it");
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(text.contains("# fake card memory: unbounded"), "{text}");
     assert_eq!(signed_sizes(&events(&trace)).iter().filter(|&&b| b == 40 << 30).count(), 3);
+    // --card: the unbounded fake card reports that card's memory (a script sized by it).
+    let (out, _) = capture(dir.path(), "a.csv", &["--card", "A100-40GB"], &[script.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "42298834944 0\n");
+    let (out, _) = capture(dir.path(), "b.csv", &["--card", "H300"], &[script.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("no card 'H300' in the table"), "{}", stderr(&out));
     let time = err.lines().find(|l| l.starts_with("time: ")).unwrap_or_else(|| panic!("{err}"));
     let numbers: Vec<f64> = time.split(' ').filter_map(|w| w.parse().ok()).collect();
     assert_eq!(numbers.len(), 3, "{time}");
@@ -1684,7 +1691,12 @@ fn an_uncaught_fake_oom_ends_the_trace_where_the_script_stopped() {
     assert!(stderr(&out).contains("the script raised OutOfMemoryError at"), "{}", stderr(&out));
     let sizes: Vec<i64> = signed_sizes(&events(&trace)).into_iter().filter(|&s| s > 0).collect();
     assert_eq!(sizes, [40 << 20, 80 << 20], "the caught request is not a row; the uncaught one ends the trace");
+    // (The default CUDA context, 426 MiB, would not fit a 100 MiB card: the allocator alone.)
     let diagnosed = Command::cargo_bin("allocbench").unwrap().args(["diagnose", trace.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert_eq!(diagnosed.status.code(), Some(2));
+    assert!(stderr(&diagnosed).contains("leaves nothing of the 100 MiB card: give a larger card, or --cuda-context 0"), "{}", stderr(&diagnosed));
+    let diagnosed =
+        Command::cargo_bin("allocbench").unwrap().args(["diagnose", trace.to_str().unwrap(), "--cuda-context", "0", "--json", "-"]).output().unwrap();
     assert!(diagnosed.status.success(), "{}", stderr(&diagnosed));
     assert!(stderr(&diagnosed).contains("note: capacity 100 MiB: the fake card the capture ran on"), "{}", stderr(&diagnosed));
     let d: serde_json::Value = serde_json::from_slice(&diagnosed.stdout).unwrap();

@@ -460,7 +460,7 @@ fn diagnose_names_segment_size_when_nothing_is_pinned() {
     let dir = tempfile::tempdir().unwrap();
     let csv = dir.path().join("seg.csv");
     std::fs::write(&csv, "op,id,bytes,stream\nalloc,1,5242880,0\n").unwrap();
-    let out = bin().args(["diagnose", csv.to_str().unwrap(), "--capacity", "15MiB", "--json", "-"]).output().unwrap();
+    let out = bin().args(["diagnose", csv.to_str().unwrap(), "--capacity", "15MiB", "--cuda-context", "0", "--json", "-"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["oom"]["cause"], "segment_size");
@@ -646,6 +646,51 @@ fn an_incomplete_capture_is_said_when_replayed() {
     }
 }
 
+/// A trace cut short at its fake card's OOM (or any stop) is not the whole run: diagnose and
+/// advise name no card it fits on and say what to do; a complete one gets the device total (the
+/// allocator's peak + the CUDA context), which reconciles, and the smallest card of the table.
+#[test]
+fn verdicts_come_from_whole_runs_and_count_what_lives_outside_the_allocator() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = "# allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()\n\
+                # fake card memory: 40000000000 bytes (torch.cuda.OutOfMemoryError past it)\n\
+                # script: train.py\nop,id,bytes,stream\nalloc,1,30000000000,0\nalloc,2,9000000000,0\n";
+    let cut = dir.path().join("cut.csv");
+    std::fs::write(&cut, format!("{body}# capture incomplete: OutOfMemoryError\n")).unwrap();
+    let out = bin().args(["diagnose", cut.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((d["min_capacity"].as_u64(), d["smallest_card"].as_str()), (None, None), "{d}");
+    assert_eq!(d["not_whole_run"], "OutOfMemoryError, after 0 complete steps");
+    let text = d["summary"].as_array().unwrap().iter().map(|l| l.as_str().unwrap()).collect::<Vec<_>>().join("\n");
+    assert!(!text.contains("runs without an OOM on a device of"), "{text}");
+    assert!(
+        text.contains("This trace is not the whole run (the capture ended: OutOfMemoryError, after 0 complete steps), so no card is named as fitting")
+            && text.contains("`allocbench fit`"),
+        "{text}"
+    );
+    let out = bin().args(["advise", cut.to_str().unwrap(), "-q"]).output().unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(printed.starts_with("This trace is not the whole run (the capture ended: OutOfMemoryError"), "{printed}");
+
+    let whole = dir.path().join("whole.csv");
+    std::fs::write(&whole, format!("{body}free,1,,\nfree,2,,\n# capture complete: 0 steps\n")).unwrap();
+    let out = bin().args(["diagnose", whole.to_str().unwrap(), "--card", "A100-40GB", "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (reserved, context) = (d["peak_reserved"].as_u64().unwrap(), d["outside"]["cuda_context"].as_u64().unwrap());
+    assert_eq!(context, 426 << 20);
+    assert_eq!(d["device_total"].as_u64().unwrap(), reserved + context, "allocator + outside = device total");
+    assert_eq!(d["headroom"].as_u64().unwrap(), 42_298_834_944 - reserved - context, "{d}");
+    assert!(d["summary"][0].as_str().unwrap().starts_with("No OOM on A100-40GB (39.4 GiB): the device total at the peak is"), "{d}");
+    assert_eq!(d["min_capacity"].as_u64().unwrap(), reserved + context, "{d}");
+    assert_eq!(d["smallest_card"], "A100-40GB-PCIe", "39,000,000,000 B + 426 MiB fit the PCIe card's 42,284,875,776 B");
+    // --cuda-context 0: the allocator alone.
+    let out = bin().args(["diagnose", whole.to_str().unwrap(), "--card", "A100-40GB", "--cuda-context", "0", "--json", "-"]).output().unwrap();
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["device_total"], d["peak_reserved"]);
+}
+
 /// A CUDA graph capture in a trace: the capture's allocations live in the graph's private pool,
 /// so memory freed inside the graph cannot serve the eager allocations after it; the same trace
 /// without the pool rows reuses it. A pool row PyTorch refuses is an error naming its line.
@@ -688,7 +733,7 @@ fn diagnose_counts_what_private_pools_hold() {
     let run = |name: &str, release: &str| {
         let path = dir.path().join(name);
         std::fs::write(&path, format!("op,id,bytes,stream\npool_begin,1,,7\nalloc,1,{mib40},7\nfree,1,,\npool_end,1,,\n{release}alloc,2,{mib40},7\n")).unwrap();
-        let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--json", "-"]).output().unwrap();
+        let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--cuda-context", "0", "--json", "-"]).output().unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
@@ -715,7 +760,8 @@ fn diagnose_measures_headroom_and_free_memory_under_a_memory_fraction() {
     let mib30 = 30u64 << 20;
     std::fs::write(&path, format!("op,id,bytes,stream\nalloc,1,{mib30},0\nalloc,2,{mib30},0\nalloc,3,{mib30},0\n")).unwrap();
     let diagnose = |conf: &str| {
-        let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "200MiB", "--conf", conf, "--json", "-"]).output().unwrap();
+        let out =
+            bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "200MiB", "--cuda-context", "0", "--conf", conf, "--json", "-"]).output().unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
@@ -738,7 +784,7 @@ fn diagnose_measures_headroom_and_free_memory_under_a_memory_fraction() {
     // cap: 40 MiB reserved, said as 15 MiB over the cap, not as 0 B of headroom.
     std::fs::write(&path, format!("op,id,bytes,stream\nalloc,1,{},0\n", 21 << 20)).unwrap();
     let conf = "per_process_memory_fraction:0.25,expandable_segments:True";
-    let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "100MiB", "--conf", conf, "--json", "-"]).output().unwrap();
+    let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "100MiB", "--cuda-context", "0", "--conf", conf, "--json", "-"]).output().unwrap();
     let over: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((over["peak_reserved"].as_u64(), over["allowed"].as_u64()), (Some(40 << 20), Some(25 << 20)));
     assert!(over["summary"][0].as_str().unwrap().contains("peak reserved 40.0 MiB is 15.0 MiB over the cap"), "{over}");
@@ -818,7 +864,7 @@ fn diagnose_names_the_site_of_the_failing_request() {
         ),
     )
     .unwrap();
-    let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--json", "-"]).output().unwrap();
+    let out = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--cuda-context", "0", "--json", "-"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!((d["oom"]["event"].as_u64(), d["oom_site"].as_str()), (Some(1), Some("model.py:62 in backward")));
@@ -828,7 +874,7 @@ fn diagnose_names_the_site_of_the_failing_request() {
     // The breakdown is of the failing moment: it adds up to what was reserved then.
     let sum: u64 = ["pending_free_bytes", "pinned_free_bytes", "cached_free_segments_bytes"].iter().map(|k| d[k].as_u64().unwrap()).sum();
     assert_eq!(d["oom"]["allocated"].as_u64().unwrap() + sum, d["oom"]["reserved"].as_u64().unwrap(), "{d}");
-    let text = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB"]).output().unwrap();
+    let text = bin().args(["diagnose", path.to_str().unwrap(), "--capacity", "60MiB", "--cuda-context", "0"]).output().unwrap();
     // What each site held when the request failed: train.py:10's 30 MiB (model.py:62's request
     // is the one that failed, so it holds nothing).
     assert_eq!(d["top_sites_live"], serde_json::json!([["train.py:10 in <module>", 30 * mib]]));
@@ -877,7 +923,7 @@ fn run_header_counts_the_inputs_events_and_names_the_device() {
     let out = bin().args(["run", &w, "--allocators", "ideal,pytorch", "-q"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
-    assert_eq!(header, "scenario-sawtooth (scenario), 49 events, simulated device, 79.6 GiB capacity");
+    assert_eq!(header, "scenario-sawtooth (scenario), 49 events, simulated device, 79.2 GiB capacity");
     let out = bin().args(["run", &w, "--capacity", "1GiB", "-q"]).output().unwrap();
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
     assert!(header.contains("events replayed before every run stopped"), "{header}");

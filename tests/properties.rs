@@ -293,7 +293,7 @@ proptest! {
         let source = allocbench::input::Source::open(Some(&path)).unwrap();
         let capacity = if small_device { 300 << 20 } else { 80 << 30 };
         let conf = AllocatorConfig::parse(CONFS[conf]).unwrap();
-        let (d, _) = allocbench::diagnose::diagnose(&source, &conf, capacity).unwrap();
+        let (d, _) = allocbench::diagnose::diagnose(&source, &conf, capacity, allocbench::gpu::card::Outside::NONE).unwrap();
         match &d.oom {
             None => prop_assert_eq!(d.allocated_at_peak + d.pending_free_bytes + d.pinned_free_bytes + d.cached_free_segments_bytes, d.peak_reserved),
             Some(oom) => prop_assert_eq!(oom.allocated + d.pending_free_bytes + d.pinned_free_bytes + d.cached_free_segments_bytes, oom.reserved),

@@ -123,6 +123,18 @@ fn generated_blocks_are_where_their_scripts_write_them() {
     }
 }
 
+/// docs/cards.md's table is what `allocbench cards --markdown` prints (the card table in code).
+#[test]
+fn the_card_table_in_the_docs_is_the_codes() {
+    let out = Command::cargo_bin("allocbench").unwrap().args(["cards", "--markdown"]).output().unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let doc = read("docs/cards.md");
+    let table = block(&doc, "<!-- cards:begin", "<!-- cards:end -->", "docs/cards.md");
+    assert!(table.contains(&printed), "docs/cards.md's card table is stale: paste `allocbench cards --markdown` between its markers\n{printed}");
+    assert!(printed.contains("| `H100-80GB` | NVIDIA H100 80GB HBM3 | 85017493504 |"), "{printed}");
+}
+
 #[test]
 fn readme_stays_short() {
     let lines = read("README.md").lines().count();

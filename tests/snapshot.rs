@@ -243,7 +243,11 @@ fn pinned_trace(dir: &Path) -> PathBuf {
 fn diagnose_explains_a_fragmentation_oom() {
     let dir = tempfile::tempdir().unwrap();
     let trace = pinned_trace(dir.path());
-    let out = Command::cargo_bin("allocbench").unwrap().args(["diagnose", trace.to_str().unwrap(), "--capacity", "20MiB", "--json", "-"]).output().unwrap();
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["diagnose", trace.to_str().unwrap(), "--capacity", "20MiB", "--cuda-context", "0", "--json", "-"])
+        .output()
+        .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["type"], "diagnose");
@@ -276,6 +280,8 @@ fn advise_finds_a_configuration_that_avoids_the_oom() {
         objective: allocbench::results::Objective::Memory,
         model: allocbench::gpu::devprobe::LatencyModel::h100(),
         addresses: Vec::new(),
+        outside: allocbench::gpu::card::Outside::NONE,
+        not_whole_run: None,
     };
     let r = allocbench::advise::advise(&events, &info, &confs, &opts, None).unwrap();
     assert_eq!(r.configs.len(), 3);

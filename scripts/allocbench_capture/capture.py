@@ -28,7 +28,7 @@ from .trace import _TraceSink
 
 
 @contextlib.contextmanager
-def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=None, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None, strict_values=False, progress=None):
+def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=None, scalar_value=None, comments=(), sites=True, site_root=None, device_memory=None, strict_values=False, progress=None, card_memory=None):
     """Records the allocation trace of the code inside the block into ``path`` (a v1 trace).
 
     ``fake``: None picks fake tensors when ``device`` is cuda and no GPU is present.
@@ -39,7 +39,8 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
     (``#site``/``#at`` lines), file names relative to ``site_root`` (default: the working
     directory) when under it. ``device_memory``: the fake card's bytes; live tensors past it raise
     torch.cuda.OutOfMemoryError. Unset, the card answers as an H100 80 GB and raises nothing: the
-    trace is the whole run, and a replay decides on which card it fits. ``progress``: a file the
+    trace is the whole run, and a replay decides on which card it fits (``card_memory``: the bytes
+    it then reports, for a script that sizes its work by the card). ``progress``: a file the
     capture's state is written to twice a second (JSON; ``allocbench capture`` draws it).
     """
     import torch
@@ -76,8 +77,11 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
     if on_fake_card and device_memory is not None:
         header.append(f"fake card memory: {device_memory} bytes (torch.cuda.OutOfMemoryError past it)")
     elif on_fake_card:
-        header.append(f"fake card memory: unbounded (answers as {FAKE_TOTAL_MEMORY} bytes; no OutOfMemoryError: the replay decides)")
+        header.append(f"fake card memory: unbounded (answers as {card_memory or FAKE_TOTAL_MEMORY} bytes; no OutOfMemoryError: the replay decides)")
+    if card_memory is not None and (device_memory is not None or not on_fake_card):
+        raise SetupError("--card sets what the unbounded fake card reports: it has no effect with --device-memory, --real or --device cpu")
     sink = _TraceSink(path, header)
+    sink.reported_memory = card_memory
     if on_fake_card and device_memory is not None:
         sink.capacity, sink.oom_error = device_memory, torch.cuda.OutOfMemoryError
         # A fraction in the allocator's settings caps the card as set_per_process_memory_fraction does.

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import sys
 
-# The fake card's memory unless --device-memory says otherwise: an H100 SXM 80 GB's.
-FAKE_TOTAL_MEMORY = 81559 * 1024 * 1024
+# The fake card's memory unless --device-memory says otherwise: an H100 80 GB's total_memory
+# (allocbench cards: H100-80GB, read on this project's GPU run).
+FAKE_TOTAL_MEMORY = 85017493504
 
 # CUDACachingAllocator.cpp: kMinBlockSize (every block a multiple of 512 B) and kSmallSize
 # (requests up to 1 MiB, rounded, are served from the small pool).

@@ -44,6 +44,7 @@ def main(argv=None):
     parser.add_argument("--progress", help="write the capture's progress here twice a second (JSON, for allocbench capture)")
     parser.add_argument("--no-sites", action="store_true", help="leave out the allocation sites (#site/#at lines)")
     parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes: OutOfMemoryError past it (default: unbounded, answering as an H100 80 GB)")
+    parser.add_argument("--card-memory", type=int, help="the memory the unbounded fake card reports (default: an H100 80 GB's)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
@@ -115,7 +116,7 @@ def main(argv=None):
         with capture(
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
             cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
-            strict_values=opts.strict_values, progress=opts.progress,
+            strict_values=opts.strict_values, progress=opts.progress, card_memory=opts.card_memory,
             comments=[f"script: {' '.join([opts.script, *opts.args])}"],
             sites=not opts.no_sites, site_root=os.path.dirname(script), device_memory=opts.device_memory,
         ) as recorder:

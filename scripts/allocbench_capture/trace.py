@@ -35,6 +35,7 @@ class _TraceSink(_FakeCard):
         # The fake card's memory and the error a request past it raises (None: no limit here,
         # as for real tensors, whose own allocator raises).
         self.capacity = None
+        self.reported_memory = None  # what an unbounded fake card reports (None: an H100's)
         self.oom_error = None
         self.fraction = 1.0  # per_process_memory_fraction the script set
         self.refused = None  # (id, bytes, stream, site index, message) of the last request refused

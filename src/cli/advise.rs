@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::args::{parse_capacity, print_notes};
+use super::args::print_notes;
 use super::output::{self, Jsonl};
 use super::progress;
 use crate::error::InputError;
@@ -21,9 +21,9 @@ pub struct AdviseArgs {
     pub input: PathBuf,
     #[command(flatten)]
     pub snapshot: super::args::SnapshotDeviceArg,
-    /// Device memory (default: an H100 80 GB card, 81,559 MiB); with a merged sweep, only its rows of this capacity.
-    #[arg(long, value_parser = parse_capacity)]
-    pub capacity: Option<u64>,
+    /// The card (with a merged sweep, --capacity picks its rows of that capacity).
+    #[command(flatten)]
+    pub card: super::args::CardArgs,
     /// What the recommendation minimises: memory; time (modelled allocator time); balanced (the
     /// least memory whose modelled time stays within 10 % of the defaults').
     #[arg(long, value_enum, default_value = "balanced")]
@@ -66,7 +66,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
     if let Some((var, conf)) = crate::gpu::config::ENV_VARS.into_iter().find_map(|var| Some((var, std::env::var(var).ok()?))).filter(|(_, c)| !c.is_empty()) {
         eprintln!("note: advise searches the allocator settings itself and ignores {var}='{conf}'; its row is the configuration \"{conf}\" if searched, or `allocbench replay --conf '{conf}'`");
     }
-    let capacity = super::args::capacity_for(a.capacity, &source)?.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
+    let target = a.card.target(&source)?;
     let model = match &a.latency {
         Some(p) => LatencyModel::load(p)?,
         None => LatencyModel::h100(),
@@ -82,7 +82,15 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
             pb.inc(n);
         }
     };
-    let opts = crate::advise::AdviseOptions { capacity, threads, objective: a.objective, model: model.clone(), addresses: source.address_script() };
+    let opts = crate::advise::AdviseOptions {
+        capacity: target.capacity,
+        threads,
+        objective: a.objective,
+        model: model.clone(),
+        addresses: source.address_script(),
+        outside: target.outside,
+        not_whole_run: source.capture_incomplete(),
+    };
     let result = crate::advise::advise(&events, &info, &confs, &opts, Some(&tick))?;
     progress::finish(pb);
     if !to_stdout {
@@ -114,7 +122,7 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
     let rows: Vec<SweepRow> = read_results(&a.input)?
         .into_iter()
         .filter_map(|r| if let ResultRecord::SweepRow(s) = r { Some(*s) } else { None })
-        .filter(|s| a.capacity.is_none_or(|c| s.row.capacity == c))
+        .filter(|s| a.card.capacity.is_none_or(|c| s.row.capacity == c))
         .collect();
     let failed = rows.iter().filter(|r| r.status == crate::results::RowStatus::Failed).count();
     if failed > 0 {

@@ -47,7 +47,8 @@ impl SnapshotDeviceArg {
 
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
-    /// Device memory, e.g. 80GiB, 24GB, 81559MiB (default: an H100 80 GB card, 81,559 MiB).
+    /// Device memory, e.g. 80GiB, 24GB, 81079MiB (default: the H100-80GB card's 85,017,493,504
+    /// bytes, as torch reports them; `allocbench cards`). The allocator alone: no CUDA context.
     #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// What to do at an out-of-memory: stop the replay, or skip the allocation and continue.
@@ -78,7 +79,7 @@ impl DeviceArgs {
     /// The device these flags name (`--sim-latency` read now).
     pub fn spec(&self) -> anyhow::Result<DeviceSpec> {
         let latency = self.sim_latency.as_deref().map(crate::gpu::devprobe::LatencyModel::load).transpose()?;
-        Ok(DeviceSpec { backend: self.device, capacity: self.capacity, addresses: Vec::new(), latency, address_order: self.address_order })
+        Ok(DeviceSpec { backend: self.device, capacity: self.capacity, addresses: Vec::new(), latency, address_order: self.address_order, withheld: 0 })
     }
 
     pub fn replay_options(&self) -> ReplayOptions {
@@ -95,6 +96,65 @@ pub fn parse_capacity(s: &str) -> Result<u64, String> {
         return Err(format!("'{}' is {bytes} bytes (a size without a unit is bytes): write it with its unit, e.g. {}GiB", s.trim(), s.trim()));
     }
     Ok(bytes)
+}
+
+/// A size that may be nothing (`0`, or with a unit: `426MiB`); a bare number above 0 needs its unit.
+pub fn parse_size_or_zero(s: &str) -> Result<u64, String> {
+    if s.trim() == "0" {
+        return Ok(0);
+    }
+    parse_capacity(s)
+}
+
+/// The card a verdict is for: a named one or a raw size, and what the job holds on it outside
+/// PyTorch's caching allocator (the verdicts of diagnose, advise and fit count both).
+#[derive(Args, Debug, Clone, Default)]
+pub struct CardArgs {
+    /// The card, by name (`allocbench cards` lists them): its memory as
+    /// torch.cuda.get_device_properties().total_memory reports it [default: H100-80GB].
+    #[arg(long, conflicts_with = "capacity")]
+    pub card: Option<String>,
+    /// The device's memory as a size instead (e.g. 24GiB, 81559MiB), said as given.
+    #[arg(long, value_parser = parse_capacity)]
+    pub capacity: Option<u64>,
+    /// The CUDA context the process holds outside the allocator [default: 426MiB, docs/cards.md].
+    #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
+    pub cuda_context: Option<u64>,
+    /// NCCL's buffers outside the allocator [default: 0, one process].
+    #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
+    pub nccl: Option<u64>,
+}
+
+/// What [`CardArgs`] resolve to.
+#[derive(Debug, Clone, Copy)]
+pub struct Target {
+    /// The card's memory.
+    pub capacity: u64,
+    pub outside: crate::gpu::card::Outside,
+}
+
+impl CardArgs {
+    /// The card for `source`: `--card`, `--capacity`, the fake card a capture was bounded by,
+    /// else the default card.
+    pub fn target(&self, source: &Source) -> Result<Target, crate::error::InputError> {
+        let capacity = match &self.card {
+            Some(name) => crate::gpu::card::find(name).map_err(|m| crate::error::InputError::new("--card", m))?.total_memory,
+            None => capacity_for(self.capacity, source)?.unwrap_or_else(|| crate::gpu::card::default_card().total_memory),
+        };
+        let defaults = crate::gpu::card::Outside::default();
+        let outside = crate::gpu::card::Outside { cuda_context: self.cuda_context.unwrap_or(defaults.cuda_context), nccl: self.nccl.unwrap_or(defaults.nccl) };
+        if outside.total() >= capacity {
+            return Err(crate::error::InputError::new(
+                if self.card.is_some() { "--card" } else { "--capacity" },
+                format!(
+                    "{} outside the allocator leaves nothing of the {} card: give a larger card, or --cuda-context 0 for the allocator alone",
+                    outside.describe(),
+                    crate::units::format_bytes(capacity)
+                ),
+            ));
+        }
+        Ok(Target { capacity, outside })
+    }
 }
 
 /// The capacity a run on the simulated device uses: `--capacity`, else the fake card a capture

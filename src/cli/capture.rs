@@ -38,6 +38,10 @@ pub struct CaptureArgs {
     /// unbounded (the card answers as an H100 80 GB; the replay decides where the run fits).
     #[arg(long, value_parser = crate::cli::args::parse_capacity)]
     pub device_memory: Option<u64>,
+    /// The card the unbounded fake card reports itself as (its memory: `allocbench cards`), for a
+    /// script that sizes its work by torch.cuda.get_device_properties().total_memory.
+    #[arg(long, conflicts_with = "device_memory")]
+    pub card: Option<String>,
     /// Draw the progress line even when standard error is not a terminal.
     #[arg(long, conflicts_with = "quiet")]
     pub progress: bool,
@@ -75,6 +79,14 @@ pub fn main(a: CaptureArgs) -> i32 {
         progress: if a.quiet { false } else { a.progress || std::io::IsTerminal::is_terminal(&std::io::stderr()) },
         sites: !a.no_sites,
         device_memory: a.device_memory,
+        card_memory: match a.card.as_deref().map(crate::gpu::card::find).transpose() {
+            Ok(card) => card.map(|c| c.total_memory),
+            Err(e) => {
+                eprintln!("error: --card: {e}");
+                return crate::capture::EXIT_SETUP_ERROR;
+            }
+        },
+        script_output: None,
         script,
         args: command.collect(),
     };

@@ -36,7 +36,8 @@ pub fn main(a: &DemoArgs) -> anyhow::Result<()> {
     };
     super::run::compare(&source, &[GpuPolicy::Pytorch, GpuPolicy::Nocache, GpuPolicy::Ideal], &confs, &dev, Some(&a.jsonl))?;
     println!(
-        "\nNext: `allocbench capture -o trace.csv -- train.py` then `allocbench diagnose trace.csv` for your own job, \
+        "\nNext: `allocbench capture -o trace.csv -- train.py` then `allocbench diagnose trace.csv --card A100-80GB` for your own job, \
+         `allocbench fit --param batch=1..64 --card A100-80GB -- train.py --batch {{batch}}` for the largest batch that fits, \
          `allocbench replay workloads/<name>.toml --conf ...` for one run in detail, `allocbench --help` for the rest."
     );
     Ok(())

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use clap::Args;
 
-use super::args::{parse_capacity, print_notes};
+use super::args::print_notes;
 use super::output::{self, Jsonl};
 use crate::gpu::config::AllocatorConfig;
 use crate::results::ResultRecord;
@@ -17,9 +17,8 @@ pub struct DiagnoseArgs {
     pub input: PathBuf,
     #[command(flatten)]
     pub snapshot: super::args::SnapshotDeviceArg,
-    /// Device memory (default: an H100 80 GB card, 81,559 MiB).
-    #[arg(long, value_parser = parse_capacity)]
-    pub capacity: Option<u64>,
+    #[command(flatten)]
+    pub card: super::args::CardArgs,
     /// PYTORCH_CUDA_ALLOC_CONF string (default: the environment variable, else PyTorch's defaults).
     #[arg(long)]
     pub conf: Option<String>,
@@ -36,8 +35,8 @@ pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
     let source = a.snapshot.open(&a.input)?;
     print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
-    let capacity = super::args::capacity_for(a.capacity, &source)?.unwrap_or(crate::gpu::device::H100_CAPACITY_BYTES);
-    let (d, run) = crate::diagnose::diagnose(&source, &conf, capacity)?;
+    let target = a.card.target(&source)?;
+    let (d, run) = crate::diagnose::diagnose(&source, &conf, target.capacity, target.outside)?;
     if a.json.as_deref() != Some("-") {
         print!("{}", crate::diagnose::describe(&d));
     }

@@ -47,7 +47,7 @@ pub struct FidelityArgs {
     /// (where do 2.15's rules part from 2.11's allocator on my trace?).
     #[arg(long, requires = "oracle", value_name = "V")]
     pub simulate_version: Option<String>,
-    /// With --oracle: the card's memory (default: an H100 80 GB's).
+    /// With --oracle: the card's memory (default: the H100-80GB card's, `allocbench cards`).
     #[arg(long, requires = "oracle", value_parser = super::args::parse_capacity)]
     pub capacity: Option<u64>,
     /// Override the conf (default: the one PyTorch ran with).

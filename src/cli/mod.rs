@@ -16,6 +16,8 @@
 //! | [`diagnose`] | `allocbench diagnose` |
 //! | [`advise`] | `allocbench advise` |
 //! | [`capture`] | `allocbench capture` |
+//! | [`fit`] | `allocbench fit` |
+//! | (here) | `allocbench cards` |
 //! | [`sweep`] | `allocbench sweep plan\|run\|merge` |
 
 pub mod advise;
@@ -26,6 +28,7 @@ pub mod demo;
 pub mod devprobe;
 pub mod diagnose;
 pub mod fidelity;
+pub mod fit;
 pub mod oracle;
 pub mod output;
 pub mod progress;
@@ -87,8 +90,37 @@ pub enum Command {
     Advise(advise::AdviseArgs),
     /// Run an unmodified PyTorch script and write its CUDA allocation trace (fake CUDA tensors: no GPU needed).
     Capture(capture::CaptureArgs),
+    /// The largest value of a script argument (batch size, sequence length) whose run fits a card, with PyTorch's defaults and the advised conf.
+    Fit(fit::FitArgs),
+    /// List the cards --card knows: their memory as torch reports it, and where each figure was read.
+    Cards(CardsArgs),
     /// Sweep inputs x confs x capacities sharded over a Slurm job array or a Kubernetes Indexed Job: plan, run a shard, merge.
     Sweep(sweep::SweepArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct CardsArgs {
+    /// As a Markdown table (docs/cards.md embeds it).
+    #[arg(long)]
+    pub markdown: bool,
+}
+
+fn cards(a: &CardsArgs) -> anyhow::Result<()> {
+    use crate::gpu::card::DEFAULT_CARD;
+    if a.markdown {
+        print!("{}", crate::gpu::card::markdown_table());
+        return Ok(());
+    }
+    println!("{:<16} {:<24} {:>16} {:>9}  source", "--card", "torch's name", "total_memory", "GiB");
+    for c in crate::gpu::card::by_size() {
+        let default = if c.name == DEFAULT_CARD { " (default)" } else { "" };
+        println!("{:<16} {:<24} {:>16} {:>9.1}  {}{default}", c.name, c.torch_name, c.total_memory, c.total_memory as f64 / (1u64 << 30) as f64, c.source);
+    }
+    println!(
+        "\nOutside the allocator, counted by diagnose, advise and fit: {} by default (--cuda-context, --nccl; docs/cards.md).",
+        crate::gpu::card::Outside::default().describe()
+    );
+    Ok(())
 }
 
 /// The command line, parsed; a usage error is said in one line (exit 2), as every other error is.
@@ -165,6 +197,8 @@ pub fn main_with(cli: Cli) -> i32 {
         Command::Diagnose(a) => diagnose::main(&a),
         Command::Advise(a) => advise::main(&a),
         Command::Capture(a) => return capture::main(a),
+        Command::Fit(a) => fit::main(a),
+        Command::Cards(a) => cards(&a),
         Command::Sweep(a) => sweep::main(&a),
     };
     match result {

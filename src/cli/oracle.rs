@@ -23,8 +23,8 @@ pub struct OracleArgs {
     /// PYTORCH_CUDA_ALLOC_CONF for the real allocator.
     #[arg(long, default_value = "")]
     pub conf: String,
-    /// The fake card's memory (default: an H100 80 GB's).
-    #[arg(long, value_parser = super::args::parse_capacity, default_value = "81559MiB")]
+    /// The fake card's memory (default: the H100-80GB card's, `allocbench cards`).
+    #[arg(long, value_parser = super::args::parse_capacity, default_value = "85017493504B")]
     pub capacity: u64,
     /// Where the fake runtime places segments, as the simulator's `--address-order` does.
     #[arg(long, value_enum, default_value = "lowest")]

@@ -40,7 +40,7 @@ pub struct PlanArgs {
     /// one per line (`default` = PyTorch's defaults; blank and # lines skipped). Default: the defaults only.
     #[arg(long)]
     pub confs: Option<String>,
-    /// Device sizes, e.g. 40GiB,80GiB,141GiB (default: an H100 80 GB card, 81,559 MiB).
+    /// Device sizes, e.g. 40GiB,80GiB,141GiB (default: the H100-80GB card's 85,017,493,504 bytes).
     #[arg(long, value_delimiter = ',', value_parser = parse_capacity)]
     pub capacities: Vec<u64>,
     /// GPU allocators: pytorch, nocache, ideal.

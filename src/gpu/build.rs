@@ -12,6 +12,7 @@ use super::caching::CachingAllocator;
 use super::config::AllocatorConfig;
 use super::device::address_replay::AddressReplay;
 use super::device::latency::WithLatency;
+use super::device::withheld::Withheld;
 use super::device::{AddressOrder, Device, SimDevice, H100_CAPACITY_BYTES};
 use super::devprobe::LatencyModel;
 use super::GpuAllocator;
@@ -31,12 +32,16 @@ pub struct DeviceSpec {
     pub latency: Option<LatencyModel>,
     /// Where the simulated device places cudaMallocs (simulator only, `--address-order`).
     pub address_order: AddressOrder,
+    /// Bytes of the card the allocator cannot get, held outside it (the CUDA context, NCCL's
+    /// buffers: [`super::card::Outside`]; simulator only). A memory fraction still counts from
+    /// the whole card, as PyTorch's allowed_memory_maximum does.
+    pub withheld: u64,
 }
 
 impl DeviceSpec {
     /// A plain simulated device of `capacity` bytes.
     pub fn sim(capacity: u64) -> Self {
-        DeviceSpec { backend: Backend::Sim, capacity: Some(capacity), addresses: Vec::new(), latency: None, address_order: AddressOrder::Lowest }
+        DeviceSpec { backend: Backend::Sim, capacity: Some(capacity), addresses: Vec::new(), latency: None, address_order: AddressOrder::Lowest, withheld: 0 }
     }
 }
 
@@ -105,13 +110,24 @@ impl PolicyDevice for super::cuda::CudaDevice {
 /// (`model`), for the modelled allocator time.
 fn sim_device(capacity: u64, spec: &DeviceSpec, model: &LatencyModel) -> Box<dyn Device> {
     let sim = SimDevice::new(capacity).with_address_order(spec.address_order);
-    let device: Box<dyn Device> = if spec.addresses.is_empty() { Box::new(sim) } else { Box::new(AddressReplay::new(sim, spec.addresses.clone())) };
+    let mut device: Box<dyn Device> = if spec.addresses.is_empty() { Box::new(sim) } else { Box::new(AddressReplay::new(sim, spec.addresses.clone())) };
+    if spec.withheld > 0 {
+        device = Box::new(Withheld::new(device, spec.withheld));
+    }
     Box::new(WithLatency::new(device, model.clone()))
 }
 
 /// PyTorch's policy on a simulated device whose calls `model` prices, statically dispatched.
-pub fn pytorch_on_sim(conf: &AllocatorConfig, capacity: u64, model: &LatencyModel, addresses: &[(u64, u64)]) -> CachingAllocator<WithLatency<AddressReplay>> {
+/// `withheld` bytes of the card are held outside the allocator (see [`DeviceSpec::withheld`]).
+pub fn pytorch_on_sim(
+    conf: &AllocatorConfig,
+    capacity: u64,
+    withheld: u64,
+    model: &LatencyModel,
+    addresses: &[(u64, u64)],
+) -> CachingAllocator<WithLatency<Withheld<AddressReplay>>> {
     // The recorded cudaMalloc addresses as `build` replays them, so an analysis of a snapshot
     // breaks best-fit ties as `replay` of it does (an empty script places as the device does).
-    CachingAllocator::new(conf.clone(), WithLatency::new(AddressReplay::new(SimDevice::new(capacity), addresses.to_vec()), model.clone()))
+    let device = Withheld::new(AddressReplay::new(SimDevice::new(capacity), addresses.to_vec()), withheld);
+    CachingAllocator::new(conf.clone(), WithLatency::new(device, model.clone()))
 }

@@ -84,8 +84,8 @@ pub trait Device {
     }
 }
 
-/// The default capacity: an H100 80 GB card reports 81,559 MiB of total memory.
-pub const H100_CAPACITY_BYTES: u64 = 81_559 * MIB;
+/// The default capacity: an H100 80 GB's `total_memory` (the default card of [`super::card`]).
+pub const H100_CAPACITY_BYTES: u64 = 85_017_493_504;
 /// Simulated addresses are 2 MiB aligned, like real large cudaMalloc results.
 pub const SIM_ALIGNMENT_BYTES: u64 = 2 * MIB;
 pub(crate) const SIM_VA_BASE: u64 = 0x7f00_0000_0000;

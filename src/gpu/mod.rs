@@ -13,6 +13,7 @@ pub mod async_pool;
 pub mod baseline;
 pub mod build;
 pub mod caching;
+pub mod card;
 pub mod config;
 pub mod cuda;
 pub mod device;

@@ -86,3 +86,48 @@ pub struct WorkloadInfo {
     #[serde(default)]
     pub description: String,
 }
+
+/// The CUDA context a process holds on the card, outside the caching allocator: 426 MiB, what
+/// `nvidia-smi` showed for a torch 2.10 / CUDA 13 process that had only created its context
+/// (unsloth-zoo PR #1053). Kernels load into it lazily as the job first uses them (cuBLAS,
+/// cuDNN, Triton), so a running job's is larger: a floor (docs/cards.md).
+pub const CUDA_CONTEXT_BYTES: u64 = 426 * crate::units::MIB;
+
+/// What a job holds on the card outside PyTorch's caching allocator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Outside {
+    /// The CUDA context (and the library modules loaded into it).
+    pub cuda_context: u64,
+    /// NCCL's buffers (none for one process).
+    pub nccl: u64,
+}
+
+impl Default for Outside {
+    fn default() -> Self {
+        Outside { cuda_context: CUDA_CONTEXT_BYTES, nccl: 0 }
+    }
+}
+
+impl Outside {
+    /// Nothing outside the allocator (a replay of the allocator alone).
+    pub const NONE: Outside = Outside { cuda_context: 0, nccl: 0 };
+
+    /// [`Outside::NONE`] (results written before the outside was counted).
+    pub fn none() -> Self {
+        Self::NONE
+    }
+
+    pub fn total(&self) -> u64 {
+        self.cuda_context.saturating_add(self.nccl)
+    }
+
+    /// "CUDA context 426 MiB" (+ ", NCCL 1.00 GiB").
+    pub fn describe(&self) -> String {
+        let mut parts = vec![format!("CUDA context {}", crate::units::format_bytes(self.cuda_context))];
+        if self.nccl > 0 {
+            parts.push(format!("NCCL {}", crate::units::format_bytes(self.nccl)));
+        }
+        parts.join(", ")
+    }
+}
+

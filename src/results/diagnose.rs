@@ -73,8 +73,24 @@ pub struct DiagnoseResult {
     /// The site of the request that failed (when the trace records sites).
     #[serde(default)]
     pub oom_site: Option<String>,
-    /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision).
+    /// The smallest device capacity on which the workload runs without an OOM (2 MiB precision),
+    /// what lives outside the allocator included; `None` when none does, or when the trace is
+    /// not the whole run (`not_whole_run`).
     pub min_capacity: Option<u64>,
+    /// What the job holds on the card outside the caching allocator (the CUDA context, NCCL).
+    #[serde(default = "crate::results::Outside::none")]
+    pub outside: crate::results::Outside,
+    /// The device's total at the peak of reserved (up to the OOM, with one): `peak_reserved`
+    /// plus `outside`, the figure nvidia-smi would show.
+    #[serde(default)]
+    pub device_total: u64,
+    /// Why the trace is not the whole run (a capture that ended early, at its fake card's OOM or
+    /// an error): no card is then named as fitting.
+    #[serde(default)]
+    pub not_whole_run: Option<String>,
+    /// The smallest card of the table (`allocbench cards`) the workload runs on without an OOM.
+    #[serde(default)]
+    pub smallest_card: Option<String>,
     /// The conf's settings that conflict or that PyTorch ignores (`AllocatorConfig::conflicts`).
     #[serde(default)]
     pub conflicts: Vec<String>,
@@ -151,6 +167,18 @@ pub struct AdviseResult {
     pub recommended: Option<Candidate>,
     /// Every configuration searched, best first for `objective`; PyTorch's defaults among them.
     pub configs: Vec<Candidate>,
+    /// What the job holds on the card outside the allocator (withheld from every replay).
+    #[serde(default = "crate::results::Outside::none")]
+    pub outside: crate::results::Outside,
+    /// When no configuration fits: the smallest device the recommended one runs on without an
+    /// OOM (outside included), and the smallest card of the table it runs on.
+    #[serde(default)]
+    pub fits_from: Option<u64>,
+    #[serde(default)]
+    pub smallest_card: Option<String>,
+    /// Why the trace is not the whole run (a capture that ended early): then no card is named.
+    #[serde(default)]
+    pub not_whole_run: Option<String>,
 }
 
 impl Candidate {

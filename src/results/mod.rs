@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::InputError;
 
-pub use common::{MachineInfo, WorkDone, WorkloadInfo};
+pub use common::{MachineInfo, Outside, WorkDone, WorkloadInfo, CUDA_CONTEXT_BYTES};
 pub use cpu::{CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};

@@ -74,7 +74,8 @@ def _eager_optimized_module(torch, model):
 def _fake_cuda_api(torch, patches, recorder):
     """Makes torch.cuda answer as a one-GPU machine would, without touching a driver."""
     cuda = torch.cuda
-    total_memory = recorder.sink.capacity or FAKE_TOTAL_MEMORY  # (unbounded: answers as an H100's)
+    # (Unbounded: answers as the --card's memory, else an H100's.)
+    total_memory = recorder.sink.capacity or recorder.sink.reported_memory or FAKE_TOTAL_MEMORY
     props = _FakeDeviceProperties(
         name=FAKE_DEVICE_NAME, total_memory=total_memory, major=9, minor=0,
         multi_processor_count=H100_SMS, is_integrated=False, is_multi_gpu_board=False,
