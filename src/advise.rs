@@ -24,9 +24,19 @@ use crate::gpu_run::run_one;
 use crate::results::{AdviseResult, Candidate, GpuPolicy, GpuRunResult, Objective, OnOom, WorkloadInfo, SCHEMA_VERSION};
 use crate::units::format_bytes;
 
-/// The balanced objective accepts a modelled allocator time up to this factor of the reference
-/// (the defaults', or the fastest configuration's when the defaults OOM).
-pub const BALANCED_TIME_TOLERANCE: f64 = 1.10;
+/// The balanced objective accepts extra modelled allocator time over the reference (the
+/// defaults', or the fastest configuration's when the defaults OOM) up to this share of a
+/// step's time, when the step time is known (`--step-time`)...
+pub const STEP_TIME_SHARE: f64 = 0.01;
+/// ... and else up to this much per step: 1 % of a 100 ms step (a training step takes tens to
+/// thousands of milliseconds; an allocator cost means something only against the step it slows).
+pub const DEFAULT_STEP_BUDGET_S: f64 = 0.001;
+
+/// The balanced objective's allowance per step: [`STEP_TIME_SHARE`] of `step_time_s`, else
+/// [`DEFAULT_STEP_BUDGET_S`].
+pub fn step_budget_s(step_time_s: Option<f64>) -> f64 {
+    step_time_s.map_or(DEFAULT_STEP_BUDGET_S, |t| t * STEP_TIME_SHARE)
+}
 
 /// The space `advise` searches (1,216 settings): expandable segments × roundup_power2_divisions
 /// (scalar and per-interval lists) × max_split_size_mb (with max_non_split_rounding_mb) × garbage
@@ -232,6 +242,8 @@ pub struct AdviseOptions {
     pub addresses: Vec<(u64, u64)>,
     /// Why the trace is not the whole run (`Source::capture_incomplete`), if it is not.
     pub not_whole_run: Option<String>,
+    /// The job's step time (`--step-time`), which sizes the balanced objective's allowance.
+    pub step_time_s: Option<f64>,
     /// What the job holds on the card outside the allocator (withheld from every replay).
     pub outside: crate::gpu::card::Outside,
 }
@@ -242,6 +254,9 @@ pub struct AdviseOptions {
 pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &AdviseOptions, done: Option<&(dyn Fn(u64) + Sync)>) -> anyhow::Result<AdviseResult> {
     let start = std::time::Instant::now();
     let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
+    // (A trace without step rows is one step: a request, an inference.)
+    let steps = (events.iter().filter(|e| matches!(e, Event::Step { .. })).count() as u64).max(1);
+    let allowance_ns = (step_budget_s(o.step_time_s) * steps as f64 * 1e9).round() as u64;
     let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { (*bytes > 0).then_some(*bytes) } else { None }).collect();
     sizes.sort_unstable();
     sizes.dedup();
@@ -289,7 +304,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
                                         let time_ns = (c.modelled_alloc_time_s * 1e9).round() as u64;
                                         board.finished.write().expect("advise board lock").push(Finished { peak_reserved: c.peak_reserved, time_ns });
                                         if is_default {
-                                            *board.budget_ns.write().expect("advise board lock") = Some((time_ns as f64 * BALANCED_TIME_TOLERANCE) as u64);
+                                            *board.budget_ns.write().expect("advise board lock") = Some(time_ns + allowance_ns);
                                         }
                                     }
                                     (c, peak, None)
@@ -316,7 +331,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
             Some(Candidate { conf: confs[i].clone(), equivalent_to: same.map(|r| confs[r].clone()), conflicts: parsed[i].conflicts(), ..c.clone() })
         })
         .collect();
-    let budget_ns = time_budget_ns(&all);
+    let budget_ns = time_budget_ns(&all, allowance_ns);
     rank(&mut all, o.objective, budget_ns);
     let recommended = recommend(&all);
     // Nothing fits this card: how large a card the best one needs, and the smallest of the table.
@@ -350,6 +365,9 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
         fits_from,
         smallest_card,
         not_whole_run: o.not_whole_run.clone(),
+        steps,
+        step_time_s: o.step_time_s,
+        step_budget_s: step_budget_s(o.step_time_s),
     })
 }
 
@@ -393,13 +411,20 @@ fn replay_one(events: &[Event], cfg: &AllocatorConfig, o: &AdviseOptions, board:
     Ok((candidate, st.all().reserved_bytes.peak as u64))
 }
 
-/// The balanced objective's limit: the defaults' modelled time × [`BALANCED_TIME_TOLERANCE`], or
-/// the fastest complete configuration's when the defaults OOM.
-fn time_budget_ns(all: &[Candidate]) -> Option<u64> {
-    let ns = |c: &Candidate| (c.modelled_alloc_time_s * 1e9).round() as u64;
+/// The balanced objective's limit: the defaults' modelled time plus `allowance_ns` (the steps ×
+/// the per-step allowance), or the fastest complete configuration's when the defaults OOM.
+fn time_budget_ns(all: &[Candidate], allowance_ns: u64) -> Option<u64> {
+    Some(ns_of(reference(all)?) + allowance_ns)
+}
+
+/// What the balanced objective measures against: the defaults, or the fastest complete one.
+fn reference(all: &[Candidate]) -> Option<&Candidate> {
     let complete = |c: &&Candidate| !c.oom && !c.pruned;
-    let reference = all.iter().filter(complete).find(|c| c.conf.is_empty()).or_else(|| all.iter().filter(complete).min_by_key(|c| ns(c)))?;
-    Some((ns(reference) as f64 * BALANCED_TIME_TOLERANCE) as u64)
+    all.iter().filter(complete).find(|c| c.conf.is_empty()).or_else(|| all.iter().filter(complete).min_by_key(|c| ns_of(c)))
+}
+
+fn ns_of(c: &Candidate) -> u64 {
+    (c.modelled_alloc_time_s * 1e9).round() as u64
 }
 
 /// Sorts best first for `objective`. Complete, OOM-free, conflict-free configurations lead; then
@@ -444,8 +469,17 @@ fn setting_count(conf: &str) -> usize {
 
 /// A search made of candidates measured elsewhere (a merged sweep's rows): ranked for
 /// `objective` as [`advise`] ranks its own, with the same recommendation rule.
-pub fn from_candidates(info: &WorkloadInfo, capacity: u64, objective: Objective, latency_table: &str, mut all: Vec<Candidate>) -> AdviseResult {
-    let budget_ns = time_budget_ns(&all);
+pub fn from_candidates(
+    info: &WorkloadInfo,
+    capacity: u64,
+    objective: Objective,
+    latency_table: &str,
+    steps: u64,
+    step_time_s: Option<f64>,
+    mut all: Vec<Candidate>,
+) -> AdviseResult {
+    let steps = steps.max(1);
+    let budget_ns = time_budget_ns(&all, (step_budget_s(step_time_s) * steps as f64 * 1e9).round() as u64);
     rank(&mut all, objective, budget_ns);
     let recommended = recommend(&all);
     AdviseResult {
@@ -464,6 +498,9 @@ pub fn from_candidates(info: &WorkloadInfo, capacity: u64, objective: Objective,
         fits_from: None,
         smallest_card: None,
         not_whole_run: None,
+        steps,
+        step_time_s,
+        step_budget_s: step_budget_s(step_time_s),
     }
 }
 
@@ -532,15 +569,18 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         crate::units::count(r.threads as u64, "thread"),
         r.latency_table
     );
+    let steps = r.steps.max(1) as f64;
+    let ms_per_step = |c: &Candidate| c.modelled_alloc_time_s / steps * 1e3;
     let row = |c: &Candidate| {
         format!(
-            "{:>10} {:>9.3} {:>8} {:>8} {:>7} {:>10.3} {:>7} {:>16}",
+            "{:>10} {:>9.3} {:>8} {:>8} {:>7} {:>10.3} {:>8.3} {:>7} {:>16}",
             format_bytes(c.peak_reserved),
             c.overhead,
             c.device_mallocs,
             c.device_frees,
             c.syncs,
             c.modelled_alloc_time_s,
+            ms_per_step(c),
             c.retries,
             match (c.oom_step, c.oom_event) {
                 (Some(s), Some(e)) => format!("step {s} @{e}"),
@@ -550,8 +590,8 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         )
     };
     s += &format!(
-        "{:<4} {:>10} {:>9} {:>8} {:>8} {:>7} {:>10} {:>7} {:>16}  conf\n",
-        "rank", "peak rsvd", "rsvd/live", "mallocs", "frees", "syncs", "alloc s", "retries", "OOM @event"
+        "{:<4} {:>10} {:>9} {:>8} {:>8} {:>7} {:>10} {:>8} {:>7} {:>16}  conf\n",
+        "rank", "peak rsvd", "rsvd/live", "mallocs", "frees", "syncs", "alloc s", "ms/step", "retries", "OOM @event"
     );
     let label = |c: &Candidate| {
         let mut l = if c.conf.is_empty() { "(defaults)".to_string() } else { c.conf.clone() };
@@ -574,9 +614,33 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         shown += 1;
         s += &format!("{:<4} {}  {}\n", shown, row(c), label(c));
     }
+    s += &format!(
+        "(peak rsvd: reserved_bytes.all.peak; rsvd/live: that over the live bytes' peak; mallocs, frees: cudaMalloc/cudaFree calls; \
+         alloc s: modelled allocator time over the {} (ms/step: per step); retries: num_alloc_retries)\n",
+        crate::units::count(r.steps.max(1), "step")
+    );
+    let allowance = match r.step_time_s {
+        Some(t) => format!("{}/step (1 % of the {} step)", crate::units::format_duration(r.step_budget_s), crate::units::format_duration(t)),
+        None => format!("{}/step (1 % of a 100 ms step; --step-time to give yours)", crate::units::format_duration(r.step_budget_s)),
+    };
     match r.time_budget_s {
-        Some(b) => s += &format!("\nobjective balanced: the least memory with a modelled allocator time within {b:.3} s (10 % over the reference)\n"),
+        Some(_) => s += &format!("\nobjective balanced: the least memory whose modelled allocator time exceeds the reference's by at most {allowance}\n"),
         None => s += &format!("\nobjective {}\n", r.objective),
+    }
+    // What the objective turned down: the least memory among the configurations that finished.
+    let finished = |c: &&Candidate| !c.oom && !c.pruned && c.conflicts.is_empty();
+    if let (Some(best), Some(lean)) = (&r.recommended, r.configs.iter().filter(finished).min_by_key(|c| (c.peak_reserved, ns_of(c)))) {
+        if !best.oom && lean.peak_reserved < best.peak_reserved {
+            let extra = ms_per_step(lean) - ms_per_step(best);
+            let why = if r.objective == Objective::Balanced { format!(", over the allowance of {allowance}") } else { String::new() };
+            s += &format!(
+                "turned down: {}: {}, {}{}/step{why}; `--objective memory` to prefer it\n",
+                lean.conf,
+                crate::units::format_bytes_signed(lean.peak_reserved as i128 - best.peak_reserved as i128),
+                if extra >= 0.0 { "+" } else { "" },
+                crate::units::format_duration(extra / 1e3)
+            );
+        }
     }
     // Every conflicting configuration, as the JSON lists them (equivalent ones included).
     let flagged: Vec<&Candidate> = r.configs.iter().filter(|c| !c.conflicts.is_empty()).collect();
@@ -744,6 +808,7 @@ mod tests {
                 addresses: Vec::new(),
                 outside: crate::gpu::card::Outside::NONE,
                 not_whole_run: None,
+                step_time_s: None,
             };
             let r = advise(&events, &info, &confs, &o, None).unwrap();
             let at = |conf: &str| r.configs.iter().find(|c| c.conf == conf).unwrap().oom_event;
@@ -789,7 +854,7 @@ mod tests {
                 candidate("expandable_segments:True", 59 << 30, 386, 0.19, Some(41895)),
                 candidate("", 61 << 30, 450, 0.10, Some(41857)),
             ];
-            let budget = time_budget_ns(&all);
+            let budget = time_budget_ns(&all, 0);
             rank(&mut all, objective, budget);
             let best = recommend(&all).unwrap();
             assert_eq!(best.conf, "expandable_segments:True", "{objective}");
@@ -817,6 +882,9 @@ mod tests {
                     fits_from: Some(72 << 30),
                     smallest_card: Some("A100-80GB-PCIe".into()),
                     not_whole_run: None,
+                    steps: 9,
+                    step_time_s: None,
+                    step_budget_s: DEFAULT_STEP_BUDGET_S,
                 },
                 5,
             );
@@ -827,6 +895,59 @@ mod tests {
         let mut all = vec![candidate("a", 50 << 30, 10, 0.1, Some(5)), candidate("b", 60 << 30, 20, 0.2, Some(9))];
         rank(&mut all, Objective::Memory, None);
         assert_eq!(recommend(&all).unwrap().conf, "b");
+    }
+
+    /// The balanced pick is weighed against the step: with a 350 ms step, 1 % is 3.5 ms a step;
+    /// a leaner configuration over that is said as turned down, with what it saves and costs.
+    #[test]
+    fn the_balanced_pick_weighs_allocator_time_against_the_step() {
+        let steps = 20.0;
+        let mut all = vec![
+            candidate("", 14 << 30, 400, 0.053, None),
+            candidate("expandable_segments:True", 10 << 30, 300, 0.053 + 0.0005 * steps, None),
+            candidate("max_split_size_mb:64", 12 << 30, 900, 0.053 + 0.001 * steps, None),
+        ];
+        let allowance = (step_budget_s(Some(0.35)) * steps * 1e9) as u64;
+        assert_eq!(allowance, 70_000_000, "3.5 ms a step over 20 steps");
+        let budget = time_budget_ns(&all, allowance);
+        rank(&mut all, Objective::Balanced, budget);
+        assert_eq!(recommend(&all).unwrap().conf, "expandable_segments:True", "+0.5 ms/step is within 3.5 ms/step");
+        // With a 20 ms step (0.2 ms a step allowed) it is over; the defaults stay, and the table says why.
+        let mut all = vec![candidate("", 14 << 30, 400, 0.053, None), candidate("expandable_segments:True", 10 << 30, 300, 0.053 + 0.0005 * steps, None)];
+        let budget = time_budget_ns(&all, (step_budget_s(Some(0.02)) * steps * 1e9) as u64);
+        rank(&mut all, Objective::Balanced, budget);
+        let best = recommend(&all).unwrap();
+        assert_eq!(best.conf, "");
+        let info =
+            WorkloadInfo { name: "t".into(), kind: "trace".into(), origin: "t.csv".into(), sha256: String::new(), seed: None, description: String::new() };
+        let text = describe(
+            &AdviseResult {
+                schema_version: SCHEMA_VERSION,
+                workload: info,
+                capacity: 80 << 30,
+                objective: Objective::Balanced,
+                latency_table: "t".into(),
+                time_budget_s: budget.map(|b| b as f64 / 1e9),
+                replays: 2,
+                elapsed_s: 0.0,
+                threads: 1,
+                recommended: Some(best),
+                configs: all,
+                outside: crate::gpu::card::Outside::NONE,
+                fits_from: None,
+                smallest_card: None,
+                not_whole_run: None,
+                steps: 20,
+                step_time_s: Some(0.02),
+                step_budget_s: step_budget_s(Some(0.02)),
+            },
+            5,
+        );
+        assert!(text.contains("exceeds the reference's by at most 200 µs/step (1 % of the 20.0 ms step)"), "{text}");
+        assert!(
+            text.contains("turned down: expandable_segments:True: -4.00 GiB, +500 µs/step, over the allowance of 200 µs/step (1 % of the 20.0 ms step); `--objective memory` to prefer it"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -245,32 +245,36 @@ pub fn describe(r: &GpuRunResult) -> String {
     s
 }
 
-/// One line per allocator × conf, for `allocbench run` and the demo.
+/// One line per allocator × conf, for `allocbench run` and the demo: the numbers first, the
+/// conf whole at the end of the line, and a legend under the table.
 pub fn comparison_table(rows: &[GpuRunResult]) -> String {
     let mut s = format!(
-        "{:<10} {:<48} {:>12} {:>12} {:>8} {:>7} {:>9} {:>8} {:>14}\n",
-        "allocator", "conf", "peak rsvd", "peak alloc", "rsvd/live", "frag%", "dev mallocs", "retries", "OOM (step)"
+        "{:<10} {:>10} {:>10} {:>9} {:>11} {:>11} {:>7} {:>14}  {}\n",
+        "allocator", "peak rsvd", "peak alloc", "rsvd/live", "free@peak", "dev mallocs", "retries", "OOM (step)", "conf"
     );
     for r in rows {
-        let conf = r.allocator.conf_or(&r.conf, "(default)").to_string();
-        let conf = if conf.chars().count() > 48 { format!("{}…", conf.chars().take(47).collect::<String>()) } else { conf };
         let oom = match &r.oom {
             Some(o) => format!("{} ({})", o.cause, o.step),
             None => "-".into(),
         };
-        s += &format!(
-            "{:<10} {:<48} {:>12} {:>12} {:>8.3} {:>7.1} {:>11} {:>8} {:>14}\n",
-            r.allocator,
-            conf,
+        let line = format!(
+            "{:<10} {:>10} {:>10} {:>9.3} {:>11} {:>11} {:>7} {:>14}  {}",
+            r.allocator.to_string(),
             format_bytes(r.summary.peak_reserved),
             format_bytes(r.summary.peak_allocated),
             r.summary.overhead,
-            100.0 * r.summary.fragmentation_at_peak,
+            format_bytes(r.summary.peak_reserved.saturating_sub(r.summary.allocated_at_peak_reserved)),
             r.summary.device_mallocs,
             r.stats.get("num_alloc_retries").copied().unwrap_or(0),
-            oom
+            oom,
+            r.allocator.conf_or(&r.conf, "(default)")
         );
+        s += line.trim_end();
+        s += "\n";
     }
+    s += "peak rsvd: the most reserved (cudaMalloc'd) at once; peak alloc: the most in live blocks; rsvd/live: peak rsvd over \
+          the live bytes' peak (1.000 = no overhead); free@peak: reserved but not allocated at the moment of peak rsvd (mostly \
+          cached segments then, not lost); dev mallocs: cudaMalloc calls; retries: num_alloc_retries (cache freed to retry).\n";
     s
 }
 

@@ -612,6 +612,8 @@ pub fn merge(dir: &Path) -> anyhow::Result<Merged> {
 pub struct Advice {
     pub workload: WorkloadInfo,
     pub capacity: u64,
+    /// Steps the replays ran (the most any row reached).
+    pub steps: u64,
     pub candidates: Vec<Candidate>,
 }
 
@@ -626,8 +628,14 @@ pub fn advice(rows: &[SweepRow]) -> Vec<Advice> {
         let mut candidate = Candidate::from_run(result);
         candidate.conflicts = crate::gpu::config::AllocatorConfig::parse(&result.conf).map(|c| c.conflicts()).unwrap_or_default();
         match groups.iter_mut().find(|(k, _)| *k == key) {
-            Some((_, a)) => a.candidates.push(candidate),
-            None => groups.push((key, Advice { workload: result.workload.clone(), capacity: r.row.capacity, candidates: vec![candidate] })),
+            Some((_, a)) => {
+                a.steps = a.steps.max(result.summary.last_step);
+                a.candidates.push(candidate)
+            }
+            None => groups.push((
+                key,
+                Advice { workload: result.workload.clone(), capacity: r.row.capacity, steps: result.summary.last_step, candidates: vec![candidate] },
+            )),
         }
     }
     groups.into_iter().map(|(_, a)| a).collect()

@@ -111,6 +111,24 @@ pub fn format_bytes(bytes: u64) -> String {
     format_bytes_signed(bytes as i128)
 }
 
+/// Seconds for people: `350 ms`, `1.20 s`, `12.0 µs`, `650 ns`.
+pub fn format_duration(seconds: f64) -> String {
+    let (value, unit) = match seconds.abs() {
+        s if s >= 1.0 => (seconds, "s"),
+        s if s >= 1e-3 => (seconds * 1e3, "ms"),
+        s if s >= 1e-6 => (seconds * 1e6, "µs"),
+        _ => (seconds * 1e9, "ns"),
+    };
+    let digits = if value.abs() >= 100.0 {
+        0
+    } else if value.abs() >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{value:.digits$} {unit}")
+}
+
 /// `bytes` as [`format_bytes`] writes it, in whole MiB when that would read the same as `other`
 /// ("14.6 GiB" for both 15,655,239,680 and 15,699,279,872 bytes: "14,972 MiB" then).
 pub fn format_bytes_apart(bytes: u64, other: u64) -> String {

@@ -61,20 +61,37 @@ fn advise_on_the_captured_gpt3_trace_prices_every_config_and_picks_by_objective(
     assert!(balanced["replays"].as_u64().unwrap() < configs.len() as u64, "equivalent configurations share a replay");
     let defaults = configs.iter().find(|c| c["conf"] == "").expect("PyTorch's defaults are among the configs");
     assert_eq!(defaults["pruned"], false, "the defaults always run to the end");
-    // Balanced: never more than 10 % over the defaults' time, and no more memory than them.
+    let complete =
+        |v: &Value| -> Vec<Value> { v["configs"].as_array().unwrap().iter().filter(|c| c["pruned"] == false && c["oom"] == false).cloned().collect() };
+    // Balanced: at most 1 ms per step (1 % of a 100 ms step) over the defaults' time, and no more
+    // memory than them.
     let rec = &balanced["recommended"];
     assert!(rec["conflicts"].as_array().unwrap().is_empty() && rec["pruned"] == false && rec["oom"] == false, "{rec}");
-    assert!(ns(rec) <= 1.10 * ns(defaults) + 1e-9, "{} s vs the defaults' {} s", ns(rec), ns(defaults));
+    assert_eq!((balanced["steps"].as_u64(), balanced["step_budget_s"].as_f64()), (Some(6), Some(0.001)));
+    assert!(ns(rec) <= ns(defaults) + 6.0 * 0.001 + 1e-9, "{} s vs the defaults' {} s", ns(rec), ns(defaults));
     assert!(rec["peak_reserved"].as_u64() <= defaults["peak_reserved"].as_u64());
-    assert!((balanced["time_budget_s"].as_f64().unwrap() - 1.10 * ns(defaults)).abs() < 1e-6);
+    assert!((balanced["time_budget_s"].as_f64().unwrap() - (ns(defaults) + 0.006)).abs() < 1e-6);
+    // A given step time sizes the allowance (1 % of it): a 1 µs step allows 10 ns a step, so the
+    // pick may cost no more than the defaults (to 60 ns), and the leanest configuration that
+    // finished is said as turned down when it is not the pick.
+    let tight = advise_json(&trace, &["--capacity", "80GiB", "--step-time", "1us"]);
+    assert_eq!(tight["step_time_s"].as_f64(), Some(1e-6));
+    let pick = &tight["recommended"];
+    let tight_defaults = tight["configs"].as_array().unwrap().iter().find(|c| c["conf"] == "").unwrap().clone();
+    assert!(ns(pick) <= ns(&tight_defaults) + 6.0 * 1e-8 + 1e-9, "{pick}");
+    let out = bin().args(["advise", &trace, "--capacity", "80GiB", "--step-time", "1us", "-q"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("exceeds the reference's by at most 10.0 ns/step (1 % of the 1.00 µs step)"), "{text}");
+    let lean = complete(&tight).into_iter().min_by_key(|c| c["peak_reserved"].as_u64().unwrap()).unwrap();
+    if lean["conf"] != pick["conf"] && lean["peak_reserved"].as_u64() < pick["peak_reserved"].as_u64() {
+        assert!(text.contains(&format!("turned down: {}: -", lean["conf"].as_str().unwrap())) && text.contains("`--objective memory` to prefer it"), "{text}");
+    }
     // Memory buys the last bytes whatever they cost; time the fastest; the balanced pick sits between.
     let memory = advise_json(&trace, &["--capacity", "80GiB", "--objective", "memory"]);
     let time = advise_json(&trace, &["--capacity", "80GiB", "--objective", "time"]);
     let (m, t) = (&memory["recommended"], &time["recommended"]);
     assert!(m["peak_reserved"].as_u64().unwrap() <= rec["peak_reserved"].as_u64().unwrap());
     assert!(ns(t) <= ns(rec) && ns(t) <= ns(m) && ns(t) <= ns(defaults));
-    let complete =
-        |v: &Value| -> Vec<Value> { v["configs"].as_array().unwrap().iter().filter(|c| c["pruned"] == false && c["oom"] == false).cloned().collect() };
     // Memory: the least peak of all that finished, exactly (no band: a finished configuration
     // with fewer bytes is never passed over for a faster one).
     assert!(complete(&memory).iter().all(|c| c["peak_reserved"].as_u64().unwrap() >= m["peak_reserved"].as_u64().unwrap()));

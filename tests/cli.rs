@@ -923,7 +923,7 @@ fn run_header_counts_the_inputs_events_and_names_the_device() {
     let out = bin().args(["run", &w, "--allocators", "ideal,pytorch", "-q"]).output().unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
-    assert_eq!(header, "scenario-sawtooth (scenario), 49 events, simulated device, 79.2 GiB capacity");
+    assert_eq!(header, "scenario-sawtooth (scenario), 49 events, simulated H100-80GB (79.2 GiB)");
     let out = bin().args(["run", &w, "--capacity", "1GiB", "-q"]).output().unwrap();
     let header = String::from_utf8_lossy(&out.stdout).lines().next().unwrap().to_string();
     assert!(header.contains("events replayed before every run stopped"), "{header}");

@@ -25,9 +25,14 @@ pub struct AdviseArgs {
     #[command(flatten)]
     pub card: super::args::CardArgs,
     /// What the recommendation minimises: memory; time (modelled allocator time); balanced (the
-    /// least memory whose modelled time stays within 10 % of the defaults').
+    /// least memory whose extra modelled allocator time over the defaults' stays under 1 % of the
+    /// step time, or 1 ms per step without --step-time).
     #[arg(long, value_enum, default_value = "balanced")]
     pub objective: Objective,
+    /// The job's time per step (e.g. 350ms, 1.2s; measured on a GPU): the balanced objective allows
+    /// 1 % of it in extra allocator time, and the table gives each config's share of it.
+    #[arg(long, value_parser = parse_duration_s, value_name = "TIME")]
+    pub step_time: Option<f64>,
     /// Price device calls with another GPU's `allocbench devprobe --json` file (default: the
     /// embedded H100 80GB table, reports/gpu-h100/data/devprobe.json).
     #[arg(long)]
@@ -48,6 +53,25 @@ pub struct AdviseArgs {
     /// No progress bar.
     #[arg(long, short)]
     pub quiet: bool,
+}
+
+/// A duration in seconds: `350ms`, `1.2s`, `2` (seconds), `90us`.
+fn parse_duration_s(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic() || c == 'µ').unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let value: f64 = number.trim().parse().map_err(|_| format!("'{s}' is not a time: write it like 350ms or 1.2s"))?;
+    let scale = match unit.trim() {
+        "" | "s" => 1.0,
+        "ms" => 1e-3,
+        "us" | "µs" => 1e-6,
+        other => return Err(format!("unknown unit '{other}' in '{s}' (use s, ms or us)")),
+    };
+    let seconds = value * scale;
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(format!("'{s}': a step takes some time (more than 0)"));
+    }
+    Ok(seconds)
 }
 
 pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
@@ -90,6 +114,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
         addresses: source.address_script(),
         outside: target.outside,
         not_whole_run: source.capture_incomplete(),
+        step_time_s: a.step_time,
     };
     let result = crate::advise::advise(&events, &info, &confs, &opts, Some(&tick))?;
     progress::finish(pb);
@@ -145,7 +170,7 @@ fn from_sweep(a: &AdviseArgs) -> anyhow::Result<()> {
                 crate::units::format_bytes(g.capacity)
             );
         }
-        let result = crate::advise::from_candidates(&g.workload, g.capacity, a.objective, &table, g.candidates);
+        let result = crate::advise::from_candidates(&g.workload, g.capacity, a.objective, &table, g.steps, a.step_time, g.candidates);
         print!("{}", crate::advise::describe(&result, a.top));
         out.write(&ResultRecord::Advise(Box::new(result.clone())))?;
         // The full rows of the defaults and the pick, as advise --jsonl writes them for the report.

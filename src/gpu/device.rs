@@ -290,7 +290,8 @@ impl Device for SimDevice {
 
     fn describe(&self) -> String {
         let order = if self.order == AddressOrder::Driver { ", driver address order" } else { "" };
-        format!("simulated device, {} capacity{order}", crate::units::format_bytes(self.capacity))
+        // The card by name when it is one of the table's (one card, one number, everywhere).
+        format!("simulated {}{order}", super::card::in_sentence(self.capacity).trim_start_matches("a "))
     }
 
     fn fork(&self) -> Option<Box<dyn Device>> {

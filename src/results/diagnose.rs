@@ -179,6 +179,15 @@ pub struct AdviseResult {
     /// Why the trace is not the whole run (a capture that ended early): then no card is named.
     #[serde(default)]
     pub not_whole_run: Option<String>,
+    /// Steps in the trace (at least 1): what per-step allocator time is per.
+    #[serde(default)]
+    pub steps: u64,
+    /// The job's step time (`--step-time`), when given.
+    #[serde(default)]
+    pub step_time_s: Option<f64>,
+    /// The balanced objective's allowance of extra allocator time per step over the reference.
+    #[serde(default)]
+    pub step_budget_s: f64,
 }
 
 impl Candidate {
