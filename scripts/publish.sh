@@ -110,10 +110,20 @@ data_files() {
   find "$1/data" -maxdepth 1 \( -name '*.jsonl' -o -name '*.json' -o -name '*.jsonl.gz' \) | sort
 }
 
-clear_report reports/comparison
+clear_report reports/comparison first-screen.png
 mapfile -t files < <(data_files reports/comparison)
 "$bin" report "${files[@]}" -o reports/comparison \
   --title "allocbench: PyTorch caching allocator configs and CPU allocators on ML workloads"
+# The comparison's first screen at 1,400 px (tests/browser.rs checks it and that nothing scrolls sideways).
+browser=$(command -v chromium || command -v chromium-browser || true)
+if [ -n "$browser" ]; then
+  profile=$(mktemp -d)
+  "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1400,900 --user-data-dir="$profile" \
+    --screenshot="$PWD/reports/comparison/first-screen.png" "file://$PWD/reports/comparison/index.html" >/dev/null 2>&1
+  rm -rf "$profile"
+else
+  echo "publish.sh: no chromium: reports/comparison/first-screen.png not taken" >&2
+fi
 
 clear_report reports/diagnose-gpt3-73g
 mapfile -t files < <(data_files reports/diagnose-gpt3-73g)

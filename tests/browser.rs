@@ -39,6 +39,11 @@ fn browser() -> Option<PathBuf> {
 /// Loads `page` in headless Chromium (a fresh profile, nothing reached over the network) and
 /// returns the DOM after its scripts ran.
 fn dump_dom(browser: &Path, page: &Path) -> String {
+    dump_dom_at(browser, page, None)
+}
+
+/// [`dump_dom`] in a window of `size` (width, height) pixels.
+fn dump_dom_at(browser: &Path, page: &Path, size: Option<(u32, u32)>) -> String {
     let profile = tempfile::tempdir().unwrap();
     let out = tempfile::NamedTempFile::new().unwrap();
     let url = format!("file://{}", page.canonicalize().unwrap_or_else(|e| panic!("{}: {e}", page.display())).display());
@@ -55,6 +60,7 @@ fn dump_dom(browser: &Path, page: &Path) -> String {
             "--disable-dev-shm-usage",
         ])
         .arg(format!("--user-data-dir={}", profile.path().display()))
+        .args(size.map(|(w, h)| format!("--window-size={w},{h}")))
         .arg("--dump-dom")
         .arg(&url)
         .stdout(Stdio::from(out.reopen().unwrap()))
@@ -134,6 +140,51 @@ fn published_indexes_load_with_findings_and_inline_charts() {
     }
 }
 
+/// Whether the view's first run is shown at its OOM (no peak marker then).
+fn text_is_oom(dom: &str) -> bool {
+    dom.contains("Segment map at the OOM")
+}
+
+/// (width, height) of a PNG file, from its IHDR chunk.
+fn png_size(path: &Path) -> (u32, u32) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(&bytes[1..4], b"PNG", "{} is a PNG", path.display());
+    let be = |at: usize| u32::from_be_bytes(bytes[at..at + 4].try_into().unwrap());
+    (be(16), be(20))
+}
+
+/// The published comparison opens with what to set, once per family of workloads, beside its
+/// chart, before the findings; at 1,400 px it does not scroll sideways; its first screen at that
+/// width is committed beside it (scripts/publish.sh takes it) and taken again here.
+#[test]
+fn published_comparison_leads_with_the_decision_and_fits_1400_px() {
+    let Some(browser) = browser() else { return };
+    let page = root().join("reports/comparison/index.html");
+    let dom = dump_dom_at(&browser, &page, Some((1400, 900)));
+    assert_clean(&dom, &page);
+    let decisions = number(&dom, "data-decisions");
+    assert!((1..=6).contains(&decisions), "one decision per family of workloads: {decisions}");
+    let (decision, findings) = (dom.find("id=\"decision\"").expect("a decision block"), dom.find("id=\"findings\"").unwrap());
+    assert!(decision < findings, "the decision comes first");
+    assert!(dom[decision..findings].contains("<svg"), "with its chart beside it");
+    assert_eq!(html_attr(&dom, "data-overflow-x").as_deref(), Some("0"), "the page scrolls sideways at 1,400 px");
+    assert_eq!(png_size(&root().join("reports/comparison/first-screen.png")), (1400, 900));
+    let shot = tempfile::tempdir().unwrap();
+    let png = shot.path().join("first.png");
+    let profile = tempfile::tempdir().unwrap();
+    let status = Command::new(&browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1400,900"])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(format!("file://{}", page.canonicalize().unwrap().display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(png_size(&png), (1400, 900));
+}
+
 #[test]
 fn published_comparison_says_which_allocator_is_fastest_with_its_spread() {
     let Some(browser) = browser() else { return };
@@ -172,6 +223,9 @@ fn published_memory_views_draw_the_segments_and_answer_hovers() {
         assert_clean(&dom, page);
         assert!(number(&dom, "data-runs") >= 2, "{}: a run per config", page.display());
         assert!(number(&dom, "data-blocks-drawn") > 0, "{}: the segment map is drawn", page.display());
+        // The colours have a key, and the timeline marks the peak moment the headline speaks of.
+        assert!(number(&dom, "data-key-entries") > 0 && dom.contains("<p class=\"legend\" id=\"key\"><span class=\"sw\""), "{}: a colour key", page.display());
+        assert!(dom.contains("allocated at that moment") || text_is_oom(&dom), "{}: the peak moment is marked", page.display());
         let hover = html_attr(&dom, "data-hover").unwrap_or_default();
         assert!(hover.starts_with("block ") && hover.contains("requested"), "{}: hover names the block: {hover:?}", page.display());
     }

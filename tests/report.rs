@@ -158,8 +158,12 @@ fn findings_come_first_with_numbers_from_the_results() {
     let dir = tempfile::tempdir().unwrap();
     render(dir.path());
     let md = std::fs::read_to_string(dir.path().join("README.md")).unwrap();
-    assert!(md.starts_with("# fixture report\n\n## Findings\n\n- "), "{md}");
-    let findings: Vec<&str> = md.lines().skip(4).take_while(|l| l.starts_with("- ")).collect();
+    // What to set leads (one line per family of workloads), then the findings.
+    assert!(
+        md.starts_with("# fixture report\n\n## What to set\n\n- **Model switching** (model-switch): set `expandable_segments:True`: peak reserved "),
+        "{md}"
+    );
+    let findings: Vec<&str> = md.lines().skip_while(|l| *l != "## Findings").skip(2).take_while(|l| l.starts_with("- ")).collect();
     // The numbers of the sentence are the records': defaults and expandable segments on model-switch.
     let recs: Vec<serde_json::Value> = std::fs::read_to_string(fixture()).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let run = |conf: &str| recs.iter().find(|r| r["workload"]["name"] == "model-switch" && r["allocator"] == "pytorch" && r["conf"] == conf).unwrap();
@@ -238,7 +242,8 @@ fn charts_are_inline_and_memory_views_are_written() {
     let xml = html.replace("<!DOCTYPE html>", "");
     let doc = roxmltree::Document::parse(&xml).unwrap();
     let inline_svgs = doc.descendants().filter(|n| n.has_tag_name("figure")).filter(|f| f.descendants().any(|n| n.tag_name().name() == "svg")).count();
-    assert_eq!(inline_svgs, files.len(), "every chart inline");
+    // Every chart inline, the key chart twice (beside the decision, and in its section).
+    assert_eq!(inline_svgs, files.len() + 1, "every chart inline");
     for view in ["memory-model-switch.html", "memory-pinned.html"] {
         assert!(html.contains(&format!("href=\"{view}\"")), "index links {view}");
         let page = std::fs::read_to_string(dir.path().join(view)).unwrap();

@@ -250,6 +250,109 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
     out
 }
 
+/// The family a workload belongs to, for the page's decisions: its kind, a captured trace
+/// counted with the generated workload it was captured as (`NAME-captured` and `NAME`).
+fn family(r: &GpuRunResult, all: &[(String, Vec<GpuRow>)]) -> String {
+    let kind = if r.workload.kind == "trace" {
+        let twin = r.workload.name.trim_end_matches("-captured");
+        all.iter().flat_map(|(_, rows)| rows.iter()).map(|row| &row.first().workload).find(|w| w.name == twin && w.kind != "trace").map(|w| w.kind.as_str())
+    } else {
+        Some(r.workload.kind.as_str())
+    };
+    match kind {
+        Some("transformer") => "Training".into(),
+        Some("model_switch") => "Model switching".into(),
+        Some("serving") => "Serving".into(),
+        Some("scenario") => "Textbook scenarios".into(),
+        Some(other) => other.to_string(),
+        None => "Captured traces".into(),
+    }
+}
+
+/// Modelled allocator time per step of a run (when it was priced).
+fn ms_per_step(r: &GpuRunResult) -> Option<f64> {
+    r.summary.modelled_alloc_time_s.map(|t| t / r.summary.last_step.max(1) as f64 * 1e3)
+}
+
+/// What to set, per family of workloads (training, serving, ...): the config that cuts peak
+/// reserved most on each, said once for the family when its workloads agree, with the range of
+/// what it saves and costs; else each workload's.
+pub fn decisions(by_workload: &[(String, Vec<GpuRow>)]) -> Vec<String> {
+    struct Pick {
+        workload: String,
+        conf: String,
+        saved: f64,
+        percent: f64,
+        mallocs: f64,
+        extra_ms: Option<f64>,
+    }
+    let mut families: Vec<(String, Vec<Pick>)> = Vec::new();
+    for (workload, rows) in by_workload {
+        let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) else { continue };
+        let best = rows
+            .iter()
+            .filter(|r| r.first().allocator == GpuPolicy::Pytorch && !r.is_default() && r.ooms() == 0)
+            .min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean).then(a.device_mallocs.mean.total_cmp(&b.device_mallocs.mean)))
+            .filter(|b| b.peak_reserved.mean < base.peak_reserved.mean)
+            .unwrap_or(base);
+        let pick = Pick {
+            workload: workload.clone(),
+            conf: config_name(best.first()),
+            saved: base.peak_reserved.mean - best.peak_reserved.mean,
+            percent: 100.0 * (base.peak_reserved.mean - best.peak_reserved.mean) / base.peak_reserved.mean.max(1.0),
+            mallocs: if base.device_mallocs.mean > 0.0 { best.device_mallocs.mean / base.device_mallocs.mean } else { f64::NAN },
+            extra_ms: ms_per_step(best.first()).zip(ms_per_step(base.first())).map(|(b, d)| b - d),
+        };
+        let name = family(base.first(), by_workload);
+        match families.iter_mut().find(|(f, _)| *f == name) {
+            Some((_, picks)) => picks.push(pick),
+            None => families.push((name, vec![pick])),
+        }
+    }
+    let range = |v: Vec<f64>, show: &dyn Fn(f64) -> String| {
+        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+        if (hi - lo).abs() < 1e-12 {
+            show(lo)
+        } else {
+            format!("{} to {}", show(lo), show(hi))
+        }
+    };
+    families
+        .into_iter()
+        .map(|(family, picks)| {
+            let names: Vec<&str> = picks.iter().map(|p| p.workload.as_str()).collect();
+            let same = picks.iter().all(|p| p.conf == picks[0].conf);
+            if same && picks[0].conf == "PyTorch's defaults" {
+                return format!("**{family}** ({}): keep PyTorch's defaults: no config tried reserves less.", names.join(", "));
+            }
+            if !same {
+                let each: Vec<String> = picks.iter().map(|p| format!("{}: {} ({:.1} % lower)", p.workload, p.conf, p.percent)).collect();
+                return format!("**{family}**: no one setting for all; the most memory saved by {}.", each.join("; "));
+            }
+            let time = if picks.iter().all(|p| p.extra_ms.is_some()) {
+                format!(
+                    ", {} of modelled allocator time",
+                    range(picks.iter().filter_map(|p| p.extra_ms).collect(), &|v| format!(
+                        "{}{}/step",
+                        if v >= 0.0 { "+" } else { "−" },
+                        crate::units::format_duration(v.abs() / 1e3)
+                    ))
+                )
+            } else {
+                String::new()
+            };
+            format!(
+                "**{family}** ({}): set {}: peak reserved {} lower ({} less) at {}× the cudaMallocs{time}.",
+                names.join(", "),
+                picks[0].conf,
+                range(picks.iter().map(|p| p.percent).collect(), &|v| format!("{v:.1} %")),
+                range(picks.iter().map(|p| p.saved).collect(), &|v| format_bytes(v as u64)),
+                range(picks.iter().map(|p| p.mallocs).collect(), &|v| format!("{v:.2}")),
+            )
+        })
+        .collect()
+}
+
 /// One table per workload: a row per config, relative columns against PyTorch's defaults.
 fn table(rows_by_workload: &[(String, Vec<GpuRow>)]) -> String {
     let mut s = String::new();
@@ -316,6 +419,7 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     for (w, rows) in &by_workload {
         sec.findings.extend(findings(w, rows));
     }
+    sec.decisions = decisions(&by_workload);
     if !on_gpu && runs.len() == by_workload.iter().map(|(_, rows)| rows.len()).sum::<usize>() {
         sec.body += "Replays on the simulated device are deterministic: one run per config (a repetition gives the same bytes and calls).\n\n";
     }
@@ -327,6 +431,7 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
         let _ = writeln!(sec.body, "- [{}]({file})", case.label);
     }
     sec.charts = charts_for(out, &runs)?;
+    sec.key_chart = (!sec.charts.is_empty()).then_some(0);
     Ok(Some(sec))
 }
 

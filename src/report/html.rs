@@ -38,13 +38,20 @@ pub const ERROR_RECORDER: &str = r##"<script>
 /// The error list every page carries (hidden while empty).
 pub const ERROR_LIST: &str = "<pre id=\"js-errors\" hidden=\"hidden\"></pre>\n";
 
-const CSS: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}td.num{text-align:right;white-space:nowrap}th{background:#f3f3f3}figure{margin:1.5em 0}figure svg{max-width:100%;height:auto;border:1px solid #eee}figcaption{font-size:13px;color:#555}#findings li{margin:.4em 0}#findings{background:#f6f9fc;border:1px solid #dde6ee;padding:.8em 1em .8em 2.2em}#js-errors{color:#b00;background:#fee;padding:.5em}code{background:#f3f3f3;padding:0 2px}";
+const CSS: &str = "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;overflow-wrap:anywhere}#decision{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start;background:#f6f9fc;border:1px solid #dde6ee;padding:.5em 1em}#decision .say{flex:1 1 420px;min-width:0}#decision figure{flex:1 1 420px;min-width:0;margin:.5em 0}#decisions li{margin:.5em 0}pre{white-space:pre-wrap}table{display:block;overflow-x:auto;max-width:100%;border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 6px;text-align:left}td.num{text-align:right;white-space:nowrap}th{background:#f3f3f3}figure{margin:1.5em 0}figure svg{max-width:100%;height:auto;border:1px solid #eee}figcaption{font-size:13px;color:#555}#findings li{margin:.4em 0}#findings{background:#f6f9fc;border:1px solid #dde6ee;padding:.8em 1em .8em 2.2em}#js-errors{color:#b00;background:#fee;padding:.5em}code{background:#f3f3f3;padding:0 2px}";
 
-/// Inline Markdown: `code`, [text](link); the rest escaped.
+/// Inline Markdown: `code`, [text](link), **strong**; the rest escaped.
 pub fn inline(s: &str) -> String {
     let mut out = String::new();
     let mut rest = s;
     while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix("**") {
+            if let Some(end) = after.find("**") {
+                let _ = write!(out, "<strong>{}</strong>", inline(&after[..end]));
+                rest = &after[end + 2..];
+                continue;
+            }
+        }
         if let Some(after) = rest.strip_prefix('`') {
             if let Some(end) = after.find('`') {
                 let _ = write!(out, "<code>{}</code>", escape(&after[..end]));
@@ -64,7 +71,7 @@ pub fn inline(s: &str) -> String {
             }
         }
         let first = rest.chars().next().map_or(1, char::len_utf8);
-        let next = rest[first..].find(['`', '[']).map(|i| i + first).unwrap_or(rest.len());
+        let next = rest[first..].find(['`', '[', '*']).map(|i| i + first).unwrap_or(rest.len());
         out += &escape(&rest[..next]);
         rest = &rest[next..];
     }
@@ -134,6 +141,19 @@ pub fn markdown(md: &str) -> String {
 /// and its charts inline (each linked to its SVG file).
 pub fn index(title: &str, preamble: &str, sections: &[Section]) -> String {
     let mut body = String::new();
+    // The first screen: what to set, per family of workloads, beside the chart that shows it.
+    let lead = super::decisions(sections);
+    if !lead.is_empty() {
+        body += "<div id=\"decision\"><div class=\"say\"><h2>What to set</h2>\n<ul id=\"decisions\">\n";
+        for d in lead {
+            let _ = writeln!(body, "<li>{}</li>", inline(d));
+        }
+        body += "</ul></div>\n";
+        if let Some(c) = super::key_chart(sections) {
+            body += &figure(c);
+        }
+        body += "</div>\n";
+    }
     body += "<h2>Findings</h2>\n<ul id=\"findings\">\n";
     for f in super::findings(sections) {
         let _ = writeln!(body, "<li>{}</li>", inline(f));
@@ -176,6 +196,9 @@ document.addEventListener("DOMContentLoaded", function () {
   var root = document.documentElement;
   root.setAttribute("data-findings", String(document.querySelectorAll("#findings li").length));
   root.setAttribute("data-inline-charts", String(document.querySelectorAll("figure.chart svg").length));
+  root.setAttribute("data-decisions", String(document.querySelectorAll("#decisions li").length));
+  // Whether the page scrolls sideways at this window's width (a test loads it at 1,400 px).
+  root.setAttribute("data-overflow-x", String(Math.max(0, root.scrollWidth - root.clientWidth)));
   root.setAttribute("data-ready", "1");
 });
 //]]>

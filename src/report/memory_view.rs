@@ -82,6 +82,7 @@ fn run_json(v: &ViewRun) -> Value {
         "at": at,
         "at_x": at_x,
         "peak_reserved": r.summary.peak_reserved,
+        "allocated_at_peak": r.summary.allocated_at_peak_reserved,
         "peak_live": r.work.peak_live_bytes,
         "oom": r.oom.as_ref().map(|o| json!({"x": x(o.event, o.step), "requested": o.requested, "cause": o.cause.as_str()})),
         "segments": segs,
@@ -98,7 +99,7 @@ pub fn page(title: &str, runs: &[ViewRun], site_names: &[String]) -> String {
         "<p>Like <code>torch.cuda._memory_viz</code>: memory over the run, and every segment at the peak (or at the OOM) in address order, one strip per row. Hover for a block: its size, the request, its state, stream, segment and allocation site where the input recorded one.</p>\n\
 <p><label>run: <select id=\"run\"></select></label> <span id=\"summary\"></span></p>\n\
 <h2>Memory timeline</h2>\n<svg id=\"timeline\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"280\"></svg>\n\
-<h2 id=\"map-title\">Segment map</h2>\n<p class=\"legend\"><span class=\"sw live\"></span> live block (colour per size or site) <span class=\"sw free\"></span> free (cached) piece; a dark tick starts each segment.</p>\n<svg id=\"segments\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"40\"></svg>\n\
+<h2 id=\"map-title\">Segment map</h2>\n<p class=\"legend\"><span class=\"sw free\"></span> free (cached) piece; a dark tick starts each segment; a live block is coloured by its allocation site, else its request size:</p>\n<p class=\"legend\" id=\"key\"></p>\n<svg id=\"segments\" xmlns=\"http://www.w3.org/2000/svg\" width=\"1000\" height=\"40\"></svg>\n\
 <div id=\"tip\" hidden=\"hidden\"></div>\n\
 <script type=\"application/json\" id=\"data\">{data}</script>\n"
     );
@@ -210,12 +211,17 @@ const VIEW_SCRIPT: &str = r##"<script>
       el("line", { x1: X(x), x2: X(x), y1: T, y2: H - B, stroke: colour, "stroke-dasharray": "3,3" }, svg);
       el("text", { x: X(x) + 4, y: T + dy, "font-size": 11, fill: colour }, svg).textContent = text;
     }
-    if (run.at !== "OOM") { marker(run.at_x, "#333", 12, "peak reserved" + (run.segments.length ? " (segment map below)" : "")); }
+    if (run.at !== "OOM") {
+      // The moment itself, as the headline and the map give it (the lines are each sample's maxima).
+      marker(run.at_x, "#333", 12, "peak reserved " + fmt(run.peak_reserved) + ", " + fmt(run.allocated_at_peak) + " allocated at that moment" + (run.segments.length ? " (segment map below)" : ""));
+      el("circle", { cx: X(run.at_x), cy: Y(run.peak_reserved), r: 4, fill: "#4c78a8", stroke: "#fff" }, svg);
+      el("circle", { cx: X(run.at_x), cy: Y(run.allocated_at_peak), r: 4, fill: "#f58518", stroke: "#fff", "data-series": "allocated-at-peak" }, svg);
+    }
     if (run.oom) {
       marker(run.oom.x, "#c00", run.at === "OOM" ? 12 : 26, "OOM at " + run.x_label + " " + run.oom.x + " (" + run.oom.cause + ", " + fmt(run.oom.requested) + " requested)" + (run.at === "OOM" ? ": segment map below" : ""));
     }
     el("text", { x: W - R - 8, y: H - B - 26, "text-anchor": "end", "font-size": 12, fill: "#4c78a8" }, svg).textContent = "reserved (max within each sample)";
-    el("text", { x: W - R - 8, y: H - B - 10, "text-anchor": "end", "font-size": 12, fill: "#f58518" }, svg).textContent = "allocated";
+    el("text", { x: W - R - 8, y: H - B - 10, "text-anchor": "end", "font-size": 12, fill: "#f58518" }, svg).textContent = "allocated (max within each sample; dots: at the peak moment)";
     var cursor = el("line", { x1: 0, x2: 0, y1: T, y2: H - B, stroke: "#999", visibility: "hidden" }, svg);
     svg.onmousemove = function (ev) {
       var box = svg.getBoundingClientRect();
@@ -262,6 +268,29 @@ const VIEW_SCRIPT: &str = r##"<script>
       el("rect", { x: (W * (start - row0 * per) / per).toFixed(2), y: row0 * (ROW + GAP) - 2, width: 1.5, height: ROW + 4, fill: "#222" }, svg);
     });
     svg.setAttribute("height", Math.max(40, Math.ceil(total / per) * (ROW + GAP)));
+    // The colour key: the colours holding the most live bytes, with what each stands for.
+    var byKey = {}, colourOf = {};
+    segs.forEach(function (s) {
+      s[5].forEach(function (b) {
+        if (b[2] !== 1) { return; }
+        var site = b[3] >= 0 ? data.sites[b[3]] : null;
+        var k = site || "requests of " + fmt(b[1]);
+        byKey[k] = (byKey[k] || 0) + b[0];
+        colourOf[k] = colour(site || String(b[1]));  // (as the blocks are drawn)
+      });
+    });
+    var keys = Object.keys(byKey).sort(function (a, b) { return byKey[b] - byKey[a]; });
+    var keyEl = document.getElementById("key");
+    while (keyEl.firstChild) { keyEl.removeChild(keyEl.firstChild); }
+    keys.slice(0, 10).forEach(function (k) {
+      var sw = document.createElement("span");
+      sw.className = "sw";
+      sw.style.background = colourOf[k];
+      keyEl.appendChild(sw);
+      keyEl.appendChild(document.createTextNode(k + " (" + fmt(byKey[k]) + ") "));
+    });
+    if (keys.length > 10) { keyEl.appendChild(document.createTextNode("… and " + (keys.length - 10) + " more (hover a block)")); }
+    document.documentElement.setAttribute("data-key-entries", String(Math.min(10, keys.length)));
     svg.onmouseleave = hide;
     document.getElementById("map-title").textContent = "Segment map at the " + run.at + " (" + segs.length + " segments, " + fmt(total) + " reserved, " + fmt(per) + " per row)";
     document.getElementById("summary").textContent = segs.length

@@ -47,12 +47,26 @@ pub struct Section {
     /// Markdown shown before the charts: tables (`|` rows), `- ` lists, paragraphs, `###`/`####`.
     pub body: String,
     pub charts: Vec<Chart>,
+    /// The decisions the section leads the page with ("what to set", once per family of
+    /// workloads that agree), and the chart shown beside them (an index into `charts`).
+    pub decisions: Vec<String>,
+    pub key_chart: Option<usize>,
 }
 
 impl Section {
     pub fn new(heading: impl Into<String>) -> Self {
-        Section { heading: heading.into(), findings: Vec::new(), body: String::new(), charts: Vec::new() }
+        Section { heading: heading.into(), findings: Vec::new(), body: String::new(), charts: Vec::new(), decisions: Vec::new(), key_chart: None }
     }
+}
+
+/// Every section's decisions, in order.
+pub fn decisions(sections: &[Section]) -> Vec<&str> {
+    sections.iter().flat_map(|s| s.decisions.iter().map(String::as_str)).collect()
+}
+
+/// The chart the decisions are read beside: the first section's that names one.
+pub fn key_chart(sections: &[Section]) -> Option<&Chart> {
+    sections.iter().find_map(|s| s.charts.get(s.key_chart?))
 }
 
 /// Builds one section from every record of the report (`None` when it has none of its kind);
@@ -163,7 +177,19 @@ fn preamble(records: &[ResultRecord]) -> String {
 const DEFINITIONS: &str = "Definitions: fragmentation = 1 − allocated/reserved at peak reserved; reserved / live = peak reserved ÷ peak live bytes (1.0 is the ideal); drift = slope of RSS over the steady-state part of the run; retained = RSS after everything was freed minus RSS before the workload; ± is the half-width of the 95 % confidence interval of the mean over the repetitions (Student's t), shown when a configuration ran more than once.";
 
 fn index_markdown(title: &str, preamble: &str, sections: &[Section]) -> String {
-    let mut s = format!("# {title}\n\n## Findings\n\n");
+    let mut s = format!("# {title}\n\n");
+    let lead = decisions(sections);
+    if !lead.is_empty() {
+        s += "## What to set\n\n";
+        for d in lead {
+            let _ = writeln!(s, "- {d}");
+        }
+        if let Some(c) = key_chart(sections) {
+            let _ = writeln!(s, "\n![{}]({})", c.title, c.file);
+        }
+        s += "\n";
+    }
+    s += "## Findings\n\n";
     for f in findings(sections) {
         let _ = writeln!(s, "- {f}");
     }
