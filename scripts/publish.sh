@@ -6,7 +6,7 @@
 #      a. comparison/data/gpu.jsonl.gz: the transformer (1.3B, 1.3B under DDP with a prefetch stream, 7B), model-switching and serving
 #         workloads, and the captured 1.3B/7B traces, replayed through PyTorch's caching-allocator
 #         policy under its default config, tuned configs and expandable segments, plus the
-#         no-cache baseline and the ideal bound, on a simulated 80 GB H100;
+#         no-cache baseline and the ideal bound, on the default card (H100-80GB, 79.2 GiB: allocbench cards);
 #      b. comparison/data/cpu.jsonl.gz: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via
 #         scripts/compare.sh: repetitions interleaved, 5 each, a 12 s drain) on the Python-like and
 #         serving workloads in process and on the real Python programs in workloads/python/;

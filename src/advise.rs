@@ -32,6 +32,18 @@ pub const STEP_TIME_SHARE: f64 = 0.01;
 /// thousands of milliseconds; an allocator cost means something only against the step it slows).
 pub const DEFAULT_STEP_BUDGET_S: f64 = 0.001;
 
+/// HBM bandwidth of the H100 SXM the time table prices (NVIDIA's H100 datasheet: 3.35 TB/s),
+/// what a step's estimate is read at.
+pub const H100_HBM_BYTES_PER_S: f64 = 3.35e12;
+
+/// A floor of a step's time from the work a trace shows: every byte it allocates in a step
+/// written and read once at the card's memory bandwidth (a step does at least that much; the
+/// math, the reads of the weights and the host add to it). `None` without allocations.
+pub fn estimated_step_time_s(events: &[Event], steps: u64) -> Option<f64> {
+    let bytes: u64 = events.iter().map(|e| if let Event::Alloc { bytes, .. } = e { *bytes } else { 0 }).sum();
+    (bytes > 0).then(|| 2.0 * bytes as f64 / steps.max(1) as f64 / H100_HBM_BYTES_PER_S)
+}
+
 /// The balanced objective's allowance per step: [`STEP_TIME_SHARE`] of `step_time_s`, else
 /// [`DEFAULT_STEP_BUDGET_S`].
 pub fn step_budget_s(step_time_s: Option<f64>) -> f64 {
@@ -256,7 +268,10 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
     let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
     // (A trace without step rows is one step: a request, an inference.)
     let steps = (events.iter().filter(|e| matches!(e, Event::Step { .. })).count() as u64).max(1);
-    let allowance_ns = (step_budget_s(o.step_time_s) * steps as f64 * 1e9).round() as u64;
+    // The step time: given, else estimated from the work the trace shows.
+    let estimated = if o.step_time_s.is_none() { estimated_step_time_s(events, steps) } else { None };
+    let step_time = o.step_time_s.or(estimated);
+    let allowance_ns = (step_budget_s(step_time) * steps as f64 * 1e9).round() as u64;
     let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { (*bytes > 0).then_some(*bytes) } else { None }).collect();
     sizes.sort_unstable();
     sizes.dedup();
@@ -349,6 +364,23 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
         }
         None => (None, None),
     };
+    // What the balance turns down: the least memory, whatever its time (a search of its own: the
+    // balanced one stops early the replays that go over its time budget).
+    let memory_best = if o.objective == Objective::Balanced {
+        let memory = AdviseOptions {
+            capacity: o.capacity,
+            threads: o.threads,
+            objective: Objective::Memory,
+            model: o.model.clone(),
+            addresses: o.addresses.clone(),
+            outside: o.outside,
+            not_whole_run: o.not_whole_run.clone(),
+            step_time_s: o.step_time_s,
+        };
+        advise(events, info, confs, &memory, None)?.recommended.filter(|c| !c.oom)
+    } else {
+        None
+    };
     Ok(AdviseResult {
         schema_version: SCHEMA_VERSION,
         workload: info.clone(),
@@ -367,7 +399,9 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
         not_whole_run: o.not_whole_run.clone(),
         steps,
         step_time_s: o.step_time_s,
-        step_budget_s: step_budget_s(o.step_time_s),
+        step_budget_s: step_budget_s(step_time),
+        step_time_estimated_s: estimated,
+        memory_best,
     })
 }
 
@@ -441,12 +475,15 @@ fn rank(all: &mut [Candidate], objective: Objective, budget_ns: Option<u64>) {
         let class = |c: &Candidate| (c.oom, c.pruned, !c.conflicts.is_empty(), std::cmp::Reverse((c.oom_event, c.oom_step)));
         // (Among configurations that fail at the same event, the objective's measure of the
         // replay up to it, then the fewest cudaMallocs.)
+        // (Ties on the measure go to fewer cudaMallocs, then fewer retries: the pick is never
+        // one another equals on the measure and beats on a column.)
         let mallocs = |c: &Candidate| c.device_mallocs.max(0) as u64;
+        let retries = |c: &Candidate| c.retries.max(0) as u64;
         let measure = |c: &Candidate| match objective {
-            Objective::Memory => (c.peak_reserved, ns(c), mallocs(c)),
-            Objective::Time => (ns(c), c.peak_reserved, mallocs(c)),
-            Objective::Balanced if c.oom => (c.peak_reserved, ns(c), mallocs(c)),
-            Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c)),
+            Objective::Memory => (c.peak_reserved, ns(c), mallocs(c), retries(c)),
+            Objective::Time => (ns(c), c.peak_reserved, mallocs(c), retries(c)),
+            Objective::Balanced if c.oom => (c.peak_reserved, ns(c), mallocs(c), retries(c)),
+            Objective::Balanced => (over_budget(c) as u64, c.peak_reserved, ns(c), mallocs(c) * 1024 + retries(c).min(1023)),
         };
         (class(a), measure(a), setting_count(&a.conf), a.conf.len(), &a.conf).cmp(&(class(b), measure(b), setting_count(&b.conf), b.conf.len(), &b.conf))
     });
@@ -501,6 +538,8 @@ pub fn from_candidates(
         steps,
         step_time_s,
         step_budget_s: step_budget_s(step_time_s),
+        step_time_estimated_s: None,
+        memory_best: None,
     }
 }
 
@@ -619,9 +658,14 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
          alloc s: modelled allocator time over the {} (ms/step: per step); retries: num_alloc_retries)\n",
         crate::units::count(r.steps.max(1), "step")
     );
-    let allowance = match r.step_time_s {
-        Some(t) => format!("{}/step (1 % of the {} step)", crate::units::format_duration(r.step_budget_s), crate::units::format_duration(t)),
-        None => format!("{}/step (1 % of a 100 ms step; --step-time to give yours)", crate::units::format_duration(r.step_budget_s)),
+    let allowance = match (r.step_time_s, r.step_time_estimated_s) {
+        (Some(t), _) => format!("{}/step (1 % of the {} step)", crate::units::format_duration(r.step_budget_s), crate::units::format_duration(t)),
+        (None, Some(t)) => format!(
+            "{}/step (1 % of a step of at least {}: the bytes allocated a step written and read once at 3.35 TB/s; --step-time to give yours)",
+            crate::units::format_duration(r.step_budget_s),
+            crate::units::format_duration(t)
+        ),
+        (None, None) => format!("{}/step (1 % of a 100 ms step; --step-time to give yours)", crate::units::format_duration(r.step_budget_s)),
     };
     match r.time_budget_s {
         Some(_) => s += &format!("\nobjective balanced: the least memory whose modelled allocator time exceeds the reference's by at most {allowance}\n"),
@@ -629,7 +673,8 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
     }
     // What the objective turned down: the least memory among the configurations that finished.
     let finished = |c: &&Candidate| !c.oom && !c.pruned && c.conflicts.is_empty();
-    if let (Some(best), Some(lean)) = (&r.recommended, r.configs.iter().filter(finished).min_by_key(|c| (c.peak_reserved, ns_of(c)))) {
+    let leanest = r.memory_best.as_ref().or_else(|| r.configs.iter().filter(finished).min_by_key(|c| (c.peak_reserved, ns_of(c))));
+    if let (Some(best), Some(lean)) = (&r.recommended, leanest) {
         if !best.oom && lean.peak_reserved < best.peak_reserved {
             let extra = ms_per_step(lean) - ms_per_step(best);
             let why = if r.objective == Objective::Balanced { format!(", over the allowance of {allowance}") } else { String::new() };
@@ -885,6 +930,8 @@ mod tests {
                     steps: 9,
                     step_time_s: None,
                     step_budget_s: DEFAULT_STEP_BUDGET_S,
+                    memory_best: None,
+                    step_time_estimated_s: None,
                 },
                 5,
             );
@@ -940,6 +987,8 @@ mod tests {
                 steps: 20,
                 step_time_s: Some(0.02),
                 step_budget_s: step_budget_s(Some(0.02)),
+                memory_best: None,
+                step_time_estimated_s: None,
             },
             5,
         );

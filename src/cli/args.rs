@@ -114,7 +114,7 @@ pub struct CardArgs {
     /// torch.cuda.get_device_properties().total_memory reports it [default: H100-80GB].
     #[arg(long, conflicts_with = "capacity")]
     pub card: Option<String>,
-    /// The device's memory as a size instead (e.g. 24GiB, 81559MiB), said as given.
+    /// The device's memory as a size instead (e.g. 24GiB, 81079MiB), said as given.
     #[arg(long, value_parser = parse_capacity)]
     pub capacity: Option<u64>,
     /// The CUDA context the process holds outside the allocator [default: 426MiB, docs/cards.md].

@@ -188,6 +188,15 @@ pub struct AdviseResult {
     /// The balanced objective's allowance of extra allocator time per step over the reference.
     #[serde(default)]
     pub step_budget_s: f64,
+    /// Without `--step-time`: the step's floor estimated from the bytes the trace allocates a
+    /// step (`advise::estimated_step_time_s`), which sizes the allowance.
+    #[serde(default)]
+    pub step_time_estimated_s: Option<f64>,
+    /// Under the balanced objective: the memory objective's pick, replayed whole (a config the
+    /// balanced search stopped early for its time has no full numbers of its own), to say what
+    /// the balance turned down.
+    #[serde(default)]
+    pub memory_best: Option<Candidate>,
 }
 
 impl Candidate {
