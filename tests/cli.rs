@@ -138,6 +138,17 @@ fn bad_input_exits_2_with_one_line() {
         ),
         (vec!["replay".into()], "error: the following required arguments were not provided: <INPUT>; usage: allocbench replay <INPUT> (see --help)"),
         (vec!["advise".into(), bad.clone(), "--objective".into(), "fastest".into()], "invalid value 'fastest' for '--objective"),
+        (vec!["advise".into(), workload("scenario-1-2-1-gib.toml"), "--step-time".into(), "0ms".into()], "a step takes some time (more than 0)"),
+        (vec!["advise".into(), workload("scenario-1-2-1-gib.toml"), "--step-time".into(), "3 fortnights".into()], "unknown unit 'fortnights'"),
+        (vec!["diagnose".into(), workload("scenario-1-2-1-gib.toml"), "--card".into(), "H300".into()], "--card: no card 'H300' in the table"),
+        (
+            vec!["diagnose".into(), workload("scenario-1-2-1-gib.toml"), "--card".into(), "T4".into(), "--capacity".into(), "1GiB".into()],
+            "the argument '--card <CARD>' cannot be used with '--capacity <CAPACITY>'",
+        ),
+        (
+            vec!["diagnose".into(), workload("scenario-1-2-1-gib.toml"), "--cuda-context".into(), "20GiB".into(), "--card".into(), "T4".into()],
+            "leaves nothing of the",
+        ),
     ];
     for (args, want) in cases {
         let out = bin().args(&args).output().unwrap();
