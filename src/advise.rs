@@ -267,7 +267,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
     let start = std::time::Instant::now();
     let parsed: Vec<AllocatorConfig> = confs.iter().map(|c| AllocatorConfig::parse(c)).collect::<Result<_, _>>()?;
     // (A trace without step rows is one step: a request, an inference.)
-    let steps = (events.iter().filter(|e| matches!(e, Event::Step { .. })).count() as u64).max(1);
+    let steps = crate::event::step_count(events).max(1);
     // The step time: given, else estimated from the work the trace shows.
     let estimated = if o.step_time_s.is_none() { estimated_step_time_s(events, steps) } else { None };
     let step_time = o.step_time_s.or(estimated);
@@ -579,7 +579,7 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         );
     } else if let Some(best) = r.recommended.as_ref().filter(|b| b.oom) {
         let name = if best.conf.is_empty() { "PyTorch's defaults".to_string() } else { format!("`{}`", best.conf) };
-        s += &format!("Nothing fits on {}: every configuration runs out of memory{}.", crate::gpu::card::in_sentence(r.capacity), outside_note(r));
+        s += &format!("Nothing fits on {}: every configuration runs out of memory{}.", crate::gpu::card::in_sentence(r.capacity), r.outside.of_the_card());
         match r.fits_from {
             Some(m) => {
                 s += &format!(" With {name}, which gets furthest, it needs a device of {} or more", format_bytes(m));
@@ -603,7 +603,7 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         r.replays,
         pruned,
         crate::gpu::card::in_sentence(r.capacity),
-        outside_note(r),
+        r.outside.of_the_card(),
         r.elapsed_s,
         crate::units::count(r.threads as u64, "thread"),
         r.latency_table
@@ -715,14 +715,6 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
         None => s += "\nNothing was replayed (interrupted).\n",
     }
     s
-}
-
-/// " (426 MiB of it outside the allocator: CUDA context 426 MiB)", or nothing.
-fn outside_note(r: &AdviseResult) -> String {
-    if r.outside.total() == 0 {
-        return String::new();
-    }
-    format!(" ({} of it outside the allocator: {})", format_bytes(r.outside.total()), r.outside.describe())
 }
 
 /// What an older torch does not read in `conf`. The keys are read as torch 2.15's

@@ -93,7 +93,7 @@ pub struct CaptureOptions {
 }
 
 /// The outcome the capture module writes (its `--status` file).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct CaptureOutcome {
     /// `complete`, `script_error`, `fake_data`, `setup_error` or `interrupted` (here also `killed`).
     pub state: String,
@@ -289,18 +289,7 @@ pub fn run_watched(opts: &CaptureOptions, watch: &mut dyn FnMut(Option<&CaptureP
                 state: "killed".into(),
                 exit_code,
                 message: format!("{python} ended without finishing the capture ({how})"),
-                steps: 0,
-                allocs: 0,
-                frees: 0,
-                peak_live_bytes: 0,
-                live_bytes_at_end: 0,
-                ooms: 0,
-                device_memory: None,
-                rows: 0,
-                values_made_up: Vec::new(),
-                stand_in: None,
-                dispatch_seconds: 0.0,
-                capture_seconds: 0.0,
+                ..Default::default()
             })
         }
     }

@@ -163,7 +163,7 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64, outside:
     let full_peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
     // A trace cut short (its capture stopped at an error or its fake card's OOM) is not the
     // whole run: what fits it says nothing of what fits the job.
-    let steps = events.iter().filter(|e| matches!(e, Event::Step { .. })).count() as u64;
+    let steps = crate::event::step_count(&events);
     let not_whole_run = source.capture_incomplete().map(|why| format!("{why}, after {}", crate::units::count(steps, "complete step")));
     let (min_cap, smallest) = if not_whole_run.is_some() {
         (None, None)
@@ -370,8 +370,7 @@ pub fn summary(d: &DiagnoseResult) -> Vec<String> {
     let card = crate::gpu::card::in_sentence(capacity);
     let outside = d.outside.total();
     // "H100-80GB (79.2 GiB; CUDA context 426 MiB of it outside the allocator)"
-    let card_outside =
-        if outside > 0 { format!("{card}, {} of it outside the allocator ({})", format_bytes(outside), d.outside.describe()) } else { card.clone() };
+    let card_outside = format!("{card}{}", d.outside.of_the_card());
     match &d.oom {
         Some(o) => {
             summary.push(format!(

@@ -89,6 +89,11 @@ pub fn infallible<'a, I: Iterator<Item = Event> + 'a>(events: I) -> EventStream<
 }
 
 /// The most bytes the events hold at once, each allocation's size mapped through `size` (the CPU
+/// The `step` rows among `events`.
+pub fn step_count(events: &[Event]) -> u64 {
+    events.iter().filter(|e| matches!(e, Event::Step { .. })).count() as u64
+}
+
 /// driver's `--scale`); frees of ids that are not live are ignored.
 pub fn peak_live_bytes(events: impl Iterator<Item = anyhow::Result<Event>>, size: impl Fn(u64) -> u64) -> anyhow::Result<u64> {
     let mut live: rustc_hash::FxHashMap<u64, u64> = rustc_hash::FxHashMap::default();

@@ -173,11 +173,11 @@ impl Search<'_> {
         if !fits(self, lo)? {
             return Ok(None);
         }
-        let (mut good, mut bad) = (lo, hi + 1); // fits at `good`; `bad` is the first known not to (or past hi)
-        if hi > lo && fits(self, hi)? {
+        // The top next: when it fits, it is the answer (and the output says the range's top fit).
+        if hi == lo || fits(self, hi)? {
             return Ok(Some(hi));
         }
-        bad = bad.min(hi);
+        let (mut good, mut bad) = (lo, hi); // fits at `good`, not at `bad`
         while bad - good > 1 {
             let mid = good + (bad - good) / 2;
             if fits(self, mid)? {
@@ -198,7 +198,7 @@ impl Search<'_> {
         let withheld = self.o.outside.total();
         let (out, _) = crate::gpu_run::replay_sim(&events, &[], defaults, self.o.capacity, withheld, OnOom::Stop)?;
         let peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
-        let steps = events.iter().filter(|e| matches!(e, crate::event::Event::Step { .. })).count() as u64;
+        let steps = crate::event::step_count(&events);
         let t = Tried {
             value,
             fits: out.oom.is_none(),
@@ -299,12 +299,7 @@ impl Search<'_> {
 pub fn describe(r: &FitResult) -> String {
     use crate::units::format_bytes;
     let card = crate::gpu::card::in_sentence(r.capacity);
-    let outside = if r.outside.total() > 0 {
-        format!(" ({} of it outside the allocator: {})", format_bytes(r.outside.total()), r.outside.describe())
-    } else {
-        String::new()
-    };
-    let mut s = format!("{}={}..{} on {card}{outside}, each value a capture of {}:\n", r.param, r.lo, r.hi, r.script);
+    let mut s = format!("{}={}..{} on {card}{}, each value a capture of {}:\n", r.param, r.lo, r.hi, r.outside.of_the_card(), r.script);
     s += &format!(
         "{:>8} {:>10} {:>12} {:>12} {:>8}  {:>12} {:>8}  advised conf\n",
         r.param, "peak live", "peak rsvd", "device total", "fits", "advised rsvd", "fits"

@@ -154,6 +154,16 @@ fn bytes_spread(s: &Spread) -> String {
     }
 }
 
+/// The PyTorch configs other than the defaults that ran without an OOM.
+fn tuned<'r, 'a>(rows: &'r [GpuRow<'a>]) -> Vec<&'r GpuRow<'a>> {
+    rows.iter().filter(|r| r.first().allocator == GpuPolicy::Pytorch && !r.is_default() && r.ooms() == 0).collect()
+}
+
+/// The one of `rows` that reserves least (the fewest device mallocs among equals).
+fn least_reserved<'r, 'a>(rows: &[&'r GpuRow<'a>]) -> Option<&'r GpuRow<'a>> {
+    rows.iter().copied().min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean).then(a.device_mallocs.mean.total_cmp(&b.device_mallocs.mean)))
+}
+
 /// The findings of one workload: the config that cuts peak reserved most against the defaults,
 /// by how much and at what cost in device calls; and the OOMs.
 pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
@@ -165,14 +175,10 @@ pub fn findings(workload: &str, rows: &[GpuRow]) -> Vec<String> {
         .map(|r| format!("; the ideal bound (peak live bytes) is {}", format_bytes(r.peak_reserved.mean as u64)));
     // A run that stopped at an OOM has no full peak to compare: the OOM sentence below says it.
     if let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) {
-        let tried: Vec<&GpuRow> = rows.iter().filter(|r| r.first().allocator == GpuPolicy::Pytorch && !r.is_default()).filter(fits).collect();
+        let tried = tuned(rows);
         // Among configs that reserve the same least, the one with the fewest device mallocs is
         // named, and the others beside it: a tie is no ranking.
-        let best = tried
-            .iter()
-            .copied()
-            .min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean).then(a.device_mallocs.mean.total_cmp(&b.device_mallocs.mean)));
-        match best {
+        match least_reserved(&tried) {
             Some(b) if b.peak_reserved.mean < base.peak_reserved.mean => {
                 let tied: Vec<String> = tried
                     .iter()
@@ -289,12 +295,7 @@ pub fn decisions(by_workload: &[(String, Vec<GpuRow>)]) -> Vec<String> {
     let mut families: Vec<(String, Vec<Pick>)> = Vec::new();
     for (workload, rows) in by_workload {
         let Some(base) = rows.iter().find(|r| r.is_default()).filter(|b| b.ooms() == 0) else { continue };
-        let best = rows
-            .iter()
-            .filter(|r| r.first().allocator == GpuPolicy::Pytorch && !r.is_default() && r.ooms() == 0)
-            .min_by(|a, b| a.peak_reserved.mean.total_cmp(&b.peak_reserved.mean).then(a.device_mallocs.mean.total_cmp(&b.device_mallocs.mean)))
-            .filter(|b| b.peak_reserved.mean < base.peak_reserved.mean)
-            .unwrap_or(base);
+        let best = least_reserved(&tuned(rows)).filter(|b| b.peak_reserved.mean < base.peak_reserved.mean).unwrap_or(base);
         let pick = Pick {
             workload: workload.clone(),
             conf: config_name(best.first()),

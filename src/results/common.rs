@@ -121,6 +121,15 @@ impl Outside {
         self.cuda_context.saturating_add(self.nccl)
     }
 
+    /// What follows a card in a sentence: " (426 MiB of it outside the allocator: CUDA context
+    /// 426 MiB)", or nothing when nothing is outside.
+    pub fn of_the_card(&self) -> String {
+        if self.total() == 0 {
+            return String::new();
+        }
+        format!(" ({} of it outside the allocator: {})", crate::units::format_bytes(self.total()), self.describe())
+    }
+
     /// "CUDA context 426 MiB" (+ ", NCCL 1.00 GiB").
     pub fn describe(&self) -> String {
         let mut parts = vec![format!("CUDA context {}", crate::units::format_bytes(self.cuda_context))];
