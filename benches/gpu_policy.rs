@@ -148,6 +148,7 @@ fn advise_search(c: &mut Criterion) {
         outside: allocbench::gpu::card::Outside::NONE,
         not_whole_run: None,
         step_time_s: None,
+        flops: None,
     };
     group.bench_function(format!("captured_1.3b/{}-configs/2-threads", confs.len()), |b| {
         b.iter(|| allocbench::advise::advise(&events, &info, &confs, &opts, None).unwrap())

@@ -9,7 +9,9 @@
 #   diff <(zcat OLD.csv.gz | grep -v '^#') <(zcat NEW.csv.gz | grep -v '^#')
 # train.py's captures can order the frees within a burst (frees with no alloc between them)
 # differently from run to run, with or without sites: the GPT-3 XL re-capture did (the same rows
-# otherwise), so that trace was kept as it was, without sites.
+# otherwise), so that trace was kept as it was, without sites. Its `# flops:` line (the math
+# `advise` estimates a step from) was taken from a re-capture of the same command: the count does
+# not depend on the order of frees.
 # The serving capture also writes its generator twin, workloads/captured/serving-llama7b.toml:
 # workloads/serving-llama7b.toml driven by the capture's own arrivals (tests check both agree);
 # model-switch likewise writes workloads/captured/model-switch.toml (the capture's residencies).

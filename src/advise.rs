@@ -35,13 +35,32 @@ pub const DEFAULT_STEP_BUDGET_S: f64 = 0.001;
 /// HBM bandwidth of the H100 SXM the time table prices (NVIDIA's H100 datasheet: 3.35 TB/s),
 /// what a step's estimate is read at.
 pub const H100_HBM_BYTES_PER_S: f64 = 3.35e12;
+/// The H100 SXM's dense BF16 tensor-core peak (NVIDIA's H100 datasheet: 1,979 TFLOPS with
+/// sparsity, half that dense): the fastest the step's math can run.
+pub const H100_BF16_DENSE_FLOPS_PER_S: f64 = 989.4e12;
 
-/// A floor of a step's time from the work a trace shows: every byte it allocates in a step
-/// written and read once at the card's memory bandwidth (a step does at least that much; the
-/// math, the reads of the weights and the host add to it). `None` without allocations.
-pub fn estimated_step_time_s(events: &[Event], steps: u64) -> Option<f64> {
+/// A floor of a step's time from the work the input shows, the larger of two: every byte it
+/// allocates in a step written and read once at the card's memory bandwidth, and the step's
+/// math (`flops` over the whole input: a capture's count, a transformer workload's model) at
+/// the card's dense BF16 peak. A real step takes longer (kernels run below peak, the weights are
+/// read, the host adds its part). `None` without allocations or math.
+pub fn estimated_step_time_s(events: &[Event], steps: u64, flops: Option<f64>) -> Option<f64> {
     let bytes: u64 = events.iter().map(|e| if let Event::Alloc { bytes, .. } = e { *bytes } else { 0 }).sum();
-    (bytes > 0).then(|| 2.0 * bytes as f64 / steps.max(1) as f64 / H100_HBM_BYTES_PER_S)
+    let traffic = 2.0 * bytes as f64 / steps.max(1) as f64 / H100_HBM_BYTES_PER_S;
+    let math = flops.unwrap_or(0.0) / steps.max(1) as f64 / H100_BF16_DENSE_FLOPS_PER_S;
+    let floor = traffic.max(math);
+    (floor > 0.0).then_some(floor)
+}
+
+/// What decided a step's estimated floor `t` ([`estimated_step_time_s`]): the step's math at the
+/// dense BF16 peak, or its allocated bytes moved once each way.
+fn step_floor_basis(step_flops: Option<f64>, t: f64) -> String {
+    match step_flops {
+        Some(f) if (f / H100_BF16_DENSE_FLOPS_PER_S - t).abs() <= 1e-12 * t.max(1.0) => {
+            format!("the step's {:.1} TFLOP of matmuls and attention at H100's dense BF16 peak, 989 TFLOP/s", f / 1e12)
+        }
+        _ => "the bytes allocated a step written and read once at 3.35 TB/s".to_string(),
+    }
 }
 
 /// The balanced objective's allowance per step: [`STEP_TIME_SHARE`] of `step_time_s`, else
@@ -256,6 +275,9 @@ pub struct AdviseOptions {
     pub not_whole_run: Option<String>,
     /// The job's step time (`--step-time`), which sizes the balanced objective's allowance.
     pub step_time_s: Option<f64>,
+    /// The device's math over the whole input (`Source::flops`), which the step's estimate
+    /// reads when no step time is given.
+    pub flops: Option<f64>,
     /// What the job holds on the card outside the allocator (withheld from every replay).
     pub outside: crate::gpu::card::Outside,
 }
@@ -269,7 +291,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
     // (A trace without step rows is one step: a request, an inference.)
     let steps = crate::event::step_count(events).max(1);
     // The step time: given, else estimated from the work the trace shows.
-    let estimated = if o.step_time_s.is_none() { estimated_step_time_s(events, steps) } else { None };
+    let estimated = if o.step_time_s.is_none() { estimated_step_time_s(events, steps, o.flops) } else { None };
     let step_time = o.step_time_s.or(estimated);
     let allowance_ns = (step_budget_s(step_time) * steps as f64 * 1e9).round() as u64;
     let mut sizes: Vec<u64> = events.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { (*bytes > 0).then_some(*bytes) } else { None }).collect();
@@ -376,6 +398,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
             outside: o.outside,
             not_whole_run: o.not_whole_run.clone(),
             step_time_s: o.step_time_s,
+            flops: o.flops,
         };
         advise(events, info, confs, &memory, None)?.recommended.filter(|c| !c.oom)
     } else {
@@ -401,6 +424,7 @@ pub fn advise(events: &[Event], info: &WorkloadInfo, confs: &[String], o: &Advis
         step_time_s: o.step_time_s,
         step_budget_s: step_budget_s(step_time),
         step_time_estimated_s: estimated,
+        step_flops: o.flops.map(|f| f / steps as f64),
         memory_best,
     })
 }
@@ -539,6 +563,7 @@ pub fn from_candidates(
         step_time_s,
         step_budget_s: step_budget_s(step_time_s),
         step_time_estimated_s: None,
+        step_flops: None,
         memory_best: None,
     }
 }
@@ -661,9 +686,10 @@ pub fn describe(r: &AdviseResult, top: usize) -> String {
     let allowance = match (r.step_time_s, r.step_time_estimated_s) {
         (Some(t), _) => format!("{}/step (1 % of the {} step)", crate::units::format_duration(r.step_budget_s), crate::units::format_duration(t)),
         (None, Some(t)) => format!(
-            "{}/step (1 % of a step of at least {}: the bytes allocated a step written and read once at 3.35 TB/s; --step-time to give yours)",
+            "{}/step (1 % of a step of at least {}: {}; --step-time to give yours)",
             crate::units::format_duration(r.step_budget_s),
-            crate::units::format_duration(t)
+            crate::units::format_duration(t),
+            step_floor_basis(r.step_flops, t)
         ),
         (None, None) => format!("{}/step (1 % of a 100 ms step; --step-time to give yours)", crate::units::format_duration(r.step_budget_s)),
     };
@@ -733,6 +759,21 @@ pub fn conf_compatibility_note(conf: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::workload::Workload;
+
+    #[test]
+    fn a_steps_estimate_is_the_larger_of_its_traffic_and_its_math() {
+        let events = vec![Event::Alloc { id: 0, bytes: 1 << 30, stream: 0 }, Event::Step { n: 1 }, Event::Alloc { id: 1, bytes: 1 << 30, stream: 0 }];
+        let traffic = 2.0 * (2u64 << 30) as f64 / 2.0 / H100_HBM_BYTES_PER_S;
+        assert_eq!(estimated_step_time_s(&events, 2, None), Some(traffic));
+        // A little math leaves the traffic floor; a lot of it decides the step.
+        assert_eq!(estimated_step_time_s(&events, 2, Some(1e9)), Some(traffic));
+        let math = 4e14 / 2.0 / H100_BF16_DENSE_FLOPS_PER_S;
+        assert!(math > traffic);
+        assert_eq!(estimated_step_time_s(&events, 2, Some(4e14)), Some(math));
+        assert!(step_floor_basis(Some(2e14), math).contains("200.0 TFLOP"), "{}", step_floor_basis(Some(2e14), math));
+        assert!(step_floor_basis(Some(1e9), traffic).contains("3.35 TB/s"));
+        assert_eq!(estimated_step_time_s(&[], 1, None), None);
+    }
 
     #[test]
     fn a_memory_fraction_in_the_advice_says_how_older_torch_gets_it() {
@@ -846,6 +887,7 @@ mod tests {
                 outside: crate::gpu::card::Outside::NONE,
                 not_whole_run: None,
                 step_time_s: None,
+                flops: None,
             };
             let r = advise(&events, &info, &confs, &o, None).unwrap();
             let at = |conf: &str| r.configs.iter().find(|c| c.conf == conf).unwrap().oom_event;
@@ -924,6 +966,7 @@ mod tests {
                     step_budget_s: DEFAULT_STEP_BUDGET_S,
                     memory_best: None,
                     step_time_estimated_s: None,
+                    step_flops: None,
                 },
                 5,
             );
@@ -981,6 +1024,7 @@ mod tests {
                 step_budget_s: step_budget_s(Some(0.02)),
                 memory_best: None,
                 step_time_estimated_s: None,
+                step_flops: None,
             },
             5,
         );

@@ -250,6 +250,7 @@ impl Search<'_> {
             outside: self.o.outside,
             not_whole_run: None,
             step_time_s: None,
+            flops: source.flops(),
         };
         let result = crate::advise::advise(&events, &source.info()?, &crate::advise::search_space(), &opts, None)?;
         let best = result.recommended.ok_or_else(|| crate::interrupt::Interrupted("while advising: nothing replayed".into()))?;

@@ -77,21 +77,7 @@ fn capture_tail(path: &Path) -> Option<String> {
     }
     let mut tail = Vec::new();
     if crate::trace::csv::is_gzip_name(path) {
-        // Decoded to its end, keeping only the last bytes (a large capture, or a gzip bomb with
-        // a capture header, must not be held whole).
-        let mut gz = flate2::read::MultiGzDecoder::new(std::fs::File::open(path).ok()?);
-        let mut chunk = vec![0u8; 1 << 16];
-        let keep = CAPTURE_MARKER_TAIL_BYTES as usize;
-        while let Ok(n) = gz.read(&mut chunk) {
-            if n == 0 {
-                break;
-            }
-            tail.extend_from_slice(&chunk[..n]);
-            if tail.len() > 4 * keep {
-                tail.drain(..tail.len() - keep);
-            }
-        }
-        tail.drain(..tail.len().saturating_sub(keep));
+        tail = gzip_tail(std::fs::File::open(path).ok()?);
     } else {
         let mut file = std::fs::File::open(path).ok()?;
         let len = file.metadata().ok()?.len();
@@ -99,6 +85,32 @@ fn capture_tail(path: &Path) -> Option<String> {
         file.read_to_end(&mut tail).ok()?;
     }
     Some(String::from_utf8_lossy(&tail).into_owned())
+}
+
+/// The last [`CAPTURE_MARKER_TAIL_BYTES`] of a gzip stream, decoded to its end (a stream cut
+/// short, up to the cut) keeping only those (a large capture, or a gzip bomb with a capture
+/// header, must not be held whole).
+fn gzip_tail(compressed: impl Read) -> Vec<u8> {
+    let mut gz = flate2::read::MultiGzDecoder::new(compressed);
+    let (mut tail, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
+    let keep = CAPTURE_MARKER_TAIL_BYTES as usize;
+    while let Ok(n) = gz.read(&mut chunk) {
+        if n == 0 {
+            break;
+        }
+        tail.extend_from_slice(&chunk[..n]);
+        if tail.len() > 4 * keep {
+            tail.drain(..tail.len() - keep);
+        }
+    }
+    tail.drain(..tail.len().saturating_sub(keep));
+    tail
+}
+
+/// A capture's `# flops: N ...` line, the device's math over the run.
+fn capture_flops(tail: &str) -> Option<f64> {
+    let said = tail.lines().rev().find_map(|l| l.strip_prefix("# flops: "))?;
+    said.split(' ').next()?.parse::<f64>().ok().filter(|f| f.is_finite() && *f > 0.0)
 }
 
 /// Why a capture's trace is incomplete: its last marker says `# capture incomplete: WHY` (a
@@ -163,6 +175,17 @@ impl Source {
             None => tail.lines().rev().find_map(|l| l.strip_prefix("# ").filter(|c| c.starts_with("capture "))).unwrap_or("capture complete").to_string(),
         });
         Some((header_comments(p), closing))
+    }
+
+    /// The math the device does over the whole input, as `torch.utils.flop_counter` counts it: a
+    /// capture's `# flops:` line, a transformer workload's model; `None` where nothing says.
+    pub fn flops(&self) -> Option<f64> {
+        match self {
+            Source::Trace(p) => capture_flops(&capture_tail(p)?),
+            Source::Embedded => capture_flops(&String::from_utf8_lossy(&gzip_tail(EMBEDDED_TRACE_GZ))),
+            Source::Workload(w) => w.flops(),
+            Source::Imported(..) => None,
+        }
     }
 
     /// The memory of the fake card a capture ran on, when the trace says (`capture

@@ -180,6 +180,39 @@ fn fake_and_real_cpu_tensors_capture_the_same_sequence() {
 }
 
 #[test]
+fn the_capture_counts_the_math_the_transformer_generator_models() {
+    if !have_torch() {
+        return;
+    }
+    // The capture's `# flops:` line (torch.utils.flop_counter's formulas over the ops it saw)
+    // and the transformer generator's model of the same run, which `advise` estimates a
+    // step's time from: equal to the FLOP, with and without checkpointing's recomputation.
+    let dir = tempfile::tempdir().unwrap();
+    // Llama (SwiGLU, grouped K/V, fused attention) and GPT (GELU, tied, the math path).
+    let llama =
+        "attention = \"flash\"\n[transformer.model]\nlayers = 2\nd_model = 64\nheads = 4\nkv_heads = 2\nffn = 172\nvocab = 512\nffn_kind = \"swiglu\"\n";
+    let gpt = "attention = \"math\"\n[transformer.model]\nlayers = 2\nd_model = 64\nheads = 4\nffn = 256\nvocab = 512\nffn_kind = \"gelu\"\nmax_positions = 128\ntied_embeddings = true\n";
+    for (model, attention, shape, checkpointing) in
+        [("tiny-llama", "sdpa", llama, false), ("tiny-llama", "sdpa", llama, true), ("tiny-gpt", "math", gpt, false)]
+    {
+        let mut args = vec![model_script("models/train.py").leak() as &str, "--model", model, "--steps", "2", "--seq-len", "48"];
+        args.extend(["--batch", "2", "--amp", "none", "--attention", attention]);
+        if checkpointing {
+            args.push("--checkpointing");
+        }
+        let (out, trace) = capture(dir.path(), &format!("flops-{model}-{checkpointing}.csv"), &[], &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let counted = allocbench::input::Source::open(Some(&trace)).unwrap().flops().expect("a capture of matmuls counts FLOPs");
+        let toml = format!(
+            "name = \"tiny\"\nseed = 1\n[transformer]\nsteps = 2\nbatch = 2\nseq_len = {{ dist = \"fixed\", value = 48 }}\n\
+             param_dtype = \"fp32\"\nactivation_dtype = \"fp32\"\noptimizer = \"adam_foreach\"\ncheckpointing = {checkpointing}\n{shape}"
+        );
+        let modelled = allocbench::workload::Workload::parse(&toml, "tiny.toml").unwrap().flops().unwrap();
+        assert_eq!(counted, modelled, "{model}, checkpointing {checkpointing}");
+    }
+}
+
+#[test]
 fn inference_mode_captures_what_no_grad_does_op_by_op() {
     if !have_torch() {
         return;

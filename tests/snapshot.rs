@@ -283,6 +283,7 @@ fn advise_finds_a_configuration_that_avoids_the_oom() {
         outside: allocbench::gpu::card::Outside::NONE,
         not_whole_run: None,
         step_time_s: None,
+        flops: None,
     };
     let r = allocbench::advise::advise(&events, &info, &confs, &opts, None).unwrap();
     assert_eq!(r.configs.len(), 3);

@@ -165,6 +165,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
             _note_script_conf(sink, recorder.script_conf, conf_before)
             _note_caught_value_reads(recorder, sys.exc_info()[1])
             _note_made_up_values(recorder)
+            _note_flops(recorder)
             sink.close(outcome)
         recorder.outcome = outcome
 
@@ -174,6 +175,13 @@ def _note_made_up_values(recorder):
     flow there followed the stand-in, not the data (a loss compared, a token sampled)."""
     for row in recorder.made_up_summary():
         recorder.sink.comment(f"value made up: {row['read']} ×{row['count']} at {row['site']} (answered {recorder.scalar_value:g})")
+
+
+def _note_flops(recorder):
+    """The math the device would have done (`# flops: N ...`): what `advise` estimates a step's
+    time from when none is given."""
+    if recorder.flops:
+        recorder.sink.comment(f"flops: {recorder.flops} (matmul, convolution and attention on the device, as torch.utils.flop_counter counts them)")
 
 
 def _close_on_hard_exit(recorder, patches, sink):
@@ -188,6 +196,7 @@ def _close_on_hard_exit(recorder, patches, sink):
                 recorder.closed = True
                 _note_caught_value_reads(recorder, None)
                 _note_made_up_values(recorder)
+                _note_flops(recorder)
                 recorder.outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code} (os._exit)"
                 sink.close(recorder.outcome)
             if recorder.on_hard_exit is not None:

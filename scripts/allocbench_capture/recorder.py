@@ -18,6 +18,11 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+try:  # PyTorch's own FLOP formulas (what FlopCounterMode counts), keyed by op packet
+    from torch.utils.flop_counter import flop_registry as _FLOP_REGISTRY
+except ImportError:  # (an older torch: no count, the estimate falls back to memory traffic)
+    _FLOP_REGISTRY = {}
+
 from . import ops  # noqa: F401 - registers every op family's rules
 from .autograd import _engine_add, _in_place_in_an_untraced_backward
 from .errors import _NO_SUCH_DEVICE, _NO_SUCH_DEVICE_FIX, NeedsDriver, StopCapture
@@ -46,6 +51,10 @@ class Recorder(KnownValues, TorchDispatchMode):
         self.started = time.monotonic()
         self.dispatch_seconds = 0.0
         self.dispatch_depth = 0
+        # Math the device would do (matmuls, convolutions, attention), counted as
+        # torch.utils.flop_counter counts it: the trace's `# flops:` line, a step-time estimate.
+        self.flops = 0
+        self.counting_flops = False  # inside a counted op: its parts are not counted again
         self.progress = progress  # _Progress, or None
         self.device_type = device_type
         self.fake = fake
@@ -261,11 +270,11 @@ class Recorder(KnownValues, TorchDispatchMode):
         try:
             with self.lock:
                 if self.dispatch_depth:
-                    return self._dispatch(func, types, args, kwargs)
+                    return self._dispatch_counted(func, types, args, kwargs)
                 start = time.perf_counter()
                 self.dispatch_depth = 1
                 try:
-                    return self._dispatch(func, types, args, kwargs)
+                    return self._dispatch_counted(func, types, args, kwargs)
                 finally:
                     self.dispatch_depth = 0
                     self.dispatch_seconds += time.perf_counter() - start
@@ -277,6 +286,26 @@ class Recorder(KnownValues, TorchDispatchMode):
             # Not the exception itself: its frames would keep the op's tensors alive.
             self.dispatch_error = (type(e), str(e), id(e), getattr(e, "on_cpu", False), getattr(e, "fix", None))
             raise
+
+    def _dispatch_counted(self, func, types, args, kwargs):
+        """_dispatch, adding the op's FLOPs when PyTorch's flop counter has a formula for it and
+        it runs on the captured device (convolution's _convolution and cudnn_convolution are
+        its parts, not more work: only the outermost counted op counts)."""
+        count = _FLOP_REGISTRY.get(func.overloadpacket) if not self.counting_flops else None
+        if count is None:
+            return self._dispatch(func, types, args, kwargs)
+        self.counting_flops = True
+        try:
+            out = self._dispatch(func, types, args, kwargs)
+        finally:
+            self.counting_flops = False
+        first = next((a for a in tree_leaves(args) if isinstance(a, torch.Tensor)), None)
+        if first is not None and first.device.type == self.device_type:
+            try:
+                self.flops += int(count(*args, **(kwargs or {}), out_val=out))
+            except Exception:  # noqa: BLE001 - a formula that cannot read these arguments: not counted
+                pass
+        return out
 
     def resize_storage(self, storage, nbytes, resize):
         """UntypedStorage.resize_ to ``nbytes`` (FSDP frees a parameter's storage with

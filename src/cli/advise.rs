@@ -115,6 +115,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
         outside: target.outside,
         not_whole_run: source.capture_incomplete(),
         step_time_s: a.step_time,
+        flops: source.flops(),
     };
     let result = crate::advise::advise(&events, &info, &confs, &opts, Some(&tick))?;
     progress::finish(pb);

@@ -189,9 +189,13 @@ pub struct AdviseResult {
     #[serde(default)]
     pub step_budget_s: f64,
     /// Without `--step-time`: the step's floor estimated from the bytes the trace allocates a
-    /// step (`advise::estimated_step_time_s`), which sizes the allowance.
+    /// step and its math (`advise::estimated_step_time_s`), which sizes the allowance.
     #[serde(default)]
     pub step_time_estimated_s: Option<f64>,
+    /// The device's math a step (FLOPs as `torch.utils.flop_counter` counts them), where the input
+    /// says: a capture's count, a transformer workload's model.
+    #[serde(default)]
+    pub step_flops: Option<f64>,
     /// Under the balanced objective: the memory objective's pick, replayed whole (a config the
     /// balanced search stopped early for its time has no full numbers of its own), to say what
     /// the balance turned down.

@@ -209,6 +209,15 @@ impl Workload {
         Ok(())
     }
 
+    /// The math the device does over the whole run, as `torch.utils.flop_counter` counts it, for
+    /// the families that model it (transformer training); `None` for the others.
+    pub fn flops(&self) -> Option<f64> {
+        let t = self.file.transformer.as_ref()?;
+        let mut generator = transformer::TransformerGen::new(t, self.file.seed);
+        generator.by_ref().for_each(drop);
+        Some(generator.flops()).filter(|&f| f > 0.0)
+    }
+
     /// The workload's events, generated lazily.
     pub fn events(&self) -> Box<dyn Iterator<Item = Event> + '_> {
         let f = &self.file;

@@ -144,6 +144,8 @@ pub struct TransformerGen {
     next_step: u64,
     started: bool,
     finished: bool,
+    /// The math of the steps generated so far ([`training_step_flops`]).
+    flops: f64,
 }
 
 /// The stream DDP's collectives run on (ProcessGroupNCCL's NCCL stream).
@@ -214,6 +216,7 @@ impl TransformerGen {
             next_step: 1,
             started: false,
             finished: false,
+            flops: 0.0,
         }
     }
 
@@ -1091,6 +1094,7 @@ impl TransformerGen {
             Some(s) => s,
             None => self.seq.sample(&mut self.rng),
         };
+        self.flops += training_step_flops(&self.spec, s);
         let dm = self.dims(s);
         let (t, d, v, a, p) = (dm.t, dm.d, dm.v, dm.a, dm.p);
         let named = self.layout.named.clone();
@@ -1379,6 +1383,42 @@ pub fn flash_backward_scratch(batch: u64, heads: u64, seq: u64, head_dim: u64) -
     let softmax_d = batch * heads * s_rounded * FP32;
     let dq_accum = batch * s_rounded * heads * d_rounded * FP32;
     [softmax_d, dq_accum]
+}
+
+impl TransformerGen {
+    /// The math of the steps generated so far, as `torch.utils.flop_counter` counts it.
+    pub fn flops(&self) -> f64 {
+        self.flops
+    }
+}
+
+/// The math of one training step at sequence length `s`, counted as `torch.utils.flop_counter`
+/// counts it (what a capture's `# flops:` line holds): a matmul of (m×k)(k×n) is 2mkn; its
+/// backward twice that (input and weight gradients; a frozen LoRA base only the input's);
+/// attention forward 4·b·s²·D (scores and their product with V), backward 2.5 × that fused (the
+/// scores recomputed, then four products) and 2 × on the math path; a checkpointed block runs its forward again up to its
+/// down projection. Checked against a capture's count (tests/capture.rs).
+pub fn training_step_flops(spec: &TransformerSpec, s: u64) -> f64 {
+    let m = &spec.model;
+    let (b, d, f, v) = (spec.batch as f64, m.d_model as f64, m.ffn as f64, m.vocab as f64);
+    let tokens = b * s as f64;
+    let kv = (m.kv_heads() * m.head_dim()) as f64;
+    let ffn_mats = if m.ffn_kind == FfnKind::Swiglu { 3.0 } else { 2.0 };
+    // Each block's weight matrices (in × out): q and o D×D, k and v D×kv, the MLP's D×F ones.
+    let block_weights = 2.0 * d * d + 2.0 * d * kv + ffn_mats * d * f;
+    let adapters = if m.lora_rank > 0 { m.lora_rank as f64 * (2.0 * (d + d) + 2.0 * (d + kv) + ffn_mats * (d + f)) } else { 0.0 };
+    let block_forward = 2.0 * tokens * (block_weights + adapters) + 4.0 * b * (s as f64).powi(2) * d;
+    let base_backward = if m.lora_rank > 0 { 1.0 } else { 2.0 };
+    // Fused attention's backward recomputes the scores (2.5 × its forward); the math path's
+    // two batched matmuls take two each (2 ×).
+    let attention_backward = if spec.attention == Attention::Math { 8.0 } else { 10.0 };
+    let block_backward = 2.0 * tokens * (base_backward * block_weights + 2.0 * adapters) + attention_backward * b * (s as f64).powi(2) * d;
+    let head_forward = 2.0 * tokens * d * v;
+    // Checkpoint recomputation stops once every saved tensor is back: the down projection's
+    // product (and its adapter's) is never recomputed.
+    let down_projection = 2.0 * tokens * (d * f + m.lora_rank as f64 * (d + f));
+    let recompute = if spec.checkpointing { block_forward - down_projection } else { 0.0 };
+    m.layers as f64 * (block_forward + block_backward + recompute) + (1.0 + base_backward) * head_forward
 }
 
 impl Iterator for TransformerGen {
