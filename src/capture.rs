@@ -22,6 +22,15 @@ pub const CAPTURE_PACKAGE: &[(&str, &str)] = &[
     ("capture.py", include_str!("../scripts/allocbench_capture/capture.py")),
     ("card.py", include_str!("../scripts/allocbench_capture/card.py")),
     ("cli.py", include_str!("../scripts/allocbench_capture/cli.py")),
+    ("driver/allocation_tracker.cpp", include_str!("../scripts/allocbench_capture/driver/allocation_tracker.cpp")),
+    ("driver/fake_cublas.cpp", include_str!("../scripts/allocbench_capture/driver/fake_cublas.cpp")),
+    ("driver/fake_cudart_kernels.cpp", include_str!("../scripts/allocbench_capture/driver/fake_cudart_kernels.cpp")),
+    ("driver/fake_libcuda.cpp", include_str!("../scripts/allocbench_capture/driver/fake_libcuda.cpp")),
+    // The oracle's fake runtime and NVML are the driver backend's too (one fake CUDA stack).
+    ("driver/fake_cudart.cpp", include_str!("gpu/oracle/fake_cudart.cpp")),
+    ("driver/fake_nvml.cpp", include_str!("gpu/oracle/fake_nvml.cpp")),
+    ("driver_build.py", include_str!("../scripts/allocbench_capture/driver_build.py")),
+    ("driver_capture.py", include_str!("../scripts/allocbench_capture/driver_capture.py")),
     ("errors.py", include_str!("../scripts/allocbench_capture/errors.py")),
     ("fake_cuda/__init__.py", include_str!("../scripts/allocbench_capture/fake_cuda/__init__.py")),
     ("fake_cuda/constructors.py", include_str!("../scripts/allocbench_capture/fake_cuda/constructors.py")),
@@ -72,6 +81,8 @@ pub struct CaptureOptions {
     pub real: bool,
     /// The device whose storages are recorded: `cuda`, or `cpu` for validation runs.
     pub device: String,
+    /// `fake-tensors` or `driver` (`capture --backend`).
+    pub backend: String,
     /// The modelled cuBLAS workspace in MiB; `None`: CUBLAS_WORKSPACE_CONFIG's, as PyTorch sizes it.
     pub cublas_workspace_mib: Option<u64>,
     /// The stand-in for reads of fake values (`None`: the capture's, 0).
@@ -206,7 +217,7 @@ pub fn run_watched(opts: &CaptureOptions, watch: &mut dyn FnMut(Option<&CaptureP
     // one); __main__.py puts the temporary folder first on sys.path, as the script's own folder
     // would be, and starts the package's main.
     cmd.arg(package.join("__main__.py")).arg("-o").arg(&opts.output).arg("--status").arg(&status);
-    cmd.arg("--device").arg(&opts.device);
+    cmd.arg("--device").arg(&opts.device).arg("--backend").arg(&opts.backend);
     if let Some(mib) = opts.cublas_workspace_mib {
         cmd.arg("--cublas-workspace-mib").arg(mib.to_string());
     }

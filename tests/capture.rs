@@ -139,17 +139,21 @@ fn the_binary_embeds_every_file_of_the_capture_package() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 folders.push(path);
-            } else if path.extension().is_some_and(|e| e == "py") {
+            } else if path.extension().is_some_and(|e| e == "py" || e == "cpp") {
                 let relative = path.strip_prefix(&package).unwrap().iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>().join("/");
                 on_disk.push((relative, std::fs::read_to_string(&path).unwrap()));
             }
         }
     }
+    // The driver backend's copies of the oracle's fake runtime and NVML (src/gpu/oracle/).
+    for (name, oracle) in [("fake_cudart.cpp", "fake_cudart.cpp"), ("fake_nvml.cpp", "fake_nvml.cpp")] {
+        on_disk.push((format!("driver/{name}"), std::fs::read_to_string(root().join("src/gpu/oracle").join(oracle)).unwrap()));
+    }
     on_disk.sort();
     let mut embedded: Vec<(String, String)> = allocbench::capture::CAPTURE_PACKAGE.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect();
     embedded.sort();
     let names = |files: &[(String, String)]| files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
-    assert_eq!(names(&embedded), names(&on_disk), "src/capture.rs's CAPTURE_PACKAGE must list every .py file of scripts/allocbench_capture/");
+    assert_eq!(names(&embedded), names(&on_disk), "src/capture.rs's CAPTURE_PACKAGE must list every .py and .cpp file of scripts/allocbench_capture/");
     for ((path, text), (_, disk)) in embedded.iter().zip(&on_disk) {
         assert!(text == disk, "{path}: the embedded text is not the file's");
     }
@@ -2203,4 +2207,140 @@ fn a_value_read_on_a_fake_cpu_capture_names_real_cpu_as_the_fix() {
     assert!(!err.contains("made by a CPU factory"), "{err}");
     let (out, _) = capture(dir.path(), "real.csv", &["--device", "cpu", "--real"], &[&fixture("cpu_value_read.py")]);
     assert!(out.status.success(), "{}", stderr(&out));
+}
+
+/// The entries of `a` and of `b` left out of their longest common subsequence.
+fn unmatched(a: &[i64], b: &[i64]) -> (Vec<i64>, Vec<i64>) {
+    let (n, m) = (a.len(), b.len());
+    let mut lcs = vec![0u32; (n + 1) * (m + 1)];
+    let at = |i: usize, j: usize| i * (m + 1) + j;
+    for i in (0..n).rev() {
+        for j in (0..m).rev() {
+            lcs[at(i, j)] = if a[i] == b[j] { lcs[at(i + 1, j + 1)] + 1 } else { lcs[at(i + 1, j)].max(lcs[at(i, j + 1)]) };
+        }
+    }
+    let (mut i, mut j, mut only_a, mut only_b) = (0, 0, Vec::new(), Vec::new());
+    while i < n && j < m {
+        if a[i] == b[j] {
+            (i, j) = (i + 1, j + 1);
+        } else if lcs[at(i + 1, j)] >= lcs[at(i, j + 1)] {
+            only_a.push(a[i]);
+            i += 1;
+        } else {
+            only_b.push(b[j]);
+            j += 1;
+        }
+    }
+    only_a.extend(&a[i..]);
+    only_b.extend(&b[j..]);
+    (only_a, only_b)
+}
+
+fn peak_live(sizes: &[i64]) -> i64 {
+    sizes.iter().scan(0i64, |live, s| Some(*live + s).inspect(|v| *live = *v)).max().unwrap_or(0)
+}
+
+#[test]
+fn the_driver_backend_records_pytorchs_own_allocator_and_agrees_with_fake_tensors() {
+    if !have_torch() {
+        return;
+    }
+    // The same training script on both backends: PyTorch's real CUDA path over the fake CUDA
+    // runtime (its caching allocator's own ALLOC/FREE_REQUESTED events) and the fake-tensor
+    // capture. They agree allocation for allocation but for the kernel-internal scratch the
+    // fake-tensor backend names as not seen (small buffers a kernel takes and frees: the
+    // gradient-norm and loss reductions' partials), and frees of one burst in another order.
+    let dir = tempfile::tempdir().unwrap();
+    for model in ["tiny-gpt", "tiny-llama"] {
+        let args = [model_script("models/train.py").leak() as &str, "--model", model, "--steps", "3", "--seq-len", "16..48", "--batch", "2"];
+        let (out, driver) = capture(dir.path(), &format!("{model}-driver.csv"), &["--backend", "driver"], &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let (out, fake) = capture(dir.path(), &format!("{model}-fake.csv"), &[], &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let header = std::fs::read_to_string(&driver).unwrap();
+        assert!(header.starts_with("# allocbench capture v1") && header.contains("# backend: driver"), "the trace says which backend wrote it");
+        assert!(std::fs::read_to_string(&fake).unwrap().contains("# backend: fake-tensors"));
+        let (driver, fake) = (events(&driver), events(&fake));
+        assert_eq!(steps(&driver), vec![1, 2, 3], "{model}: a step after every optimizer.step()");
+        let (d, f) = (signed_sizes(&driver), signed_sizes(&fake));
+        assert!(f.len() > 300 && d.len() >= f.len(), "{model}: {} rows on the driver, {} on fake tensors", d.len(), f.len());
+        let (only_fake, only_driver) = unmatched(&f, &d);
+        assert!(only_fake.iter().all(|&s| s < 0), "{model}: every allocation of the fake-tensor capture is PyTorch's too: {only_fake:?}");
+        assert!(only_driver.iter().all(|&s| s <= 64 << 10), "{model}: what only PyTorch allocates is kernel scratch of at most 64 KiB: {only_driver:?}");
+        assert!(only_driver.len() * 20 < d.len(), "{model}: {} of {} rows differ", only_driver.len(), d.len());
+        let (pd, pf) = (peak_live(&d), peak_live(&f));
+        assert!(pd >= pf && pd - pf <= 1 << 20, "{model}: peak live {pd} B on the driver, {pf} B on fake tensors");
+        // The trace replays like any other.
+        let replay = Command::cargo_bin("allocbench")
+            .unwrap()
+            .args(["replay", dir.path().join(format!("{model}-driver.csv")).to_str().unwrap(), "-q"])
+            .output()
+            .unwrap();
+        assert!(replay.status.success(), "{}", stderr(&replay));
+    }
+}
+
+#[test]
+fn the_driver_backend_refuses_the_fake_tensor_options_in_one_line() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("s.py");
+    std::fs::write(&script, "print('ran')\n").unwrap();
+    for flag in [&["--scalar-value", "1"][..], &["--strict-values"], &["--device", "cpu"]] {
+        let mut flags = vec!["--backend", "driver"];
+        flags.extend(flag);
+        let (out, _) = capture(dir.path(), "refused.csv", &flags, &[script.to_str().unwrap()]);
+        assert!(!out.status.success());
+        let err = stderr(&out);
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.contains(flag[0]) && err.contains("--backend fake-tensors"), "{err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"), "the script does not run");
+    }
+}
+
+#[test]
+fn torch_compile_runs_compiled_on_the_driver_backend() {
+    if !have_torch() {
+        return;
+    }
+    // Inductor generates Triton kernels, the triton wheel's ptxas compiles them on the host for
+    // the fake card (sm_90), and their launches do nothing: the trace is the compiled program's
+    // (Inductor's own buffers and its autotuning's), not the eager one a fake-tensor capture sees.
+    let dir = tempfile::tempdir().unwrap();
+    let body = |compiled: bool| {
+        format!(
+            "import torch, torch.nn as nn\nm = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).cuda()\n\
+             run = torch.compile(m) if {compiled} else m\nopt = torch.optim.AdamW(m.parameters())\nfor _ in range(3):\n\
+             \x20   loss = run(torch.randn(64, 256, device='cuda')).square().mean()\n\x20   loss.backward(); opt.step(); opt.zero_grad()\nprint('done')\n",
+            compiled = if compiled { "True" } else { "False" }
+        )
+    };
+    let mut traces = Vec::new();
+    for compiled in [true, false] {
+        let script = dir.path().join(format!("mlp-{compiled}.py"));
+        std::fs::write(&script, body(compiled)).unwrap();
+        let cache = dir.path().join("triton-cache");
+        let (out, trace) = capture_with_env(
+            dir.path(),
+            &format!("mlp-{compiled}.csv"),
+            &["--backend", "driver"],
+            &[script.to_str().unwrap()],
+            &[("TRITON_CACHE_DIR", cache.to_str().unwrap()), ("TORCHINDUCTOR_CACHE_DIR", dir.path().join("inductor").to_str().unwrap())],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("done"));
+        let evs = events(&trace);
+        assert_eq!(steps(&evs), vec![1, 2, 3]);
+        if compiled {
+            assert!(std::fs::read_dir(&cache).map(|d| d.count() > 0).unwrap_or(false), "Triton compiled kernels for the fake card");
+        }
+        traces.push(signed_sizes(&evs));
+    }
+    let (compiled, eager) = (&traces[0], &traces[1]);
+    assert_ne!(compiled, eager, "the compiled program allocates as Inductor decides, not as eager does");
+    // The parameters and AdamW's state are the same tensors either way.
+    let persistent = |t: &[i64]| t.iter().filter(|&&s| s == 1024 * 256 * 4).count();
+    assert_eq!(persistent(compiled), persistent(eager));
 }

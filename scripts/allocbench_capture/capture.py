@@ -24,7 +24,7 @@ from .progress import _Progress
 from .shim import _install_fake_cuda_guard
 from .sites import _Sites
 from .threads import _recorded_threads
-from .trace import _TraceSink
+from .trace import HEADER_LINE, _TraceSink
 
 
 @contextlib.contextmanager
@@ -59,10 +59,11 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
     modelled = device == "cuda" and cublas_workspace_mib != 0
     workspaces = _CublasWorkspaces(torch, None if cublas_workspace_mib is None else cublas_workspace_mib << 20) if modelled else None
     header = [
-        "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()",
+        HEADER_LINE,
         f"torch {torch.__version__}, {'fake' if fake else 'real'} {device} tensors, python {sys.version.split()[0]}",
         workspaces.describe() if workspaces else "cuBLAS workspace: not modelled",
         "not seen: kernel-internal scratch (attention/embedding backward, cub), cuDNN and cuFFT workspaces, NCCL, the CUDA context",
+        "backend: fake-tensors (FakeTensorMode and the capture's rules for what a GPU does)" if fake else "backend: real tensors",
         *comments,
     ]
     on_fake_card = fake and device == "cuda"

@@ -12,7 +12,10 @@ import threading
 import time
 import traceback
 
+from . import driver_build
 from .capture import capture
+from .card import FAKE_TOTAL_MEMORY
+from .driver_capture import capture_on_driver
 from .errors import EXIT_SCRIPT_ERROR, EXIT_SETUP_ERROR, SetupError
 from .messages import (
     _driver_message,
@@ -31,6 +34,34 @@ def _write_status(path, **status):
         json.dump(status, f)
 
 
+# Set in the process that runs the script on the driver backend: the built stack (JSON).
+_DRIVER_STACK = "ALLOCBENCH_DRIVER_STACK"
+
+
+def _restart_on_driver(opts):
+    """The driver backend's fake CUDA libraries must be in place before torch loads NVIDIA's:
+    builds them (cached) and starts this same command again with them preloaded."""
+    stack = driver_build.build()
+    env = dict(os.environ)
+    env[_DRIVER_STACK] = json.dumps(stack)
+    env["LD_PRELOAD"] = ":".join([*stack["preload"], *filter(None, env.get("LD_PRELOAD", "").split(":"))])
+    # torch and Triton dlopen libcuda.so.1 by name (Triton from TRITON_LIBCUDA_PATH's folder).
+    env["LD_LIBRARY_PATH"] = ":".join(filter(None, [stack["lib_dir"], env.get("LD_LIBRARY_PATH", "")]))
+    env["TRITON_LIBCUDA_PATH"] = stack["lib_dir"]
+    # The card: bounded by --device-memory (OutOfMemoryError past it, from PyTorch's own
+    # allocator), else as large as the fake's address space allows, answering as --card-memory.
+    env["ALLOCBENCH_FAKE_CAPACITY"] = str(opts.device_memory or _UNBOUNDED_BYTES)
+    env["ALLOCBENCH_FAKE_REPORTED_MEMORY"] = str(opts.device_memory or opts.card_memory or FAKE_TOTAL_MEMORY)
+    env["ALLOCBENCH_FAKE_NAME"] = "allocbench fake GPU (driver backend)"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+
+
+# The unbounded fake card's memory: 1 PiB (no OutOfMemoryError; the replay decides).
+_UNBOUNDED_BYTES = 1 << 50
+
+
 def main(argv=None):
     # (The description: the first paragraph of the package's docstring.)
     parser = argparse.ArgumentParser(prog="python -m allocbench_capture", description=sys.modules[__package__].__doc__.split("\n\n")[0])
@@ -46,6 +77,8 @@ def main(argv=None):
     parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes: OutOfMemoryError past it (default: unbounded, answering as an H100 80 GB)")
     parser.add_argument("--card-memory", type=int, help="the memory the unbounded fake card reports (default: an H100 80 GB's)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
+    parser.add_argument("--backend", default="fake-tensors", choices=["fake-tensors", "driver"],
+                        help="fake-tensors: FakeTensorMode and rules for what a GPU does; driver: PyTorch's own CUDA path on a fake CUDA runtime")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -71,6 +104,17 @@ def main(argv=None):
         return fail_setup(f"{opts.script}: is a directory, not a script")
     if not os.path.isfile(opts.script):
         return fail_setup(f"{opts.script}: no such script")
+    if opts.backend == "driver":
+        refused = [flag for flag, given in (("--real", opts.real), ("--device cpu", opts.device == "cpu"), ("--scalar-value", opts.scalar_value is not None),
+                                            ("--strict-values", opts.strict_values), ("--cublas-workspace-mib", opts.cublas_workspace_mib is not None)) if given]
+        if refused:
+            return fail_setup(f"{refused[0]} is a fake-tensors option: the driver backend runs PyTorch's own CUDA path (reads give zeros, "
+                              "cuBLAS workspaces are PyTorch's own); drop it or use --backend fake-tensors")
+        if not os.environ.get(_DRIVER_STACK):
+            try:
+                _restart_on_driver(opts)
+            except SetupError as e:
+                return fail_setup(str(e))
     try:
         import torch  # noqa: F401
     except ImportError as e:
@@ -112,14 +156,19 @@ def main(argv=None):
         write_status("complete" if exit_code == 0 else "script_error", exit_code,
                      f"the script exited with status {exit_code} (os._exit)" if exit_code else "")
 
-    try:
-        with capture(
+    if opts.backend == "driver":
+        active = capture_on_driver(opts.output, json.loads(os.environ[_DRIVER_STACK]), steps=opts.steps,
+                                   comments=[f"script: {' '.join([opts.script, *opts.args])}"])
+    else:
+        active = capture(
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
             cublas_workspace_mib=opts.cublas_workspace_mib, scalar_value=opts.scalar_value,
             strict_values=opts.strict_values, progress=opts.progress, card_memory=opts.card_memory,
             comments=[f"script: {' '.join([opts.script, *opts.args])}"],
             sites=not opts.no_sites, site_root=os.path.dirname(script), device_memory=opts.device_memory,
-        ) as recorder:
+        )
+    try:
+        with active as recorder:
             recorder.on_hard_exit = hard_exit_status
             runpy.run_path(script, run_name="__main__")
     except SetupError as e:

@@ -7,6 +7,8 @@ import contextlib
 from .card import _FakeCard, _MemoryStats
 
 FORMAT_HEADER = "op,id,bytes,stream"
+# The first line of every capture's trace (what allocbench recognises a capture by).
+HEADER_LINE = "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()"
 
 
 class _TraceSink(_FakeCard):

@@ -26,6 +26,11 @@ pub struct CaptureArgs {
     /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub device: String,
+    /// How CUDA is emulated: `fake-tensors` (FakeTensorMode and rules for what a GPU does) or
+    /// `driver` (PyTorch's own CUDA path on a fake CUDA runtime, driver, cuBLAS and NVML built
+    /// at first use with g++; its caching allocator's own events; kernels skipped).
+    #[arg(long, default_value = "fake-tensors", value_parser = ["fake-tensors", "driver"])]
+    pub backend: String,
     /// The stand-in a read of a fake value gets (`.item()`, `bool()`, `.tolist()`; `.numpy()` in
     /// every element) [default: 0]. Each read is counted by site, in the trace and the summary.
     #[arg(long, conflicts_with = "strict_values")]
@@ -73,6 +78,7 @@ pub fn main(a: CaptureArgs) -> i32 {
         steps: a.steps,
         real: a.real,
         device: a.device,
+        backend: a.backend,
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
         strict_values: a.strict_values,

@@ -64,6 +64,7 @@ pub fn main(a: FitArgs) -> anyhow::Result<()> {
         steps: Some(a.steps),
         real: false,
         device: "cuda".into(),
+        backend: "fake-tensors".into(),
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
         strict_values: a.strict_values,

@@ -5,7 +5,8 @@
 // large virtual space, freed ranges coalesced and reused), and accounts capacity on bytes.
 // With ALLOCBENCH_FAKE_ADDRESS_ORDER=driver, allocations over 2 MiB are placed as
 // AddressOrder::Driver places them (top-down next fit below a cursor, wrapping once).
-// The card is a parameter: ALLOCBENCH_FAKE_CAPACITY (bytes), ALLOCBENCH_FAKE_NAME,
+// The card is a parameter: ALLOCBENCH_FAKE_CAPACITY (bytes), ALLOCBENCH_FAKE_REPORTED_MEMORY,
+// ALLOCBENCH_FAKE_NAME,
 // ALLOCBENCH_FAKE_COMPUTE_CAPABILITY ("9.0" by default).
 // Streams are pointer-like handles; an event completes once its stream is synchronized after
 // the record, at a device synchronize, or at cudaEventSynchronize.
@@ -27,6 +28,9 @@ constexpr uint64_t kVaBase = 0x7f0000000000ull;
 
 struct Card {
   uint64_t capacity = 81559ull << 20;
+  // What the card says it has (cudaGetDeviceProperties, cudaMemGetInfo): its capacity, unless
+  // ALLOCBENCH_FAKE_REPORTED_MEMORY names a card the unbounded one answers as (the driver backend).
+  uint64_t reported = capacity;
   uint64_t used = 0;
   std::map<uint64_t, uint64_t> free_ranges;  // start -> length
   std::map<uint64_t, uint64_t> live;         // address -> bytes asked
@@ -41,6 +45,8 @@ struct Card {
 
   Card() {
     if (const char* c = std::getenv("ALLOCBENCH_FAKE_CAPACITY")) capacity = std::strtoull(c, nullptr, 10);
+    reported = capacity;
+    if (const char* r = std::getenv("ALLOCBENCH_FAKE_REPORTED_MEMORY")) reported = std::strtoull(r, nullptr, 10);
     if (const char* n = std::getenv("ALLOCBENCH_FAKE_NAME")) name = n;
     if (const char* cc = std::getenv("ALLOCBENCH_FAKE_COMPUTE_CAPABILITY")) std::sscanf(cc, "%d.%d", &cc_major, &cc_minor);
     // The simulator's span: 64 TiB, or 1024 times the next power of two of the capacity, at
@@ -181,8 +187,8 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   Card& c = card();
   std::lock_guard<std::mutex> g(c.mu);
-  *free = c.capacity - c.used;
-  *total = c.capacity;
+  *total = c.reported;
+  *free = c.used < c.reported ? c.reported - c.used : 0;
   return cudaSuccess;
 }
 
@@ -204,7 +210,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   std::memset(p, 0, sizeof(*p));
   Card& c = card();
   std::strncpy(p->name, c.name, sizeof(p->name) - 1);
-  p->totalGlobalMem = c.capacity;
+  p->totalGlobalMem = c.reported;
   p->major = c.cc_major;
   p->minor = c.cc_minor;
   p->multiProcessorCount = 132;
@@ -214,6 +220,23 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
   p->sharedMemPerBlock = 49152;
   p->regsPerBlock = 65536;
   p->l2CacheSize = 50 << 20;
+  // An H100's limits (kernels' launch checks read them: grid and block dimensions, shared memory).
+  p->maxGridSize[0] = 2147483647;
+  p->maxGridSize[1] = p->maxGridSize[2] = 65535;
+  p->maxThreadsDim[0] = p->maxThreadsDim[1] = 1024;
+  p->maxThreadsDim[2] = 64;
+  p->sharedMemPerBlockOptin = 227 << 10;
+  p->sharedMemPerMultiprocessor = 228 << 10;
+  p->regsPerMultiprocessor = 65536;
+  p->totalConstMem = 64 << 10;
+  p->memoryBusWidth = 5120;
+  p->maxBlocksPerMultiProcessor = 32;
+  p->persistingL2CacheMaxSize = 30 << 20;
+  p->concurrentKernels = 1;
+  p->asyncEngineCount = 2;
+  p->canMapHostMemory = 1;
+  p->memPitch = 2147483647;
+  p->textureAlignment = 512;
   p->unifiedAddressing = 1;
   p->managedMemory = 1;
   p->concurrentManagedAccess = 1;
@@ -493,8 +516,12 @@ cudaError_t cudaGetDriverEntryPoint(const char* name, void** fn, unsigned long l
 cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
 cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return cudaErrorNotSupported; }
-cudaError_t cudaMemcpy(void*, const void*, size_t, cudaMemcpyKind) { return cudaSuccess; }
-cudaError_t cudaMemcpyAsync(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t) { return cudaSuccess; }
+// Device memory holds nothing: a copy to the host reads zeros (`capture --backend driver`).
+cudaError_t cudaMemcpy(void* dst, const void*, size_t n, cudaMemcpyKind kind) {
+  if (kind == cudaMemcpyDeviceToHost && dst != nullptr) std::memset(dst, 0, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) { return cudaMemcpy(dst, src, n, kind); }
 cudaError_t cudaMemcpyPeerAsync(void*, int, const void*, int, size_t, cudaStream_t) { return cudaSuccess; }
 
 }  // extern "C"
