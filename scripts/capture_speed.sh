@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The capture's speed on both backends (issue #49's measure: GPT-2-small rows per second), a
+# timed script rather than a test: scripts/models/train.py --model gpt2-small, STEPS steps
+# (default 10), batch 4, sequence 256..512, captured with --backend fake-tensors and driver.
+# Rows per second count the trace's rows over the script's time after start-up (the summary's
+# "time:"), so the interpreter's and torch's import are left out; a second line per backend
+# gives the wall time of the whole command.
+#   scripts/capture_speed.sh [STEPS]      (a Python with torch: $ALLOCBENCH_PYTHON or python3)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+steps=${1:-10}
+bin=$(cargo build --release --message-format=json-render-diagnostics 2>/dev/null | sed -n 's/.*"executable":"\([^"]*allocbench\)".*/\1/p' | tail -1)
+bin=${bin:-target/release/allocbench}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf '%-13s %8s %10s %10s %10s\n' backend rows "script s" "rows/s" "wall s"
+for backend in fake-tensors driver; do
+  start=$(date +%s.%N)
+  "$bin" capture --backend "$backend" -o "$tmp/$backend.csv" -- scripts/models/train.py --model gpt2-small \
+    --steps "$steps" --batch 4 --seq-len 256..512 > "$tmp/$backend.out" 2> "$tmp/$backend.err"
+  end=$(date +%s.%N)
+  rows=$(grep -cv '^#' "$tmp/$backend.csv")
+  script_s=$(sed -n 's/^time: \([0-9.]*\) s.*/\1/p' "$tmp/$backend.err")
+  awk -v b="$backend" -v r="$rows" -v s="$script_s" -v w="$(echo "$end - $start" | bc)" 'BEGIN { printf "%-13s %8d %10.1f %10.0f %10.1f\n", b, r, s, r / s, w }'
+done
