@@ -83,6 +83,8 @@ pub struct CaptureOptions {
     pub device: String,
     /// `fake-tensors` or `driver` (`capture --backend`).
     pub backend: String,
+    /// Fake GPUs in the process (`capture --gpus`, driver backend).
+    pub gpus: u32,
     /// The modelled cuBLAS workspace in MiB; `None`: CUBLAS_WORKSPACE_CONFIG's, as PyTorch sizes it.
     pub cublas_workspace_mib: Option<u64>,
     /// The stand-in for reads of fake values (`None`: the capture's, 0).
@@ -142,6 +144,9 @@ pub struct CaptureOutcome {
     /// ... of the seconds from the capture's start to its end.
     #[serde(default)]
     pub capture_seconds: f64,
+    /// The traces of the other fake GPUs the script used (`--gpus`, driver backend): one a device.
+    #[serde(default)]
+    pub device_traces: Vec<String>,
 }
 
 /// One site where the capture made a value up (`# value made up:` in the trace).
@@ -217,7 +222,7 @@ pub fn run_watched(opts: &CaptureOptions, watch: &mut dyn FnMut(Option<&CaptureP
     // one); __main__.py puts the temporary folder first on sys.path, as the script's own folder
     // would be, and starts the package's main.
     cmd.arg(package.join("__main__.py")).arg("-o").arg(&opts.output).arg("--status").arg(&status);
-    cmd.arg("--device").arg(&opts.device).arg("--backend").arg(&opts.backend);
+    cmd.arg("--device").arg(&opts.device).arg("--backend").arg(&opts.backend).arg("--gpus").arg(opts.gpus.to_string());
     if let Some(mib) = opts.cublas_workspace_mib {
         cmd.arg("--cublas-workspace-mib").arg(mib.to_string());
     }
@@ -354,6 +359,10 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
         // Steps are optimizer.step() calls (or allocbench_capture.step()): a loop with neither
         // ran to its end. (A script stopped by an error says nothing of its steps.)
         counts += &format!("; --steps {n} stopped nothing: no optimizer.step() ran (mark an inference loop's steps with allocbench_capture.step())");
+    }
+    if !o.device_traces.is_empty() {
+        // (The counts are every device's together.)
+        counts += &format!(" on {} devices; cuda:0's rows in the trace named, the others' in {}", o.device_traces.len() + 1, o.device_traces.join(", "));
     }
     let mut lines = vec![if o.complete() {
         format!("captured {counts} -> {}", opts.output.display())

@@ -53,6 +53,7 @@ def _restart_on_driver(opts):
     env["ALLOCBENCH_FAKE_CAPACITY"] = str(opts.device_memory or _UNBOUNDED_BYTES)
     env["ALLOCBENCH_FAKE_REPORTED_MEMORY"] = str(opts.device_memory or opts.card_memory or FAKE_TOTAL_MEMORY)
     env["ALLOCBENCH_FAKE_NAME"] = "allocbench fake GPU (driver backend)"
+    env["ALLOCBENCH_FAKE_DEVICES"] = str(opts.gpus)
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
@@ -77,6 +78,7 @@ def main(argv=None):
     parser.add_argument("--device-memory", type=int, help="the fake card's memory in bytes: OutOfMemoryError past it (default: unbounded, answering as an H100 80 GB)")
     parser.add_argument("--card-memory", type=int, help="the memory the unbounded fake card reports (default: an H100 80 GB's)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
+    parser.add_argument("--gpus", type=int, default=1, help="fake GPUs in the process (driver backend): one trace per device used")
     parser.add_argument("--backend", default="fake-tensors", choices=["fake-tensors", "driver"],
                         help="fake-tensors: FakeTensorMode and rules for what a GPU does; driver: PyTorch's own CUDA path on a fake CUDA runtime")
     parser.add_argument("script")
@@ -104,12 +106,16 @@ def main(argv=None):
         return fail_setup(f"{opts.script}: is a directory, not a script")
     if not os.path.isfile(opts.script):
         return fail_setup(f"{opts.script}: no such script")
+    if opts.gpus < 1 or opts.gpus > 16:
+        return fail_setup(f"--gpus {opts.gpus}: between 1 and 16 fake GPUs")
+    if opts.gpus > 1 and opts.backend != "driver":
+        return fail_setup("--gpus gives several fake GPUs on the driver backend: add --backend driver")
     if opts.backend == "driver":
-        refused = [flag for flag, given in (("--real", opts.real), ("--device cpu", opts.device == "cpu"), ("--scalar-value", opts.scalar_value is not None),
-                                            ("--strict-values", opts.strict_values), ("--cublas-workspace-mib", opts.cublas_workspace_mib is not None)) if given]
+        refused = [flag for flag, given in (("--real", opts.real), ("--device cpu", opts.device == "cpu"),
+                                            ("--cublas-workspace-mib", opts.cublas_workspace_mib is not None)) if given]
         if refused:
-            return fail_setup(f"{refused[0]} is a fake-tensors option: the driver backend runs PyTorch's own CUDA path (reads give zeros, "
-                              "cuBLAS workspaces are PyTorch's own); drop it or use --backend fake-tensors")
+            return fail_setup(f"{refused[0]} is a fake-tensors option: the driver backend runs PyTorch's own CUDA path (reads get the "
+                              "stand-in, cuBLAS workspaces are PyTorch's own); drop it or use --backend fake-tensors")
         if not os.environ.get(_DRIVER_STACK):
             try:
                 _restart_on_driver(opts)
@@ -144,6 +150,7 @@ def main(argv=None):
             ooms=sink.memory_stats.num_ooms if sink else 0, device_memory=sink.capacity if sink else None,
             fake=not opts.real, rows=sink.rows if sink else 0,
             values_made_up=recorder.made_up_summary() if recorder is not None else [],
+            device_traces=getattr(recorder, "device_traces", []),
             stand_in=recorder.scalar_value if recorder is not None else None,
             dispatch_seconds=round(recorder.dispatch_seconds, 3) if recorder is not None else 0.0,
             capture_seconds=round(time.monotonic() - recorder.started, 3) if recorder is not None else 0.0,
@@ -158,7 +165,8 @@ def main(argv=None):
 
     if opts.backend == "driver":
         active = capture_on_driver(opts.output, json.loads(os.environ[_DRIVER_STACK]), steps=opts.steps,
-                                   comments=[f"script: {' '.join([opts.script, *opts.args])}"])
+                                   comments=[f"script: {' '.join([opts.script, *opts.args])}"], scalar_value=opts.scalar_value,
+                                   site_root=os.path.dirname(script), strict_values=opts.strict_values)
     else:
         active = capture(
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,
@@ -184,13 +192,15 @@ def main(argv=None):
         exit_code, state, message = 130, "interrupted", "interrupted"
     except BaseException as e:  # noqa: BLE001 - the script's own error passes through
         lost = _torchscript_error(e, recorder)
-        if lost is not None and (_is_fake_data_error(lost) or (not opts.real and _is_driver_error(lost))):
+        # (On the driver backend a CUDA error is the fake runtime's own, already naming its call.)
+        fake_cuda = not opts.real and opts.backend == "fake-tensors"
+        if lost is not None and (_is_fake_data_error(lost) or (fake_cuda and _is_driver_error(lost))):
             e = lost
         if _is_fake_data_error(e):
             message = _fake_data_message(e, script, fake_cpu=not opts.real and opts.device == "cpu")
             say(message)
             state = "fake_data"
-        elif not opts.real and _is_driver_error(e):
+        elif fake_cuda and _is_driver_error(e):
             message = _driver_message(e, script)
             say(message)
             state = "fake_data"

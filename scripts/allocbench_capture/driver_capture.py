@@ -12,7 +12,8 @@ import sys
 import threading
 import time
 
-from .errors import SetupError, StopCapture
+from . import state
+from .errors import FakeValueNeeded, SetupError, StopCapture
 from .trace import FORMAT_HEADER, HEADER_LINE
 
 # Where a fake-tensor capture models what a GPU does, the driver backend sees PyTorch do it.
@@ -29,7 +30,7 @@ class _Counts:
         self.capacity = None
 
     def _read(self):
-        counts = (ctypes.c_uint64 * 6)()
+        counts = (ctypes.c_uint64 * 7)()
         self.lib.allocbench_tracker_counts(counts)
         self.memory_stats.num_ooms = counts[5]
         return counts
@@ -39,32 +40,55 @@ class _Counts:
     rows = property(lambda self: self._read()[2])
     live_bytes = property(lambda self: self._read()[3])
     peak_live_bytes = property(lambda self: self._read()[4])
+    devices = property(lambda self: [d for d in range(64) if self._read()[6] >> d & 1])
 
 
 class DriverRecorder:
-    """What cli.py reads of a capture: steps, counters, the outcome, the values made up (none
-    are counted here: a read from the fake device gives zeros, the default stand-in)."""
+    """What cli.py reads of a capture: steps, counters, the outcome, and the values made up: a
+    read of the device from Python (``.item()``, ``bool()``, a copy to the CPU) is answered with
+    the stand-in and counted at the script's line, as the fake-tensor capture counts them."""
 
-    def __init__(self, lib, max_steps):
+    def __init__(self, lib, max_steps, sites, scalar_value, strict_values=False):
         self.lib = lib
         self.sink = _Counts(lib)
         self.step_no = 0
         self.max_steps = max_steps
         self.closed = False
         self.lock = threading.Lock()
-        self.made_up = {}
-        self.scalar_value = 0.0
+        self.made_up = {}  # (site, read) -> count
+        self.sites = sites
+        self.scalar_value = scalar_value
+        self.strict_values = strict_values  # stop at the first read instead of answering it
+        self.value_reads = []  # (FakeValueNeeded registers itself with the active capture)
         self.dispatch_seconds = 0.0  # (no Python dispatch: the ops run in C++)
         self.started = time.monotonic()
         self.on_hard_exit = None
         self.outcome = ""
+        self.device_traces = []  # the traces of devices other than 0, once closed
         self.flops = 0
 
-    def made_up_summary(self):
-        return []
+    def made_up_value(self, read):
+        if self.strict_values:
+            raise FakeValueNeeded("aten._local_scalar_dense")
+        site = self.sites.here_line() or "(no frame of the script's)"
+        with self.lock:
+            self.made_up[(site, read)] = self.made_up.get((site, read), 0) + 1
 
-    def line(self, text):
-        self.lib.allocbench_tracker_line(text.encode())
+    def made_up_summary(self):
+        """[{site, read, count}] of the values made up, most first."""
+        rows = [dict(site=site, read=read, count=n) for (site, read), n in self.made_up.items()]
+        return sorted(rows, key=lambda r: -r["count"])
+
+    def line(self, text, device=-1):
+        """A row on ``device``'s trace, or on every device's (-1)."""
+        self.lib.allocbench_tracker_line(device, text.encode())
+
+    # allocbench_capture.fake(): tensors are real ones of PyTorch's CUDA path, their values are not.
+    fake = True
+
+    def step(self):
+        """allocbench_capture.step(): a step row for loops without an optimizer."""
+        self.optimizer_stepped()
 
     def optimizer_stepped(self, *_):
         if self.closed:
@@ -101,23 +125,75 @@ def _patch_streams(torch, recorder, undo):
         def waited(*args, **kwargs):
             out = original(*args, **kwargs)
             if not recorder.closed:
-                recorder.line(row(*args, **kwargs))
+                recorder.line(*row(*args, **kwargs))
             return out
 
         setattr(owner, name, waited)
         undo.append(lambda: setattr(owner, name, original))
 
-    wrap(torch.cuda, "synchronize", lambda *a, **k: "sync,,,")
-    wrap(torch.cuda.Stream, "synchronize", lambda self: f"sync,,,{lib.allocbench_tracker_stream_id(_stream_handle(self))}")
+    def device_of(device=None):
+        return torch.cuda._utils._get_device_index(device, optional=True)
+
+    wrap(torch.cuda, "synchronize", lambda device=None: ("sync,,,", device_of(device)))
+    wrap(torch.cuda.Stream, "synchronize", lambda self: (f"sync,,,{lib.allocbench_tracker_stream_id(_stream_handle(self))}", self.device.index))
+
+
+# Python's reads of a tensor's values, by Tensor method: what the trace's note calls each.
+_READS = {"item": ".item()", "__bool__": "bool()", "__float__": "float()", "__int__": "int()", "__index__": "an index", "tolist": ".tolist()"}
+
+
+def _patch_reads(torch, recorder, undo):
+    """A read of a device tensor's values: counted at the script's line and answered with the
+    stand-in (the fake device holds no values; its copies to the host read zeros). Reads made in
+    C++ (a data-dependent shape: nonzero, a boolean mask) see zeros and are not counted."""
+
+    def stand_in_of(t):
+        return torch.full(t.shape, recorder.scalar_value, dtype=t.dtype)
+
+    for name, read in _READS.items():
+        original = getattr(torch.Tensor, name)
+
+        def reading(self, *args, _original=original, _read=read, **kwargs):
+            if not (self.is_cuda and not recorder.closed):
+                return _original(self, *args, **kwargs)
+            recorder.made_up_value(_read)
+            return _original(stand_in_of(self), *args, **kwargs)
+
+        setattr(torch.Tensor, name, reading)
+        undo.append(lambda name=name, original=original: setattr(torch.Tensor, name, original))
+
+    # Copies to the host: the copy is made (the allocator sees what it sees), then filled with
+    # the stand-in, and counted as one read.
+    for name in ("cpu", "to"):
+        original = getattr(torch.Tensor, name)
+
+        def copied(self, *args, _original=original, _name=name, **kwargs):
+            out = _original(self, *args, **kwargs)
+            if self.is_cuda and isinstance(out, torch.Tensor) and out.device.type == "cpu" and not recorder.closed:
+                recorder.made_up_value(f".{_name}('cpu')" if _name == "to" else ".cpu()")
+                if recorder.scalar_value:
+                    with torch.no_grad():
+                        out.fill_(recorder.scalar_value)
+            return out
+
+        setattr(torch.Tensor, name, copied)
+        undo.append(lambda name=name, original=original: setattr(torch.Tensor, name, original))
+
+
+def device_trace(path, device):
+    """Where device ``device``'s rows go beside ``path`` (allocation_tracker.cpp's naming)."""
+    at = path.rfind(".csv")
+    tag = f".cuda{device}"
+    return path + tag + ".csv" if at < 0 else path[:at] + tag + path[at:]
 
 
 @contextlib.contextmanager
-def capture_on_driver(path, stack, steps=None, comments=()):
+def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, site_root=None, strict_values=False):
     import torch
 
     lib = ctypes.CDLL(stack["tracker"])
-    lib.allocbench_tracker_open.argtypes = [ctypes.c_char_p]
-    lib.allocbench_tracker_line.argtypes = [ctypes.c_char_p]
+    lib.allocbench_tracker_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.allocbench_tracker_line.argtypes = [ctypes.c_int, ctypes.c_char_p]
     lib.allocbench_tracker_record_stream.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.argtypes = [ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.restype = ctypes.c_uint64
@@ -131,21 +207,28 @@ def capture_on_driver(path, stack, steps=None, comments=()):
         "not seen: cuDNN (off: convolutions and attention take PyTorch's own kernels), NCCL, the CUDA context",
         *comments,
     ]
+    header_text = "".join(f"# {line}\n" for line in header)
     with open(path, "w") as f:
-        f.write("".join(f"# {line}\n" for line in header) + FORMAT_HEADER + "\n")
-    if lib.allocbench_tracker_open(os.fsencode(path)) != 0:
+        f.write(header_text + FORMAT_HEADER + "\n")
+    if lib.allocbench_tracker_open(os.fsencode(path), header_text.encode()) != 0:
         raise SetupError(f"cannot write the trace {path}")
     # cuDNN is NVIDIA's real library and cannot start on the fake driver: PyTorch's own kernels
     # run instead (a fake cuDNN with the card's workspace sizes is to come).
     torch.backends.cudnn.enabled = False
     torch.backends.cuda.enable_cudnn_sdp(False)
-    recorder = DriverRecorder(lib, steps)
+    from .sites import _Sites
+
+    if strict_values and scalar_value is not None:
+        raise SetupError("--strict-values stops at the first read of a fake value, --scalar-value answers it: choose one")
+    recorder = DriverRecorder(lib, steps, _Sites(torch, site_root or os.getcwd()), 0.0 if scalar_value is None else scalar_value, strict_values)
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     hook = register_optimizer_step_post_hook(recorder.optimizer_stepped)
     undo = []
     _patch_streams(torch, recorder, undo)
+    _patch_reads(torch, recorder, undo)
     outcome = "incomplete: stopped by an error"
+    state.active = recorder
     try:
         yield recorder
         outcome = f"complete: {recorder.step_no} steps"
@@ -161,10 +244,16 @@ def capture_on_driver(path, stack, steps=None, comments=()):
     finally:
         with recorder.lock:
             recorder.closed = True
+        state.active = None
         hook.remove()
         for restore in reversed(undo):
             restore()
+        devices = recorder.sink.devices
         lib.allocbench_tracker_close()
-        with open(path, "a") as f:
-            f.write(f"# capture {outcome}\n")
+        recorder.device_traces = [device_trace(path, d) for d in devices if d != 0]
+        for trace in [path, *recorder.device_traces]:
+            with open(trace, "a") as f:
+                for row in recorder.made_up_summary():
+                    f.write(f"# value made up: {row['read']} ×{row['count']} at {row['site']} (answered {recorder.scalar_value:g})\n")
+                f.write(f"# capture {outcome}\n")
         recorder.outcome = outcome

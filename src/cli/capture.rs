@@ -31,6 +31,10 @@ pub struct CaptureArgs {
     /// at first use with g++; its caching allocator's own events; kernels skipped).
     #[arg(long, default_value = "fake-tensors", value_parser = ["fake-tensors", "driver"])]
     pub backend: String,
+    /// Fake GPUs in the process (driver backend; `.to("cuda:1")`, `device_map="auto"`): each
+    /// device used gets its own trace, `TRACE.cudaN.csv` beside the one named (cuda:0's).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=16))]
+    pub gpus: u32,
     /// The stand-in a read of a fake value gets (`.item()`, `bool()`, `.tolist()`; `.numpy()` in
     /// every element) [default: 0]. Each read is counted by site, in the trace and the summary.
     #[arg(long, conflicts_with = "strict_values")]
@@ -79,6 +83,7 @@ pub fn main(a: CaptureArgs) -> i32 {
         real: a.real,
         device: a.device,
         backend: a.backend,
+        gpus: a.gpus,
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
         strict_values: a.strict_values,

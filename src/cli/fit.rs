@@ -65,6 +65,7 @@ pub fn main(a: FitArgs) -> anyhow::Result<()> {
         real: false,
         device: "cuda".into(),
         backend: "fake-tensors".into(),
+        gpus: 1,
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
         strict_values: a.strict_values,

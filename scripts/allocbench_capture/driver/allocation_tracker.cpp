@@ -4,23 +4,34 @@
 // writes them as trace v1 rows: `alloc,ID,BYTES,STREAM` at ALLOC (the size asked for, before
 // rounding) and `free,ID,,` at FREE_REQUESTED (the user's free; the allocator completes it once
 // the streams that used the block are done). The Python side adds its rows (steps, streams the
-// script recorded, syncs) through the same lock, so the file is one ordered history.
+// script recorded, syncs) through the same lock, so the file is one ordered history. Device 0
+// writes to the trace named; another device D to its own, `NAME.cudaD.csv`, opened at its first
+// allocation with the same header and the step it is in.
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 namespace {
 namespace cca = c10::cuda::CUDACachingAllocator;
 
+struct Live {
+  uint64_t id, bytes;
+  int device;
+};
+
 struct Tracker {
   std::mutex mu;
-  FILE* out = nullptr;
-  uint64_t next_id = 1;
-  std::unordered_map<uint64_t, std::pair<uint64_t, uint64_t>> live;  // address -> (id, bytes)
-  std::unordered_map<void*, uint64_t> streams;                        // handle -> trace stream id
+  std::string path, header;  // device 0's trace, and the header every device's trace starts with
+  std::map<int, FILE*> outs;  // device -> its trace (opened at its first allocation)
+  bool open = false;
+  uint64_t next_id = 1, step = 0;
+  std::unordered_map<uint64_t, Live> live;     // address -> the allocation
+  std::unordered_map<void*, uint64_t> streams;  // handle -> trace stream id
   uint64_t allocs = 0, frees = 0, rows = 0, live_bytes = 0, peak_live_bytes = 0, ooms = 0;
   bool attached = false;
 
@@ -34,15 +45,33 @@ struct Tracker {
     return id;
   }
 
+  static std::string device_path(const std::string& path, int device) {
+    size_t dot = path.rfind(".csv");
+    std::string tag = ".cuda" + std::to_string(device);
+    return dot == std::string::npos ? path + tag + ".csv" : path.substr(0, dot) + tag + path.substr(dot);
+  }
+
+  FILE* out(int device) {
+    auto it = outs.find(device);
+    if (it != outs.end()) return it->second;
+    if (!open) return nullptr;
+    FILE* f = std::fopen(device_path(path, device).c_str(), "w");
+    if (f == nullptr) return nullptr;
+    std::fprintf(f, "%s# device: cuda:%d of a capture of several (device 0: %s)\nop,id,bytes,stream\n", header.c_str(), device, path.c_str());
+    if (step > 0) std::fprintf(f, "step,%llu,,\n", (unsigned long long)step);
+    outs[device] = f;
+    return f;
+  }
+
   void on_entry(const cca::TraceEntry& te) {
     std::lock_guard<std::mutex> g(mu);
-    if (out == nullptr || te.device_ != 0) return;
     switch (te.action_) {
       case cca::TraceEntry::ALLOC: {
+        FILE* f = out(te.device_);
+        if (f == nullptr) return;
         uint64_t id = next_id++;
-        live[te.addr_] = {id, te.size_};
-        std::fprintf(out, "alloc,%llu,%llu,%llu\n", (unsigned long long)id, (unsigned long long)te.size_,
-                     (unsigned long long)stream_id(te.stream_));
+        live[te.addr_] = {id, te.size_, te.device_};
+        std::fprintf(f, "alloc,%llu,%llu,%llu\n", (unsigned long long)id, (unsigned long long)te.size_, (unsigned long long)stream_id(te.stream_));
         allocs++, rows++;
         live_bytes += te.size_;
         if (live_bytes > peak_live_bytes) peak_live_bytes = live_bytes;
@@ -51,8 +80,9 @@ struct Tracker {
       case cca::TraceEntry::FREE_REQUESTED: {
         auto it = live.find(te.addr_);
         if (it == live.end()) return;  // allocated before the tracker was attached
-        std::fprintf(out, "free,%llu,,\n", (unsigned long long)it->second.first);
-        live_bytes -= it->second.second;
+        FILE* f = out(it->second.device);
+        if (f != nullptr) std::fprintf(f, "free,%llu,,\n", (unsigned long long)it->second.id);
+        live_bytes -= it->second.bytes;
         live.erase(it);
         frees++, rows++;
         break;
@@ -74,13 +104,16 @@ Tracker& tracker() {
 
 extern "C" {
 
-// Starts writing rows to `path` (appended: the Python side wrote the header).
-int allocbench_tracker_open(const char* path) {
+// Starts writing rows to `path` (device 0's trace, whose header the Python side wrote; the
+// header text is repeated atop every other device's).
+int allocbench_tracker_open(const char* path, const char* header) {
   Tracker& t = tracker();
   {
     std::lock_guard<std::mutex> g(t.mu);
-    t.out = std::fopen(path, "a");
-    if (t.out == nullptr) return -1;
+    FILE* f = std::fopen(path, "a");
+    if (f == nullptr) return -1;
+    t.path = path, t.header = header, t.open = true;
+    t.outs[0] = f;
     if (t.attached) return 0;
     t.attached = true;
   }
@@ -88,14 +121,19 @@ int allocbench_tracker_open(const char* path) {
   return 0;
 }
 
-// A row or comment line of the Python side's (a step, a record_stream, a sync), in order.
-void allocbench_tracker_line(const char* line) {
+// A row or comment line of the Python side's (a step, a sync), in order: on `device`'s trace, or
+// on every open one (device -1). A `step,N,,` row is remembered for the traces opened later.
+void allocbench_tracker_line(int device, const char* line) {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> g(t.mu);
-  if (t.out == nullptr) return;
-  std::fputs(line, t.out);
-  std::fputc('\n', t.out);
-  if (line[0] != '#') t.rows++;
+  unsigned long long step = 0;
+  if (std::sscanf(line, "step,%llu,", &step) == 1) t.step = step;
+  for (auto& [d, f] : t.outs) {
+    if (device >= 0 && d != device) continue;
+    std::fputs(line, f);
+    std::fputc('\n', f);
+    if (line[0] != '#') t.rows++;
+  }
 }
 
 // `tensor.record_stream(s)` on the block at `address`: its row, before its free's.
@@ -103,8 +141,10 @@ void allocbench_tracker_record_stream(uint64_t address, void* stream) {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> g(t.mu);
   auto it = t.live.find(address);
-  if (t.out == nullptr || it == t.live.end()) return;
-  std::fprintf(t.out, "record_stream,%llu,,%llu\n", (unsigned long long)it->second.first, (unsigned long long)t.stream_id(stream));
+  if (it == t.live.end()) return;
+  FILE* f = t.out(it->second.device);
+  if (f == nullptr) return;
+  std::fprintf(f, "record_stream,%llu,,%llu\n", (unsigned long long)it->second.id, (unsigned long long)t.stream_id(stream));
   t.rows++;
 }
 
@@ -115,19 +155,23 @@ uint64_t allocbench_tracker_stream_id(void* stream) {
   return t.stream_id(stream);
 }
 
-// Counters for the capture's summary: allocs, frees, rows, live bytes, their peak, OOMs.
+// Counters for the capture's summary: allocs, frees, rows, live bytes, their peak, OOMs, and a
+// mask of the devices with a trace.
 void allocbench_tracker_counts(uint64_t* counts) {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> g(t.mu);
   counts[0] = t.allocs, counts[1] = t.frees, counts[2] = t.rows, counts[3] = t.live_bytes, counts[4] = t.peak_live_bytes, counts[5] = t.ooms;
+  counts[6] = 0;
+  for (auto& [d, f] : t.outs) counts[6] |= 1ull << d;
 }
 
-// Stops recording and closes the file (the Python side writes its closing lines after).
+// Stops recording and closes the files (the Python side writes its closing lines after).
 void allocbench_tracker_close(void) {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> g(t.mu);
-  if (t.out != nullptr) std::fclose(t.out);
-  t.out = nullptr;
+  for (auto& [d, f] : t.outs) std::fclose(f);
+  t.outs.clear();
+  t.open = false;
 }
 
 }  // extern "C"

@@ -38,6 +38,8 @@ T next_handle() {
 
 extern "C" {
 
+cudaError_t allocbench_fake_unsupported(const char* call);  // (fake_cudart.cpp)
+
 // The nvcc-generated registration of every kernel in torch's libraries: a module handle, then
 // nothing to do (kernels never run).
 void** __cudaRegisterFatBinary(void*) { return next_handle<void**>(); }
@@ -115,8 +117,8 @@ cudaError_t cudaStreamGetPriority(cudaStream_t, int* p) {
 }
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int) { return cudaEventRecord(e, s); }
-cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t*, cudaEvent_t) { return cudaErrorNotSupported; }
-cudaError_t cudaIpcOpenEventHandle(cudaEvent_t*, cudaIpcEventHandle_t) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t*, cudaEvent_t) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaIpcOpenEventHandle(cudaEvent_t*, cudaIpcEventHandle_t) { return allocbench_fake_unsupported(__func__); }
 
 // Copies and fills: nothing on the device; a copy to the host writes zeros.
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void*, size_t, size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
@@ -148,7 +150,7 @@ cudaError_t cudaFreeHost(void* p) {
 }
 cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
-cudaError_t cudaMallocManaged(void**, size_t, unsigned int) { return cudaErrorNotSupported; }
+cudaError_t cudaMallocManaged(void**, size_t, unsigned int) { return allocbench_fake_unsupported(__func__); }
 cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
   std::memset(a, 0, sizeof(*a));
   bool host;
@@ -183,37 +185,37 @@ cudaError_t cudaUserObjectCreate(cudaUserObject_t* o, void*, cudaHostFn_t, unsig
 cudaError_t cudaUserObjectRelease(cudaUserObject_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaGraphRetainUserObject(cudaGraph_t, cudaUserObject_t, unsigned int, unsigned int) { return cudaSuccess; }
 
-cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return cudaErrorNotSupported; }
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t*) { return cudaErrorNotSupported; }
+cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t*) { return allocbench_fake_unsupported(__func__); }
 #if CUDART_VERSION >= 13000
 cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode) {
-  return cudaErrorNotSupported;
+  return allocbench_fake_unsupported(__func__);
 }
 cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, unsigned int) {
-  return cudaErrorNotSupported;
+  return allocbench_fake_unsupported(__func__);
 }
 cudaError_t cudaGraphAddNode(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, cudaGraphNodeParams*) {
-  return cudaErrorNotSupported;
+  return allocbench_fake_unsupported(__func__);
 }
-cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle*, cudaGraph_t, unsigned int, unsigned int) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphConditionalHandleCreate(cudaGraphConditionalHandle*, cudaGraph_t, unsigned int, unsigned int) { return allocbench_fake_unsupported(__func__); }
 #endif
 
 // Libraries loaded at run time (cudaLibrary*: jitted or embedded modules): none load.
 cudaError_t cudaLibraryLoadData(cudaLibrary_t*, const void*, cudaJitOption*, void**, unsigned int, cudaLibraryOption*, void**, unsigned int) {
-  return cudaErrorNotSupported;
+  return allocbench_fake_unsupported(__func__);
 }
 cudaError_t cudaLibraryLoadFromFile(cudaLibrary_t*, const char*, cudaJitOption*, void**, unsigned int, cudaLibraryOption*, void**, unsigned int) {
-  return cudaErrorNotSupported;
+  return allocbench_fake_unsupported(__func__);
 }
 cudaError_t cudaLibraryUnload(cudaLibrary_t) { return cudaSuccess; }
-cudaError_t cudaLibraryGetKernel(cudaKernel_t*, cudaLibrary_t, const char*) { return cudaErrorNotSupported; }
+cudaError_t cudaLibraryGetKernel(cudaKernel_t*, cudaLibrary_t, const char*) { return allocbench_fake_unsupported(__func__); }
 cudaError_t cudaLibraryGetKernelCount(unsigned int* n, cudaLibrary_t) {
   *n = 0;
   return cudaSuccess;
 }
-cudaError_t cudaLibraryGetGlobal(void**, size_t*, cudaLibrary_t, const char*) { return cudaErrorNotSupported; }
-cudaError_t cudaLibraryGetManaged(void**, size_t*, cudaLibrary_t, const char*) { return cudaErrorNotSupported; }
-cudaError_t cudaLibraryGetUnifiedFunction(void**, cudaLibrary_t, const char*) { return cudaErrorNotSupported; }
+cudaError_t cudaLibraryGetGlobal(void**, size_t*, cudaLibrary_t, const char*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaLibraryGetManaged(void**, size_t*, cudaLibrary_t, const char*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaLibraryGetUnifiedFunction(void**, cudaLibrary_t, const char*) { return allocbench_fake_unsupported(__func__); }
 
 // Device attributes, from the same card cudaGetDeviceProperties describes; one where a
 // attribute has no field here (a zero divides: `maxThreadsPerMultiProcessor` 0 is a SIGFPE).

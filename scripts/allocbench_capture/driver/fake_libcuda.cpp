@@ -36,20 +36,22 @@ Fn runtime_entry(const char* name) {
 
 extern "C" {
 
+cudaError_t allocbench_fake_unsupported(const char* call);  // (the fake runtime's)
+const char* allocbench_fake_unsupported_text();
+
 CUresult cuInit(unsigned int) { return CUDA_SUCCESS; }
 CUresult cuDriverGetVersion(int* v) {
   *v = CUDA_VERSION;
   return CUDA_SUCCESS;
 }
 CUresult cuDeviceGet(CUdevice* d, int ordinal) {
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *d = 0;
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  if (ordinal < 0 || ordinal >= n) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
   return CUDA_SUCCESS;
 }
-CUresult cuDeviceGetCount(int* n) {
-  *n = 1;
-  return CUDA_SUCCESS;
-}
+CUresult cuDeviceGetCount(int* n) { return cudaGetDeviceCount(n) == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN; }
 CUresult cuDeviceGetName(char* name, int len, CUdevice) {
   cudaDeviceProp p;
   cudaGetDeviceProperties(&p, 0);
@@ -109,7 +111,9 @@ CUresult cuCtxPopCurrent(CUcontext* c) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxGetDevice(CUdevice* d) {
-  *d = 0;
+  int current = 0;
+  cudaGetDevice(&current);
+  *d = current;
   return CUDA_SUCCESS;
 }
 CUresult cuCtxGetLimit(size_t* v, CUlimit) {
@@ -198,7 +202,9 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr
     case CU_POINTER_ATTRIBUTE_CONTEXT: *static_cast<CUcontext*>(data) = the_context(); break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data) = CU_MEMORYTYPE_DEVICE; break;
     case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data) = 0; break;
-    default: return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+      allocbench_fake_unsupported("cuPointerGetAttribute");
+      return CUDA_ERROR_NOT_SUPPORTED;
   }
   return CUDA_SUCCESS;
 }
@@ -212,7 +218,7 @@ CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr, size_t n, CUstream) {
 }
 CUresult cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) { return CUDA_SUCCESS; }
 CUresult cuGetErrorString(CUresult, const char** s) {
-  *s = "unsupported call on allocbench's fake CUDA driver";
+  *s = allocbench_fake_unsupported_text();
   return CUDA_SUCCESS;
 }
 CUresult cuGetErrorName(CUresult, const char** s) {
@@ -232,6 +238,7 @@ CUresult cuGetProcAddress(const char* name, void** fn, int, cuuint64_t, CUdriver
     }
   }
   if (st) *st = *fn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  if (*fn == nullptr) allocbench_fake_unsupported(name);
   return *fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 CUresult cuMemGetAddressRange(CUdeviceptr* base, size_t* size, CUdeviceptr p) {

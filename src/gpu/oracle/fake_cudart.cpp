@@ -13,6 +13,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -31,7 +32,12 @@ struct Card {
   // What the card says it has (cudaGetDeviceProperties, cudaMemGetInfo): its capacity, unless
   // ALLOCBENCH_FAKE_REPORTED_MEMORY names a card the unbounded one answers as (the driver backend).
   uint64_t reported = capacity;
-  uint64_t used = 0;
+  // Bytes in use on each device (ALLOCBENCH_FAKE_DEVICES of them, 1 by default: the driver
+  // backend's several fake GPUs share one address space, each with its own capacity).
+  static constexpr int kMaxDevices = 16;
+  int devices = 1;
+  uint64_t used_on[kMaxDevices] = {};
+  std::map<uint64_t, int> device_of;  // a live allocation's device (absent: device 0)
   std::map<uint64_t, uint64_t> free_ranges;  // start -> length
   std::map<uint64_t, uint64_t> live;         // address -> bytes asked
   std::map<uintptr_t, uint64_t> stream_seq;     // records made on a stream
@@ -58,6 +64,7 @@ struct Card {
     free_ranges[kVaBase] = span;
     va_end = cursor = kVaBase + span;
     if (const char* o = std::getenv("ALLOCBENCH_FAKE_ADDRESS_ORDER")) driver_order = std::strcmp(o, "driver") == 0;
+    if (const char* n = std::getenv("ALLOCBENCH_FAKE_DEVICES")) devices = std::max(1, std::min(kMaxDevices, std::atoi(n)));
   }
 
   // The lowest free range that fits (AddressOrder::Lowest, and every VA reservation).
@@ -130,6 +137,9 @@ struct FakeEvent {
 };
 
 thread_local cudaError_t last_error = cudaSuccess;
+// The last call this fake does not answer, for the error's text (one line naming the call).
+std::mutex unsupported_mu;
+std::string unsupported_call;
 uintptr_t next_stream = 0x5e0000001000ull;
 
 uint64_t rounded(uint64_t bytes) {
@@ -137,38 +147,46 @@ uint64_t rounded(uint64_t bytes) {
   return len == 0 ? kAlign : len;
 }
 
+thread_local int current_device = 0;
+
 }  // namespace
 
 extern "C" {
 
+// Marks `call` as one this fake cannot answer: the error's text names it and the way out.
+cudaError_t allocbench_fake_unsupported(const char* call) {
+  std::lock_guard<std::mutex> g(unsupported_mu);
+  unsupported_call = call;
+  return cudaErrorNotSupported;
+}
+const char* allocbench_fake_unsupported_text() {
+  static thread_local std::string text;
+  std::lock_guard<std::mutex> g(unsupported_mu);
+  text = "allocbench's fake CUDA runtime does not answer " + (unsupported_call.empty() ? std::string("this call") : unsupported_call) +
+         " (the driver backend's fakes cover what PyTorch's CUDA path needs; --backend fake-tensors captures without them)";
+  return text.c_str();
+}
+
 cudaError_t cudaMalloc(void** ptr, size_t size) {
   Card& c = card();
   std::lock_guard<std::mutex> g(c.mu);
-  if (size > c.capacity - c.used) {
+  uint64_t& used = c.used_on[current_device];
+  if (size > c.capacity - used) {
     last_error = cudaErrorMemoryAllocation;
     return cudaErrorMemoryAllocation;
   }
   uint64_t len = rounded(size);
-  if (c.driver_order && size > kAlign) {
-    uint64_t addr = 0;
-    if (!c.take_downward(len, &addr)) {
-      last_error = cudaErrorMemoryAllocation;
-      return cudaErrorMemoryAllocation;
-    }
-    c.used += size;
-    c.live[addr] = size;
-    *ptr = reinterpret_cast<void*>(addr);
-    return cudaSuccess;
-  }
   uint64_t addr = 0;
-  if (c.take_lowest(len, &addr)) {
-    c.used += size;
-    c.live[addr] = size;
-    *ptr = reinterpret_cast<void*>(addr);
-    return cudaSuccess;
+  bool placed = c.driver_order && size > kAlign ? c.take_downward(len, &addr) : c.take_lowest(len, &addr);
+  if (!placed) {
+    last_error = cudaErrorMemoryAllocation;
+    return cudaErrorMemoryAllocation;
   }
-  last_error = cudaErrorMemoryAllocation;
-  return cudaErrorMemoryAllocation;
+  used += size;
+  c.live[addr] = size;
+  if (current_device != 0) c.device_of[addr] = current_device;
+  *ptr = reinterpret_cast<void*>(addr);
+  return cudaSuccess;
 }
 
 cudaError_t cudaFree(void* ptr) {
@@ -178,7 +196,9 @@ cudaError_t cudaFree(void* ptr) {
   auto it = c.live.find(reinterpret_cast<uint64_t>(ptr));
   if (it == c.live.end()) return cudaErrorInvalidValue;
   uint64_t start = it->first, len = rounded(it->second);
-  c.used -= it->second;
+  auto dev = c.device_of.find(start);
+  c.used_on[dev == c.device_of.end() ? 0 : dev->second] -= it->second;
+  if (dev != c.device_of.end()) c.device_of.erase(dev);
   c.live.erase(it);
   c.give_back(start, len);
   return cudaSuccess;
@@ -188,19 +208,24 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   Card& c = card();
   std::lock_guard<std::mutex> g(c.mu);
   *total = c.reported;
-  *free = c.used < c.reported ? c.reported - c.used : 0;
+  uint64_t used = c.used_on[current_device];
+  *free = used < c.reported ? c.reported - used : 0;
   return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceCount(int* n) {
-  *n = 1;
+  *n = card().devices;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {
-  *d = 0;
+  *d = current_device;
   return cudaSuccess;
 }
-cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= card().devices) return cudaErrorInvalidDevice;
+  current_device = d;
+  return cudaSuccess;
+}
 cudaError_t cudaDriverGetVersion(int* v) {
   *v = CUDART_VERSION;
   return cudaSuccess;
@@ -382,7 +407,7 @@ const char* cudaGetErrorString(cudaError_t e) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorNotReady: return "device not ready";
-    default: return "unsupported call on allocbench's fake CUDA runtime";
+    default: return allocbench_fake_unsupported_text();
   }
 }
 cudaError_t cudaGetLastError(void) {
@@ -396,11 +421,12 @@ cudaError_t cudaGetLastError(void) {
 // placed as SimDevice::reserve_address places it (the lowest free range of the same space).
 struct Handle {
   uint64_t bytes;
+  int device;
 };
 
 CUresult fake_cuDeviceGet(CUdevice* d, int ordinal) {
-  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
-  *d = 0;
+  if (ordinal < 0 || ordinal >= card().devices) return CUDA_ERROR_INVALID_DEVICE;
+  *d = ordinal;
   return CUDA_SUCCESS;
 }
 CUresult fake_cuDeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice) {
@@ -430,19 +456,21 @@ CUresult fake_cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   c.give_back(static_cast<uint64_t>(ptr), rounded(size));
   return CUDA_SUCCESS;
 }
-CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp*, unsigned long long) {
+CUresult fake_cuMemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp* prop, unsigned long long) {
   Card& c = card();
   std::lock_guard<std::mutex> g(c.mu);
-  if (size > c.capacity - c.used) return CUDA_ERROR_OUT_OF_MEMORY;
-  c.used += size;
-  *h = reinterpret_cast<CUmemGenericAllocationHandle>(new Handle{size});
+  int device = prop != nullptr ? prop->location.id : 0;
+  if (device < 0 || device >= c.devices) device = 0;
+  if (size > c.capacity - c.used_on[device]) return CUDA_ERROR_OUT_OF_MEMORY;
+  c.used_on[device] += size;
+  *h = reinterpret_cast<CUmemGenericAllocationHandle>(new Handle{size, device});
   return CUDA_SUCCESS;
 }
 CUresult fake_cuMemRelease(CUmemGenericAllocationHandle h) {
   Card& c = card();
   std::lock_guard<std::mutex> g(c.mu);
   auto* handle = reinterpret_cast<Handle*>(h);
-  c.used -= handle->bytes;
+  c.used_on[handle->device] -= handle->bytes;
   delete handle;
   return CUDA_SUCCESS;
 }
@@ -453,7 +481,10 @@ CUresult fake_cuGetErrorString(CUresult e, const char** s) {
   *s = e == CUDA_ERROR_OUT_OF_MEMORY ? "out of memory" : "unsupported call on allocbench's fake CUDA driver";
   return CUDA_SUCCESS;
 }
-CUresult fake_unsupported() { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult fake_unsupported() {
+  allocbench_fake_unsupported("a CUDA driver call");
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
 
 void* driver_entry(const char* name) {
   static const std::map<std::string, void*> entries = {
@@ -492,30 +523,30 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* name, void** fn, unsign
                                              cudaDriverEntryPointQueryResult* st) {
   return entry_point(name, fn, st);
 }
-cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t*, int) { return cudaErrorNotSupported; }
-cudaError_t cudaDeviceGetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return cudaErrorNotSupported; }
-cudaError_t cudaDeviceSetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return cudaErrorNotSupported; }
-cudaError_t cudaFreeAsync(void*, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) { return cudaErrorNotSupported; }
-cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaErrorNotSupported; }
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return cudaErrorNotSupported; }
-cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) { return cudaErrorNotSupported; }
-cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return cudaErrorNotSupported; }
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t*, int) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaDeviceGetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaDeviceSetGraphMemAttribute(int, cudaGraphMemAttributeType, void*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaFreeAsync(void*, cudaStream_t) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t, cudaMemPoolAttr, void*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaMemPoolSetAccess(cudaMemPool_t, const cudaMemAccessDesc*, size_t) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t, size_t) { return allocbench_fake_unsupported(__func__); }
 #if CUDART_VERSION >= 13000
-cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, cudaGraphEdgeData*, size_t*) { return allocbench_fake_unsupported(__func__); }
 #else
 // The CUDA 12 calls of the same paths (torch 2.9-2.10 builds link libcudart.so.12).
-cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, size_t*) { return cudaErrorNotSupported; }
-cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t) { return cudaErrorNotSupported; }
-cudaError_t cudaGraphNodeGetType(cudaGraphNode_t, cudaGraphNodeType*) { return cudaErrorNotSupported; }
-cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, size_t, unsigned int) { return cudaErrorNotSupported; }
+cudaError_t cudaGraphNodeGetDependencies(cudaGraphNode_t, cudaGraphNode_t*, size_t*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaGraphAddEmptyNode(cudaGraphNode_t*, cudaGraph_t, const cudaGraphNode_t*, size_t) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t, cudaGraphNodeType*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t, cudaGraphNode_t*, size_t, unsigned int) { return allocbench_fake_unsupported(__func__); }
 cudaError_t cudaGetDriverEntryPoint(const char* name, void** fn, unsigned long long, cudaDriverEntryPointQueryResult* st) {
   return entry_point(name, fn, st);
 }
 #endif
-cudaError_t cudaIpcCloseMemHandle(void*) { return cudaErrorNotSupported; }
-cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return cudaErrorNotSupported; }
-cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return cudaErrorNotSupported; }
+cudaError_t cudaIpcCloseMemHandle(void*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return allocbench_fake_unsupported(__func__); }
+cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return allocbench_fake_unsupported(__func__); }
 // Device memory holds nothing: a copy to the host reads zeros (`capture --backend driver`).
 cudaError_t cudaMemcpy(void* dst, const void*, size_t n, cudaMemcpyKind kind) {
   if (kind == cudaMemcpyDeviceToHost && dst != nullptr) std::memset(dst, 0, n);
