@@ -103,6 +103,8 @@ pub struct CaptureOptions {
     pub script_output: Option<PathBuf>,
     pub script: PathBuf,
     pub args: Vec<OsString>,
+    /// Variables set for the script (a rank's RANK, WORLD_SIZE, ...: `capture --nproc-per-node`).
+    pub env: Vec<(String, String)>,
 }
 
 /// The outcome the capture module writes (its `--status` file).
@@ -263,6 +265,7 @@ pub fn run_watched(opts: &CaptureOptions, watch: &mut dyn FnMut(Option<&CaptureP
         .transpose()?;
     cmd.env("PYTHONPATH", path.unwrap_or_else(|| work.path().as_os_str().to_owned()));
     cmd.env("PYTHONUNBUFFERED", "1");
+    cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
 
     // SIGTERM is the capture's own stop (the script's rows so far kept, marked interrupted).
     let mut last_read = std::time::Instant::now();

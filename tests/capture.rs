@@ -2432,3 +2432,59 @@ fn a_cuda_call_the_driver_backend_cannot_answer_is_named_in_one_line() {
     let text = std::fs::read_to_string(&trace).unwrap();
     assert!(text.contains("alloc,1,4096,0") && text.contains("# capture incomplete"), "{text}");
 }
+
+#[test]
+fn nproc_per_node_captures_each_rank_of_an_unedited_fsdp2_script() {
+    if !have_torch() {
+        return;
+    }
+    // A script written for torchrun (init_process_group("nccl"), set_device(LOCAL_RANK), a
+    // DeviceMesh over the world): each rank runs in its own process on the fake process group,
+    // and its trace holds its own device's allocations, a quarter of each weight.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("fsdp.py");
+    std::fs::write(
+        &script,
+        "import os, torch, torch.nn as nn, torch.distributed as dist\nfrom torch.distributed.fsdp import fully_shard\n\
+         from torch.distributed.device_mesh import init_device_mesh\ndist.init_process_group('nccl')\n\
+         torch.cuda.set_device(int(os.environ['LOCAL_RANK']))\nmesh = init_device_mesh('cuda', (dist.get_world_size(),))\n\
+         model = nn.Sequential(nn.Linear(256, 256), nn.Linear(256, 256)).cuda()\nfor layer in model:\n    fully_shard(layer, mesh=mesh)\n\
+         opt = torch.optim.AdamW(model.parameters())\nfor _ in range(2):\n\
+         \x20   model(torch.randn(8, 256, device='cuda')).sum().backward(); opt.step(); opt.zero_grad()\n\
+         print('rank', dist.get_rank(), torch.cuda.current_device(), tuple(model[0].weight.to_local().shape))\n",
+    )
+    .unwrap();
+    let folder = dir.path().join("ranks");
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["capture", "--backend", "driver", "--nproc-per-node", "4", "--ranks", "0,3", "-o", folder.to_str().unwrap(), "--", script.to_str().unwrap()])
+        .timeout(std::time::Duration::from_secs(600))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("rank 0 0 (64, 256)") && stdout.contains("rank 3 3 (64, 256)") && !stdout.contains("rank 1"), "{stdout}");
+    let mut names: Vec<String> = std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    names.sort();
+    assert_eq!(names, ["rank-0.csv", "rank-3.csv"], "one trace per captured rank, each its own device's");
+    for rank in ["rank-0.csv", "rank-3.csv"] {
+        let evs = events(&folder.join(rank));
+        assert_eq!(steps(&evs), vec![1, 2]);
+        assert!(signed_sizes(&evs).contains(&(64 * 256 * 4)), "{rank}: its shard of a weight");
+    }
+    // Bad input: one line each.
+    for (flags, says) in [
+        (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "5"][..], "rank 5 is not in a job of 2"),
+        (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "distinct"], "not available yet"),
+        (&["--nproc-per-node", "2"], "add --backend driver"),
+    ] {
+        let out = Command::cargo_bin("allocbench")
+            .unwrap()
+            .arg("capture")
+            .args(flags)
+            .args(["-o", folder.to_str().unwrap(), "--", script.to_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(!out.status.success() && stderr(&out).trim().lines().count() == 1 && stderr(&out).contains(says), "{}", stderr(&out));
+    }
+}

@@ -16,6 +16,9 @@ from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
 from .trace import FORMAT_HEADER, HEADER_LINE
 
+# Set by `allocbench capture --nproc-per-node` for each rank it runs (with torchrun's variables).
+RANK_FLAG = "ALLOCBENCH_RANK"
+
 # Where a fake-tensor capture models what a GPU does, the driver backend sees PyTorch do it.
 BACKEND_LINE = "backend: driver (PyTorch's own CUDA path on allocbench's fake CUDA runtime; kernels skipped; its caching allocator's own events)"
 
@@ -102,6 +105,34 @@ class DriverRecorder:
 
 def _stream_handle(stream):
     return ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
+
+
+def _fake_process_group(torch, undo):
+    """One rank of a multi-process job (`--nproc-per-node`): init_process_group, whatever backend
+    the script asks for (nccl), is PyTorch's fake process group (torch.testing._internal.
+    distributed.fake_pg: collectives return at once with outputs of the right shapes, no peers)
+    with the rank and world size torchrun's variables give."""
+    distributed = torch.distributed
+    if not os.environ.get(RANK_FLAG) or not distributed.is_available():
+        return
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    original = distributed.init_process_group
+
+    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, *args, **kwargs):
+        kwargs.pop("device_id", None)  # (binds NCCL's communicator to a device: the fake has none)
+        return original("fake", store=FakeStore(), world_size=int(os.environ["WORLD_SIZE"]), rank=int(os.environ["RANK"]),
+                        **({"timeout": timeout} if timeout is not None else {}))
+
+    distributed.init_process_group = init_process_group
+    undo.append(lambda: setattr(distributed, "init_process_group", original))
+    # DDP checks that every rank has the same parameters by gathering their counts: a fake
+    # collective carries no values (every rank runs the same script here).
+    import torch.nn.parallel.distributed as ddp
+
+    verify = ddp._verify_param_shape_across_processes
+    ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
+    undo.append(lambda: setattr(ddp, "_verify_param_shape_across_processes", verify))
 
 
 def _patch_streams(torch, recorder, undo):
@@ -192,7 +223,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     import torch
 
     lib = ctypes.CDLL(stack["tracker"])
-    lib.allocbench_tracker_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    lib.allocbench_tracker_open.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int]
     lib.allocbench_tracker_line.argtypes = [ctypes.c_int, ctypes.c_char_p]
     lib.allocbench_tracker_record_stream.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.argtypes = [ctypes.c_void_p]
@@ -210,7 +241,9 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     header_text = "".join(f"# {line}\n" for line in header)
     with open(path, "w") as f:
         f.write(header_text + FORMAT_HEADER + "\n")
-    if lib.allocbench_tracker_open(os.fsencode(path), header_text.encode()) != 0:
+    # A rank of a multi-process capture writes its own device's rows (LOCAL_RANK's) to the trace named.
+    primary = int(os.environ.get("LOCAL_RANK", "0")) if os.environ.get(RANK_FLAG) else 0
+    if lib.allocbench_tracker_open(os.fsencode(path), header_text.encode(), primary) != 0:
         raise SetupError(f"cannot write the trace {path}")
     # cuDNN is NVIDIA's real library and cannot start on the fake driver: PyTorch's own kernels
     # run instead (a fake cuDNN with the card's workspace sizes is to come).
@@ -227,6 +260,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     undo = []
     _patch_streams(torch, recorder, undo)
     _patch_reads(torch, recorder, undo)
+    _fake_process_group(torch, undo)
     outcome = "incomplete: stopped by an error"
     state.active = recorder
     try:
@@ -250,7 +284,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
             restore()
         devices = recorder.sink.devices
         lib.allocbench_tracker_close()
-        recorder.device_traces = [device_trace(path, d) for d in devices if d != 0]
+        recorder.device_traces = [device_trace(path, d) for d in devices if d != primary]
         for trace in [path, *recorder.device_traces]:
             with open(trace, "a") as f:
                 for row in recorder.made_up_summary():

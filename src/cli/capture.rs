@@ -6,7 +6,7 @@ use clap::Args;
 
 use crate::error::InputError;
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 #[command(after_help = "Example: allocbench capture -o trace.csv -- train.py --batch 4, then allocbench diagnose trace.csv")]
 pub struct CaptureArgs {
     /// The Python that has torch (default: $ALLOCBENCH_PYTHON, else python3).
@@ -60,16 +60,96 @@ pub struct CaptureArgs {
     /// Leave out the allocation sites (the trace's `#site`/`#at` lines; they cost little).
     #[arg(long)]
     pub no_sites: bool,
-    /// The trace to write (v1 CSV).
+    /// The trace to write (v1 CSV); with --nproc-per-node, the folder of the ranks' traces
+    /// (`DIR/rank-R.csv`).
     #[arg(short, long)]
     pub output: PathBuf,
+    /// Run the script as each rank of a `torchrun --nproc-per-node N` job would (RANK,
+    /// LOCAL_RANK, WORLD_SIZE, ...), one process a rank, with `init_process_group` answered by
+    /// PyTorch's fake process group; one trace per rank. Driver backend: N fake GPUs, each rank
+    /// recording its LOCAL_RANK's.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub nproc_per_node: Option<u32>,
+    /// Nodes of the job (with --nproc-per-node): WORLD_SIZE = nodes x processes per node.
+    #[arg(long, default_value_t = 1, requires = "nproc_per_node", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nnodes: u32,
+    /// Which ranks to capture (with --nproc-per-node): `all`, or a list `0,3,7`.
+    #[arg(long, default_value = "all", requires = "nproc_per_node")]
+    pub ranks: String,
     /// SCRIPT.py [ARGS...], after `--`.
     #[arg(required = true, last = true, value_name = "SCRIPT.py [ARGS]")]
     pub command: Vec<std::ffi::OsString>,
 }
 
+/// The ranks `--ranks` names, of a job of `world` processes.
+fn ranks_of(spec: &str, world: u32) -> Result<Vec<u32>, String> {
+    match spec {
+        "all" => Ok((0..world).collect()),
+        "distinct" => Err("--ranks distinct (capture ranks of the same role once) is not available yet: give all or a list such as 0,1".into()),
+        list => list
+            .split(',')
+            .map(|r| match r.trim().parse::<u32>() {
+                Ok(n) if n < world => Ok(n),
+                Ok(n) => Err(format!("--ranks {list}: rank {n} is not in a job of {world} (ranks 0..{})", world - 1)),
+                Err(_) => Err(format!("--ranks {list}: '{r}' is not a rank (all, or a list such as 0,3,7)")),
+            })
+            .collect(),
+    }
+}
+
 /// Returns the script's exit code (2 when the capture could not start).
 pub fn main(a: CaptureArgs) -> i32 {
+    let Some(per_node) = a.nproc_per_node else { return capture_one(a, Vec::new()) };
+    if a.backend != "driver" {
+        eprintln!("error: --nproc-per-node runs each rank on PyTorch's own CUDA path with its fake process group: add --backend driver");
+        return crate::capture::EXIT_SETUP_ERROR;
+    }
+    // One capture a rank, as torchrun would start them, each to DIR/rank-R.csv.
+    let world = per_node * a.nnodes;
+    let ranks = match ranks_of(&a.ranks, world) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return crate::capture::EXIT_SETUP_ERROR;
+        }
+    };
+    let dir = a.output.clone();
+    if dir.extension().is_some_and(|e| e == "csv" || e == "gz") || dir.is_file() {
+        eprintln!("error: -o {}: with --nproc-per-node, -o names a folder for the ranks' traces (rank-R.csv)", dir.display());
+        return crate::capture::EXIT_SETUP_ERROR;
+    }
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("error: -o {}: cannot create the folder: {e}", dir.display());
+        return crate::capture::EXIT_SETUP_ERROR;
+    }
+    let mut code = 0;
+    for rank in ranks {
+        let mut one = a.clone();
+        one.output = dir.join(format!("rank-{rank}.csv"));
+        if one.backend == "driver" {
+            one.gpus = one.gpus.max(per_node);
+        }
+        let env = [
+            ("RANK", rank.to_string()),
+            ("LOCAL_RANK", (rank % per_node).to_string()),
+            ("GROUP_RANK", (rank / per_node).to_string()),
+            ("NODE_RANK", (rank / per_node).to_string()),
+            ("WORLD_SIZE", world.to_string()),
+            ("LOCAL_WORLD_SIZE", per_node.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".to_string()),
+            ("MASTER_PORT", "29500".to_string()),
+            ("ALLOCBENCH_RANK", rank.to_string()),
+        ];
+        eprintln!("rank {rank} of {world}:");
+        let ran = capture_one(one, env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
+        if ran != 0 && code == 0 {
+            code = ran;
+        }
+    }
+    code
+}
+
+fn capture_one(a: CaptureArgs, env: Vec<(String, String)>) -> i32 {
     let mut command = a.command.into_iter();
     let script = PathBuf::from(command.next().unwrap_or_default());
     if let Err(e) = super::output::check_outputs(&[Some(&a.output)], &[Some(&script)]) {
@@ -100,6 +180,7 @@ pub fn main(a: CaptureArgs) -> i32 {
         script_output: None,
         script,
         args: command.collect(),
+        env,
     };
     // A terminal gets one line redrawn; a log (--progress) a plain line every 10 s.
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());

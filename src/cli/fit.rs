@@ -76,6 +76,7 @@ pub fn main(a: FitArgs) -> anyhow::Result<()> {
         script_output: None,
         script,
         args: command.collect(),
+        env: Vec::new(),
     };
     let threads = a.threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let opts =

@@ -28,6 +28,7 @@ struct Tracker {
   std::mutex mu;
   std::string path, header;  // device 0's trace, and the header every device's trace starts with
   std::map<int, FILE*> outs;  // device -> its trace (opened at its first allocation)
+  int primary = 0;            // the device whose rows go to the trace named (a rank's LOCAL_RANK)
   bool open = false;
   uint64_t next_id = 1, step = 0;
   std::unordered_map<uint64_t, Live> live;     // address -> the allocation
@@ -55,9 +56,9 @@ struct Tracker {
     auto it = outs.find(device);
     if (it != outs.end()) return it->second;
     if (!open) return nullptr;
-    FILE* f = std::fopen(device_path(path, device).c_str(), "w");
+    FILE* f = std::fopen(device == primary ? path.c_str() : device_path(path, device).c_str(), "w");
     if (f == nullptr) return nullptr;
-    std::fprintf(f, "%s# device: cuda:%d of a capture of several (device 0: %s)\nop,id,bytes,stream\n", header.c_str(), device, path.c_str());
+    std::fprintf(f, "%s# device: cuda:%d of a capture of several (cuda:%d: %s)\nop,id,bytes,stream\n", header.c_str(), device, primary, path.c_str());
     if (step > 0) std::fprintf(f, "step,%llu,,\n", (unsigned long long)step);
     outs[device] = f;
     return f;
@@ -104,16 +105,16 @@ Tracker& tracker() {
 
 extern "C" {
 
-// Starts writing rows to `path` (device 0's trace, whose header the Python side wrote; the
-// header text is repeated atop every other device's).
-int allocbench_tracker_open(const char* path, const char* header) {
+// Starts writing rows to `path` (device `primary`'s trace, whose header the Python side wrote;
+// the header text is repeated atop every other device's).
+int allocbench_tracker_open(const char* path, const char* header, int primary) {
   Tracker& t = tracker();
   {
     std::lock_guard<std::mutex> g(t.mu);
     FILE* f = std::fopen(path, "a");
     if (f == nullptr) return -1;
-    t.path = path, t.header = header, t.open = true;
-    t.outs[0] = f;
+    t.path = path, t.header = header, t.open = true, t.primary = primary;
+    t.outs[primary] = f;
     if (t.attached) return 0;
     t.attached = true;
   }
@@ -132,6 +133,7 @@ void allocbench_tracker_line(int device, const char* line) {
     if (device >= 0 && d != device) continue;
     std::fputs(line, f);
     std::fputc('\n', f);
+    if (step != 0) std::fflush(f);  // (each step on disk: a crash keeps the rows of the steps before it)
     if (line[0] != '#') t.rows++;
   }
 }
