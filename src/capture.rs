@@ -376,7 +376,10 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
         return lines.remove(0); // (a stop is said in one line)
     }
     lines.extend(made_up_line(o));
-    if o.capture_seconds > 0.0 {
+    if o.capture_seconds > 0.0 && opts.backend == "driver" {
+        // (No Python dispatch to split off: PyTorch's own ops run in C++, the kernels skipped.)
+        lines.push(format!("time: {:.1} s on PyTorch's own CUDA path (the script's work, its ops with kernels skipped, the recording)", o.capture_seconds));
+    } else if o.capture_seconds > 0.0 {
         let own = (o.capture_seconds - o.dispatch_seconds).max(0.0);
         lines.push(format!(
             "time: {:.1} s, {:.1} s of it in the capture's op dispatch (fake kernels, recording) and {:.1} s in the script's own work (its Python, data loading, I/O)",
