@@ -25,6 +25,7 @@ pub const CAPTURE_PACKAGE: &[(&str, &str)] = &[
     ("driver/allocation_tracker.cpp", include_str!("../scripts/allocbench_capture/driver/allocation_tracker.cpp")),
     ("driver/fake_cublas.cpp", include_str!("../scripts/allocbench_capture/driver/fake_cublas.cpp")),
     ("driver/fake_cudart_kernels.cpp", include_str!("../scripts/allocbench_capture/driver/fake_cudart_kernels.cpp")),
+    ("driver/fake_handles.h", include_str!("../scripts/allocbench_capture/driver/fake_handles.h")),
     ("driver/fake_libcuda.cpp", include_str!("../scripts/allocbench_capture/driver/fake_libcuda.cpp")),
     // The oracle's fake runtime and NVML are the driver backend's too (one fake CUDA stack).
     ("driver/fake_cudart.cpp", include_str!("gpu/oracle/fake_cudart.cpp")),

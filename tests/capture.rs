@@ -139,7 +139,7 @@ fn the_binary_embeds_every_file_of_the_capture_package() {
             let path = entry.unwrap().path();
             if path.is_dir() {
                 folders.push(path);
-            } else if path.extension().is_some_and(|e| e == "py" || e == "cpp") {
+            } else if path.extension().is_some_and(|e| e == "py" || e == "cpp" || e == "h") {
                 let relative = path.strip_prefix(&package).unwrap().iter().map(|p| p.to_str().unwrap()).collect::<Vec<_>>().join("/");
                 on_disk.push((relative, std::fs::read_to_string(&path).unwrap()));
             }
@@ -153,7 +153,7 @@ fn the_binary_embeds_every_file_of_the_capture_package() {
     let mut embedded: Vec<(String, String)> = allocbench::capture::CAPTURE_PACKAGE.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect();
     embedded.sort();
     let names = |files: &[(String, String)]| files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>();
-    assert_eq!(names(&embedded), names(&on_disk), "src/capture.rs's CAPTURE_PACKAGE must list every .py and .cpp file of scripts/allocbench_capture/");
+    assert_eq!(names(&embedded), names(&on_disk), "src/capture.rs's CAPTURE_PACKAGE must list every .py, .cpp and .h file of scripts/allocbench_capture/");
     for ((path, text), (_, disk)) in embedded.iter().zip(&on_disk) {
         assert!(text == disk, "{path}: the embedded text is not the file's");
     }

@@ -102,7 +102,8 @@ def build():
                          f"the driver backend runs PyTorch's CUDA path; use {FALLBACK}")
     major = cudart.rsplit(".", 1)[1]
     headers = _cuda_headers(root, major)
-    sources = ["fake_cudart.cpp", "fake_cudart_kernels.cpp", "fake_libcuda.cpp", "fake_cublas.cpp", "fake_nvml.cpp", "allocation_tracker.cpp"]
+    sources = ["fake_cudart.cpp", "fake_cudart_kernels.cpp", "fake_libcuda.cpp", "fake_cublas.cpp", "fake_nvml.cpp", "allocation_tracker.cpp",
+               "fake_handles.h"]
     paths = {name: _source(name) for name in sources}
     key = hashlib.sha256()
     for name in sources:

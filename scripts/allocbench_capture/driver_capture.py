@@ -68,7 +68,6 @@ class DriverRecorder:
         self.on_hard_exit = None
         self.outcome = ""
         self.device_traces = []  # the traces of devices other than 0, once closed
-        self.flops = 0
 
     def made_up_value(self, read):
         if self.strict_values:

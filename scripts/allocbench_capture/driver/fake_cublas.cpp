@@ -5,6 +5,8 @@
 // the allocations a capture records), and math that does nothing. Every other call torch's
 // libraries import is a generated stub that succeeds (the builder lists them with `nm`).
 #include <cstddef>
+#include "fake_handles.h"
+
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -12,11 +14,7 @@
 namespace {
 template <typename T>
 T next_handle() {
-  static std::uintptr_t h = 0x7c0000;
-  static std::mutex mu;
-  std::lock_guard<std::mutex> g(mu);
-  h += 0x100;
-  return reinterpret_cast<T>(h);
+  return next_fake_handle<T, 0x7c0000>();
 }
 }  // namespace
 

@@ -6,6 +6,8 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include "fake_handles.h"
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -25,14 +27,9 @@ void* host_alloc(size_t size) {
   pinned().insert(p);
   return p;
 }
-// A handle nobody dereferences but that is not null and looks like a pointer.
 template <typename T>
 T next_handle() {
-  static std::uintptr_t h = 0x5a0000;
-  static std::mutex mu;
-  std::lock_guard<std::mutex> g(mu);
-  h += 0x100;
-  return reinterpret_cast<T>(h);
+  return next_fake_handle<T, 0x5a0000>();
 }
 }  // namespace
 

@@ -8,6 +8,8 @@
 
 #include <dlfcn.h>
 
+#include "fake_handles.h"
+
 #include <cstdint>
 #include <string>
 #include <cstring>
@@ -16,11 +18,7 @@
 namespace {
 template <typename T>
 T next_handle() {
-  static std::uintptr_t h = 0x6b0000;
-  static std::mutex mu;
-  std::lock_guard<std::mutex> g(mu);
-  h += 0x100;
-  return reinterpret_cast<T>(h);
+  return next_fake_handle<T, 0x6b0000>();
 }
 CUcontext the_context() { return reinterpret_cast<CUcontext>(0x6a0000); }
 
