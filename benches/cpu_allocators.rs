@@ -1,10 +1,13 @@
 //! In-process allocators on fixed size mixes (1 and 2 threads), and the driver's own overhead:
-//! the replay loop through a no-op allocator vs through the cheapest real one (target: ≤ 10 %).
+//! the replay loop through a no-op allocator vs through the cheapest real one (target: ≤ 10 %);
+//! and the replay of a recorded trace (target: ≥ 20 M calls/s through the no-op allocator).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
 use allocbench::cpu::allocators::CpuAllocator;
-use allocbench::cpu::driver::{drive, DriverOptions};
+use allocbench::cpu::driver::{drive, DriverOptions, Tsc};
+use allocbench::cpu::recorded::{Call, ProcessInfo, Recorded, RecordedTrace, RecordingInfo};
+use allocbench::cpu::replay::{self, compile, ReplayAllocator, ReplayOptions};
 use allocbench::cpu::rss::RunProgress;
 use allocbench::input::Source;
 use allocbench::workload::Workload;
@@ -96,5 +99,82 @@ fn harness_overhead(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, size_mixes, harness_overhead);
+/// A recorded trace of `calls` calls on `threads` threads (one process): each thread allocates
+/// 16 B..4 KiB blocks and frees a random live one of its own, one free in ten a block of the
+/// next thread's (a free across threads, which the replay orders).
+fn synthetic_recording(threads: u32, calls: usize) -> RecordedTrace {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+    let mut live: Vec<Vec<u64>> = vec![Vec::new(); threads as usize];
+    let mut out = Vec::with_capacity(calls);
+    let mut next_id = 0u64;
+    for i in 0..calls {
+        let t = (i % threads as usize) as u32;
+        let call = if live[t as usize].len() < 64 || rng.random_range(0..2) == 0 {
+            live[t as usize].push(next_id);
+            next_id += 1;
+            Call::Malloc { bytes: 16 << rng.random_range(0..9) }
+        } else {
+            let from = if rng.random_range(0..10) == 0 { (t as usize + 1) % threads as usize } else { t as usize };
+            let from = if live[from].is_empty() { t as usize } else { from };
+            let v = &mut live[from];
+            let k = rng.random_range(0..v.len());
+            Call::Free { id: v.swap_remove(k) }
+        };
+        out.push(Recorded { thread: t, t_ns: i as u64, call });
+    }
+    let process = ProcessInfo {
+        pid: 1,
+        ppid: 0,
+        cmdline: vec!["synthetic".into()],
+        start_s: 0.0,
+        threads,
+        calls: calls as u64,
+        unmatched_frees: 0,
+        unseen_frees: 0,
+        peak_live_bytes: 0,
+        live_bytes_end: 0,
+    };
+    let info = RecordingInfo {
+        command: vec!["synthetic".into()],
+        exit_code: 0,
+        incomplete: None,
+        wall_s: 0.0,
+        rss: Vec::new(),
+        peak_rss_bytes: 0,
+        recorder: "bench".into(),
+        processes: vec![process],
+    };
+    RecordedTrace { info, calls: vec![out] }
+}
+
+/// The replay of a recorded trace: calls per second through the no-op allocator (the replay's own
+/// cost; target ≥ 20 M calls/s) and through glibc, 1 and 4 threads.
+fn recorded_replay(c: &mut Criterion) {
+    let mut group = c.benchmark_group("cpu_recorded_replay");
+    group.sample_size(10);
+    let calls = 1_000_000;
+    for threads in [1u32, 4] {
+        let compiled = compile(&synthetic_recording(threads, calls)).unwrap();
+        group.throughput(Throughput::Elements(calls as u64));
+        for alloc in [ReplayAllocator::Null, ReplayAllocator::Libc] {
+            let opts = ReplayOptions { touch: false, duration: None, pace: false };
+            let progress = RunProgress::default();
+            // The wall time of the replay threads (compilation is outside it).
+            group.bench_function(format!("{alloc:?}/{threads}_threads"), |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| {
+                            std::time::Duration::from_secs_f64(
+                                replay::drive_holding(&compiled, alloc, &opts, &progress, &Tsc::calibrated(), |_, _| ()).unwrap().0.wall_s,
+                            )
+                        })
+                        .sum()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, size_mixes, harness_overhead, recorded_replay);
 criterion_main!(benches);

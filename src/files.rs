@@ -74,3 +74,27 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+/// FNV-1a, 64 bits, over `parts` (each ended by 0xff): a stable name for a native helper's build
+/// inputs, so a changed source or library builds afresh.
+pub fn build_key(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in p.iter().chain([0xffu8].iter()) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// `$XDG_CACHE_HOME/allocbench/SUB` (else `~/.cache/allocbench/SUB`): where native helpers built
+/// at first use are kept.
+pub fn cache_dir(sub: &str) -> std::path::PathBuf {
+    use std::path::PathBuf;
+    let base = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+        home.join(".cache")
+    });
+    base.join("allocbench").join(sub)
+}

@@ -72,7 +72,10 @@ pub enum Command {
     Replay(replay::ReplayArgs),
     /// Replay a workload through every allocator x conf and print a comparison table.
     Run(run::RunArgs),
-    /// Drive real CPU allocators (glibc, jemalloc, mimalloc; tcmalloc via --preload) with a workload.
+    /// Drive real CPU allocators (glibc, jemalloc, mimalloc; tcmalloc via --preload) with a
+    /// workload, run a program under each (--exec), record one (--record) and replay the recording;
+    /// `cpu advise` ranks allocators and settings for it.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Cpu(cpu::CpuArgs),
     /// Print which malloc really serves this process (JSON), e.g. under LD_PRELOAD.
     MallocInfo,

@@ -170,7 +170,7 @@ pub fn scaled(bytes: u64, scale: f64) -> usize {
 /// # Safety
 /// `p` is valid for writes of `len` > 0 bytes (a live block of at least `len` bytes).
 #[inline]
-unsafe fn touch(p: *mut u8, len: usize) {
+pub(super) unsafe fn touch(p: *mut u8, len: usize) {
     let mut off = 0;
     while off < len {
         // SAFETY: `off` < `len`, so `p + off` is inside the caller's block.
@@ -502,7 +502,7 @@ impl<'a, C: Clock> Worker<'a, C> {
     }
 }
 
-fn histogram() -> Histogram<u64> {
+pub(super) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
 }
 
@@ -522,6 +522,11 @@ pub struct HeldWorkers {
 }
 
 impl HeldWorkers {
+    /// Workers that take jobs from `jobs` (one channel each) and answer each on `done`.
+    pub(super) fn new(jobs: Vec<mpsc::Sender<WorkerJob>>, done: mpsc::Receiver<()>) -> Self {
+        HeldWorkers { jobs, done }
+    }
+
     /// Runs `job` on every worker thread and returns when all have: what acts on a thread's own
     /// allocator state (mimalloc's `mi_collect` frees the calling thread's heap, not the
     /// others') is done by the threads that allocated, as a serving thread calling it would.
@@ -609,7 +614,7 @@ pub fn drive_with<C: Clock, R>(
         drop(done_tx);
         finished.wait();
         let wall_s = start.elapsed().as_secs_f64();
-        let workers = HeldWorkers { jobs: job_senders, done: done_rx };
+        let workers = HeldWorkers::new(job_senders, done_rx);
         let held = while_held(!failed.load(Ordering::Relaxed), &workers);
         // Closing the job channels releases the workers.
         drop(workers);

@@ -62,6 +62,8 @@ pub struct ExecOptions {
     pub sample_interval: Duration,
     /// Send the program's stdout to this process's stderr (when stdout carries the results).
     pub program_stdout_to_stderr: bool,
+    /// Set in the program's environment (an allocator's settings, the recorder's spool folder).
+    pub env: Vec<(String, String)>,
 }
 
 /// `root` and every descendant: children from `/proc/PID/task/*/children`, else (kernels
@@ -271,6 +273,7 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
         Some(lib) => cmd.env("LD_PRELOAD", lib),
         None => cmd.env_remove("LD_PRELOAD"),
     };
+    cmd.envs(opts.env.iter().map(|(k, v)| (k, v)));
     let mut result = CpuExecResult {
         schema_version: SCHEMA_VERSION,
         allocator: alloc.name.clone(),
@@ -292,6 +295,8 @@ pub fn run_once(command: &[String], alloc: &ExecAllocator, rep: u32, opts: &Exec
         rss: Vec::new(),
         machine: MachineInfo::current(),
         interrupted: false,
+        // What the caller set for the allocator (allocbench's own variables are not settings).
+        settings: opts.env.iter().filter(|(k, _)| !k.starts_with("ALLOCBENCH_")).map(|(k, v)| format!("{k}={v}")).collect(),
     };
     // A child's ru_maxrss starts from this process's high-water mark (exec records the forked
     // copy's peak): a figure at or below it may be ours, not the program's, so it is taken only
@@ -524,7 +529,7 @@ mod tests {
         let v = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         let glibc = ExecAllocator { name: "glibc".into(), library: None };
         for (command, interval_ms) in [(&["true"][..], 1), (&["true"][..], 10_000), (&["sh", "-c", "sleep 0.01"][..], 1)] {
-            let opts = ExecOptions { sample_interval: Duration::from_millis(interval_ms), program_stdout_to_stderr: false };
+            let opts = ExecOptions { sample_interval: Duration::from_millis(interval_ms), program_stdout_to_stderr: false, env: Vec::new() };
             for rep in 0..10 {
                 let r = run_once(&v(command), &glibc, rep, &opts);
                 let what = format!("{command:?} every {interval_ms} ms, run {rep}: {:?}", r.rss);

@@ -18,12 +18,17 @@
 //!   jemalloc `arena.<all>.purge`, tcmalloc `MallocExtension_ReleaseFreeMemory`, mimalloc
 //!   `mi_collect(true)`), in-process or under LD_PRELOAD.
 
+pub mod advise;
 pub mod allocators;
 pub mod driver;
 pub mod exec;
 pub mod harness_alloc;
 pub mod preload;
+pub mod record;
+pub mod recorded;
+pub mod replay;
 pub mod rss;
+pub mod settings;
 
 use std::time::Duration;
 
@@ -107,6 +112,8 @@ pub fn check_fits(source: &Source, opts: &DriverOptions) -> anyhow::Result<u64> 
 
 /// What a run reads at its end while its workers are held (see [`drive_holding`]).
 struct Held {
+    /// CPU seconds of the process when the workers had made their last free.
+    cpu_s_at_end: f64,
     rss_after_free: u64,
     peak_rss: u64,
     retained_after_drain: Vec<RetainedAt>,
@@ -118,46 +125,107 @@ struct Held {
 
 /// Runs one allocator over the workload and measures it.
 pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow::Result<CpuRunResult> {
+    let peak_live_bytes = check_fits(source, &opts.driver)?;
+    let workload = source.info()?;
+    let what =
+        RunShape { threads: opts.driver.threads, cross_thread: opts.driver.cross_thread, touch: opts.driver.touch, scale: opts.driver.scale, peak_live_bytes };
+    measure(alloc, opts.sample_interval, opts.drain, workload, what, |progress, while_held| drive_holding(source, alloc, &opts.driver, progress, while_held))
+}
+
+/// Replays a recorded trace with the process's malloc (`system`: glibc or the preloaded one) and
+/// measures it as [`run`] does.
+pub fn run_recorded(
+    trace: &recorded::RecordedTrace,
+    workload: crate::results::WorkloadInfo,
+    replay_opts: &replay::ReplayOptions,
+    sample_interval: Duration,
+    drain: Duration,
+) -> anyhow::Result<CpuRunResult> {
+    let compiled = replay::compile(trace)?;
+    let what = RunShape {
+        threads: compiled.threads(),
+        cross_thread: compiled.cross_thread_calls > 0,
+        touch: replay_opts.touch,
+        scale: 1.0,
+        peak_live_bytes: compiled.peak_live_bytes,
+    };
+    let alloc = CpuAllocator::by_name("system")?;
+    let mut r = measure(alloc, sample_interval, drain, workload, what, |progress, while_held| {
+        replay::drive_holding(&compiled, replay::ReplayAllocator::Libc, replay_opts, progress, &driver::Tsc::calibrated(), while_held)
+    })?;
+    r.paced = replay_opts.pace;
+    Ok(r)
+}
+
+/// What a run was, for its record.
+struct RunShape {
+    threads: usize,
+    cross_thread: bool,
+    touch: bool,
+    scale: f64,
+    peak_live_bytes: u64,
+}
+
+/// What is read while a run's workers are held.
+type WhileHeld<'a> = Box<dyn FnOnce(bool, &driver::HeldWorkers) -> Held + 'a>;
+
+/// Measures one run that `drive` makes: RSS sampled throughout, retained memory read during the
+/// drain while the workers live, then the allocator's trim.
+fn measure(
+    alloc: CpuAllocator,
+    sample_interval: Duration,
+    drain: Duration,
+    workload: crate::results::WorkloadInfo,
+    what: RunShape,
+    drive: impl FnOnce(&rss::RunProgress, WhileHeld) -> anyhow::Result<(driver::DriverOutcome, Held)>,
+) -> anyhow::Result<CpuRunResult> {
     let live = preload::live_malloc();
     let (name, mode) = label(&alloc, &live);
-    let peak_live_bytes = check_fits(source, &opts.driver)?;
+    let peak_live_bytes = what.peak_live_bytes;
     let rss_before = rss::rss_bytes();
     let vmhwm_reset = rss::reset_peak_rss();
-    let sampler = RssSampler::start(opts.sample_interval);
+    let sampler = RssSampler::start(sample_interval);
     let progress = sampler.progress.clone();
     // What is retained is read while the workers live, parked after their last free (a thread's
     // exit would hand its allocator caches back, which a serving thread never does).
-    let driven = drive_holding(source, alloc, &opts.driver, &progress, |all_ok, workers| {
-        let last_free = std::time::Instant::now();
-        let rss_after_free = rss::rss_bytes();
-        let peak_rss = if vmhwm_reset { rss::peak_rss_bytes() } else { 0 };
-        // The drain: the allocator's decay and purge timers run while nothing is allocated.
-        let mut retained_after_drain = Vec::new();
-        if all_ok {
-            for after_s in DRAIN_CHECKPOINTS_S.into_iter().filter(|&c| c <= opts.drain.as_secs_f64()) {
-                if !sleep_until(last_free + Duration::from_secs_f64(after_s)) {
-                    break;
+    let live_for_held = live.clone();
+    let cpu_s_before = rss::process_cpu_s();
+    let driven = drive(
+        &progress,
+        Box::new(move |all_ok, workers| {
+            let cpu_s_at_end = rss::process_cpu_s();
+            let live = live_for_held;
+            let last_free = std::time::Instant::now();
+            let rss_after_free = rss::rss_bytes();
+            let peak_rss = if vmhwm_reset { rss::peak_rss_bytes() } else { 0 };
+            // The drain: the allocator's decay and purge timers run while nothing is allocated.
+            let mut retained_after_drain = Vec::new();
+            if all_ok {
+                for after_s in DRAIN_CHECKPOINTS_S.into_iter().filter(|&c| c <= drain.as_secs_f64()) {
+                    if !sleep_until(last_free + Duration::from_secs_f64(after_s)) {
+                        break;
+                    }
+                    retained_after_drain.push(RetainedAt { after_s, retained: rss::rss_bytes() as i64 - rss_before as i64 });
                 }
-                retained_after_drain.push(RetainedAt { after_s, retained: rss::rss_bytes() as i64 - rss_before as i64 });
+                sleep_until(last_free + drain);
             }
-            sleep_until(last_free + opts.drain);
-        }
-        let drain_s = last_free.elapsed().as_secs_f64();
-        let native_stats = alloc.native_stats(&live.name);
-        // The trim on every worker thread, then on this one: mimalloc's collects the calling
-        // thread's heap alone (a preloaded mimalloc 2.0 called from here gave back nothing of
-        // a worker's 55 MiB); the others' calls are process-wide, and a second one finds nothing.
-        let live_name = live.name.clone();
-        workers.run_on_each(std::sync::Arc::new(move || {
-            alloc.trim(&live_name);
-        }));
-        let trim_call = alloc.trim(&live.name);
-        let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
-        Held { rss_after_free, peak_rss, retained_after_drain, drain_s, native_stats, trim_call, retained_after_trim }
-    });
+            let drain_s = last_free.elapsed().as_secs_f64();
+            let native_stats = alloc.native_stats(&live.name);
+            // The trim on every worker thread, then on this one: mimalloc's collects the calling
+            // thread's heap alone (a preloaded mimalloc 2.0 called from here gave back nothing of
+            // a worker's 55 MiB); the others' calls are process-wide, and a second one finds nothing.
+            let live_name = live.name.clone();
+            workers.run_on_each(std::sync::Arc::new(move || {
+                alloc.trim(&live_name);
+            }));
+            let trim_call = alloc.trim(&live.name);
+            let retained_after_trim = trim_call.map(|_| rss::rss_bytes() as i64 - rss_before as i64);
+            Held { cpu_s_at_end, rss_after_free, peak_rss, retained_after_drain, drain_s, native_stats, trim_call, retained_after_trim }
+        }),
+    );
     let samples = sampler.finish();
     let (out, held) = driven?;
-    let Held { rss_after_free, peak_rss, retained_after_drain, drain_s, native_stats, trim_call, retained_after_trim } = held;
+    let Held { cpu_s_at_end, rss_after_free, peak_rss, retained_after_drain, drain_s, native_stats, trim_call, retained_after_trim } = held;
     let sampled_peak = samples.iter().map(|s| s.rss).max().unwrap_or(0);
     let peak_rss = peak_rss.max(sampled_peak);
     let drift = rss::drift(&samples);
@@ -167,7 +235,7 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
         allocator: name,
         mode,
         live_malloc: live,
-        workload: source.info()?,
+        workload,
         machine: MachineInfo::current(),
         work: WorkDone {
             events: out.events,
@@ -178,17 +246,17 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
             live_bytes_end: out.bytes_allocated - out.bytes_freed,
             peak_live_bytes,
         },
-        threads: opts.driver.threads,
-        cross_thread: opts.driver.cross_thread,
-        touch: opts.driver.touch,
-        scale: opts.driver.scale,
+        threads: what.threads,
+        cross_thread: what.cross_thread,
+        touch: what.touch,
+        scale: what.scale,
         iterations: out.iterations,
         passes: out.passes,
         bytes_allocated: out.bytes_allocated,
         bytes_freed: out.bytes_freed,
         wall_s: out.wall_s,
         ops_per_s: if out.wall_s > 0.0 { ops / out.wall_s } else { 0.0 },
-        replay_ops_per_s: if out.replay_ns > 0 { ops * 1e9 / out.replay_ns as f64 / opts.driver.threads as f64 } else { 0.0 },
+        replay_ops_per_s: if out.replay_ns > 0 { ops * 1e9 / out.replay_ns as f64 / what.threads.max(1) as f64 } else { 0.0 },
         alloc_ns: Latency::of(&out.alloc_ns),
         free_ns: Latency::of(&out.free_ns),
         rss_before,
@@ -206,6 +274,9 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
         native_stats,
         interrupted: out.interrupted || crate::interrupt::interrupted(),
         pid: std::process::id(),
+        settings: Vec::new(),
+        cpu_s: Some(cpu_s_at_end - cpu_s_before),
+        paced: false,
     })
 }
 
@@ -215,7 +286,7 @@ pub fn describe(r: &CpuRunResult) -> String {
     let opt = |v: Option<f64>| v.map(|x| format!("{x:+.3}")).unwrap_or_else(|| "n/a".into());
     let mut s = format!(
         "{:<9} ({}; malloc from {}) {} thread(s){} scale {} on {} ({})\n",
-        r.allocator,
+        r.label(),
         r.mode,
         r.live_malloc.library,
         r.threads,

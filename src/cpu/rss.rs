@@ -25,6 +25,19 @@ fn page_size() -> u64 {
     }
 }
 
+/// CPU seconds (user + system) this process has used, all threads.
+pub fn process_cpu_s() -> f64 {
+    // SAFETY: rusage is a plain C struct of integers and timevals (all zeros is valid), a live
+    // local that getrusage(2) fills.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF asks for this process.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
 /// Resident set size now: `/proc/self/statm` field 2 × page size (exact, ~8 µs).
 pub fn rss_bytes() -> u64 {
     statm_rss("/proc/self/statm")

@@ -36,12 +36,12 @@ impl<'a> CpuRow<'a> {
             runs,
         }
     }
-    fn allocator(&self) -> &str {
-        &self.runs[0].allocator
+    fn allocator(&self) -> String {
+        self.runs[0].label()
     }
     /// The relative columns' baseline: glibc (`system` when nothing was preloaded).
     fn is_baseline(&self) -> bool {
-        matches!(self.allocator(), "glibc" | "system")
+        matches!(self.runs[0].allocator.as_str(), "glibc" | "system") && self.runs[0].settings.is_empty()
     }
 }
 
@@ -59,7 +59,7 @@ pub fn rows_by_workload<'a>(runs: &[&'a CpuRunResult]) -> Vec<(String, Vec<CpuRo
     groups
         .iter()
         .map(|((name, sha), group)| {
-            let rows = fold(group.iter().copied(), |r| (r.allocator.clone(), r.mode, r.threads, r.cross_thread, r.touch, r.scale.to_bits()))
+            let rows = fold(group.iter().copied(), |r| (r.label(), r.mode, r.threads, r.cross_thread, r.touch, r.scale.to_bits()))
                 .into_iter()
                 .map(|(_, reps)| CpuRow::new(reps))
                 .collect();
@@ -159,7 +159,7 @@ fn table(by_workload: &[(String, Vec<CpuRow>)]) -> String {
             let _ = writeln!(
                 s,
                 "| {} | `{}` ({}) | {}{}{} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
-                r.allocator,
+                r.label(),
                 r.live_malloc.library,
                 r.mode,
                 r.threads,

@@ -75,7 +75,7 @@ fn exec_groups<'a>(runs: &[&'a CpuExecResult]) -> Vec<ExecGroup<'a>> {
             let usual_exit = usual_exit_code(&group);
             let (usual, set_apart): (Vec<&CpuExecResult>, Vec<&CpuExecResult>) =
                 group.into_iter().partition(|r| r.error.is_none() && Some(r.exit_code) == usual_exit);
-            ExecGroup { title, command: command.join(" "), allocs: super::spread::fold(usual, |r| r.allocator.clone()), usual_exit, set_apart }
+            ExecGroup { title, command: command.join(" "), allocs: super::spread::fold(usual, |r| r.label()), usual_exit, set_apart }
         })
         .collect()
 }
@@ -193,7 +193,7 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
             let runs: Vec<String> = group
                 .set_apart
                 .iter()
-                .map(|r| format!("{} run {}: exit {}{}", r.allocator, r.rep, r.exit_code, r.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()))
+                .map(|r| format!("{} run {}: exit {}{}", r.label(), r.rep, r.exit_code, r.error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()))
                 .collect();
             let _ = writeln!(s, "Set apart, not in the figures or the verdict ({} run(s) that ended otherwise{usual}): {}.\n", runs.len(), runs.join("; "));
         }
@@ -201,7 +201,7 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
         // under one allocator is news, not only a row left out.
         let mut apart: Vec<String> = Vec::new();
         for r in &group.set_apart {
-            let what = format!("{} (exit {}{})", r.allocator, r.exit_code, r.error.as_deref().map(|e| format!(", {e}")).unwrap_or_default());
+            let what = format!("{} (exit {}{})", r.label(), r.exit_code, r.error.as_deref().map(|e| format!(", {e}")).unwrap_or_default());
             if !apart.contains(&what) {
                 apart.push(what);
             }
@@ -269,7 +269,7 @@ pub fn run_spread_markdown(runs: &[&CpuRunResult]) -> String {
         let mut drains = Vec::new();
         let mut drifts = Vec::new();
         // A preloaded allocator and the compiled-in one of the same name are different rows.
-        let by_allocator = super::spread::fold(group, |r| (r.allocator.clone(), r.mode));
+        let by_allocator = super::spread::fold(group, |r| (r.label(), r.mode));
         for ((allocator, mode), reps) in &by_allocator {
             let name = if by_allocator.iter().filter(|((a, _), _)| a == allocator).count() > 1 { format!("{allocator} ({mode})") } else { allocator.clone() };
             let spread = |v: Vec<f64>| Spread::of_some(&v);

@@ -134,6 +134,7 @@ fn common(r: &ResultRecord) -> (Option<&MachineInfo>, Option<&WorkloadInfo>) {
         ResultRecord::Diagnose(d) => (None, Some(&d.workload)),
         ResultRecord::CpuExec(c) => (Some(&c.machine), None),
         ResultRecord::Advise(a) => (None, Some(&a.workload)),
+        ResultRecord::CpuAdvise(_) => (None, None),
         // `load` turns sweep rows into replays; one read otherwise holds its replay.
         ResultRecord::SweepRow(s) => s.result.as_ref().map_or((None, None), |g| (Some(&g.machine), Some(&g.workload))),
     }

@@ -73,7 +73,21 @@ fn touched() -> bool {
     true
 }
 
+/// `allocator` followed by its settings, if any.
+pub fn with_settings(allocator: &str, settings: &[String]) -> String {
+    if settings.is_empty() {
+        allocator.to_string()
+    } else {
+        format!("{allocator} {}", settings.join(" "))
+    }
+}
+
 impl CpuRunResult {
+    /// The allocator and its settings, as tables and legends name a run.
+    pub fn label(&self) -> String {
+        with_settings(&self.allocator, &self.settings)
+    }
+
     /// What the run kept at the end of its drain (the last checkpoint the drain reached), else
     /// right after its last free (`retained`, a run without a drain).
     pub fn retained_at_drain_end(&self) -> i64 {
@@ -143,6 +157,16 @@ pub struct CpuRunResult {
     /// The process that ran it (each allocator of a multi-allocator run has its own).
     #[serde(default)]
     pub pid: u32,
+    /// The allocator settings in force (`--settings`), as the environment set them: `K=V` each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<String>,
+    /// CPU time (user + system) of the process over the run, drain excluded: what the allocator
+    /// cost, idle time not counted (a paced replay sleeps between calls).
+    #[serde(default)]
+    pub cpu_s: Option<f64>,
+    /// A recorded trace replayed at its recorded pace (`--pace recorded`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paced: bool,
 }
 
 /// One run of a program under one allocator (`allocbench cpu --exec`, `"type": "cpu_exec"`).
@@ -185,11 +209,57 @@ pub struct CpuExecResult {
     pub machine: MachineInfo,
     /// Stopped by Ctrl-C before it finished.
     pub interrupted: bool,
+    /// The allocator settings in force (`--settings`), as the environment set them: `K=V` each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub settings: Vec<String>,
 }
 
 impl CpuExecResult {
+    /// The allocator and its settings, as tables and legends name a run.
+    pub fn label(&self) -> String {
+        with_settings(&self.allocator, &self.settings)
+    }
+
     /// The run ran to its end and its allocator is proven.
     pub fn verified(&self) -> bool {
         self.served_by.as_deref() == Some(self.allocator.as_str()) && !self.interrupted
     }
+}
+
+/// One allocator × settings of `allocbench cpu advise`, its repetitions folded to medians.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuCandidate {
+    /// The allocator and its settings, as tables name it.
+    pub label: String,
+    pub allocator: String,
+    pub settings: Vec<String>,
+    /// What to set to run a program this way (`LD_PRELOAD=… K=V …`).
+    pub line: String,
+    pub runs: u32,
+    /// Time-weighted mean RSS while it ran, and its peak: above the replay's start for a recorded
+    /// trace, the whole process tree's for a program.
+    pub steady_rss_bytes: f64,
+    pub peak_rss_bytes: f64,
+    /// Kept after the drain (replays only).
+    pub retained_bytes: Option<f64>,
+    /// CPU seconds (user + system) of a run: the replay process's, or the program tree's.
+    pub cpu_s: f64,
+    /// How much more CPU time than glibc's defaults: this one's / the baseline's − 1.
+    pub time_cost: f64,
+    /// Another candidate no worse on every column and better on one, if any.
+    pub dominated_by: Option<String>,
+}
+
+/// `allocbench cpu advise` (`"type": "cpu_advise"`): the candidates, the recommendation first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CpuAdviseResult {
+    pub schema_version: u32,
+    /// The recorded trace, or the command.
+    pub input: String,
+    /// memory, balanced or time.
+    pub objective: String,
+    pub candidates: Vec<CpuCandidate>,
+    /// The recommendation, ready to paste.
+    pub line: String,
+    pub reason: String,
 }

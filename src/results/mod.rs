@@ -48,7 +48,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::InputError;
 
 pub use common::{MachineInfo, Outside, WorkDone, WorkloadInfo, CUDA_CONTEXT_BYTES};
-pub use cpu::{CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
+pub use cpu::{CpuAdviseResult, CpuCandidate, CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};
 pub use fidelity::{FidelityReport, Mismatch, OracleComparison, OracleOom, OracleResult, Parting, TorchOom, TorchReplay, TorchStep};
@@ -74,6 +74,7 @@ pub enum ResultRecord {
     Diagnose(Box<DiagnoseResult>),
     SweepRow(Box<SweepRow>),
     Advise(Box<AdviseResult>),
+    CpuAdvise(Box<CpuAdviseResult>),
 }
 
 impl ResultRecord {

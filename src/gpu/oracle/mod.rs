@@ -199,7 +199,7 @@ fn fetch(python: &str, what: &str, version: &str, dest: &std::path::Path, flag: 
     let err = |m: String| InputError::new(flag, m);
     std::fs::create_dir_all(cache_root()).map_err(|e| err(format!("cannot create {}: {e}", cache_root().display())))?;
     // Named by its content and put in place whole: concurrent fetches never read a half-written one.
-    let script = cache_root().join(format!("fetch_torch-{:016x}.py", fnv(&[FETCH_TORCH_PY.as_bytes()])));
+    let script = cache_root().join(format!("fetch_torch-{:016x}.py", crate::files::build_key(&[FETCH_TORCH_PY.as_bytes()])));
     if !script.is_file() {
         let tmp = tempfile::NamedTempFile::new_in(cache_root()).map_err(|e| err(format!("cannot write in {}: {e}", cache_root().display())))?;
         std::fs::write(tmp.path(), FETCH_TORCH_PY).map_err(|e| err(format!("cannot write {}: {e}", tmp.path().display())))?;
@@ -224,32 +224,22 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
-/// FNV-1a, 64 bits: a stable name for a build's inputs.
-fn fnv(parts: &[&[u8]]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for &b in p.iter().chain([0xffu8].iter()) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
-}
-
 fn cache_root() -> PathBuf {
-    let base = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| {
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        home.join(".cache")
-    });
-    base.join("allocbench").join("oracle")
+    crate::files::cache_dir("oracle")
 }
 
 /// The built helpers: what to preload (the fake libcudart and libnvidia-ml) and the driver,
 /// compiled once per sources and torch.
 pub fn build(torch: &Torch) -> Result<(String, PathBuf), InputError> {
     let lib = torch.lib.display().to_string();
-    let key =
-        fnv(&[FAKE_CUDART_CPP.as_bytes(), FAKE_NVML_CPP.as_bytes(), DRIVER_CPP.as_bytes(), lib.as_bytes(), torch.version.as_bytes(), torch.cudart.as_bytes()]);
+    let key = crate::files::build_key(&[
+        FAKE_CUDART_CPP.as_bytes(),
+        FAKE_NVML_CPP.as_bytes(),
+        DRIVER_CPP.as_bytes(),
+        lib.as_bytes(),
+        torch.version.as_bytes(),
+        torch.cudart.as_bytes(),
+    ]);
     let dir = cache_root().join(format!("{}-{key:016x}", torch.version.replace(['/', ' '], "_")));
     let fake = dir.join(torch.cudart);
     let nvml = dir.join("libnvidia-ml.so.1");
@@ -643,6 +633,6 @@ mod tests {
 
     #[test]
     fn the_build_key_changes_with_its_inputs() {
-        assert_ne!(fnv(&[b"a", b"bc"]), fnv(&[b"ab", b"c"]));
+        assert_ne!(crate::files::build_key(&[b"a", b"bc"]), crate::files::build_key(&[b"ab", b"c"]));
     }
 }

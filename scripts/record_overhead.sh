@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The malloc recorder's overhead (issue #52's measure: at most 2x the program's own run time), a
+# timed script rather than a test: each shipped program (workloads/python/*.py, or the programs
+# given) runs REPS times plain and REPS times under `allocbench cpu --record`, interleaved; the
+# median wall times and their ratio are printed, with the calls recorded and the trace's bytes a
+# call.
+#   scripts/record_overhead.sh [--reps N] [PROGRAM.py ...]     (python3 on PATH)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+reps=5
+if [ "${1:-}" = "--reps" ]; then reps=$2; shift 2; fi
+programs=("$@")
+[ ${#programs[@]} -gt 0 ] || programs=(workloads/python/*.py)
+bin=$(cargo build --release --message-format=json-render-diagnostics 2>/dev/null | sed -n 's/.*"executable":"\([^"]*allocbench\)".*/\1/p' | tail -1)
+bin=${bin:-target/release/allocbench}
+python=$(command -v python3)
+# The interpreter itself, not a wrapper script (pyenv's shim would be recorded too).
+python=$("$python" -c 'import sys; print(sys.executable)')
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+now() { date +%s.%N; }
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+printf '%-22s %10s %12s %7s %12s %12s\n' program "plain s" "recorded s" ratio calls "bytes/call"
+for p in "${programs[@]}"; do
+  : > "$tmp/plain"; : > "$tmp/rec"
+  for _ in $(seq "$reps"); do
+    t0=$(now); "$python" "$p" > /dev/null 2>&1; t1=$(now)
+    echo "$t1 - $t0" | bc >> "$tmp/plain"
+    t0=$(now); "$bin" cpu --record -o "$tmp/t.abt" -- "$python" "$p" > "$tmp/out" 2>&1; t1=$(now)
+    echo "$t1 - $t0" | bc >> "$tmp/rec"
+  done
+  plain=$(median < "$tmp/plain"); rec=$(median < "$tmp/rec")
+  calls=$(sed -n 's/^recorded \([0-9]*\) calls.*/\1/p' "$tmp/out")
+  bpc=$(sed -n 's/.*, \([0-9.]*\) bytes a call).*/\1/p' "$tmp/out")
+  awk -v n="$(basename "$p")" -v a="$plain" -v b="$rec" -v c="$calls" -v d="$bpc" 'BEGIN { printf "%-22s %10.2f %12.2f %7.2f %12d %12s\n", n, a, b, b / a, c, d }'
+done

@@ -1,0 +1,378 @@
+// allocbench's malloc recorder: an LD_PRELOAD library that logs every malloc, calloc, realloc,
+// reallocarray, free, posix_memalign, aligned_alloc, memalign, valloc and pvalloc of a process
+// (and, through the inherited environment, of every process it starts) to a spool folder, for
+// `allocbench cpu --record` to turn into a trace (docs/cpu-trace-format.md). Built by
+// src/cpu/record.rs with g++ at first use.
+//
+// Why it looks like this:
+// - The calls go to glibc's own entry points (__libc_malloc and friends), not dlsym(RTLD_NEXT):
+//   dlsym allocates, which would recurse before the first call could be answered.
+// - Each thread fills its own buffer of fixed 32-byte records and writes it whole with one
+//   write(2) to the process's spool file (O_APPEND: concurrent chunks never interleave). A global
+//   sequence number orders calls across threads: taken before a block is given back (free, the
+//   old block of a realloc) and after one is handed out, so a block's reuse by another thread is
+//   always numbered after its release.
+// - A thread's buffer is written when full, when the thread exits, at exit/_exit/exec (every
+//   thread's), and is discarded in a forked child (those records are the parent's).
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+extern "C" {
+void *__libc_malloc(size_t);
+void *__libc_calloc(size_t, size_t);
+void *__libc_realloc(void *, size_t);
+void __libc_free(void *);
+void *__libc_memalign(size_t, size_t);
+}
+
+namespace {
+
+// Record kinds (the spool format's op codes; src/cpu/record.rs reads them).
+enum Op : uint64_t { MALLOC = 1, CALLOC = 2, MEMALIGN = 3, FREE = 4, REALLOC_FROM = 5, REALLOC_TO = 6 };
+
+struct Rec {
+    uint64_t op_seq;  // op << 56 | log2(alignment) << 48 | sequence number
+    uint64_t t_ns;    // CLOCK_MONOTONIC
+    uint64_t ptr;     // the block handed out, or given back
+    uint64_t bytes;   // what was asked for (calloc: nmemb * size)
+};
+static_assert(sizeof(Rec) == 32, "the spool format's record is 32 bytes");
+
+constexpr uint32_t RECORDS_PER_BUFFER = 2046;  // with the header: 64 KiB
+
+struct Buffer {
+    std::atomic<int> lock;       // held while the buffer is written to or flushed
+    std::atomic<int> owned;      // a live thread writes here
+    uint32_t tid;
+    uint32_t n;
+    Buffer *next;                // every buffer ever made, for the flush at exit
+    uint64_t pad[2];
+    Rec recs[RECORDS_PER_BUFFER];
+};
+
+// Spool chunk header: one thread's records.
+struct ChunkHeader {
+    uint32_t magic;  // 'ABRC'
+    uint32_t tid;
+    uint32_t count;
+    uint32_t reserved;
+};
+constexpr uint32_t CHUNK_MAGIC = 0x43524241;  // "ABRC" little-endian
+
+std::atomic<uint64_t> g_seq{1};
+std::atomic<Buffer *> g_buffers{nullptr};
+std::atomic<int> g_fd{-1};
+std::atomic<int> g_state{0};  // 0 not started, 1 starting, 2 recording, 3 off
+std::atomic<int> g_final{0};  // after the exit flush: every record is written at once
+pthread_key_t g_key;
+
+__attribute__((tls_model("initial-exec"))) thread_local Buffer *t_buf = nullptr;
+__attribute__((tls_model("initial-exec"))) thread_local int t_busy = 0;
+
+inline uint64_t now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+inline void spin_lock(std::atomic<int> &l) {
+    while (l.exchange(1, std::memory_order_acquire)) {
+        while (l.load(std::memory_order_relaxed)) sched_yield();
+    }
+}
+inline void spin_unlock(std::atomic<int> &l) { l.store(0, std::memory_order_release); }
+
+void write_all(int fd, const void *p, size_t len) {
+    const char *c = static_cast<const char *>(p);
+    while (len > 0) {
+        ssize_t w = write(fd, c, len);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;  // a full disk loses records; the trace's counts show it
+        c += w;
+        len -= size_t(w);
+    }
+}
+
+// Writes a locked buffer's records as one chunk (one write: O_APPEND keeps chunks whole).
+void flush_locked(Buffer *b) {
+    int fd = g_fd.load(std::memory_order_acquire);
+    if (b->n == 0 || fd < 0) {
+        b->n = 0;
+        return;
+    }
+    // The header sits in the 16 bytes before the records (lock, owned, tid, n are rewritten
+    // after): one write of header and records together.
+    static_assert(offsetof(Buffer, recs) >= sizeof(ChunkHeader), "room for the header");
+    char *at = reinterpret_cast<char *>(b->recs) - sizeof(ChunkHeader);
+    ChunkHeader h{CHUNK_MAGIC, b->tid, b->n, 0};
+    std::memcpy(at, &h, sizeof h);
+    int saved = errno;
+    write_all(fd, at, sizeof h + size_t(b->n) * sizeof(Rec));
+    errno = saved;
+    b->n = 0;
+}
+
+void flush_all() {
+    for (Buffer *b = g_buffers.load(std::memory_order_acquire); b; b = b->next) {
+        spin_lock(b->lock);
+        flush_locked(b);
+        spin_unlock(b->lock);
+    }
+}
+
+// Opens this process's spool file: PID.N.spool in $ALLOCBENCH_RECORD_DIR (N counts the images
+// an exec gives one pid), headed by the pid, the parent's pid and the command line.
+void open_spool() {
+    const char *dir = getenv("ALLOCBENCH_RECORD_DIR");
+    if (!dir || !*dir) {
+        g_state.store(3);
+        return;
+    }
+    char path[4096];
+    int fd = -1;
+    pid_t pid = getpid();
+    for (int n = 0; n < 1000 && fd < 0; n++) {
+        snprintf(path, sizeof path, "%s/%d.%d.spool", dir, int(pid), n);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    if (fd < 0) {
+        g_state.store(3);
+        return;
+    }
+    // Header: magic, version, pid, ppid, start (monotonic ns), command line length, command line.
+    char cmdline[8192];
+    ssize_t len = 0;
+    int cfd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+    if (cfd >= 0) {
+        len = read(cfd, cmdline, sizeof cmdline);
+        close(cfd);
+        if (len < 0) len = 0;
+    }
+    struct {
+        char magic[8];
+        uint32_t version, pid, ppid, cmdline_len;
+        uint64_t start_ns;
+    } h = {{'A', 'B', 'R', 'S', 'P', 'O', 'O', 'L'}, 1, uint32_t(pid), uint32_t(getppid()), uint32_t(len), now_ns()};
+    write_all(fd, &h, sizeof h);
+    write_all(fd, cmdline, size_t(len));
+    g_fd.store(fd, std::memory_order_release);
+}
+
+void thread_done(void *p) {
+    Buffer *b = static_cast<Buffer *>(p);
+    spin_lock(b->lock);
+    flush_locked(b);
+    b->owned.store(0, std::memory_order_release);
+    spin_unlock(b->lock);
+}
+
+void after_fork_in_child() {
+    // Every buffer's records are the parent's; the threads that owned them are gone (only this
+    // one was copied). Locks held by those threads at the fork are released.
+    for (Buffer *b = g_buffers.load(); b; b = b->next) {
+        b->n = 0;
+        b->lock.store(0);
+        if (b != t_buf) b->owned.store(0);
+    }
+    if (t_buf) t_buf->tid = uint32_t(syscall(SYS_gettid));
+    int fd = g_fd.exchange(-1);
+    if (fd >= 0) close(fd);
+    if (g_state.load() == 2) open_spool();
+}
+
+void at_exit() {
+    flush_all();
+    g_final.store(1, std::memory_order_release);
+}
+
+void start() {
+    int expected = 0;
+    if (!g_state.compare_exchange_strong(expected, 1)) return;
+    t_busy++;
+    pthread_key_create(&g_key, thread_done);
+    pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    open_spool();
+    if (g_state.load() == 1) {
+        atexit(at_exit);
+        g_state.store(2, std::memory_order_release);
+    }
+    t_busy--;
+}
+
+__attribute__((constructor(101))) void init() { start(); }
+
+// This thread's buffer: a free one reused, else a fresh mapping (mmap never calls malloc).
+Buffer *my_buffer() {
+    if (t_buf) return t_buf;
+    Buffer *b = nullptr;
+    for (Buffer *c = g_buffers.load(std::memory_order_acquire); c && !b; c = c->next) {
+        int zero = 0;
+        if (c->owned.compare_exchange_strong(zero, 1)) b = c;
+    }
+    if (!b) {
+        void *m = mmap(nullptr, sizeof(Buffer), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return nullptr;
+        b = static_cast<Buffer *>(m);
+        b->owned.store(1);
+        Buffer *head = g_buffers.load();
+        do {
+            b->next = head;
+        } while (!g_buffers.compare_exchange_weak(head, b));
+    }
+    b->tid = uint32_t(syscall(SYS_gettid));
+    b->n = 0;
+    t_buf = b;
+    pthread_setspecific(g_key, b);
+    return b;
+}
+
+inline uint64_t next_seq() { return g_seq.fetch_add(1, std::memory_order_relaxed); }
+
+// Appends a record (and, for a realloc, its pair) to this thread's buffer.
+void log(Op op, uint64_t seq, uint64_t ptr, uint64_t bytes, unsigned align_log2, const Rec *first = nullptr) {
+    if (g_state.load(std::memory_order_acquire) != 2) return;
+    Buffer *b = my_buffer();
+    if (!b) return;
+    spin_lock(b->lock);
+    if (b->n + 2 > RECORDS_PER_BUFFER) flush_locked(b);
+    if (first) b->recs[b->n++] = *first;
+    b->recs[b->n++] = Rec{(uint64_t(op) << 56) | (uint64_t(align_log2) << 48) | seq, now_ns(), ptr, bytes};
+    if (g_final.load(std::memory_order_relaxed)) flush_locked(b);
+    spin_unlock(b->lock);
+}
+
+unsigned log2_of(size_t align) {
+    unsigned l = 0;
+    while ((size_t(1) << l) < align && l < 63) l++;
+    return l;
+}
+
+// A guard against re-entry: what the recorder itself calls (pthread, atexit, stdio) is passed
+// through unrecorded.
+struct Busy {
+    bool outer;
+    Busy() : outer(t_busy == 0) { t_busy++; }
+    ~Busy() { t_busy--; }
+};
+
+void *aligned(size_t align, size_t bytes) {
+    Busy busy;
+    void *p = __libc_memalign(align, bytes);
+    if (p && busy.outer) log(MEMALIGN, next_seq(), uint64_t(p), bytes, log2_of(align));
+    return p;
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) void *malloc(size_t bytes) {
+    Busy busy;
+    void *p = __libc_malloc(bytes);
+    if (p && busy.outer) log(MALLOC, next_seq(), uint64_t(p), bytes, 0);
+    return p;
+}
+
+__attribute__((visibility("default"))) void *calloc(size_t n, size_t size) {
+    Busy busy;
+    void *p = __libc_calloc(n, size);
+    if (p && busy.outer) log(CALLOC, next_seq(), uint64_t(p), uint64_t(n) * size, 0);
+    return p;
+}
+
+__attribute__((visibility("default"))) void free(void *p) {
+    if (!p) return;
+    Busy busy;
+    // Numbered before the block is given back: whoever gets it next is numbered after.
+    uint64_t seq = busy.outer ? next_seq() : 0;
+    __libc_free(p);
+    if (busy.outer) log(FREE, seq, uint64_t(p), 0, 0);
+}
+
+__attribute__((visibility("default"))) void *realloc(void *old, size_t bytes) {
+    Busy busy;
+    uint64_t before = busy.outer ? next_seq() : 0;
+    void *p = __libc_realloc(old, bytes);
+    if (!busy.outer) return p;
+    if (p) {
+        Rec from{(uint64_t(REALLOC_FROM) << 56) | before, now_ns(), uint64_t(old), 0};
+        log(REALLOC_TO, next_seq(), uint64_t(p), bytes, 0, &from);
+    } else if (old && bytes == 0) {
+        log(FREE, before, uint64_t(old), 0, 0);  // glibc's realloc(p, 0) frees p
+    }
+    return p;
+}
+
+__attribute__((visibility("default"))) void *reallocarray(void *old, size_t n, size_t size) {
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes)) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    return realloc(old, bytes);
+}
+
+__attribute__((visibility("default"))) int posix_memalign(void **out, size_t align, size_t bytes) {
+    if (align < sizeof(void *) || (align & (align - 1)) != 0) return EINVAL;
+    void *p = aligned(align, bytes);
+    if (!p) return ENOMEM;
+    *out = p;
+    return 0;
+}
+
+__attribute__((visibility("default"))) void *aligned_alloc(size_t align, size_t bytes) { return aligned(align, bytes); }
+__attribute__((visibility("default"))) void *memalign(size_t align, size_t bytes) { return aligned(align, bytes); }
+__attribute__((visibility("default"))) void *valloc(size_t bytes) { return aligned(size_t(sysconf(_SC_PAGESIZE)), bytes); }
+__attribute__((visibility("default"))) void *pvalloc(size_t bytes) {
+    size_t page = size_t(sysconf(_SC_PAGESIZE));
+    return aligned(page, (bytes + page - 1) & ~(page - 1));
+}
+
+// _exit skips atexit: multiprocessing's children and os._exit end this way.
+__attribute__((visibility("default"))) void _exit(int status) {
+    flush_all();
+    syscall(SYS_exit_group, status);
+    __builtin_unreachable();
+}
+__attribute__((visibility("default"))) void _Exit(int status) { _exit(status); }
+
+// An exec replaces the image and its unwritten buffers: they are written first. The real calls
+// are looked up at each use (dlsym is cheap next to an exec; no C++ runtime for static guards).
+using execve_fn = int (*)(const char *, char *const[], char *const[]);
+__attribute__((visibility("default"))) int execve(const char *path, char *const argv[], char *const envp[]) {
+    flush_all();
+    auto real = reinterpret_cast<execve_fn>(dlsym(RTLD_NEXT, "execve"));
+    return real(path, argv, envp);
+}
+using execv_fn = int (*)(const char *, char *const[]);
+__attribute__((visibility("default"))) int execv(const char *path, char *const argv[]) {
+    flush_all();
+    auto real = reinterpret_cast<execv_fn>(dlsym(RTLD_NEXT, "execv"));
+    return real(path, argv);
+}
+__attribute__((visibility("default"))) int execvp(const char *file, char *const argv[]) {
+    flush_all();
+    auto real = reinterpret_cast<execv_fn>(dlsym(RTLD_NEXT, "execvp"));
+    return real(file, argv);
+}
+__attribute__((visibility("default"))) int execvpe(const char *file, char *const argv[], char *const envp[]) {
+    flush_all();
+    auto real = reinterpret_cast<execve_fn>(dlsym(RTLD_NEXT, "execvpe"));
+    return real(file, argv, envp);
+}
+
+}  // extern "C"
