@@ -154,7 +154,7 @@ fn recorded_replay(c: &mut Criterion) {
     group.sample_size(10);
     let calls = 1_000_000;
     for threads in [1u32, 4] {
-        let compiled = compile(&synthetic_recording(threads, calls)).unwrap();
+        let compiled = compile(&synthetic_recording(threads, calls), 1).unwrap();
         group.throughput(Throughput::Elements(calls as u64));
         for alloc in [ReplayAllocator::Null, ReplayAllocator::Libc] {
             let opts = ReplayOptions { touch: false, duration: None, pace: false };

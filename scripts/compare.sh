@@ -5,10 +5,13 @@
 #   - in-process workloads (.toml): `allocbench cpu W --allocator system` under LD_PRELOAD, each
 #     run in its own process, with a drain after the last free (retained at 0.1 / 1 / 10 s, then
 #     the allocator's own trim);
-#   - real programs (.py, plain python3): `allocbench cpu --exec --allocator all -- python3 X.py`.
+#   - real programs (.py, plain python3): `allocbench cpu --exec --allocator all -- python3 X.py`;
+#   - recorded programs (.abt, .abt.gz from `allocbench cpu --record`): `allocbench cpu TRACE
+#     --allocator all --grid --pace recorded`: each allocator's defaults and the usual settings,
+#     replayed at the recorded pace, with the drain.
 #
 #   scripts/compare.sh [--quick] [--reps N] [--drain S] [--out DIR] [--threads N] [--cross-thread]
-#                      [--scale F] [--iterations N] [WORKLOAD.toml|TRACE.csv|PROGRAM.py ...]
+#                      [--scale F] [--iterations N] [WORKLOAD.toml|TRACE.csv|PROGRAM.py|REC.abt[.gz] ...]
 #                      [-- PROGRAM [ARGS...]]
 #
 # After `--`, the rest is one more program with its arguments: a .py runs under python3, anything
@@ -17,8 +20,8 @@
 # A run that fails (a workload refused, a program exiting non-zero under some allocator) is kept
 # with its exit code where allocbench recorded it, and the comparison goes on; the script then
 # exits 1 naming the failures. Ctrl-C keeps every finished run in cpu.jsonl and exits 130.
-# Defaults: workloads/python-objects.toml, workloads/serving-llama7b.toml (scale 1/64) and
-# workloads/python/*.py; 5 repetitions, a 12 s drain; results in results/compare-<date>/cpu.jsonl.
+# Defaults: workloads/python-objects.toml, workloads/serving-llama7b.toml (scale 1/64),
+# workloads/python/*.py and workloads/recorded/*.abt.gz; 5 repetitions, a 12 s drain; results in results/compare-<date>/cpu.jsonl.
 # --quick: 1 repetition, 200 iterations, a 1 s drain and short programs (a smoke test).
 # An allocator whose library is missing is skipped with a message. Every in-process run passes
 # --expect-malloc and every program run is proven from its mappings, so no run is labelled with
@@ -47,6 +50,7 @@ iterations=""
 quick=0
 workloads=()
 programs=()
+recorded=()
 # The program after `--`, with its arguments.
 command_after=()
 while [ $# -gt 0 ]; do
@@ -75,7 +79,8 @@ while [ $# -gt 0 ]; do
     -*) usage_error "unknown option $1" ;;
     *.py) programs+=("$(from_caller "$1")") ;;
     *.toml|*.csv|*.csv.gz) workloads+=("$(from_caller "$1")") ;;
-    *) usage_error "$1 is neither a workload (.toml), a trace (.csv) nor a program (.py); a program of another kind goes after --" ;;
+    *.abt|*.abt.gz) recorded+=("$(from_caller "$1")") ;;
+    *) usage_error "$1 is neither a workload (.toml), a trace (.csv), a recorded program (.abt) nor a program (.py); a program of another kind goes after --" ;;
   esac
   shift
 done
@@ -83,12 +88,13 @@ if [ -n "$cross" ] && [ "$threads" -lt 2 ]; then
   usage_error "--cross-thread needs --threads 2 or more"
 fi
 cd "$repo"
-if [ ${#workloads[@]} -eq 0 ] && [ ${#programs[@]} -eq 0 ] && [ ${#command_after[@]} -eq 0 ]; then
+if [ ${#workloads[@]} -eq 0 ] && [ ${#programs[@]} -eq 0 ] && [ ${#recorded[@]} -eq 0 ] && [ ${#command_after[@]} -eq 0 ]; then
   workloads=("$repo/workloads/python-objects.toml" "$repo/workloads/serving-llama7b.toml")
   programs=("$repo"/workloads/python/*.py)
+  recorded=("$repo"/workloads/recorded/*.abt.gz)
 fi
 # Every input, before anything is built or run.
-for w in "${workloads[@]}"; do
+for w in "${workloads[@]}" "${recorded[@]}"; do
   [ -f "$w" ] && [ -r "$w" ] || usage_error "no such workload: $w"
 done
 for p in "${programs[@]}" "${command_after[@]:0:1}"; do
@@ -225,6 +231,14 @@ done
 if [ ${#command_after[@]} -gt 0 ]; then
   run_program "${command_after[@]}"
 fi
+for t in "${recorded[@]}"; do
+  echo "== $(basename "$t") replayed under $allocators and the usual settings ($reps repetitions, interleaved, drain ${drain} s)"
+  rm -f "$jsonl.part"
+  rc=0
+  "$bin" cpu "$t" --allocator "$allocators" --grid --pace recorded --reps "$reps" --drain "$drain" --jsonl "$jsonl.part" > /dev/null || rc=$?
+  keep_part
+  after_run "$rc" "$(basename "$t")"
+done
 echo "wrote $ran runs to $jsonl"
 echo "render: $bin report $jsonl -o reports/<name>/"
 if [ ${#failures[@]} -gt 0 ]; then

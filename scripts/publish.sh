@@ -9,7 +9,9 @@
 #         no-cache baseline and the ideal bound, on the default card (H100-80GB, 79.2 GiB: allocbench cards);
 #      b. comparison/data/cpu.jsonl.gz: glibc, jemalloc, tcmalloc and mimalloc (LD_PRELOAD, via
 #         scripts/compare.sh: repetitions interleaved, 5 each, a 12 s drain) on the Python-like and
-#         serving workloads in process and on the real Python programs in workloads/python/;
+#         serving workloads in process, on the real Python programs in workloads/python/, and
+#         on the recorded programs in workloads/recorded/ (replayed at their recorded pace with
+#         each allocator's defaults and the usual settings);
 #      c. diagnose-gpt3-73g/data/: allocbench diagnose and advise on the 1.3B workload on a
 #         73 GiB card (diagnose.jsonl.gz, advise.jsonl.gz, advise.txt);
 #      d. README.md's demo block (scripts/readme_demo.py) and quick-start block
@@ -80,7 +82,7 @@ if [ "$measure" = 1 ]; then
   if [ "$keep_cpu" = 0 ]; then
     cpu_args=()
     [ "$quick" = 1 ] && cpu_args=(--quick)
-    scripts/compare.sh "${cpu_args[@]}" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml workloads/python/*.py
+    scripts/compare.sh "${cpu_args[@]}" --out "$work/cpu" workloads/python-objects.toml workloads/serving-llama7b.toml workloads/python/*.py workloads/recorded/*.abt.gz
     gzip -n -9 < "$work/cpu/cpu.jsonl" > "$cmp_data/cpu.jsonl.gz"
   fi
 

@@ -4,16 +4,32 @@
 # given) runs REPS times plain and REPS times under `allocbench cpu --record`, interleaved; the
 # median wall times and their ratio are printed, with the calls recorded and the trace's bytes a
 # call.
-#   scripts/record_overhead.sh [--reps N] [PROGRAM.py ...]     (python3 on PATH)
+#   scripts/record_overhead.sh [--reps N] [--python PY] [PROGRAM.py [ARGS...] ...]
+# Each PROGRAM.py may be followed by its arguments (up to the next .py); the environment is passed
+# on (PYTHONMALLOC=malloc, say). PY: the interpreter (default python3 on PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 reps=5
-if [ "${1:-}" = "--reps" ]; then reps=$2; shift 2; fi
-programs=("$@")
+python=$(command -v python3)
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --reps) reps=$2; shift 2 ;;
+    --python) python=$2; shift 2 ;;
+    *) break ;;
+  esac
+done
+# One entry per program: the script and its arguments, tab-separated.
+programs=()
+for a in "$@"; do
+  case "$a" in
+    *.py) programs+=("$a") ;;
+    *) [ ${#programs[@]} -gt 0 ] || { echo "record_overhead.sh: $a before any PROGRAM.py" >&2; exit 2; }
+       programs[-1]+=$'\t'"$a" ;;
+  esac
+done
 [ ${#programs[@]} -gt 0 ] || programs=(workloads/python/*.py)
 bin=$(cargo build --release --message-format=json-render-diagnostics 2>/dev/null | sed -n 's/.*"executable":"\([^"]*allocbench\)".*/\1/p' | tail -1)
 bin=${bin:-target/release/allocbench}
-python=$(command -v python3)
 # The interpreter itself, not a wrapper script (pyenv's shim would be recorded too).
 python=$("$python" -c 'import sys; print(sys.executable)')
 tmp=$(mktemp -d)
@@ -21,12 +37,14 @@ trap 'rm -rf "$tmp"' EXIT
 now() { date +%s.%N; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 printf '%-22s %10s %12s %7s %12s %12s\n' program "plain s" "recorded s" ratio calls "bytes/call"
-for p in "${programs[@]}"; do
+for entry in "${programs[@]}"; do
+  IFS=$'\t' read -r -a argv <<< "$entry"
+  p=${argv[0]}
   : > "$tmp/plain"; : > "$tmp/rec"
   for _ in $(seq "$reps"); do
-    t0=$(now); "$python" "$p" > /dev/null 2>&1; t1=$(now)
+    t0=$(now); "$python" "${argv[@]}" > /dev/null 2>&1; t1=$(now)
     echo "$t1 - $t0" | bc >> "$tmp/plain"
-    t0=$(now); "$bin" cpu --record -o "$tmp/t.abt" -- "$python" "$p" > "$tmp/out" 2>&1; t1=$(now)
+    t0=$(now); "$bin" cpu --record -o "$tmp/t.abt" -- "$python" "${argv[@]}" > "$tmp/out" 2>&1; t1=$(now)
     echo "$t1 - $t0" | bc >> "$tmp/rec"
   done
   plain=$(median < "$tmp/plain"); rec=$(median < "$tmp/rec")

@@ -26,6 +26,10 @@ pub struct CpuArgs {
     /// (tcmalloc:release_rate=10, mimalloc:purge_delay=0), or python:pythonmalloc=malloc (--exec).
     #[arg(long, conflicts_with = "record")]
     pub settings: Vec<String>,
+    /// With a recorded trace or --exec: also run the usual settings `cpu advise` tries (glibc
+    /// arena_max=2, …; docs/cpu.md).
+    #[arg(long, conflicts_with = "record")]
+    pub grid: bool,
     /// A recorded trace's pace: full (each thread's calls as fast as they go) or recorded (no call
     /// before its time in the recording, so time-based purging runs as in the program).
     #[arg(long, default_value = "full", value_parser = ["full", "recorded"])]
@@ -51,7 +55,9 @@ pub struct CpuArgs {
     /// The program and its arguments, after `--` (with --exec).
     #[arg(last = true)]
     pub command: Vec<String>,
-    /// Worker threads, each replaying the workload.
+    /// Worker threads, each replaying the workload; with a recorded trace, copies of the recording
+    /// replayed side by side (each with its own blocks and threads: N workers like the recorded
+    /// one).
     #[arg(long, default_value_t = 1)]
     pub threads: usize,
     /// Producer/consumer: each worker's frees are done by the next worker (larson-style).
@@ -195,9 +201,9 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     if let Some(input) = a.input.as_deref().filter(|p| crate::cpu::recorded::is_recorded_trace(p)) {
         return recorded_main(a, input);
     }
-    if !a.settings.is_empty() {
+    if !a.settings.is_empty() || a.grid {
         return Err(crate::error::InputError::new(
-            "--settings",
+            if a.grid { "--grid" } else { "--settings" },
             "applies to runs under LD_PRELOAD: a recorded trace (allocbench cpu --record) or --exec; in process, use --preload with the allocator's own environment",
         )
         .into());
@@ -324,6 +330,17 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
         std::process::exit(*code);
     }
     Ok(())
+}
+
+/// `--settings`, after the usual settings of the allocators in `allocs` when `grid` is set.
+fn settings_specs(allocs: &[crate::cpu::exec::ExecAllocator], settings: &[String], grid: bool) -> Vec<String> {
+    let mut specs: Vec<String> = if grid {
+        crate::cpu::advise::GRID.iter().filter(|g| allocs.iter().any(|al| g.starts_with(&format!("{}:", al.name)))).map(|g| g.to_string()).collect()
+    } else {
+        Vec::new()
+    };
+    specs.extend(settings.iter().cloned());
+    specs
 }
 
 /// An allocator and the environment its settings set.
@@ -472,7 +489,7 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
             exe.display()
         );
     }
-    let configs = configs(&allocs, &a.settings, Some(&a.command))?;
+    let configs = configs(&allocs, &settings_specs(&allocs, &a.settings, a.grid), Some(&a.command))?;
     let probe = std::env::current_exe()?;
     for (al, _) in &configs {
         if let Some(lib) = &al.library {
@@ -578,7 +595,6 @@ fn recorded_main(a: &CpuArgs, input: &Path) -> anyhow::Result<()> {
     use crate::cpu::{exec, recorded::RecordedTrace, replay::ReplayOptions};
     use crate::error::InputError;
     for (set, flag) in [
-        (a.threads != 1, "--threads"),
         (a.cross_thread, "--cross-thread"),
         (a.scale != 1.0, "--scale"),
         (a.iterations.is_some(), "--iterations"),
@@ -592,6 +608,9 @@ fn recorded_main(a: &CpuArgs, input: &Path) -> anyhow::Result<()> {
             )
             .into());
         }
+    }
+    if a.threads == 0 || a.threads > 1024 {
+        return Err(InputError::new("--threads", "copies of the recording: between 1 and 1024").into());
     }
     let trace = RecordedTrace::read(input)?;
     let replay_opts = ReplayOptions { touch: !a.no_touch, duration: a.duration.map(std::time::Duration::from_secs_f64), pace: a.pace == "recorded" };
@@ -609,7 +628,7 @@ fn recorded_main(a: &CpuArgs, input: &Path) -> anyhow::Result<()> {
         };
         let sample = std::time::Duration::from_millis(a.sample_ms);
         let drain = std::time::Duration::from_secs_f64(a.drain);
-        let mut r = running(&name, a.drain, || crate::cpu::run_recorded(&trace, workload, &replay_opts, sample, drain))?;
+        let mut r = running(&name, a.drain, || crate::cpu::run_recorded(&trace, a.threads, workload, &replay_opts, sample, drain))?;
         r.settings = std::env::var(CHILD_SETTINGS_ENV).unwrap_or_default().lines().map(str::to_string).collect();
         if a.json.as_deref() != Some("-") {
             print!("{}", crate::cpu::describe(&r));
@@ -623,7 +642,7 @@ fn recorded_main(a: &CpuArgs, input: &Path) -> anyhow::Result<()> {
     for n in &notes {
         eprintln!("{n}");
     }
-    let configs = configs(&allocs, &a.settings, None)?;
+    let configs = configs(&allocs, &settings_specs(&allocs, &a.settings, a.grid), None)?;
     let probe = std::env::current_exe()?;
     for (al, _) in &configs {
         if let Some(lib) = &al.library {
@@ -698,12 +717,7 @@ fn advise_main(a: &CpuAdviseArgs) -> anyhow::Result<()> {
         eprintln!("{n}");
     }
     // The usual settings of the allocators in the run, then the caller's.
-    let mut specs: Vec<String> = if a.no_grid {
-        Vec::new()
-    } else {
-        advise::GRID.iter().filter(|g| allocs.iter().any(|al| g.starts_with(&format!("{}:", al.name)))).map(|g| g.to_string()).collect()
-    };
-    specs.extend(a.settings.iter().cloned());
+    let specs = settings_specs(&allocs, &a.settings, !a.no_grid);
     let configs = configs(&allocs, &specs, trace.is_none().then_some(a.command.as_slice()))?;
     let probe = std::env::current_exe()?;
     for (al, _) in &configs {
@@ -838,7 +852,10 @@ fn record_main(a: &CpuArgs) -> anyhow::Result<()> {
     let mut text = format!(
         "recorded {} in {} ({} threads) over {:.2} s, peak RSS {} (the tree's): {} ({}, {:.1} bytes a call)\n",
         crate::units::count(calls, "call"),
-        crate::units::count(t.info.processes.len() as u64, "process"),
+        match t.info.processes.len() {
+            1 => "1 process".to_string(),
+            n => format!("{n} processes"),
+        },
         threads,
         t.info.wall_s,
         format_bytes(t.info.peak_rss_bytes),

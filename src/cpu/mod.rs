@@ -136,12 +136,13 @@ pub fn run(source: &Source, alloc: CpuAllocator, opts: &CpuRunOptions) -> anyhow
 /// measures it as [`run`] does.
 pub fn run_recorded(
     trace: &recorded::RecordedTrace,
+    copies: usize,
     workload: crate::results::WorkloadInfo,
     replay_opts: &replay::ReplayOptions,
     sample_interval: Duration,
     drain: Duration,
 ) -> anyhow::Result<CpuRunResult> {
-    let compiled = replay::compile(trace)?;
+    let compiled = replay::compile(trace, copies)?;
     let what = RunShape {
         threads: compiled.threads(),
         cross_thread: compiled.cross_thread_calls > 0,

@@ -5,8 +5,11 @@
 // src/cpu/record.rs with g++ at first use.
 //
 // Why it looks like this:
-// - The calls go to glibc's own entry points (__libc_malloc and friends), not dlsym(RTLD_NEXT):
-//   dlsym allocates, which would recurse before the first call could be answered.
+// - The calls go on to the next malloc in the lookup order (dlsym(RTLD_NEXT)): glibc's, or an
+//   allocator the program links (Debian's redis-server links jemalloc and calls its
+//   malloc_usable_size and mallctl on what malloc gave, so its blocks must stay jemalloc's).
+//   dlsym itself allocates: while the real functions are looked up, blocks come from a static
+//   bootstrap buffer, never freed.
 // - Each thread fills its own buffer of fixed 32-byte records and writes it whole with one
 //   write(2) to the process's spool file (O_APPEND: concurrent chunks never interleave). A global
 //   sequence number orders calls across threads: taken before a block is given back (free, the
@@ -30,15 +33,66 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-extern "C" {
-void *__libc_malloc(size_t);
-void *__libc_calloc(size_t, size_t);
-void *__libc_realloc(void *, size_t);
-void __libc_free(void *);
-void *__libc_memalign(size_t, size_t);
+namespace {
+
+using malloc_fn = void *(*)(size_t);
+using calloc_fn = void *(*)(size_t, size_t);
+using realloc_fn = void *(*)(void *, size_t);
+using free_fn = void (*)(void *);
+using memalign_fn = void *(*)(size_t, size_t);
+using posix_memalign_fn = int (*)(void **, size_t, size_t);
+using valloc_fn = void *(*)(size_t);
+
+malloc_fn real_malloc;
+calloc_fn real_calloc;
+realloc_fn real_realloc;
+free_fn real_free;
+memalign_fn real_memalign;
+memalign_fn real_aligned_alloc;
+posix_memalign_fn real_posix_memalign;
+valloc_fn real_valloc;
+valloc_fn real_pvalloc;
+
+// Blocks handed out while dlsym looks the real functions up (it calls calloc): 16-byte aligned,
+// each after its size, never given back.
+alignas(16) char g_bootstrap[1 << 16];
+std::atomic<size_t> g_bootstrap_used{0};
+std::atomic<int> g_resolving{0};
+
+bool in_bootstrap(const void *p) {
+    return p >= static_cast<const void *>(g_bootstrap) && p < static_cast<const void *>(g_bootstrap + sizeof g_bootstrap);
 }
 
-namespace {
+void *bootstrap_alloc(size_t bytes) {
+    size_t need = (bytes + 16 + 15) & ~size_t(15);
+    size_t at = g_bootstrap_used.fetch_add(need);
+    if (at + need > sizeof g_bootstrap) return nullptr;
+    std::memcpy(g_bootstrap + at, &bytes, sizeof bytes);
+    return g_bootstrap + at + 16;
+}
+
+size_t bootstrap_size(const void *p) {
+    size_t bytes;
+    std::memcpy(&bytes, static_cast<const char *>(p) - 16, sizeof bytes);
+    return bytes;
+}
+
+// Looks up the next malloc family once; false while the lookup itself is under way.
+bool resolved() {
+    if (real_free) return true;
+    if (g_resolving.exchange(1)) return false;
+    real_malloc = reinterpret_cast<malloc_fn>(dlsym(RTLD_NEXT, "malloc"));
+    real_calloc = reinterpret_cast<calloc_fn>(dlsym(RTLD_NEXT, "calloc"));
+    real_realloc = reinterpret_cast<realloc_fn>(dlsym(RTLD_NEXT, "realloc"));
+    real_memalign = reinterpret_cast<memalign_fn>(dlsym(RTLD_NEXT, "memalign"));
+    real_aligned_alloc = reinterpret_cast<memalign_fn>(dlsym(RTLD_NEXT, "aligned_alloc"));
+    real_posix_memalign = reinterpret_cast<posix_memalign_fn>(dlsym(RTLD_NEXT, "posix_memalign"));
+    real_valloc = reinterpret_cast<valloc_fn>(dlsym(RTLD_NEXT, "valloc"));
+    real_pvalloc = reinterpret_cast<valloc_fn>(dlsym(RTLD_NEXT, "pvalloc"));
+    free_fn f = reinterpret_cast<free_fn>(dlsym(RTLD_NEXT, "free"));
+    __atomic_store_n(&real_free, f, __ATOMIC_RELEASE);
+    return real_free != nullptr;
+}
 
 // Record kinds (the spool format's op codes; src/cpu/record.rs reads them).
 enum Op : uint64_t { MALLOC = 1, CALLOC = 2, MEMALIGN = 3, FREE = 4, REALLOC_FROM = 5, REALLOC_TO = 6 };
@@ -203,6 +257,7 @@ void start() {
     int expected = 0;
     if (!g_state.compare_exchange_strong(expected, 1)) return;
     t_busy++;
+    resolved();
     pthread_key_create(&g_key, thread_done);
     pthread_atfork(nullptr, nullptr, after_fork_in_child);
     open_spool();
@@ -269,11 +324,8 @@ struct Busy {
     ~Busy() { t_busy--; }
 };
 
-void *aligned(size_t align, size_t bytes) {
-    Busy busy;
-    void *p = __libc_memalign(align, bytes);
-    if (p && busy.outer) log(MEMALIGN, next_seq(), uint64_t(p), bytes, log2_of(align));
-    return p;
+unsigned page_log2() {
+    return log2_of(size_t(sysconf(_SC_PAGESIZE)));
 }
 
 }  // namespace
@@ -281,38 +333,57 @@ void *aligned(size_t align, size_t bytes) {
 extern "C" {
 
 __attribute__((visibility("default"))) void *malloc(size_t bytes) {
+    if (!resolved()) return bootstrap_alloc(bytes);
     Busy busy;
-    void *p = __libc_malloc(bytes);
+    void *p = real_malloc(bytes);
     if (p && busy.outer) log(MALLOC, next_seq(), uint64_t(p), bytes, 0);
     return p;
 }
 
 __attribute__((visibility("default"))) void *calloc(size_t n, size_t size) {
+    size_t bytes;
+    if (__builtin_mul_overflow(n, size, &bytes)) {
+        errno = ENOMEM;
+        return nullptr;
+    }
+    if (!resolved()) return bootstrap_alloc(bytes);  // zeroed: static, never reused
     Busy busy;
-    void *p = __libc_calloc(n, size);
-    if (p && busy.outer) log(CALLOC, next_seq(), uint64_t(p), uint64_t(n) * size, 0);
+    void *p = real_calloc(n, size);
+    if (p && busy.outer) log(CALLOC, next_seq(), uint64_t(p), bytes, 0);
     return p;
 }
 
 __attribute__((visibility("default"))) void free(void *p) {
-    if (!p) return;
+    if (!p || in_bootstrap(p)) return;
+    if (!resolved()) return;
     Busy busy;
     // Numbered before the block is given back: whoever gets it next is numbered after.
     uint64_t seq = busy.outer ? next_seq() : 0;
-    __libc_free(p);
+    real_free(p);
     if (busy.outer) log(FREE, seq, uint64_t(p), 0, 0);
 }
 
 __attribute__((visibility("default"))) void *realloc(void *old, size_t bytes) {
+    if (!resolved()) {
+        void *p = bootstrap_alloc(bytes);
+        if (p && old) std::memcpy(p, old, bootstrap_size(old) < bytes ? bootstrap_size(old) : bytes);
+        return p;
+    }
+    if (in_bootstrap(old)) {
+        // A block from the lookup's time: copied into a real one (the copy is a malloc).
+        void *p = malloc(bytes);
+        if (p) std::memcpy(p, old, bootstrap_size(old) < bytes ? bootstrap_size(old) : bytes);
+        return p;
+    }
     Busy busy;
     uint64_t before = busy.outer ? next_seq() : 0;
-    void *p = __libc_realloc(old, bytes);
+    void *p = real_realloc(old, bytes);
     if (!busy.outer) return p;
     if (p) {
         Rec from{(uint64_t(REALLOC_FROM) << 56) | before, now_ns(), uint64_t(old), 0};
         log(REALLOC_TO, next_seq(), uint64_t(p), bytes, 0, &from);
     } else if (old && bytes == 0) {
-        log(FREE, before, uint64_t(old), 0, 0);  // glibc's realloc(p, 0) frees p
+        log(FREE, before, uint64_t(old), 0, 0);  // realloc(p, 0) freed p
     }
     return p;
 }
@@ -327,19 +398,45 @@ __attribute__((visibility("default"))) void *reallocarray(void *old, size_t n, s
 }
 
 __attribute__((visibility("default"))) int posix_memalign(void **out, size_t align, size_t bytes) {
-    if (align < sizeof(void *) || (align & (align - 1)) != 0) return EINVAL;
-    void *p = aligned(align, bytes);
-    if (!p) return ENOMEM;
-    *out = p;
-    return 0;
+    if (!resolved()) return ENOMEM;
+    Busy busy;
+    int rc = real_posix_memalign(out, align, bytes);
+    if (rc == 0 && busy.outer) log(MEMALIGN, next_seq(), uint64_t(*out), bytes, log2_of(align));
+    return rc;
 }
 
-__attribute__((visibility("default"))) void *aligned_alloc(size_t align, size_t bytes) { return aligned(align, bytes); }
-__attribute__((visibility("default"))) void *memalign(size_t align, size_t bytes) { return aligned(align, bytes); }
-__attribute__((visibility("default"))) void *valloc(size_t bytes) { return aligned(size_t(sysconf(_SC_PAGESIZE)), bytes); }
+__attribute__((visibility("default"))) void *aligned_alloc(size_t align, size_t bytes) {
+    if (!resolved()) return nullptr;
+    Busy busy;
+    void *p = real_aligned_alloc ? real_aligned_alloc(align, bytes) : real_memalign(align, bytes);
+    if (p && busy.outer) log(MEMALIGN, next_seq(), uint64_t(p), bytes, log2_of(align));
+    return p;
+}
+
+__attribute__((visibility("default"))) void *memalign(size_t align, size_t bytes) {
+    if (!resolved()) return nullptr;
+    Busy busy;
+    void *p = real_memalign(align, bytes);
+    if (p && busy.outer) log(MEMALIGN, next_seq(), uint64_t(p), bytes, log2_of(align));
+    return p;
+}
+
+__attribute__((visibility("default"))) void *valloc(size_t bytes) {
+    if (!resolved()) return nullptr;
+    Busy busy;
+    void *p = real_valloc ? real_valloc(bytes) : real_memalign(size_t(sysconf(_SC_PAGESIZE)), bytes);
+    if (p && busy.outer) log(MEMALIGN, next_seq(), uint64_t(p), bytes, page_log2());
+    return p;
+}
+
 __attribute__((visibility("default"))) void *pvalloc(size_t bytes) {
+    if (!resolved()) return nullptr;
     size_t page = size_t(sysconf(_SC_PAGESIZE));
-    return aligned(page, (bytes + page - 1) & ~(page - 1));
+    size_t rounded = (bytes + page - 1) & ~(page - 1);
+    Busy busy;
+    void *p = real_pvalloc ? real_pvalloc(bytes) : real_memalign(page, rounded);
+    if (p && busy.outer) log(MEMALIGN, next_seq(), uint64_t(p), rounded, page_log2());
+    return p;
 }
 
 // _exit skips atexit: multiprocessing's children and os._exit end this way.

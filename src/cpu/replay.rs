@@ -1,6 +1,6 @@
 //! Replays a recorded CPU trace ([`super::recorded`]) with the process's malloc (glibc, or what
-//! LD_PRELOAD put in front of it): one thread per recorded thread, each making its own calls in
-//! order. A call that gives back a block another thread created waits until that thread has
+//! LD_PRELOAD put in front of it): one replay thread per recorded thread (threads that never
+//! overlapped share one, see [`lanes`]), each making its calls in order. A call that gives back a block another thread created waits until that thread has
 //! created it, the one ordering across threads that matters (the recorded order is kept within a
 //! thread; nothing else is forced, as in the program). Calls are compiled to ops on dense block
 //! slots before the clock starts.
@@ -95,20 +95,59 @@ struct ThreadOps {
 }
 
 impl Compiled {
-    /// Replay threads: one per recorded thread of every process.
+    /// Replay threads: as many as a process had threads making calls at once (see [`lanes`]).
     pub fn threads(&self) -> usize {
         self.threads.len()
     }
 }
 
-/// Compiles every process of `trace`: blocks to global slots, calls to ops per thread.
-pub fn compile(trace: &RecordedTrace) -> Result<Compiled, crate::error::InputError> {
+/// Maps a process's recorded threads onto replay threads ("lanes"): a thread whose first call
+/// comes after another's last call runs on that one's lane, after it. A server that starts a
+/// thread per connection (CPython's ThreadingHTTPServer: 3,010 threads for 3,000 requests) is
+/// replayed with as many threads as were making calls at once, each lane's calls still in the
+/// process's call order (so a wait for another lane's block always ends). Returns the lane of
+/// each thread and the number of lanes.
+fn lanes(calls: &[super::recorded::Recorded], threads: u32) -> (Vec<u32>, u32) {
+    let mut span: Vec<(usize, usize)> = vec![(usize::MAX, 0); threads as usize];
+    for (i, c) in calls.iter().enumerate() {
+        let s = &mut span[c.thread as usize];
+        s.0 = s.0.min(i);
+        s.1 = i;
+    }
+    let mut order: Vec<u32> = (0..threads).collect();
+    order.sort_by_key(|&t| span[t as usize].0);
+    // Lanes by when they are free again (the last call index of their latest thread).
+    let mut free_at: std::collections::BinaryHeap<std::cmp::Reverse<(usize, u32)>> = std::collections::BinaryHeap::new();
+    let mut lane_of = vec![0u32; threads as usize];
+    let mut n = 0u32;
+    for t in order {
+        let (first, last) = span[t as usize];
+        let lane = match free_at.peek() {
+            Some(&std::cmp::Reverse((end, lane))) if end < first => {
+                free_at.pop();
+                lane
+            }
+            _ => {
+                n += 1;
+                n - 1
+            }
+        };
+        lane_of[t as usize] = lane;
+        free_at.push(std::cmp::Reverse((last, lane)));
+    }
+    (lane_of, n)
+}
+
+/// Compiles every process of `trace`, `copies` times side by side (each copy its own blocks and
+/// threads): blocks to global slots, calls to ops per thread.
+pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::error::InputError> {
     let mut threads: Vec<ThreadOps> = Vec::new();
     let (mut blocks, mut creates, mut gives_back, mut bytes_requested, mut cross) = (0usize, 0u64, 0u64, 0u64, 0u64);
     let mut deltas: Vec<(u64, i64)> = Vec::new();
-    for (p, calls) in trace.info.processes.iter().zip(&trace.calls) {
+    for (p, calls) in (0..copies.max(1)).flat_map(|_| trace.info.processes.iter().zip(&trace.calls)) {
         let first_thread = threads.len();
-        threads.extend((0..p.threads).map(|_| ThreadOps { ops: Vec::new(), created: Vec::new() }));
+        let (lane_of, n_lanes) = lanes(calls, p.threads);
+        threads.extend((0..n_lanes).map(|_| ThreadOps { ops: Vec::new(), created: Vec::new() }));
         let offset = blocks;
         let created_in = calls.iter().filter(|c| c.call.creates()).count();
         if offset + created_in >= NONE as usize {
@@ -118,7 +157,7 @@ pub fn compile(trace: &RecordedTrace) -> Result<Compiled, crate::error::InputErr
         let mut owner: Vec<u32> = Vec::with_capacity(created_in);
         let mut size: Vec<u64> = Vec::with_capacity(created_in);
         for c in calls {
-            let t = first_thread + c.thread as usize;
+            let t = first_thread + lane_of[c.thread as usize] as usize;
             let gives = match c.call {
                 Call::Free { id } => Some(id),
                 Call::Realloc { old, .. } => old,
@@ -167,7 +206,7 @@ pub fn compile(trace: &RecordedTrace) -> Result<Compiled, crate::error::InputErr
     Ok(Compiled {
         threads,
         blocks,
-        calls: trace.total_calls(),
+        calls: trace.total_calls() * copies.max(1) as u64,
         creates,
         gives_back,
         bytes_requested,
@@ -529,4 +568,27 @@ pub fn drive_holding<C: Clock, R>(
         },
         held,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::recorded::Recorded;
+
+    fn call(thread: u32) -> Recorded {
+        Recorded { thread, t_ns: 0, call: Call::Malloc { bytes: 8 } }
+    }
+
+    #[test]
+    fn threads_that_never_overlap_share_a_lane() {
+        // 0 runs throughout; 1 then 2 then 3 one after another; 4 overlaps 3.
+        let calls: Vec<Recorded> = [0, 1, 1, 0, 2, 2, 0, 3, 4, 3, 4, 0].into_iter().map(call).collect();
+        let (lane_of, n) = lanes(&calls, 5);
+        assert_eq!(n, 3);
+        assert_eq!(lane_of[1], lane_of[2]);
+        assert_eq!(lane_of[2], lane_of[3]);
+        assert_ne!(lane_of[3], lane_of[4]);
+        assert_ne!(lane_of[0], lane_of[1]);
+        assert_ne!(lane_of[0], lane_of[4]);
+    }
 }

@@ -3,7 +3,7 @@
 //! refused before anything runs.
 //!
 //! - glibc: `GLIBC_TUNABLES=glibc.malloc.<key>=<value>:...` (the tunables of glibc's
-//!   manual, "Memory Allocation Tunables"; `arena_max` is also what `MALLOC_ARENA_MAX` sets).
+//!   manual, "Memory Allocation Tunables"); `arena_max` also sets `MALLOC_ARENA_MAX`.
 //! - jemalloc: `MALLOC_CONF=<key>:<value>,...` (jemalloc's `opt.*` names).
 //! - tcmalloc (gperftools): `TCMALLOC_<KEY>=<value>` per key.
 //! - mimalloc: `MIMALLOC_<KEY>=<value>` per key.
@@ -137,7 +137,12 @@ pub fn environment(settings: &Settings, library: Option<&Path>) -> Result<Vec<(S
                 }
             }
             let t: Vec<String> = s.pairs.iter().map(|(k, v)| format!("glibc.malloc.{k}={v}")).collect();
-            vec![("GLIBC_TUNABLES".into(), t.join(":"))]
+            let mut env = vec![("GLIBC_TUNABLES".to_string(), t.join(":"))];
+            // The variable most deployments set for it (glibc reads both; the tunable wins).
+            if let Some((_, v)) = s.pairs.iter().find(|(k, _)| k == "arena_max") {
+                env.push(("MALLOC_ARENA_MAX".into(), v.clone()));
+            }
+            env
         }
         "jemalloc" => {
             for (k, _) in &s.pairs {
@@ -209,7 +214,10 @@ mod tests {
     #[test]
     fn specs_parse_and_typos_are_refused() {
         let s = parse("glibc:arena_max=4,trim_threshold=131072").unwrap();
-        assert_eq!(environment(&s, None).unwrap(), vec![("GLIBC_TUNABLES".into(), "glibc.malloc.arena_max=4:glibc.malloc.trim_threshold=131072".into())]);
+        assert_eq!(
+            environment(&s, None).unwrap(),
+            vec![("GLIBC_TUNABLES".into(), "glibc.malloc.arena_max=4:glibc.malloc.trim_threshold=131072".into()), ("MALLOC_ARENA_MAX".into(), "4".into())]
+        );
         let e = environment(&parse("glibc:arena_maxx=4").unwrap(), None).unwrap_err().to_string();
         assert!(e.contains("arena_maxx") && e.contains("arena_max,"), "{e}");
         assert!(parse("jemalloc narenas=4").is_err());

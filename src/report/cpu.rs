@@ -194,38 +194,120 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
         return Ok(None);
     }
     // A run stopped by Ctrl-C covers only part of the workload: not a repetition of the others.
-    let runs: Vec<&CpuRunResult> = all.iter().copied().filter(|r| !r.interrupted).collect();
+    let kept: Vec<&CpuRunResult> = all.iter().copied().filter(|r| !r.interrupted).collect();
+    // Recorded programs replayed at their pace are compared by the memory they hold over time.
+    let (paced, runs): (Vec<&CpuRunResult>, Vec<&CpuRunResult>) = kept.iter().copied().partition(|r| r.paced);
     let mut sec = Section::new("CPU allocators");
     let by_workload = rows_by_workload(&runs);
     for (w, rows) in &by_workload {
         sec.findings.extend(findings(w, rows));
     }
-    let left_out = all.len() - runs.len();
+    let left_out = all.len() - kept.len();
     sec.body = if left_out > 0 { format!("{left_out} interrupted run(s) left out.\n\n") } else { String::new() } + &table(&by_workload);
     sec.charts = charts_for(out, &by_workload)?;
+    let recorded = rows_by_workload(&paced);
+    if !recorded.is_empty() {
+        sec.body += &recorded_tables(&recorded, &mut sec.findings);
+        sec.charts.extend(recorded_charts(out, &recorded)?);
+    }
     Ok(Some(sec))
+}
+
+/// Recorded programs replayed at their recorded pace (`cpu TRACE --pace recorded`, as
+/// `scripts/compare.sh` runs them with every allocator and the usual settings): per program, a row
+/// per allocator × settings with steady RSS, peak, retained and CPU time over the repetitions
+/// (mean ± 95 % CI, min–max), and as the finding what `cpu advise` recommends from the same runs.
+fn recorded_tables(by_workload: &[(String, Vec<CpuRow>)], findings: &mut Vec<String>) -> String {
+    use crate::cpu::advise::{rank, Measured};
+    let mut s = String::from(
+        "### Recorded programs, replayed at their recorded pace\n\nEach program was recorded once (`allocbench cpu --record`) and replayed under every allocator and the usual settings, each run in its own process, repetitions interleaved. Steady RSS is the time-weighted mean RSS above the replay's start while it ran; CPU time is user + system of the replay (idle time between paced calls not counted).\n\n",
+    );
+    for (workload, rows) in by_workload {
+        let measured: Vec<Measured> = rows.iter().flat_map(|r| r.runs.iter().map(|x| Measured::of_replay(x))).collect();
+        let advice = rank(&measured, "balanced", workload);
+        let calls = rows.first().map_or(0, |r| r.runs[0].work.events);
+        findings.push(format!("{workload} (recorded, {calls} calls, replayed at its pace): {}; `{}`.", advice.reason, advice.line));
+        let _ = writeln!(s, "#### {workload} (recorded)\n\n| allocator and settings | runs | steady RSS | peak RSS | retained at the drain's end | CPU s | CPU vs glibc | |\n|---|---|---|---|---|---|---|---|");
+        for c in &advice.candidates {
+            let reps: Vec<&Measured> = measured.iter().filter(|m| m.label == c.label).collect();
+            let spread = |f: &dyn Fn(&Measured) -> f64| Spread::of(&reps.iter().map(|m| f(m)).collect::<Vec<_>>());
+            let b = |v: f64| crate::units::format_bytes(v.max(0.0) as u64);
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} | {} | {} | {:+.1} % | {} |",
+                c.label,
+                c.runs,
+                spread(&|m| m.steady).show_range(&b),
+                spread(&|m| m.peak).show_range(&b),
+                spread(&|m| m.retained.unwrap_or(0.0)).show_range(&|v| format_bytes_signed(v as i128)),
+                spread(&|m| m.cpu_s).show_range(&|v| format!("{v:.3}")),
+                c.time_cost * 100.0,
+                if c.label == advice.candidates[0].label {
+                    "recommended (balanced)".to_string()
+                } else {
+                    c.dominated_by.as_deref().map(|d| format!("beaten on every column by {d}")).unwrap_or_default()
+                }
+            );
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// Per recorded program: RSS over time (every repetition) and the steady RSS and CPU time bars.
+fn recorded_charts(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Result<Vec<Chart>> {
+    use crate::cpu::advise::Measured;
+    let mut charts = Vec::new();
+    for (workload, rows) in by_workload {
+        let ws = slug(workload);
+        let title = format!("{workload} (recorded, at its pace): RSS over time");
+        let svg = charts::lines(&title, "time (s)", "RSS", true, &rss_lines(rows), &[], charts::LegendAt::UpperRight);
+        charts.push(write_chart(out, format!("cpu-recorded-rss-{ws}.svg"), title, svg)?);
+        let bar = |f: &dyn Fn(&Measured) -> f64| -> Vec<BarGroup> {
+            rows.iter()
+                .map(|row| {
+                    let s = Spread::of(&row.runs.iter().map(|r| f(&Measured::of_replay(r))).collect::<Vec<_>>());
+                    let (lo, hi) = s.bounds();
+                    let name = row.allocator();
+                    BarGroup { category: name.clone(), bars: vec![(name.clone(), name, s.mean, s.ci95.map(|_| (lo, hi)))] }
+                })
+                .collect()
+        };
+        let (steady, cpu) = (bar(&|m| m.steady), bar(&|m| m.cpu_s));
+        let title = format!("{workload} (recorded): steady RSS and CPU time (mean, 95 % CI)");
+        let (t1, t2) = ("steady RSS above the replay's start".to_string(), "CPU time of the replay".to_string());
+        let svg = charts::bars_pair(
+            (&steady, &BarOptions { title: &t1, y_desc: "RSS", log: false, y_is_bytes: true, reference: None }),
+            (&cpu, &BarOptions { title: &t2, y_desc: "s", log: false, y_is_bytes: false, reference: None }),
+        );
+        charts.push(write_chart(out, format!("cpu-recorded-steady-cpu-{ws}.svg"), title, svg)?);
+    }
+    Ok(charts)
+}
+
+/// RSS over time: every repetition, one colour (and one legend entry) per row, the first run solid.
+fn rss_lines(rows: &[CpuRow]) -> Vec<Line> {
+    let mut lines = Vec::new();
+    for row in rows {
+        let name = row.allocator();
+        for (i, r) in row.runs.iter().enumerate() {
+            lines.push(Line {
+                label: if row.runs.len() > 1 { format!("{name} ({} runs, the first solid)", row.runs.len()) } else { name.to_string() },
+                color_key: name.to_string(),
+                points: r.rss_timeline.iter().map(|s| (s.t_s, s.rss as f64)).collect(),
+                dashed: i > 0,
+            });
+        }
+    }
+    lines
 }
 
 fn charts_for(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Result<Vec<Chart>> {
     let mut charts = Vec::new();
     for (workload, rows) in by_workload {
         let ws = slug(workload);
-        // RSS over time: every repetition, one colour (and one legend entry) per allocator, the
-        // first run solid.
-        let mut lines = Vec::new();
-        for row in rows {
-            let name = row.allocator();
-            for (i, r) in row.runs.iter().enumerate() {
-                lines.push(Line {
-                    label: if row.runs.len() > 1 { format!("{name} ({} runs, the first solid)", row.runs.len()) } else { name.to_string() },
-                    color_key: name.to_string(),
-                    points: r.rss_timeline.iter().map(|s| (s.t_s, s.rss as f64)).collect(),
-                    dashed: i > 0,
-                });
-            }
-        }
         let title = format!("{workload}: RSS over time");
-        let svg = charts::lines(&title, "time (s)", "RSS", true, &lines, &[], charts::LegendAt::UpperRight);
+        let svg = charts::lines(&title, "time (s)", "RSS", true, &rss_lines(rows), &[], charts::LegendAt::UpperRight);
         charts.push(write_chart(out, format!("cpu-rss-{ws}.svg"), title, svg)?);
 
         // Bars are the mean, whiskers the 95 % confidence interval.
