@@ -28,7 +28,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$venv/bin/pip" install -q pyperformance==1.11.0
 fi
 bench=$("$venv/bin/python" -c 'import pyperformance, os; print(os.path.join(os.path.dirname(pyperformance.__file__), "data-files/benchmarks/bm_xml_etree/run_benchmark.py"))')
-record() { local name=$1; shift; "$bin" cpu --record -o "$out/$name.abt" -- "$@"; gzip -9 -f "$out/$name.abt"; }
+record() { local name=$1; shift; "$bin" cpu --record -o "$out/$name.abt" -- "$@"; gzip -9 -n -f "$out/$name.abt"; }
 
 PYTHONMALLOC=malloc record pyperformance-xml_etree "$venv/bin/python" "$bench" --debug-single-value
 
@@ -41,7 +41,7 @@ redis-cli -p "$port" shutdown nosave > /dev/null 2>&1 || true
 wait "$recorder"
 cat "$out/.redis.log" | grep -v '^[0-9]*:[CM] ' || true
 rm -f "$out/.redis.log"
-gzip -9 -f "$out/redis-server.abt"
+gzip -9 -n -f "$out/redis-server.abt"
 
 record tokenizers-bpe "$tokpy" scripts/programs/tokenize_loop.py --docs 300
 record http-serving "$py" scripts/programs/http_serving.py

@@ -410,3 +410,27 @@ fn threads_replay_copies_of_the_recording_side_by_side() {
     let out = bin().args(["cpu"]).arg(&trace).args(["--threads", "0"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_subprocess_started_with_vfork_loses_none_of_the_parents_calls() {
+    // CPython's subprocess starts children with vfork: the child shares the parent's memory (its
+    // buffers) until it execs, after closing the descriptors it does not pass on (the spool's).
+    let python = match std::process::Command::new("python3").args(["-c", "import sys; print(sys.executable)"]).output() {
+        Ok(o) if o.status.success() => String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        _ => {
+            eprintln!("SKIPPED: no python3");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("py.abt");
+    let script = "keep = [bytearray(777) for _ in range(300)]\nimport subprocess\nfor _ in range(3): subprocess.run(['true'])\nmore = [bytearray(779) for _ in range(300)]\n";
+    let out = bin().args(["cpu", "--record", "-o"]).arg(&trace).args(["--", &python, "-c", script]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t = RecordedTrace::read(&trace).unwrap();
+    let count = |n: u64| t.calls[0].iter().filter(|c| c.call == Call::Malloc { bytes: n }).count();
+    // bytearray(n) asks for n + 1 bytes.
+    // (The interpreter may ask for one of these sizes itself too.)
+    assert!(count(778) >= 300, "the calls before the subprocesses: {}", count(778));
+    assert!(count(780) >= 300, "the calls after them: {}", count(780));
+}

@@ -263,10 +263,16 @@ fn calls_of(spool: &Spool, t0: u64) -> (ProcessInfo, Vec<Recorded>) {
 /// Reads every spool file in `dir` into a trace: the processes with calls, by start time.
 fn from_spool(dir: &Path, t0: u64, command: &[String], run: &CpuExecResult) -> anyhow::Result<RecordedTrace> {
     let mut spools = Vec::new();
+    // A spool without its header (a process killed between creating and heading it, a full
+    // disk) is left out and said so; the others are the trace.
+    let mut unreadable = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
         if path.extension().is_some_and(|e| e == "spool") {
-            spools.push(read_spool(&path)?);
+            match read_spool(&path) {
+                Ok(s) => spools.push(s),
+                Err(e) => unreadable.push(e.to_string()),
+            }
         }
     }
     spools.sort_by_key(|s| (s.start_ns, s.pid));
@@ -279,11 +285,18 @@ fn from_spool(dir: &Path, t0: u64, command: &[String], run: &CpuExecResult) -> a
             calls.push(c);
         }
     }
-    let incomplete = match (run.exit_code, &run.error) {
+    let mut incomplete = match (run.exit_code, &run.error) {
         (0, None) => None,
         (_, Some(e)) => Some(format!("{e}: calls still in a thread's buffer were lost")),
         (code, None) => Some(format!("exited with status {code}")),
     };
+    if let Some(first) = unreadable.first() {
+        let why = format!("{} process(es) left out, their recording unreadable ({first})", unreadable.len());
+        incomplete = Some(match incomplete {
+            Some(i) => format!("{i}; {why}"),
+            None => why,
+        });
+    }
     let info = RecordingInfo {
         command: command.to_vec(),
         exit_code: run.exit_code,

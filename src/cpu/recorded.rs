@@ -247,12 +247,38 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The decompressed bytes of a gzip-compressed trace; a stream that stops early or does not
+/// decode names how far it got.
+fn gunzip(raw: &[u8], name: &str) -> Result<Vec<u8>, InputError> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    let mut d = flate2::read::MultiGzDecoder::new(raw);
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match d.read(&mut buf) {
+            Ok(0) => return Ok(out),
+            Ok(n) => {
+                out.extend_from_slice(&buf[..n]);
+                if out.len() as u64 > MAX_TRACE_BYTES {
+                    return Err(InputError::new(
+                        name,
+                        format!("larger than {} decompressed: not a recorded CPU trace", crate::units::format_bytes(MAX_TRACE_BYTES)),
+                    ));
+                }
+            }
+            Err(e) => return Err(InputError::new(name, format!("truncated or corrupt gzip: {e} at byte {} of the decompressed trace", out.len()))),
+        }
+    }
+}
+
 /// Decodes a section payload that starts at `base` in the file (for offsets in errors).
 fn decode_calls(r: &Reader, payload: &[u8], base: usize, count: u64, threads: u32) -> Result<Vec<Recorded>, InputError> {
     let mut calls = Vec::with_capacity(count.min(payload.len() as u64) as usize);
     let mut at = 0usize;
     let mut next_id = 0u64;
     let mut t = 0i64;
+    // Blocks already given back: a second give-back would have a replay wait for ever.
+    let mut given_back: Vec<u64> = Vec::new();
     let varint = |at: &mut usize| -> Result<u64, InputError> {
         let start = *at;
         let mut v = 0u64;
@@ -276,8 +302,11 @@ fn decode_calls(r: &Reader, payload: &[u8], base: usize, count: u64, threads: u3
         if thread >= threads as u64 {
             return Err(r.fail(base + start, format!("corrupt: a call on thread {thread}, but the process has {threads}")));
         }
-        t += unzigzag(varint(&mut at)?);
-        let back = |at: &mut usize, allow_none: bool| -> Result<Option<u64>, InputError> {
+        t = t
+            .checked_add(unzigzag(varint(&mut at)?))
+            .filter(|t| *t >= -(1 << 62) && *t <= 1 << 62)
+            .ok_or_else(|| r.fail(base + start, "corrupt: a call's time is out of range"))?;
+        let mut back = |at: &mut usize, allow_none: bool| -> Result<Option<u64>, InputError> {
             let b = varint(at)?;
             if b == 0 && allow_none {
                 return Ok(None);
@@ -285,7 +314,16 @@ fn decode_calls(r: &Reader, payload: &[u8], base: usize, count: u64, threads: u3
             if b == 0 || b > next_id {
                 return Err(r.fail(base + start, format!("corrupt: a call gives back block {b} back of {next_id} created")));
             }
-            Ok(Some(next_id - b))
+            let id = next_id - b;
+            let (word, bit) = ((id / 64) as usize, 1u64 << (id % 64));
+            if given_back.len() <= word {
+                given_back.resize(word + 1, 0);
+            }
+            if given_back[word] & bit != 0 {
+                return Err(r.fail(base + start, format!("corrupt: block {id} is given back twice")));
+            }
+            given_back[word] |= bit;
+            Ok(Some(id))
         };
         let call = match code {
             1 => Call::Malloc { bytes: varint(&mut at)? },
@@ -331,7 +369,7 @@ impl RecordedTrace {
         let name = path.display().to_string();
         let raw = std::fs::read(path).map_err(|e| InputError::new(&name, format!("cannot read the trace: {e}")))?;
         let gz = raw.starts_with(&[0x1f, 0x8b]);
-        let data = if gz { crate::files::read_bytes_at_most(path, MAX_TRACE_BYTES, "a recorded CPU trace")? } else { raw };
+        let data = if gz { gunzip(&raw, &name)? } else { raw };
         let mut r = Reader { data: &data, at: 0, name: &name, whose: if gz { " of the decompressed trace" } else { "" } };
         let magic = r.bytes(8.min(data.len()), "the magic")?;
         if magic != MAGIC {
@@ -348,6 +386,9 @@ impl RecordedTrace {
         let header_at = r.at;
         let header = r.bytes(len, "the header")?;
         let info: RecordingInfo = serde_json::from_slice(header).map_err(|e| r.fail(header_at, format!("corrupt header: {e}")))?;
+        if let Some((i, p)) = info.processes.iter().enumerate().find(|(_, p)| p.threads as u64 > p.calls.max(1)) {
+            return Err(r.fail(header_at, format!("corrupt header: process {i} has {} threads but {} calls", p.threads, p.calls)));
+        }
         let mut calls = Vec::new();
         for (i, p) in info.processes.iter().enumerate() {
             let at = r.at;
@@ -458,6 +499,27 @@ mod tests {
         let e = RecordedTrace::read(&p).unwrap_err().to_string();
         assert!(e.contains("not a recorded CPU trace"), "{e}");
         assert!(!is_recorded_trace(&p));
+    }
+
+    #[test]
+    fn a_block_given_back_twice_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("t.abt");
+        let mut t = sample();
+        // Block 1 (the calloc) is freed at the end; free it once more.
+        t.calls[0].push(Recorded { thread: 0, t_ns: 70, call: Call::Free { id: 1 } });
+        t.info.processes[0].calls += 1;
+        write(&p, &t).unwrap();
+        let e = RecordedTrace::read(&p).unwrap_err().to_string();
+        assert!(e.contains("block 1 is given back twice") && e.contains("at byte"), "{e}");
+        // A gzip-compressed trace cut short names how far it decoded.
+        write(&p, &sample()).unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, &std::fs::read(&p).unwrap()).unwrap();
+        let gz = gz.finish().unwrap();
+        std::fs::write(&p, &gz[..gz.len() - 12]).unwrap();
+        let e = RecordedTrace::read(&p).unwrap_err().to_string();
+        assert!(e.contains("of the decompressed trace"), "{e}");
     }
 
     #[test]

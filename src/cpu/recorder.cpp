@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstddef>
+#include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -130,11 +131,14 @@ std::atomic<uint64_t> g_seq{1};
 std::atomic<Buffer *> g_buffers{nullptr};
 std::atomic<int> g_fd{-1};
 std::atomic<int> g_state{0};  // 0 not started, 1 starting, 2 recording, 3 off
-std::atomic<int> g_final{0};  // after the exit flush: every record is written at once
+std::atomic<int> g_final{0};  // from the exit flush on: every record is written at once
+std::atomic<int> g_pid{0};    // the process the spool file is this one's for
 pthread_key_t g_key;
 
 __attribute__((tls_model("initial-exec"))) thread_local Buffer *t_buf = nullptr;
 __attribute__((tls_model("initial-exec"))) thread_local int t_busy = 0;
+// Set while this thread holds its buffer's lock: a signal handler's _exit must not wait for it.
+__attribute__((tls_model("initial-exec"))) thread_local int t_in_log = 0;
 
 inline uint64_t now_ns() {
     timespec ts;
@@ -152,7 +156,9 @@ inline void spin_unlock(std::atomic<int> &l) { l.store(0, std::memory_order_rele
 void write_all(int fd, const void *p, size_t len) {
     const char *c = static_cast<const char *>(p);
     while (len > 0) {
-        ssize_t w = write(fd, c, len);
+        // The system call itself: write() is a cancellation point, and a cancel acted on here
+        // would leave the buffer's lock held.
+        ssize_t w = syscall(SYS_write, fd, c, len);
         if (w < 0 && errno == EINTR) continue;
         if (w <= 0) return;  // a full disk loses records; the trace's counts show it
         c += w;
@@ -179,8 +185,13 @@ void flush_locked(Buffer *b) {
     b->n = 0;
 }
 
+// Writes every thread's buffer. Not in a vfork child (it shares the parent's memory, and may have
+// closed the parent's spool descriptor in its own table): those records are the parent's to
+// write. Not this thread's own buffer while it is inside log() (an _exit from a signal handler).
 void flush_all() {
+    if (getpid() != g_pid.load()) return;
     for (Buffer *b = g_buffers.load(std::memory_order_acquire); b; b = b->next) {
+        if (b == t_buf && t_in_log) continue;
         spin_lock(b->lock);
         flush_locked(b);
         spin_unlock(b->lock);
@@ -223,6 +234,7 @@ void open_spool() {
     } h = {{'A', 'B', 'R', 'S', 'P', 'O', 'O', 'L'}, 1, uint32_t(pid), uint32_t(getppid()), uint32_t(len), now_ns()};
     write_all(fd, &h, sizeof h);
     write_all(fd, cmdline, size_t(len));
+    g_pid.store(int(pid));
     g_fd.store(fd, std::memory_order_release);
 }
 
@@ -232,6 +244,9 @@ void thread_done(void *p) {
     flush_locked(b);
     b->owned.store(0, std::memory_order_release);
     spin_unlock(b->lock);
+    // Calls from later destructors of this thread claim a buffer again (and this key's
+    // destructor runs once more for it).
+    t_buf = nullptr;
 }
 
 void after_fork_in_child() {
@@ -249,8 +264,9 @@ void after_fork_in_child() {
 }
 
 void at_exit() {
+    // Final first: a record appended to a buffer this flush has passed is written at once.
+    g_final.store(1);
     flush_all();
-    g_final.store(1, std::memory_order_release);
 }
 
 void start() {
@@ -288,8 +304,10 @@ Buffer *my_buffer() {
             b->next = head;
         } while (!g_buffers.compare_exchange_weak(head, b));
     }
+    spin_lock(b->lock);
     b->tid = uint32_t(syscall(SYS_gettid));
     b->n = 0;
+    spin_unlock(b->lock);
     t_buf = b;
     pthread_setspecific(g_key, b);
     return b;
@@ -303,10 +321,12 @@ void log(Op op, uint64_t seq, uint64_t ptr, uint64_t bytes, unsigned align_log2,
     Buffer *b = my_buffer();
     if (!b) return;
     spin_lock(b->lock);
+    t_in_log = 1;
     if (b->n + 2 > RECORDS_PER_BUFFER) flush_locked(b);
     if (first) b->recs[b->n++] = *first;
     b->recs[b->n++] = Rec{(uint64_t(op) << 56) | (uint64_t(align_log2) << 48) | seq, now_ns(), ptr, bytes};
-    if (g_final.load(std::memory_order_relaxed)) flush_locked(b);
+    if (g_final.load()) flush_locked(b);
+    t_in_log = 0;
     spin_unlock(b->lock);
 }
 
@@ -470,6 +490,48 @@ __attribute__((visibility("default"))) int execvpe(const char *file, char *const
     flush_all();
     auto real = reinterpret_cast<execve_fn>(dlsym(RTLD_NEXT, "execvpe"));
     return real(file, argv, envp);
+}
+
+// glibc's execl family calls its internal execve: each is answered here through the wrappers
+// above, so the buffers are written first. The argument list is copied to the stack.
+namespace {
+constexpr int MAX_EXECL_ARGS = 4096;
+int collect(const char *arg0, va_list ap, char **argv) {
+    int n = 0;
+    argv[n++] = const_cast<char *>(arg0);
+    while (argv[n - 1] && n < MAX_EXECL_ARGS) argv[n++] = va_arg(ap, char *);
+    if (argv[n - 1]) {
+        errno = E2BIG;
+        return -1;
+    }
+    return n;
+}
+}  // namespace
+
+__attribute__((visibility("default"))) int execl(const char *path, const char *arg, ...) {
+    char *argv[MAX_EXECL_ARGS];
+    va_list ap;
+    va_start(ap, arg);
+    int n = collect(arg, ap, argv);
+    va_end(ap);
+    return n < 0 ? -1 : execv(path, argv);
+}
+__attribute__((visibility("default"))) int execlp(const char *file, const char *arg, ...) {
+    char *argv[MAX_EXECL_ARGS];
+    va_list ap;
+    va_start(ap, arg);
+    int n = collect(arg, ap, argv);
+    va_end(ap);
+    return n < 0 ? -1 : execvp(file, argv);
+}
+__attribute__((visibility("default"))) int execle(const char *path, const char *arg, ...) {
+    char *argv[MAX_EXECL_ARGS];
+    va_list ap;
+    va_start(ap, arg);
+    int n = collect(arg, ap, argv);
+    char *const *envp = n < 0 ? nullptr : va_arg(ap, char *const *);
+    va_end(ap);
+    return n < 0 ? -1 : execve(path, argv, envp);
 }
 
 }  // extern "C"

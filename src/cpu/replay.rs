@@ -272,6 +272,10 @@ impl<'a, C: Clock> Replayer<'a, C> {
             if shared.abort.load(Ordering::Relaxed) {
                 return None;
             }
+            if spins % 1024 == 1023 && crate::interrupt::interrupted() {
+                shared.abort.store(true, Ordering::Relaxed);
+                return None;
+            }
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();
@@ -362,7 +366,23 @@ impl<'a, C: Clock> Replayer<'a, C> {
                 let now = began.elapsed().as_nanos() as u64;
                 if op.t_ns > now {
                     self.publish_live(shared);
-                    std::thread::sleep(Duration::from_nanos(op.t_ns - now));
+                    // In naps of at most 50 ms, so that Ctrl-C or another thread's failure ends
+                    // the wait.
+                    let until = began + Duration::from_nanos(op.t_ns);
+                    loop {
+                        if crate::interrupt::interrupted() {
+                            shared.abort.store(true, Ordering::Relaxed);
+                        }
+                        if shared.abort.load(Ordering::Relaxed) {
+                            self.replay_ns += t0.elapsed().as_nanos() as u64;
+                            return Ok(false);
+                        }
+                        let now = Instant::now();
+                        if now >= until {
+                            break;
+                        }
+                        std::thread::sleep((until - now).min(Duration::from_millis(50)));
+                    }
                 }
             }
             let old = if op.old != NONE {
@@ -492,6 +512,9 @@ pub fn drive_holding<C: Clock, R>(
                             Ok(ok) => ok,
                             Err(e) => {
                                 shared.abort.store(true, Ordering::Relaxed);
+                                // No thread goes round again (thread 0 decides at the pass's end;
+                                // this may be thread 0).
+                                again.store(false, Ordering::Relaxed);
                                 pass_end.wait();
                                 r.free_leftovers(&thread.created, size_of, shared);
                                 leftovers_freed.wait();
@@ -508,7 +531,7 @@ pub fn drive_holding<C: Clock, R>(
                             again.store(more, Ordering::Relaxed);
                         }
                         leftovers_freed.wait();
-                        if !again.load(Ordering::Relaxed) {
+                        if !again.load(Ordering::Relaxed) || shared.abort.load(Ordering::Relaxed) {
                             return Ok(());
                         }
                     }

@@ -222,34 +222,42 @@ fn recorded_tables(by_workload: &[(String, Vec<CpuRow>)], findings: &mut Vec<Str
     let mut s = String::from(
         "### Recorded programs, replayed at their recorded pace\n\nEach program was recorded once (`allocbench cpu --record`) and replayed under every allocator and the usual settings, each run in its own process, repetitions interleaved. Steady RSS is the time-weighted mean RSS above the replay's start while it ran; CPU time is user + system of the replay (idle time between paced calls not counted).\n\n",
     );
-    for (workload, rows) in by_workload {
-        let measured: Vec<Measured> = rows.iter().flat_map(|r| r.runs.iter().map(|x| Measured::of_replay(x))).collect();
-        let advice = rank(&measured, "balanced", workload);
-        let calls = rows.first().map_or(0, |r| r.runs[0].work.events);
-        findings.push(format!("{workload} (recorded, {calls} calls, replayed at its pace): {}; `{}`.", advice.reason, advice.line));
-        let _ = writeln!(s, "#### {workload} (recorded)\n\n| allocator and settings | runs | steady RSS | peak RSS | retained at the drain's end | CPU s | CPU vs glibc | |\n|---|---|---|---|---|---|---|---|");
-        for c in &advice.candidates {
-            let reps: Vec<&Measured> = measured.iter().filter(|m| m.label == c.label).collect();
-            let spread = |f: &dyn Fn(&Measured) -> f64| Spread::of(&reps.iter().map(|m| f(m)).collect::<Vec<_>>());
-            let b = |v: f64| crate::units::format_bytes(v.max(0.0) as u64);
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} | {} | {} | {:+.1} % | {} |",
-                c.label,
-                c.runs,
-                spread(&|m| m.steady).show_range(&b),
-                spread(&|m| m.peak).show_range(&b),
-                spread(&|m| m.retained.unwrap_or(0.0)).show_range(&|v| format_bytes_signed(v as i128)),
-                spread(&|m| m.cpu_s).show_range(&|v| format!("{v:.3}")),
-                c.time_cost * 100.0,
-                if c.label == advice.candidates[0].label {
-                    "recommended (balanced)".to_string()
-                } else {
-                    c.dominated_by.as_deref().map(|d| format!("beaten on every column by {d}")).unwrap_or_default()
-                }
-            );
+    for (workload, all_rows) in by_workload {
+        // Runs with different thread counts (`--threads N` copies) are ranked apart.
+        let mut counts: Vec<usize> = all_rows.iter().map(|r| r.runs[0].threads).collect();
+        counts.sort_unstable();
+        counts.dedup();
+        for &threads in &counts {
+            let rows: Vec<&CpuRow> = all_rows.iter().filter(|r| r.runs[0].threads == threads).collect();
+            let workload = if counts.len() > 1 { format!("{workload}, {threads} replay threads") } else { workload.clone() };
+            let measured: Vec<Measured> = rows.iter().flat_map(|r| r.runs.iter().map(|x| Measured::of_replay(x))).collect();
+            let advice = rank(&measured, "balanced", &workload);
+            let calls = rows.first().map_or(0, |r| r.runs[0].work.events);
+            findings.push(format!("{workload} (recorded, {calls} calls, replayed at its pace): {}; `{}`.", advice.reason, advice.line));
+            let _ = writeln!(s, "#### {workload} (recorded)\n\n| allocator and settings | runs | steady RSS | peak RSS | retained at the drain's end | CPU s | CPU vs glibc | |\n|---|---|---|---|---|---|---|---|");
+            for c in &advice.candidates {
+                let reps: Vec<&Measured> = measured.iter().filter(|m| m.label == c.label).collect();
+                let spread = |f: &dyn Fn(&Measured) -> f64| Spread::of(&reps.iter().map(|m| f(m)).collect::<Vec<_>>());
+                let b = |v: f64| crate::units::format_bytes(v.max(0.0) as u64);
+                let _ = writeln!(
+                    s,
+                    "| {} | {} | {} | {} | {} | {} | {:+.1} % | {} |",
+                    c.label,
+                    c.runs,
+                    spread(&|m| m.steady).show_range(&b),
+                    spread(&|m| m.peak).show_range(&b),
+                    spread(&|m| m.retained.unwrap_or(0.0)).show_range(&|v| format_bytes_signed(v as i128)),
+                    spread(&|m| m.cpu_s).show_range(&|v| format!("{v:.3}")),
+                    c.time_cost * 100.0,
+                    if c.label == advice.candidates[0].label {
+                        "recommended (balanced)".to_string()
+                    } else {
+                        c.dominated_by.as_deref().map(|d| format!("beaten on every column by {d}")).unwrap_or_default()
+                    }
+                );
+            }
+            s.push('\n');
         }
-        s.push('\n');
     }
     s
 }
