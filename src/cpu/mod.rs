@@ -336,10 +336,11 @@ pub fn describe(r: &CpuRunResult) -> String {
         );
     } else {
         s += &format!(
-            "  drift (RSS - live) {} MiB per 1,000 iterations; raw RSS {} MiB per 1,000 iterations, {} MiB per minute\n",
+            "  drift (RSS - live) {} MiB per 1,000 iterations; raw RSS {} MiB per 1,000 iterations, {} MiB per minute ({} MiB per hour)\n",
             opt(r.drift_overhead_mib_per_1k),
             opt(r.drift_mib_per_1k_iterations),
-            opt(r.drift_mib_per_minute)
+            opt(r.drift_mib_per_minute),
+            opt(r.drift_mib_per_minute.map(|m| m * 60.0))
         );
     }
     if r.interrupted {

@@ -185,7 +185,7 @@ pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::
                 owner.push(t as u32);
                 size.push(bytes);
                 creates += 1;
-                bytes_requested += bytes;
+                bytes_requested = bytes_requested.saturating_add(bytes);
                 deltas.push((c.t_ns, bytes as i64));
                 threads[t].created.push(slot);
                 slot
@@ -200,7 +200,7 @@ pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::
     deltas.sort_by_key(|&(t, d)| (t, d));
     let (mut live, mut peak) = (0i64, 0i64);
     for (_, d) in deltas {
-        live += d;
+        live = live.saturating_add(d);
         peak = peak.max(live);
     }
     Ok(Compiled {
