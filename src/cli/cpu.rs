@@ -618,8 +618,11 @@ fn recorded_main(a: &CpuArgs, input: &Path) -> anyhow::Result<()> {
         // One run, in this child started under the allocator's preload.
         let live = crate::cpu::preload::live_malloc();
         crate::cpu::check_expected(Some(&name), &live.name, &live)?;
+        // Named by its file (the name it was recorded under), else by the program it ran.
+        let file = input.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+        let stem = file.strip_suffix(".gz").unwrap_or(&file).strip_suffix(".abt").filter(|s| !s.is_empty()).map(str::to_string);
         let workload = crate::results::WorkloadInfo {
-            name: exec::program_name(&trace.info.command),
+            name: stem.unwrap_or_else(|| exec::program_name(&trace.info.command)),
             kind: "recorded".into(),
             origin: input.display().to_string(),
             sha256: crate::files::sha256_file(input)?,

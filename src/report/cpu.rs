@@ -205,12 +205,25 @@ pub fn section(records: &[ResultRecord], out: &Path) -> anyhow::Result<Option<Se
     let left_out = all.len() - kept.len();
     sec.body = if left_out > 0 { format!("{left_out} interrupted run(s) left out.\n\n") } else { String::new() } + &table(&by_workload);
     sec.charts = charts_for(out, &by_workload)?;
-    let recorded = rows_by_workload(&paced);
+    // A recording is named by its file (`redis-server.abt.gz`: redis-server), not by the program
+    // it ran (`run_benchmark.py` says little).
+    let recorded: Vec<(String, Vec<CpuRow>)> =
+        rows_by_workload(&paced).into_iter().map(|(w, rows)| (rows.first().map_or(w.clone(), |r| recording_name(r.runs[0], &w)), rows)).collect();
     if !recorded.is_empty() {
         sec.body += &recorded_tables(&recorded, &mut sec.findings);
         sec.charts.extend(recorded_charts(out, &recorded)?);
     }
     Ok(Some(sec))
+}
+
+/// The file name of a recorded trace without `.gz` and `.abt`; `fallback` for any other input.
+fn recording_name(r: &CpuRunResult, fallback: &str) -> String {
+    let file = Path::new(&r.workload.origin).file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = file.strip_suffix(".gz").unwrap_or(&file);
+    match stem.strip_suffix(".abt") {
+        Some(s) if r.workload.kind == "recorded" && !s.is_empty() => s.to_string(),
+        _ => fallback.to_string(),
+    }
 }
 
 /// Recorded programs replayed at their recorded pace (`cpu TRACE --pace recorded`, as
@@ -234,7 +247,7 @@ fn recorded_tables(by_workload: &[(String, Vec<CpuRow>)], findings: &mut Vec<Str
             let advice = rank(&measured, "balanced", &workload);
             let calls = rows.first().map_or(0, |r| r.runs[0].work.events);
             findings.push(format!("{workload} (recorded, {calls} calls, replayed at its pace): {}; `{}`.", advice.reason, advice.line));
-            let _ = writeln!(s, "#### {workload} (recorded)\n\n| allocator and settings | runs | steady RSS | peak RSS | retained at the drain's end | CPU s | CPU vs glibc | |\n|---|---|---|---|---|---|---|---|");
+            let _ = writeln!(s, "#### {workload} (recorded)\n\n| allocator and settings | runs | steady RSS | peak RSS | retained at the drain's end | CPU s | CPU vs glibc (medians) | |\n|---|---|---|---|---|---|---|---|");
             for c in &advice.candidates {
                 let reps: Vec<&Measured> = measured.iter().filter(|m| m.label == c.label).collect();
                 let spread = |f: &dyn Fn(&Measured) -> f64| Spread::of(&reps.iter().map(|m| f(m)).collect::<Vec<_>>());

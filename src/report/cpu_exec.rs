@@ -246,7 +246,8 @@ pub fn exec_markdown(runs: &[&CpuExecResult]) -> String {
 /// with spread and a one-line verdict per workload.
 pub fn run_spread_markdown(runs: &[&CpuRunResult]) -> String {
     let mut s = String::new();
-    let finished: Vec<&CpuRunResult> = runs.iter().copied().filter(|r| !r.interrupted).collect();
+    // (Recorded programs replayed at their pace have their own tables: src/report/cpu.rs.)
+    let finished: Vec<&CpuRunResult> = runs.iter().copied().filter(|r| !r.interrupted && !r.paced).collect();
     // Only runs with a drain (`--drain`) add to the CPU section's own table.
     if !finished.iter().any(|r| r.drain_s > 0.0) {
         return s;
