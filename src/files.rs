@@ -1,5 +1,6 @@
 //! Files read with a bound, and hashed: what every input reader (traces, snapshots, workload
-//! definitions, results files, plans) shares, kept below them all so none imports another for it.
+//! definitions, results files, plans) shares, kept below them all so none imports another for it;
+//! and where native helpers built at first use are cached and how g++ is run for them.
 
 use std::io::Read;
 use std::path::Path;
@@ -97,4 +98,26 @@ pub fn cache_dir(sub: &str) -> std::path::PathBuf {
         home.join(".cache")
     });
     base.join("allocbench").join(sub)
+}
+
+/// Runs `g++ ARGS` to build a native helper; `what` names it in the one line that says why it
+/// failed ("g++ could not build WHAT: <its first error>", or that g++ is missing).
+pub fn run_gxx<I, S>(args: I, what: &str) -> Result<(), String>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let out = std::process::Command::new("g++").args(args).output().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            format!("g++ not found: {what} is built with g++ at first use (install g++)")
+        } else {
+            format!("cannot run g++: {e}")
+        }
+    })?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text = String::from_utf8_lossy(&out.stderr);
+    let first = text.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_string();
+    Err(format!("g++ could not build {what}: {first}"))
 }

@@ -10,8 +10,8 @@
 //! The one map of the code: `tests/layers.rs` reads it and fails on an import of a higher layer
 //! or on files that import each other in a circle.
 //! 1. [`event`], [`ids`], [`units`], [`error`], [`interrupt`], [`files`], [`confidence`], [`hint`]:
-//!    events, id maps, sizes, input errors, the stop flag, bounded file reads and hashes, 95 %
-//!    intervals, the prefetch hint.
+//!    events, id maps, sizes, input errors, the stop flag, bounded file reads and hashes (and
+//!    the native helpers' cache and g++ run), 95 % intervals, the prefetch hint.
 //! 2. [`results`]: the schema, every serialised type, and the names parsed into it
 //!    ([`results::GpuPolicy`]).
 //! 3. [`trace`], [`workload`], [`input`]: where events come from.

@@ -60,6 +60,21 @@ fn build_program(dir: &Path) -> PathBuf {
     exe
 }
 
+/// The program of known calls, built, and recorded into `dir/prog.abt`.
+fn recorded_program(dir: &Path) -> (PathBuf, PathBuf) {
+    let exe = build_program(dir);
+    let trace = dir.join("prog.abt");
+    let out = bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (exe, trace)
+}
+
+/// The JSON Lines a command printed, after checking that it succeeded.
+fn json_lines(out: &std::process::Output) -> Vec<serde_json::Value> {
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
 #[test]
 fn a_recording_holds_every_call_with_its_thread_and_block() {
     let dir = tempfile::tempdir().unwrap();
@@ -138,16 +153,13 @@ fn a_killed_programs_trace_is_kept_and_marked() {
 #[test]
 fn the_replay_makes_the_recorded_calls_under_each_allocator() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (_, trace) = recorded_program(dir.path());
     let t = RecordedTrace::read(&trace).unwrap();
     let creates: u64 = t.calls.iter().flatten().filter(|c| c.call.creates()).count() as u64;
     let gives: u64 = t.calls.iter().flatten().filter(|c| matches!(c.call, Call::Free { .. } | Call::Realloc { old: Some(_), .. })).count() as u64;
     let allocators = if Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2").exists() { "glibc,jemalloc" } else { "glibc" };
     let out = bin().args(["cpu"]).arg(&trace).args(["--allocator", allocators, "--json", "-"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let runs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs = json_lines(&out);
     assert_eq!(runs.len(), allocators.split(',').count());
     for (r, name) in runs.iter().zip(allocators.split(',')) {
         assert_eq!(r["allocator"], name, "labelled by what served it");
@@ -163,9 +175,7 @@ fn the_replay_makes_the_recorded_calls_under_each_allocator() {
 #[test]
 fn damaged_traces_are_one_line_naming_the_offset() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (_, trace) = recorded_program(dir.path());
     let good = std::fs::read(&trace).unwrap();
     let cut = dir.path().join("cut.abt");
     std::fs::write(&cut, &good[..good.len() - 100]).unwrap();
@@ -192,21 +202,17 @@ fn damaged_traces_are_one_line_naming_the_offset() {
 #[test]
 fn settings_are_configs_recorded_with_each_run_and_typos_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (exe, trace) = recorded_program(dir.path());
     // A replay: the default and the config, each labelled with what was in force.
     let out = bin().args(["cpu"]).arg(&trace).args(["--allocator", "glibc", "--settings", "glibc:arena_max=1,tcache_count=0", "--json", "-"]).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let runs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs = json_lines(&out);
     assert_eq!(runs.len(), 2);
     assert!(runs[0].get("settings").is_none());
     assert_eq!(runs[1]["settings"], serde_json::json!(["GLIBC_TUNABLES=glibc.malloc.arena_max=1:glibc.malloc.tcache_count=0", "MALLOC_ARENA_MAX=1"]));
     // The same for a program run with --exec, whose environment had it.
     let out =
         bin().args(["cpu", "--exec", "--allocator", "glibc", "--settings", "glibc:mmap_threshold=65536", "--json", "-", "--"]).arg(&exe).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let runs: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let runs = json_lines(&out);
     assert_eq!(runs.len(), 2);
     assert_eq!(runs[1]["settings"], serde_json::json!(["GLIBC_TUNABLES=glibc.malloc.mmap_threshold=65536"]));
     // A typo is refused with the names there are, before anything runs.
@@ -226,9 +232,7 @@ fn settings_are_configs_recorded_with_each_run_and_typos_are_refused() {
 #[test]
 fn a_long_run_replays_the_trace_pass_after_pass() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (_, trace) = recorded_program(dir.path());
     let t = RecordedTrace::read(&trace).unwrap();
     let creates = t.calls.iter().flatten().filter(|c| c.call.creates()).count() as u64;
     let out = bin().args(["cpu"]).arg(&trace).args(["--allocator", "glibc", "--duration", "0.3", "--json", "-"]).output().unwrap();
@@ -244,9 +248,7 @@ fn a_long_run_replays_the_trace_pass_after_pass() {
 #[test]
 fn cpu_advise_ranks_configs_and_prints_the_line_to_use() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (exe, trace) = recorded_program(dir.path());
     let runs = dir.path().join("runs.jsonl");
     let out = bin()
         .args(["cpu", "advise"])
@@ -302,9 +304,7 @@ fn cpu_advise_ranks_configs_and_prints_the_line_to_use() {
 #[test]
 fn the_report_shows_each_recorded_program_by_allocator_and_setting_with_a_finding() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (_, trace) = recorded_program(dir.path());
     let runs = dir.path().join("runs.jsonl");
     let out = bin()
         .args(["cpu"])
@@ -395,9 +395,7 @@ fn the_shipped_recordings_read_and_replay() {
 #[test]
 fn threads_replay_copies_of_the_recording_side_by_side() {
     let dir = tempfile::tempdir().unwrap();
-    let exe = build_program(dir.path());
-    let trace = dir.path().join("prog.abt");
-    assert!(bin().args(["cpu", "--record", "-o"]).arg(&trace).arg("--").arg(&exe).output().unwrap().status.success());
+    let (_, trace) = recorded_program(dir.path());
     let run = |threads: &str| -> serde_json::Value {
         let out = bin().args(["cpu"]).arg(&trace).args(["--allocator", "glibc", "--threads", threads, "--json", "-"]).output().unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

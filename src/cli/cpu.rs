@@ -332,15 +332,30 @@ pub fn main(a: &CpuArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--settings`, after the usual settings of the allocators in `allocs` when `grid` is set.
-fn settings_specs(allocs: &[crate::cpu::exec::ExecAllocator], settings: &[String], grid: bool) -> Vec<String> {
+/// The runs of `--allocator` (installed ones; a skipped one is said), each with its defaults,
+/// then the usual settings of those allocators when `grid` is set, then `--settings`; every
+/// preloaded library checked once to load and serve malloc.
+fn run_configs(allocator: &str, settings: &[String], grid: bool, program: Option<&[String]>) -> anyhow::Result<Vec<RunConfig>> {
+    let (allocs, notes) = crate::cpu::exec::resolve_allocators(allocator)?;
+    for n in &notes {
+        eprintln!("{n}");
+    }
     let mut specs: Vec<String> = if grid {
         crate::cpu::advise::GRID.iter().filter(|g| allocs.iter().any(|al| g.starts_with(&format!("{}:", al.name)))).map(|g| g.to_string()).collect()
     } else {
         Vec::new()
     };
     specs.extend(settings.iter().cloned());
-    specs
+    let configs = configs(&allocs, &specs, program)?;
+    let probe = std::env::current_exe()?;
+    let mut checked = Vec::new();
+    for lib in configs.iter().filter_map(|(al, _)| al.library.as_ref()) {
+        if !checked.contains(&lib) {
+            crate::cpu::preload::check_serves_malloc(&probe, lib)?;
+            checked.push(lib);
+        }
+    }
+    Ok(configs)
 }
 
 /// An allocator and the environment its settings set.
@@ -477,10 +492,6 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
     }
     // A program that cannot start is bad input, found before any run (as execvp would look).
     exec::find_program(&a.command[0]).map_err(|why| InputError::new(&a.command[0], why))?;
-    let (allocs, notes) = exec::resolve_allocators(&a.allocator)?;
-    for n in &notes {
-        eprintln!("{n}");
-    }
     // LD_PRELOAD needs the dynamic loader: said once, before the runs that cannot be proven.
     let static_exe = exec::static_executable(&a.command);
     if let Some(exe) = &static_exe {
@@ -489,13 +500,7 @@ fn exec_main(a: &CpuArgs) -> anyhow::Result<()> {
             exe.display()
         );
     }
-    let configs = configs(&allocs, &settings_specs(&allocs, &a.settings, a.grid), Some(&a.command))?;
-    let probe = std::env::current_exe()?;
-    for (al, _) in &configs {
-        if let Some(lib) = &al.library {
-            crate::cpu::preload::check_serves_malloc(&probe, lib)?;
-        }
-    }
+    let configs = run_configs(&a.allocator, &a.settings, a.grid, Some(&a.command))?;
     // With `--json -` stdout carries the records only: the program's output and the run lines
     // go to stderr.
     let json_on_stdout = a.json.as_deref() == Some("-");
@@ -641,17 +646,7 @@ fn recorded_main(a: &CpuArgs, input: &Path) -> anyhow::Result<()> {
     if let Some(why) = &trace.info.incomplete {
         eprintln!("note: {} was recorded from a run that did not finish cleanly ({why})", input.display());
     }
-    let (allocs, notes) = exec::resolve_allocators(&a.allocator)?;
-    for n in &notes {
-        eprintln!("{n}");
-    }
-    let configs = configs(&allocs, &settings_specs(&allocs, &a.settings, a.grid), None)?;
-    let probe = std::env::current_exe()?;
-    for (al, _) in &configs {
-        if let Some(lib) = &al.library {
-            crate::cpu::preload::check_serves_malloc(&probe, lib)?;
-        }
-    }
+    let configs = run_configs(&a.allocator, &a.settings, a.grid, None)?;
     let mut jsonl = Jsonl::append(a.jsonl.as_deref())?;
     let mut records = Vec::new();
     let mut failures: Vec<(String, i32)> = Vec::new();
@@ -715,19 +710,7 @@ fn advise_main(a: &CpuAdviseArgs) -> anyhow::Result<()> {
             (a.command.join(" "), None)
         }
     };
-    let (allocs, notes) = exec::resolve_allocators(&a.allocator)?;
-    for n in &notes {
-        eprintln!("{n}");
-    }
-    // The usual settings of the allocators in the run, then the caller's.
-    let specs = settings_specs(&allocs, &a.settings, !a.no_grid);
-    let configs = configs(&allocs, &specs, trace.is_none().then_some(a.command.as_slice()))?;
-    let probe = std::env::current_exe()?;
-    for (al, _) in &configs {
-        if let Some(lib) = &al.library {
-            crate::cpu::preload::check_serves_malloc(&probe, lib)?;
-        }
-    }
+    let configs = run_configs(&a.allocator, &a.settings, !a.no_grid, trace.is_none().then_some(a.command.as_slice()))?;
     let mut jsonl = Jsonl::append(a.jsonl.as_deref())?;
     let mut measured = Vec::new();
     let total = a.reps as usize * configs.len();

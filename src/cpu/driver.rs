@@ -203,6 +203,12 @@ impl SampleGaps {
         SampleGaps { state: (z ^ (z >> 31)) | 1 }
     }
 
+    /// The gaps of worker `w`: seeded from the time-stamp counter, so no two workers (or runs)
+    /// share their sequence.
+    pub fn for_worker(w: usize) -> Self {
+        SampleGaps::new(ticks() ^ (w as u64).wrapping_mul(0x2545_F491_4F6C_DD1D))
+    }
+
     /// The number of ops until the next timed one, uniform in 1 ..= 2 × LATENCY_SAMPLE_EVERY − 1.
     #[inline]
     pub fn next_gap(&mut self) -> u64 {
@@ -214,6 +220,41 @@ impl SampleGaps {
         1 + x % (2 * LATENCY_SAMPLE_EVERY - 1)
     }
 }
+/// Which ops a worker times: one in [`LATENCY_SAMPLE_EVERY`] on average, at [`SampleGaps`].
+pub(super) struct OpSampler {
+    gaps: SampleGaps,
+    until: u64,
+}
+
+impl OpSampler {
+    pub(super) fn for_worker(w: usize) -> Self {
+        let mut gaps = SampleGaps::for_worker(w);
+        OpSampler { until: gaps.next_gap(), gaps }
+    }
+
+    /// Whether this op is timed.
+    #[inline]
+    pub(super) fn due(&mut self) -> bool {
+        self.until -= 1;
+        if self.until == 0 {
+            self.until = self.gaps.next_gap();
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Runs the jobs a parked worker is sent until their channel closes, answering each on `done`
+/// (see [`HeldWorkers::run_on_each`]).
+pub(super) fn serve_jobs(jobs: mpsc::Receiver<WorkerJob>, done: &mpsc::Sender<()>) {
+    for job in jobs {
+        // (A job that panics still answers, so that the caller does not wait for ever.)
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job()));
+        let _ = done.send(());
+    }
+}
+
 /// Events are compiled to slot-indexed ops in chunks of this many, outside the timed replay.
 const CHUNK_EVENTS: usize = 4096;
 
@@ -273,9 +314,7 @@ struct Worker<'a, C: Clock> {
     free_ns: Histogram<u64>,
     allocs: u64,
     frees: u64,
-    /// Ops left until the next timed one, and where the gaps come from.
-    until_sample: u64,
-    gaps: SampleGaps,
+    sampler: OpSampler,
     replay_ns: u64,
     handoff: Option<mpsc::Sender<(usize, usize)>>,
     bytes_allocated: u64,
@@ -300,7 +339,6 @@ struct Run<'a> {
 
 impl<'a, C: Clock> Worker<'a, C> {
     fn new(w: usize, alloc: CpuAllocator, opts: &DriverOptions, clock: &'a C, handoff: Option<mpsc::Sender<(usize, usize)>>) -> Self {
-        let mut gaps = SampleGaps::new(ticks() ^ (w as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
         Worker {
             alloc,
             touch: opts.touch,
@@ -309,8 +347,7 @@ impl<'a, C: Clock> Worker<'a, C> {
             free_ns: histogram(),
             allocs: 0,
             frees: 0,
-            until_sample: gaps.next_gap(),
-            gaps,
+            sampler: OpSampler::for_worker(w),
             replay_ns: 0,
             handoff,
             bytes_allocated: 0,
@@ -321,27 +358,14 @@ impl<'a, C: Clock> Worker<'a, C> {
         }
     }
 
-    #[inline]
-    fn sampled(&mut self) -> bool {
-        self.until_sample -= 1;
-        if self.until_sample == 0 {
-            self.until_sample = self.gaps.next_gap();
-            true
-        } else {
-            false
-        }
-    }
-
     /// Adds what this worker's live bytes changed by since the last call to the shared count.
     fn publish_live(&mut self, progress: &RunProgress) {
-        let live = self.bytes_allocated as i64 - self.bytes_freed as i64;
-        progress.live_bytes.fetch_add(live - self.live_published, Ordering::Relaxed);
-        self.live_published = live;
+        progress.publish_live(self.bytes_allocated, self.bytes_freed, &mut self.live_published);
     }
 
     #[inline(always)]
     fn malloc(&mut self, bytes: usize) -> anyhow::Result<*mut u8> {
-        let p = if self.sampled() {
+        let p = if self.sampler.due() {
             let t0 = self.clock.start();
             // SAFETY: `bytes` > 0 (the compiler drops 0-byte allocations and `scaled` never gives
             // 0) and at most 1 EiB, far below isize::MAX (every event source refuses requests of
@@ -370,7 +394,7 @@ impl<'a, C: Clock> Worker<'a, C> {
 
     #[inline(always)]
     fn free_here(&mut self, p: usize, bytes: usize) {
-        if self.sampled() {
+        if self.sampler.due() {
             let t0 = self.clock.start();
             // SAFETY: (p, bytes) is a block and its size that `malloc` of this run's allocator
             // answered (every worker holds a copy of the same one); it left its slot by
@@ -602,11 +626,7 @@ pub fn drive_with<C: Clock, R>(
                     failed.store(true, Ordering::Relaxed);
                 }
                 finished.wait();
-                for job in jobs {
-                    // (A job that panics still answers, so that the caller does not wait for ever.)
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job()));
-                    let _ = done_tx.send(());
-                }
+                serve_jobs(jobs, &done_tx);
                 result
             }));
         }

@@ -33,25 +33,13 @@ pub fn build_recorder() -> Result<PathBuf, InputError> {
     let built = work.path().join("liballocbench_recorder.so");
     // No C++ runtime: the recorder uses none, and libstdc++ would load (and allocate) in every
     // recorded process.
-    let out = std::process::Command::new("g++")
-        .args(["-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics", "-nodefaultlibs"])
-        .arg(&src)
-        .arg("-o")
-        .arg(&built)
-        .args(["-lc", "-lgcc", "-ldl", "-lpthread"])
-        .output()
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                err("g++ not found: the malloc recorder is built with g++ at first use (install g++)".into())
-            } else {
-                err(format!("cannot run g++: {e}"))
-            }
-        })?;
-    if !out.status.success() {
-        let text = String::from_utf8_lossy(&out.stderr);
-        let first = text.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_string();
-        return Err(err(format!("g++ could not build the malloc recorder: {first}")));
-    }
+    let flags = ["-std=c++17", "-O2", "-shared", "-fPIC", "-fvisibility=hidden", "-fno-exceptions", "-fno-rtti", "-fno-threadsafe-statics", "-nodefaultlibs"];
+    let args = flags
+        .iter()
+        .map(std::ffi::OsStr::new)
+        .chain([src.as_os_str(), "-o".as_ref(), built.as_os_str()])
+        .chain(["-lc", "-lgcc", "-ldl", "-lpthread"].map(std::ffi::OsStr::new));
+    crate::files::run_gxx(args, "the malloc recorder").map_err(err)?;
     std::fs::rename(&built, &lib).map_err(|e| err(format!("cannot keep the build: {e}")))?;
     Ok(lib)
 }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use super::driver::{histogram, touch, Clock, DriverOutcome, HeldWorkers, SampleGaps, WorkerJob};
+use super::driver::{histogram, serve_jobs, touch, Clock, DriverOutcome, HeldWorkers, OpSampler, WorkerJob};
 use super::recorded::{Call, RecordedTrace};
 use super::rss::RunProgress;
 
@@ -77,13 +77,8 @@ struct Op {
 pub struct Compiled {
     threads: Vec<ThreadOps>,
     blocks: usize,
-    pub calls: u64,
-    pub creates: u64,
-    pub gives_back: u64,
-    pub bytes_requested: u64,
-    /// The most bytes live at once over the processes (merged by time), and at the end.
+    /// The most bytes live at once over the processes (merged by time).
     pub peak_live_bytes: u64,
-    pub live_bytes_end: u64,
     /// Calls that give back a block another thread created.
     pub cross_thread_calls: u64,
 }
@@ -142,7 +137,7 @@ fn lanes(calls: &[super::recorded::Recorded], threads: u32) -> (Vec<u32>, u32) {
 /// threads): blocks to global slots, calls to ops per thread.
 pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::error::InputError> {
     let mut threads: Vec<ThreadOps> = Vec::new();
-    let (mut blocks, mut creates, mut gives_back, mut bytes_requested, mut cross) = (0usize, 0u64, 0u64, 0u64, 0u64);
+    let (mut blocks, mut cross) = (0usize, 0u64);
     let mut deltas: Vec<(u64, i64)> = Vec::new();
     for (p, calls) in (0..copies.max(1)).flat_map(|_| trace.info.processes.iter().zip(&trace.calls)) {
         let first_thread = threads.len();
@@ -165,7 +160,6 @@ pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::
             };
             let (old, old_bytes, wait) = match gives {
                 Some(id) => {
-                    gives_back += 1;
                     let wait = owner[id as usize] as usize != t;
                     cross += wait as u64;
                     deltas.push((c.t_ns, -(size[id as usize] as i64)));
@@ -184,8 +178,6 @@ pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::
                 let slot = (offset + owner.len()) as u32;
                 owner.push(t as u32);
                 size.push(bytes);
-                creates += 1;
-                bytes_requested = bytes_requested.saturating_add(bytes);
                 deltas.push((c.t_ns, bytes as i64));
                 threads[t].created.push(slot);
                 slot
@@ -203,17 +195,7 @@ pub fn compile(trace: &RecordedTrace, copies: usize) -> Result<Compiled, crate::
         live = live.saturating_add(d);
         peak = peak.max(live);
     }
-    Ok(Compiled {
-        threads,
-        blocks,
-        calls: trace.total_calls() * copies.max(1) as u64,
-        creates,
-        gives_back,
-        bytes_requested,
-        peak_live_bytes: peak as u64,
-        live_bytes_end: live.max(0) as u64,
-        cross_thread_calls: cross,
-    })
+    Ok(Compiled { threads, blocks, peak_live_bytes: peak as u64, cross_thread_calls: cross })
 }
 
 /// What every replay thread shares.
@@ -229,8 +211,7 @@ struct Replayer<'a, C: Clock> {
     alloc: ReplayAllocator,
     touch: bool,
     clock: &'a C,
-    gaps: SampleGaps,
-    until_sample: u64,
+    sampler: OpSampler,
     alloc_ns: Histogram<u64>,
     free_ns: Histogram<u64>,
     allocs: u64,
@@ -243,17 +224,6 @@ struct Replayer<'a, C: Clock> {
 }
 
 impl<'a, C: Clock> Replayer<'a, C> {
-    #[inline]
-    fn sampled(&mut self) -> bool {
-        self.until_sample -= 1;
-        if self.until_sample == 0 {
-            self.until_sample = self.gaps.next_gap();
-            true
-        } else {
-            false
-        }
-    }
-
     /// The block in `slot`, taken out of it: for a block of another thread, once it exists.
     #[inline]
     fn take(&self, shared: &Shared, slot: u32, wait: bool) -> Option<usize> {
@@ -288,7 +258,7 @@ impl<'a, C: Clock> Replayer<'a, C> {
     /// Makes the call `op` creates a block with, timing one in [`super::driver::LATENCY_SAMPLE_EVERY`].
     #[inline(always)]
     fn create(&mut self, op: &Op, old: usize) -> usize {
-        let sampled = self.sampled();
+        let sampled = self.sampler.due();
         let t0 = if sampled { Some(self.clock.start()) } else { None };
         let p = match self.alloc {
             ReplayAllocator::Null => NULL_ALLOCATOR_BLOCK as *mut libc::c_void,
@@ -336,7 +306,7 @@ impl<'a, C: Clock> Replayer<'a, C> {
         if p == EMPTY_BLOCK || self.alloc == ReplayAllocator::Null {
             return;
         }
-        if self.sampled() {
+        if self.sampler.due() {
             let t0 = self.clock.start();
             // SAFETY: `p` is a live block of this allocator, taken out of its slot (freed once).
             unsafe { libc::free(p as *mut libc::c_void) };
@@ -348,9 +318,7 @@ impl<'a, C: Clock> Replayer<'a, C> {
     }
 
     fn publish_live(&mut self, shared: &Shared) {
-        let live = self.bytes_allocated as i64 - self.bytes_freed as i64;
-        shared.progress.live_bytes.fetch_add(live - self.live_published, Ordering::Relaxed);
-        self.live_published = live;
+        shared.progress.publish_live(self.bytes_allocated, self.bytes_freed, &mut self.live_published);
     }
 
     /// One pass over this thread's ops, from `began` (paced: no call before its recorded time).
@@ -485,13 +453,11 @@ pub fn drive_holding<C: Clock, R>(
                 (&shared, &start_line, &pass_end, &leftovers_freed, &again, &finished, &failed, &passes, done_tx.clone(), &size_of);
             let deadline_after = opts.duration;
             handles.push(scope.spawn(move || -> anyhow::Result<Replayer<C>> {
-                let mut gaps = SampleGaps::new(super::driver::ns_per_tick().to_bits() ^ (w as u64).wrapping_mul(0x2545_F491_4F6C_DD1D));
                 let mut r = Replayer {
                     alloc,
                     touch: opts.touch,
                     clock,
-                    until_sample: gaps.next_gap(),
-                    gaps,
+                    sampler: OpSampler::for_worker(w),
                     alloc_ns: histogram(),
                     free_ns: histogram(),
                     allocs: 0,
@@ -541,10 +507,7 @@ pub fn drive_holding<C: Clock, R>(
                     failed.store(true, Ordering::Relaxed);
                 }
                 finished.wait();
-                for job in jobs {
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job()));
-                    let _ = done_tx.send(());
-                }
+                serve_jobs(jobs, &done_tx);
                 result.map(|()| r)
             }));
         }

@@ -15,6 +15,16 @@ pub struct RunProgress {
     pub live_bytes: AtomicI64,
 }
 
+impl RunProgress {
+    /// Adds to the shared live bytes what one worker's (`allocated − freed`) changed by since
+    /// it last published (`published`, updated).
+    pub fn publish_live(&self, allocated: u64, freed: u64, published: &mut i64) {
+        let live = allocated as i64 - freed as i64;
+        self.live_bytes.fetch_add(live - *published, Ordering::Relaxed);
+        *published = live;
+    }
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf takes an integer, touches no memory of ours and is thread-safe.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };

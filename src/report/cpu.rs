@@ -284,17 +284,8 @@ fn recorded_charts(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow:
         let title = format!("{workload} (recorded, at its pace): RSS over time");
         let svg = charts::lines(&title, "time (s)", "RSS", true, &rss_lines(rows), &[], charts::LegendAt::UpperRight);
         charts.push(write_chart(out, format!("cpu-recorded-rss-{ws}.svg"), title, svg)?);
-        let bar = |f: &dyn Fn(&Measured) -> f64| -> Vec<BarGroup> {
-            rows.iter()
-                .map(|row| {
-                    let s = Spread::of(&row.runs.iter().map(|r| f(&Measured::of_replay(r))).collect::<Vec<_>>());
-                    let (lo, hi) = s.bounds();
-                    let name = row.allocator();
-                    BarGroup { category: name.clone(), bars: vec![(name.clone(), name, s.mean, s.ci95.map(|_| (lo, hi)))] }
-                })
-                .collect()
-        };
-        let (steady, cpu) = (bar(&|m| m.steady), bar(&|m| m.cpu_s));
+        let of_runs = |f: fn(&Measured) -> f64| move |row: &CpuRow| Spread::of(&row.runs.iter().map(|r| f(&Measured::of_replay(r))).collect::<Vec<_>>());
+        let (steady, cpu) = (spread_bars(rows, &of_runs(|m| m.steady), 1.0), spread_bars(rows, &of_runs(|m| m.cpu_s), 1.0));
         let title = format!("{workload} (recorded): steady RSS and CPU time (mean, 95 % CI)");
         let (t1, t2) = ("steady RSS above the replay's start".to_string(), "CPU time of the replay".to_string());
         let svg = charts::bars_pair(
@@ -304,6 +295,18 @@ fn recorded_charts(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow:
         charts.push(write_chart(out, format!("cpu-recorded-steady-cpu-{ws}.svg"), title, svg)?);
     }
     Ok(charts)
+}
+
+/// A bar per row: the mean of `f`'s spread over its repetitions ÷ `scale`, whiskers its 95 % CI.
+fn spread_bars(rows: &[CpuRow], f: &dyn Fn(&CpuRow) -> Spread, scale: f64) -> Vec<BarGroup> {
+    rows.iter()
+        .map(|row| {
+            let s = f(row);
+            let (lo, hi) = s.bounds();
+            let name = row.allocator();
+            BarGroup { category: name.clone(), bars: vec![(name.clone(), name, s.mean / scale, s.ci95.map(|_| (lo / scale, hi / scale)))] }
+        })
+        .collect()
 }
 
 /// RSS over time: every repetition, one colour (and one legend entry) per row, the first run solid.
@@ -332,16 +335,7 @@ fn charts_for(out: &Path, by_workload: &[(String, Vec<CpuRow>)]) -> anyhow::Resu
         charts.push(write_chart(out, format!("cpu-rss-{ws}.svg"), title, svg)?);
 
         // Bars are the mean, whiskers the 95 % confidence interval.
-        let bar = |f: &dyn Fn(&CpuRow) -> Spread, scale: f64| -> Vec<BarGroup> {
-            rows.iter()
-                .map(|row| {
-                    let s = f(row);
-                    let (lo, hi) = s.bounds();
-                    let name = row.allocator().to_string();
-                    BarGroup { category: name.clone(), bars: vec![(name.clone(), name, s.mean / scale, s.ci95.map(|_| (lo / scale, hi / scale)))] }
-                })
-                .collect()
-        };
+        let bar = |f: &dyn Fn(&CpuRow) -> Spread, scale: f64| spread_bars(rows, f, scale);
         let thr = bar(&|r| r.ops_per_s, 1e6);
         let p99 = bar(&|r| r.alloc_p99, 1.0);
         let title = format!("{workload}: throughput and malloc p99 (mean, 95 % CI)");

@@ -260,21 +260,7 @@ pub fn build(torch: &Torch) -> Result<(String, PathBuf), InputError> {
     }
     let w = |n: &str| work.path().join(n);
     let cuda_inc = format!("-I{}", torch.cuda_include.display());
-    let gxx = |args: Vec<std::ffi::OsString>, what: &str| -> Result<(), InputError> {
-        let out = Command::new("g++").args(&args).output().map_err(|e| {
-            if e.kind() == std::io::ErrorKind::NotFound {
-                err("g++ not found: the oracle builds its fake CUDA runtime and driver with g++ (install g++)".into())
-            } else {
-                err(format!("cannot run g++: {e}"))
-            }
-        })?;
-        if !out.status.success() {
-            let text = String::from_utf8_lossy(&out.stderr);
-            let first = text.lines().find(|l| l.contains("error")).unwrap_or("").trim().to_string();
-            return Err(err(format!("g++ could not build the oracle's {what} against {lib}: {first}")));
-        }
-        Ok(())
-    };
+    let gxx = |args: Vec<std::ffi::OsString>, what: &str| crate::files::run_gxx(args, &format!("the oracle's {what} against {lib}")).map_err(err);
     let os = |s: &str| std::ffi::OsString::from(s);
     let mut args = vec![os("-std=c++20"), os("-O2"), os("-shared"), os("-fPIC"), os(&cuda_inc), format!("-Wl,-soname,{}", torch.cudart).into()];
     args.push(format!("-Wl,--version-script={}", w("fake_cudart.map").display()).into());
