@@ -150,6 +150,13 @@ pub struct CaptureOutcome {
     /// The traces of the other fake GPUs the script used (`--gpus`, driver backend): one a device.
     #[serde(default)]
     pub device_traces: Vec<String>,
+    /// A rank's role (`capture --nproc-per-node`): the fingerprint of its alloc and free rows
+    /// through step 1, or through its end when it has no steps.
+    #[serde(default)]
+    pub role: Option<String>,
+    /// The earlier rank whose role this one had, where `--ranks distinct` stopped it at step 1.
+    #[serde(default)]
+    pub same_role_as: Option<u32>,
 }
 
 /// One site where the capture made a value up (`# value made up:` in the trace).
@@ -181,6 +188,118 @@ impl CaptureOutcome {
     pub fn complete(&self) -> bool {
         self.state == "complete"
     }
+}
+
+/// A job `torchrun` would start (`capture --nproc-per-node`, `fit --nproc-per-node`): each rank
+/// a capture of its own, on the driver backend, with PyTorch's fake process group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RankJob {
+    pub nproc_per_node: u32,
+    pub nnodes: u32,
+    /// `all`, `distinct` (each rank stopped at step 1 when an earlier one had its role) or a list.
+    pub ranks: String,
+}
+
+impl RankJob {
+    pub fn world(&self) -> u32 {
+        self.nproc_per_node * self.nnodes
+    }
+
+    /// The ranks `ranks` names (`distinct`: every rank).
+    pub fn ranks(&self) -> Result<Vec<u32>, String> {
+        let world = self.world();
+        match self.ranks.as_str() {
+            "all" | "distinct" => Ok((0..world).collect()),
+            list => list
+                .split(',')
+                .map(|r| match r.trim().parse::<u32>() {
+                    Ok(n) if n < world => Ok(n),
+                    Ok(n) => Err(format!("--ranks {list}: rank {n} is not in a job of {world} (ranks 0..{})", world - 1)),
+                    Err(_) => Err(format!("--ranks {list}: '{r}' is not a rank (all, distinct, or a list such as 0,3,7)")),
+                })
+                .collect(),
+        }
+    }
+
+    /// The variables `torchrun` sets for `rank`.
+    fn env(&self, rank: u32) -> Vec<(String, String)> {
+        let per_node = self.nproc_per_node;
+        [
+            ("RANK", rank.to_string()),
+            ("LOCAL_RANK", (rank % per_node).to_string()),
+            ("GROUP_RANK", (rank / per_node).to_string()),
+            ("NODE_RANK", (rank / per_node).to_string()),
+            ("WORLD_SIZE", self.world().to_string()),
+            ("LOCAL_WORLD_SIZE", per_node.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".to_string()),
+            ("MASTER_PORT", "29500".to_string()),
+            ("ALLOCBENCH_RANK", rank.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+}
+
+/// Captures each rank of `job` into `dir` (`rank-R.csv`, and `ranks.json` rewritten after each):
+/// `run` captures one rank (its options: the output, torchrun's variables, the GPUs of a node)
+/// and `say` hears what is decided (a rank of an earlier one's role). Returns the first non-zero
+/// exit code of a rank (0 when every rank completed) and the manifest.
+pub fn capture_ranks(
+    opts: &CaptureOptions,
+    job: &RankJob,
+    dir: &Path,
+    run: &mut dyn FnMut(&CaptureOptions) -> (i32, Option<CaptureOutcome>),
+    say: &mut dyn FnMut(&str),
+) -> anyhow::Result<(i32, crate::trace::ranks::RankManifest)> {
+    use crate::trace::ranks::{RankEntry, RankManifest};
+    let ranks = job.ranks().map_err(|e| InputError::new("--ranks", e))?;
+    fs::create_dir_all(dir).map_err(|e| InputError::new(dir.display().to_string(), format!("cannot create the folder: {e}")))?;
+    let distinct = job.ranks == "distinct";
+    let mut manifest =
+        RankManifest { world_size: job.world(), nproc_per_node: job.nproc_per_node, nnodes: job.nnodes, ranks_asked: job.ranks.clone(), ranks: Vec::new() };
+    let mut code = 0;
+    for rank in ranks {
+        let trace = format!("rank-{rank}.csv");
+        let mut one = opts.clone();
+        one.output = dir.join(&trace);
+        one.gpus = one.gpus.max(job.nproc_per_node);
+        one.env.extend(job.env(rank));
+        if distinct {
+            let known: Vec<String> = manifest.ranks.iter().filter_map(|e| Some(format!("{}={}", e.role.as_ref()?, e.rank))).collect();
+            one.env.push(("ALLOCBENCH_KNOWN_ROLES".into(), known.join(",")));
+        }
+        say(&format!("rank {rank} of {}:", job.world()));
+        let (ran, outcome) = run(&one);
+        let outcome = outcome.unwrap_or_default();
+        // A role seen at the end of a script without steps is compared here (no step stopped it).
+        let same_as = outcome.same_role_as.or_else(|| {
+            let role = outcome.role.as_ref().filter(|_| distinct && outcome.complete() && outcome.steps == 0)?;
+            manifest.ranks.iter().find(|e| e.role.as_ref() == Some(role) && e.trace.is_some()).map(|e| e.rank)
+        });
+        let mut entry = RankEntry {
+            rank,
+            role: outcome.role.clone(),
+            state: if outcome.state.is_empty() { "failed".into() } else { outcome.state.clone() },
+            ..Default::default()
+        };
+        match same_as {
+            Some(of) => {
+                let _ = fs::remove_file(dir.join(&trace));
+                entry.same_as = Some(of);
+                say(&format!(
+                    "rank {rank}: the same allocations and communicators as rank {of} through step 1: rank-{of}.csv stands for it (--ranks all captures each)"
+                ));
+            }
+            None => entry.trace = Some(trace),
+        }
+        manifest.ranks.push(entry);
+        manifest.write(dir)?;
+        if ran != 0 && code == 0 {
+            code = ran;
+        }
+    }
+    Ok((code, manifest))
 }
 
 /// The interpreter a capture runs: the flag, else `$ALLOCBENCH_PYTHON`, else `python3`.

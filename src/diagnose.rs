@@ -205,9 +205,59 @@ pub fn diagnose(source: &Source, conf: &AllocatorConfig, capacity: u64, outside:
         smallest_card: smallest,
         conflicts: conf.conflicts(),
         summary: Vec::new(),
+        ranks: Vec::new(),
+        decided_by_rank: None,
     };
     result.summary = summary(&result);
     Ok((result, run))
+}
+
+/// A sharded job's verdict from its ranks' diagnoses (`diagnose DIR`, one per trace of the
+/// folder): the rank that decides it is the first to run out of memory (the earliest step),
+/// else the one nearest the card's end; its diagnosis is returned with every rank's line and a
+/// first sentence saying which rank decided and why.
+pub fn decide_by_rank(diagnosed: Vec<(crate::trace::ranks::RankTrace, DiagnoseResult)>) -> Option<DiagnoseResult> {
+    use crate::results::diagnose::RankVerdict;
+    let verdicts: Vec<RankVerdict> = diagnosed
+        .iter()
+        .map(|(t, d)| RankVerdict {
+            ranks: std::iter::once(t.rank).chain(t.same_role.iter().copied()).collect(),
+            trace: t.path.display().to_string(),
+            peak_reserved: d.peak_reserved,
+            device_total: d.device_total,
+            nccl: d.outside.nccl,
+            oom_step: d.oom.as_ref().map(|o| o.step),
+            headroom: d.headroom,
+            min_capacity: d.min_capacity,
+        })
+        .collect();
+    let worst = diagnosed.iter().enumerate().min_by_key(|(_, (_, d))| match &d.oom {
+        Some(o) => (0, o.step, o.event, u64::MAX - d.device_total),
+        None => (1, 0, 0, u64::MAX - d.device_total),
+    })?;
+    let index = worst.0;
+    let trace = diagnosed[index].0.clone();
+    let (rank, label, traces) = (trace.rank, trace.label(), diagnosed.len());
+    let ranks_in_all: usize = verdicts.iter().map(|v| v.ranks.len()).sum();
+    let mut decided = diagnosed.into_iter().nth(index)?.1;
+    let why = match &decided.oom {
+        Some(o) => format!("the first to run out of memory, at step {}", o.step),
+        None => "the least headroom".to_string(),
+    };
+    let verb = if trace.same_role.is_empty() { "decides" } else { "decide" };
+    decided.summary.insert(
+        0,
+        format!(
+            "{}{} {verb} the job's verdict ({why}; {} for {}; each rank's line follows).",
+            label[..1].to_uppercase(),
+            &label[1..],
+            crate::units::count(traces as u64, "trace"),
+            crate::units::count(ranks_in_all as u64, "rank")
+        ),
+    );
+    decided.ranks = verdicts;
+    decided.decided_by_rank = Some(rank);
+    Some(decided)
 }
 
 /// Where the free bytes are at the OOM (else at the peak).
@@ -468,6 +518,26 @@ pub fn describe(d: &DiagnoseResult) -> String {
     let mut s = String::new();
     for line in &d.summary {
         s += &format!("{line}\n");
+    }
+    if !d.ranks.is_empty() {
+        s += &format!("\n{:<26} {:>14} {:>10} {:>13}  {}\n", "ranks", "peak reserved", "NCCL", "device total", "verdict");
+        for v in &d.ranks {
+            let mut sorted = v.ranks.clone();
+            sorted.sort_unstable();
+            let verdict = match (v.oom_step, v.headroom) {
+                (Some(step), _) => format!("OOM at step {step}"),
+                (None, Some(h)) => format!("fits, {} headroom", format_bytes(h)),
+                (None, None) => "fits".into(),
+            };
+            s += &format!(
+                "{:<26} {:>14} {:>10} {:>13}  {verdict}{}\n",
+                crate::trace::ranks::ranges(&sorted),
+                format_bytes(v.peak_reserved),
+                format_bytes(v.nccl),
+                format_bytes(v.device_total),
+                if Some(v.ranks[0]) == d.decided_by_rank { "  <- decides" } else { "" }
+            );
+        }
     }
     if !d.top_segments.is_empty() {
         s += "\nsegments with the most free bytes (pinned first):\n";

@@ -52,8 +52,14 @@ pub struct FitOptions {
     pub outside: Outside,
     pub objective: Objective,
     pub threads: usize,
-    /// Keep each value's trace here (`NAME-VALUE.csv`); else they go with a temporary folder.
+    /// Keep each value's trace here (`NAME-VALUE.csv`, or a sharded job's `NAME-VALUE/`); else
+    /// they go with a temporary folder.
     pub keep: Option<PathBuf>,
+    /// A sharded job (`--nproc-per-node`): each value captures its ranks (driver backend); the
+    /// value fits when every rank does, and the worst rank's numbers are the row's.
+    pub job: Option<crate::capture::RankJob>,
+    /// Add each rank's NCCL buffers, from its capture's communicators (no `--nccl` given).
+    pub nccl_from_capture: bool,
 }
 
 /// One value tried.
@@ -72,8 +78,13 @@ pub struct Tried {
     pub peak_live: u64,
     /// Steps captured.
     pub steps: u64,
-    /// The configuration `advise` picks for this value, whether it fits and its peak reserved
-    /// (`None` where the advice was not needed: the defaults fit, or a smaller value failed).
+    /// A sharded job's rank whose numbers these are (the first to OOM, else the most on the
+    /// card), and the ranks its trace stands for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank: Option<u32>,
+    /// The configuration `advise` picks for this value (advised on that rank, checked on every
+    /// rank), whether it fits and its peak reserved (`None` where the advice was not needed: the
+    /// defaults fit, or a smaller value failed).
     pub advised_conf: Option<String>,
     pub fits_advised: Option<bool>,
     pub peak_reserved_advised: Option<u64>,
@@ -104,6 +115,9 @@ pub struct FitResult {
     /// The range's top fits (with the advice, if not with the defaults): a larger value may fit
     /// too; the search did not look past HI.
     pub top_of_range_fits: bool,
+    /// A sharded job's ranks (`--nproc-per-node` × `--nnodes`): each row is its worst rank's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub world_size: Option<u32>,
 }
 
 /// The placeholder of `param` in the script's arguments.
@@ -124,7 +138,7 @@ pub fn fit(o: &FitOptions, tried: &mut dyn FnMut(&Tried)) -> anyhow::Result<FitR
     let work = tempfile::Builder::new().prefix("allocbench-fit-").tempdir()?;
     let folder = o.keep.clone().unwrap_or_else(|| work.path().to_path_buf());
     std::fs::create_dir_all(&folder).map_err(|e| InputError::new(folder.display().to_string(), format!("cannot create it: {e}")))?;
-    let mut search = Search { o, folder: &folder, tried: Vec::new(), told: tried };
+    let mut search = Search { o, folder: &folder, tried: Vec::new(), told: tried, ranks: Default::default() };
     let defaults = AllocatorConfig::parse("")?;
     // The largest value that fits with the defaults: LO first (nothing fits if it does not).
     let largest_defaults = search.largest(o.param.lo, o.param.hi, &mut |s, v| Ok(s.at(v, &defaults)?.fits))?;
@@ -157,6 +171,7 @@ pub fn fit(o: &FitOptions, tried: &mut dyn FnMut(&Tried)) -> anyhow::Result<FitR
         tried,
         non_monotonic,
         top_of_range_fits: largest_advised == Some(o.param.hi),
+        world_size: o.job.as_ref().map(|j| j.world()),
     })
 }
 
@@ -165,6 +180,9 @@ struct Search<'a> {
     folder: &'a Path,
     tried: Vec<Tried>,
     told: &'a mut dyn FnMut(&Tried),
+    /// A sharded job's value -> its ranks' traces with what each holds outside the allocator,
+    /// the worst first.
+    ranks: std::collections::HashMap<u64, Vec<(PathBuf, Outside)>>,
 }
 
 impl Search<'_> {
@@ -194,23 +212,34 @@ impl Search<'_> {
         if let Some(t) = self.tried.iter().find(|t| t.value == value) {
             return Ok(t.clone());
         }
-        let events = self.capture(value)?;
-        let withheld = self.o.outside.total();
-        let (out, _) = crate::gpu_run::replay_sim(&events, &[], defaults, self.o.capacity, withheld, OnOom::Stop)?;
-        let peak_live = crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?;
-        let steps = crate::event::step_count(&events);
-        let t = Tried {
-            value,
-            fits: out.oom.is_none(),
-            peak_reserved: out.peak_reserved,
-            device_total: out.peak_reserved + withheld,
-            oom_step: out.oom.as_ref().map(|o| o.step),
-            peak_live,
-            steps,
-            advised_conf: None,
-            fits_advised: None,
-            peak_reserved_advised: None,
-        };
+        let traces = self.capture(value)?;
+        // Each rank replayed; the first to OOM (the earliest step), else the most on the card, is the row.
+        let mut rows = Vec::new();
+        for (rank, path, outside) in &traces {
+            let events = crate::diagnose::load_events(&Source::open(Some(path))?)?;
+            let withheld = outside.total();
+            let (out, _) = crate::gpu_run::replay_sim(&events, &[], defaults, self.o.capacity, withheld, OnOom::Stop)?;
+            let t = Tried {
+                value,
+                fits: out.oom.is_none(),
+                peak_reserved: out.peak_reserved,
+                device_total: out.peak_reserved + withheld,
+                oom_step: out.oom.as_ref().map(|o| o.step),
+                peak_live: crate::event::peak_live_bytes(events.iter().copied().map(Ok), |b| b)?,
+                steps: crate::event::step_count(&events),
+                rank: *rank,
+                advised_conf: None,
+                fits_advised: None,
+                peak_reserved_advised: None,
+            };
+            rows.push((t, path.clone(), *outside, out.oom.map(|o| o.event)));
+        }
+        rows.sort_by_key(|(t, _, _, event)| match t.oom_step {
+            Some(step) => (0, step, event.unwrap_or(0), 0),
+            None => (1, 0, 0, u64::MAX - t.device_total),
+        });
+        let t = rows[0].0.clone();
+        self.ranks.insert(value, rows.into_iter().map(|(_, path, outside, _)| (path, outside)).collect());
         (self.told)(&t);
         self.tried.push(t.clone());
         Ok(t)
@@ -239,24 +268,36 @@ impl Search<'_> {
     }
 
     fn advise(&mut self, value: u64) -> anyhow::Result<()> {
-        let events = self.events(value)?;
-        let source = Source::open(Some(&self.trace(value)))?;
+        let traces = self.ranks.get(&value).cloned().unwrap_or_default();
+        let Some((worst, outside)) = traces.first().cloned() else { return Ok(()) };
+        let source = Source::open(Some(&worst))?;
+        let events = crate::diagnose::load_events(&source)?;
         let opts = crate::advise::AdviseOptions {
             capacity: self.o.capacity,
             threads: self.o.threads,
             objective: self.o.objective,
             model: crate::gpu::devprobe::LatencyModel::h100(),
             addresses: Vec::new(),
-            outside: self.o.outside,
+            outside,
             not_whole_run: None,
             step_time_s: None,
             flops: source.flops(),
         };
         let result = crate::advise::advise(&events, &source.info()?, &crate::advise::search_space(), &opts, None)?;
         let best = result.recommended.ok_or_else(|| crate::interrupt::Interrupted("while advising: nothing replayed".into()))?;
+        // A sharded job fits with the pick only where every rank does.
+        let mut fits = !best.oom;
+        if fits && traces.len() > 1 {
+            let conf = AllocatorConfig::parse(&best.conf)?;
+            for (path, outside) in &traces[1..] {
+                let events = crate::diagnose::load_events(&Source::open(Some(path))?)?;
+                let (out, _) = crate::gpu_run::replay_sim(&events, &[], &conf, self.o.capacity, outside.total(), OnOom::Stop)?;
+                fits &= out.oom.is_none();
+            }
+        }
         if let Some(t) = self.tried.iter_mut().find(|t| t.value == value) {
             t.advised_conf = Some(best.conf.clone());
-            t.fits_advised = Some(!best.oom);
+            t.fits_advised = Some(fits);
             t.peak_reserved_advised = Some(best.peak_reserved);
             (self.told)(t);
         }
@@ -264,35 +305,73 @@ impl Search<'_> {
     }
 
     fn trace(&self, value: u64) -> PathBuf {
-        self.folder.join(format!("{}-{value}.csv", self.o.param.name))
+        let name = format!("{}-{value}", self.o.param.name);
+        self.folder.join(if self.o.job.is_some() { name } else { name + ".csv" })
     }
 
-    fn events(&self, value: u64) -> anyhow::Result<Vec<crate::event::Event>> {
-        crate::diagnose::load_events(&Source::open(Some(&self.trace(value)))?)
-    }
-
-    /// Captures the script with the value in its arguments; a capture that does not complete
-    /// stops the search (its message names the value).
-    fn capture(&mut self, value: u64) -> anyhow::Result<Vec<crate::event::Event>> {
+    /// Captures the script with the value in its arguments: its trace (a sharded job: each
+    /// rank's, with its rank) and what each holds outside the allocator; a capture that does not
+    /// complete stops the search (its message names the value).
+    fn capture(&mut self, value: u64) -> anyhow::Result<Vec<(Option<u32>, PathBuf, Outside)>> {
         let mark = placeholder(&self.o.param);
         let mut opts = self.o.capture.clone();
         opts.output = self.trace(value);
-        // The script's own output (a config dump per value) goes to a log beside the trace.
-        let log = self.trace(value).with_extension("log");
-        opts.script_output = Some(log.clone());
         opts.args = opts.args.iter().map(|a| a.to_string_lossy().replace(&mark, &value.to_string()).into()).collect();
-        let outcome = crate::capture::run(&opts)?;
-        if !outcome.complete() {
-            let what = if outcome.state == "setup_error" { "could not start".to_string() } else { format!("did not complete: {}", outcome.message) };
-            let kept = if self.o.keep.is_some() {
-                format!(" (the script's output: {}; the trace so far: {})", log.display(), opts.output.display())
-            } else {
-                let last = std::fs::read_to_string(&log).ok().and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string));
-                last.map(|l| format!(" (the script's last line: {}; --keep DIR keeps its output)", l.trim())).unwrap_or_default()
+        let Some(job) = &self.o.job else {
+            // The script's own output (a config dump per value) goes to a log beside the trace.
+            let log = self.trace(value).with_extension("log");
+            opts.script_output = Some(log.clone());
+            let outcome = crate::capture::run(&opts)?;
+            self.check(value, &outcome, &log, &opts.output)?;
+            return Ok(vec![(None, opts.output, self.o.outside)]);
+        };
+        let dir = self.trace(value);
+        let mut failed: Option<anyhow::Error> = None;
+        let mut run = |one: &CaptureOptions| {
+            let mut one = one.clone();
+            let log = one.output.with_extension("log");
+            one.script_output = Some(log.clone());
+            let outcome = match crate::capture::run(&one) {
+                Ok(o) => o,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    return (1, None);
+                }
             };
-            return Err(InputError::new(format!("{}={value}", self.o.param.name), format!("the capture {what}{kept}")).into());
+            if let Err(e) = self.check(value, &outcome, &log, &one.output) {
+                failed.get_or_insert(e);
+            }
+            (outcome.exit_code, Some(outcome))
+        };
+        crate::capture::capture_ranks(&opts, job, &dir, &mut run, &mut |_| {})?;
+        if let Some(e) = failed {
+            return Err(e);
         }
-        self.events(value)
+        let mut traces = Vec::new();
+        for t in crate::trace::ranks::read_folder(&dir)? {
+            let mut outside = self.o.outside;
+            if self.o.nccl_from_capture {
+                outside.nccl = Source::open(Some(&t.path))?.nccl_budget().map_or(0, |b| b.bytes());
+            }
+            traces.push((Some(t.rank), t.path, outside));
+        }
+        Ok(traces)
+    }
+
+    /// A capture that did not complete stops the search, naming the value (and the rank).
+    fn check(&self, value: u64, outcome: &crate::capture::CaptureOutcome, log: &Path, trace: &Path) -> anyhow::Result<()> {
+        if outcome.complete() {
+            return Ok(());
+        }
+        let what = if outcome.state == "setup_error" { "could not start".to_string() } else { format!("did not complete: {}", outcome.message) };
+        let kept = if self.o.keep.is_some() {
+            format!(" (the script's output: {}; the trace so far: {})", log.display(), trace.display())
+        } else {
+            let last = std::fs::read_to_string(log).ok().and_then(|t| t.lines().rev().find(|l| !l.trim().is_empty()).map(str::to_string));
+            last.map(|l| format!(" (the script's last line: {}; --keep DIR keeps its output)", l.trim())).unwrap_or_default()
+        };
+        let rank = self.o.job.as_ref().map(|_| format!(" (rank of {})", trace.display())).unwrap_or_default();
+        Err(InputError::new(format!("{}={value}{rank}", self.o.param.name), format!("the capture {what}{kept}")).into())
     }
 }
 
@@ -300,7 +379,8 @@ impl Search<'_> {
 pub fn describe(r: &FitResult) -> String {
     use crate::units::format_bytes;
     let card = crate::gpu::card::in_sentence(r.capacity);
-    let mut s = format!("{}={}..{} on {card}{}, each value a capture of {}:\n", r.param, r.lo, r.hi, r.outside.of_the_card(), r.script);
+    let ranks = r.world_size.map(|n| format!(" of its {n} ranks (each row the worst rank's, NCCL's buffers counted per rank)")).unwrap_or_default();
+    let mut s = format!("{}={}..{} on {card}{}, each value a capture{ranks} of {}:\n", r.param, r.lo, r.hi, r.outside.of_the_card(), r.script);
     s += &format!(
         "{:>8} {:>10} {:>12} {:>12} {:>8}  {:>12} {:>8}  advised conf\n",
         r.param, "peak live", "peak rsvd", "device total", "fits", "advised rsvd", "fits"

@@ -188,6 +188,13 @@ impl Source {
         }
     }
 
+    /// NCCL's buffers for a rank of a sharded capture (`capture --nproc-per-node`: its
+    /// communicators); `None` for one process and any other input.
+    pub fn nccl_budget(&self) -> Option<crate::results::NcclBudget> {
+        let Source::Trace(p) = self else { return None };
+        crate::results::NcclBudget::from_capture(&capture_tail(p)?)
+    }
+
     /// The memory of the fake card a capture ran on, when the trace says (`capture
     /// --device-memory`): the device its script's OOM handling was sized for.
     pub fn capture_device_memory(&self) -> Result<Option<u64>, InputError> {

@@ -2468,7 +2468,7 @@ fn nproc_per_node_captures_each_rank_of_an_unedited_fsdp2_script() {
     assert!(stdout.contains("rank 0 0 (64, 256)") && stdout.contains("rank 3 3 (64, 256)") && !stdout.contains("rank 1"), "{stdout}");
     let mut names: Vec<String> = std::fs::read_dir(&folder).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
-    assert_eq!(names, ["rank-0.csv", "rank-3.csv"], "one trace per captured rank, each its own device's");
+    assert_eq!(names, ["rank-0.csv", "rank-3.csv", "ranks.json"], "one trace per captured rank, each its own device's");
     for rank in ["rank-0.csv", "rank-3.csv"] {
         let evs = events(&folder.join(rank));
         assert_eq!(steps(&evs), vec![1, 2]);
@@ -2477,7 +2477,7 @@ fn nproc_per_node_captures_each_rank_of_an_unedited_fsdp2_script() {
     // Bad input: one line each.
     for (flags, says) in [
         (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "5"][..], "rank 5 is not in a job of 2"),
-        (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "distinct"], "not available yet"),
+        (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "0,x"], "'x' is not a rank"),
         (&["--nproc-per-node", "2"], "add --backend driver"),
     ] {
         let out = Command::cargo_bin("allocbench")
@@ -2489,4 +2489,107 @@ fn nproc_per_node_captures_each_rank_of_an_unedited_fsdp2_script() {
             .unwrap();
         assert!(!out.status.success() && stderr(&out).trim().lines().count() == 1 && stderr(&out).contains(says), "{}", stderr(&out));
     }
+}
+
+#[test]
+fn ddp_fsdp2_and_tensor_parallel_scripts_capture_unedited_for_eight_ranks() {
+    if !have_torch() {
+        return;
+    }
+    // One torchrun script (tests/fixtures/capture/sharded.py), four ways to shard a model of four
+    // 512x2048 blocks. Uniform SPMD jobs: rank 0's trace stands for all eight (--ranks distinct);
+    // the pipeline's stages differ.
+    let dir = tempfile::tempdir().unwrap();
+    let capture = |kind: &str| {
+        let folder = dir.path().join(kind);
+        let out = Command::cargo_bin("allocbench")
+            .unwrap()
+            .args([
+                "capture",
+                "--backend",
+                "driver",
+                "--nproc-per-node",
+                "8",
+                "--ranks",
+                "distinct",
+                "-o",
+                folder.to_str().unwrap(),
+                "--",
+                &fixture("sharded.py"),
+                kind,
+            ])
+            .timeout(std::time::Duration::from_secs(900))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{kind}: {}", stderr(&out));
+        let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(folder.join("ranks.json")).unwrap()).unwrap();
+        (folder, manifest, stderr(&out))
+    };
+    let weight = 512 * 2048 * 4;
+    let mut peaks = std::collections::HashMap::new();
+    for kind in ["ddp", "fsdp2", "tp"] {
+        let (folder, manifest, err) = capture(kind);
+        let ranks = manifest["ranks"].as_array().unwrap();
+        assert_eq!(ranks.len(), 8, "{kind}");
+        assert!(ranks[1..].iter().all(|r| r["same_as"] == 0 && r["trace"].is_null()), "{kind}: {manifest}");
+        assert!(err.contains("rank 7: the same allocations and communicators as rank 0 through step 1"), "{kind}: {err}");
+        let evs = events(&folder.join("rank-0.csv"));
+        assert_eq!(steps(&evs), vec![1, 2, 3], "{kind}");
+        let sizes = signed_sizes(&evs);
+        match kind {
+            // Replicated: each weight whole, and its gradient's copy in a 1 MiB bucket or more.
+            "ddp" => assert!(sizes.contains(&weight), "ddp: a whole weight"),
+            // Sharded over eight: an eighth of each weight.
+            _ => assert!(sizes.contains(&(weight / 8)), "{kind}: an eighth of a weight"),
+        }
+        let tail = std::fs::read_to_string(folder.join("rank-0.csv")).unwrap();
+        assert!(tail.contains("# nccl communicator: ranks=8 p2p_peers=0"), "{kind}");
+        peaks.insert(kind, peak_live(&sizes));
+    }
+    // DDP keeps the whole model, its gradients, their buckets and AdamW's two states per rank;
+    // FSDP2 and TP an eighth of them (FSDP2's peak holds the model as built, before sharding).
+    assert!(peaks["ddp"] > 2 * peaks["fsdp2"] && peaks["ddp"] > 2 * peaks["tp"], "{peaks:?}");
+    // The pipeline: 10 blocks over 8 ranks, ranks 3 and 7 hold two; rank 0 sends to one peer,
+    // the middle stages reach two, the last receives from one.
+    let (folder, manifest, _) = capture("pipeline");
+    let traced: Vec<u64> = manifest["ranks"].as_array().unwrap().iter().filter(|r| !r["trace"].is_null()).map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(traced, [0, 1, 3, 7], "{manifest}");
+    let same: Vec<u64> = manifest["ranks"].as_array().unwrap().iter().filter(|r| r["same_as"] == 1).map(|r| r["rank"].as_u64().unwrap()).collect();
+    assert_eq!(same, [2, 4, 5, 6]);
+    assert!(peak_live(&signed_sizes(&events(&folder.join("rank-3.csv")))) > peak_live(&signed_sizes(&events(&folder.join("rank-0.csv")))));
+    let out = Command::cargo_bin("allocbench").unwrap().args(["diagnose", folder.to_str().unwrap(), "--json", "-"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["decided_by_rank"], 3, "the middle stage of two blocks and two peers");
+    let nccl: Vec<u64> = d["ranks"].as_array().unwrap().iter().map(|r| r["nccl"].as_u64().unwrap()).collect();
+    let connection = (4 << 20) + 4_915_200 + 524_288u64;
+    assert_eq!(nccl, [3, 4, 4, 3].map(|peers| peers * 32 * connection), "ring 2 + point-to-point peers, x 32 channels x a connection's buffers");
+}
+
+#[test]
+fn bytes_copied_to_the_fake_device_read_back_until_a_kernel_runs() {
+    if !have_torch() {
+        return;
+    }
+    // DDP sends its bucket layout through the device and reads it back (Reducer::
+    // sync_bucket_indices); the fake device keeps such bytes until a kernel runs, after which
+    // what a skipped kernel would have written reads as zeros.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("round_trip.py");
+    std::fs::write(
+        &script,
+        "import torch\nt = torch.tensor([7, 8, 9], dtype=torch.int32)\nd = torch.empty(3, dtype=torch.int32, device='cuda')\n\
+         d.copy_(t, non_blocking=True)\nback = torch.empty(3, dtype=torch.int32)\nback.copy_(d)\nprint('back', back.tolist())\n\
+         e = d + 1\nback.copy_(d)\nprint('after', back.tolist())\n",
+    )
+    .unwrap();
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["capture", "--backend", "driver", "-o", dir.path().join("t.csv").to_str().unwrap(), "--", script.to_str().unwrap()])
+        .timeout(std::time::Duration::from_secs(300))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("back [7, 8, 9]") && stdout.contains("after [0, 0, 0]"), "{stdout}");
 }

@@ -946,3 +946,78 @@ fn run_header_counts_the_inputs_events_and_names_the_device() {
     assert!(out.status.success());
     assert!(stderr(&out).contains("warning: --conf applies to the pytorch allocator only"), "{}", stderr(&out));
 }
+
+/// A sharded job's folder (`capture --nproc-per-node -o DIR`): replay, diagnose, advise and
+/// sweep plan read every rank's trace; the rank that runs out of memory first decides the job,
+/// each rank has its line, and a rank's communicators bring NCCL's buffers into its total.
+#[test]
+fn a_folder_of_ranks_traces_is_judged_by_its_worst_rank() {
+    let dir = tempfile::tempdir().unwrap();
+    let ranks = dir.path().join("job");
+    std::fs::create_dir(&ranks).unwrap();
+    let trace = |gib: u64, communicator: &str| {
+        format!(
+            "# allocbench capture v1\nop,id,bytes,stream\nalloc,1,{},0\nalloc,2,1048576,0\nstep,1,,\nfree,2,,\nfree,1,,\nstep,2,,\n# nccl communicator: {communicator}\n# capture complete: 2 steps\n",
+            gib << 30
+        )
+    };
+    // Rank 0 (standing for ranks 0-2) holds 10 GiB; rank 3, the pipeline's last stage, 20 GiB
+    // and talks to a peer point to point besides its ring.
+    std::fs::write(ranks.join("rank-0.csv"), trace(10, "ranks=4 p2p_peers=0")).unwrap();
+    std::fs::write(ranks.join("rank-3.csv"), trace(20, "ranks=4 p2p_peers=1")).unwrap();
+    let manifest = r#"{"world_size": 4, "nproc_per_node": 4, "nnodes": 1, "ranks_asked": "distinct", "ranks": [
+        {"rank": 0, "trace": "rank-0.csv", "state": "complete"}, {"rank": 1, "same_as": 0, "state": "complete"},
+        {"rank": 2, "same_as": 0, "state": "complete"}, {"rank": 3, "trace": "rank-3.csv", "state": "complete"}]}"#;
+    std::fs::write(ranks.join("ranks.json"), manifest).unwrap();
+    let folder = ranks.to_str().unwrap();
+    let json = dir.path().join("d.json");
+    let out = bin().args(["diagnose", folder, "--capacity", "16GiB", "--json", json.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("Rank 3 decides the job's verdict (the first to run out of memory, at step 0; 2 traces for 4 ranks"), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("0-2 ") && l.contains("fits")), "{text}");
+    assert!(text.lines().any(|l| l.starts_with("3 ") && l.contains("OOM at step 0") && l.contains("<- decides")), "{text}");
+    let d: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(d["decided_by_rank"], 3);
+    assert_eq!(d["ranks"][0]["ranks"], serde_json::json!([0, 1, 2]));
+    // NCCL: 32 channels × a connection's buffers (4 MiB + 4.69 MiB + 512 KiB) × peers: rank 0's
+    // ring of 4 has two neighbours, rank 3 one more.
+    let connection = (4 << 20) + 4_915_200 + 524_288u64;
+    assert_eq!(d["ranks"][0]["nccl"], 32 * connection * 2);
+    assert_eq!(d["ranks"][1]["nccl"], 32 * connection * 3);
+    // With room for both, the one nearest the card's end decides.
+    let out = bin().args(["diagnose", folder]).output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stdout).starts_with("Rank 3 decides the job's verdict (the least headroom;"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // --nccl overrides the capture's communicators.
+    let out = bin().args(["diagnose", folder, "--nccl", "0", "--json", "-"]).output().unwrap();
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(d["ranks"][1]["nccl"], 0);
+    // replay: a summary per trace, one line a trace, and the worst named.
+    let out = bin().args(["replay", folder, "--capacity", "16GiB"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("== ranks 0-2 (one role)") && text.contains("== rank 3 ("), "{text}");
+    assert!(text.contains("the job's worst: rank 3 (the first OOM)"), "{text}");
+    // advise: on the worst rank.
+    let out = bin().args(["advise", folder, "-q"]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("advising on rank 3, the job's worst"), "{}", stderr(&out));
+    // sweep plan: each rank's trace an input.
+    let plan = dir.path().join("plan.jsonl");
+    let out = bin().args(["sweep", "plan", folder, "-o", plan.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(std::fs::read_to_string(&plan).unwrap().lines().count(), 2);
+    // A manifest naming a missing trace, and an empty folder: one line each.
+    std::fs::remove_file(ranks.join("rank-3.csv")).unwrap();
+    let out = bin().args(["diagnose", folder]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).trim().lines().count() == 1 && stderr(&out).contains("rank 3's trace"), "{}", stderr(&out));
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = bin().args(["replay", empty.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.code() == Some(2) && stderr(&out).contains("no rank-R traces"), "{}", stderr(&out));
+}

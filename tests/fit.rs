@@ -103,3 +103,41 @@ fn fit_refuses_bad_input_in_one_line() {
     let last = err.trim_end().lines().last().unwrap();
     assert!(last.starts_with("error: n=8: the capture did not complete: the script raised ValueError"), "{err}");
 }
+
+/// A sharded job (`--nproc-per-node 2`, tests/fixtures/capture/fit_sharded.py): each rank holds
+/// 128 MiB + batch × 32 MiB, the last 64 MiB more, and each has NCCL's buffers for its ring of
+/// two (32 channels × 9.19 MiB × one peer = 294 MiB). On 1 GiB with no CUDA context the last
+/// rank decides: 192 + 32 × batch + 294 ≤ 1024 MiB, so 16 (rank 0 alone would take 18).
+#[test]
+fn fit_over_a_sharded_job_is_decided_by_its_worst_rank() {
+    if !have_torch() {
+        return;
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/capture/fit_sharded.py");
+    let keep = tempfile::tempdir().unwrap();
+    let out = Command::cargo_bin("allocbench")
+        .unwrap()
+        .args(["fit", "--nproc-per-node", "2", "--param", "batch=1..64", "--capacity", "1GiB", "--cuda-context", "0", "--json", "-", "--threads", "2"])
+        .args(["--keep", keep.path().to_str().unwrap(), "--", script.to_str().unwrap(), "--batch", "{batch}"])
+        .timeout(std::time::Duration::from_secs(900))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["world_size"], 2);
+    assert_eq!(json["largest_defaults"], 16, "{json}");
+    let nccl = 32 * ((4 << 20) + 4_915_200 + 524_288);
+    for t in json["tried"].as_array().unwrap() {
+        let batch = t["value"].as_u64().unwrap();
+        // (Where both run out of memory, the one that does so first in its step stands.)
+        if t["fits"] == true {
+            assert_eq!(t["rank"], 1, "batch {batch}: the last rank holds the most");
+        }
+        assert_eq!(t["device_total"].as_u64().unwrap(), t["peak_reserved"].as_u64().unwrap() + nccl, "batch {batch}: its NCCL buffers");
+        let held = if t["rank"] == 1 { 192 } else { 128 };
+        assert_eq!(t["peak_live"].as_u64().unwrap(), (held + 32 * batch) * MIB, "batch {batch}: rank {}", t["rank"]);
+    }
+    // Each value's ranks kept as a capture folder: the two ranks differ (rank 1's extra stage).
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(keep.path().join("batch-16/ranks.json")).unwrap()).unwrap();
+    assert!(manifest["ranks"].as_array().unwrap().iter().all(|r| r["trace"].is_string()), "{manifest}");
+}

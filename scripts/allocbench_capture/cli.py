@@ -151,6 +151,7 @@ def main(argv=None):
             fake=not opts.real, rows=sink.rows if sink else 0,
             values_made_up=recorder.made_up_summary() if recorder is not None else [],
             device_traces=getattr(recorder, "device_traces", []),
+            role=getattr(recorder, "role", None), same_role_as=getattr(recorder, "same_role_as", None),
             stand_in=recorder.scalar_value if recorder is not None else None,
             dispatch_seconds=round(recorder.dispatch_seconds, 3) if recorder is not None else 0.0,
             capture_seconds=round(time.monotonic() - recorder.started, 3) if recorder is not None else 0.0,

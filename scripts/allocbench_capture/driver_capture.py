@@ -18,6 +18,8 @@ from .trace import FORMAT_HEADER, HEADER_LINE
 
 # Set by `allocbench capture --nproc-per-node` for each rank it runs (with torchrun's variables).
 RANK_FLAG = "ALLOCBENCH_RANK"
+# `--ranks distinct`: the roles of the ranks captured before this one, FINGERPRINT=RANK,...
+KNOWN_ROLES = "ALLOCBENCH_KNOWN_ROLES"
 
 # Where a fake-tensor capture models what a GPU does, the driver backend sees PyTorch do it.
 BACKEND_LINE = "backend: driver (PyTorch's own CUDA path on allocbench's fake CUDA runtime; kernels skipped; its caching allocator's own events)"
@@ -33,7 +35,7 @@ class _Counts:
         self.capacity = None
 
     def _read(self):
-        counts = (ctypes.c_uint64 * 7)()
+        counts = (ctypes.c_uint64 * 8)()
         self.lib.allocbench_tracker_counts(counts)
         self.memory_stats.num_ooms = counts[5]
         return counts
@@ -44,6 +46,7 @@ class _Counts:
     live_bytes = property(lambda self: self._read()[3])
     peak_live_bytes = property(lambda self: self._read()[4])
     devices = property(lambda self: [d for d in range(64) if self._read()[6] >> d & 1])
+    fingerprint = property(lambda self: f"{self._read()[7]:016x}")
 
 
 class DriverRecorder:
@@ -68,6 +71,8 @@ class DriverRecorder:
         self.on_hard_exit = None
         self.outcome = ""
         self.device_traces = []  # the traces of devices other than 0, once closed
+        self.role = None  # a rank's fingerprint through step 1 (take_role)
+        self.same_role_as = None  # the earlier rank of the same role (--ranks distinct)
 
     def made_up_value(self, read):
         if self.strict_values:
@@ -98,12 +103,40 @@ class DriverRecorder:
         with self.lock:
             self.step_no += 1
             self.line(f"step,{self.step_no},,")
+        if self.step_no == 1 and os.environ.get(RANK_FLAG):
+            self.take_role()
         if self.max_steps is not None and self.step_no >= self.max_steps:
             raise StopCapture()
+
+    def take_role(self):
+        """A rank's role, the fingerprint of its allocations through step 1 (or through its end,
+        for a script without steps): under `--ranks distinct` a rank whose role an earlier rank
+        had stops here, and allocbench keeps that rank's trace for both."""
+        import torch
+
+        self.role = role_of(self.sink.fingerprint, torch)
+        self.line(f"# role: {self.role} (the fingerprint of the alloc and free rows and the communicators through step {self.step_no})")
+        for known in filter(None, os.environ.get(KNOWN_ROLES, "").split(",")):
+            fingerprint, _, rank = known.partition("=")
+            if fingerprint == self.role:
+                self.same_role_as = int(rank)
+                raise StopCapture()
 
 
 def _stream_handle(stream):
     return ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
+
+
+def _uniform_ranks_options(torch):
+    """FakeProcessGroup's options with simulate_uniform_ranks, where the torch in use has it."""
+    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
+
+    options_of = getattr(FakeProcessGroup, "Options", None)
+    if options_of is None or not hasattr(options_of(), "simulate_uniform_ranks"):
+        return None
+    options = options_of()
+    options.simulate_uniform_ranks = True
+    return options
 
 
 def _fake_process_group(torch, undo):
@@ -120,11 +153,24 @@ def _fake_process_group(torch, undo):
 
     def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, *args, **kwargs):
         kwargs.pop("device_id", None)  # (binds NCCL's communicator to a device: the fake has none)
+        # Every rank holds what this one holds (uniform SPMD): a collective's work then carries
+        # its outputs, which DDP's reducer reads from the all-reduce's future.
+        options = _uniform_ranks_options(torch)
         return original("fake", store=FakeStore(), world_size=int(os.environ["WORLD_SIZE"]), rank=int(os.environ["RANK"]),
+                        **({"pg_options": options} if options is not None else {}),
                         **({"timeout": timeout} if timeout is not None else {}))
 
     distributed.init_process_group = init_process_group
     undo.append(lambda: setattr(distributed, "init_process_group", original))
+    _note_point_to_point(distributed, undo)
+    destroy = distributed.destroy_process_group
+
+    def destroy_process_group(*args, **kwargs):
+        note_groups(torch)
+        return destroy(*args, **kwargs)
+
+    distributed.destroy_process_group = destroy_process_group
+    undo.append(lambda: setattr(distributed, "destroy_process_group", destroy))
     # DDP checks that every rank has the same parameters by gathering their counts: a fake
     # collective carries no values (every rank runs the same script here).
     import torch.nn.parallel.distributed as ddp
@@ -132,6 +178,86 @@ def _fake_process_group(torch, undo):
     verify = ddp._verify_param_shape_across_processes
     ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
     undo.append(lambda: setattr(ddp, "_verify_param_shape_across_processes", verify))
+
+
+# Calls that connect a rank to peers of its group beyond its ring's two neighbours: all-to-all
+# to every member, send/recv to the rank named. Their groups -> the peers' global ranks (or ALL).
+_POINT_TO_POINT = {"all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "batch_isend_irecv"}
+_ALL = "all"
+_peers_of_group = {}
+
+
+def _note_point_to_point(distributed, undo):
+    import inspect
+
+    def noting(owner, name):
+        original = getattr(owner, name, None)
+        if original is None:
+            return
+        signature = inspect.signature(original)
+
+        def called(*args, **kwargs):
+            try:
+                bound = signature.bind_partial(*args, **kwargs).arguments
+            except TypeError:
+                bound = {}
+            pairs = [(bound.get("group"), _ALL if "all_to_all" in name else bound.get("dst", bound.get("src")))]
+            if name == "batch_isend_irecv":
+                pairs = [(op.group, op.peer) for op in (bound.get("p2p_op_list") or [])]
+            for group, peer in pairs:
+                peers = _peers_of_group.setdefault(id(group if group is not None else distributed.group.WORLD), set())
+                if peer is not None:
+                    peers.add(peer)
+            return original(*args, **kwargs)
+
+        setattr(owner, name, called)
+        undo.append(lambda: setattr(owner, name, original))
+
+    for name in _POINT_TO_POINT:
+        noting(distributed, name)
+    import torch.distributed._functional_collectives as funcol
+
+    noting(funcol, "all_to_all_single")
+
+
+_groups = {}  # id(process group) -> its size, for the groups of more than one rank this rank is in
+
+
+def note_groups(torch):
+    """Remembers the process groups that exist now (at each step and before a group is destroyed:
+    a script may destroy them before the capture ends)."""
+    distributed = torch.distributed
+    if not os.environ.get(RANK_FLAG) or not distributed.is_available() or not distributed.is_initialized():
+        return
+    rank = distributed.get_rank()
+    for group, ranks in list(distributed.distributed_c10d._world.pg_group_ranks.items()):
+        if rank in ranks and len(ranks) > 1:
+            _groups[id(group)] = len(ranks)
+
+
+def role_of(fingerprint, torch):
+    """A rank's role: its allocations' fingerprint and its communicators (their peers set its
+    NCCL buffers)."""
+    import zlib
+
+    return f"{fingerprint}-{zlib.crc32(chr(10).join(communicators(torch)).encode()):08x}"
+
+
+def communicators(torch):
+    """The comment lines naming this rank's NCCL communicators: one per process group of more
+    than one rank it is a member of (NCCL makes one when the group first communicates; an
+    upper count), with the peers it reached by all-to-all or send/recv, and the NCCL settings
+    of the environment. allocbench sizes their buffers from them (src/results/common.rs, NcclBudget)."""
+    note_groups(torch)
+    def p2p_peers(group, size):
+        peers = _peers_of_group.get(group, ())
+        return size - 1 if _ALL in peers else len(peers)
+
+    lines = [f"nccl communicator: ranks={size} p2p_peers={p2p_peers(group, size)}" for group, size in _groups.items()]
+    settings = [f"{k}={os.environ[k]}" for k in ("NCCL_BUFFSIZE", "NCCL_LL128_BUFFSIZE", "NCCL_LL_BUFFSIZE", "NCCL_MAX_NCHANNELS") if os.environ.get(k)]
+    if lines and settings:
+        lines.append("nccl settings: " + " ".join(settings))
+    return lines
 
 
 def _patch_streams(torch, recorder, undo):
@@ -266,7 +392,10 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         yield recorder
         outcome = f"complete: {recorder.step_no} steps"
     except StopCapture:
-        outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
+        if recorder.same_role_as is not None:
+            outcome = f"complete: the same allocations and communicators as rank {recorder.same_role_as} through step 1 (--ranks distinct)"
+        else:
+            outcome = f"complete: stopped after {recorder.step_no} steps (--steps)"
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         outcome = f"complete: {recorder.step_no} steps" if code == 0 else f"incomplete: exit status {code}"
@@ -281,6 +410,9 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         hook.remove()
         for restore in reversed(undo):
             restore()
+        if recorder.role is None and os.environ.get(RANK_FLAG):
+            recorder.role = role_of(recorder.sink.fingerprint, torch)  # (a script without steps: its whole run)
+        closing = communicators(torch)
         devices = recorder.sink.devices
         lib.allocbench_tracker_close()
         recorder.device_traces = [device_trace(path, d) for d in devices if d != primary]
@@ -288,5 +420,6 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
             with open(trace, "a") as f:
                 for row in recorder.made_up_summary():
                     f.write(f"# value made up: {row['read']} ×{row['count']} at {row['site']} (answered {recorder.scalar_value:g})\n")
+                f.writelines(f"# {line}\n" for line in closing)
                 f.write(f"# capture {outcome}\n")
         recorder.outcome = outcome

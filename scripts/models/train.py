@@ -2,6 +2,8 @@
 """A plain training loop over the shipped models (or any `transformers` causal LM built from its
 config, no weights): `.cuda()`, autocast, GradScaler, AdamW, gradient clipping and accumulation,
 variable sequence lengths. Capture it with `allocbench capture -o trace.csv -- scripts/models/train.py ...`.
+With `--fsdp`, a torchrun script: FSDP2 (`fully_shard`) over every rank; capture its ranks with
+`allocbench capture --backend driver --nproc-per-node 8 --ranks distinct -o DIR -- scripts/models/train.py --fsdp ...`.
 """
 import argparse
 import math
@@ -85,14 +87,23 @@ def main():
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing of every block")
     p.add_argument("--device", default="cuda")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--fsdp", action="store_true",
+                   help="FSDP2 under torchrun: the model built on the meta device, each block and the root fully_shard-ed over "
+                        "every rank, then materialized shard by shard; with --amp bf16 the bf16 compute is FSDP2's "
+                        "MixedPrecisionPolicy (bf16 params gathered, fp32 gradients reduced) instead of autocast")
+    p.add_argument("--reshard-after-forward", default="true", choices=["true", "false"],
+                   help="--fsdp: free each block's gathered parameters after its forward (true) or keep them for backward")
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
-    model, vocab = build(a.model, a.attention)
-    if a.param_dtype == "bf16":
-        model = model.to(a.device, torch.bfloat16)  # one copy, straight to bf16
+    if a.fsdp:
+        model, vocab, a.device = sharded(a)
     else:
-        model = model.cuda() if a.device == "cuda" else model.to(a.device)
+        model, vocab = build(a.model, a.attention)
+        if a.param_dtype == "bf16":
+            model = model.to(a.device, torch.bfloat16)  # one copy, straight to bf16
+        else:
+            model = model.cuda() if a.device == "cuda" else model.to(a.device)
     if a.checkpointing:
         checkpoint_blocks(model)
     model.train()
@@ -101,7 +112,8 @@ def main():
     else:
         variant = {"adamw": {}, "adamw-fused": {"fused": True}, "adamw-loop": {"foreach": False}}[a.optimizer]
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **variant)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[a.amp]
+    # (FSDP2's mixed precision casts the gathered parameters itself: no autocast with it.)
+    dtype = None if a.fsdp else {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}[a.amp]
     scaler = torch.amp.GradScaler(a.device, enabled=a.amp == "fp16")
     seq = lengths(a.seq_len, a.seed)
     for _ in range(a.steps):
@@ -109,7 +121,7 @@ def main():
             s = next(seq)
             idx = torch.randint(0, vocab, (a.batch, s), device=a.device)
             targets = torch.randint(0, vocab, (a.batch, s), device=a.device)
-            with torch.autocast(a.device, dtype=dtype or torch.float32, enabled=dtype is not None):
+            with torch.autocast(a.device.split(":")[0], dtype=dtype or torch.float32, enabled=dtype is not None):
                 out = model(idx, targets) if not hasattr(model, "hf_device_map") and a.model[:3] != "hf:" else model(idx, labels=targets)
                 loss = out[1] if isinstance(out, tuple) else out.loss
             scaler.scale(loss / a.accum).backward()
@@ -119,6 +131,33 @@ def main():
         scaler.step(opt)
         scaler.update()
         opt.zero_grad(set_to_none=True)
+    if a.fsdp:
+        torch.distributed.destroy_process_group()
+
+
+def sharded(a):
+    """FSDP2 as its tutorial writes it: init_process_group, the rank's device, the model on the
+    meta device, fully_shard per block then the root, to_empty on the device (each rank holds its
+    shard of every parameter; weights left uninitialised, which memory does not see)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
+    device = a.device
+    if a.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        device = f"cuda:{torch.cuda.current_device()}"
+    with torch.device("meta"):
+        model, vocab = build(a.model, a.attention)
+    if a.param_dtype == "bf16":
+        model = model.to(torch.bfloat16)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.amp == "bf16" else MixedPrecisionPolicy()
+    reshard = a.reshard_after_forward == "true"
+    for block in getattr(model, "blocks", None) or getattr(model, "layers", None) or []:
+        fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
+    fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+    model.to_empty(device=device)
+    return model, vocab, device
 
 
 if __name__ == "__main__":

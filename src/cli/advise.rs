@@ -16,8 +16,9 @@ use crate::results::{read_results, GpuPolicy, Objective, ResultRecord, SweepRow}
 pub struct AdviseArgs {
     #[command(flatten)]
     pub torch: super::args::TorchVersionArg,
-    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml); or a merged
-    /// sweep (`sweep merge`'s .jsonl): the best conf per input and capacity from its rows.
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml); a
+    /// sharded job's folder of per-rank traces (its worst rank advised on, the pick checked on
+    /// each); or a merged sweep (`sweep merge`'s .jsonl): the best conf per input and capacity.
     pub input: PathBuf,
     #[command(flatten)]
     pub snapshot: super::args::SnapshotDeviceArg,
@@ -82,20 +83,77 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
         }
         return from_sweep(a);
     }
+    if a.input.is_dir() {
+        return advise_ranks(a);
+    }
     let source = a.snapshot.open(&a.input)?;
-    print_notes(&source);
+    advise_source(a, &source).map(|_| ())
+}
+
+/// A sharded job's folder: the rank that decides the job under PyTorch's defaults (`diagnose
+/// DIR`'s: the first to OOM, else the least headroom) is advised on, and the pick is checked on
+/// every other rank's trace (a table of each rank's peak with the defaults and with the pick).
+fn advise_ranks(a: &AdviseArgs) -> anyhow::Result<()> {
+    if a.snapshot.snapshot_device.is_some() {
+        return Err(InputError::new("--snapshot-device", "reads a PyTorch snapshot, not a folder of ranks' traces").into());
+    }
+    let defaults = crate::gpu::config::AllocatorConfig::default();
+    let mut diagnosed = Vec::new();
+    for trace in crate::trace::ranks::read_folder(&a.input)? {
+        let source = crate::input::Source::open(Some(&trace.path))?;
+        let target = a.card.target(&source)?;
+        let (d, _) = crate::diagnose::diagnose(&source, &defaults, target.capacity, target.outside)?;
+        diagnosed.push((trace, d));
+    }
+    let decided = crate::diagnose::decide_by_rank(diagnosed.clone()).expect("a folder has a trace");
+    let (worst, _) = diagnosed.iter().find(|(t, _)| Some(t.rank) == decided.decided_by_rank).expect("the deciding rank is one of them");
+    eprintln!("advising on {}, the job's worst with PyTorch's defaults ({})", worst.label(), worst.path.display());
+    let source = crate::input::Source::open(Some(&worst.path))?;
+    let result = advise_source(a, &source)?;
+    let Some(pick) = result.recommended.as_ref().filter(|c| !c.conf.is_empty()) else { return Ok(()) };
+    // The pick on every rank: the job fits only where each of its ranks does.
+    let conf = crate::gpu::config::AllocatorConfig::parse(&pick.conf)?;
+    if a.json.as_deref() != Some("-") {
+        println!("\n'{}' on each rank:\n{:<26} {:>22} {:>22}  verdict", pick.conf, "ranks", "device total, defaults", "device total, the pick");
+    }
+    for (trace, with_defaults) in &diagnosed {
+        let source = crate::input::Source::open(Some(&trace.path))?;
+        let target = a.card.target(&source)?;
+        let (d, _) = crate::diagnose::diagnose(&source, &conf, target.capacity, target.outside)?;
+        let mut ranks = vec![trace.rank];
+        ranks.extend(&trace.same_role);
+        ranks.sort_unstable();
+        if a.json.as_deref() != Some("-") {
+            println!(
+                "{:<26} {:>22} {:>22}  {}",
+                crate::trace::ranks::ranges(&ranks),
+                crate::units::format_bytes(with_defaults.device_total),
+                crate::units::format_bytes(d.device_total),
+                match &d.oom {
+                    Some(o) => format!("OOM at step {}", o.step),
+                    None => "fits".into(),
+                }
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Advises on one input; returns the result it printed and wrote.
+fn advise_source(a: &AdviseArgs, source: &crate::input::Source) -> anyhow::Result<crate::results::AdviseResult> {
+    print_notes(source);
     // advise compares configurations itself, PyTorch's defaults first: a conf in the environment
     // is not its baseline. Said, so nobody reads the table as relative to it.
     // (PyTorch reads the first variable set; an empty one is its defaults, advise's baseline.)
     if let Some((var, conf)) = crate::gpu::config::ENV_VARS.into_iter().find_map(|var| Some((var, std::env::var(var).ok()?))).filter(|(_, c)| !c.is_empty()) {
         eprintln!("note: advise searches the allocator settings itself and ignores {var}='{conf}'; its row is the configuration \"{conf}\" if searched, or `allocbench replay --conf '{conf}'`");
     }
-    let target = a.card.target(&source)?;
+    let target = a.card.target(source)?;
     let model = match &a.latency {
         Some(p) => LatencyModel::load(p)?,
         None => LatencyModel::h100(),
     };
-    let events = crate::diagnose::load_events(&source)?;
+    let events = crate::diagnose::load_events(source)?;
     let info = source.info()?;
     let confs = crate::advise::search_space();
     let threads = a.threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
@@ -132,7 +190,7 @@ pub fn main(a: &AdviseArgs) -> anyhow::Result<()> {
             crate::advise::full_runs(&events, &info, &opts, best, |r| out.write(&ResultRecord::GpuReplay(Box::new(r))))?;
         }
     }
-    Ok(())
+    Ok(result)
 }
 
 /// The ranking of every input × capacity of a merged sweep, from its rows (nothing replayed):

@@ -120,7 +120,8 @@ pub struct CardArgs {
     /// The CUDA context the process holds outside the allocator [default: 426MiB, docs/cards.md].
     #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
     pub cuda_context: Option<u64>,
-    /// NCCL's buffers outside the allocator [default: 0, one process].
+    /// NCCL's buffers outside the allocator [default: a sharded capture's communicators'
+    /// (channels x NCCL_BUFFSIZE x peers), else 0, one process].
     #[arg(long, value_parser = parse_size_or_zero, value_name = "SIZE")]
     pub nccl: Option<u64>,
 }
@@ -142,7 +143,17 @@ impl CardArgs {
             None => capacity_for(self.capacity, source)?.unwrap_or_else(|| crate::gpu::card::default_card().total_memory),
         };
         let defaults = crate::gpu::card::Outside::default();
-        let outside = crate::gpu::card::Outside { cuda_context: self.cuda_context.unwrap_or(defaults.cuda_context), nccl: self.nccl.unwrap_or(defaults.nccl) };
+        // A rank of a sharded capture brings its communicators' buffers (said once, on stderr).
+        let nccl = self.nccl.or_else(|| {
+            let budget = source.nccl_budget()?;
+            eprintln!(
+                "note: NCCL {} outside the allocator: {} (the capture's communicators; --nccl overrides)",
+                crate::units::format_bytes(budget.bytes()),
+                budget.describe()
+            );
+            Some(budget.bytes())
+        });
+        let outside = crate::gpu::card::Outside { cuda_context: self.cuda_context.unwrap_or(defaults.cuda_context), nccl: nccl.unwrap_or(defaults.nccl) };
         if outside.total() >= capacity {
             return Err(crate::error::InputError::new(
                 if self.card.is_some() { "--card" } else { "--capacity" },

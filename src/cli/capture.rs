@@ -73,7 +73,9 @@ pub struct CaptureArgs {
     /// Nodes of the job (with --nproc-per-node): WORLD_SIZE = nodes x processes per node.
     #[arg(long, default_value_t = 1, requires = "nproc_per_node", value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub nnodes: u32,
-    /// Which ranks to capture (with --nproc-per-node): `all`, or a list `0,3,7`.
+    /// Which ranks to capture (with --nproc-per-node): `all`, a list `0,3,7`, or `distinct`:
+    /// each rank stops at its first step when its allocations so far equal an earlier rank's
+    /// (uniform SPMD: one trace stands for them; DIR/ranks.json says which).
     #[arg(long, default_value = "all", requires = "nproc_per_node")]
     pub ranks: String,
     /// SCRIPT.py [ARGS...], after `--`.
@@ -81,82 +83,52 @@ pub struct CaptureArgs {
     pub command: Vec<std::ffi::OsString>,
 }
 
-/// The ranks `--ranks` names, of a job of `world` processes.
-fn ranks_of(spec: &str, world: u32) -> Result<Vec<u32>, String> {
-    match spec {
-        "all" => Ok((0..world).collect()),
-        "distinct" => Err("--ranks distinct (capture ranks of the same role once) is not available yet: give all or a list such as 0,1".into()),
-        list => list
-            .split(',')
-            .map(|r| match r.trim().parse::<u32>() {
-                Ok(n) if n < world => Ok(n),
-                Ok(n) => Err(format!("--ranks {list}: rank {n} is not in a job of {world} (ranks 0..{})", world - 1)),
-                Err(_) => Err(format!("--ranks {list}: '{r}' is not a rank (all, or a list such as 0,3,7)")),
-            })
-            .collect(),
-    }
-}
-
 /// Returns the script's exit code (2 when the capture could not start).
 pub fn main(a: CaptureArgs) -> i32 {
-    let Some(per_node) = a.nproc_per_node else { return capture_one(a, Vec::new()) };
+    let Some(per_node) = a.nproc_per_node else {
+        return match options(&a) {
+            Ok(opts) => capture_one(&opts).0,
+            Err(code) => code,
+        };
+    };
     if a.backend != "driver" {
         eprintln!("error: --nproc-per-node runs each rank on PyTorch's own CUDA path with its fake process group: add --backend driver");
         return crate::capture::EXIT_SETUP_ERROR;
     }
     // One capture a rank, as torchrun would start them, each to DIR/rank-R.csv.
-    let world = per_node * a.nnodes;
-    let ranks = match ranks_of(&a.ranks, world) {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return crate::capture::EXIT_SETUP_ERROR;
-        }
-    };
+    let job = crate::capture::RankJob { nproc_per_node: per_node, nnodes: a.nnodes, ranks: a.ranks.clone() };
+    if let Err(e) = job.ranks() {
+        eprintln!("error: {e}");
+        return crate::capture::EXIT_SETUP_ERROR;
+    }
     let dir = a.output.clone();
     if dir.extension().is_some_and(|e| e == "csv" || e == "gz") || dir.is_file() {
         eprintln!("error: -o {}: with --nproc-per-node, -o names a folder for the ranks' traces (rank-R.csv)", dir.display());
         return crate::capture::EXIT_SETUP_ERROR;
     }
-    if let Err(e) = std::fs::create_dir_all(&dir) {
-        eprintln!("error: -o {}: cannot create the folder: {e}", dir.display());
-        return crate::capture::EXIT_SETUP_ERROR;
-    }
-    let mut code = 0;
-    for rank in ranks {
-        let mut one = a.clone();
-        one.output = dir.join(format!("rank-{rank}.csv"));
-        if one.backend == "driver" {
-            one.gpus = one.gpus.max(per_node);
-        }
-        let env = [
-            ("RANK", rank.to_string()),
-            ("LOCAL_RANK", (rank % per_node).to_string()),
-            ("GROUP_RANK", (rank / per_node).to_string()),
-            ("NODE_RANK", (rank / per_node).to_string()),
-            ("WORLD_SIZE", world.to_string()),
-            ("LOCAL_WORLD_SIZE", per_node.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".to_string()),
-            ("MASTER_PORT", "29500".to_string()),
-            ("ALLOCBENCH_RANK", rank.to_string()),
-        ];
-        eprintln!("rank {rank} of {world}:");
-        let ran = capture_one(one, env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect());
-        if ran != 0 && code == 0 {
-            code = ran;
+    let opts = match options(&a) {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
+    match crate::capture::capture_ranks(&opts, &job, &dir, &mut capture_one, &mut |line| eprintln!("{line}")) {
+        Ok((code, _)) => code,
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            2
         }
     }
-    code
 }
 
-fn capture_one(a: CaptureArgs, env: Vec<(String, String)>) -> i32 {
+/// The capture the flags ask for (an error said, with its exit code).
+fn options(a: &CaptureArgs) -> Result<crate::capture::CaptureOptions, i32> {
+    let a = a.clone();
     let mut command = a.command.into_iter();
     let script = PathBuf::from(command.next().unwrap_or_default());
     if let Err(e) = super::output::check_outputs(&[Some(&a.output)], &[Some(&script)]) {
         eprintln!("error: {e}");
-        return crate::capture::EXIT_SETUP_ERROR;
+        return Err(crate::capture::EXIT_SETUP_ERROR);
     }
-    let opts = crate::capture::CaptureOptions {
+    Ok(crate::capture::CaptureOptions {
         python: a.python,
         output: a.output,
         steps: a.steps,
@@ -174,21 +146,25 @@ fn capture_one(a: CaptureArgs, env: Vec<(String, String)>) -> i32 {
             Ok(card) => card.map(|c| c.total_memory),
             Err(e) => {
                 eprintln!("error: --card: {e}");
-                return crate::capture::EXIT_SETUP_ERROR;
+                return Err(crate::capture::EXIT_SETUP_ERROR);
             }
         },
         script_output: None,
         script,
         args: command.collect(),
-        env,
-    };
+        env: Vec::new(),
+    })
+}
+
+/// One capture, its progress drawn and its outcome said.
+fn capture_one(opts: &crate::capture::CaptureOptions) -> (i32, Option<crate::capture::CaptureOutcome>) {
     // A terminal gets one line redrawn; a log (--progress) a plain line every 10 s.
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let bar = (opts.progress && terminal).then(super::progress::capture);
     let started = std::time::Instant::now();
     let mut rate = super::progress::RowRate::default();
     let mut logged = std::time::Duration::ZERO;
-    let ran = crate::capture::run_watched(&opts, &mut |p| {
+    let ran = crate::capture::run_watched(opts, &mut |p| {
         let now = started.elapsed();
         let message = super::progress::capture_message(p, now, &mut rate);
         if let Some(bar) = &bar {
@@ -203,24 +179,23 @@ fn capture_one(a: CaptureArgs, env: Vec<(String, String)>) -> i32 {
     match ran {
         Ok(outcome) if outcome.state == "setup_error" => {
             eprintln!("error: {}", outcome.message);
-            crate::capture::EXIT_SETUP_ERROR
+            (crate::capture::EXIT_SETUP_ERROR, Some(outcome))
         }
         Ok(outcome) => {
-            let text = crate::capture::describe(&opts, &outcome);
-            if outcome.complete() {
-                eprintln!("{text}");
-            } else {
-                eprintln!("error: {text}");
+            // (A rank stopped for having an earlier rank's role is said by the caller.)
+            if outcome.same_role_as.is_none() {
+                let text = crate::capture::describe(opts, &outcome);
+                if outcome.complete() {
+                    eprintln!("{text}");
+                } else {
+                    eprintln!("error: {text}");
+                }
             }
-            outcome.exit_code
+            (outcome.exit_code, Some(outcome))
         }
         Err(e) => {
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            if e.downcast_ref::<InputError>().is_some() {
-                2
-            } else {
-                1
-            }
+            (if e.downcast_ref::<InputError>().is_some() { 2 } else { 1 }, None)
         }
     }
 }

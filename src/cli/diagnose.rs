@@ -13,7 +13,8 @@ use crate::results::ResultRecord;
 pub struct DiagnoseArgs {
     #[command(flatten)]
     pub torch: super::args::TorchVersionArg,
-    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json), workload (.toml), or
+    /// a sharded job's folder of per-rank traces (`capture --nproc-per-node -o DIR`).
     pub input: PathBuf,
     #[command(flatten)]
     pub snapshot: super::args::SnapshotDeviceArg,
@@ -32,11 +33,27 @@ pub struct DiagnoseArgs {
 
 pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
     output::check_outputs(&[a.json.as_deref().map(Path::new), a.jsonl.as_deref()], &[Some(&a.input)])?;
-    let source = a.snapshot.open(&a.input)?;
-    print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
-    let target = a.card.target(&source)?;
-    let (d, run) = crate::diagnose::diagnose(&source, &conf, target.capacity, target.outside)?;
+    let (d, runs) = if a.input.is_dir() {
+        // A sharded job: each rank's trace on its own card; the worst rank decides.
+        let mut diagnosed = Vec::new();
+        let mut runs = Vec::new();
+        for trace in crate::trace::ranks::read_folder(&a.input)? {
+            let source = crate::input::Source::open(Some(&trace.path))?;
+            print_notes(&source);
+            let target = a.card.target(&source)?;
+            let (d, run) = crate::diagnose::diagnose(&source, &conf, target.capacity, target.outside)?;
+            diagnosed.push((trace, d));
+            runs.push(run);
+        }
+        (crate::diagnose::decide_by_rank(diagnosed).expect("a folder has a trace"), runs)
+    } else {
+        let source = a.snapshot.open(&a.input)?;
+        print_notes(&source);
+        let target = a.card.target(&source)?;
+        let (d, run) = crate::diagnose::diagnose(&source, &conf, target.capacity, target.outside)?;
+        (d, vec![run])
+    };
     if a.json.as_deref() != Some("-") {
         print!("{}", crate::diagnose::describe(&d));
     }
@@ -45,7 +62,9 @@ pub fn main(a: &DiagnoseArgs) -> anyhow::Result<()> {
     }
     if a.jsonl.is_some() {
         let mut out = Jsonl::open(a.jsonl.as_deref())?;
-        out.write(&ResultRecord::GpuReplay(Box::new(run)))?;
+        for run in runs {
+            out.write(&ResultRecord::GpuReplay(Box::new(run)))?;
+        }
         out.write(&ResultRecord::Diagnose(Box::new(d)))?;
     }
     Ok(())

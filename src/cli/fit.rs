@@ -47,6 +47,14 @@ pub struct FitArgs {
     /// No progress lines.
     #[arg(long, short)]
     pub quiet: bool,
+    /// A sharded job: each value captures the script as `torchrun --nproc-per-node N` would run
+    /// it (`capture --nproc-per-node`, driver backend, `--ranks distinct`); a value fits when every
+    /// rank does, each with its NCCL buffers; the worst rank's numbers are its row.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub nproc_per_node: Option<u32>,
+    /// Nodes of the sharded job (with --nproc-per-node).
+    #[arg(long, default_value_t = 1, requires = "nproc_per_node", value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub nnodes: u32,
     /// SCRIPT.py [ARGS...] with {NAME} where the value goes, after `--`.
     #[arg(required = true, last = true, value_name = "SCRIPT.py [ARGS]")]
     pub command: Vec<std::ffi::OsString>,
@@ -64,7 +72,7 @@ pub fn main(a: FitArgs) -> anyhow::Result<()> {
         steps: Some(a.steps),
         real: false,
         device: "cuda".into(),
-        backend: "fake-tensors".into(),
+        backend: if a.nproc_per_node.is_some() { "driver" } else { "fake-tensors" }.into(),
         gpus: 1,
         cublas_workspace_mib: a.cublas_workspace_mib,
         scalar_value: a.scalar_value,
@@ -79,8 +87,18 @@ pub fn main(a: FitArgs) -> anyhow::Result<()> {
         env: Vec::new(),
     };
     let threads = a.threads.map(usize::from).unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    let opts =
-        crate::fit::FitOptions { param: a.param, capture, capacity: target.capacity, outside: target.outside, objective: a.objective, threads, keep: a.keep };
+    let job = a.nproc_per_node.map(|n| crate::capture::RankJob { nproc_per_node: n, nnodes: a.nnodes, ranks: "distinct".into() });
+    let opts = crate::fit::FitOptions {
+        param: a.param,
+        capture,
+        capacity: target.capacity,
+        outside: target.outside,
+        objective: a.objective,
+        threads,
+        keep: a.keep,
+        job,
+        nccl_from_capture: a.card.nccl.is_none(),
+    };
     let to_stdout = a.json.as_deref() == Some("-");
     let quiet = a.quiet || to_stdout;
     let result = crate::fit::fit(&opts, &mut |t| {
@@ -90,9 +108,10 @@ pub fn main(a: FitArgs) -> anyhow::Result<()> {
                 _ => String::new(),
             };
             eprintln!(
-                "{}={}: peak reserved {} with the defaults: {}{advice}",
+                "{}={}{}: peak reserved {} with the defaults: {}{advice}",
                 opts.param.name,
                 t.value,
+                t.rank.map(|r| format!(" (rank {r}, the worst)")).unwrap_or_default(),
                 crate::units::format_bytes(t.peak_reserved),
                 if t.fits { "fits" } else { "OOM" }
             );

@@ -19,7 +19,8 @@ use crate::results::{Backend, GpuPolicy, GpuRunResult, ResultRecord};
 pub struct ReplayArgs {
     #[command(flatten)]
     pub torch: super::args::TorchVersionArg,
-    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json) or workload (.toml).
+    /// A trace (.csv), RMM log (.csv), PyTorch snapshot (.pickle or .json), workload (.toml), or
+    /// a sharded job's folder of per-rank traces (`capture --nproc-per-node -o DIR`).
     pub input: PathBuf,
     #[command(flatten)]
     pub snapshot: super::args::SnapshotDeviceArg,
@@ -52,17 +53,12 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let source = a.snapshot.open(&a.input)?;
-    print_notes(&source);
     let conf = AllocatorConfig::from_arg(a.conf.as_deref())?;
-    let mut spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
-    if spec.backend == crate::results::Backend::Sim {
-        spec.capacity = super::args::capacity_for(spec.capacity, &source)?;
+    if a.input.is_dir() {
+        return replay_ranks(a, policy, &conf);
     }
-    let mut built = build(policy, &conf, &spec)?;
-    let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {policy}"));
-    let mut result = gpu_run::run_hashing_alongside(&mut built, &conf, &source, &a.device.replay_options(), &mut progress::watch(&pb))?;
-    progress::finish(pb);
+    let source = a.snapshot.open(&a.input)?;
+    let (spec, mut result) = replay_one(a, policy, &conf, &source)?;
     let sites = match &a.html {
         Some(_) => exact_segments_and_sites(&source, policy, &conf, &spec, &mut result, a.device.replay_options().on_oom)?,
         None => None,
@@ -94,6 +90,87 @@ pub fn main(a: &ReplayArgs) -> anyhow::Result<()> {
             "the results cover the {} replayed before it (marked \"interrupted\")",
             crate::units::count(result.work.events, "event")
         ));
+    }
+    Ok(())
+}
+
+/// One input's replay, its notes said first.
+fn replay_one(a: &ReplayArgs, policy: GpuPolicy, conf: &AllocatorConfig, source: &Source) -> anyhow::Result<(DeviceSpec, GpuRunResult)> {
+    print_notes(source);
+    let mut spec = DeviceSpec { addresses: source.address_script(), ..a.device.spec()? };
+    if spec.backend == crate::results::Backend::Sim {
+        spec.capacity = super::args::capacity_for(spec.capacity, source)?;
+    }
+    let mut built = build(policy, conf, &spec)?;
+    let pb = progress::events(a.device.quiet || a.json.as_deref() == Some("-"), &format!("replaying through {policy}"));
+    let result = gpu_run::run_hashing_alongside(&mut built, conf, source, &a.device.replay_options(), &mut progress::watch(&pb))?;
+    progress::finish(pb);
+    Ok((spec, result))
+}
+
+/// A sharded job's folder: each rank's trace replayed in turn, its summary under its ranks,
+/// then one line a trace; the rank with the most reserved (or the first OOM) is named. `--json`
+/// writes the replays as one JSON array, in rank order.
+fn replay_ranks(a: &ReplayArgs, policy: GpuPolicy, conf: &AllocatorConfig) -> anyhow::Result<()> {
+    if a.html.is_some() || a.snapshot.snapshot_device.is_some() {
+        return Err(InputError::new(
+            a.input.display().to_string(),
+            "a folder of ranks' traces: --html and --snapshot-device take one trace (give DIR/rank-R.csv)",
+        )
+        .into());
+    }
+    let to_stdout = a.json.as_deref() == Some("-");
+    let mut results = Vec::new();
+    for trace in crate::trace::ranks::read_folder(&a.input)? {
+        let source = Source::open(Some(&trace.path))?;
+        let (_, mut result) = replay_one(a, policy, conf, &source)?;
+        if !trace.same_role.is_empty() {
+            result.workload.name = format!("{} (also {})", result.workload.name, crate::trace::ranks::ranges(&trace.same_role));
+        }
+        if !to_stdout {
+            println!("== {} ({}) ==", trace.label(), trace.path.display());
+            print!("{}", gpu_run::describe(&result));
+        }
+        let interrupted = result.summary.interrupted;
+        results.push((trace, result));
+        if interrupted {
+            break;
+        }
+    }
+    if let Some(path) = &a.json {
+        let records: Vec<ResultRecord> = results.iter().map(|(_, r)| ResultRecord::GpuReplay(Box::new(r.clone()))).collect();
+        output::write_json(path, &records)?;
+    }
+    if !to_stdout {
+        println!("\n{:<26} {:>14} {:>16}  outcome", "ranks", "peak reserved", "peak allocated");
+        for (t, r) in &results {
+            let mut ranks = vec![t.rank];
+            ranks.extend(&t.same_role);
+            ranks.sort_unstable();
+            let outcome = match &r.oom {
+                Some(o) => format!("OOM at step {}", o.step),
+                None => "no OOM".into(),
+            };
+            println!(
+                "{:<26} {:>14} {:>16}  {outcome}",
+                crate::trace::ranks::ranges(&ranks),
+                crate::units::format_bytes(r.summary.peak_reserved),
+                crate::units::format_bytes(r.stats.get("allocated_bytes.all.peak").copied().unwrap_or(0) as u64)
+            );
+        }
+        let worst = results.iter().min_by_key(|(_, r)| match &r.oom {
+            Some(o) => (0, o.step, o.event, 0),
+            None => (1, 0, 0, u64::MAX - r.summary.peak_reserved),
+        });
+        if let Some((t, r)) = worst {
+            println!("the job's worst: {} ({})", t.label(), if r.oom.is_some() { "the first OOM" } else { "the most reserved" });
+        }
+    }
+    if let Some(path) = a.json.as_deref().filter(|p| *p != "-") {
+        eprintln!("results written to {path}");
+    }
+    if results.iter().any(|(_, r)| r.summary.interrupted) {
+        crate::interrupt::exit_interrupted("the results cover the ranks replayed before it (the last marked \"interrupted\")");
     }
     Ok(())
 }

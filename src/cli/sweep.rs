@@ -29,11 +29,12 @@ pub enum SweepCommand {
     Merge(MergeArgs),
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 pub struct PlanArgs {
     #[command(flatten)]
     pub torch: super::args::TorchVersionArg,
-    /// Traces (.csv, .csv.gz), RMM logs, PyTorch snapshots (.pickle or .json) or workloads (.toml).
+    /// Traces (.csv, .csv.gz), RMM logs, PyTorch snapshots (.pickle or .json), workloads (.toml),
+    /// or sharded jobs' folders (`capture --nproc-per-node -o DIR`: each rank's trace an input).
     #[arg(required = true)]
     pub inputs: Vec<PathBuf>,
     /// PYTORCH_CUDA_ALLOC_CONF strings for pytorch: `advise` (advise's search space) or a file with
@@ -124,6 +125,23 @@ fn read_confs(arg: Option<&str>) -> anyhow::Result<Vec<String>> {
 fn plan(a: &PlanArgs) -> anyhow::Result<()> {
     let inputs: Vec<Option<&Path>> = a.inputs.iter().map(|p| Some(p.as_path())).chain([a.confs.as_deref().map(Path::new)]).collect();
     output::check_outputs(&[Some(&a.output)], &inputs)?;
+    // A sharded job's folder is its ranks' traces, each an input (one per role under --ranks distinct).
+    let mut expanded = Vec::new();
+    for input in &a.inputs {
+        if !input.is_dir() {
+            expanded.push(input.clone());
+            continue;
+        }
+        let traces = crate::trace::ranks::read_folder(input)?;
+        eprintln!(
+            "{}: {} planned as inputs ({})",
+            input.display(),
+            crate::units::count(traces.len() as u64, "rank trace"),
+            traces.iter().map(|t| t.label()).collect::<Vec<_>>().join("; ")
+        );
+        expanded.extend(traces.into_iter().map(|t| t.path));
+    }
+    let a = &PlanArgs { inputs: expanded, ..a.clone() };
     let confs = read_confs(a.confs.as_deref())?;
     let capacities = if a.capacities.is_empty() { vec![crate::gpu::device::H100_CAPACITY_BYTES] } else { a.capacities.clone() };
     let rows = crate::sweep::make_plan(&PlanRequest {

@@ -6,7 +6,7 @@
 //! `totalGlobalMem`): less than `nvidia-smi`'s total, which counts memory the driver keeps, and
 //! a little different from driver to driver. Each figure names where it was read (docs/cards.md).
 
-pub use crate::results::{Outside, CUDA_CONTEXT_BYTES};
+pub use crate::results::{NcclBudget, Outside, CUDA_CONTEXT_BYTES};
 use crate::units::MIB;
 
 /// A card in the table.

@@ -139,3 +139,112 @@ impl Outside {
         parts.join(", ")
     }
 }
+
+/// NCCL's buffers on a rank's card, outside the caching allocator: for each communicator the
+/// rank is in, channels × the buffers of one connection × peers, where its collectives (rings)
+/// connect it to its two neighbours (one in a group of two) and all-to-all or send/recv to the
+/// peers they name besides. A connection holds each protocol's buffer: `NCCL_BUFFSIZE` (SIMPLE,
+/// 4 MiB), `NCCL_LL128_BUFFSIZE` (4.69 MiB) and `NCCL_LL_BUFFSIZE` (512 KiB), NCCL's defaults
+/// (src/include/comm.h: DEFAULT_BUFFSIZE, DEFAULT_LL128_BUFFSIZE, DEFAULT_LL_BUFFSIZE), 9.19 MiB
+/// in all; 32 channels (NCCL's MAXCHANNELS, what it opens between NVLink-connected H100s). The
+/// environment's `NCCL_*` settings at capture time replace them. An estimate (docs/capture.md,
+/// "Sharded jobs"): a ring of 8 comes to 588 MiB a rank and all-to-all among 8 to 2.58 GiB,
+/// where NVIDIA/nccl #1685 measured 1.06 to 4.34 GB per GPU on 8 × H100 and #864 1.6 GB for one
+/// communicator (the tree's connections and NVLS buffers are not counted).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NcclBudget {
+    /// (ranks, peers reached by all-to-all or send/recv) per communicator.
+    pub communicators: Vec<(u32, u32)>,
+    /// One connection's buffers, every protocol's.
+    pub connection_bytes: u64,
+    pub channels: u64,
+}
+
+/// NCCL's defaults, per connection and channel: DEFAULT_BUFFSIZE (SIMPLE), DEFAULT_LL128_BUFFSIZE
+/// (120 elements × 640 threads × 8 steps × 8 bytes), DEFAULT_LL_BUFFSIZE (8 lines × 512 threads
+/// × 8 steps × 16 bytes).
+pub const NCCL_DEFAULT_BUFFSIZE: u64 = 4 * crate::units::MIB;
+pub const NCCL_DEFAULT_LL128_BUFFSIZE: u64 = 120 * 640 * 8 * 8;
+pub const NCCL_DEFAULT_LL_BUFFSIZE: u64 = 8 * 512 * 8 * 16;
+/// NCCL's MAXCHANNELS (src/include/device.h).
+pub const NCCL_DEFAULT_CHANNELS: u64 = 32;
+
+impl NcclBudget {
+    /// From a capture's closing lines (`# nccl communicator: ranks=8 p2p_peers=0`, `# nccl
+    /// settings: NCCL_BUFFSIZE=...`); `None` when it names no communicator (one process).
+    pub fn from_capture(tail: &str) -> Option<NcclBudget> {
+        let mut communicators = Vec::new();
+        let (mut simple, mut ll128, mut ll, mut channels) =
+            (NCCL_DEFAULT_BUFFSIZE, NCCL_DEFAULT_LL128_BUFFSIZE, NCCL_DEFAULT_LL_BUFFSIZE, NCCL_DEFAULT_CHANNELS);
+        for line in tail.lines() {
+            if let Some(rest) = line.strip_prefix("# nccl communicator: ") {
+                let field = |k: &str| rest.split(' ').find_map(|f| f.strip_prefix(k))?.parse::<u32>().ok();
+                communicators.push((field("ranks=")?, field("p2p_peers=").unwrap_or(0)));
+            } else if let Some(rest) = line.strip_prefix("# nccl settings: ") {
+                for (k, v) in rest.split(' ').filter_map(|kv| kv.split_once('=')) {
+                    let Ok(n) = v.parse::<u64>() else { continue };
+                    match k {
+                        "NCCL_BUFFSIZE" if n > 0 => simple = n,
+                        "NCCL_LL128_BUFFSIZE" if n > 0 => ll128 = n,
+                        "NCCL_LL_BUFFSIZE" if n > 0 => ll = n,
+                        "NCCL_MAX_NCHANNELS" if n > 0 => channels = n.min(NCCL_DEFAULT_CHANNELS * 2),
+                        _ => {}
+                    }
+                }
+            }
+        }
+        (!communicators.is_empty()).then_some(NcclBudget { communicators, connection_bytes: simple + ll128 + ll, channels })
+    }
+
+    /// The peers a rank keeps buffers for in a communicator of `ranks`: its ring's neighbours and
+    /// those it reached point to point.
+    fn peers(ranks: u32, p2p_peers: u32) -> u64 {
+        u64::from(ranks.saturating_sub(1).min(2)) + u64::from(p2p_peers.min(ranks.saturating_sub(1)))
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.communicators.iter().map(|&(ranks, p2p)| self.channels * self.connection_bytes * Self::peers(ranks, p2p)).sum()
+    }
+
+    /// "2 communicators (8 ranks, 2 ranks + 1 peer point to point) × 32 channels × 9.19 MiB ...".
+    pub fn describe(&self) -> String {
+        let each: Vec<String> = self
+            .communicators
+            .iter()
+            .map(|&(r, p2p)| format!("{r} ranks{}", if p2p > 0 { format!(" + {} point to point", crate::units::count(p2p, "peer")) } else { String::new() }))
+            .collect();
+        format!(
+            "{} ({}) × {} channels × {} a connection × peers",
+            crate::units::count(self.communicators.len() as u64, "communicator"),
+            each.join(", "),
+            self.channels,
+            crate::units::format_bytes(self.connection_bytes)
+        )
+    }
+}
+
+#[cfg(test)]
+mod nccl_tests {
+    use super::*;
+    use crate::units::MIB;
+
+    #[test]
+    fn nccls_budget_is_channels_times_a_connections_buffers_times_peers() {
+        let connection = 4 * MIB + 4_915_200 + 524_288;
+        let tail = "free,3,,\n# nccl communicator: ranks=8 p2p_peers=0\n# nccl communicator: ranks=2 p2p_peers=0\n# capture complete: 3 steps\n";
+        let b = NcclBudget::from_capture(tail).unwrap();
+        // A ring of 8: two neighbours; a group of 2: one.
+        assert_eq!(b.bytes(), 32 * connection * 3);
+        assert_eq!(NcclBudget::from_capture("# nccl communicator: ranks=8 p2p_peers=0\n").unwrap().bytes() / MIB, 588);
+        let a2a = NcclBudget::from_capture("# nccl communicator: ranks=8 p2p_peers=7\n").unwrap();
+        assert_eq!(a2a.bytes(), 9 * 32 * connection, "the ring's two and seven peers");
+        assert!(a2a.describe().contains("8 ranks + 7 peers point to point"), "{}", a2a.describe());
+        let set = NcclBudget::from_capture(
+            "# nccl communicator: ranks=8 p2p_peers=0\n# nccl settings: NCCL_BUFFSIZE=1048576 NCCL_LL128_BUFFSIZE=1048576 NCCL_LL_BUFFSIZE=1048576 NCCL_MAX_NCHANNELS=8\n",
+        )
+        .unwrap();
+        assert_eq!(set.bytes(), 8 * 3 * MIB * 2);
+        assert!(set.describe().starts_with("1 communicator (8 ranks) × 8 channels × 3.00 MiB a connection"), "{}", set.describe());
+        assert_eq!(NcclBudget::from_capture("# capture complete: 3 steps\n"), None);
+    }
+}

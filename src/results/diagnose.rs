@@ -95,6 +95,28 @@ pub struct DiagnoseResult {
     #[serde(default)]
     pub conflicts: Vec<String>,
     pub summary: Vec<String>,
+    /// A sharded job's folder (`diagnose DIR`): every rank's verdict; this diagnosis is the rank
+    /// that decides the job's (`decided_by_rank`: the first to OOM, else the least headroom).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ranks: Vec<RankVerdict>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decided_by_rank: Option<u32>,
+}
+
+/// One trace of a sharded job's folder: a rank, or ranks of one role (`capture --ranks distinct`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RankVerdict {
+    /// The ranks the trace stands for, the captured one first.
+    pub ranks: Vec<u32>,
+    pub trace: String,
+    pub peak_reserved: u64,
+    /// Reserved at the peak plus what is outside the allocator (its NCCL buffers included).
+    pub device_total: u64,
+    pub nccl: u64,
+    /// The step of its first OOM, if it has one.
+    pub oom_step: Option<u64>,
+    pub headroom: Option<u64>,
+    pub min_capacity: Option<u64>,
 }
 
 /// One configuration evaluated by `allocbench advise` (the `configs` of its `--json`).

@@ -47,7 +47,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::InputError;
 
-pub use common::{MachineInfo, Outside, WorkDone, WorkloadInfo, CUDA_CONTEXT_BYTES};
+pub use common::{MachineInfo, NcclBudget, Outside, WorkDone, WorkloadInfo, CUDA_CONTEXT_BYTES};
 pub use cpu::{CpuAdviseResult, CpuCandidate, CpuExecResult, CpuMode, CpuRunResult, Latency, LiveMalloc, RetainedAt, RssSample};
 pub use devprobe::{DevprobeResult, SizeLatency};
 pub use diagnose::{AdviseResult, Candidate, DiagnoseResult, Objective, PinningClass, SegmentWaste};

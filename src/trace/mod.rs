@@ -2,6 +2,7 @@
 
 pub mod csv;
 pub mod pickle;
+pub mod ranks;
 pub mod snapshot;
 
 pub use csv::{read_trace, TraceReader, TraceWriter};

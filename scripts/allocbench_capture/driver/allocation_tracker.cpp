@@ -35,6 +35,13 @@ struct Tracker {
   std::unordered_map<void*, uint64_t> streams;  // handle -> trace stream id
   uint64_t allocs = 0, frees = 0, rows = 0, live_bytes = 0, peak_live_bytes = 0, ooms = 0;
   bool attached = false;
+  // FNV-1a over the alloc and free rows (sizes, streams, ids, device relative to the primary):
+  // two ranks with equal fingerprints made the same allocations (`capture --ranks distinct`).
+  uint64_t fingerprint = 14695981039346656037ull;
+
+  void mix(uint64_t v) {
+    for (int i = 0; i < 8; i++) fingerprint = (fingerprint ^ ((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+  }
 
   // The default stream is 0 (its handle is null); the others are numbered as they appear.
   uint64_t stream_id(void* s) {
@@ -74,6 +81,7 @@ struct Tracker {
         live[te.addr_] = {id, te.size_, te.device_};
         std::fprintf(f, "alloc,%llu,%llu,%llu\n", (unsigned long long)id, (unsigned long long)te.size_, (unsigned long long)stream_id(te.stream_));
         allocs++, rows++;
+        mix('a'), mix(te.size_), mix(stream_id(te.stream_)), mix(uint64_t(te.device_ - primary));
         live_bytes += te.size_;
         if (live_bytes > peak_live_bytes) peak_live_bytes = live_bytes;
         break;
@@ -84,6 +92,7 @@ struct Tracker {
         FILE* f = out(it->second.device);
         if (f != nullptr) std::fprintf(f, "free,%llu,,\n", (unsigned long long)it->second.id);
         live_bytes -= it->second.bytes;
+        mix('f'), mix(it->second.id);
         live.erase(it);
         frees++, rows++;
         break;
@@ -157,14 +166,15 @@ uint64_t allocbench_tracker_stream_id(void* stream) {
   return t.stream_id(stream);
 }
 
-// Counters for the capture's summary: allocs, frees, rows, live bytes, their peak, OOMs, and a
-// mask of the devices with a trace.
+// Counters for the capture's summary: allocs, frees, rows, live bytes, their peak, OOMs, a mask
+// of the devices with a trace, and the rows' fingerprint.
 void allocbench_tracker_counts(uint64_t* counts) {
   Tracker& t = tracker();
   std::lock_guard<std::mutex> g(t.mu);
   counts[0] = t.allocs, counts[1] = t.frees, counts[2] = t.rows, counts[3] = t.live_bytes, counts[4] = t.peak_live_bytes, counts[5] = t.ooms;
   counts[6] = 0;
   for (auto& [d, f] : t.outs) counts[6] |= 1ull << d;
+  counts[7] = t.fingerprint;
 }
 
 // Stops recording and closes the files (the Python side writes its closing lines after).

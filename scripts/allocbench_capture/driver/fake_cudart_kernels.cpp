@@ -1,12 +1,15 @@
 // The rest of allocbench's fake CUDA runtime, for `capture --backend driver`: what PyTorch's CUDA
 // path calls beyond the caching allocator (src/gpu/oracle/fake_cudart.cpp has the allocator's
 // part; both are linked into one libcudart). Kernels are registered and launched without running;
-// copies to the device do nothing; copies from it give zeros (the value every read then sees);
+// copies from the device give zeros (the value every read then sees) but for bytes copied there
+// since the last kernel (fake_cudart.cpp);
 // host memory (pinned, registered) is real host memory; callbacks run at once.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include "fake_handles.h"
+
+extern "C" void allocbench_fake_kernel_ran();  // (fake_cudart.cpp: nothing copied before it is kept)
 
 #include <cstdint>
 #include <cstdlib>
@@ -52,14 +55,14 @@ cudaError_t __cudaPopCallConfiguration(dim3* grid, dim3* block, size_t* shared, 
   if (stream) *static_cast<cudaStream_t*>(stream) = nullptr;
   return cudaSuccess;
 }
-cudaError_t __cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t __cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
 cudaError_t __cudaGetKernel(cudaKernel_t* k, const void*) {
   *k = next_handle<cudaKernel_t>();
   return cudaSuccess;
 }
-cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) { return cudaSuccess; }
-cudaError_t cudaLaunchCooperativeKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaLaunchKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
+cudaError_t cudaLaunchKernelExC(const cudaLaunchConfig_t*, const void*, void**) { return allocbench_fake_kernel_ran(), cudaSuccess; }
+cudaError_t cudaLaunchCooperativeKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
 cudaError_t cudaGetKernel(cudaKernel_t* k, const void*) {
   *k = next_handle<cudaKernel_t>();
   return cudaSuccess;
@@ -117,15 +120,16 @@ cudaError_t cudaEventRecordWithFlags(cudaEvent_t e, cudaStream_t s, unsigned int
 cudaError_t cudaIpcGetEventHandle(cudaIpcEventHandle_t*, cudaEvent_t) { return allocbench_fake_unsupported(__func__); }
 cudaError_t cudaIpcOpenEventHandle(cudaEvent_t*, cudaIpcEventHandle_t) { return allocbench_fake_unsupported(__func__); }
 
-// Copies and fills: nothing on the device; a copy to the host writes zeros.
+// Copies and fills: nothing on the device; a copy to the host writes zeros (2-D copies) or what
+// fake_cudart.cpp kept of a copy to the device since the last kernel.
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void*, size_t, size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
   if (kind == cudaMemcpyDeviceToHost)
     for (size_t r = 0; r < height; r++) std::memset(static_cast<char*>(dst) + r * dpitch, 0, width);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyToSymbol(const void*, const void*, size_t, size_t, cudaMemcpyKind) { return cudaSuccess; }
-cudaError_t cudaMemset(void*, int, size_t) { return cudaSuccess; }
-cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaMemset(void*, int, size_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
+cudaError_t cudaMemsetAsync(void*, int, size_t, cudaStream_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
 cudaError_t cudaGetSymbolAddress(void** p, const void*) {
   *p = next_handle<void*>();
   return cudaSuccess;
@@ -168,7 +172,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t, unsigned long 
   return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long f) { return cudaGraphInstantiate(e, g, f); }
-cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
 cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
 cudaError_t cudaGraphGetNodes(cudaGraph_t, cudaGraphNode_t*, size_t* n) {

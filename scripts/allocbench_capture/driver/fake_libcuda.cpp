@@ -13,6 +13,13 @@
 #include <cstdint>
 #include <string>
 #include <cstring>
+
+// The runtime's account of what device memory holds (fake_cudart.cpp).
+extern "C" {
+void allocbench_fake_kernel_ran();
+void allocbench_fake_copied_to_device(uintptr_t dst, const void* src, size_t n);
+void allocbench_fake_read_from_device(void* dst, uintptr_t src, size_t n);
+}
 #include <mutex>
 
 namespace {
@@ -155,9 +162,9 @@ CUresult cuModuleGetGlobal(CUdeviceptr* p, size_t* bytes, CUmodule, const char*)
   if (bytes) *bytes = 8;
   return CUDA_SUCCESS;
 }
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**) { return CUDA_SUCCESS; }
-CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) { return CUDA_SUCCESS; }
-CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**) { return CUDA_SUCCESS; }
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**, void**) { return allocbench_fake_kernel_ran(), CUDA_SUCCESS; }
+CUresult cuLaunchKernelEx(const CUlaunchConfig*, CUfunction, void**, void**) { return allocbench_fake_kernel_ran(), CUDA_SUCCESS; }
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void**) { return allocbench_fake_kernel_ran(), CUDA_SUCCESS; }
 CUresult cuFuncGetAttribute(int* v, CUfunction_attribute attr, CUfunction) {
   switch (attr) {
     case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
@@ -207,11 +214,11 @@ CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr, CUdeviceptr
   return CUDA_SUCCESS;
 }
 CUresult cuMemGetInfo(size_t* free, size_t* total) { return cudaMemGetInfo(free, total) == cudaSuccess ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN; }
-CUresult cuMemsetD32Async(CUdeviceptr, unsigned int, size_t, CUstream) { return CUDA_SUCCESS; }
-CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream) { return CUDA_SUCCESS; }
-CUresult cuMemcpyHtoDAsync(CUdeviceptr, const void*, size_t, CUstream) { return CUDA_SUCCESS; }
-CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr, size_t n, CUstream) {
-  std::memset(dst, 0, n);
+CUresult cuMemsetD32Async(CUdeviceptr, unsigned int, size_t, CUstream) { return allocbench_fake_kernel_ran(), CUDA_SUCCESS; }
+CUresult cuMemsetD8Async(CUdeviceptr, unsigned char, size_t, CUstream) { return allocbench_fake_kernel_ran(), CUDA_SUCCESS; }
+CUresult cuMemcpyHtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) { return allocbench_fake_copied_to_device(dst, src, n), CUDA_SUCCESS; }
+CUresult cuMemcpyDtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) {
+  allocbench_fake_read_from_device(dst, src, n);
   return CUDA_SUCCESS;
 }
 CUresult cuStreamWriteValue32(CUstream, CUdeviceptr, cuuint32_t, unsigned int) { return CUDA_SUCCESS; }

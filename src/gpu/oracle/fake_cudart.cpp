@@ -149,9 +149,78 @@ uint64_t rounded(uint64_t bytes) {
 
 thread_local int current_device = 0;
 
+// Bytes copied to the device since the last kernel: [address, address + size) -> the bytes.
+// Small copies only (control data, not weights); a kernel, a fill or too much forgets them all.
+struct DeviceValues {
+  std::mutex mu;
+  std::map<uintptr_t, std::string> copies;
+  size_t bytes = 0;
+  static constexpr size_t kMaxCopy = 1 << 20, kMaxBytes = 64 << 20;
+
+  void erase_overlapping(uintptr_t at, size_t n) {
+    auto it = copies.upper_bound(at);
+    if (it != copies.begin()) --it;
+    while (it != copies.end() && it->first < at + n) {
+      if (it->first + it->second.size() > at) {
+        bytes -= it->second.size();
+        it = copies.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  void put(uintptr_t at, const void* from, size_t n) {
+    erase_overlapping(at, n);
+    if (n == 0 || n > kMaxCopy || from == nullptr) return;
+    if (bytes + n > kMaxBytes) copies.clear(), bytes = 0;
+    copies.emplace(at, std::string(static_cast<const char*>(from), n));
+    bytes += n;
+  }
+  // The bytes at [at, at + n) if one copy holds them all.
+  const char* get(uintptr_t at, size_t n) {
+    auto it = copies.upper_bound(at);
+    if (it == copies.begin()) return nullptr;
+    --it;
+    if (at + n > it->first + it->second.size()) return nullptr;
+    return it->second.data() + (at - it->first);
+  }
+};
+DeviceValues& device_values() {
+  static DeviceValues* v = new DeviceValues();
+  return *v;
+}
 }  // namespace
 
 extern "C" {
+
+void allocbench_fake_copied_to_device(uintptr_t dst, const void* src, size_t n) {
+  DeviceValues& v = device_values();
+  std::lock_guard<std::mutex> g(v.mu);
+  v.put(dst, src, n);
+}
+void allocbench_fake_read_from_device(void* dst, uintptr_t src, size_t n) {
+  DeviceValues& v = device_values();
+  std::lock_guard<std::mutex> g(v.mu);
+  const char* held = v.get(src, n);
+  if (held != nullptr) std::memcpy(dst, held, n);
+  else std::memset(dst, 0, n);
+}
+void allocbench_fake_copied_on_device(uintptr_t dst, uintptr_t src, size_t n) {
+  DeviceValues& v = device_values();
+  std::lock_guard<std::mutex> g(v.mu);
+  const char* held = v.get(src, n);
+  if (held == nullptr) return v.erase_overlapping(dst, n);
+  std::string bytes(held, n);
+  v.put(dst, bytes.data(), n);
+}
+// A kernel or a fill ran: what it wrote is unknown, so nothing copied before it is kept.
+void allocbench_fake_kernel_ran() {
+  DeviceValues& v = device_values();
+  if (v.bytes == 0) return;  // (racy read: a launch with nothing held costs no lock)
+  std::lock_guard<std::mutex> g(v.mu);
+  v.copies.clear(), v.bytes = 0;
+}
+
 
 // Marks `call` as one this fake cannot answer: the error's text names it and the way out.
 cudaError_t allocbench_fake_unsupported(const char* call) {
@@ -547,9 +616,21 @@ cudaError_t cudaGetDriverEntryPoint(const char* name, void** fn, unsigned long l
 cudaError_t cudaIpcCloseMemHandle(void*) { return allocbench_fake_unsupported(__func__); }
 cudaError_t cudaIpcGetMemHandle(cudaIpcMemHandle_t*, void*) { return allocbench_fake_unsupported(__func__); }
 cudaError_t cudaIpcOpenMemHandle(void**, cudaIpcMemHandle_t, unsigned int) { return allocbench_fake_unsupported(__func__); }
-// Device memory holds nothing: a copy to the host reads zeros (`capture --backend driver`).
-cudaError_t cudaMemcpy(void* dst, const void*, size_t n, cudaMemcpyKind kind) {
-  if (kind == cudaMemcpyDeviceToHost && dst != nullptr) std::memset(dst, 0, n);
+// Device memory holds nothing the kernels wrote (they are skipped): a copy to the host reads
+// zeros (`capture --backend driver`), except bytes copied to the device and read back before
+// any kernel ran, which read back as written. DDP's reducer sends its bucket layout that way
+// (Reducer::sync_bucket_indices: a host tensor to the device, a broadcast, back to the host).
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+  switch (kind) {
+    case cudaMemcpyHostToDevice: allocbench_fake_copied_to_device(reinterpret_cast<uintptr_t>(dst), src, n); break;
+    case cudaMemcpyDeviceToHost:
+      if (dst != nullptr) allocbench_fake_read_from_device(dst, reinterpret_cast<uintptr_t>(src), n);
+      break;
+    case cudaMemcpyDeviceToDevice:
+      allocbench_fake_copied_on_device(reinterpret_cast<uintptr_t>(dst), reinterpret_cast<uintptr_t>(src), n);
+      break;
+    default: break;
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind kind, cudaStream_t) { return cudaMemcpy(dst, src, n, kind); }
