@@ -5,6 +5,9 @@
 # Rows per second count the trace's rows over the script's time after start-up (the summary's
 # "time:"), so the interpreter's and torch's import are left out; a second line per backend
 # gives the wall time of the whole command.
+# Then the script's CPU-side work: scripts/models/data_loading.py (a DataLoader with per-sample
+# transforms) counts its own seconds producing batches, untraced (--device cpu, no capture) and
+# captured on each backend; the issue asks for the driver's within 1.5x of untraced.
 #   scripts/capture_speed.sh [STEPS]      (a Python with torch: $ALLOCBENCH_PYTHON or python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,4 +25,14 @@ for backend in fake-tensors driver; do
   rows=$(grep -cv '^#' "$tmp/$backend.csv")
   script_s=$(sed -n 's/^time: \([0-9.]*\) s.*/\1/p' "$tmp/$backend.err")
   awk -v b="$backend" -v r="$rows" -v s="$script_s" -v w="$(echo "$end - $start" | bc)" 'BEGIN { printf "%-13s %8d %10.1f %10.0f %10.1f\n", b, r, s, r / s, w }'
+done
+python=${ALLOCBENCH_PYTHON:-python3}
+untraced=$("$python" scripts/models/data_loading.py --device cpu | sed -n 's/^loading: \([0-9.]*\) s/\1/p')
+printf '\n%-18s %10s %10s\n' "data loading" "loading s" "x untraced"
+printf '%-18s %10.2f %10.2f\n' untraced "$untraced" 1
+# (--no-sites: the allocator keeps no stack per live block, which Python's collector walks.)
+for run in fake-tensors driver "driver --no-sites"; do
+  read -r backend flag <<< "$run"
+  traced=$("$bin" capture --quiet --backend "$backend" $flag -o "$tmp/loading.csv" -- scripts/models/data_loading.py 2>/dev/null | sed -n 's/^loading: \([0-9.]*\) s/\1/p')
+  awk -v b="$run" -v t="$traced" -v u="$untraced" 'BEGIN { printf "%-18s %10.2f %10.2f\n", b, t, t / u }'
 done

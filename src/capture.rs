@@ -60,6 +60,7 @@ pub const CAPTURE_PACKAGE: &[(&str, &str)] = &[
     ("ops/sdpa.py", include_str!("../scripts/allocbench_capture/ops/sdpa.py")),
     ("patches.py", include_str!("../scripts/allocbench_capture/patches.py")),
     ("progress.py", include_str!("../scripts/allocbench_capture/progress.py")),
+    ("ranks.py", include_str!("../scripts/allocbench_capture/ranks.py")),
     ("recorder.py", include_str!("../scripts/allocbench_capture/recorder.py")),
     ("shim.py", include_str!("../scripts/allocbench_capture/shim.py")),
     ("sites.py", include_str!("../scripts/allocbench_capture/sites.py")),
@@ -157,6 +158,10 @@ pub struct CaptureOutcome {
     /// The earlier rank whose role this one had, where `--ranks distinct` stopped it at step 1.
     #[serde(default)]
     pub same_role_as: Option<u32>,
+    /// Inductor's GPU benchmarks during the capture (autotuning; driver backend): every choice
+    /// timed alike, as no kernel runs on the fake card.
+    #[serde(default)]
+    pub gpu_benchmarks: u64,
 }
 
 /// One site where the capture made a value up (`# value made up:` in the trace).
@@ -263,7 +268,9 @@ pub fn capture_ranks(
         let trace = format!("rank-{rank}.csv");
         let mut one = opts.clone();
         one.output = dir.join(&trace);
-        one.gpus = one.gpus.max(job.nproc_per_node);
+        if one.backend == "driver" {
+            one.gpus = one.gpus.max(job.nproc_per_node); // (the node's GPUs, each rank on its LOCAL_RANK's)
+        }
         one.env.extend(job.env(rank));
         if distinct {
             let known: Vec<String> = manifest.ranks.iter().filter_map(|e| Some(format!("{}={}", e.role.as_ref()?, e.rank))).collect();
@@ -496,6 +503,12 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
         return lines.remove(0); // (a stop is said in one line)
     }
     lines.extend(made_up_line(o));
+    if o.gpu_benchmarks > 0 {
+        lines.push(format!(
+            "autotuning: {} of Inductor's timed every choice alike (no kernel runs on the fake card): where it chose by time, it kept its first (default) choice",
+            crate::units::count(o.gpu_benchmarks, "GPU benchmark")
+        ));
+    }
     if o.capture_seconds > 0.0 && opts.backend == "driver" {
         // (No Python dispatch to split off: PyTorch's own ops run in C++, the kernels skipped.)
         lines.push(format!("time: {:.1} s on PyTorch's own CUDA path (the script's work, its ops with kernels skipped, the recording)", o.capture_seconds));

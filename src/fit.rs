@@ -379,7 +379,7 @@ impl Search<'_> {
 pub fn describe(r: &FitResult) -> String {
     use crate::units::format_bytes;
     let card = crate::gpu::card::in_sentence(r.capacity);
-    let ranks = r.world_size.map(|n| format!(" of its {n} ranks (each row the worst rank's, NCCL's buffers counted per rank)")).unwrap_or_default();
+    let ranks = r.world_size.map(|n| format!(" of its {n} ranks (each row the worst rank's; its NCCL buffers outside the allocator too)")).unwrap_or_default();
     let mut s = format!("{}={}..{} on {card}{}, each value a capture{ranks} of {}:\n", r.param, r.lo, r.hi, r.outside.of_the_card(), r.script);
     s += &format!(
         "{:>8} {:>10} {:>12} {:>12} {:>8}  {:>12} {:>8}  advised conf\n",

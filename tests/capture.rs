@@ -2262,6 +2262,18 @@ fn the_driver_backend_records_pytorchs_own_allocator_and_agrees_with_fake_tensor
         let header = std::fs::read_to_string(&driver).unwrap();
         assert!(header.starts_with("# allocbench capture v1") && header.contains("# backend: driver"), "the trace says which backend wrote it");
         assert!(std::fs::read_to_string(&fake).unwrap().contains("# backend: fake-tensors"));
+        // Allocation sites: every allocation of PyTorch's has one (backward's at the backward()
+        // call, as on fake tensors), and they are the fake-tensor capture's lines of the script.
+        let file_lines = |path: &Path| -> Vec<String> {
+            let sites = read_trace(path).unwrap().read_sites().unwrap();
+            sites.of_id.values().map(|&i| sites.names[i as usize].split(' ').next().unwrap().to_string()).collect()
+        };
+        let (driver_sites, fake_sites) = (file_lines(&driver), file_lines(&fake));
+        let allocs = events(&driver).iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
+        assert_eq!(driver_sites.len(), allocs, "{model}: every allocation has a site");
+        let known: std::collections::HashSet<&String> = fake_sites.iter().collect();
+        let agreeing = driver_sites.iter().filter(|s| known.contains(s)).count();
+        assert!(agreeing * 100 >= driver_sites.len() * 95, "{model}: {agreeing} of {} driver sites are the fake-tensor capture's", driver_sites.len());
         let (driver, fake) = (events(&driver), events(&fake));
         assert_eq!(steps(&driver), vec![1, 2, 3], "{model}: a step after every optimizer.step()");
         let (d, f) = (signed_sizes(&driver), signed_sizes(&fake));
@@ -2592,4 +2604,126 @@ fn bytes_copied_to_the_fake_device_read_back_until_a_kernel_runs() {
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("back [7, 8, 9]") && stdout.contains("after [0, 0, 0]"), "{stdout}");
+}
+
+/// The fake process group against real collectives, on the CPU: tests/fixtures/capture/sharded.py
+/// with gloo, two processes started as torchrun would (real all-reduces, all-gathers,
+/// reduce-scatters), each recording its real CPU tensors, against `capture --real --device cpu
+/// --nproc-per-node 2` (the same ranks on the fake group). Rank by rank the allocations are the
+/// same sizes in the same order, save gloo's own: its reduce-scatter copies its input first
+/// (FSDP2's 8 MiB unsharded gradient of each block, freed at once), which NCCL's does not.
+#[test]
+fn the_fake_process_group_allocates_as_real_collectives_do_on_the_cpu() {
+    if !have_torch() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let allocs = |evs: &[Event]| -> Vec<u64> { evs.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes) } else { None }).collect() };
+    // The allocation sizes other than `bytes`, and how many of `bytes` there were.
+    let without = |evs: &[Event], bytes: u64| -> (Vec<u64>, usize) {
+        let all = allocs(evs);
+        let n = all.iter().filter(|&&b| b == bytes).count();
+        (all.into_iter().filter(|&b| b != bytes).collect(), n)
+    };
+    for kind in ["ddp", "fsdp2", "tp"] {
+        let real = dir.path().join(format!("real-{kind}"));
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                std::process::Command::new(assert_cmd::cargo::cargo_bin("allocbench"))
+                    .args([
+                        "capture",
+                        "--quiet",
+                        "--real",
+                        "--device",
+                        "cpu",
+                        "-o",
+                        real.join(format!("rank-{rank}.csv")).to_str().unwrap(),
+                        "--",
+                        &fixture("sharded.py"),
+                        kind,
+                        "cpu",
+                    ])
+                    .envs([
+                        ("RANK", rank.to_string()),
+                        ("LOCAL_RANK", rank.to_string()),
+                        ("WORLD_SIZE", "2".into()),
+                        ("MASTER_ADDR", "127.0.0.1".into()),
+                        ("MASTER_PORT", port.clone()),
+                    ])
+                    .stdout(std::process::Stdio::null())
+                    // (A file, not a pipe: a rank blocked on a full pipe would hang its peer's collective.)
+                    .stderr(std::fs::File::create(dir.path().join(format!("real-{kind}-{rank}.log"))).unwrap())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for (rank, mut child) in ranks.into_iter().enumerate() {
+            let status = child.wait().unwrap();
+            let log = std::fs::read_to_string(dir.path().join(format!("real-{kind}-{rank}.log"))).unwrap_or_default();
+            assert!(status.success(), "{kind}, real gloo, rank {rank}: {log}");
+        }
+        let fake = dir.path().join(format!("fake-{kind}"));
+        let out = Command::cargo_bin("allocbench")
+            .unwrap()
+            .args(["capture", "--real", "--device", "cpu", "--nproc-per-node", "2", "-o", fake.to_str().unwrap(), "--", &fixture("sharded.py"), kind, "cpu"])
+            .timeout(std::time::Duration::from_secs(600))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{kind}, fake group: {}", stderr(&out));
+        for rank in ["rank-0.csv", "rank-1.csv"] {
+            let (real_evs, fake_evs) = (events(&real.join(rank)), events(&fake.join(rank)));
+            let (mut real_allocs, mut fake_allocs) = (allocs(&real_evs), allocs(&fake_evs));
+            // Gloo frees some tensors on its worker thread, whenever it gets there: those frees
+            // (and the peak, by their bytes) move a little from run to run.
+            let mut slack = 64 << 10;
+            if kind == "fsdp2" {
+                // Four blocks of 512x2048 + 2048 and 2048x512 + 512 fp32 parameters, three steps:
+                // gloo's copy of each reduce-scatter's input (FSDP2's own reduce-scatter input,
+                // the same size, is in both runs).
+                let unsharded_gradient = (2 * 512 * 2048 + 2048 + 512) * 4;
+                let (real_kept, real_n) = without(&real_evs, unsharded_gradient);
+                let (fake_kept, fake_n) = without(&fake_evs, unsharded_gradient);
+                assert_eq!(real_n - fake_n, 12, "{kind} {rank}: one copy per block and step, in the real run only");
+                (real_allocs, fake_allocs) = (real_kept, fake_kept);
+                slack += unsharded_gradient as i64;
+            }
+            assert_eq!(real_allocs, fake_allocs, "{kind} {rank}: the same allocations in the same order");
+            assert_eq!(steps(&real_evs), steps(&fake_evs), "{kind} {rank}");
+            let (real_peak, fake_peak) = (peak_live(&signed_sizes(&real_evs)), peak_live(&signed_sizes(&fake_evs)));
+            assert!((real_peak - fake_peak).abs() <= slack, "{kind} {rank}: peaks {real_peak} B real, {fake_peak} B on the fake group");
+        }
+    }
+}
+
+#[test]
+fn inductors_autotuning_runs_on_the_driver_backend_and_is_said() {
+    if !have_torch() {
+        return;
+    }
+    // max-autotune times each choice of a matmul by CUDA events: on the fake card every interval
+    // takes the same 1 ms (no kernel runs; Inductor divides by the timings, so never 0), the
+    // first choice is kept, and the trace and the summary say how many benchmarks ran.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("tuned.py");
+    std::fs::write(
+        &script,
+        "import torch\nmm = torch.compile(lambda a, b: a @ b, mode='max-autotune-no-cudagraphs')\n\
+         a, b = torch.randn(256, 256, device='cuda'), torch.randn(256, 256, device='cuda')\nprint(mm(a, b).shape)\n",
+    )
+    .unwrap();
+    let (out, trace) = capture_with_env(
+        dir.path(),
+        "tuned.csv",
+        &["--backend", "driver"],
+        &[script.to_str().unwrap()],
+        &[("TRITON_CACHE_DIR", dir.path().join("triton").to_str().unwrap()), ("TORCHINDUCTOR_CACHE_DIR", dir.path().join("inductor").to_str().unwrap())],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("torch.Size([256, 256])"));
+    let said = stderr(&out);
+    let line = said.lines().find(|l| l.starts_with("autotuning: ")).unwrap_or_else(|| panic!("{said}"));
+    let benchmarks: u64 = line["autotuning: ".len()..].split(' ').next().unwrap().parse().unwrap();
+    assert!(benchmarks > 0 && line.contains("kept its first (default) choice"), "{line}");
+    assert!(std::fs::read_to_string(&trace).unwrap().contains(&format!("# autotuning: {benchmarks} GPU benchmarks")));
 }

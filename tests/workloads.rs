@@ -551,3 +551,36 @@ fn scenario_and_csv_allocs_share_their_size_rules() {
     assert!(too_big.contains("scenario.events[0]: alloc of 1152921504606846976 bytes is 1 EiB or more"), "{too_big}");
     assert!(csv("big", 1 << 60).unwrap_err().to_string().contains("is 1 EiB or more"));
 }
+
+/// The shipped sharded capture (`scripts/sharded_7b.sh`): Llama-2-7B with FSDP2 on 8 ranks at
+/// the first batch PyTorch's defaults cannot run on an H100 80 GB, and the fit that found it.
+/// `diagnose` of the folder agrees with the fit's row for that batch, and the generated page
+/// says the fit's answer.
+#[test]
+fn the_shipped_llama2_7b_fsdp2_ranks_reconcile_with_the_fit_and_its_page() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let folder = root.join("workloads/captured/llama2-7b-fsdp2-8xh100");
+    let fit: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(root.join("docs/data/llama2-7b-fsdp2/fit.json")).unwrap()).unwrap();
+    let largest = fit["largest_defaults"].as_u64().unwrap();
+    let row = fit["tried"].as_array().unwrap().iter().find(|t| t["value"].as_u64() == Some(largest + 1)).expect("the fit tried the batch after its answer");
+    let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(folder.join("ranks.json")).unwrap()).unwrap();
+    assert_eq!(manifest["world_size"], 8);
+    let traces = allocbench::trace::ranks::read_folder(&folder).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::MultiGzDecoder::new(std::fs::File::open(&traces[0].path).unwrap()), &mut text).unwrap();
+    assert!(text.contains(&format!("--batch {}", largest + 1)) && text.contains("--fsdp --model llama2-7b"), "the capture of the batch after the answer");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_allocbench"))
+        .args(["diagnose", folder.to_str().unwrap(), "--card", "H100-80GB", "--json", "-"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ranks: usize = d["ranks"].as_array().unwrap().iter().map(|r| r["ranks"].as_array().unwrap().len()).sum();
+    assert_eq!(ranks, 8, "every rank accounted for");
+    assert_eq!(d["oom"]["step"], row["oom_step"], "the fit's OOM: {row}");
+    assert_eq!(d["peak_reserved"], row["peak_reserved"], "the same replay as the fit's: {row}");
+    // NCCL: one communicator of 8 (FSDP2 over the world): 32 channels × 9.19 MiB × 2 neighbours.
+    assert_eq!(d["outside"]["nccl"].as_u64().unwrap(), 32 * ((4 << 20) + 4_915_200 + 524_288) * 2);
+    let page = std::fs::read_to_string(root.join("docs/llama2-7b-fsdp2.md")).unwrap();
+    assert!(page.contains(&format!("**With PyTorch's defaults: batch {largest} per GPU**")), "the page says the fit's answer");
+}

@@ -154,6 +154,7 @@ def capture(path, fake=None, device="cuda", steps=None, cublas_workspace_mib=Non
         raise
     finally:
         with recorder.lock:  # no recorded thread is inside an op while the capture closes
+            recorder.record_deaths()
             recorder.closed = True
         state.active = None
         stack.close()
@@ -229,6 +230,12 @@ def _no_gpu_fusion(torch, stack):
 def _start(torch, recorder, stack, patches, fake, device):
     # Run backward on this thread: the op order is then the device thread's, deterministically.
     torch.autograd.set_multithreading_enabled(False)
+    if not fake:
+        # A rank of `--nproc-per-node --real --device cpu`: the fake process group, to check
+        # against the same script's ranks with real collectives (gloo).
+        from .ranks import install_fake_process_group
+
+        install_fake_process_group(torch, patches.set)
     if recorder.blas is not None:
         _patch_blas_workspace_sizes(torch, recorder, patches, fake)
     original_empty_cache = torch.cuda.empty_cache

@@ -152,6 +152,7 @@ def main(argv=None):
             values_made_up=recorder.made_up_summary() if recorder is not None else [],
             device_traces=getattr(recorder, "device_traces", []),
             role=getattr(recorder, "role", None), same_role_as=getattr(recorder, "same_role_as", None),
+            gpu_benchmarks=getattr(recorder, "gpu_benchmarks", 0),
             stand_in=recorder.scalar_value if recorder is not None else None,
             dispatch_seconds=round(recorder.dispatch_seconds, 3) if recorder is not None else 0.0,
             capture_seconds=round(time.monotonic() - recorder.started, 3) if recorder is not None else 0.0,
@@ -167,7 +168,7 @@ def main(argv=None):
     if opts.backend == "driver":
         active = capture_on_driver(opts.output, json.loads(os.environ[_DRIVER_STACK]), steps=opts.steps,
                                    comments=[f"script: {' '.join([opts.script, *opts.args])}"], scalar_value=opts.scalar_value,
-                                   site_root=os.path.dirname(script), strict_values=opts.strict_values)
+                                   site_root=os.path.dirname(script), strict_values=opts.strict_values, sites=not opts.no_sites)
     else:
         active = capture(
             opts.output, fake=not opts.real, device=opts.device, steps=opts.steps,

@@ -14,12 +14,9 @@ import time
 
 from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
+from .ranks import KNOWN_ROLES, RANK_FLAG, communicators, install_fake_process_group, role_of
 from .trace import FORMAT_HEADER, HEADER_LINE
 
-# Set by `allocbench capture --nproc-per-node` for each rank it runs (with torchrun's variables).
-RANK_FLAG = "ALLOCBENCH_RANK"
-# `--ranks distinct`: the roles of the ranks captured before this one, FINGERPRINT=RANK,...
-KNOWN_ROLES = "ALLOCBENCH_KNOWN_ROLES"
 
 # Where a fake-tensor capture models what a GPU does, the driver backend sees PyTorch do it.
 BACKEND_LINE = "backend: driver (PyTorch's own CUDA path on allocbench's fake CUDA runtime; kernels skipped; its caching allocator's own events)"
@@ -71,7 +68,9 @@ class DriverRecorder:
         self.on_hard_exit = None
         self.outcome = ""
         self.device_traces = []  # the traces of devices other than 0, once closed
+        self.flush = None  # writes the rows waiting for their sites (with the GIL: a ctypes.PyDLL call)
         self.role = None  # a rank's fingerprint through step 1 (take_role)
+        self.gpu_benchmarks = 0  # Inductor's autotuning benchmarks (every choice timed alike)
         self.same_role_as = None  # the earlier rank of the same role (--ranks distinct)
 
     def made_up_value(self, read):
@@ -87,8 +86,11 @@ class DriverRecorder:
         return sorted(rows, key=lambda r: -r["count"])
 
     def line(self, text, device=-1):
-        """A row on ``device``'s trace, or on every device's (-1)."""
+        """A row on ``device``'s trace, or on every device's (-1); the rows before it go out with
+        their sites."""
         self.lib.allocbench_tracker_line(device, text.encode())
+        if self.flush is not None:
+            self.flush()
 
     # allocbench_capture.fake(): tensors are real ones of PyTorch's CUDA path, their values are not.
     fake = True
@@ -125,139 +127,6 @@ class DriverRecorder:
 
 def _stream_handle(stream):
     return ctypes.c_void_p(stream.cuda_stream if stream is not None else 0)
-
-
-def _uniform_ranks_options(torch):
-    """FakeProcessGroup's options with simulate_uniform_ranks, where the torch in use has it."""
-    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
-
-    options_of = getattr(FakeProcessGroup, "Options", None)
-    if options_of is None or not hasattr(options_of(), "simulate_uniform_ranks"):
-        return None
-    options = options_of()
-    options.simulate_uniform_ranks = True
-    return options
-
-
-def _fake_process_group(torch, undo):
-    """One rank of a multi-process job (`--nproc-per-node`): init_process_group, whatever backend
-    the script asks for (nccl), is PyTorch's fake process group (torch.testing._internal.
-    distributed.fake_pg: collectives return at once with outputs of the right shapes, no peers)
-    with the rank and world size torchrun's variables give."""
-    distributed = torch.distributed
-    if not os.environ.get(RANK_FLAG) or not distributed.is_available():
-        return
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    original = distributed.init_process_group
-
-    def init_process_group(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, store=None, *args, **kwargs):
-        kwargs.pop("device_id", None)  # (binds NCCL's communicator to a device: the fake has none)
-        # Every rank holds what this one holds (uniform SPMD): a collective's work then carries
-        # its outputs, which DDP's reducer reads from the all-reduce's future.
-        options = _uniform_ranks_options(torch)
-        return original("fake", store=FakeStore(), world_size=int(os.environ["WORLD_SIZE"]), rank=int(os.environ["RANK"]),
-                        **({"pg_options": options} if options is not None else {}),
-                        **({"timeout": timeout} if timeout is not None else {}))
-
-    distributed.init_process_group = init_process_group
-    undo.append(lambda: setattr(distributed, "init_process_group", original))
-    _note_point_to_point(distributed, undo)
-    destroy = distributed.destroy_process_group
-
-    def destroy_process_group(*args, **kwargs):
-        note_groups(torch)
-        return destroy(*args, **kwargs)
-
-    distributed.destroy_process_group = destroy_process_group
-    undo.append(lambda: setattr(distributed, "destroy_process_group", destroy))
-    # DDP checks that every rank has the same parameters by gathering their counts: a fake
-    # collective carries no values (every rank runs the same script here).
-    import torch.nn.parallel.distributed as ddp
-
-    verify = ddp._verify_param_shape_across_processes
-    ddp._verify_param_shape_across_processes = lambda *args, **kwargs: None
-    undo.append(lambda: setattr(ddp, "_verify_param_shape_across_processes", verify))
-
-
-# Calls that connect a rank to peers of its group beyond its ring's two neighbours: all-to-all
-# to every member, send/recv to the rank named. Their groups -> the peers' global ranks (or ALL).
-_POINT_TO_POINT = {"all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "batch_isend_irecv"}
-_ALL = "all"
-_peers_of_group = {}
-
-
-def _note_point_to_point(distributed, undo):
-    import inspect
-
-    def noting(owner, name):
-        original = getattr(owner, name, None)
-        if original is None:
-            return
-        signature = inspect.signature(original)
-
-        def called(*args, **kwargs):
-            try:
-                bound = signature.bind_partial(*args, **kwargs).arguments
-            except TypeError:
-                bound = {}
-            pairs = [(bound.get("group"), _ALL if "all_to_all" in name else bound.get("dst", bound.get("src")))]
-            if name == "batch_isend_irecv":
-                pairs = [(op.group, op.peer) for op in (bound.get("p2p_op_list") or [])]
-            for group, peer in pairs:
-                peers = _peers_of_group.setdefault(id(group if group is not None else distributed.group.WORLD), set())
-                if peer is not None:
-                    peers.add(peer)
-            return original(*args, **kwargs)
-
-        setattr(owner, name, called)
-        undo.append(lambda: setattr(owner, name, original))
-
-    for name in _POINT_TO_POINT:
-        noting(distributed, name)
-    import torch.distributed._functional_collectives as funcol
-
-    noting(funcol, "all_to_all_single")
-
-
-_groups = {}  # id(process group) -> its size, for the groups of more than one rank this rank is in
-
-
-def note_groups(torch):
-    """Remembers the process groups that exist now (at each step and before a group is destroyed:
-    a script may destroy them before the capture ends)."""
-    distributed = torch.distributed
-    if not os.environ.get(RANK_FLAG) or not distributed.is_available() or not distributed.is_initialized():
-        return
-    rank = distributed.get_rank()
-    for group, ranks in list(distributed.distributed_c10d._world.pg_group_ranks.items()):
-        if rank in ranks and len(ranks) > 1:
-            _groups[id(group)] = len(ranks)
-
-
-def role_of(fingerprint, torch):
-    """A rank's role: its allocations' fingerprint and its communicators (their peers set its
-    NCCL buffers)."""
-    import zlib
-
-    return f"{fingerprint}-{zlib.crc32(chr(10).join(communicators(torch)).encode()):08x}"
-
-
-def communicators(torch):
-    """The comment lines naming this rank's NCCL communicators: one per process group of more
-    than one rank it is a member of (NCCL makes one when the group first communicates; an
-    upper count), with the peers it reached by all-to-all or send/recv, and the NCCL settings
-    of the environment. allocbench sizes their buffers from them (src/results/common.rs, NcclBudget)."""
-    note_groups(torch)
-    def p2p_peers(group, size):
-        peers = _peers_of_group.get(group, ())
-        return size - 1 if _ALL in peers else len(peers)
-
-    lines = [f"nccl communicator: ranks={size} p2p_peers={p2p_peers(group, size)}" for group, size in _groups.items()]
-    settings = [f"{k}={os.environ[k]}" for k in ("NCCL_BUFFSIZE", "NCCL_LL128_BUFFSIZE", "NCCL_LL_BUFFSIZE", "NCCL_MAX_NCHANNELS") if os.environ.get(k)]
-    if lines and settings:
-        lines.append("nccl settings: " + " ".join(settings))
-    return lines
 
 
 def _patch_streams(torch, recorder, undo):
@@ -336,6 +205,15 @@ def _patch_reads(torch, recorder, undo):
         undo.append(lambda name=name, original=original: setattr(torch.Tensor, name, original))
 
 
+def _gpu_benchmarks():
+    """Inductor's GPU benchmarks so far (its autotuning: Triton configs, max-autotune's choices),
+    as its own counters have them (torch/_inductor/runtime/benchmarking.py, time_and_count)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0
+    return sum(n for key, n in utils.counters["inductor"].items() if key.startswith("benchmarking.") and key.endswith(".benchmark_gpu"))
+
+
 def device_trace(path, device):
     """Where device ``device``'s rows go beside ``path`` (allocation_tracker.cpp's naming)."""
     at = path.rfind(".csv")
@@ -344,7 +222,7 @@ def device_trace(path, device):
 
 
 @contextlib.contextmanager
-def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, site_root=None, strict_values=False):
+def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, site_root=None, strict_values=False, sites=True):
     import torch
 
     lib = ctypes.CDLL(stack["tracker"])
@@ -378,14 +256,42 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
 
     if strict_values and scalar_value is not None:
         raise SetupError("--strict-values stops at the first read of a fake value, --scalar-value answers it: choose one")
-    recorder = DriverRecorder(lib, steps, _Sites(torch, site_root or os.getcwd()), 0.0 if scalar_value is None else scalar_value, strict_values)
+    undo = []
+    site_rules = _Sites(torch, site_root or os.getcwd())
+    recorder = DriverRecorder(lib, steps, site_rules, 0.0 if scalar_value is None else scalar_value, strict_values)
+    if sites:
+        # Each allocation's Python stack, gathered by PyTorch itself (its memory history, no
+        # entries kept), named by the tracker with the fake-tensor capture's rule (sites.py).
+        torch.cuda.memory._record_memory_history(context="alloc", stacks="python", max_entries=1)
+        lib.allocbench_tracker_sites.argtypes = [ctypes.c_char_p] * 5
+        lib.allocbench_tracker_sites(*(os.fsencode(p) for p in (site_rules.root, site_rules.torch_dir, site_rules.stdlib_dir, site_rules.here,
+                                                               "\n".join(site_rules.libraries))))
+        recorder.flush = ctypes.PyDLL(stack["tracker"]).allocbench_tracker_flush
+        lib.allocbench_tracker_backward_site.argtypes = [ctypes.c_char_p]
+        for name in ("backward", "grad"):
+            original = getattr(torch.autograd, name)
+
+            def run(*args, _original=original, **kwargs):
+                # Autograd allocates on its device thread, with no Python frame: at this call.
+                lib.allocbench_tracker_backward_site((site_rules.here_name() or "").encode())
+                try:
+                    return _original(*args, **kwargs)
+                finally:
+                    lib.allocbench_tracker_backward_site(b"")
+
+            setattr(torch.autograd, name, run)
+            undo.append(lambda name=name, original=original: setattr(torch.autograd, name, original))
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
     hook = register_optimizer_step_post_hook(recorder.optimizer_stepped)
-    undo = []
     _patch_streams(torch, recorder, undo)
     _patch_reads(torch, recorder, undo)
-    _fake_process_group(torch, undo)
+    def set_attr(owner, name, value):
+        original = getattr(owner, name)
+        setattr(owner, name, value)
+        undo.append(lambda: setattr(owner, name, original))
+
+    install_fake_process_group(torch, set_attr)
     outcome = "incomplete: stopped by an error"
     state.active = recorder
     try:
@@ -413,7 +319,15 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         if recorder.role is None and os.environ.get(RANK_FLAG):
             recorder.role = role_of(recorder.sink.fingerprint, torch)  # (a script without steps: its whole run)
         closing = communicators(torch)
+        recorder.gpu_benchmarks = _gpu_benchmarks()
+        if recorder.gpu_benchmarks:
+            closing.append(f"autotuning: {recorder.gpu_benchmarks} GPU benchmarks of Inductor's timed every choice alike (no kernel runs on the "
+                           "fake card): where it chose by time, it kept its first (default) choice")
         devices = recorder.sink.devices
+        if recorder.flush is not None:
+            recorder.flush()
+            recorder.flush = None
+            torch.cuda.memory._record_memory_history(enabled=None)
         lib.allocbench_tracker_close()
         recorder.device_traces = [device_trace(path, d) for d in devices if d != primary]
         for trace in [path, *recorder.device_traces]:

@@ -7,6 +7,7 @@ What fake tensors are known to hold is the KnownValues part's (known_values.py).
 capture starts (it needs torch)."""
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -62,6 +63,7 @@ class Recorder(KnownValues, TorchDispatchMode):
         self.scalar_value = scalar_value
         self.closed = False
         self.storages = {}  # StorageImpl address -> [trace id or None, nbytes]
+        self.deaths = collections.deque()  # storages whose finalizer could not take the lock
         self.next_id = 1
         self.step_no = 0
         self.max_steps = None
@@ -138,6 +140,7 @@ class Recorder(KnownValues, TorchDispatchMode):
             return
         self.raise_thread_error()
         with self.lock:
+            self.record_deaths()
             self.step_no += 1
             self.sink.step(self.step_no)
         if self.max_steps is not None and self.step_no >= self.max_steps:
@@ -236,11 +239,26 @@ class Recorder(KnownValues, TorchDispatchMode):
             self.sink.record_stream(entry[0], stream)
 
     def _storage_died(self, key):
-        # (A finalizer: it runs on whichever thread drops the storage's last reference.)
-        with self.lock:
-            entry = self.storages.pop(key, None)
-            if entry is not None and entry[0] is not None and not self.closed:
-                self.sink.free(entry[0], entry[1])
+        # (A finalizer: it runs on whichever thread drops the storage's last reference. One that
+        # cannot take the lock at once leaves the free to the next op: the thread holding it may
+        # be inside an op that waits on this one, as a collective waits on gloo's worker thread.)
+        if not self.lock.acquire(blocking=False):
+            self.deaths.append(key)
+            return
+        try:
+            self._record_death(key)
+        finally:
+            self.lock.release()
+
+    def _record_death(self, key):
+        entry = self.storages.pop(key, None)
+        if entry is not None and entry[0] is not None and not self.closed:
+            self.sink.free(entry[0], entry[1])
+
+    def record_deaths(self):
+        """The frees finalizers left (_storage_died); with the lock held."""
+        while self.deaths:
+            self._record_death(self.deaths.popleft())
 
     def clear_cublas_workspace(self, stream):
         """clearCublasWorkspacesForStream: the stream's kept workspaces are freed (a CUDA graph's
@@ -271,6 +289,7 @@ class Recorder(KnownValues, TorchDispatchMode):
             with self.lock:
                 if self.dispatch_depth:
                     return self._dispatch_counted(func, types, args, kwargs)
+                self.record_deaths()
                 start = time.perf_counter()
                 self.dispatch_depth = 1
                 try:

@@ -67,6 +67,12 @@ class _Sites:
         self.count += 1
         return index, self._name(*key)
 
+    def here_name(self):
+        """"FILE:LINE FUNCTION" of the caller's site as PyTorch's own stacks name it (the code's
+        name, not its qualified name), or None (the driver backend's sites)."""
+        frame = self._site_frame(sys._getframe(1))
+        return None if frame is None else f"{self._file_line(frame.f_code, frame.f_lineno)} {frame.f_code.co_name}"
+
     def here_line(self):
         """"FILE:LINE `code`" of the caller's site (the frame here_frame names), or None."""
         frame = self._site_frame(sys._getframe(1))

@@ -67,7 +67,8 @@ pub struct CaptureArgs {
     /// Run the script as each rank of a `torchrun --nproc-per-node N` job would (RANK,
     /// LOCAL_RANK, WORLD_SIZE, ...), one process a rank, with `init_process_group` answered by
     /// PyTorch's fake process group; one trace per rank. Driver backend: N fake GPUs, each rank
-    /// recording its LOCAL_RANK's.
+    /// recording its LOCAL_RANK's; or `--real --device cpu`: real CPU tensors (to check the fake
+    /// group against the same ranks with real collectives).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub nproc_per_node: Option<u32>,
     /// Nodes of the job (with --nproc-per-node): WORLD_SIZE = nodes x processes per node.
@@ -91,8 +92,14 @@ pub fn main(a: CaptureArgs) -> i32 {
             Err(code) => code,
         };
     };
-    if a.backend != "driver" {
+    // The driver backend, or real CPU tensors (to check the fake group against real collectives).
+    let cpu_check = a.real && a.device == "cpu";
+    if a.backend != "driver" && !cpu_check {
         eprintln!("error: --nproc-per-node runs each rank on PyTorch's own CUDA path with its fake process group: add --backend driver");
+        return crate::capture::EXIT_SETUP_ERROR;
+    }
+    if a.ranks == "distinct" && a.backend != "driver" {
+        eprintln!("error: --ranks distinct compares the ranks' allocations on the driver backend: add --backend driver, or give --ranks all");
         return crate::capture::EXIT_SETUP_ERROR;
     }
     // One capture a rank, as torchrun would start them, each to DIR/rank-R.csv.
