@@ -221,7 +221,7 @@ pub fn decide_by_rank(diagnosed: Vec<(crate::trace::ranks::RankTrace, DiagnoseRe
     let verdicts: Vec<RankVerdict> = diagnosed
         .iter()
         .map(|(t, d)| RankVerdict {
-            ranks: std::iter::once(t.rank).chain(t.same_role.iter().copied()).collect(),
+            ranks: t.ranks(),
             trace: t.path.display().to_string(),
             peak_reserved: d.peak_reserved,
             device_total: d.device_total,
@@ -231,10 +231,8 @@ pub fn decide_by_rank(diagnosed: Vec<(crate::trace::ranks::RankTrace, DiagnoseRe
             min_capacity: d.min_capacity,
         })
         .collect();
-    let worst = diagnosed.iter().enumerate().min_by_key(|(_, (_, d))| match &d.oom {
-        Some(o) => (0, o.step, o.event, u64::MAX - d.device_total),
-        None => (1, 0, 0, u64::MAX - d.device_total),
-    })?;
+    let worst =
+        diagnosed.iter().enumerate().min_by_key(|(_, (_, d))| crate::trace::ranks::worst_first(d.oom.as_ref().map(|o| (o.step, o.event)), d.device_total))?;
     let index = worst.0;
     let trace = diagnosed[index].0.clone();
     let (rank, label, traces) = (trace.rank, trace.label(), diagnosed.len());
@@ -522,8 +520,6 @@ pub fn describe(d: &DiagnoseResult) -> String {
     if !d.ranks.is_empty() {
         s += &format!("\n{:<26} {:>14} {:>10} {:>13}  {}\n", "ranks", "peak reserved", "NCCL", "device total", "verdict");
         for v in &d.ranks {
-            let mut sorted = v.ranks.clone();
-            sorted.sort_unstable();
             let verdict = match (v.oom_step, v.headroom) {
                 (Some(step), _) => format!("OOM at step {step}"),
                 (None, Some(h)) => format!("fits, {} headroom", format_bytes(h)),
@@ -531,7 +527,7 @@ pub fn describe(d: &DiagnoseResult) -> String {
             };
             s += &format!(
                 "{:<26} {:>14} {:>10} {:>13}  {verdict}{}\n",
-                crate::trace::ranks::ranges(&sorted),
+                crate::trace::ranks::ranges(&v.ranks),
                 format_bytes(v.peak_reserved),
                 format_bytes(v.nccl),
                 format_bytes(v.device_total),

@@ -234,10 +234,7 @@ impl Search<'_> {
             };
             rows.push((t, path.clone(), *outside, out.oom.map(|o| o.event)));
         }
-        rows.sort_by_key(|(t, _, _, event)| match t.oom_step {
-            Some(step) => (0, step, event.unwrap_or(0), 0),
-            None => (1, 0, 0, u64::MAX - t.device_total),
-        });
+        rows.sort_by_key(|(t, _, _, event)| crate::trace::ranks::worst_first(t.oom_step.zip(*event), t.device_total));
         let t = rows[0].0.clone();
         self.ranks.insert(value, rows.into_iter().map(|(_, path, outside, _)| (path, outside)).collect());
         (self.told)(&t);

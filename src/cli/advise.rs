@@ -120,13 +120,10 @@ fn advise_ranks(a: &AdviseArgs) -> anyhow::Result<()> {
         let source = crate::input::Source::open(Some(&trace.path))?;
         let target = a.card.target(&source)?;
         let (d, _) = crate::diagnose::diagnose(&source, &conf, target.capacity, target.outside)?;
-        let mut ranks = vec![trace.rank];
-        ranks.extend(&trace.same_role);
-        ranks.sort_unstable();
         if a.json.as_deref() != Some("-") {
             println!(
                 "{:<26} {:>22} {:>22}  {}",
-                crate::trace::ranks::ranges(&ranks),
+                crate::trace::ranks::ranges(&trace.ranks()),
                 crate::units::format_bytes(with_defaults.device_total),
                 crate::units::format_bytes(d.device_total),
                 match &d.oom {

@@ -144,24 +144,18 @@ fn replay_ranks(a: &ReplayArgs, policy: GpuPolicy, conf: &AllocatorConfig) -> an
     if !to_stdout {
         println!("\n{:<26} {:>14} {:>16}  outcome", "ranks", "peak reserved", "peak allocated");
         for (t, r) in &results {
-            let mut ranks = vec![t.rank];
-            ranks.extend(&t.same_role);
-            ranks.sort_unstable();
             let outcome = match &r.oom {
                 Some(o) => format!("OOM at step {}", o.step),
                 None => "no OOM".into(),
             };
             println!(
                 "{:<26} {:>14} {:>16}  {outcome}",
-                crate::trace::ranks::ranges(&ranks),
+                crate::trace::ranks::ranges(&t.ranks()),
                 crate::units::format_bytes(r.summary.peak_reserved),
                 crate::units::format_bytes(r.stats.get("allocated_bytes.all.peak").copied().unwrap_or(0) as u64)
             );
         }
-        let worst = results.iter().min_by_key(|(_, r)| match &r.oom {
-            Some(o) => (0, o.step, o.event, 0),
-            None => (1, 0, 0, u64::MAX - r.summary.peak_reserved),
-        });
+        let worst = results.iter().min_by_key(|(_, r)| crate::trace::ranks::worst_first(r.oom.as_ref().map(|o| (o.step, o.event)), r.summary.peak_reserved));
         if let Some((t, r)) = worst {
             println!("the job's worst: {} ({})", t.label(), if r.oom.is_some() { "the first OOM" } else { "the most reserved" });
         }

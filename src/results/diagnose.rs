@@ -106,7 +106,7 @@ pub struct DiagnoseResult {
 /// One trace of a sharded job's folder: a rank, or ranks of one role (`capture --ranks distinct`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RankVerdict {
-    /// The ranks the trace stands for, the captured one first.
+    /// The ranks the trace stands for, in order (the captured one, the least of its role, first).
     pub ranks: Vec<u32>,
     pub trace: String,
     pub peak_reserved: u64,

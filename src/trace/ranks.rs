@@ -64,16 +64,29 @@ pub struct RankTrace {
 }
 
 impl RankTrace {
+    /// Every rank the trace stands for, in order.
+    pub fn ranks(&self) -> Vec<u32> {
+        let mut all = vec![self.rank];
+        all.extend(&self.same_role);
+        all.sort_unstable();
+        all
+    }
+
     /// "rank 0" or "ranks 0, 1-7 (one role)".
     pub fn label(&self) -> String {
         if self.same_role.is_empty() {
             return format!("rank {}", self.rank);
         }
-        let mut all = vec![self.rank];
-        all.extend(&self.same_role);
-        all.sort_unstable();
-        format!("ranks {} (one role)", ranges(&all))
+        format!("ranks {} (one role)", ranges(&self.ranks()))
     }
+}
+
+/// How a rank's run ranks against the others', least first: the first to run out of memory (the
+/// earliest step, then the earliest event in it), else the most on the card. The rank that
+/// decides a sharded job's verdict is the least.
+pub fn worst_first(oom_step_event: Option<(u64, u64)>, on_card: u64) -> (bool, u64, u64, std::cmp::Reverse<u64>) {
+    let (step, event) = oom_step_event.unwrap_or((0, 0));
+    (oom_step_event.is_none(), step, event, std::cmp::Reverse(on_card))
 }
 
 /// "0-3, 5, 7-8".
