@@ -40,11 +40,16 @@ done
 sed 's/"trace": "\(rank-[0-9]*\.csv\)"/"trace": "\1.gz"/' "$tmp/ranks/ranks.json" > "$folder/ranks.json"
 "$bin" diagnose "$folder" --card H100-80GB 2>/dev/null > "$data/diagnose.txt"
 "$bin" advise "$folder" --card H100-80GB --quiet 2>/dev/null > "$data/advise.txt"
+# The generator's twin of that capture (workloads/llama2-7b-fsdp2-8xh100.toml, [transformer.fsdp]).
+twin=workloads/llama2-7b-fsdp2-8xh100.toml
+"$bin" trace "$twin" -o "$tmp/twin.csv" > /dev/null
+python3 scripts/validate/compare_traces.py "$folder/rank-0.csv.gz" "$tmp/twin.csv" > "$data/twin-compare.txt"
+"$bin" diagnose "$twin" --card H100-80GB 2>/dev/null > "$data/twin-diagnose.txt"
 
-python3 - "$data" "$folder" "$batch" <<'EOF'
+python3 - "$data" "$folder" "$batch" "$twin" <<'EOF'
 import json, sys
 
-data, folder, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+data, folder, batch, twin = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 fit = json.load(open(f"{data}/fit.json"))
 ranks = json.load(open(f"{folder}/ranks.json"))
 traced = [r["rank"] for r in ranks["ranks"] if r.get("trace")]
@@ -94,6 +99,26 @@ Its per-rank capture is committed, `{folder}/` (`ranks.json`, rank {', '.join(ma
 
 ```
 {open(f"{data}/advise.txt").read().rstrip()}
+```
+
+## The generator's twin
+
+`{twin}` models the same rank with the transformer generator's FSDP2 option
+(`[transformer.fsdp]`: shards, all-gathers and their prefetch, resharding after forward,
+reduce-scatters; [workloads.md](workloads.md#fsdp2-transformerfsdp)), for sweeps and `fit`s without
+torch. Against the committed capture (`scripts/validate/compare_traces.py`, the capture first):
+
+```
+{open(f"{data}/twin-compare.txt").read().rstrip()}
+```
+
+`allocbench diagnose {twin} --card H100-80GB` (its NCCL buffers from `world_size`; a capture
+numbers a step by the optimizer steps done before it, its `step,k` row following step k's
+optimizer step, a workload by the step that runs: the capture's "step 2" and the twin's "step 3"
+are the same third step):
+
+```
+{open(f"{data}/twin-diagnose.txt").read().rstrip()}
 ```
 
 ## What is and is not counted

@@ -189,10 +189,14 @@ impl Source {
     }
 
     /// NCCL's buffers for a rank of a sharded capture (`capture --nproc-per-node`: its
-    /// communicators); `None` for one process and any other input.
+    /// communicators) or workload (`[transformer.fsdp]`); `None` for one process and any other
+    /// input.
     pub fn nccl_budget(&self) -> Option<crate::results::NcclBudget> {
-        let Source::Trace(p) = self else { return None };
-        crate::results::NcclBudget::from_capture(&capture_tail(p)?)
+        match self {
+            Source::Trace(p) => crate::results::NcclBudget::from_capture(&capture_tail(p)?),
+            Source::Workload(w) => w.nccl_budget(),
+            _ => None,
+        }
     }
 
     /// The memory of the fake card a capture ran on, when the trace says (`capture

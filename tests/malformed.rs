@@ -166,6 +166,19 @@ fn values_that_mean_nothing_are_refused() {
         assert!(e.contains("field `transformer.ddp.bucket_cap_mb`") && e.contains("is not a bucket size"), "{bucket}: {e}");
     }
     assert!(Workload::parse(&ddp.replace("BUCKET", "25"), "w.toml").is_ok());
+    // FSDP: no ranks, FSDP with DDP, with LoRA, with a separate master copy; a misspelt field.
+    let fsdp = GOOD.replace("[transformer.model]", "[transformer.fsdp]\nworld_size = RANKS\n\n[transformer.model]");
+    assert!(Workload::parse(&fsdp.replace("RANKS", "8"), "w.toml").is_ok());
+    let e = err(&fsdp.replace("RANKS", "0"));
+    assert!(e.contains("field `transformer.fsdp.world_size`") && e.contains("must be > 0"), "{e}");
+    let e = err(&fsdp.replace("RANKS", "8").replace("[transformer.model]", "[transformer.ddp]\n\n[transformer.model]"));
+    assert!(e.contains("field `transformer.fsdp`") && e.contains("HSDP"), "{e}");
+    let e = err(&fsdp.replace("RANKS", "8").replace("vocab = 100", "vocab = 100\nlora_rank = 8"));
+    assert!(e.contains("field `transformer.fsdp`") && e.contains("LoRA"), "{e}");
+    let e = err(&fsdp.replace("RANKS", "8").replace("attention = \"math\"", "attention = \"math\"\nmaster_weights = true"));
+    assert!(e.contains("master_weights"), "{e}");
+    let e = err(&fsdp.replace("RANKS", "8\nreshard_after_froward = false"));
+    assert!(e.contains("reshard_after_froward"), "{e}");
     let positions = GOOD.replace("vocab = 100", "vocab = 100\nmax_positions = 20");
     let e = err(&positions);
     assert!(e.contains("field `transformer.model.max_positions`: 20 learned positions, but sequences reach 32 tokens"), "{e}");

@@ -93,6 +93,11 @@ def main():
                         "MixedPrecisionPolicy (bf16 params gathered, fp32 gradients reduced) instead of autocast")
     p.add_argument("--reshard-after-forward", default="true", choices=["true", "false"],
                    help="--fsdp: free each block's gathered parameters after its forward (true) or keep them for backward")
+    p.add_argument("--forward-prefetch", type=int, default=0,
+                   help="--fsdp: blocks each block all-gathers ahead in forward (set_modules_to_forward_prefetch; 0: FSDP2's default)")
+    p.add_argument("--backward-prefetch", type=int, default=None,
+                   help="--fsdp: blocks each block all-gathers ahead in backward (set_modules_to_backward_prefetch; "
+                        "default: FSDP2's implicit one)")
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
@@ -153,9 +158,15 @@ def sharded(a):
         model = model.to(torch.bfloat16)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if a.amp == "bf16" else MixedPrecisionPolicy()
     reshard = a.reshard_after_forward == "true"
-    for block in getattr(model, "blocks", None) or getattr(model, "layers", None) or []:
+    blocks = list(getattr(model, "blocks", None) or getattr(model, "layers", None) or [])
+    for block in blocks:
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
     fully_shard(model, mp_policy=mp, reshard_after_forward=reshard)
+    for i, block in enumerate(blocks):
+        if a.forward_prefetch > 0:
+            block.set_modules_to_forward_prefetch(blocks[i + 1:i + 1 + a.forward_prefetch])
+        if a.backward_prefetch is not None:
+            block.set_modules_to_backward_prefetch(blocks[max(0, i - a.backward_prefetch):i][::-1])
     model.to_empty(device=device)
     return model, vocab, device
 

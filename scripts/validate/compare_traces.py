@@ -11,13 +11,18 @@ from collections import Counter
 
 
 def read(path):
+    """Steps 2.. (the first also holds initialisation): a capture writes `step,k` after step k's
+    optimizer step, a generator at step k's start."""
     opener = gzip.open if path.endswith(".gz") else open
     live, size = 0, {}
     peak = 0
     per_step, current = [], 0
     classes = Counter()
+    capture = False
     with opener(path, "rt") as f:
         for line in f:
+            if line.startswith("# allocbench capture"):
+                capture = True
             if line.startswith("#") or line.startswith("op,"):
                 continue
             op, i, b, _ = (line.rstrip("\n").split(",") + ["", "", ""])[:4]
@@ -34,7 +39,8 @@ def read(path):
                 per_step.append(current)
                 current = 0
     per_step.append(current)
-    return {"peak": peak, "per_step": per_step[1:-1] or per_step, "classes": classes}
+    later = per_step[1:-1] if capture else per_step[2:]
+    return {"peak": peak, "per_step": later or per_step, "classes": classes}
 
 
 def main():

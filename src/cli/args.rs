@@ -143,14 +143,12 @@ impl CardArgs {
             None => capacity_for(self.capacity, source)?.unwrap_or_else(|| crate::gpu::card::default_card().total_memory),
         };
         let defaults = crate::gpu::card::Outside::default();
-        // A rank of a sharded capture brings its communicators' buffers (said once, on stderr).
+        // A rank of a sharded capture or workload brings its communicators' buffers (said
+        // once, on stderr).
         let nccl = self.nccl.or_else(|| {
             let budget = source.nccl_budget()?;
-            eprintln!(
-                "note: NCCL {} outside the allocator: {} (the capture's communicators; --nccl overrides)",
-                crate::units::format_bytes(budget.bytes()),
-                budget.describe()
-            );
+            let whose = if matches!(source, Source::Workload(_)) { "the workload's [transformer.fsdp]" } else { "the capture's communicators" };
+            eprintln!("note: NCCL {} outside the allocator: {} ({whose}; --nccl overrides)", crate::units::format_bytes(budget.bytes()), budget.describe());
             Some(budget.bytes())
         });
         let outside = crate::gpu::card::Outside { cuda_context: self.cuda_context.unwrap_or(defaults.cuda_context), nccl: nccl.unwrap_or(defaults.nccl) };

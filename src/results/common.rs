@@ -170,6 +170,15 @@ pub const NCCL_DEFAULT_LL_BUFFSIZE: u64 = 8 * 512 * 8 * 16;
 pub const NCCL_DEFAULT_CHANNELS: u64 = 32;
 
 impl NcclBudget {
+    /// Communicators of (ranks, point-to-point peers) with NCCL's default buffers and channels.
+    pub fn with_defaults(communicators: Vec<(u32, u32)>) -> NcclBudget {
+        NcclBudget {
+            communicators,
+            connection_bytes: NCCL_DEFAULT_BUFFSIZE + NCCL_DEFAULT_LL128_BUFFSIZE + NCCL_DEFAULT_LL_BUFFSIZE,
+            channels: NCCL_DEFAULT_CHANNELS,
+        }
+    }
+
     /// From a capture's closing lines (`# nccl communicator: ranks=8 p2p_peers=0`, `# nccl
     /// settings: NCCL_BUFFSIZE=...`); `None` when it names no communicator (one process).
     pub fn from_capture(tail: &str) -> Option<NcclBudget> {

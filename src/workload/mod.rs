@@ -5,6 +5,7 @@
 //! deterministic for a given `seed` and yields events lazily: memory is bounded by one phase
 //! (a training step, a model load), never by the workload's length.
 
+pub mod fsdp;
 pub mod inference;
 pub mod model;
 pub mod model_switch;
@@ -81,6 +82,23 @@ impl Workload {
             if let Some(ddp) = &t.ddp {
                 if !(ddp.bucket_cap_mb.is_finite() && ddp.bucket_cap_mb > 0.0 && ddp.bucket_cap_mb <= 1e6) {
                     return Err(v.fail("transformer.ddp.bucket_cap_mb", format!("{} is not a bucket size: MiB in (0, 1e6]", ddp.bucket_cap_mb)));
+                }
+            }
+            if let Some(fsdp) = &t.fsdp {
+                v.positive("transformer.fsdp.world_size", fsdp.world_size, 1 << 20)?;
+                if t.ddp.is_some() {
+                    return Err(
+                        v.fail("transformer.fsdp", "FSDP and DDP together (HSDP) are not modelled: keep one of [transformer.fsdp] and [transformer.ddp]")
+                    );
+                }
+                if t.model.lora_rank > 0 {
+                    return Err(v.fail("transformer.fsdp", "FSDP over LoRA adapters (frozen sharded base weights) is not modelled"));
+                }
+                if t.master_weights || t.grad_dtype.is_some() {
+                    return Err(v.fail(
+                        "transformer.fsdp",
+                        "under FSDP the sharded parameters (param_dtype) are the master weights and gradients are gathered in activation_dtype: leave out master_weights and grad_dtype (reduce_dtype sets the reduce-scatter's)",
+                    ));
                 }
             }
             if !(0.0..1.0).contains(&t.attention_dropout) {
@@ -216,6 +234,13 @@ impl Workload {
         let mut generator = transformer::TransformerGen::new(t, self.file.seed);
         generator.by_ref().for_each(drop);
         Some(generator.flops()).filter(|&f| f > 0.0)
+    }
+
+    /// NCCL's buffers for one rank of a sharded workload (`[transformer.fsdp]`: one
+    /// communicator over its `world_size` ranks, NCCL's defaults); `None` for one process.
+    pub fn nccl_budget(&self) -> Option<crate::results::NcclBudget> {
+        let fsdp = self.file.transformer.as_ref()?.fsdp.as_ref()?;
+        (fsdp.world_size > 1).then(|| crate::results::NcclBudget::with_defaults(vec![(fsdp.world_size.min(u32::MAX as u64) as u32, 0)]))
     }
 
     /// The workload's events, generated lazily.

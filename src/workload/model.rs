@@ -65,6 +65,8 @@ impl Emitter {
 /// Parameter tensors (element counts) in state-dict order, grouped by where they live.
 pub struct ParamLayout {
     pub elems: Vec<u64>,
+    /// Each tensor's first dimension (what FSDP shards and pads).
+    pub dim0: Vec<u64>,
     /// Token (and position) embeddings.
     pub embed: Range<usize>,
     /// One range per transformer block.
@@ -107,6 +109,36 @@ pub struct BlockParams {
     pub adapters: Vec<usize>,
 }
 
+impl Linear {
+    fn tensors(&self) -> impl Iterator<Item = usize> {
+        std::iter::once(self.weight).chain(self.bias)
+    }
+}
+
+impl Norm {
+    fn tensors(&self) -> impl Iterator<Item = usize> {
+        std::iter::once(self.weight).chain(self.bias)
+    }
+}
+
+impl BlockParams {
+    /// The block's tensors in the order its module registers them (scripts/models/gpt.py and
+    /// llama.py: the first norm, the attention's projections, the second norm, the MLP), which
+    /// is the order FSDP2 gathers, copies out and frees them.
+    pub fn module_order(&self) -> Vec<usize> {
+        let mut order: Vec<usize> = self.norm1.tensors().collect();
+        for lin in self.qkv.iter().chain([&self.attn_out]) {
+            order.extend(lin.tensors());
+        }
+        order.extend(self.norm2.tensors());
+        for lin in self.up.iter().chain([&self.down]) {
+            order.extend(lin.tensors());
+        }
+        order.extend(&self.adapters);
+        order
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct NamedParams {
     pub tok_embed: usize,
@@ -120,9 +152,9 @@ pub struct NamedParams {
 impl ParamLayout {
     pub fn new(m: &ModelSpec) -> Self {
         let (d, f, v) = (m.d_model, m.ffn, m.vocab);
-        let mut t = Tensors { elems: Vec::new(), is_matrix: Vec::new(), lora_rank: m.lora_rank, adapters: Vec::new() };
-        let tok_embed = t.push(v * d, true);
-        let pos_embed = (m.max_positions > 0).then(|| t.push(m.max_positions * d, false));
+        let mut t = Tensors { elems: Vec::new(), dim0: Vec::new(), is_matrix: Vec::new(), lora_rank: m.lora_rank, adapters: Vec::new() };
+        let tok_embed = t.push(v, d, true);
+        let pos_embed = (m.max_positions > 0).then(|| t.push(m.max_positions, d, false));
         let embed = 0..t.elems.len();
         let mut layers = Vec::with_capacity(m.layers as usize);
         let mut blocks = Vec::with_capacity(m.layers as usize);
@@ -160,11 +192,11 @@ impl ParamLayout {
         let lm_head = if m.tied_embeddings {
             Linear { weight: tok_embed, bias: None, out: v, inp: d }
         } else {
-            Linear { weight: t.push(v * d, true), bias: None, out: v, inp: d }
+            Linear { weight: t.push(v, d, true), bias: None, out: v, inp: d }
         };
         let head = head_start..t.elems.len();
         let named = NamedParams { tok_embed, pos_embed, blocks, final_norm, lm_head };
-        ParamLayout { elems: t.elems, embed, layers, head, is_matrix: t.is_matrix, named }
+        ParamLayout { elems: t.elems, dim0: t.dim0, embed, layers, head, is_matrix: t.is_matrix, named }
     }
 
     pub fn total_elems(&self) -> u64 {
@@ -174,31 +206,34 @@ impl ParamLayout {
 
 struct Tensors {
     elems: Vec<u64>,
+    dim0: Vec<u64>,
     is_matrix: Vec<bool>,
     lora_rank: u64,
     adapters: Vec<usize>,
 }
 
 impl Tensors {
-    fn push(&mut self, elems: u64, matrix: bool) -> usize {
-        self.elems.push(elems);
+    /// A tensor of `rows` × `cols` elements (a vector: `cols` = 1).
+    fn push(&mut self, rows: u64, cols: u64, matrix: bool) -> usize {
+        self.elems.push(rows * cols);
+        self.dim0.push(rows);
         self.is_matrix.push(matrix);
         self.elems.len() - 1
     }
 
     fn norm(&mut self, d: u64, bias: bool) -> Norm {
-        let weight = self.push(d, false);
-        let bias = bias.then(|| self.push(d, false));
+        let weight = self.push(d, 1, false);
+        let bias = bias.then(|| self.push(d, 1, false));
         Norm { weight, bias }
     }
 
     /// A Linear layer, with LoRA adapters A (r × in) and B (out × r) as PEFT adds them.
     fn linear(&mut self, out: u64, inp: u64, bias: bool) -> Linear {
-        let weight = self.push(out * inp, true);
-        let bias = bias.then(|| self.push(out, false));
+        let weight = self.push(out, inp, true);
+        let bias = bias.then(|| self.push(out, 1, false));
         if self.lora_rank > 0 {
-            let a = self.push(self.lora_rank * inp, true);
-            let b = self.push(out * self.lora_rank, true);
+            let a = self.push(self.lora_rank, inp, true);
+            let b = self.push(out, self.lora_rank, true);
             self.adapters.extend([a, b]);
         }
         Linear { weight, bias, out, inp }

@@ -194,9 +194,24 @@ pub struct TransformerSpec {
     /// of a stream and keeps, as with `TORCH_CUBLAS_WORKSPACE_CACHE=1` (torch 2.15's default
     /// takes one per call instead) (default 32 MiB, the Hopper `CUBLAS_WORKSPACE_CONFIG`); 0: none.
     pub cublas_workspace: Option<Bytes>,
+    /// torch 2.15's default (`aten/src/ATen/cuda/CublasHandlePool.cpp` without
+    /// `TORCH_CUBLAS_WORKSPACE_CACHE=1`): each matmul takes its cuBLAS workspace right after its
+    /// output and frees it when it returns, instead of one kept per stream.
+    #[serde(default)]
+    pub cublas_workspace_per_call: bool,
+    /// Allocations CUDA kernels make inside an op, which PyTorch's own CUDA path shows
+    /// (`capture --backend driver`) and fake tensors do not: flash attention's RNG state,
+    /// the global scratch of a reduction split across blocks (a norm weight's gradient), the
+    /// embedding backward's sort and segment buffers. Default: as fake-tensor captures see.
+    #[serde(default)]
+    pub kernel_scratch: bool,
     /// `DistributedDataParallel`: gradients reduced in buckets on a communication stream.
     #[serde(default)]
     pub ddp: Option<DdpSpec>,
+    /// FSDP2 (`fully_shard` on each block, then the root): parameters sharded over the ranks,
+    /// all-gathered per block, gradients reduce-scattered.
+    #[serde(default)]
+    pub fsdp: Option<FsdpSpec>,
     /// A data prefetcher (apex's `data_prefetcher` pattern): each batch is copied to the GPU on a
     /// side stream (its own pool of segments), used on the default stream after
     /// `record_stream`, so its free waits for the default stream; the loop syncs the default
@@ -218,6 +233,36 @@ pub struct DdpSpec {
     /// NCCL stream (which records its use), and freed, its free waiting for the NCCL stream.
     #[serde(default)]
     pub fp16_compress_hook: bool,
+}
+
+/// FSDP2 as `torch/distributed/fsdp/_fully_shard` runs it (torch 2.15), one rank's view: each
+/// block and the root are a parameter group. `param_dtype` is the sharded parameters' dtype,
+/// `activation_dtype` the MixedPrecisionPolicy's `param_dtype` (what is gathered and computed
+/// in; no autocast), `reduce_dtype` the gradients' reduce-scatter dtype.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsdpSpec {
+    /// Ranks the parameters are sharded over: dim 0 of each is padded to a multiple of it.
+    pub world_size: u64,
+    /// Free a block's gathered parameters after its forward and gather them again for its
+    /// backward (FSDP2's default); false keeps them from forward to backward.
+    #[serde(default = "yes")]
+    pub reshard_after_forward: bool,
+    /// Blocks all-gathered ahead in forward (`set_modules_to_forward_prefetch`; FSDP2's default:
+    /// none, each block gathers at its own pre-forward).
+    #[serde(default)]
+    pub forward_prefetch: u64,
+    /// Blocks each block all-gathers ahead in backward (`set_modules_to_backward_prefetch`;
+    /// FSDP2's implicit default: the next one). The root always prefetches the last block.
+    #[serde(default = "one")]
+    pub backward_prefetch: u64,
+    /// `MixedPrecisionPolicy.reduce_dtype`; default: the gathered (compute) dtype, the reduced
+    /// shard then cast to the parameters' dtype.
+    pub reduce_dtype: Option<Dtype>,
+}
+
+fn one() -> u64 {
+    1
 }
 
 fn ddp_bucket_cap_mb() -> f64 {

@@ -21,8 +21,9 @@
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use super::fsdp::FsdpLayout;
 use super::model::{BlockParams, Emitter, LengthSampler, Linear, Norm, ParamLayout};
-use super::spec::{Attention, DdpSpec, FfnKind, Optimizer, TransformerSpec};
+use super::spec::{Attention, DdpSpec, FfnKind, FsdpSpec, Optimizer, TransformerSpec};
 use crate::event::Event;
 
 /// Element sizes fixed by PyTorch whatever the model: token ids and positions are int64, masks
@@ -32,6 +33,8 @@ const BOOL: u64 = 1;
 const FP32: u64 = 4;
 /// The cuBLAS workspace of a stream (CUBLAS_WORKSPACE_CONFIG's default on Hopper).
 pub const DEFAULT_CUBLAS_WORKSPACE: u64 = 32 << 20;
+/// A cuBLASLt call's workspace (`CUBLASLT_WORKSPACE_SIZE`'s default, 1,024 KiB).
+pub const DEFAULT_CUBLASLT_WORKSPACE: u64 = 1 << 20;
 
 /// Sizes of one step.
 #[derive(Clone, Copy)]
@@ -85,8 +88,26 @@ struct NormSaved {
 }
 
 enum AttnSaved {
-    Math { q: u64, k: u64, v: u64, probs: u64, probs_mm: Option<u64>, dropped: Option<u64>, drop_mask: Option<u64> },
-    Flash { q: u64, k: u64, v: u64, qkv: Option<u64>, out: u64, lse: u64, rope: Vec<u64> },
+    Math {
+        q: u64,
+        k: u64,
+        v: u64,
+        probs: u64,
+        probs_mm: Option<u64>,
+        dropped: Option<u64>,
+        drop_mask: Option<u64>,
+    },
+    /// `rope`: q's and k's rotary tables as cast for them (none when no cast was made).
+    Flash {
+        q: u64,
+        k: u64,
+        v: u64,
+        qkv: Option<u64>,
+        out: u64,
+        lse: u64,
+        rng: Vec<u64>,
+        rope: [Option<[u64; 2]>; 2],
+    },
 }
 
 /// One block's saved tensors (owned ids) and output.
@@ -137,6 +158,10 @@ pub struct TransformerGen {
     /// norm's backward.
     checkpoint_args: Vec<u64>,
     ddp: Option<DdpState>,
+    fsdp: Option<FsdpState>,
+    /// FSDP's casts of the rotary tables for the block about to run without checkpointing: q's
+    /// rotary embedding saves them (its backward, the later one, frees them).
+    block_rope_casts: Option<[u64; 2]>,
     /// The next batch, already copied on the prefetch stream: (token ids, targets).
     prefetched: Option<(u64, u64)>,
     /// The next step's sequence length, drawn when its batch was prefetched.
@@ -157,6 +182,31 @@ pub const PREFETCH_STREAM: u64 = 2;
 const DDP_BROADCAST_BUCKET_BYTES: u64 = 250 << 20;
 /// `dist._DEFAULT_FIRST_BUCKET_BYTES`.
 const DDP_FIRST_BUCKET_BYTES: u64 = 1 << 20;
+
+/// The stream FSDP2's all-gathers run on (its `all_gather_stream`; outputs allocated there).
+pub const FSDP_ALL_GATHER_STREAM: u64 = 3;
+/// The stream FSDP2's reduce-scatters run on (the reduced shards allocated there).
+pub const FSDP_REDUCE_SCATTER_STREAM: u64 = 4;
+
+/// FSDP2's state over a step (`_fsdp_param_group.py`, `_fsdp_collectives.py`).
+struct FsdpState {
+    spec: FsdpSpec,
+    layout: FsdpLayout,
+    /// Each group's gathered parameters while unsharded (module order).
+    unsharded: Vec<Option<Vec<u64>>>,
+    /// All-gathers issued and not yet copied out: each group's output.
+    pending: Vec<Option<u64>>,
+    /// A forward all-gather's output, kept (`comm_ctx.all_gather_state`) until the next
+    /// all-gather is issued or the root's forward ends, so that no record_stream is needed.
+    held_output: Option<u64>,
+    /// The last reduce-scatter's input, kept (`reduce_scatter_state`) until the next one
+    /// starts or backward ends.
+    reduce_input: Option<u64>,
+    /// Each group's sharded gradient (the reduced shard) until `zero_grad`.
+    sharded_grads: Vec<Option<u64>>,
+    /// Forward (all-gather outputs held) or backward (freed once copied out).
+    in_forward: bool,
+}
 
 /// DDP's buckets: which bucket each parameter is in, and what each still waits for this step.
 struct DdpState {
@@ -211,6 +261,21 @@ impl TransformerGen {
             merge_input_grad: false,
             checkpoint_args: Vec::new(),
             ddp: None,
+            fsdp: spec.fsdp.as_ref().map(|f| {
+                let layout = FsdpLayout::new(&ParamLayout::new(&spec.model), f.world_size);
+                let groups = layout.groups.len();
+                FsdpState {
+                    spec: f.clone(),
+                    layout,
+                    unsharded: vec![None; groups],
+                    pending: vec![None; groups],
+                    held_output: None,
+                    reduce_input: None,
+                    sharded_grads: vec![None; groups],
+                    in_forward: true,
+                }
+            }),
+            block_rope_casts: None,
             prefetched: None,
             next_len: None,
             next_step: 1,
@@ -234,15 +299,35 @@ impl TransformerGen {
         }
     }
 
-    /// A matmul: the first one of the run allocates the stream's cuBLAS workspace.
+    /// A matmul: the first one of the run allocates the stream's cuBLAS workspace, or each one
+    /// takes its own after its output and frees it as it returns (torch 2.15's default).
     fn matmul(&mut self, bytes: u64) -> u64 {
-        if self.workspace.is_none() {
-            let ws = self.spec.cublas_workspace.map(|b| b.0).unwrap_or(DEFAULT_CUBLAS_WORKSPACE);
+        let ws = self.spec.cublas_workspace.map(|b| b.0).unwrap_or(DEFAULT_CUBLAS_WORKSPACE);
+        if self.spec.cublas_workspace_per_call {
+            let out = self.e.alloc(bytes);
             if ws > 0 {
-                self.workspace = Some(self.e.alloc(ws));
+                let w = self.e.alloc(ws);
+                self.e.free(w);
             }
+            return out;
+        }
+        if self.workspace.is_none() && ws > 0 {
+            self.workspace = Some(self.e.alloc(ws));
         }
         self.e.alloc(bytes)
+    }
+
+    /// A cuBLASLt matmul (a Linear's fused-bias addmm): with per-call workspaces it takes
+    /// `CUBLASLT_WORKSPACE_SIZE` (1 MiB) after its output; a kept workspace is the stream's
+    /// cuBLAS one (`TORCH_CUBLASLT_UNIFIED_WORKSPACE`).
+    fn matmul_lt(&mut self, bytes: u64) -> u64 {
+        if !self.spec.cublas_workspace_per_call {
+            return self.matmul(bytes);
+        }
+        let out = self.e.alloc(bytes);
+        let w = self.e.alloc(DEFAULT_CUBLASLT_WORKSPACE);
+        self.e.free(w);
+        out
     }
 
     /// Hands a gradient of parameter `i` (`tmp`, elements of `tmp_bytes`) to AccumulateGrad: cast
@@ -308,6 +393,165 @@ impl TransformerGen {
         self.e.free(flat);
     }
 
+    /// Issues group `g`'s all-gather unless it is unsharded or already issued: the shards cast
+    /// to the gathered dtype (`a` bytes) into one flat input, the output for every rank, both
+    /// on the all-gather stream; the input dies once copied in.
+    fn fsdp_unshard(&mut self, g: usize, a: u64) {
+        let Some(f) = self.fsdp.as_mut() else { return };
+        if f.unsharded[g].is_some() || f.pending[g].is_some() {
+            return;
+        }
+        let shard = f.layout.groups[g].shard_total() * a;
+        let input = self.e.alloc_on(shard, FSDP_ALL_GATHER_STREAM);
+        let output = self.e.alloc_on(shard * f.layout.world, FSDP_ALL_GATHER_STREAM);
+        self.e.free(input);
+        f.pending[g] = Some(output);
+    }
+
+    /// Waits for group `g`'s all-gather and copies it out (`wait_for_unshard`): in forward the
+    /// previous group's held output released first; one unsharded tensor per parameter
+    /// (`alloc_storage`, padded size), the copy's metadata; in backward the output dies at
+    /// once, in forward it is held until the next group's wait.
+    fn fsdp_copy_out(&mut self, g: usize, a: u64) {
+        self.fsdp_unshard(g, a);
+        let Some(f) = self.fsdp.as_mut() else { return };
+        let Some(output) = f.pending[g].take() else { return };
+        if f.in_forward {
+            if let Some(held) = f.held_output.take() {
+                self.e.free(held);
+            }
+        }
+        let world = f.layout.world;
+        let group = &f.layout.groups[g];
+        let params: Vec<u64> = group.shard_elems.iter().map(|&e| self.e.alloc(e * world * a)).collect();
+        let meta = self.e.alloc(group.copy_out_metadata_bytes(world, a));
+        self.e.free(meta);
+        if f.in_forward {
+            if let Some(old) = f.held_output.replace(output) {
+                self.e.free(old);
+            }
+        } else {
+            self.e.free(output);
+        }
+        f.unsharded[g] = Some(params);
+    }
+
+    /// Frees group `g`'s gathered parameters, in module order.
+    fn fsdp_reshard(&mut self, g: usize) {
+        let Some(f) = self.fsdp.as_mut() else { return };
+        if let Some(params) = f.unsharded[g].take() {
+            self.e.free_all(params);
+        }
+    }
+
+    /// A group's pre-forward hook: gathered and copied out, then the next
+    /// `forward_prefetch` blocks' all-gathers issued.
+    fn fsdp_pre_forward(&mut self, g: usize, a: u64) {
+        let Some(f) = self.fsdp.as_mut() else { return };
+        if g == 0 {
+            f.in_forward = true;
+        }
+        let (ahead, groups) = (f.spec.forward_prefetch as usize, f.layout.groups.len());
+        self.fsdp_copy_out(g, a);
+        if g > 0 {
+            for next in (g + 1..groups).take(ahead) {
+                self.fsdp_unshard(next, a);
+            }
+        }
+    }
+
+    /// A block's post-forward hook: resharded unless `reshard_after_forward` is off.
+    fn fsdp_post_forward(&mut self, g: usize) {
+        if self.fsdp.as_ref().is_some_and(|f| f.spec.reshard_after_forward) {
+            self.fsdp_reshard(g);
+        }
+    }
+
+    /// The root's post-forward: resharded like the blocks (torch 2.15 honours the root's
+    /// `reshard_after_forward`), and the last held all-gather output released.
+    fn fsdp_root_post_forward(&mut self) {
+        self.fsdp_post_forward(0);
+        if let Some(held) = self.fsdp.as_mut().and_then(|f| f.held_output.take()) {
+            self.e.free(held);
+        }
+    }
+
+    /// A group's pre-backward hook: gathered again (unless kept from forward), then the next
+    /// `backward_prefetch` blocks in backward order issued (the root's implicit prefetch: the
+    /// last block, whatever the blocks' setting).
+    fn fsdp_pre_backward(&mut self, g: usize, a: u64) {
+        let Some(f) = self.fsdp.as_mut() else { return };
+        f.in_forward = false;
+        let ahead = if g == 0 { 1 } else { f.spec.backward_prefetch as usize };
+        let blocks = f.layout.groups.len() - 1;
+        self.fsdp_copy_out(g, a);
+        let first = if g == 0 { blocks } else { g - 1 };
+        for next in (1..=first).rev().take(ahead) {
+            self.fsdp_unshard(next, a);
+        }
+    }
+
+    /// A group's post-backward (`foreach_reduce`): resharded; the previous reduce-scatter's
+    /// input released; its gradients concatenated in the reduce dtype (`_chunk_cat`, padded to
+    /// every rank's shard) and freed (a list dies from its end: reverse module order); the
+    /// reduced shard allocated on the reduce-scatter stream and cast to the parameters' dtype
+    /// when the reduce dtype differs. It is the sharded `.grad` until `zero_grad`.
+    fn fsdp_post_backward(&mut self, g: usize, reduce: u64, param: u64) {
+        if self.fsdp.is_none() {
+            return;
+        }
+        self.fsdp_reshard(g);
+        let Some(f) = self.fsdp.as_mut() else { return };
+        if let Some(input) = f.reduce_input.take() {
+            self.e.free(input);
+        }
+        let group = &f.layout.groups[g];
+        let shard = group.shard_total();
+        let input = self.e.alloc(shard * f.layout.world * reduce);
+        let meta = self.e.alloc(group.chunk_cat_metadata_bytes(reduce));
+        self.e.free(meta);
+        for &i in group.params.iter().rev() {
+            if let Some(grad) = self.grads[i].take() {
+                self.e.free(grad);
+            }
+        }
+        let mut reduced = self.e.alloc_on(shard * reduce, FSDP_REDUCE_SCATTER_STREAM);
+        if reduce != param {
+            let cast = self.e.alloc_on(shard * param, FSDP_REDUCE_SCATTER_STREAM);
+            self.e.free(reduced);
+            reduced = cast;
+        }
+        // Without zero_grad since the last step the reduced shard is added in place.
+        if f.sharded_grads[g].is_some() {
+            self.e.free(reduced);
+        } else {
+            f.sharded_grads[g] = Some(reduced);
+        }
+        f.reduce_input = Some(input);
+    }
+
+    /// The reduce-scatter's dtype and the sharded parameters' (bytes).
+    fn fsdp_dtypes(&self) -> (u64, u64) {
+        let reduce = self.spec.fsdp.as_ref().and_then(|f| f.reduce_dtype).unwrap_or(self.spec.activation_dtype);
+        (reduce.bytes(), self.spec.param_dtype.bytes())
+    }
+
+    /// The tensors the optimizer steps, in `model.parameters()` order, by elements: under FSDP
+    /// each parameter's padded shard, in module order.
+    fn optimizer_tensors(&self) -> Vec<u64> {
+        match &self.fsdp {
+            Some(f) => f.layout.module_order().into_iter().map(|(_, e)| e).collect(),
+            None => self.layout.elems.clone(),
+        }
+    }
+
+    /// Backward's final callback: the last reduce-scatter's input released.
+    fn fsdp_end_backward(&mut self) {
+        if let Some(input) = self.fsdp.as_mut().and_then(|f| f.reduce_input.take()) {
+            self.e.free(input);
+        }
+    }
+
     /// The batch copied to the GPU on the prefetch stream.
     fn prefetch_batch(&mut self, tokens: u64) -> (u64, u64) {
         (self.e.alloc_on(tokens * INT64, PREFETCH_STREAM), self.e.alloc_on(tokens * INT64, PREFETCH_STREAM))
@@ -328,7 +572,8 @@ impl TransformerGen {
                 saved.input = Some(self.alloc(tokens * lin.inp * dm.a));
             }
         }
-        let out = self.matmul(tokens * lin.out * dm.a);
+        // A biased Linear is one fused addmm through cuBLASLt.
+        let out = if lin.bias.is_some() { self.matmul_lt(tokens * lin.out * dm.a) } else { self.matmul(tokens * lin.out * dm.a) };
         (out, saved)
     }
 
@@ -434,6 +679,16 @@ impl TransformerGen {
                 let gwp = self.alloc(t * d * p);
                 let gn = self.alloc(t * d * p);
                 let gw = self.alloc(d * p);
+                // The weight's gradient sums gwp over the tokens: a reduction split across
+                // blocks stages partial sums in global memory (kernel scratch).
+                if self.spec.kernel_scratch {
+                    if let Some((staging, semaphores)) = outer_sum_scratch(d, t) {
+                        let staging = self.alloc(staging);
+                        let semaphores = self.alloc(semaphores);
+                        self.free(semaphores);
+                        self.free(staging);
+                    }
+                }
                 self.free(gwp);
                 self.free(g);
                 self.free_opt(saved.normed);
@@ -499,28 +754,43 @@ impl TransformerGen {
         self.e.free_all(ids)
     }
 
-    /// SDPA's forward on `elems` = B·S·D outputs: flash keeps the output and a B·H·S fp32
-    /// logsumexp; the math path the output and the B·H·S² probabilities.
-    fn sdpa_fwd(&mut self, dm: Dims, elems: u64) -> (u64, u64) {
+    /// Flash attention's RNG state on the device (`philox_seed`, `philox_offset`: 16 and 8
+    /// bytes, made whatever the dropout), kept with the logsumexp; only with `kernel_scratch`.
+    fn flash_rng_state(&mut self) -> Vec<u64> {
+        if self.spec.kernel_scratch {
+            vec![self.alloc(16), self.alloc(8)]
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// SDPA's forward on `elems` = B·S·D outputs: flash keeps the output, a B·H·S fp32
+    /// logsumexp and its RNG state; the math path the output and the B·H·S² probabilities.
+    fn sdpa_fwd(&mut self, dm: Dims, elems: u64) -> (u64, u64, Vec<u64>) {
         let a = dm.a;
         match self.spec.attention {
-            Attention::Flash => (self.alloc(elems * a), self.alloc(dm.b * dm.h * dm.s * FP32)),
+            Attention::Flash => {
+                let out = self.alloc(elems * a);
+                let lse = self.alloc(dm.b * dm.h * dm.s * FP32);
+                (out, lse, self.flash_rng_state())
+            }
             Attention::Math => {
                 let scores = self.matmul(dm.scores() * a);
                 let probs = self.alloc(dm.scores() * a);
                 self.free(scores);
-                (self.matmul(elems * a), probs)
+                (self.matmul(elems * a), probs, Vec::new())
             }
         }
     }
 
     /// Rotary embedding of q or k (`elems` = B·S·D): `cat(x1·cos − x2·sin, x2·cos + x1·sin)`
-    /// with cos/sin cast to the compute dtype each call (saved until backward).
-    fn rope_fwd(&mut self, dm: Dims, elems: u64) -> (u64, [u64; 2]) {
+    /// with cos/sin cast to the compute dtype each call (saved until backward). Under FSDP the
+    /// block's inputs arrive cast already (MixedPrecisionPolicy's `cast_forward_inputs`): the
+    /// casts are no-ops.
+    fn rope_fwd(&mut self, dm: Dims, elems: u64) -> (u64, Option<[u64; 2]>) {
         let a = dm.a;
         let half_dim = self.spec.model.d_model / self.spec.model.heads / 2;
-        let cos = self.alloc(dm.s * half_dim * a);
-        let sin = self.alloc(dm.s * half_dim * a);
+        let tables = self.spec.fsdp.is_none().then(|| [self.alloc(dm.s * half_dim * a), self.alloc(dm.s * half_dim * a)]);
         let half = elems / 2 * a;
         let m1 = self.alloc(half);
         let m2 = self.alloc(half);
@@ -535,7 +805,7 @@ impl TransformerGen {
         let out = self.alloc(elems * a);
         self.free(add);
         self.free(sub);
-        (out, [cos, sin])
+        (out, tables)
     }
 
     /// Grouped-query attention's `k.repeat_interleave(heads // kv_heads, dim=1)`, then v's: each
@@ -553,18 +823,18 @@ impl TransformerGen {
     }
 
     /// Backward of [`Self::rope_fwd`] given `g` (owned); returns the gradient of the input.
-    fn rope_bwd(&mut self, dm: Dims, elems: u64, tables: [u64; 2], g: u64) -> u64 {
+    fn rope_bwd(&mut self, dm: Dims, elems: u64, tables: Option<[u64; 2]>, g: u64) -> u64 {
         let half = elems / 2 * dm.a;
         let a1 = self.alloc(half);
         let b1 = self.alloc(half);
         let neg = self.alloc(half);
         let c1 = self.alloc(half);
         self.free(neg);
-        self.free(tables[1]);
+        self.free_opt(tables.map(|t| t[1]));
         self.free(c1);
         let e1 = self.alloc(half);
         self.free(g);
-        self.free(tables[0]);
+        self.free_opt(tables.map(|t| t[0]));
         self.free(e1);
         let s1 = self.alloc(elems * dm.a);
         self.free(b1);
@@ -637,7 +907,8 @@ impl TransformerGen {
                     // SDPA takes the strided q, k, v views and writes (B, S, H, d) directly.
                     let out = self.alloc(t * d * a);
                     let lse = self.alloc(dm.b * dm.h * dm.s * FP32);
-                    (AttnSaved::Flash { q: qkv, k: qkv, v: qkv, qkv: Some(qkv), out, lse, rope: Vec::new() }, out, None)
+                    let rng = self.flash_rng_state();
+                    (AttnSaved::Flash { q: qkv, k: qkv, v: qkv, qkv: Some(qkv), out, lse, rng, rope: [None, None] }, out, None)
                 }
             }
         } else {
@@ -648,14 +919,15 @@ impl TransformerGen {
                 outs.push(o);
             }
             let (q_rot, qt) = self.rope_fwd(dm, t * d);
+            let qt = qt.or(self.block_rope_casts.take());
             let (k_rot, kt) = self.rope_fwd(dm, t * dm.kv);
             self.free(outs[1]);
             self.free(outs[0]);
             let (k, v) = self.repeat_kv(dm, k_rot, outs[2]);
-            let (out, lse) = self.sdpa_fwd(dm, t * d);
+            let (out, lse, rng) = self.sdpa_fwd(dm, t * d);
             // (B, H, S, d) output transposed back to (B, S, D): a copy.
             let y = self.alloc(t * d * a);
-            (AttnSaved::Flash { q: q_rot, k, v, qkv: None, out, lse, rope: vec![qt[0], qt[1], kt[0], kt[1]] }, y, Some(Vec::new()))
+            (AttnSaved::Flash { q: q_rot, k, v, qkv: None, out, lse, rng, rope: [qt, kt] }, y, Some(Vec::new()))
         };
         let (proj, proj_saved) = self.linear_fwd(dm, bp.attn_out, a, t, y_owned.is_some().then_some(y));
         self.free_all(y_owned.unwrap_or_default());
@@ -731,14 +1003,15 @@ impl TransformerGen {
             outs.push(o);
         }
         let (q_rot, tables) = self.rope_fwd(dm, t * d);
-        self.free_all(tables);
+        self.free_all(tables.into_iter().flatten());
         let (k_rot, tables) = self.rope_fwd(dm, t * dm.kv);
-        self.free_all(tables);
+        self.free_all(tables.into_iter().flatten());
         self.free(outs[1]);
         self.free(outs[0]);
         let (k, v) = self.repeat_kv(dm, k_rot, outs[2]);
-        let (out, lse) = self.sdpa_fwd(dm, t * d);
+        let (out, lse, rng) = self.sdpa_fwd(dm, t * d);
         self.free(lse);
+        self.free_all(rng);
         let y = self.alloc(t * d * a);
         let (proj, s) = self.linear_fwd(dm, bp.attn_out, a, t, None);
         self.drop_saved(s);
@@ -808,7 +1081,9 @@ impl TransformerGen {
             Attention::Flash => {
                 let out = self.alloc(t * d * a);
                 let lse = self.alloc(dm.b * dm.h * dm.s * FP32);
+                let rng = self.flash_rng_state();
                 self.free(lse);
+                self.free_all(rng);
                 dying.push(out);
                 out
             }
@@ -982,12 +1257,20 @@ impl TransformerGen {
                 self.free(gvc);
                 self.linear_bwd(dm, bp.qkv[0], qkv[0], gqkv, a, true, t, p)
             }
-            AttnSaved::Flash { q, k, v, qkv: fused, out, lse, rope } => {
+            AttnSaved::Flash { q, k, v, qkv: fused, out, lse, rng, rope } => {
+                let flash = self.spec.attention == Attention::Flash;
+                // One B·S·D transient the kernel makes for its inputs' layout (kernel scratch;
+                // seen on PyTorch's own CUDA path, torch 2.15, for Llama's attention, whose q
+                // and k the rotary embedding made contiguous, and not for GPT's, views of the
+                // fused projection).
+                let grad_copy = (flash && self.spec.kernel_scratch && fused.is_none()).then(|| self.alloc(t * d * a));
                 let grads = [self.alloc(t * d * a), self.alloc(t * d * a), self.alloc(t * d * a)];
-                if self.spec.attention == Attention::Flash {
+                if flash {
                     let scratch: Vec<u64> = flash_backward_scratch(dm.b, dm.h, dm.s, d / dm.h).into_iter().filter(|&n| n > 0).map(|n| self.alloc(n)).collect();
                     self.free_all(scratch.into_iter().rev());
                 }
+                self.free_opt(grad_copy);
+                self.free_all(rng.into_iter().rev());
                 self.free(gi);
                 match fused {
                     Some(x) => self.free(x),
@@ -1015,8 +1298,8 @@ impl TransformerGen {
                     } else {
                         (grads[2], grads[1])
                     };
-                    let gk = self.rope_bwd(dm, t * dm.kv, [rope[2], rope[3]], gk);
-                    let gq = self.rope_bwd(dm, t * d, [rope[0], rope[1]], grads[0]);
+                    let gk = self.rope_bwd(dm, t * dm.kv, rope[1], gk);
+                    let gq = self.rope_bwd(dm, t * d, rope[0], grads[0]);
                     // v, k then q projections; the first two input gradients are summed into a
                     // new tensor, the third in place.
                     let mut qkv = qkv;
@@ -1068,7 +1351,8 @@ impl TransformerGen {
         let spec = &self.spec;
         let m = &spec.model;
         let a = spec.activation_dtype.bytes();
-        let p = spec.param_dtype.bytes();
+        // Under FSDP the gathered parameters are in the compute dtype: no autocast.
+        let p = if spec.fsdp.is_some() { a } else { spec.param_dtype.bytes() };
         let autocast = p != a;
         Dims {
             b: spec.batch,
@@ -1081,7 +1365,7 @@ impl TransformerGen {
             v: m.vocab,
             a,
             p,
-            g: spec.grad_dtype.unwrap_or(spec.param_dtype).bytes(),
+            g: if spec.fsdp.is_some() { a } else { spec.grad_dtype.unwrap_or(spec.param_dtype).bytes() },
             autocast,
             sm: if autocast { FP32 } else { a },
             dropout: spec.attention_dropout > 0.0,
@@ -1129,6 +1413,9 @@ impl TransformerGen {
             self.free_opt(old);
         }
 
+        // FSDP: the root's parameters gathered before its forward.
+        self.fsdp_pre_forward(0, a);
+        let fsdp = self.fsdp.is_some();
         // Embeddings (not autocast: param dtype), positions or rotary tables, the causal mask.
         let mut rope_tables = Vec::new();
         let pos_ids = named.pos_embed.map(|_| self.alloc(s * INT64));
@@ -1170,17 +1457,33 @@ impl TransformerGen {
         let layers = named.blocks.len();
         let mut saved: Vec<Option<BlockSaved>> = Vec::with_capacity(layers);
         let mut inputs = Vec::with_capacity(layers);
-        for bp in &named.blocks {
-            if self.spec.checkpointing {
-                let out = if gelu { self.gelu_block_fwd_unsaved(dm, bp, x) } else { self.swiglu_block_fwd_unsaved(dm, bp, x) };
-                saved.push(None);
-                inputs.push(x);
-                x = out;
-                continue;
+        // FSDP's MixedPrecisionPolicy casts a block's floating-point inputs to the compute
+        // dtype before its pre-forward hook gathers it: Llama's fp32 rotary tables, once per
+        // block (held by its checkpoint until its backward, or saved by q's rotary embedding).
+        let mut block_casts: Vec<Vec<u64>> = Vec::with_capacity(layers);
+        for (l, bp) in named.blocks.iter().enumerate() {
+            let casts = if fsdp && !gelu { vec![self.alloc(s * (d / dm.h / 2) * a), self.alloc(s * (d / dm.h / 2) * a)] } else { Vec::new() };
+            if let ([cos, sin], false) = (&casts[..], self.spec.checkpointing) {
+                self.block_rope_casts = Some([*cos, *sin]);
+                block_casts.push(Vec::new());
+            } else {
+                block_casts.push(casts);
             }
-            let sv = self.block_fwd(dm, bp, x, false);
-            let out = sv.output.expect("a forward block has an output");
-            saved.push(Some(sv));
+            self.fsdp_pre_forward(l + 1, a);
+            let out = if self.spec.checkpointing {
+                saved.push(None);
+                if gelu {
+                    self.gelu_block_fwd_unsaved(dm, bp, x)
+                } else {
+                    self.swiglu_block_fwd_unsaved(dm, bp, x)
+                }
+            } else {
+                let sv = self.block_fwd(dm, bp, x, false);
+                let out = sv.output.expect("a forward block has an output");
+                saved.push(Some(sv));
+                out
+            };
+            self.fsdp_post_forward(l + 1);
             inputs.push(x);
             x = out;
         }
@@ -1204,13 +1507,15 @@ impl TransformerGen {
         if !gelu {
             // Llama.forward returns: rotary tables and (fp32 copies saved instead) the last
             // hidden state die.
-            if !self.spec.checkpointing {
+            // (Checkpointed blocks hold the tables, unless FSDP gave each block its own cast.)
+            if !self.spec.checkpointing || fsdp {
                 self.free_all(rope_tables.iter().copied());
             }
             if p != FP32 {
                 self.free(x);
             }
         }
+        self.fsdp_root_post_forward();
         let old = self.carried.logits.replace(logits);
         self.free_opt(old);
         let old = self.carried.loss.replace(loss);
@@ -1223,6 +1528,9 @@ impl TransformerGen {
         let scaled = self.alloc(nll);
         let seed = self.alloc(nll);
         let g_div = self.alloc(nll);
+        // FSDP: the root's pre-backward hook (on the loss's inputs) gathers it again and
+        // prefetches the last block.
+        self.fsdp_pre_backward(0, a);
         let mut g = self.alloc(t * v * nll);
         self.free(g_div);
         self.free_opt(up);
@@ -1242,8 +1550,10 @@ impl TransformerGen {
         }
         let gi = self.linear_bwd(dm, named.lm_head, head_saved, g_logits, a, true, t, p);
         let g_res = self.norm_bwd(dm, named.final_norm, nf, gi, false).expect("the final norm's gradient starts the residual buffer");
+        let (reduce, stored) = self.fsdp_dtypes();
         for l in (0..layers).rev() {
             let bp = &named.blocks[l];
+            self.fsdp_pre_backward(l + 1, a);
             let sv = match saved[l].take() {
                 Some(sv) => sv,
                 None => {
@@ -1262,8 +1572,11 @@ impl TransformerGen {
             // A checkpointed Llama block holds its input (unless an fp32 RMSNorm saved it) and
             // the rotary tables; the last block to run backward releases the tables.
             let mut args = Vec::new();
+            let casts = std::mem::take(&mut block_casts[l]);
             if self.spec.checkpointing && !gelu {
-                if l == 0 {
+                if fsdp {
+                    args.extend(casts.iter().rev().copied());
+                } else if l == 0 {
                     args.extend(rope_tables.iter().rev().copied());
                 }
                 if p != FP32 {
@@ -1271,6 +1584,7 @@ impl TransformerGen {
                 }
             }
             self.block_bwd(dm, bp, sv, g_res, if l == 0 { mask } else { None }, args);
+            self.fsdp_post_backward(l + 1, reduce, stored);
         }
         // Embedding backward: positions (summed over the batch), then tokens.
         if let Some(pe) = named.pos_embed {
@@ -1283,6 +1597,8 @@ impl TransformerGen {
         let gte = self.alloc(self.layout.elems[named.tok_embed] * p);
         self.free(g_res);
         self.accumulate(dm, named.tok_embed, gte, p);
+        self.fsdp_post_backward(0, reduce, stored);
+        self.fsdp_end_backward();
         self.free(seed);
         self.free(scaled);
         if let Some(ddp) = self.ddp.as_mut() {
@@ -1306,8 +1622,11 @@ impl TransformerGen {
     /// `clip_grad_norm_(foreach=True)`: a norm per gradient, stacked, the total norm, the clip
     /// coefficient (scalars in the gradient dtype); the multiply is in place.
     fn clip_grad_norm(&mut self, dm: Dims) {
-        let g = dm.g;
-        let n = self.grads.iter().filter(|x| x.is_some()).count() as u64;
+        // Under FSDP every parameter has a sharded gradient in its own dtype.
+        let (g, n) = match &self.fsdp {
+            Some(f) => (self.spec.param_dtype.bytes(), f.layout.groups.iter().map(|g| g.params.len() as u64).sum()),
+            None => (dm.g, self.grads.iter().filter(|x| x.is_some()).count() as u64),
+        };
         let norms: Vec<u64> = (0..n).map(|_| self.alloc(g)).collect();
         let stack = self.alloc(n * g);
         let total = self.alloc(g);
@@ -1326,9 +1645,9 @@ impl TransformerGen {
 
     fn optimizer_step(&mut self) {
         let st = self.spec.optimizer_state_dtype.bytes();
+        let tensors = self.optimizer_tensors();
         if self.optimizer_state.is_empty() {
-            for i in 0..self.layout.elems.len() {
-                let elems = self.layout.elems[i];
+            for &elems in &tensors {
                 match self.spec.optimizer {
                     Optimizer::AdamForeach => {
                         // exp_avg, exp_avg_sq (the step count stays on the CPU).
@@ -1360,11 +1679,18 @@ impl TransformerGen {
         if self.spec.optimizer == Optimizer::AdamForeach {
             // _foreach_sqrt(exp_avg_sq): one parameter-shaped temporary each, freed in reverse
             // when the step returns (the other foreach ops are in place).
-            let tmps: Vec<u64> = (0..self.layout.elems.len()).map(|i| self.alloc(self.layout.elems[i] * st)).collect();
+            let tmps: Vec<u64> = tensors.iter().map(|&e| self.alloc(e * st)).collect();
             self.free_all(tmps.into_iter().rev());
         }
         if self.spec.grads_set_to_none {
-            let grads: Vec<u64> = self.grads.iter_mut().filter_map(Option::take).collect();
+            let mut grads: Vec<u64> = self.grads.iter_mut().filter_map(Option::take).collect();
+            if let Some(f) = self.fsdp.as_mut() {
+                // A group's reduced shard dies with the last of its gradients' views: the
+                // blocks in order, then the root (its head comes last).
+                let mut order: Vec<usize> = (1..f.sharded_grads.len()).collect();
+                order.push(0);
+                grads.extend(order.into_iter().filter_map(|g| f.sharded_grads[g].take()));
+            }
             self.free_all(grads);
         }
     }
@@ -1383,6 +1709,47 @@ pub fn flash_backward_scratch(batch: u64, heads: u64, seq: u64, head_dim: u64) -
     let softmax_d = batch * heads * s_rounded * FP32;
     let dq_accum = batch * s_rounded * heads * d_rounded * FP32;
     [softmax_d, dq_accum]
+}
+
+/// The scratch of a CUDA sum over the outer dimension of a contiguous [`inputs_per_output`,
+/// `outputs`] tensor of a 16- or 32-bit type (the gradient of a weight broadcast over tokens),
+/// as `aten/src/ATen/native/cuda/Reduce.cuh`'s `setReduceConfig` sizes it on an H100 (132
+/// multiprocessors of 2,048 threads): when it splits the inputs across blocks
+/// (`ctas_per_output` > 1), a global staging buffer of fp32 partial sums and a semaphore per
+/// output block, in bytes. (An input past 2 GiB, which PyTorch splits into 32-bit-indexable
+/// pieces reduced one by one, is taken as one.)
+pub fn outer_sum_scratch(outputs: u64, inputs_per_output: u64) -> Option<(u64, u64)> {
+    const MAX_NUM_THREADS: u64 = 512;
+    const WARP: u64 = 32;
+    const ACCUMULATOR: u64 = 4;
+    const MULTIPROCESSORS: u64 = 132;
+    const THREADS_PER_MULTIPROCESSOR: u64 = 2048;
+    if outputs == 0 || inputs_per_output == 0 {
+        return None;
+    }
+    // Vectorised along the outputs (`get_output_vec_size`): 4, 2 or 1 as the count divides.
+    let vec = [4, 2, 1].into_iter().find(|v| outputs.is_multiple_of(*v)).unwrap_or(1);
+    let max_threads = MAX_NUM_THREADS / vec;
+    let pow2 = |x: u64| if x < max_threads { 1u64 << (63 - x.leading_zeros()) } else { max_threads };
+    let (dim0, dim1) = (pow2(outputs / vec), pow2(inputs_per_output));
+    let height = dim1.min(max_threads / dim0.min(WARP));
+    let width = dim0.min(max_threads / height);
+    let threads = width * height;
+    // Lanes take outputs; warps take inputs if that leaves each thread 16 or more.
+    let mut step_output = width;
+    let split_warps = inputs_per_output >= height * 16 || inputs_per_output >= 256;
+    let step_input = if split_warps { height } else { 1 };
+    if !split_warps {
+        step_output *= height;
+    }
+    let grid = (outputs / vec).div_ceil(step_output);
+    let target_grid = MULTIPROCESSORS * (THREADS_PER_MULTIPROCESSOR / threads);
+    let values = inputs_per_output.div_ceil(step_input);
+    if !(split_warps && values >= 256 && grid <= target_grid) {
+        return None;
+    }
+    let ctas = target_grid.div_ceil(grid).min(values.div_ceil(16)).max(values.div_ceil(256));
+    (ctas > 1).then_some((ACCUMULATOR * outputs * ctas * width * vec, 4 * grid))
 }
 
 impl TransformerGen {
@@ -1432,9 +1799,27 @@ impl Iterator for TransformerGen {
             if !self.started {
                 self.started = true;
                 let pb = self.spec.param_dtype.bytes();
-                for i in 0..self.layout.elems.len() {
-                    let id = self.e.alloc(self.layout.elems[i] * pb);
-                    self.params.push(id);
+                match &self.fsdp {
+                    // `to_empty` after `fully_shard`: each rank's padded shards, in module order.
+                    Some(f) => {
+                        for (_, elems) in f.layout.module_order() {
+                            let id = self.e.alloc(elems * pb);
+                            self.params.push(id);
+                        }
+                        // A tied output projection is materialised again at its place, the
+                        // embedding's first shard dropped.
+                        let named = &self.layout.named;
+                        if named.lm_head.weight == named.tok_embed {
+                            let again = self.e.alloc(f.layout.groups[0].shard_elems[0] * pb);
+                            self.e.free(std::mem::replace(&mut self.params[0], again));
+                        }
+                    }
+                    None => {
+                        for i in 0..self.layout.elems.len() {
+                            let id = self.e.alloc(self.layout.elems[i] * pb);
+                            self.params.push(id);
+                        }
+                    }
                 }
                 if let Some(ddp) = self.spec.ddp.clone() {
                     self.ddp_init(&ddp);
