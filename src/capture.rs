@@ -26,6 +26,7 @@ pub const CAPTURE_PACKAGE: &[(&str, &str)] = &[
     ("driver/fake_cublas.cpp", include_str!("../scripts/allocbench_capture/driver/fake_cublas.cpp")),
     ("driver/fake_cudart_kernels.cpp", include_str!("../scripts/allocbench_capture/driver/fake_cudart_kernels.cpp")),
     ("driver/fake_handles.h", include_str!("../scripts/allocbench_capture/driver/fake_handles.h")),
+    ("driver/flop_counter.cpp", include_str!("../scripts/allocbench_capture/driver/flop_counter.cpp")),
     ("driver/fake_libcuda.cpp", include_str!("../scripts/allocbench_capture/driver/fake_libcuda.cpp")),
     // The oracle's fake runtime and NVML are the driver backend's too (one fake CUDA stack).
     ("driver/fake_cudart.cpp", include_str!("gpu/oracle/fake_cudart.cpp")),

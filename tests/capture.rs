@@ -207,6 +207,12 @@ fn the_capture_counts_the_math_the_transformer_generator_models() {
         let (out, trace) = capture(dir.path(), &format!("flops-{model}-{checkpointing}.csv"), &[], &args);
         assert!(out.status.success(), "{}", stderr(&out));
         let counted = allocbench::input::Source::open(Some(&trace)).unwrap().flops().expect("a capture of matmuls counts FLOPs");
+        // PyTorch's own CUDA path counts the same (a checkpoint's recomputation stops inside
+        // the op whose inputs it needs last: that op did no work).
+        let (out, trace) = capture(dir.path(), &format!("flops-{model}-{checkpointing}-driver.csv"), &["--backend", "driver"], &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let on_driver = allocbench::input::Source::open(Some(&trace)).unwrap().flops();
+        assert_eq!(on_driver, Some(counted), "{model}, checkpointing {checkpointing}: FLOPs on the driver");
         let toml = format!(
             "name = \"tiny\"\nseed = 1\n[transformer]\nsteps = 2\nbatch = 2\nseq_len = {{ dist = \"fixed\", value = 48 }}\n\
              param_dtype = \"fp32\"\nactivation_dtype = \"fp32\"\noptimizer = \"adam_foreach\"\ncheckpointing = {checkpointing}\n{shape}"
@@ -2269,6 +2275,11 @@ fn the_driver_backend_records_pytorchs_own_allocator_and_agrees_with_fake_tensor
             sites.of_id.values().map(|&i| sites.names[i as usize].split(' ').next().unwrap().to_string()).collect()
         };
         let (driver_sites, fake_sites) = (file_lines(&driver), file_lines(&fake));
+        // The device's math, as torch.utils.flop_counter counts it, is the same FLOP for FLOP
+        // (the driver's from the ATen ops PyTorch's CUDA path runs).
+        let flops = |path: &Path| allocbench::input::Source::open(Some(path)).unwrap().flops();
+        assert!(flops(&driver).is_some(), "{model}: the driver's trace says its FLOPs");
+        assert_eq!(flops(&driver), flops(&fake), "{model}: FLOPs on the driver and on fake tensors");
         let allocs = events(&driver).iter().filter(|e| matches!(e, Event::Alloc { .. })).count();
         assert_eq!(driver_sites.len(), allocs, "{model}: every allocation has a site");
         let known: std::collections::HashSet<&String> = fake_sites.iter().collect();
@@ -2331,7 +2342,7 @@ fn torch_compile_runs_compiled_on_the_driver_backend() {
             compiled = if compiled { "True" } else { "False" }
         )
     };
-    let mut traces = Vec::new();
+    let (mut traces, mut flops) = (Vec::new(), Vec::new());
     for compiled in [true, false] {
         let script = dir.path().join(format!("mlp-{compiled}.py"));
         std::fs::write(&script, body(compiled)).unwrap();
@@ -2351,9 +2362,12 @@ fn torch_compile_runs_compiled_on_the_driver_backend() {
             assert!(std::fs::read_dir(&cache).map(|d| d.count() > 0).unwrap_or(false), "Triton compiled kernels for the fake card");
         }
         traces.push(signed_sizes(&evs));
+        flops.push(allocbench::input::Source::open(Some(&trace)).unwrap().flops());
     }
     let (compiled, eager) = (&traces[0], &traces[1]);
     assert_ne!(compiled, eager, "the compiled program allocates as Inductor decides, not as eager does");
+    // Its matmuls are Inductor's extern cuBLAS calls: the same math as eager's.
+    assert!(flops[0].is_some() && flops[0] == flops[1], "FLOPs compiled {:?}, eager {:?}", flops[0], flops[1]);
     // The parameters and AdamW's state are the same tensors either way.
     let persistent = |t: &[i64]| t.iter().filter(|&&s| s == 1024 * 256 * 4).count();
     assert_eq!(persistent(compiled), persistent(eager));
@@ -2726,4 +2740,7 @@ fn inductors_autotuning_runs_on_the_driver_backend_and_is_said() {
     let benchmarks: u64 = line["autotuning: ".len()..].split(' ').next().unwrap().parse().unwrap();
     assert!(benchmarks > 0 && line.contains("kept its first (default) choice"), "{line}");
     assert!(std::fs::read_to_string(&trace).unwrap().contains(&format!("# autotuning: {benchmarks} GPU benchmarks")));
+    // The math is the one matmul the program does, not the runs that timed its choices.
+    let flops = allocbench::input::Source::open(Some(&trace)).unwrap().flops();
+    assert_eq!(flops, Some((2 * 256 * 256 * 256) as f64), "FLOPs of a 256³ matmul");
 }

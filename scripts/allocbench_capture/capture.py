@@ -24,7 +24,7 @@ from .progress import _Progress
 from .shim import _install_fake_cuda_guard
 from .sites import _Sites
 from .threads import _recorded_threads
-from .trace import HEADER_LINE, _TraceSink
+from .trace import HEADER_LINE, _TraceSink, flops_line
 
 
 @contextlib.contextmanager
@@ -183,7 +183,7 @@ def _note_flops(recorder):
     """The math the device would have done (`# flops: N ...`): what `advise` estimates a step's
     time from when none is given."""
     if recorder.flops:
-        recorder.sink.comment(f"flops: {recorder.flops} (matmul, convolution and attention on the device, as torch.utils.flop_counter counts them)")
+        recorder.sink.comment(flops_line(recorder.flops))
 
 
 def _close_on_hard_exit(recorder, patches, sink):

@@ -103,7 +103,7 @@ def build():
     major = cudart.rsplit(".", 1)[1]
     headers = _cuda_headers(root, major)
     sources = ["fake_cudart.cpp", "fake_cudart_kernels.cpp", "fake_libcuda.cpp", "fake_cublas.cpp", "fake_nvml.cpp", "allocation_tracker.cpp",
-               "fake_handles.h"]
+               "flop_counter.cpp", "fake_handles.h"]
     paths = {name: _source(name) for name in sources}
     key = hashlib.sha256()
     for name in sources:
@@ -151,8 +151,9 @@ def build():
             f.write('extern "C" {\n' + "".join(f"int {n}() {{ return 0; }}\n" for n in names if n not in defined) + "}\n")
         _gxx([*common, *([f"-D{define}"] if define else []), f"-Wl,-soname,{tag}",
               version_script(f"{tag}.map", tag, ["cublasLt*"] if lt else ["cublas*"]), paths["fake_cublas.cpp"], stubs, "-o", w(tag)], tag)
-    _gxx(["-std=c++20", "-O2", "-shared", "-fPIC", f"-I{include}", f"-I{os.path.join(include, 'torch', 'csrc', 'api', 'include')}", f"-I{headers}",
-          paths["allocation_tracker.cpp"], "-o", w("allocation_tracker.so"),
+    # (NDEBUG as torch's own build: its headers' debug-only checks read fields it never sets.)
+    _gxx(["-std=c++20", "-O2", "-DNDEBUG", "-shared", "-fPIC", f"-I{include}", f"-I{os.path.join(include, 'torch', 'csrc', 'api', 'include')}", f"-I{headers}",
+          paths["allocation_tracker.cpp"], paths["flop_counter.cpp"], "-o", w("allocation_tracker.so"),
           f"-L{lib_dir}", "-ltorch_cpu", "-lc10_cuda", "-lc10", f"-Wl,-rpath,{lib_dir}"], "allocator tracker")
     # Moved in whole, the tracker last: its presence means the stack is complete.
     for name in [*libs, "allocation_tracker.so"]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.abc
+import importlib.util
 import os
 import sys
 import threading
@@ -15,7 +17,7 @@ import time
 from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
 from .ranks import KNOWN_ROLES, RANK_FLAG, communicators, install_fake_process_group, role_of
-from .trace import FORMAT_HEADER, HEADER_LINE
+from .trace import FORMAT_HEADER, HEADER_LINE, flops_line
 
 
 # Where a fake-tensor capture models what a GPU does, the driver backend sees PyTorch do it.
@@ -214,6 +216,66 @@ def _gpu_benchmarks():
     return sum(n for key, n in utils.counters["inductor"].items() if key.startswith("benchmarking.") and key.endswith(".benchmark_gpu"))
 
 
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` has been imported (now if it is)."""
+
+    def __init__(self, name, then):
+        self.name, self.then, self.looking = name, then, False
+
+    def install(self):
+        if self.name in sys.modules:
+            self.then(sys.modules[self.name])
+            return lambda: None
+        sys.meta_path.insert(0, self)
+        return lambda: self in sys.meta_path and sys.meta_path.remove(self)
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name or self.looking:
+            return None
+        self.looking = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self.looking = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module):
+            run(module)
+            then(module)
+
+        spec.loader.exec_module = exec_module
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        return spec
+
+
+def _pause_flops_while_benchmarking(lib, undo):
+    """Inductor's autotuning times its choices by running them (torch/_inductor/runtime/
+    benchmarking.py): their ATen matmuls are not the program's math, so the FLOP count pauses."""
+
+    def patch(module):
+        base = getattr(module, "Benchmarker", None)
+        for cls in [c for c in vars(module).values() if isinstance(c, type) and base is not None and issubclass(c, base)]:
+            for name in ("benchmark_gpu", "benchmark_gpu_with_cuda_graph"):
+                original = cls.__dict__.get(name)
+                if original is None:
+                    continue
+
+                def paused(*args, _original=original, **kwargs):
+                    lib.allocbench_flops_pause(1)
+                    try:
+                        return _original(*args, **kwargs)
+                    finally:
+                        lib.allocbench_flops_pause(-1)
+
+                setattr(cls, name, paused)
+                undo.append(lambda cls=cls, name=name, original=original: setattr(cls, name, original))
+
+    undo.append(_AfterImport("torch._inductor.runtime.benchmarking", patch).install())
+
+
 def device_trace(path, device):
     """Where device ``device``'s rows go beside ``path`` (allocation_tracker.cpp's naming)."""
     at = path.rfind(".csv")
@@ -231,6 +293,8 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     lib.allocbench_tracker_record_stream.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.argtypes = [ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.restype = ctypes.c_uint64
+    lib.allocbench_flops.argtypes = [ctypes.c_int]
+    lib.allocbench_flops.restype = ctypes.c_uint64
     if not torch.cuda.is_available():
         raise SetupError("torch saw no CUDA device on the fake runtime (torch.cuda.is_available() is False): use --backend fake-tensors")
     header = [
@@ -248,6 +312,8 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     primary = int(os.environ.get("LOCAL_RANK", "0")) if os.environ.get(RANK_FLAG) else 0
     if lib.allocbench_tracker_open(os.fsencode(path), header_text.encode(), primary) != 0:
         raise SetupError(f"cannot write the trace {path}")
+    lib.allocbench_flops_pause.argtypes = [ctypes.c_int]
+    lib.allocbench_flops_start()
     # cuDNN is NVIDIA's real library and cannot start on the fake driver: PyTorch's own kernels
     # run instead (a fake cuDNN with the card's workspace sizes is to come).
     torch.backends.cudnn.enabled = False
@@ -285,6 +351,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
 
     hook = register_optimizer_step_post_hook(recorder.optimizer_stepped)
     _patch_streams(torch, recorder, undo)
+    _pause_flops_while_benchmarking(lib, undo)
     _patch_reads(torch, recorder, undo)
     def set_attr(owner, name, value):
         original = getattr(owner, name)
@@ -329,11 +396,15 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
             recorder.flush = None
             torch.cuda.memory._record_memory_history(enabled=None)
         lib.allocbench_tracker_close()
+        lib.allocbench_flops_stop()
         recorder.device_traces = [device_trace(path, d) for d in devices if d != primary]
-        for trace in [path, *recorder.device_traces]:
+        for trace, device in [(path, primary), *((device_trace(path, d), d) for d in devices if d != primary)]:
             with open(trace, "a") as f:
                 for row in recorder.made_up_summary():
                     f.write(f"# value made up: {row['read']} ×{row['count']} at {row['site']} (answered {recorder.scalar_value:g})\n")
                 f.writelines(f"# {line}\n" for line in closing)
+                flops = lib.allocbench_flops(device)
+                if flops:
+                    f.write(f"# {flops_line(flops)}\n")
                 f.write(f"# capture {outcome}\n")
         recorder.outcome = outcome

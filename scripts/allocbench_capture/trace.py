@@ -11,6 +11,11 @@ FORMAT_HEADER = "op,id,bytes,stream"
 HEADER_LINE = "allocbench capture v1: one alloc per new storage, free when it dies, step after optimizer.step()"
 
 
+def flops_line(flops):
+    """The trace's closing `# flops:` line (what `advise` estimates a step's time from)."""
+    return f"flops: {flops} (matmul, convolution and attention on the device, as torch.utils.flop_counter counts them)"
+
+
 class _TraceSink(_FakeCard):
     """Writes trace rows as they happen; flushed at every step so a killed run keeps its rows."""
 
