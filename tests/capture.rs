@@ -2385,7 +2385,7 @@ fn reads_on_the_driver_backend_get_the_stand_in_and_are_counted_at_the_scripts_l
     std::fs::write(
         &script,
         "import torch\nx = torch.ones(4, device='cuda')\nfor _ in range(3):\n    v = x.sum().item()\n\
-         print('item', v)\nprint('branch', bool(x.sum() > 2))\nprint('host', x.cpu().tolist())\n",
+         print('item', v)\nprint('branch', bool(x.sum() > 2))\nprint('host', x.cpu().tolist())\nprint('mask', x[x > 5].shape)\n",
     )
     .unwrap();
     let (out, trace) = capture(dir.path(), "reads.csv", &["--backend", "driver", "--scalar-value", "3"], &[script.to_str().unwrap()]);
@@ -2397,10 +2397,14 @@ fn reads_on_the_driver_backend_get_the_stand_in_and_are_counted_at_the_scripts_l
         "# value made up: .item() ×3 at reads.py:4 `v = x.sum().item()` (answered 3)",
         "# value made up: bool() ×1 at reads.py:6",
         "# value made up: .cpu() ×1 at reads.py:7",
+        // PyTorch's own read of the mask's count, in C++: zeros, counted without a line (the
+        // copy `.cpu()` made is not counted twice).
+        "# value made up: a copy to the host PyTorch made in C++ (a data-dependent shape: nonzero, a boolean mask, unique) ×1 at PyTorch's C++ code",
     ] {
         assert!(text.contains(line), "{line} in\n{text}");
     }
-    assert!(stderr(&out).contains("5 values made up (answered 3"), "{}", stderr(&out));
+    assert!(stdout.contains("mask torch.Size([0])"), "{stdout}");
+    assert!(stderr(&out).contains("6 values made up (answered 3"), "{}", stderr(&out));
     // --strict-values stops at the first, naming its line.
     let (out, trace) = capture(dir.path(), "strict.csv", &["--backend", "driver", "--strict-values"], &[script.to_str().unwrap()]);
     assert!(!out.status.success());

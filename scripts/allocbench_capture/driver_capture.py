@@ -74,6 +74,7 @@ class DriverRecorder:
         self.role = None  # a rank's fingerprint through step 1 (take_role)
         self.gpu_benchmarks = 0  # Inductor's autotuning benchmarks (every choice timed alike)
         self.same_role_as = None  # the earlier rank of the same role (--ranks distinct)
+        self.cpp_reads_before = _RUNTIME.allocbench_fake_unknown_reads()  # (torch's own start-up reads)
 
     def made_up_value(self, read):
         if self.strict_values:
@@ -83,9 +84,14 @@ class DriverRecorder:
             self.made_up[(site, read)] = self.made_up.get((site, read), 0) + 1
 
     def made_up_summary(self):
-        """[{site, read, count}] of the values made up, most first."""
+        """[{site, read, count}] of the values made up, most first; PyTorch's own reads in C++
+        (zeros, whatever --scalar-value says) last."""
         rows = [dict(site=site, read=read, count=n) for (site, read), n in self.made_up.items()]
-        return sorted(rows, key=lambda r: -r["count"])
+        rows = sorted(rows, key=lambda r: -r["count"])
+        cpp_reads = _RUNTIME.allocbench_fake_unknown_reads() - self.cpp_reads_before
+        if cpp_reads:
+            rows.append(dict(site=CPP_READ_SITE, read=CPP_READ, count=cpp_reads))
+        return rows
 
     def line(self, text, device=-1):
         """A row on ``device``'s trace, or on every device's (-1); the rows before it go out with
@@ -169,10 +175,18 @@ def _patch_streams(torch, recorder, undo):
 _READS = {"item": ".item()", "__bool__": "bool()", "__float__": "float()", "__int__": "int()", "__index__": "an index", "tolist": ".tolist()"}
 
 
+# The fake runtime's count of copies to the host that read zeros, and its bracket for the reads
+# counted here (src/gpu/oracle/fake_cudart.cpp; preloaded, so in the process's namespace).
+_RUNTIME = ctypes.CDLL(None)
+CPP_READ = "a copy to the host PyTorch made in C++ (a data-dependent shape: nonzero, a boolean mask, unique)"
+CPP_READ_SITE = "PyTorch's C++ code (no line of the script's: zeros read)"
+
+
 def _patch_reads(torch, recorder, undo):
     """A read of a device tensor's values: counted at the script's line and answered with the
     stand-in (the fake device holds no values; its copies to the host read zeros). Reads made in
-    C++ (a data-dependent shape: nonzero, a boolean mask) see zeros and are not counted."""
+    C++ (a data-dependent shape: nonzero, a boolean mask) see zeros: the fake runtime counts them
+    (cpp_reads), without a line."""
 
     def stand_in_of(t):
         return torch.full(t.shape, recorder.scalar_value, dtype=t.dtype)
@@ -195,7 +209,11 @@ def _patch_reads(torch, recorder, undo):
         original = getattr(torch.Tensor, name)
 
         def copied(self, *args, _original=original, _name=name, **kwargs):
-            out = _original(self, *args, **kwargs)
+            _RUNTIME.allocbench_fake_reads_counted_elsewhere(1)
+            try:
+                out = _original(self, *args, **kwargs)
+            finally:
+                _RUNTIME.allocbench_fake_reads_counted_elsewhere(-1)
             if self.is_cuda and isinstance(out, torch.Tensor) and out.device.type == "cpu" and not recorder.closed:
                 recorder.made_up_value(f".{_name}('cpu')" if _name == "to" else ".cpu()")
                 if recorder.scalar_value:
@@ -293,6 +311,8 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     lib.allocbench_tracker_record_stream.argtypes = [ctypes.c_uint64, ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.argtypes = [ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.restype = ctypes.c_uint64
+    _RUNTIME.allocbench_fake_unknown_reads.restype = ctypes.c_uint64
+    _RUNTIME.allocbench_fake_reads_counted_elsewhere.argtypes = [ctypes.c_int]
     lib.allocbench_flops.argtypes = [ctypes.c_int]
     lib.allocbench_flops.restype = ctypes.c_uint64
     if not torch.cuda.is_available():
@@ -401,7 +421,8 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         for trace, device in [(path, primary), *((device_trace(path, d), d) for d in devices if d != primary)]:
             with open(trace, "a") as f:
                 for row in recorder.made_up_summary():
-                    f.write(f"# value made up: {row['read']} ×{row['count']} at {row['site']} (answered {recorder.scalar_value:g})\n")
+                    answered = 0 if row["read"] == CPP_READ else recorder.scalar_value
+                    f.write(f"# value made up: {row['read']} ×{row['count']} at {row['site']} (answered {answered:g})\n")
                 f.writelines(f"# {line}\n" for line in closing)
                 flops = lib.allocbench_flops(device)
                 if flops:

@@ -10,6 +10,7 @@
 #include "fake_handles.h"
 
 extern "C" void allocbench_fake_kernel_ran();  // (fake_cudart.cpp: nothing copied before it is kept)
+extern "C" void allocbench_fake_unknown_read();  // (fake_cudart.cpp: a read of zeros, counted)
 
 #include <cstdint>
 #include <cstdlib>
@@ -123,8 +124,10 @@ cudaError_t cudaIpcOpenEventHandle(cudaEvent_t*, cudaIpcEventHandle_t) { return 
 // Copies and fills: nothing on the device; a copy to the host writes zeros (2-D copies) or what
 // fake_cudart.cpp kept of a copy to the device since the last kernel.
 cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void*, size_t, size_t width, size_t height, cudaMemcpyKind kind, cudaStream_t) {
-  if (kind == cudaMemcpyDeviceToHost)
+  if (kind == cudaMemcpyDeviceToHost) {
     for (size_t r = 0; r < height; r++) std::memset(static_cast<char*>(dst) + r * dpitch, 0, width);
+    allocbench_fake_unknown_read();
+  }
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyToSymbol(const void*, const void*, size_t, size_t, cudaMemcpyKind) { return cudaSuccess; }

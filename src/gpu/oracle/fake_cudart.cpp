@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -189,10 +190,16 @@ DeviceValues& device_values() {
   static DeviceValues* v = new DeviceValues();
   return *v;
 }
+// Copies to the host of bytes nothing copied to the device (they read zeros): what PyTorch's C++
+// code reads on its own (a data-dependent shape: nonzero, a boolean mask), as the reads the
+// capture's Python side answers and counts itself say so around them.
+std::atomic<uint64_t> unknown_reads{0};
+thread_local int reads_counted_elsewhere = 0;
 }  // namespace
 
 extern "C" {
 
+void allocbench_fake_unknown_read();
 void allocbench_fake_copied_to_device(uintptr_t dst, const void* src, size_t n) {
   DeviceValues& v = device_values();
   std::lock_guard<std::mutex> g(v.mu);
@@ -202,9 +209,17 @@ void allocbench_fake_read_from_device(void* dst, uintptr_t src, size_t n) {
   DeviceValues& v = device_values();
   std::lock_guard<std::mutex> g(v.mu);
   const char* held = v.get(src, n);
-  if (held != nullptr) std::memcpy(dst, held, n);
-  else std::memset(dst, 0, n);
+  if (held != nullptr) return (void)std::memcpy(dst, held, n);
+  std::memset(dst, 0, n);
+  allocbench_fake_unknown_read();
 }
+void allocbench_fake_unknown_read() {
+  if (reads_counted_elsewhere == 0) unknown_reads++;
+}
+// The reads of device bytes that read zeros, but for those counted elsewhere.
+uint64_t allocbench_fake_unknown_reads() { return unknown_reads.load(); }
+// +1 before a read the caller counts itself (the capture's `.cpu()`), -1 after.
+void allocbench_fake_reads_counted_elsewhere(int delta) { reads_counted_elsewhere += delta; }
 void allocbench_fake_copied_on_device(uintptr_t dst, uintptr_t src, size_t n) {
   DeviceValues& v = device_values();
   std::lock_guard<std::mutex> g(v.mu);
