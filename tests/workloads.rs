@@ -673,6 +673,16 @@ fn fsdp_twins_follow_driver_captures_op_by_op() {
         let (c, g) = (profile(captured.into_iter(), true), profile(generated.into_iter(), false));
         assert_eq!(c.peak_live, g.peak_live, "{name}: peak live");
     }
+    // Without mixed precision (fp32 throughout) nothing is cast: each all-gather copies the
+    // shards into its output, with no input of its own, as the capture shows. (SDPA takes the
+    // memory-efficient kernel in fp32, which the generator leaves out: only the collectives'
+    // allocations are compared.)
+    let captured: Vec<Event> = read_trace(&root.join("tiny-llama-fp32.csv.gz")).unwrap().map(|r| r.unwrap()).collect();
+    let twin = Workload::load(&root.join("tiny-llama-fp32.toml")).unwrap();
+    let side = |events: Vec<Event>| large_ops(events.into_iter(), 0).0.into_iter().filter(|o| o.0 && o.2).map(|o| o.1).collect::<Vec<u64>>();
+    let (cap, gen) = (side(captured), side(twin.events().collect()));
+    assert!(cap.len() >= 18, "{} collective allocations", cap.len());
+    assert_eq!(gen, cap, "tiny-llama-fp32: the all-gather outputs and reduced shards, in order");
     // Without the FSDP option, nothing is gathered: the same model allocates none of it.
     let src = std::fs::read_to_string(root.join("tiny-llama.toml")).unwrap();
     let plain =

@@ -393,18 +393,22 @@ impl TransformerGen {
         self.e.free(flat);
     }
 
-    /// Issues group `g`'s all-gather unless it is unsharded or already issued: the shards cast
-    /// to the gathered dtype (`a` bytes) into one flat input, the output for every rank, both
-    /// on the all-gather stream; the input dies once copied in.
+    /// Issues group `g`'s all-gather unless it is unsharded or already issued: the output for
+    /// every rank on the all-gather stream; when the shards are cast to the gathered dtype (`a`
+    /// bytes), their cast is one flat input before it, dying once copied in (without a cast
+    /// the shards are copied into the output's own slice).
     fn fsdp_unshard(&mut self, g: usize, a: u64) {
+        let cast = self.spec.param_dtype.bytes() != a;
         let Some(f) = self.fsdp.as_mut() else { return };
         if f.unsharded[g].is_some() || f.pending[g].is_some() {
             return;
         }
         let shard = f.layout.groups[g].shard_total() * a;
-        let input = self.e.alloc_on(shard, FSDP_ALL_GATHER_STREAM);
+        let input = cast.then(|| self.e.alloc_on(shard, FSDP_ALL_GATHER_STREAM));
         let output = self.e.alloc_on(shard * f.layout.world, FSDP_ALL_GATHER_STREAM);
-        self.e.free(input);
+        if let Some(input) = input {
+            self.e.free(input);
+        }
         f.pending[g] = Some(output);
     }
 
@@ -790,7 +794,8 @@ impl TransformerGen {
     fn rope_fwd(&mut self, dm: Dims, elems: u64) -> (u64, Option<[u64; 2]>) {
         let a = dm.a;
         let half_dim = self.spec.model.d_model / self.spec.model.heads / 2;
-        let tables = self.spec.fsdp.is_none().then(|| [self.alloc(dm.s * half_dim * a), self.alloc(dm.s * half_dim * a)]);
+        // (The tables are fp32: in fp32 the casts are no-ops too.)
+        let tables = (self.spec.fsdp.is_none() && a != FP32).then(|| [self.alloc(dm.s * half_dim * a), self.alloc(dm.s * half_dim * a)]);
         let half = elems / 2 * a;
         let m1 = self.alloc(half);
         let m2 = self.alloc(half);
@@ -1462,7 +1467,9 @@ impl TransformerGen {
         // block (held by its checkpoint until its backward, or saved by q's rotary embedding).
         let mut block_casts: Vec<Vec<u64>> = Vec::with_capacity(layers);
         for (l, bp) in named.blocks.iter().enumerate() {
-            let casts = if fsdp && !gelu { vec![self.alloc(s * (d / dm.h / 2) * a), self.alloc(s * (d / dm.h / 2) * a)] } else { Vec::new() };
+            let cast_inputs = fsdp && self.spec.param_dtype.bytes() != a && !gelu;
+            let table = s * (d / dm.h / 2) * a;
+            let casts = if cast_inputs { vec![self.alloc(table), self.alloc(table)] } else { Vec::new() };
             if let ([cos, sin], false) = (&casts[..], self.spec.checkpointing) {
                 self.block_rope_casts = Some([*cos, *sin]);
                 block_casts.push(Vec::new());
