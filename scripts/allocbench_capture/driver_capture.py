@@ -417,8 +417,9 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
             torch.cuda.memory._record_memory_history(enabled=None)
         lib.allocbench_tracker_close()
         lib.allocbench_flops_stop()
-        recorder.device_traces = [device_trace(path, d) for d in devices if d != primary]
-        for trace, device in [(path, primary), *((device_trace(path, d), d) for d in devices if d != primary)]:
+        others = [d for d in devices if d != primary]
+        recorder.device_traces = [device_trace(path, d) for d in others]
+        for trace, device in zip([path, *recorder.device_traces], [primary, *others]):
             with open(trace, "a") as f:
                 for row in recorder.made_up_summary():
                     answered = 0 if row["read"] == CPP_READ else recorder.scalar_value

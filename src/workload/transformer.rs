@@ -23,7 +23,7 @@ use rand_chacha::ChaCha8Rng;
 
 use super::fsdp::FsdpLayout;
 use super::model::{BlockParams, Emitter, LengthSampler, Linear, Norm, ParamLayout};
-use super::spec::{Attention, DdpSpec, FfnKind, FsdpSpec, Optimizer, TransformerSpec};
+use super::spec::{Attention, DdpSpec, FfnKind, Optimizer, TransformerSpec};
 use crate::event::Event;
 
 /// Element sizes fixed by PyTorch whatever the model: token ids and positions are int64, masks
@@ -190,7 +190,6 @@ pub const FSDP_REDUCE_SCATTER_STREAM: u64 = 4;
 
 /// FSDP2's state over a step (`_fsdp_param_group.py`, `_fsdp_collectives.py`).
 struct FsdpState {
-    spec: FsdpSpec,
     layout: FsdpLayout,
     /// Each group's gathered parameters while unsharded (module order).
     unsharded: Vec<Option<Vec<u64>>>,
@@ -245,6 +244,19 @@ impl TransformerGen {
     pub fn new(spec: &TransformerSpec, seed: u64) -> Self {
         let layout = ParamLayout::new(&spec.model);
         let n = layout.elems.len();
+        let fsdp = spec.fsdp.as_ref().map(|f| {
+            let layout = FsdpLayout::new(&layout, f.world_size);
+            let groups = layout.groups.len();
+            FsdpState {
+                layout,
+                unsharded: vec![None; groups],
+                pending: vec![None; groups],
+                held_output: None,
+                reduce_input: None,
+                sharded_grads: vec![None; groups],
+                in_forward: true,
+            }
+        });
         TransformerGen {
             seq: LengthSampler::new(&spec.seq_len),
             spec: spec.clone(),
@@ -261,20 +273,7 @@ impl TransformerGen {
             merge_input_grad: false,
             checkpoint_args: Vec::new(),
             ddp: None,
-            fsdp: spec.fsdp.as_ref().map(|f| {
-                let layout = FsdpLayout::new(&ParamLayout::new(&spec.model), f.world_size);
-                let groups = layout.groups.len();
-                FsdpState {
-                    spec: f.clone(),
-                    layout,
-                    unsharded: vec![None; groups],
-                    pending: vec![None; groups],
-                    held_output: None,
-                    reduce_input: None,
-                    sharded_grads: vec![None; groups],
-                    in_forward: true,
-                }
-            }),
+            fsdp,
             block_rope_casts: None,
             prefetched: None,
             next_len: None,
@@ -455,7 +454,8 @@ impl TransformerGen {
         if g == 0 {
             f.in_forward = true;
         }
-        let (ahead, groups) = (f.spec.forward_prefetch as usize, f.layout.groups.len());
+        let ahead = self.spec.fsdp.as_ref().map_or(0, |s| s.forward_prefetch as usize);
+        let groups = f.layout.groups.len();
         self.fsdp_copy_out(g, a);
         if g > 0 {
             for next in (g + 1..groups).take(ahead) {
@@ -466,7 +466,7 @@ impl TransformerGen {
 
     /// A block's post-forward hook: resharded unless `reshard_after_forward` is off.
     fn fsdp_post_forward(&mut self, g: usize) {
-        if self.fsdp.as_ref().is_some_and(|f| f.spec.reshard_after_forward) {
+        if self.spec.fsdp.as_ref().is_some_and(|f| f.reshard_after_forward) {
             self.fsdp_reshard(g);
         }
     }
@@ -486,7 +486,7 @@ impl TransformerGen {
     fn fsdp_pre_backward(&mut self, g: usize, a: u64) {
         let Some(f) = self.fsdp.as_mut() else { return };
         f.in_forward = false;
-        let ahead = if g == 0 { 1 } else { f.spec.backward_prefetch as usize };
+        let ahead = if g == 0 { 1 } else { self.spec.fsdp.as_ref().map_or(0, |s| s.backward_prefetch as usize) };
         let blocks = f.layout.groups.len() - 1;
         self.fsdp_copy_out(g, a);
         let first = if g == 0 { blocks } else { g - 1 };
