@@ -7,7 +7,8 @@
 # gives the wall time of the whole command.
 # Then the script's CPU-side work: scripts/models/data_loading.py (a DataLoader with per-sample
 # transforms) counts its own seconds producing batches, untraced (--device cpu, no capture) and
-# captured on each backend; the issue asks for the driver's within 1.5x of untraced.
+# captured on each backend; the issue asks for the driver's within 1.5x of untraced. A ResNet-50
+# row per backend follows the GPT-2 rows when torchvision is installed.
 #   scripts/capture_speed.sh [STEPS]      (a Python with torch: $ALLOCBENCH_PYTHON or python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +28,17 @@ for backend in fake-tensors driver; do
   awk -v b="$backend" -v r="$rows" -v s="$script_s" -v w="$(echo "$end - $start" | bc)" 'BEGIN { printf "%-13s %8d %10.1f %10.0f %10.1f\n", b, r, s, r / s, w }'
 done
 python=${ALLOCBENCH_PYTHON:-python3}
+# A torchvision ResNet-50 (batch 32, bf16 channels-last; cuDNN's convolutions on the driver
+# backend's fake cuDNN), when torchvision is there.
+if "$python" -c "import torchvision" 2>/dev/null; then
+  for backend in fake-tensors driver; do
+    "$bin" capture --backend "$backend" -o "$tmp/resnet-$backend.csv" -- tests/fixtures/capture/resnet_train.py resnet50 32 "$steps" amp \
+      > /dev/null 2> "$tmp/resnet-$backend.err"
+    rows=$(grep -cv '^#' "$tmp/resnet-$backend.csv")
+    script_s=$(sed -n 's/^time: \([0-9.]*\) s.*/\1/p' "$tmp/resnet-$backend.err")
+    awk -v b="resnet50 $backend" -v r="$rows" -v s="$script_s" 'BEGIN { printf "%-22s %8d %10.1f %10.0f\n", b, r, s, r / s }'
+  done
+fi
 untraced=$("$python" scripts/models/data_loading.py --device cpu | sed -n 's/^loading: \([0-9.]*\) s/\1/p')
 printf '\n%-18s %10s %10s\n' "data loading" "loading s" "x untraced"
 printf '%-18s %10.2f %10.2f\n' untraced "$untraced" 1

@@ -2305,6 +2305,100 @@ fn the_driver_backend_records_pytorchs_own_allocator_and_agrees_with_fake_tensor
     }
 }
 
+/// False (the test skipped, visibly) when the Python has no torchvision, unless CI requires it.
+fn have_torchvision() -> bool {
+    let ok = std::process::Command::new(python()).args(["-c", "import torchvision"]).output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        common::skip("torchvision", &format!("{} cannot import torchvision (pip install torchvision)", python()), "ALLOCBENCH_REQUIRE_TORCH");
+    }
+    ok
+}
+
+/// The allocation sizes of a trace in order (frees left out: a driver trace ends with the
+/// process's live tensors unfreed, a fake-tensor one frees them).
+fn alloc_sizes(evs: &[Event]) -> Vec<i64> {
+    evs.iter().filter_map(|e| if let Event::Alloc { bytes, .. } = e { Some(*bytes as i64) } else { None }).collect()
+}
+
+#[test]
+fn convolutions_take_cudnns_path_on_the_driver_backend_as_on_fake_tensors() {
+    if !have_torch() {
+        return;
+    }
+    // NVIDIA's cuDNN cannot start on the fake driver; the driver backend's fake cuDNN answers the
+    // graph API's heuristics and plans and the legacy batch-norm calls, so convolutions and batch
+    // norm take cuDNN's path as on a GPU: their allocations are the outputs and workspaces
+    // PyTorch asks its allocator for, the fake-tensor capture's (it models cuDNN's path too), not
+    // the column buffers of PyTorch's own convolution kernels. An LSTM runs PyTorch's kernels on
+    // both backends (no fake of cuDNN's RNN), said once.
+    let dir = tempfile::tempdir().unwrap();
+    let script = fixture("conv_rnn.py");
+    let (out, driver) = capture(dir.path(), "driver.csv", &["--backend", "driver"], &[&script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = std::fs::read_to_string(&driver).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("# cuDNN: allocbench's fake") && l.contains("0 here")), "the header says cuDNN is faked: {text:.800}");
+    assert!(!text.contains("not seen: cuDNN"));
+    assert_eq!(stderr(&out).matches("RNNs run PyTorch's non-cuDNN kernels").count(), 1, "{}", stderr(&out));
+    assert!(text.contains("# RNNs: PyTorch's non-cuDNN kernels"));
+    let (out, fake) = capture(dir.path(), "fake.csv", &[], &[&script]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (d, f) = (alloc_sizes(&events(&driver)), alloc_sizes(&events(&fake)));
+    assert_eq!(d.len(), f.len(), "as many allocations on both backends");
+    let (only_fake, only_driver) = unmatched(&f, &d);
+    // (The LSTM's gate buffers come in another order: its non-cuDNN kernels, not cuDNN's.)
+    assert!(only_driver.len() <= 9 && only_fake.len() == only_driver.len(), "{only_fake:?} / {only_driver:?}");
+    let (pd, pf) = (peak_live(&signed_sizes(&events(&driver))), peak_live(&signed_sizes(&events(&fake))));
+    assert_eq!(pd, pf, "peak live bytes");
+
+    // Each cuDNN call asks for the workspace the fake is told; PyTorch takes it from its
+    // allocator and frees it when the call returns: per step two convolution forwards, the first
+    // one's weight gradient (its input needs none), the second's data and weight gradients, and
+    // two batch norms' forward and backward.
+    let workspace = 1_234_567;
+    let (out, with_workspace) =
+        capture_with_env(dir.path(), "ws.csv", &["--backend", "driver"], &[&script], &[("ALLOCBENCH_CUDNN_WORKSPACE_BYTES", "1234567")]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(std::fs::read_to_string(&with_workspace).unwrap().contains("1234567 here"));
+    let sizes = signed_sizes(&events(&with_workspace));
+    assert_eq!(per_call_workspaces(&sizes, workspace), 3 * 9, "workspaces taken and freed per call");
+    assert_eq!(alloc_sizes(&events(&with_workspace)).len(), d.len() + 27);
+
+    // A torchvision ResNet in fp32: every convolution and batch norm on cuDNN's path; the same
+    // allocations in the same order as the fake-tensor capture, the same peak.
+    if !have_torchvision() {
+        return;
+    }
+    let args = [fixture("resnet_train.py").leak() as &str, "resnet18", "8", "2"];
+    let (out, driver) = capture(dir.path(), "resnet-driver.csv", &["--backend", "driver"], &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (out, fake) = capture(dir.path(), "resnet-fake.csv", &[], &args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (de, fe) = (events(&driver), events(&fake));
+    assert_eq!(steps(&de), vec![1, 2]);
+    assert_eq!(alloc_sizes(&de), alloc_sizes(&fe), "ResNet-18's allocations, in order");
+    assert_eq!(peak_live(&signed_sizes(&de)), peak_live(&signed_sizes(&fe)));
+    let flops = |path: &Path| allocbench::input::Source::open(Some(path)).unwrap().flops();
+    assert_eq!(flops(&driver), flops(&fake), "convolution FLOPs alike");
+
+    // The ImageNet recipe's bf16 autocast and channels-last: cuDNN's layout on both backends (on
+    // fake tensors by the rule of ops/convolution.py: FakeTensor alone picks PyTorch's slow
+    // kernel for bf16 and contiguous gradients, which AccumulateGrad then copies into each
+    // channels-last weight's layout, one copy per 3x3 and 7x7 weight a step). Every allocation of
+    // the fake-tensor capture is PyTorch's, in order; what only PyTorch allocates is its
+    // channels-last batch norm's staging and semaphores (Normalization.cuh, sized by its launch
+    // grid: the fake-tensor backend's named blind spot), at most 128 KiB each.
+    let amp = [fixture("resnet_train.py").leak() as &str, "resnet18", "8", "2", "amp"];
+    let (out, driver) = capture(dir.path(), "amp-driver.csv", &["--backend", "driver"], &amp);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (out, fake) = capture(dir.path(), "amp-fake.csv", &[], &amp);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (de, fe) = (events(&driver), events(&fake));
+    let (only_fake, only_driver) = unmatched(&alloc_sizes(&fe), &alloc_sizes(&de));
+    assert!(only_fake.is_empty(), "every fake-tensor allocation is PyTorch's: {only_fake:?}");
+    assert!(!only_driver.is_empty() && only_driver.iter().all(|&b| b <= 128 << 10), "{only_driver:?}");
+    assert_eq!(peak_live(&signed_sizes(&de)), peak_live(&signed_sizes(&fe)));
+}
+
 #[test]
 fn the_driver_backend_refuses_the_fake_tensor_options_in_one_line() {
     if !have_torch() {

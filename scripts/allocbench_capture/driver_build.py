@@ -55,7 +55,7 @@ def _imports(lib_dir):
     except FileNotFoundError:
         raise SetupError(f"nm not found: the driver backend reads torch's CUDA imports with it (install binutils), or use {FALLBACK}") from None
     wanted = {}
-    for name, tag in re.findall(r"\b((?:cuda|__cuda|cublas)\w*)@(lib(?:cudart|cublas|cublasLt)\.so\.\d+)", out):
+    for name, tag in re.findall(r"\b((?:cuda|__cuda|cublas|cudnn)\w*)@(lib(?:cudart|cublas|cublasLt|cudnn)\.so\.\d+)", out):
         wanted.setdefault(tag, set()).add(name)
     return wanted
 
@@ -74,6 +74,16 @@ def _cuda_headers(root, major):
                 return folder
     raise SetupError(f"no CUDA {major} headers beside this torch (the triton wheel brings them): the driver backend builds its fakes "
                      f"against them; use {FALLBACK}")
+
+
+def _cudnn_headers(root):
+    """cuDNN's headers (cudnn.h and the graph API's), from the nvidia-cudnn wheel beside this torch
+    or the system's; None when there are none (the capture then runs without cuDNN)."""
+    site = os.path.dirname(root)
+    for folder in (os.path.join(site, "nvidia", "cudnn", "include"), "/usr/include", "/usr/local/cuda/include"):
+        if os.path.isfile(os.path.join(folder, "cudnn.h")) and os.path.isfile(os.path.join(folder, "cudnn_graph.h")):
+            return folder
+    return None
 
 
 def _cache_root():
@@ -102,24 +112,30 @@ def build():
                          f"the driver backend runs PyTorch's CUDA path; use {FALLBACK}")
     major = cudart.rsplit(".", 1)[1]
     headers = _cuda_headers(root, major)
-    sources = ["fake_cudart.cpp", "fake_cudart_kernels.cpp", "fake_libcuda.cpp", "fake_cublas.cpp", "fake_nvml.cpp", "allocation_tracker.cpp",
-               "flop_counter.cpp", "fake_handles.h"]
+    sources = ["fake_cudart.cpp", "fake_cudart_kernels.cpp", "fake_libcuda.cpp", "fake_cublas.cpp", "fake_cudnn.cpp", "fake_nvml.cpp",
+               "allocation_tracker.cpp", "flop_counter.cpp", "fake_handles.h"]
     paths = {name: _source(name) for name in sources}
     key = hashlib.sha256()
     for name in sources:
         with open(paths[name], "rb") as f:
             key.update(f.read())
-    key.update(f"{root}|{version}|{sorted((t, sorted(s)) for t, s in wanted.items())}".encode())
+    # cuDNN is faked when torch links it and its headers are here; else the capture turns it off.
+    cudnn = next((t for t in wanted if t.startswith("libcudnn.so.")), None)
+    cudnn_include = _cudnn_headers(root) if cudnn else None
+    if cudnn_include is None:
+        cudnn = None
+    key.update(f"{root}|{version}|{cudnn_include}|{sorted((t, sorted(s)) for t, s in wanted.items())}".encode())
     out = os.path.join(_cache_root(), f"{version.replace('+', '_') or 'torch'}-{key.hexdigest()[:16]}")
     cublas = next((t for t in wanted if t.startswith("libcublas.so.")), f"libcublas.so.{major}")
     cublas_lt = next((t for t in wanted if t.startswith("libcublasLt.so.")), f"libcublasLt.so.{major}")
-    libs = [cudart, "libcuda.so.1", cublas, cublas_lt, "libnvidia-ml.so.1"]
+    libs = [cudart, "libcuda.so.1", cublas, cublas_lt, "libnvidia-ml.so.1", *([cudnn] if cudnn else [])]
     stack = {
         "preload": [os.path.join(out, name) for name in libs if name != "libcuda.so.1"],
         "lib_dir": out,
         "tracker": os.path.join(out, "allocation_tracker.so"),
         "torch": version,
         "cuda": major,
+        "cudnn": cudnn is not None,
     }
     if all(os.path.isfile(os.path.join(out, name)) for name in [*libs, "allocation_tracker.so"]):
         return stack
@@ -151,6 +167,19 @@ def build():
             f.write('extern "C" {\n' + "".join(f"int {n}() {{ return 0; }}\n" for n in names if n not in defined) + "}\n")
         _gxx([*common, *([f"-D{define}"] if define else []), f"-Wl,-soname,{tag}",
               version_script(f"{tag}.map", tag, ["cublasLt*"] if lt else ["cublas*"]), paths["fake_cublas.cpp"], stubs, "-o", w(tag)], tag)
+    if cudnn:
+        # cuDNN: the calls written out in fake_cudnn.cpp, and a stub naming itself as not answered
+        # (CUDNN_STATUS_NOT_SUPPORTED, 3000 since cuDNN 9) for every other one torch imports.
+        special = w("special-cudnn.o")
+        _gxx([*common[:2], "-fPIC", "-c", f"-I{cudnn_include}", f"-I{headers}", paths["fake_cudnn.cpp"], "-o", special], cudnn)
+        defined = set(re.findall(r" [TW] (\w+)", subprocess.run(["nm", "--defined-only", special], capture_output=True, text=True).stdout))
+        stubs = w("stubs-cudnn.cpp")
+        with open(stubs, "w") as f:
+            f.write('extern "C" {\nint allocbench_fake_cudnn_unsupported(const char*);\n'
+                    + "".join(f'int {n}() {{ return allocbench_fake_cudnn_unsupported("{n} (cuDNN)"); }}\n'
+                              for n in sorted(wanted[cudnn]) if n not in defined) + "}\n")
+        _gxx([*common, f"-I{cudnn_include}", f"-Wl,-soname,{cudnn}", version_script("cudnn.map", cudnn, ["cudnn*"]), paths["fake_cudnn.cpp"], stubs,
+              "-o", w(cudnn), f"-L{work}", f"-l:{cudart}"], cudnn)
     # (NDEBUG as torch's own build: its headers' debug-only checks read fields it never sets.)
     _gxx(["-std=c++20", "-O2", "-DNDEBUG", "-shared", "-fPIC", f"-I{include}", f"-I{os.path.join(include, 'torch', 'csrc', 'api', 'include')}", f"-I{headers}",
           paths["allocation_tracker.cpp"], paths["flop_counter.cpp"], "-o", w("allocation_tracker.so"),

@@ -16,9 +16,16 @@ import time
 
 from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
+from .fake_cuda.modules import _rnns_without_cudnn
 from .ranks import KNOWN_ROLES, RANK_FLAG, communicators, install_fake_process_group, role_of
 from .trace import FORMAT_HEADER, HEADER_LINE, flops_line
 
+
+# What the trace says of cuDNN (driver_build.py fakes it where torch links it and its headers are).
+CUDNN_FAKED = ("allocbench's fake (convolutions and batch norm take cuDNN's path; each asks for "
+               "ALLOCBENCH_CUDNN_WORKSPACE_BYTES of workspace, {} here: what NVIDIA's heuristics pick is not known off the card; "
+               "RNNs and attention take PyTorch's own kernels)")
+CUDNN_OFF = "off: no cuDNN headers beside this torch to build its fake; convolutions and attention take PyTorch's own kernels"
 
 # Where a fake-tensor capture models what a GPU does, the driver backend sees PyTorch do it.
 BACKEND_LINE = "backend: driver (PyTorch's own CUDA path on allocbench's fake CUDA runtime; kernels skipped; its caching allocator's own events)"
@@ -75,6 +82,8 @@ class DriverRecorder:
         self.gpu_benchmarks = 0  # Inductor's autotuning benchmarks (every choice timed alike)
         self.same_role_as = None  # the earlier rank of the same role (--ranks distinct)
         self.cpp_reads_before = _RUNTIME.allocbench_fake_unknown_reads()  # (torch's own start-up reads)
+        self.said = set()  # say_once's
+        self.notes = []  # what say_once put in the trace
 
     def made_up_value(self, read):
         if self.strict_values:
@@ -92,6 +101,16 @@ class DriverRecorder:
         if cpp_reads:
             rows.append(dict(site=CPP_READ_SITE, read=CPP_READ, count=cpp_reads))
         return rows
+
+    def say_once(self, what, message, trace_note=None):
+        """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``, at
+        its end)."""
+        if what in self.said:
+            return
+        self.said.add(what)
+        if trace_note:
+            self.notes.append(f"{what}: {trace_note}")
+        print(f"allocbench capture: {what} {message}", file=sys.stderr)
 
     def line(self, text, device=-1):
         """A row on ``device``'s trace, or on every device's (-1); the rows before it go out with
@@ -322,7 +341,8 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         f"torch {torch.__version__}, python {sys.version.split()[0]}",
         BACKEND_LINE,
         f"fake card: {torch.cuda.get_device_name()}, {torch.cuda.get_device_properties(0).total_memory} bytes reported",
-        "not seen: cuDNN (off: convolutions and attention take PyTorch's own kernels), NCCL, the CUDA context",
+        (f"cuDNN: {CUDNN_FAKED.format(os.environ.get('ALLOCBENCH_CUDNN_WORKSPACE_BYTES', '0'))}" if stack.get("cudnn") else f"not seen: cuDNN ({CUDNN_OFF})"),
+        "not seen: NCCL, the CUDA context",
         *comments,
     ]
     header_text = "".join(f"# {line}\n" for line in header)
@@ -334,9 +354,11 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         raise SetupError(f"cannot write the trace {path}")
     lib.allocbench_flops_pause.argtypes = [ctypes.c_int]
     lib.allocbench_flops_start()
-    # cuDNN is NVIDIA's real library and cannot start on the fake driver: PyTorch's own kernels
-    # run instead (a fake cuDNN with the card's workspace sizes is to come).
-    torch.backends.cudnn.enabled = False
+    # NVIDIA's cuDNN cannot start on the fake driver: the fake's convolutions and batch norm run
+    # where it is built (driver_build.py), PyTorch's own kernels where not. cuDNN's attention and
+    # RNNs are not faked: SDPA takes flash, memory-efficient or math, as on the fake-tensor backend.
+    if not stack.get("cudnn"):
+        torch.backends.cudnn.enabled = False
     torch.backends.cuda.enable_cudnn_sdp(False)
     from .sites import _Sites
 
@@ -379,6 +401,11 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         undo.append(lambda: setattr(owner, name, original))
 
     install_fake_process_group(torch, set_attr)
+    if stack.get("cudnn"):
+        # An RNN packs its cuDNN weights only with cuDNN on; it runs without (below), so unpacked.
+        set_attr(torch.nn.modules.rnn.RNNBase, "flatten_parameters", lambda self: None)
+        _rnns_without_cudnn(torch, type("Patches", (), {"set": staticmethod(set_attr)})(), recorder,
+                            on_fake_cuda=lambda weight: weight.device.type == "cuda")
     outcome = "incomplete: stopped by an error"
     state.active = recorder
     try:
@@ -405,7 +432,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
             restore()
         if recorder.role is None and os.environ.get(RANK_FLAG):
             recorder.role = role_of(recorder.sink.fingerprint, torch)  # (a script without steps: its whole run)
-        closing = communicators(torch)
+        closing = [*recorder.notes, *communicators(torch)]
         recorder.gpu_benchmarks = _gpu_benchmarks()
         if recorder.gpu_benchmarks:
             closing.append(f"autotuning: {recorder.gpu_benchmarks} GPU benchmarks of Inductor's timed every choice alike (no kernel runs on the "

@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 import threading
 
-def _rnns_without_cudnn(torch, patches, recorder):
+def _rnns_without_cudnn(torch, patches, recorder, on_fake_cuda=None):
     """nn.RNN/LSTM/GRU on fake CUDA run PyTorch's non-cuDNN kernels (cuDNN's RNN needs the
-    driver), as under ``torch.backends.cudnn.enabled = False``, said once: their allocations are
-    those kernels' (per-layer gate buffers), not cuDNN's workspace and reserve. Convolutions
-    keep cuDNN's path."""
+    driver; the driver backend's fake cuDNN has no RNN), as under ``torch.backends.cudnn.enabled
+    = False``, said once: their allocations are those kernels' (per-layer gate buffers), not
+    cuDNN's workspace and reserve. Convolutions keep cuDNN's path. ``on_fake_cuda(weight)``: is
+    this module's weight on the fake card (default: a CUDA fake tensor)."""
     fake_type = torch._subclasses.fake_tensor.FakeTensor
+    if on_fake_cuda is None:
+        on_fake_cuda = lambda w: isinstance(w, fake_type) and w.device.type == "cuda"  # noqa: E731
     # The flag is the process's: RNNs running at once (on threads) turn it off once, and the
     # last to finish restores what it was.
     lock, running, before = threading.Lock(), [0], [True]
@@ -19,10 +22,10 @@ def _rnns_without_cudnn(torch, patches, recorder):
 
         def forward(self, *args, _original=cls.forward, **kwargs):
             weight = next(iter(self._flat_weights), None) if getattr(self, "_flat_weights", None) else None
-            if not isinstance(weight, fake_type) or weight.device.type != "cuda":
+            if weight is None or not on_fake_cuda(weight):
                 return _original(self, *args, **kwargs)
-            recorder.say_once("RNNs", "run PyTorch's non-cuDNN kernels on fake CUDA (cuDNN's RNN needs the driver): their buffers are those kernels'",
-                              trace_note="PyTorch's non-cuDNN kernels (cuDNN's RNN needs the driver)")
+            recorder.say_once("RNNs", "run PyTorch's non-cuDNN kernels on fake CUDA (no fake of cuDNN's RNN): their buffers are those kernels'",
+                              trace_note="PyTorch's non-cuDNN kernels (no fake of cuDNN's RNN)")
             with lock:
                 if not running[0]:
                     before[0] = torch.backends.cudnn.enabled
