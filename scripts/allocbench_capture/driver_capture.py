@@ -9,10 +9,12 @@ import contextlib
 import ctypes
 import importlib.abc
 import importlib.util
+import itertools
 import os
 import sys
 import threading
 import time
+import weakref
 
 from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
@@ -157,8 +159,8 @@ def _stream_handle(stream):
 
 
 def _patch_streams(torch, recorder, undo):
-    """record_stream and the waits: rows the allocator's trace does not carry (it sees their
-    effect only when a deferred free completes)."""
+    """record_stream, the waits and empty_cache: rows the allocator's trace does not carry (it
+    sees their effect only when a deferred free completes, or segments freed)."""
     lib = recorder.lib
     record_stream = torch.Tensor.record_stream
 
@@ -187,7 +189,128 @@ def _patch_streams(torch, recorder, undo):
         return torch.cuda._utils._get_device_index(device, optional=True)
 
     wrap(torch.cuda, "synchronize", lambda device=None: ("sync,,,", device_of(device)))
+    # empty_cache gives the current device's cached segments back (torch.cuda.graph does it too).
+    wrap(torch.cuda, "empty_cache", lambda: ("empty_cache,,,", torch.cuda.current_device()))
     wrap(torch.cuda.Stream, "synchronize", lambda self: (f"sync,,,{lib.allocbench_tracker_stream_id(_stream_handle(self))}", self.device.index))
+
+
+def _patch_pools(torch, recorder, undo):
+    """Private pools: rows the allocator's trace does not carry, written where PyTorch routes its
+    allocations (CUDAGraph.cpp and CUDACachingAllocator.cpp): a CUDA graph's capture begins
+    allocating its stream's requests to the graph's pool (`pool_begin,P,,STREAM`,
+    beginAllocateToPool), ends at capture end (`pool_end,P,,`, endAllocateToPool) and releases
+    the pool when the graph is reset or destroyed (`pool_release,P,,`, releasePool);
+    use_mem_pool and Inductor's CUDA graph trees route a thread's allocations the same way
+    (`pool_begin,P,,` on every stream: _cuda_beginAllocateCurrentThreadToPool, then
+    _cuda_endAllocateToPool and _cuda_releasePool); a MemPool is made with one use
+    (createOrIncrefPool) and its deletion releases it and empties its cache. Pool ids (a
+    graph's own (n, 0), graph_pool_handle's and MemPools' (0, n)) are numbered as first seen."""
+    lib = recorder.lib
+    numbers, fresh = {}, itertools.count(1)
+
+    def number_of(pool_id):
+        pool_id = tuple(pool_id)
+        if pool_id not in numbers:
+            numbers[pool_id] = next(fresh)
+        return numbers[pool_id]
+
+    def row(text, device):
+        if not recorder.closed:
+            recorder.line(text, device)
+
+    def patch(owner, name, replacement):
+        original = getattr(owner, name)
+        setattr(owner, name, replacement(original))
+        undo.append(lambda: setattr(owner, name, original))
+
+    graph = torch.cuda.CUDAGraph
+    captures = weakref.WeakKeyDictionary()  # graph -> (trace pool, device) of its open capture
+    releases = weakref.WeakKeyDictionary()  # graph -> the finalizer releasing its captured pool
+
+    def capture_begin(original):
+        def begin(self, pool=None, *args, **kwargs):
+            out = original(self, pool, *args, **kwargs)
+            stream = torch.cuda.current_stream()
+            # A pool shared with another graph or a MemPool, or the graph's own, whose id it says
+            # once captured (named then, in capture_end_pre).
+            shared = torch.cuda.graphs._get_pool_id(pool) if pool is not None else None
+            number = number_of(shared) if shared is not None and any(shared) else next(fresh)
+            device = stream.device.index
+            row(f"pool_begin,{number},,{lib.allocbench_tracker_stream_id(_stream_handle(stream))}", device)
+            captures[self] = (number, device)
+            return out
+
+        return begin
+
+    def capture_end_pre(original):
+        def end(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            number, device = captures.pop(self, (None, None))
+            if number is not None:
+                numbers.setdefault(tuple(torch._C._CUDAGraph.pool(self)), number)
+                row(f"pool_end,{number},,", device)
+                releases[self] = weakref.finalize(self, row, f"pool_release,{number},,", device)
+            return out
+
+        return end
+
+    def reset(original):
+        def released(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            finalizer = releases.pop(self, None)
+            if finalizer is not None:
+                finalizer()
+            return out
+
+        return released
+
+    patch(graph, "capture_begin", capture_begin)
+    patch(graph, "capture_end_pre", capture_end_pre)
+    patch(graph, "reset", reset)
+
+    def thread_routing(kind):
+        def wrap(original):
+            def routed(device, pool_id):
+                out = original(device, pool_id)
+                number = number_of(pool_id)
+                row(f"pool_begin,{number},," if kind == "begin" else f"pool_{kind},{number},,", torch.cuda._utils._get_device_index(device))
+                return out
+
+            return routed
+
+        return wrap
+
+    for name, kind in (("_cuda_beginAllocateCurrentThreadToPool", "begin"), ("_cuda_endAllocateToPool", "end"), ("_cuda_releasePool", "release")):
+        for owner in (torch._C, torch.cuda.memory):
+            if hasattr(owner, name):
+                patch(owner, name, thread_routing(kind))
+
+    def mem_pool_init(original):
+        def made(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            number, device = number_of(self.id), torch.cuda.current_device()
+            row(f"pool_begin,{number},,", device)
+            row(f"pool_end,{number},,", device)
+            if kwargs.get("use_on_oom", args[1] if len(args) > 1 else False):
+                row(f"pool_use_on_oom,{number},,", device)
+            weakref.finalize(self, lambda: (row(f"pool_release,{number},,", device), row(f"empty_cache,{number},,", device)))
+
+        return made
+
+    patch(torch.cuda.memory.MemPool, "__init__", mem_pool_init)
+    # Inductor's CUDA graph trees restore a pool's checkpointed state to record a new graph on a
+    # path; blocks that revives or frees there make no allocator events: counted and said.
+    restores = [0]
+
+    def checkpoint(original):
+        def restored(*args, **kwargs):
+            restores[0] += 1
+            return original(*args, **kwargs)
+
+        return restored
+
+    patch(torch._C, "_cuda_setCheckpointPoolState", checkpoint)
+    return restores
 
 
 # Python's reads of a tensor's values, by Tensor method: what the trace's note calls each.
@@ -313,6 +436,117 @@ def _pause_flops_while_benchmarking(lib, undo):
     undo.append(_AfterImport("torch._inductor.runtime.benchmarking", patch).install())
 
 
+def _with_reuses(wrapper, timeline, steps, lines):
+    """memory.py's timeline (buffers from the step that makes them to the one after their last
+    use) with the reuses Inductor's wrapper planned applied: a buffer whose memory goes to a new
+    one (a `# reuse` line) allocates nothing, and the old one's free goes with it. Its peak."""
+    delta = [0] * (steps + 2)
+    by_name = {b.buffer.get_name(): b for b in timeline}
+    for b in timeline:
+        delta[b.start_step] += b.size_alloc
+        if b.end_step != -1:
+            delta[b.end_step + 1] -= b.size_free
+    for line in lines:
+        if isinstance(line, wrapper.ReuseLine) and line.delete_old:
+            old, new = by_name.get(line.node.get_name()), by_name.get(line.reused_as.get_name())
+            if old is not None and new is not None and old.end_step != -1:
+                delta[new.start_step] -= new.size_alloc
+                delta[old.end_step + 1] += old.size_free
+    peak = live = 0
+    for change in delta:
+        live += change
+        peak = max(peak, live)
+    return peak
+
+
+def _mark_inductor_graphs(recorder, undo):
+    """With ALLOCBENCH_INDUCTOR_WINDOWS=1, each graph Inductor compiles here gets a comment row
+    with Inductor's own estimate of its peak memory (torch/_inductor/memory.py's
+    estimate_peak_memory over its final node order, as its reorder_for_peak_memory computes it),
+    the same timeline with the buffer reuse Inductor's wrapper then planned (_with_reuses), and
+    the bytes of the inputs it takes for freeable; each run of the graph gets `call`/`return`
+    rows around its allocations: what scripts/validate/inductor_peak.py compares. (A graph loaded from
+    Inductor's caches was not scheduled here: it has no estimate.)"""
+    if os.environ.get("ALLOCBENCH_INDUCTOR_WINDOWS") != "1":
+        return
+    numbers = itertools.count(1)
+
+    def scheduled(module):
+        from torch._inductor.virtualized import V
+        from torch.utils._ordered_set import OrderedSet
+
+        original = module.Scheduler.codegen
+
+        def codegen(self, *args, **kwargs):
+            try:
+                from torch._inductor import memory
+
+                graph = V.graph
+                outputs = OrderedSet(graph.get_output_names())
+                peak, freeable = memory.prepare_planning_info(self.nodes, self.name_to_buf, self.name_to_fused_node,
+                                                              OrderedSet(graph.graph_inputs.keys()), outputs)
+                timeline, _, _ = memory.compute_memory_timeline(self.nodes, freeable, outputs)
+                kind = "backward" if graph.is_backward else "inference" if graph.is_inference else "forward"
+                graph._allocbench_estimate = (kind, peak, None, sum(b.mpi_buffer.size_free for b in freeable.values()))
+                graph._allocbench_timeline = (timeline, len(self.nodes))
+            except Exception as e:  # noqa: BLE001 - an estimate this torch cannot make: none
+                print(f"allocbench capture: no Inductor memory estimate for a graph ({type(e).__name__}: {e})", file=sys.stderr)
+            return original(self, *args, **kwargs)
+
+        module.Scheduler.codegen = codegen
+        undo.append(lambda: setattr(module.Scheduler, "codegen", original))
+
+    def planned(module):
+        from torch._inductor.virtualized import V
+
+        cls = module.PythonWrapperCodegen
+        original = cls.memory_plan_reuse
+
+        def memory_plan_reuse(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            graph = V.graph
+            estimate, timeline = getattr(graph, "_allocbench_estimate", None), getattr(graph, "_allocbench_timeline", None)
+            if estimate is not None and timeline is not None:
+                kind, peak, _, freeable = estimate
+                graph._allocbench_estimate = (kind, peak, _with_reuses(module, *timeline, self.lines), freeable)
+            return out
+
+        cls.memory_plan_reuse = memory_plan_reuse
+        undo.append(lambda: setattr(cls, "memory_plan_reuse", original))
+
+    def compiled(module):
+        cls = module.CompiledFxGraph
+        init, call = cls.__init__, cls.__call__
+
+        def made(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            graph = kwargs.get("graph", args[1] if len(args) > 1 else None)
+            estimate = getattr(graph, "_allocbench_estimate", None)
+            if estimate is not None and not recorder.closed:
+                self._allocbench_graph = n = next(numbers)
+                kind, peak, reused, freeable = estimate
+                recorder.line(f"# inductor graph {n} ({kind}): estimate {peak} B, with its wrapper's buffer reuse {reused if reused is not None else '-'} B, "
+                              f"freeable inputs {freeable} B")
+
+        def run(self, inputs):
+            n = getattr(self, "_allocbench_graph", None)
+            if n is None or recorder.closed:
+                return call(self, inputs)
+            recorder.line(f"# inductor graph {n}: call")
+            try:
+                return call(self, inputs)
+            finally:
+                if not recorder.closed:
+                    recorder.line(f"# inductor graph {n}: return")
+
+        cls.__init__, cls.__call__ = made, run
+        undo.append(lambda: (setattr(cls, "__init__", init), setattr(cls, "__call__", call)))
+
+    undo.append(_AfterImport("torch._inductor.scheduler", scheduled).install())
+    undo.append(_AfterImport("torch._inductor.codegen.wrapper", planned).install())
+    undo.append(_AfterImport("torch._inductor.output_code", compiled).install())
+
+
 def device_trace(path, device):
     """Where device ``device``'s rows go beside ``path`` (allocation_tracker.cpp's naming)."""
     at = path.rfind(".csv")
@@ -393,7 +627,9 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
 
     hook = register_optimizer_step_post_hook(recorder.optimizer_stepped)
     _patch_streams(torch, recorder, undo)
+    pool_restores = _patch_pools(torch, recorder, undo)
     _pause_flops_while_benchmarking(lib, undo)
+    _mark_inductor_graphs(recorder, undo)
     _patch_reads(torch, recorder, undo)
     def set_attr(owner, name, value):
         original = getattr(owner, name)
@@ -433,6 +669,9 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
         if recorder.role is None and os.environ.get(RANK_FLAG):
             recorder.role = role_of(recorder.sink.fingerprint, torch)  # (a script without steps: its whole run)
         closing = [*recorder.notes, *communicators(torch)]
+        if pool_restores[0]:
+            closing.append(f"CUDA graph trees: a private pool's checkpointed state restored {pool_restores[0]} times (to record another graph on "
+                           "a path): the blocks it revived or freed there are not rows")
         recorder.gpu_benchmarks = _gpu_benchmarks()
         if recorder.gpu_benchmarks:
             closing.append(f"autotuning: {recorder.gpu_benchmarks} GPU benchmarks of Inductor's timed every choice alike (no kernel runs on the "

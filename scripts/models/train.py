@@ -98,6 +98,8 @@ def main():
     p.add_argument("--backward-prefetch", type=int, default=None,
                    help="--fsdp: blocks each block all-gathers ahead in backward (set_modules_to_backward_prefetch; "
                         "default: FSDP2's implicit one)")
+    p.add_argument("--compile", default="none", choices=["none", "default", "reduce-overhead", "max-autotune"],
+                   help="torch.compile the model in this mode (none: eager)")
     a = p.parse_args()
 
     torch.manual_seed(a.seed)
@@ -112,6 +114,7 @@ def main():
     if a.checkpointing:
         checkpoint_blocks(model)
     model.train()
+    step_model = model if a.compile == "none" else torch.compile(model, mode=a.compile)
     if a.optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     else:
@@ -127,7 +130,7 @@ def main():
             idx = torch.randint(0, vocab, (a.batch, s), device=a.device)
             targets = torch.randint(0, vocab, (a.batch, s), device=a.device)
             with torch.autocast(a.device.split(":")[0], dtype=dtype or torch.float32, enabled=dtype is not None):
-                out = model(idx, targets) if not hasattr(model, "hf_device_map") and a.model[:3] != "hf:" else model(idx, labels=targets)
+                out = step_model(idx, targets) if not hasattr(model, "hf_device_map") and a.model[:3] != "hf:" else step_model(idx, labels=targets)
                 loss = out[1] if isinstance(out, tuple) else out.loss
             scaler.scale(loss / a.accum).backward()
         if a.clip:

@@ -11,7 +11,10 @@
 
 extern "C" void allocbench_fake_kernel_ran();  // (fake_cudart.cpp: nothing copied before it is kept)
 extern "C" void allocbench_fake_unknown_read();  // (fake_cudart.cpp: a read of zeros, counted)
+extern "C" void allocbench_fake_set_capture(cudaStream_t s, unsigned long long id);  // (fake_cudart.cpp: streams in a capture)
+extern "C" unsigned long long allocbench_fake_end_capture(cudaStream_t s);
 
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -178,8 +181,10 @@ cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* e, cudaGraph_t g, uns
 cudaError_t cudaGraphLaunch(cudaGraphExec_t, cudaStream_t) { return allocbench_fake_kernel_ran(), cudaSuccess; }
 cudaError_t cudaGraphDestroy(cudaGraph_t) { return cudaSuccess; }
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t) { return cudaSuccess; }
-cudaError_t cudaGraphGetNodes(cudaGraph_t, cudaGraphNode_t*, size_t* n) {
-  *n = 0;
+// One node: what was captured ran already, but the graph is not empty (torch warns of an empty one).
+cudaError_t cudaGraphGetNodes(cudaGraph_t, cudaGraphNode_t* nodes, size_t* n) {
+  if (nodes != nullptr && *n > 0) nodes[0] = next_handle<cudaGraphNode_t>();
+  *n = 1;
   return cudaSuccess;
 }
 cudaError_t cudaUserObjectCreate(cudaUserObject_t* o, void*, cudaHostFn_t, unsigned int, unsigned int) {
@@ -189,8 +194,23 @@ cudaError_t cudaUserObjectCreate(cudaUserObject_t* o, void*, cudaHostFn_t, unsig
 cudaError_t cudaUserObjectRelease(cudaUserObject_t, unsigned int) { return cudaSuccess; }
 cudaError_t cudaGraphRetainUserObject(cudaGraph_t, cudaUserObject_t, unsigned int, unsigned int) { return cudaSuccess; }
 
-cudaError_t cudaStreamBeginCapture(cudaStream_t, cudaStreamCaptureMode) { return allocbench_fake_unsupported(__func__); }
-cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t*) { return allocbench_fake_unsupported(__func__); }
+// A capture: the stream (and the streams that join it) capturing until it ends; what is
+// "captured" ran already (launches do nothing), and the graph is a handle.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+  static std::atomic<unsigned long long> next_capture{0};
+  if (s == nullptr) return cudaErrorStreamCaptureUnsupported;  // (the legacy default stream)
+  cudaStreamCaptureStatus status;
+  cudaStreamIsCapturing(s, &status);
+  if (status != cudaStreamCaptureStatusNone) return cudaErrorIllegalState;
+  allocbench_fake_set_capture(s, ++next_capture);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph) {
+  unsigned long long id = allocbench_fake_end_capture(s);
+  if (id == 0) return cudaErrorIllegalState;
+  *graph = reinterpret_cast<cudaGraph_t>(0x6a0000000000ull + id * 0x100);  // (cudaStreamGetCaptureInfo's handle)
+  return cudaSuccess;
+}
 #if CUDART_VERSION >= 13000
 cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t, cudaGraph_t, const cudaGraphNode_t*, const cudaGraphEdgeData*, size_t, cudaStreamCaptureMode) {
   return allocbench_fake_unsupported(__func__);

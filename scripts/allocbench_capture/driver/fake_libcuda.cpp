@@ -126,8 +126,10 @@ CUresult cuCtxGetLimit(size_t* v, CUlimit) {
   return CUDA_SUCCESS;
 }
 CUresult cuCtxSetLimit(CUlimit, size_t) { return CUDA_SUCCESS; }
-CUresult cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* st) {
-  *st = CU_STREAM_CAPTURE_STATUS_NONE;
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* st) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(s), &status);
+  *st = static_cast<CUstreamCaptureStatus>(status);  // (the same values)
   return CUDA_SUCCESS;
 }
 CUresult cuOccupancyMaxActiveClusters(int* n, CUfunction, const CUlaunchConfig*) {

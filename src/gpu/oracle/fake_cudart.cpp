@@ -135,6 +135,7 @@ struct FakeEvent {
   uintptr_t stream = 0;
   uint64_t seq = 0;
   bool done = true;
+  unsigned long long capture = 0;  // the graph capture its stream was in when recorded
 };
 
 thread_local cudaError_t last_error = cudaSuccess;
@@ -393,13 +394,27 @@ cudaError_t cudaStreamQuery(cudaStream_t s) {
   return c.stream_synced[k] >= c.stream_seq[k] ? cudaSuccess : cudaErrorNotReady;
 }
 
-cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) { return cudaSuccess; }
-
-// Streams under a graph capture, as the driver says (allocbench_fake_set_capture): the
-// allocator asks, as it would a real runtime, whether a stream is capturing and in which capture.
+// Streams under a graph capture, as the driver says (allocbench_fake_set_capture) or a capture
+// began (cudaStreamBeginCapture): the allocator asks, as it would a real runtime, whether a
+// stream is capturing and in which capture.
 std::map<uintptr_t, unsigned long long>& captures() {
   static std::map<uintptr_t, unsigned long long> m;
   return m;
+}
+
+// A stream that waits on an event recorded in a capture joins that capture (CUDA's rule for
+// cross-stream capture), until it ends.
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int) {
+  auto* ev = reinterpret_cast<FakeEvent*>(e);
+  if (ev != nullptr && ev->capture != 0) {
+    for (const auto& [stream, id] : captures()) {
+      if (id == ev->capture) {
+        captures()[reinterpret_cast<uintptr_t>(s)] = id;
+        break;
+      }
+    }
+  }
+  return cudaSuccess;
 }
 
 cudaStreamCaptureStatus capture_of(cudaStream_t s, unsigned long long* id) {
@@ -416,6 +431,16 @@ __attribute__((visibility("default"))) void allocbench_fake_set_capture(cudaStre
   } else {
     captures()[reinterpret_cast<uintptr_t>(s)] = id;
   }
+}
+
+// Not a CUDA call: the capture `s` is in ends, for every stream in it (cudaStreamEndCapture);
+// returns its id (0: `s` was not capturing).
+__attribute__((visibility("default"))) unsigned long long allocbench_fake_end_capture(cudaStream_t s) {
+  unsigned long long id = 0;
+  capture_of(s, &id);
+  if (id == 0) return 0;
+  for (auto it = captures().begin(); it != captures().end();) it = it->second == id ? captures().erase(it) : std::next(it);
+  return id;
 }
 
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* st) {
@@ -460,6 +485,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
   ev->stream = reinterpret_cast<uintptr_t>(s);
   ev->seq = ++c.stream_seq[ev->stream];
   ev->done = false;
+  capture_of(s, &ev->capture);
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
