@@ -31,7 +31,7 @@ for name in "${which[@]}"; do
     # lengths, dtype, attention and seed.
     tmp=$(mktemp --suffix=.csv)
     sched=$(mktemp --suffix=.toml)
-    "$bin" capture -o "$tmp" -- scripts/models/switch.py --model gpt3-medium --model gpt3-xl --model llama2-7b --schedule random \
+    "$bin" capture --backend fake-tensors -o "$tmp" -- scripts/models/switch.py --model gpt3-medium --model gpt3-xl --model llama2-7b --schedule random \
       --switches 12 --steps-per-model 10 --batch 8 --seq-len 128..1024 --dtype bf16 --attention flash --seed 3 --schedule-out "$sched"
     gzip -9 -c "$tmp" > workloads/captured/model-switch.csv.gz
     {
@@ -49,7 +49,7 @@ for name in "${which[@]}"; do
     # workloads/serving-llama7b.toml's model, dtype, cache and lengths; 30 steps, 4 running at most.
     tmp=$(mktemp --suffix=.csv)
     sched=$(mktemp --suffix=.toml)
-    "$bin" capture -o "$tmp" -- scripts/models/serve.py --model llama2-7b --steps 30 --max-batch 4 --calm-rate 0.3 --burst-rate 1.0 \
+    "$bin" capture --backend fake-tensors -o "$tmp" -- scripts/models/serve.py --model llama2-7b --steps 30 --max-batch 4 --calm-rate 0.3 --burst-rate 1.0 \
       --mean-calm-steps 10 --mean-burst-steps 5 --kv-cache naive_cat --dtype fp16 --seed 11 --schedule-out "$sched"
     gzip -9 -c "$tmp" > workloads/captured/serving-llama7b.csv.gz
     {
@@ -71,7 +71,7 @@ for name in "${which[@]}"; do
     *) echo "unknown capture '$name' (gpt3-xl-1.3b, llama2-7b-80g, serving-llama7b, model-switch)" >&2; exit 2 ;;
   esac
   tmp=$(mktemp --suffix=.csv)
-  "$bin" capture -o "$tmp" -- scripts/models/train.py "${args[@]}"
+  "$bin" capture --backend fake-tensors -o "$tmp" -- scripts/models/train.py "${args[@]}"
   gzip -9 -c "$tmp" > "workloads/captured/$name.csv.gz"
   rm -f "$tmp"
   echo "wrote workloads/captured/$name.csv.gz"

@@ -24,9 +24,9 @@ def capture_command(root):
     script = open(os.path.join(root, "scripts", "capture_workloads.sh")).read()
     env = re.findall(r"^export (TORCH_\w+=\S+)$", script, re.M)
     args = re.search(rf"^\s*{re.escape(NAME)}\) args=\((.*)\) ;;$", script, re.M)
-    if not args or 'capture -o "$tmp" -- scripts/models/train.py "${args[@]}"' not in script:
+    if not args or 'capture --backend fake-tensors -o "$tmp" -- scripts/models/train.py "${args[@]}"' not in script:
         sys.exit(f"readme_quickstart.py: scripts/capture_workloads.sh no longer captures {NAME} with train.py")
-    return " ".join(env + ["allocbench", "capture", "-o", f"{NAME}.csv", "--", "scripts/models/train.py", args.group(1)])
+    return " ".join(env + ["allocbench", "capture", "--backend", "fake-tensors", "-o", f"{NAME}.csv", "--", "scripts/models/train.py", args.group(1)])
 
 
 def main():

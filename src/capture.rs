@@ -86,7 +86,7 @@ pub struct CaptureOptions {
     pub real: bool,
     /// The device whose storages are recorded: `cuda`, or `cpu` for validation runs.
     pub device: String,
-    /// `fake-tensors` or `driver` (`capture --backend`).
+    /// `auto`, `fake-tensors` or `driver` (`capture --backend`).
     pub backend: String,
     /// Fake GPUs in the process (`capture --gpus`, driver backend).
     pub gpus: u32,
@@ -117,6 +117,9 @@ pub struct CaptureOptions {
 pub struct CaptureOutcome {
     /// `complete`, `script_error`, `fake_data`, `setup_error` or `interrupted` (here also `killed`).
     pub state: String,
+    /// The backend that ran: `driver` or `fake-tensors` (`--backend auto` resolved).
+    #[serde(default)]
+    pub backend: String,
     pub exit_code: i32,
     #[serde(default)]
     pub message: String,
@@ -512,7 +515,7 @@ pub fn describe(opts: &CaptureOptions, o: &CaptureOutcome) -> String {
             crate::units::count(o.gpu_benchmarks, "GPU benchmark")
         ));
     }
-    if o.capture_seconds > 0.0 && opts.backend == "driver" {
+    if o.capture_seconds > 0.0 && (o.backend == "driver" || opts.backend == "driver") {
         // (No Python dispatch to split off: PyTorch's own ops run in C++, the kernels skipped.)
         lines.push(format!("time: {:.1} s on PyTorch's own CUDA path (the script's work, its ops with kernels skipped, the recording)", o.capture_seconds));
     } else if o.capture_seconds > 0.0 {

@@ -53,13 +53,16 @@ fn capture(dir: &Path, name: &str, flags: &[&str], script_and_args: &[&str]) -> 
     capture_with_env(dir, name, flags, script_and_args, &[])
 }
 
-/// [`capture`] with these environment variables set for the script.
+/// [`capture`] with these environment variables set for the script. (The fake-tensor backend
+/// unless the flags name one: most tests here are of its rules; the default, `auto`, has its own.)
 fn capture_with_env(dir: &Path, name: &str, flags: &[&str], script_and_args: &[&str], env: &[(&str, &str)]) -> (Output, PathBuf) {
     let trace = dir.join(name);
+    let backend: &[&str] = if flags.contains(&"--backend") { &[] } else { &["--backend", "fake-tensors"] };
     let out = Command::cargo_bin("allocbench")
         .unwrap()
         .envs(env.iter().copied())
         .arg("capture")
+        .args(backend)
         .args(flags)
         .arg("-o")
         .arg(&trace)
@@ -2442,6 +2445,59 @@ fn inductors_memory_estimate_and_the_compiled_trace() {
 }
 
 #[test]
+fn the_default_backend_is_pytorchs_own_cuda_path_where_it_builds() {
+    if !have_torch() {
+        return;
+    }
+    // `--backend auto`, the default: the driver backend where the torch in use is a CUDA build
+    // and the fake stack builds; the fake-tensor backend for its own options, and where the stack
+    // cannot be built (here: a fresh cache and no g++ or nm on PATH), said in one line.
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("s.py");
+    std::fs::write(&script, "import torch\nx = torch.ones(1024, device='cuda')\n").unwrap();
+    let run = |name: &str, flags: &[&str], env: &[(&str, &str)]| {
+        let trace = dir.path().join(name);
+        let out = Command::cargo_bin("allocbench")
+            .unwrap()
+            .envs(env.iter().copied())
+            .arg("capture")
+            .args(flags)
+            .arg("-o")
+            .arg(&trace)
+            .arg("--")
+            .arg(&script)
+            .timeout(std::time::Duration::from_secs(600))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let header = std::fs::read_to_string(&trace).unwrap();
+        (header.lines().find(|l| l.starts_with("# backend: ")).unwrap_or("").to_string(), stderr(&out))
+    };
+    let (backend, _) = run("default.csv", &[], &[]);
+    assert!(backend.starts_with("# backend: driver"), "{backend}");
+    let (backend, _) = run("cpu.csv", &["--device", "cpu"], &[]);
+    assert!(backend.starts_with("# backend: fake-tensors"), "{backend}");
+    let (backend, _) = run("ws.csv", &["--cublas-workspace-mib", "8"], &[]);
+    assert!(backend.starts_with("# backend: fake-tensors"), "{backend}");
+    // PATH without `nm` (every other tool of /usr/bin linked) and a fresh cache: the fake stack
+    // cannot be built; the fake-tensor backend's shim can.
+    let cache = tempfile::tempdir().unwrap();
+    let bin = cache.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    for entry in std::fs::read_dir("/usr/bin").unwrap().flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().ends_with("nm") {
+            std::os::unix::fs::symlink(entry.path(), bin.join(&name)).unwrap();
+        }
+    }
+    let (backend, err) = run("fallback.csv", &[], &[("XDG_CACHE_HOME", cache.path().to_str().unwrap()), ("PATH", bin.to_str().unwrap())]);
+    assert!(backend.starts_with("# backend: fake-tensors"), "{backend}");
+    let said: Vec<&str> = err.lines().filter(|l| l.contains("the driver backend cannot run here")).collect();
+    assert_eq!(said.len(), 1, "{err}");
+    assert!(said[0].contains("nm not found"), "{err}");
+}
+
+#[test]
 fn the_driver_backend_refuses_the_fake_tensor_options_in_one_line() {
     if !have_torch() {
         return;
@@ -2626,8 +2682,9 @@ fn cuda_graphs_and_reduce_overhead_capture_on_the_driver_backend_with_their_pool
     // A CUDA graph's capture runs on the fake runtime (the stream capturing until it ends, what
     // was captured already run); PyTorch's allocator routes the capture's allocations to the
     // graph's private pool, and the trace says so where PyTorch does: pool_begin on the capture
-    // stream, pool_end at its end, pool_release when the graph dies; a MemPool made, used and
-    // deleted; empty_cache as torch.cuda.graph calls it. Replayed by the simulator, the trace
+    // stream, pool_join when a side stream waits on it (and so joins the capture), pool_end at
+    // its end, pool_release when the graph dies; a MemPool made, used and deleted; empty_cache
+    // as torch.cuda.graph calls it. Replayed by the simulator, the trace
     // gives what PyTorch's own allocator counted in the process: peak reserved, peak allocated,
     // device mallocs.
     let dir = tempfile::tempdir().unwrap();
@@ -2641,6 +2698,7 @@ fn cuda_graphs_and_reduce_overhead_capture_on_the_driver_backend_with_their_pool
             "sync,,,",
             "empty_cache,,,",
             "pool_begin,1,,1",
+            "pool_join,1,,2",
             "pool_end,1,,",
             "sync,,,",
             "empty_cache,,,",
@@ -2715,7 +2773,7 @@ fn nproc_per_node_captures_each_rank_of_an_unedited_fsdp2_script() {
     for (flags, says) in [
         (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "5"][..], "rank 5 is not in a job of 2"),
         (&["--backend", "driver", "--nproc-per-node", "2", "--ranks", "0,x"], "'x' is not a rank"),
-        (&["--nproc-per-node", "2"], "add --backend driver"),
+        (&["--backend", "fake-tensors", "--nproc-per-node", "2"], "add --backend driver"),
     ] {
         let out = Command::cargo_bin("allocbench")
             .unwrap()

@@ -63,6 +63,24 @@ def _restart_on_driver(opts):
 _UNBOUNDED_BYTES = 1 << 50
 
 
+def _auto_backend(opts):
+    """--backend auto (the default): PyTorch's own CUDA path (the driver backend) where this torch
+    is a CUDA build and the fake CUDA stack builds for it; else the fake-tensor backend, said in
+    one line. Options only one backend has choose it."""
+    if opts.real or opts.device == "cpu" or opts.cublas_workspace_mib is not None:
+        return "fake-tensors"
+    if opts.gpus > 1 or os.environ.get(_DRIVER_STACK):
+        return "driver"
+    try:
+        from .driver_build import build
+
+        build()
+    except SetupError as e:
+        print(f"allocbench capture: capturing on fake tensors: the driver backend cannot run here ({e})", file=sys.stderr)
+        return "fake-tensors"
+    return "driver"
+
+
 def main(argv=None):
     # (The description: the first paragraph of the package's docstring.)
     parser = argparse.ArgumentParser(prog="python -m allocbench_capture", description=sys.modules[__package__].__doc__.split("\n\n")[0])
@@ -79,8 +97,9 @@ def main(argv=None):
     parser.add_argument("--card-memory", type=int, help="the memory the unbounded fake card reports (default: an H100 80 GB's)")
     parser.add_argument("--status", help="write the outcome as JSON here (for allocbench capture)")
     parser.add_argument("--gpus", type=int, default=1, help="fake GPUs in the process (driver backend): one trace per device used")
-    parser.add_argument("--backend", default="fake-tensors", choices=["fake-tensors", "driver"],
-                        help="fake-tensors: FakeTensorMode and rules for what a GPU does; driver: PyTorch's own CUDA path on a fake CUDA runtime")
+    parser.add_argument("--backend", default="auto", choices=["auto", "fake-tensors", "driver"],
+                        help="fake-tensors: FakeTensorMode and rules for what a GPU does; driver: PyTorch's own CUDA path on a fake CUDA runtime; "
+                             "auto (default): driver where this torch is a CUDA build and the fake stack builds, else fake-tensors")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -108,6 +127,9 @@ def main(argv=None):
         return fail_setup(f"{opts.script}: no such script")
     if opts.gpus < 1 or opts.gpus > 16:
         return fail_setup(f"--gpus {opts.gpus}: between 1 and 16 fake GPUs")
+    if opts.backend == "auto":
+        opts.backend = _auto_backend(opts)
+    status["backend"] = opts.backend
     if opts.gpus > 1 and opts.backend != "driver":
         return fail_setup("--gpus gives several fake GPUs on the driver backend: add --backend driver")
     if opts.backend == "driver":

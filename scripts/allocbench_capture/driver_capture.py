@@ -227,6 +227,8 @@ def _patch_pools(torch, recorder, undo):
     captures = weakref.WeakKeyDictionary()  # graph -> (trace pool, device) of its open capture
     releases = weakref.WeakKeyDictionary()  # graph -> the finalizer releasing its captured pool
 
+    capture_pools = {}  # the fake runtime's capture id -> (trace pool, device, the streams in it)
+
     def capture_begin(original):
         def begin(self, pool=None, *args, **kwargs):
             out = original(self, pool, *args, **kwargs)
@@ -236,8 +238,10 @@ def _patch_pools(torch, recorder, undo):
             shared = torch.cuda.graphs._get_pool_id(pool) if pool is not None else None
             number = number_of(shared) if shared is not None and any(shared) else next(fresh)
             device = stream.device.index
-            row(f"pool_begin,{number},,{lib.allocbench_tracker_stream_id(_stream_handle(stream))}", device)
+            stream_id = lib.allocbench_tracker_stream_id(_stream_handle(stream))
+            row(f"pool_begin,{number},,{stream_id}", device)
             captures[self] = (number, device)
+            capture_pools[_RUNTIME.allocbench_fake_capture_id(_stream_handle(stream))] = (number, device, {stream_id})
             return out
 
         return begin
@@ -246,6 +250,9 @@ def _patch_pools(torch, recorder, undo):
         def end(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
             number, device = captures.pop(self, (None, None))
+            for capture, (pool, _, _) in list(capture_pools.items()):
+                if pool == number:
+                    del capture_pools[capture]
             if number is not None:
                 numbers.setdefault(tuple(torch._C._CUDAGraph.pool(self)), number)
                 row(f"pool_end,{number},,", device)
@@ -264,6 +271,26 @@ def _patch_pools(torch, recorder, undo):
 
         return released
 
+    # A stream that waits on a capturing one joins its capture (the fake runtime's rule, CUDA's):
+    # its allocations go to the capture's pool too (`pool_join,P,,STREAM`).
+    def joining(original):
+        def waited(self, *args, **kwargs):
+            out = original(self, *args, **kwargs)
+            stream = self if isinstance(self, torch.cuda.Stream) else (args[0] if args and args[0] is not None else torch.cuda.current_stream())
+            capture = capture_pools.get(_RUNTIME.allocbench_fake_capture_id(_stream_handle(stream)))
+            if capture is not None:
+                number, device, streams = capture
+                stream_id = lib.allocbench_tracker_stream_id(_stream_handle(stream))
+                if stream_id not in streams:
+                    streams.add(stream_id)
+                    row(f"pool_join,{number},,{stream_id}", device)
+            return out
+
+        return waited
+
+    patch(torch.cuda.Stream, "wait_event", joining)
+    patch(torch.cuda.Stream, "wait_stream", joining)
+    patch(torch.cuda.Event, "wait", joining)
     patch(graph, "capture_begin", capture_begin)
     patch(graph, "capture_end_pre", capture_end_pre)
     patch(graph, "reset", reset)
@@ -565,6 +592,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
     lib.allocbench_tracker_stream_id.argtypes = [ctypes.c_void_p]
     lib.allocbench_tracker_stream_id.restype = ctypes.c_uint64
     _RUNTIME.allocbench_fake_unknown_reads.restype = ctypes.c_uint64
+    _RUNTIME.allocbench_fake_capture_id.restype = ctypes.c_uint64
     _RUNTIME.allocbench_fake_reads_counted_elsewhere.argtypes = [ctypes.c_int]
     lib.allocbench_flops.argtypes = [ctypes.c_int]
     lib.allocbench_flops.restype = ctypes.c_uint64

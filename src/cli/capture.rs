@@ -26,10 +26,13 @@ pub struct CaptureArgs {
     /// The device whose storages are recorded (cpu: for checking the capture against real CPU runs).
     #[arg(long, default_value = "cuda", value_parser = ["cuda", "cpu"])]
     pub device: String,
-    /// How CUDA is emulated: `fake-tensors` (FakeTensorMode and rules for what a GPU does) or
-    /// `driver` (PyTorch's own CUDA path on a fake CUDA runtime, driver, cuBLAS and NVML built
-    /// at first use with g++; its caching allocator's own events; kernels skipped).
-    #[arg(long, default_value = "fake-tensors", value_parser = ["fake-tensors", "driver"])]
+    /// How CUDA is emulated: `driver` (PyTorch's own CUDA path on a fake CUDA runtime, driver,
+    /// cuBLAS, cuDNN and NVML built at first use with g++; its caching allocator's own events;
+    /// kernels skipped) or `fake-tensors` (FakeTensorMode and rules for what a GPU does). `auto`:
+    /// the driver backend where the torch in use is a CUDA build and the fake stack builds, else
+    /// fake tensors (said); `--real`, `--device cpu` and `--cublas-workspace-mib` are fake-tensor
+    /// options and choose it.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "fake-tensors", "driver"])]
     pub backend: String,
     /// Fake GPUs in the process (driver backend; `.to("cuda:1")`, `device_map="auto"`): each
     /// device used gets its own trace, `TRACE.cudaN.csv` beside the one named (cuda:0's).
@@ -85,7 +88,7 @@ pub struct CaptureArgs {
 }
 
 /// Returns the script's exit code (2 when the capture could not start).
-pub fn main(a: CaptureArgs) -> i32 {
+pub fn main(mut a: CaptureArgs) -> i32 {
     let Some(per_node) = a.nproc_per_node else {
         return match options(&a) {
             Ok(opts) => capture_one(&opts).0,
@@ -94,6 +97,9 @@ pub fn main(a: CaptureArgs) -> i32 {
     };
     // The driver backend, or real CPU tensors (to check the fake group against real collectives).
     let cpu_check = a.real && a.device == "cpu";
+    if a.backend == "auto" && !cpu_check {
+        a.backend = "driver".into(); // (ranks run on PyTorch's own CUDA path)
+    }
     if a.backend != "driver" && !cpu_check {
         eprintln!("error: --nproc-per-node runs each rank on PyTorch's own CUDA path with its fake process group: add --backend driver");
         return crate::capture::EXIT_SETUP_ERROR;

@@ -443,6 +443,13 @@ __attribute__((visibility("default"))) unsigned long long allocbench_fake_end_ca
   return id;
 }
 
+// Not a CUDA call: the capture `s` is in (0: none), for the capture's pool rows.
+__attribute__((visibility("default"))) unsigned long long allocbench_fake_capture_id(cudaStream_t s) {
+  unsigned long long id = 0;
+  capture_of(s, &id);
+  return id;
+}
+
 cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* st) {
   *st = capture_of(s, nullptr);
   return cudaSuccess;
