@@ -19,6 +19,7 @@ import weakref
 from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
 from .fake_cuda.modules import _rnns_without_cudnn
+from .messages import SaysOnce
 from .ranks import KNOWN_ROLES, RANK_FLAG, communicators, install_fake_process_group, role_of
 from .trace import FORMAT_HEADER, HEADER_LINE, flops_line
 
@@ -41,6 +42,10 @@ class _Counts:
         self.lib = lib
         self.memory_stats = type("Stats", (), {"num_ooms": 0})()
         self.capacity = None
+        self.notes = []  # comments for the trace's end (say_once's)
+
+    def comment(self, text):
+        self.notes.append(text)
 
     def _read(self):
         counts = (ctypes.c_uint64 * 8)()
@@ -57,7 +62,7 @@ class _Counts:
     fingerprint = property(lambda self: f"{self._read()[7]:016x}")
 
 
-class DriverRecorder:
+class DriverRecorder(SaysOnce):
     """What cli.py reads of a capture: steps, counters, the outcome, and the values made up: a
     read of the device from Python (``.item()``, ``bool()``, a copy to the CPU) is answered with
     the stand-in and counted at the script's line, as the fake-tensor capture counts them."""
@@ -84,8 +89,7 @@ class DriverRecorder:
         self.gpu_benchmarks = 0  # Inductor's autotuning benchmarks (every choice timed alike)
         self.same_role_as = None  # the earlier rank of the same role (--ranks distinct)
         self.cpp_reads_before = _RUNTIME.allocbench_fake_unknown_reads()  # (torch's own start-up reads)
-        self.said = set()  # say_once's
-        self.notes = []  # what say_once put in the trace
+        self.skipped_calls = set()  # (say_once's)
 
     def made_up_value(self, read):
         if self.strict_values:
@@ -103,16 +107,6 @@ class DriverRecorder:
         if cpp_reads:
             rows.append(dict(site=CPP_READ_SITE, read=CPP_READ, count=cpp_reads))
         return rows
-
-    def say_once(self, what, message, trace_note=None):
-        """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``, at
-        its end)."""
-        if what in self.said:
-            return
-        self.said.add(what)
-        if trace_note:
-            self.notes.append(f"{what}: {trace_note}")
-        print(f"allocbench capture: {what} {message}", file=sys.stderr)
 
     def line(self, text, device=-1):
         """A row on ``device``'s trace, or on every device's (-1); the rows before it go out with
@@ -696,7 +690,7 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
             restore()
         if recorder.role is None and os.environ.get(RANK_FLAG):
             recorder.role = role_of(recorder.sink.fingerprint, torch)  # (a script without steps: its whole run)
-        closing = [*recorder.notes, *communicators(torch)]
+        closing = [*recorder.sink.notes, *communicators(torch)]
         if pool_restores[0]:
             closing.append(f"CUDA graph trees: a private pool's checkpointed state restored {pool_restores[0]} times (to record another graph on "
                            "a path): the blocks it revived or freed there are not rows")

@@ -266,3 +266,15 @@ def _from_the_script(tb):
     return tb
 
 
+class SaysOnce:
+    """say_once for a recorder of either backend: its ``skipped_calls`` (a set) and its sink's
+    ``comment(text)`` (a trace line)."""
+
+    def say_once(self, what, message, trace_note=None):
+        """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
+        if what in self.skipped_calls:
+            return
+        self.skipped_calls.add(what)
+        if trace_note:
+            self.sink.comment(f"{what}: {trace_note}")
+        print(f"allocbench capture: {what} {message}", file=sys.stderr)

@@ -28,6 +28,7 @@ from . import ops  # noqa: F401 - registers every op family's rules
 from .autograd import _engine_add, _in_place_in_an_untraced_backward
 from .errors import _NO_SUCH_DEVICE, _NO_SUCH_DEVICE_FIX, NeedsDriver, StopCapture
 from .fake_tensors import _REAL_CPU_BYTES, _REAL_CPU_DERIVED_BYTES
+from .messages import SaysOnce
 from .known_values import KnownValues
 from .ops.registry import PASS, rules_for
 
@@ -37,7 +38,7 @@ add_tensor = aten.add.Tensor
 implicit_key = torch._C.DispatchKey.CompositeImplicitAutograd
 
 
-class Recorder(KnownValues, TorchDispatchMode):
+class Recorder(SaysOnce, KnownValues, TorchDispatchMode):
     """Sees every aten op below autograd and autocast, and records the storages of its outputs."""
 
     def __init__(self, sink, device_type, fake, blas_workspaces, scalar_value, sites=None, value_sites=None, progress=None):
@@ -118,15 +119,6 @@ class Recorder(KnownValues, TorchDispatchMode):
         error = self.thread_error
         if error is not None and not self.closed and threading.current_thread() is self.owner:
             raise error
-
-    def say_once(self, what, message, trace_note=None):
-        """Tells the user ``what`` ``message`` once per capture (and the trace ``trace_note``)."""
-        if what in self.skipped_calls:
-            return
-        self.skipped_calls.add(what)
-        if trace_note:
-            self.sink.comment(f"{what}: {trace_note}")
-        print(f"allocbench capture: {what} {message}", file=sys.stderr)
 
     # --- events -------------------------------------------------------------------------
     def _new_id(self):

@@ -170,6 +170,28 @@ struct cudnnActivationStruct {};
 struct cudnnPoolingStruct {};
 struct cudnnSpatialTransformerStruct {};
 
+namespace {
+template <typename T>
+cudnnStatus_t created(T** d) {
+  *d = new T();
+  return CUDNN_STATUS_SUCCESS;
+}
+template <typename T>
+cudnnStatus_t destroyed(T* d) {
+  delete d;
+  return CUDNN_STATUS_SUCCESS;
+}
+// A launch: it does nothing (and what was copied to the device is no longer known to be there).
+cudnnStatus_t ran() {
+  allocbench_fake_kernel_ran();
+  return CUDNN_STATUS_SUCCESS;
+}
+cudnnStatus_t workspace_asked(size_t* bytes) {
+  *bytes = workspace_bytes();
+  return CUDNN_STATUS_SUCCESS;
+}
+}  // namespace
+
 extern "C" {
 
 size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
@@ -269,19 +291,12 @@ cudnnStatus_t cudnnBackendGetAttribute(cudnnBackendDescriptor_t const desc, cudn
 }
 cudnnStatus_t cudnnBackendExecute(cudnnHandle_t, cudnnBackendDescriptor_t plan, cudnnBackendDescriptor_t pack) {
   if (plan == nullptr || pack == nullptr) return CUDNN_STATUS_BAD_PARAM;
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
+  return ran();
 }
 
 // --- legacy descriptors ---------------------------------------------------------------------
-cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) {
-  *d = new cudnnTensorStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* d) { return created(d); }
+cudnnStatus_t cudnnDestroyTensorDescriptor(cudnnTensorDescriptor_t d) { return destroyed(d); }
 cudnnStatus_t cudnnSetTensorNdDescriptor(cudnnTensorDescriptor_t d, cudnnDataType_t type, int n, const int dims[], const int strides[]) {
   if (n <= 0) return CUDNN_STATUS_BAD_PARAM;
   d->type = type;
@@ -295,14 +310,8 @@ cudnnStatus_t cudnnGetTensorNdDescriptor(const cudnnTensorDescriptor_t d, int re
   for (int i = 0; i < requested && i < *n; ++i) dims[i] = d->dims[i], strides[i] = d->strides[i];
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) {
-  *d = new cudnnFilterStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* d) { return created(d); }
+cudnnStatus_t cudnnDestroyFilterDescriptor(cudnnFilterDescriptor_t d) { return destroyed(d); }
 cudnnStatus_t cudnnSetFilterNdDescriptor(cudnnFilterDescriptor_t d, cudnnDataType_t type, cudnnTensorFormat_t format, int n, const int dims[]) {
   if (n <= 0) return CUDNN_STATUS_BAD_PARAM;
   d->type = type, d->format = format;
@@ -315,43 +324,22 @@ cudnnStatus_t cudnnGetFilterNdDescriptor(const cudnnFilterDescriptor_t d, int re
   for (int i = 0; i < requested && i < *n; ++i) dims[i] = d->dims[i];
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) {
-  *d = new cudnnConvolutionStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* d) { return created(d); }
+cudnnStatus_t cudnnDestroyConvolutionDescriptor(cudnnConvolutionDescriptor_t d) { return destroyed(d); }
 cudnnStatus_t cudnnSetConvolutionNdDescriptor(cudnnConvolutionDescriptor_t, int, const int[], const int[], const int[], cudnnConvolutionMode_t, cudnnDataType_t) {
   return CUDNN_STATUS_SUCCESS;
 }
 cudnnStatus_t cudnnSetConvolutionGroupCount(cudnnConvolutionDescriptor_t, int) { return CUDNN_STATUS_SUCCESS; }
 cudnnStatus_t cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t, cudnnMathType_t) { return CUDNN_STATUS_SUCCESS; }
-cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* d) {
-  *d = new cudnnActivationStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateActivationDescriptor(cudnnActivationDescriptor_t* d) { return created(d); }
+cudnnStatus_t cudnnDestroyActivationDescriptor(cudnnActivationDescriptor_t d) { return destroyed(d); }
 cudnnStatus_t cudnnSetActivationDescriptor(cudnnActivationDescriptor_t, cudnnActivationMode_t, cudnnNanPropagation_t, double) { return CUDNN_STATUS_SUCCESS; }
-cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t* d) {
-  *d = new cudnnPoolingStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t* d) { return created(d); }
 cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t, cudnnPoolingMode_t, cudnnNanPropagation_t, int, int, int, int, int, int) {
   return CUDNN_STATUS_SUCCESS;
 }
-cudnnStatus_t cudnnCreateSpatialTransformerDescriptor(cudnnSpatialTransformerDescriptor_t* d) {
-  *d = new cudnnSpatialTransformerStruct();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnDestroySpatialTransformerDescriptor(cudnnSpatialTransformerDescriptor_t d) {
-  delete d;
-  return CUDNN_STATUS_SUCCESS;
-}
+cudnnStatus_t cudnnCreateSpatialTransformerDescriptor(cudnnSpatialTransformerDescriptor_t* d) { return created(d); }
+cudnnStatus_t cudnnDestroySpatialTransformerDescriptor(cudnnSpatialTransformerDescriptor_t d) { return destroyed(d); }
 cudnnStatus_t cudnnSetSpatialTransformerNdDescriptor(cudnnSpatialTransformerDescriptor_t, cudnnSamplerType_t, cudnnDataType_t, const int, const int[]) {
   return CUDNN_STATUS_SUCCESS;
 }
@@ -391,62 +379,35 @@ cudnnStatus_t cudnnFindConvolutionBackwardFilterAlgorithmEx(cudnnHandle_t, const
 
 cudnnStatus_t cudnnGetConvolutionForwardWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnFilterDescriptor_t,
                                                       const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t, cudnnConvolutionFwdAlgo_t,
-                                                      size_t* bytes) {
-  *bytes = workspace_bytes();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                      size_t* bytes) { return workspace_asked(bytes); }
 cudnnStatus_t cudnnGetConvolutionBackwardDataWorkspaceSize(cudnnHandle_t, const cudnnFilterDescriptor_t, const cudnnTensorDescriptor_t,
                                                            const cudnnConvolutionDescriptor_t, const cudnnTensorDescriptor_t, cudnnConvolutionBwdDataAlgo_t,
-                                                           size_t* bytes) {
-  *bytes = workspace_bytes();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                           size_t* bytes) { return workspace_asked(bytes); }
 cudnnStatus_t cudnnGetConvolutionBackwardFilterWorkspaceSize(cudnnHandle_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
                                                              const cudnnConvolutionDescriptor_t, const cudnnFilterDescriptor_t,
-                                                             cudnnConvolutionBwdFilterAlgo_t, size_t* bytes) {
-  *bytes = workspace_bytes();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                             cudnnConvolutionBwdFilterAlgo_t, size_t* bytes) { return workspace_asked(bytes); }
 cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void*, const cudnnTensorDescriptor_t, const void*, const cudnnFilterDescriptor_t, const void*,
                                       const cudnnConvolutionDescriptor_t, cudnnConvolutionFwdAlgo_t, void*, size_t, const void*,
-                                      const cudnnTensorDescriptor_t, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                      const cudnnTensorDescriptor_t, void*) { return ran(); }
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void*, const cudnnFilterDescriptor_t, const void*, const cudnnTensorDescriptor_t,
                                            const void*, const cudnnConvolutionDescriptor_t, cudnnConvolutionBwdDataAlgo_t, void*, size_t, const void*,
-                                           const cudnnTensorDescriptor_t, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                           const cudnnTensorDescriptor_t, void*) { return ran(); }
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void*, const cudnnTensorDescriptor_t, const void*, const cudnnTensorDescriptor_t,
                                              const void*, const cudnnConvolutionDescriptor_t, cudnnConvolutionBwdFilterAlgo_t, void*, size_t, const void*,
-                                             const cudnnFilterDescriptor_t, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                             const cudnnFilterDescriptor_t, void*) { return ran(); }
 cudnnStatus_t cudnnConvolutionBiasActivationForward(cudnnHandle_t, const void*, const cudnnTensorDescriptor_t, const void*, const cudnnFilterDescriptor_t,
                                                     const void*, const cudnnConvolutionDescriptor_t, cudnnConvolutionFwdAlgo_t, void*, size_t,
                                                     const void*, const cudnnTensorDescriptor_t, const void*, const cudnnTensorDescriptor_t, const void*,
-                                                    const cudnnActivationDescriptor_t, const cudnnTensorDescriptor_t, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                    const cudnnActivationDescriptor_t, const cudnnTensorDescriptor_t, void*) { return ran(); }
 
 // --- batch norm (BatchNorm.cpp), the grid sampler, pooling -----------------------------------
 cudnnStatus_t cudnnGetBatchNormalizationForwardTrainingExWorkspaceSize(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t, const cudnnTensorDescriptor_t,
                                                                        const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
-                                                                       const cudnnTensorDescriptor_t, const cudnnActivationDescriptor_t, size_t* bytes) {
-  *bytes = workspace_bytes();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                                       const cudnnTensorDescriptor_t, const cudnnActivationDescriptor_t, size_t* bytes) { return workspace_asked(bytes); }
 cudnnStatus_t cudnnGetBatchNormalizationBackwardExWorkspaceSize(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t, const cudnnTensorDescriptor_t,
                                                                 const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
                                                                 const cudnnTensorDescriptor_t, const cudnnTensorDescriptor_t,
-                                                                const cudnnActivationDescriptor_t, size_t* bytes) {
-  *bytes = workspace_bytes();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                                const cudnnActivationDescriptor_t, size_t* bytes) { return workspace_asked(bytes); }
 // The reserve space cuDNN keeps between a batch norm's forward and backward: none without a fused
 // activation (PyTorch asks with CUDNN_BATCHNORM_OPS_BN and no activation).
 cudnnStatus_t cudnnGetBatchNormalizationTrainingExReserveSpaceSize(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t,
@@ -458,48 +419,24 @@ cudnnStatus_t cudnnBatchNormalizationForwardTrainingEx(cudnnHandle_t, cudnnBatch
                                                        const cudnnTensorDescriptor_t, const void*, const cudnnTensorDescriptor_t, const void*,
                                                        const cudnnTensorDescriptor_t, void*, const cudnnTensorDescriptor_t, const void*, const void*,
                                                        double, void*, void*, double, void*, void*, cudnnActivationDescriptor_t, void*, size_t, void*,
-                                                       size_t) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                       size_t) { return ran(); }
 cudnnStatus_t cudnnBatchNormalizationBackwardEx(cudnnHandle_t, cudnnBatchNormMode_t, cudnnBatchNormOps_t, const void*, const void*, const void*, const void*,
                                                 const cudnnTensorDescriptor_t, const void*, const cudnnTensorDescriptor_t, const void*,
                                                 const cudnnTensorDescriptor_t, const void*, const cudnnTensorDescriptor_t, void*,
                                                 const cudnnTensorDescriptor_t, void*, const cudnnTensorDescriptor_t, const void*, const void*, void*, void*,
-                                                double, const void*, const void*, cudnnActivationDescriptor_t, void*, size_t, void*, size_t) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                double, const void*, const void*, cudnnActivationDescriptor_t, void*, size_t, void*, size_t) { return ran(); }
 cudnnStatus_t cudnnBatchNormalizationForwardInference(cudnnHandle_t, cudnnBatchNormMode_t, const void*, const void*, const cudnnTensorDescriptor_t,
                                                       const void*, const cudnnTensorDescriptor_t, void*, const cudnnTensorDescriptor_t, const void*,
-                                                      const void*, const void*, const void*, double) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnSpatialTfGridGeneratorForward(cudnnHandle_t, const cudnnSpatialTransformerDescriptor_t, const void*, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
-cudnnStatus_t cudnnSpatialTfGridGeneratorBackward(cudnnHandle_t, const cudnnSpatialTransformerDescriptor_t, const void*, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                                      const void*, const void*, const void*, double) { return ran(); }
+cudnnStatus_t cudnnSpatialTfGridGeneratorForward(cudnnHandle_t, const cudnnSpatialTransformerDescriptor_t, const void*, void*) { return ran(); }
+cudnnStatus_t cudnnSpatialTfGridGeneratorBackward(cudnnHandle_t, const cudnnSpatialTransformerDescriptor_t, const void*, void*) { return ran(); }
 cudnnStatus_t cudnnSpatialTfSamplerForward(cudnnHandle_t, cudnnSpatialTransformerDescriptor_t, const void*, const cudnnTensorDescriptor_t, const void*,
-                                           const void*, const void*, cudnnTensorDescriptor_t, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                           const void*, const void*, cudnnTensorDescriptor_t, void*) { return ran(); }
 cudnnStatus_t cudnnSpatialTfSamplerBackward(cudnnHandle_t, cudnnSpatialTransformerDescriptor_t, const void*, const cudnnTensorDescriptor_t, const void*,
                                             const void*, const cudnnTensorDescriptor_t, void*, const void*, const cudnnTensorDescriptor_t, const void*,
-                                            const void*, const void*, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                            const void*, const void*, void*) { return ran(); }
 cudnnStatus_t cudnnPoolingForward(cudnnHandle_t, const cudnnPoolingDescriptor_t, const void*, const cudnnTensorDescriptor_t, const void*, const void*,
-                                  const cudnnTensorDescriptor_t, void*) {
-  allocbench_fake_kernel_ran();
-  return CUDNN_STATUS_SUCCESS;
-}
+                                  const cudnnTensorDescriptor_t, void*) { return ran(); }
 
 // (The generated stubs name themselves through this.)
 int allocbench_fake_cudnn_unsupported(const char* call) { return unsupported(call); }
