@@ -20,6 +20,7 @@ from . import state
 from .errors import FakeValueNeeded, SetupError, StopCapture
 from .fake_cuda.modules import _rnns_without_cudnn
 from .messages import SaysOnce
+from .patches import _Patches
 from .ranks import KNOWN_ROLES, RANK_FLAG, communicators, install_fake_process_group, role_of
 from .trace import FORMAT_HEADER, HEADER_LINE, flops_line
 
@@ -188,7 +189,7 @@ def _patch_streams(torch, recorder, undo):
     wrap(torch.cuda.Stream, "synchronize", lambda self: (f"sync,,,{lib.allocbench_tracker_stream_id(_stream_handle(self))}", self.device.index))
 
 
-def _patch_pools(torch, recorder, undo):
+def _patch_pools(torch, recorder, patches):
     """Private pools: rows the allocator's trace does not carry, written where PyTorch routes its
     allocations (CUDAGraph.cpp and CUDACachingAllocator.cpp): a CUDA graph's capture begins
     allocating its stream's requests to the graph's pool (`pool_begin,P,,STREAM`,
@@ -212,15 +213,12 @@ def _patch_pools(torch, recorder, undo):
         if not recorder.closed:
             recorder.line(text, device)
 
-    def patch(owner, name, replacement):
-        original = getattr(owner, name)
-        setattr(owner, name, replacement(original))
-        undo.append(lambda: setattr(owner, name, original))
+    def patch(owner, name, wrapper):
+        patches.set(owner, name, wrapper(getattr(owner, name)))
 
     graph = torch.cuda.CUDAGraph
-    captures = weakref.WeakKeyDictionary()  # graph -> (trace pool, device) of its open capture
+    captures = weakref.WeakKeyDictionary()  # graph -> (trace pool, device, fake capture id) of its open capture
     releases = weakref.WeakKeyDictionary()  # graph -> the finalizer releasing its captured pool
-
     capture_pools = {}  # the fake runtime's capture id -> (trace pool, device, the streams in it)
 
     def capture_begin(original):
@@ -234,8 +232,9 @@ def _patch_pools(torch, recorder, undo):
             device = stream.device.index
             stream_id = lib.allocbench_tracker_stream_id(_stream_handle(stream))
             row(f"pool_begin,{number},,{stream_id}", device)
-            captures[self] = (number, device)
-            capture_pools[_RUNTIME.allocbench_fake_capture_id(_stream_handle(stream))] = (number, device, {stream_id})
+            capture = _RUNTIME.allocbench_fake_capture_id(_stream_handle(stream))
+            captures[self] = (number, device, capture)
+            capture_pools[capture] = (number, device, {stream_id})
             return out
 
         return begin
@@ -243,10 +242,8 @@ def _patch_pools(torch, recorder, undo):
     def capture_end_pre(original):
         def end(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
-            number, device = captures.pop(self, (None, None))
-            for capture, (pool, _, _) in list(capture_pools.items()):
-                if pool == number:
-                    del capture_pools[capture]
+            number, device, capture = captures.pop(self, (None, None, None))
+            capture_pools.pop(capture, None)
             if number is not None:
                 numbers.setdefault(tuple(torch._C._CUDAGraph.pool(self)), number)
                 row(f"pool_end,{number},,", device)
@@ -294,7 +291,7 @@ def _patch_pools(torch, recorder, undo):
             def routed(device, pool_id):
                 out = original(device, pool_id)
                 number = number_of(pool_id)
-                row(f"pool_begin,{number},," if kind == "begin" else f"pool_{kind},{number},,", torch.cuda._utils._get_device_index(device))
+                row(f"pool_{kind},{number},,", torch.cuda._utils._get_device_index(device))
                 return out
 
             return routed
@@ -432,7 +429,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _pause_flops_while_benchmarking(lib, undo):
+def _pause_flops_while_benchmarking(lib, patches, undo):
     """Inductor's autotuning times its choices by running them (torch/_inductor/runtime/
     benchmarking.py): their ATen matmuls are not the program's math, so the FLOP count pauses."""
 
@@ -451,8 +448,7 @@ def _pause_flops_while_benchmarking(lib, undo):
                     finally:
                         lib.allocbench_flops_pause(-1)
 
-                setattr(cls, name, paused)
-                undo.append(lambda cls=cls, name=name, original=original: setattr(cls, name, original))
+                patches.set(cls, name, paused)
 
     undo.append(_AfterImport("torch._inductor.runtime.benchmarking", patch).install())
 
@@ -480,7 +476,7 @@ def _with_reuses(wrapper, timeline, steps, lines):
     return peak
 
 
-def _mark_inductor_graphs(recorder, undo):
+def _mark_inductor_graphs(recorder, patches, undo):
     """With ALLOCBENCH_INDUCTOR_WINDOWS=1, each graph Inductor compiles here gets a comment row
     with Inductor's own estimate of its peak memory (torch/_inductor/memory.py's
     estimate_peak_memory over its final node order, as its reorder_for_peak_memory computes it),
@@ -514,8 +510,7 @@ def _mark_inductor_graphs(recorder, undo):
                 print(f"allocbench capture: no Inductor memory estimate for a graph ({type(e).__name__}: {e})", file=sys.stderr)
             return original(self, *args, **kwargs)
 
-        module.Scheduler.codegen = codegen
-        undo.append(lambda: setattr(module.Scheduler, "codegen", original))
+        patches.set(module.Scheduler, "codegen", codegen)
 
     def planned(module):
         from torch._inductor.virtualized import V
@@ -532,8 +527,7 @@ def _mark_inductor_graphs(recorder, undo):
                 graph._allocbench_estimate = (kind, peak, _with_reuses(module, *timeline, self.lines), freeable)
             return out
 
-        cls.memory_plan_reuse = memory_plan_reuse
-        undo.append(lambda: setattr(cls, "memory_plan_reuse", original))
+        patches.set(cls, "memory_plan_reuse", memory_plan_reuse)
 
     def compiled(module):
         cls = module.CompiledFxGraph
@@ -560,8 +554,8 @@ def _mark_inductor_graphs(recorder, undo):
                 if not recorder.closed:
                     recorder.line(f"# inductor graph {n}: return")
 
-        cls.__init__, cls.__call__ = made, run
-        undo.append(lambda: (setattr(cls, "__init__", init), setattr(cls, "__call__", call)))
+        patches.set(cls, "__init__", made)
+        patches.set(cls, "__call__", run)
 
     undo.append(_AfterImport("torch._inductor.scheduler", scheduled).install())
     undo.append(_AfterImport("torch._inductor.codegen.wrapper", planned).install())
@@ -649,21 +643,17 @@ def capture_on_driver(path, stack, steps=None, comments=(), scalar_value=None, s
 
     hook = register_optimizer_step_post_hook(recorder.optimizer_stepped)
     _patch_streams(torch, recorder, undo)
-    pool_restores = _patch_pools(torch, recorder, undo)
-    _pause_flops_while_benchmarking(lib, undo)
-    _mark_inductor_graphs(recorder, undo)
+    patches = _Patches()
+    undo.append(patches.undo)
+    pool_restores = _patch_pools(torch, recorder, patches)
+    _pause_flops_while_benchmarking(lib, patches, undo)
+    _mark_inductor_graphs(recorder, patches, undo)
     _patch_reads(torch, recorder, undo)
-    def set_attr(owner, name, value):
-        original = getattr(owner, name)
-        setattr(owner, name, value)
-        undo.append(lambda: setattr(owner, name, original))
-
-    install_fake_process_group(torch, set_attr)
+    install_fake_process_group(torch, patches.set)
     if stack.get("cudnn"):
         # An RNN packs its cuDNN weights only with cuDNN on; it runs without (below), so unpacked.
-        set_attr(torch.nn.modules.rnn.RNNBase, "flatten_parameters", lambda self: None)
-        _rnns_without_cudnn(torch, type("Patches", (), {"set": staticmethod(set_attr)})(), recorder,
-                            on_fake_cuda=lambda weight: weight.device.type == "cuda")
+        patches.set(torch.nn.modules.rnn.RNNBase, "flatten_parameters", lambda self: None)
+        _rnns_without_cudnn(torch, patches, recorder, on_fake_cuda=lambda weight: weight.device.type == "cuda")
     outcome = "incomplete: stopped by an error"
     state.active = recorder
     try:
